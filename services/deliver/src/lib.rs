@@ -1,0 +1,332 @@
+//! Outbound delivery: the reply goes out on the channel the person used, once.
+//!
+//! The ledger (`deliveries`) makes redelivered replies harmless: a reply marked `sent` is not
+//! sent again, a reply being sent is leased by one deliverer, and long replies remember how many
+//! parts went out. The one window left: the process dies after the provider accepted a part and
+//! before the ledger records it; that part is sent again when the reply is retried.
+pub mod twilio;
+
+use std::time::Duration;
+
+use sqlx::{PgPool, Row};
+use switchboard_kit::proto::{DeliveryFailed, Reply, ReplyDelivered};
+use switchboard_kit::{Delivery, Output, Stage, StageError, StageName, Topology};
+use uuid::Uuid;
+
+pub use twilio::TwilioSender;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("provider unavailable: {0}")]
+    Unavailable(String),
+    #[error("provider rejected the message: {0}")]
+    Rejected(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeliverError {
+    #[error("reply is malformed: {0}")]
+    Malformed(&'static str),
+    #[error("no sender for provider {0:?}")]
+    NoSender(String),
+    #[error("delivery ledger: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Split a reply into bodies of at most `max` characters, preferring to break at whitespace.
+pub fn split_message(text: &str, max: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < chars.len() {
+        let mut end = (start + max).min(chars.len());
+        if end < chars.len()
+            && let Some(ws) = chars[start..end].iter().rposition(|c| c.is_whitespace())
+            && ws > max / 2
+        {
+            end = start + ws + 1;
+        }
+        let part: String = chars[start..end].iter().collect();
+        let trimmed = part.trim_end();
+        if !trimmed.is_empty() {
+            parts.push(trimmed.to_string());
+        }
+        start = end;
+    }
+    parts
+}
+
+/// Where a reply stands in the ledger.
+pub enum Claim {
+    /// This deliverer holds the lease; `parts_sent` parts already went out.
+    Send {
+        parts_sent: usize,
+        ids: Vec<String>,
+    },
+    AlreadySent(Vec<String>),
+    AlreadyFailed(String),
+    /// Another deliverer holds the lease.
+    Busy,
+}
+
+pub struct DeliveryLedger {
+    db: PgPool,
+    lease: Duration,
+}
+
+impl DeliveryLedger {
+    pub fn new(db: PgPool, lease: Duration) -> Self {
+        Self { db, lease }
+    }
+
+    pub async fn claim(&self, reply: &Reply, id: Uuid, parts: usize) -> Result<Claim, sqlx::Error> {
+        let session: Uuid = reply.session_id.parse().unwrap_or_default();
+        sqlx::query(
+            "INSERT INTO switchboard.deliveries
+                (reply_id, session_id, channel, provider, recipient, status, parts_total)
+             VALUES ($1, $2, $3, $4, $5, 'pending', $6)
+             ON CONFLICT (reply_id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(session)
+        .bind(&reply.channel)
+        .bind(&reply.provider)
+        .bind(&reply.recipient)
+        .bind(parts as i32)
+        .execute(&self.db)
+        .await?;
+        let leased = sqlx::query(
+            "UPDATE switchboard.deliveries
+                SET leased_until = now() + make_interval(secs => $2), attempts = attempts + 1,
+                    updated_at = now()
+              WHERE reply_id = $1 AND status = 'pending'
+                AND (leased_until IS NULL OR leased_until < now())
+             RETURNING parts_sent, provider_message_ids",
+        )
+        .bind(id)
+        .bind(self.lease.as_secs_f64())
+        .fetch_optional(&self.db)
+        .await?;
+        if let Some(r) = leased {
+            return Ok(Claim::Send {
+                parts_sent: r.get::<i32, _>(0) as usize,
+                ids: r.get(1),
+            });
+        }
+        let r = sqlx::query(
+            "SELECT status, provider_message_ids, last_error FROM switchboard.deliveries
+              WHERE reply_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.db)
+        .await?;
+        Ok(match r.get::<String, _>(0).as_str() {
+            "sent" => Claim::AlreadySent(r.get(1)),
+            "failed" => Claim::AlreadyFailed(r.get::<Option<String>, _>(2).unwrap_or_default()),
+            _ => Claim::Busy,
+        })
+    }
+
+    pub async fn part_sent(&self, id: Uuid, provider_id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE switchboard.deliveries
+                SET parts_sent = parts_sent + 1,
+                    provider_message_ids = array_append(provider_message_ids, $2),
+                    updated_at = now()
+              WHERE reply_id = $1",
+        )
+        .bind(id)
+        .bind(provider_id)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn finish(&self, id: Uuid, error: Option<&str>) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE switchboard.deliveries
+                SET status = $2, last_error = $3, leased_until = NULL, updated_at = now()
+              WHERE reply_id = $1",
+        )
+        .bind(id)
+        .bind(if error.is_some() { "failed" } else { "sent" })
+        .bind(error)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    /// Let another attempt take over at once.
+    pub async fn release(&self, id: Uuid, error: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE switchboard.deliveries SET leased_until = NULL, last_error = $2, updated_at = now()
+              WHERE reply_id = $1",
+        )
+        .bind(id)
+        .bind(error)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+}
+
+pub struct DeliverStage {
+    ledger: DeliveryLedger,
+    twilio: TwilioSender,
+    topology: Topology,
+}
+
+impl DeliverStage {
+    pub fn new(ledger: DeliveryLedger, twilio: TwilioSender, topology: Topology) -> Self {
+        Self {
+            ledger,
+            twilio,
+            topology,
+        }
+    }
+
+    fn delivered(&self, reply: &Reply, ids: Vec<String>) -> Output {
+        let event = ReplyDelivered {
+            reply_id: reply.id.clone(),
+            session_id: reply.session_id.clone(),
+            channel: reply.channel.clone(),
+            provider: reply.provider.clone(),
+            provider_message_ids: ids,
+            correlation_id: reply.correlation_id.clone(),
+            delivered_at_ms: switchboard_kit::now_ms(),
+        };
+        Output::new(
+            self.topology.event("reply.delivered"),
+            reply.id.clone(),
+            &event,
+        )
+        .correlated(reply.correlation_id.clone())
+    }
+
+    fn failed(&self, reply: &Reply, error: String) -> Output {
+        let event = DeliveryFailed {
+            reply_id: reply.id.clone(),
+            session_id: reply.session_id.clone(),
+            channel: reply.channel.clone(),
+            provider: reply.provider.clone(),
+            error,
+            correlation_id: reply.correlation_id.clone(),
+            failed_at_ms: switchboard_kit::now_ms(),
+        };
+        Output::new(
+            self.topology.event("delivery.failed"),
+            reply.id.clone(),
+            &event,
+        )
+        .correlated(reply.correlation_id.clone())
+    }
+}
+
+impl Stage for DeliverStage {
+    type Input = Reply;
+    const NAME: StageName = StageName::Deliver;
+
+    async fn handle(&self, reply: Reply, _d: &Delivery) -> Result<Vec<Output>, StageError> {
+        let id: Uuid = reply
+            .id
+            .parse()
+            .map_err(|_| StageError::permanent(DeliverError::Malformed("reply id")))?;
+        if reply.provider != "twilio" {
+            return Err(StageError::permanent(DeliverError::NoSender(
+                reply.provider.clone(),
+            )));
+        }
+        let parts = split_message(&reply.text, twilio::MAX_BODY_CHARS);
+        let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));
+        let (mut sent, mut ids) = match self
+            .ledger
+            .claim(&reply, id, parts.len())
+            .await
+            .map_err(transient)?
+        {
+            Claim::AlreadySent(ids) => return Ok(vec![self.delivered(&reply, ids)]),
+            Claim::AlreadyFailed(error) => return Ok(vec![self.failed(&reply, error)]),
+            Claim::Busy => {
+                return Err(StageError::Defer(
+                    Duration::from_secs(2),
+                    "another deliverer is sending this reply".into(),
+                ));
+            }
+            Claim::Send { parts_sent, ids } => (parts_sent, ids),
+        };
+        if parts.is_empty() {
+            let error = "the agent's reply was empty".to_string();
+            self.ledger
+                .finish(id, Some(&error))
+                .await
+                .map_err(transient)?;
+            return Ok(vec![self.failed(&reply, error)]);
+        }
+        while sent < parts.len() {
+            match self
+                .twilio
+                .send(&reply.recipient, &reply.reply_from, &parts[sent])
+                .await
+            {
+                Ok(sid) => {
+                    self.ledger.part_sent(id, &sid).await.map_err(transient)?;
+                    ids.push(sid);
+                    sent += 1;
+                }
+                Err(SendError::Rejected(error)) => {
+                    tracing::warn!(reply_id = %id, %error, "delivery failed for good");
+                    self.ledger
+                        .finish(id, Some(&error))
+                        .await
+                        .map_err(transient)?;
+                    metrics::counter!("sb_delivery_failed_total", "provider" => "twilio")
+                        .increment(1);
+                    return Ok(vec![self.failed(&reply, error)]);
+                }
+                Err(e @ SendError::Unavailable(_)) => {
+                    let _ = self.ledger.release(id, &e.to_string()).await;
+                    return Err(StageError::transient(e));
+                }
+            }
+        }
+        self.ledger.finish(id, None).await.map_err(transient)?;
+        metrics::counter!("sb_delivery_sent_total", "provider" => "twilio").increment(1);
+        Ok(vec![self.delivered(&reply, ids)])
+    }
+}
+
+/// How long a deliverer holds a reply while sending it; a crashed deliverer's reply is picked
+/// up again after this.
+pub const DELIVERY_LEASE: Duration = Duration::from_secs(60);
+
+/// The deliver stage as a task of `app`.
+pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
+    let stage = DeliverStage::new(
+        DeliveryLedger::new(app.db.clone(), DELIVERY_LEASE),
+        TwilioSender::new(app.config.twilio.clone()),
+        app.topology.clone(),
+    );
+    app.stage_task(stage, app.stage_options())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_replies_are_split_at_whitespace_within_the_limit() {
+        let text = "word ".repeat(700); // 3,500 chars
+        let parts = split_message(&text, 1600);
+        assert_eq!(parts.len(), 3);
+        assert!(parts.iter().all(|p| p.chars().count() <= 1600));
+        assert_eq!(parts.join(" "), text.trim_end());
+    }
+
+    #[test]
+    fn a_short_reply_is_one_part_and_multibyte_text_counts_characters() {
+        assert_eq!(split_message("hi", 1600), vec!["hi"]);
+        let emoji = "é".repeat(1600);
+        assert_eq!(split_message(&emoji, 1600).len(), 1);
+        assert!(split_message("", 1600).is_empty());
+    }
+}

@@ -1,0 +1,111 @@
+//! The HTTP client for an agent host's runner (`POST {runner_url}/run`).
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use switchboard_kit::config::AgentConfig;
+
+#[derive(Debug, Serialize)]
+pub struct RunRequest<'a> {
+    pub agent: &'a str,
+    pub prompt: &'a str,
+    pub session_id: Option<&'a str>,
+    pub correlation_id: &'a str,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct RunResponse {
+    pub text: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub processing_ms: i64,
+    #[serde(default)]
+    pub tool_calls_count: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error("runner unreachable or timed out: {0}")]
+    Unavailable(#[source] reqwest::Error),
+    #[error("runner busy or failing (HTTP {status}): {body}")]
+    Failing { status: u16, body: String },
+    #[error("runner rejected the turn (HTTP {status}): {body}")]
+    Rejected { status: u16, body: String },
+    #[error("runner answered something that is not a run response: {0}")]
+    BadResponse(String),
+}
+
+impl RunnerError {
+    /// Whether trying again later can help.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            RunnerError::Unavailable(_) | RunnerError::Failing { .. }
+        )
+    }
+}
+
+#[derive(Clone)]
+pub struct RunnerClient {
+    http: reqwest::Client,
+}
+
+impl Default for RunnerClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RunnerClient {
+    pub fn new() -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .build()
+                .expect("HTTP client"),
+        }
+    }
+
+    /// Run one turn. `idempotency_key` is the same for every attempt at the same turn, so a
+    /// runner can answer a retried call from its cache instead of running the engine twice.
+    pub async fn run(
+        &self,
+        agent: &AgentConfig,
+        request: &RunRequest<'_>,
+        idempotency_key: &str,
+    ) -> Result<RunResponse, RunnerError> {
+        let url = format!("{}/run", agent.runner_url.trim_end_matches('/'));
+        let mut req = self
+            .http
+            .post(url)
+            .timeout(Duration::from_secs(agent.timeout_s.max(1)))
+            .header("Idempotency-Key", idempotency_key)
+            .json(request);
+        if !agent.token.is_empty() {
+            req = req.bearer_auth(agent.token.expose());
+        }
+        let resp = req.send().await.map_err(RunnerError::Unavailable)?;
+        let status = resp.status();
+        if status.is_success() {
+            let body = resp.bytes().await.map_err(RunnerError::Unavailable)?;
+            let parsed: RunResponse = serde_json::from_slice(&body)
+                .map_err(|e| RunnerError::BadResponse(e.to_string()))?;
+            if parsed.session_id.is_empty() {
+                return Err(RunnerError::BadResponse("empty session_id".into()));
+            }
+            return Ok(parsed);
+        }
+        let body: String = resp
+            .text()
+            .await
+            .unwrap_or_default()
+            .chars()
+            .take(500)
+            .collect();
+        let status = status.as_u16();
+        if status >= 500 || status == 408 || status == 429 {
+            Err(RunnerError::Failing { status, body })
+        } else {
+            Err(RunnerError::Rejected { status, body })
+        }
+    }
+}

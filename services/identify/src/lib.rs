@@ -1,0 +1,181 @@
+//! Identity resolution: (channel, address) → one canonical person.
+//!
+//! Order: the directory (`contact_points` → `people`), then the operator's configured lookups
+//! (one SQL query per person type against their own tables), else an external person whose id is
+//! the address itself (`phone:+15551234567`).
+use sqlx::{PgPool, Row};
+use switchboard_kit::config::{IdentityConfig, IdentityLookup};
+use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, MessageReceived, Person};
+use switchboard_kit::{Delivery, Output, Stage, StageError, StageName, Topology};
+
+pub use switchboard_kit::address::normalize_phone;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error(transparent)]
+    InvalidPhone(#[from] switchboard_kit::address::InvalidPhone),
+    #[error("empty sender address")]
+    EmptyAddress,
+    #[error("directory lookup failed: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("configured lookup for {person_type} failed: {source}")]
+    Lookup {
+        person_type: String,
+        source: sqlx::Error,
+    },
+}
+
+/// The kind of contact point a channel's addresses are.
+pub fn contact_kind(channel: &str) -> &'static str {
+    match channel {
+        "sms" => "phone",
+        "admin_chat" | "header_widget" => "chat_user",
+        "api" => "api_key_owner",
+        _ => "address",
+    }
+}
+
+pub struct IdentityResolver {
+    db: PgPool,
+    config: IdentityConfig,
+}
+
+impl IdentityResolver {
+    pub fn new(db: PgPool, config: IdentityConfig) -> Self {
+        Self { db, config }
+    }
+
+    pub async fn resolve_identity(
+        &self,
+        channel: &str,
+        address: &str,
+    ) -> Result<Person, IdentityError> {
+        let kind = contact_kind(channel);
+        let address = match kind {
+            "phone" => normalize_phone(address, &self.config.default_region)?,
+            _ => address.trim().to_string(),
+        };
+        if address.is_empty() {
+            return Err(IdentityError::EmptyAddress);
+        }
+        let row = sqlx::query(
+            "SELECT p.person_id, p.person_type, p.name, p.role
+               FROM switchboard.contact_points c
+               JOIN switchboard.people p USING (person_id)
+              WHERE c.kind = $1 AND c.address = $2",
+        )
+        .bind(kind)
+        .bind(&address)
+        .fetch_optional(&self.db)
+        .await?;
+        if let Some(r) = row {
+            return Ok(Person {
+                person_id: r.get(0),
+                person_type: r.get(1),
+                name: r.get(2),
+                role: r.get(3),
+            });
+        }
+        for lookup in self.config.lookups.iter().filter(|l| l.kind == kind) {
+            if let Some(p) = self.run_lookup(lookup, &address).await? {
+                return Ok(p);
+            }
+        }
+        Ok(Person {
+            person_id: format!("{kind}:{address}"),
+            person_type: "external".into(),
+            name: String::new(),
+            role: String::new(),
+        })
+    }
+
+    async fn run_lookup(
+        &self,
+        lookup: &IdentityLookup,
+        address: &str,
+    ) -> Result<Option<Person>, IdentityError> {
+        let err = |source| IdentityError::Lookup {
+            person_type: lookup.person_type.clone(),
+            source,
+        };
+        let row = sqlx::query(&lookup.sql)
+            .bind(address)
+            .fetch_optional(&self.db)
+            .await
+            .map_err(err)?;
+        let Some(r) = row else { return Ok(None) };
+        let person_id: String = r.try_get("person_id").map_err(err)?;
+        let name: Option<String> = r.try_get("name").ok().flatten();
+        let role: Option<String> = r.try_get("role").ok().flatten();
+        Ok(Some(Person {
+            person_id: format!("{}:{person_id}", lookup.person_type),
+            person_type: lookup.person_type.clone(),
+            name: name.unwrap_or_default(),
+            role: role.unwrap_or_default(),
+        }))
+    }
+}
+
+/// The identify stage: `sb.in.<channel>` → `sb.identified` (+ `message.received` event).
+pub struct IdentifyStage {
+    resolver: IdentityResolver,
+    topology: Topology,
+}
+
+impl IdentifyStage {
+    pub fn new(resolver: IdentityResolver, topology: Topology) -> Self {
+        Self { resolver, topology }
+    }
+}
+
+impl Stage for IdentifyStage {
+    type Input = InboundMessage;
+    const NAME: StageName = StageName::Identify;
+
+    async fn handle(
+        &self,
+        inbound: InboundMessage,
+        _delivery: &Delivery,
+    ) -> Result<Vec<Output>, StageError> {
+        let person = match self
+            .resolver
+            .resolve_identity(&inbound.channel, &inbound.sender)
+            .await
+        {
+            Ok(p) => p,
+            Err(e @ (IdentityError::InvalidPhone(_) | IdentityError::EmptyAddress)) => {
+                return Err(StageError::permanent(e));
+            }
+            Err(e) => return Err(StageError::transient(e)),
+        };
+        tracing::debug!(person_id = %person.person_id, "identified");
+        let received = MessageReceived {
+            message_id: inbound.id.clone(),
+            channel: inbound.channel.clone(),
+            provider: inbound.provider.clone(),
+            correlation_id: inbound.correlation_id.clone(),
+            received_at_ms: inbound.received_at_ms,
+        };
+        let correlation = inbound.correlation_id.clone();
+        let id = inbound.id.clone();
+        let identified = IdentifiedMessage {
+            inbound: Some(inbound),
+            person: Some(person),
+        };
+        Ok(vec![
+            Output::new(self.topology.identified(), id.clone(), &identified)
+                .correlated(correlation.clone()),
+            Output::new(self.topology.event("message.received"), id, &received)
+                .correlated(correlation),
+        ])
+    }
+}
+
+/// The identify stage as a task of `app`.
+pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
+    let resolver = IdentityResolver::new(app.db.clone(), app.config.identity.clone());
+    app.stage_task(
+        IdentifyStage::new(resolver, app.topology.clone()),
+        app.stage_options(),
+    )
+}

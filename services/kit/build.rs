@@ -1,0 +1,16 @@
+//! Compiles `proto/` with protox (pure Rust), so no system `protoc` is needed.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = "../../proto";
+    let files = [
+        "switchboard/v1/messages.proto",
+        "switchboard/v1/events.proto",
+    ];
+    for f in &files {
+        println!("cargo:rerun-if-changed={root}/{f}");
+    }
+    let fds = protox::compile(files, [root])?;
+    prost_build::Config::new()
+        .enable_type_names()
+        .compile_fds(fds)?;
+    Ok(())
+}

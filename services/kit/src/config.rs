@@ -1,0 +1,369 @@
+//! Configuration: `switchboard.toml` (or the file named by `SB_CONFIG`), overridden by `SB_…`
+//! environment variables with nested keys joined by `__` (e.g. `SB_TWILIO__API_BASE`).
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// A secret value: deserialised like a string, never printed by `Debug`.
+#[derive(Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct Config {
+    pub nats_url: String,
+    pub database_url: String,
+    /// Prefix of every subject and stream. Production uses the default `sb`; tests use their own
+    /// so that many runs share one NATS server.
+    pub subject_prefix: String,
+    /// `text` or `json`.
+    pub log_format: String,
+    pub gateway: GatewayConfig,
+    pub admin: AdminConfig,
+    pub twilio: TwilioConfig,
+    pub textmagic: TextMagicConfig,
+    pub channels: BTreeMap<String, ChannelConfig>,
+    pub agents: Vec<AgentConfig>,
+    pub identity: IdentityConfig,
+    pub runtime: RuntimeConfig,
+    pub dispatch: DispatchConfig,
+    pub demo: DemoConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            nats_url: "nats://127.0.0.1:14222".into(),
+            database_url: "postgres://postgres@127.0.0.1:15432/switchboard".into(),
+            subject_prefix: "sb".into(),
+            log_format: "text".into(),
+            gateway: GatewayConfig::default(),
+            admin: AdminConfig::default(),
+            twilio: TwilioConfig::default(),
+            textmagic: TextMagicConfig::default(),
+            channels: BTreeMap::from([(
+                "sms".to_string(),
+                ChannelConfig {
+                    default_agent: "reggie_oc".into(),
+                },
+            )]),
+            agents: Vec::new(),
+            identity: IdentityConfig::default(),
+            runtime: RuntimeConfig::default(),
+            dispatch: DispatchConfig::default(),
+            demo: DemoConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct GatewayConfig {
+    pub http_addr: String,
+    /// The base URL providers call (scheme, host, optional path prefix). Twilio signs the full
+    /// URL it called, so behind a proxy this must be the public one.
+    pub public_url: String,
+    pub max_body_bytes: usize,
+    /// Longest accepted message text, in characters.
+    pub max_text_chars: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            http_addr: "127.0.0.1:8080".into(),
+            public_url: "http://127.0.0.1:8080".into(),
+            max_body_bytes: 64 * 1024,
+            max_text_chars: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct AdminConfig {
+    /// Where a worker process serves `/healthz`, `/readyz` and `/metrics`. Port 0 picks a free
+    /// port (logged at start); the gateway and `switchboard up` serve them on the gateway port too.
+    pub http_addr: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            http_addr: "127.0.0.1:0".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct TwilioConfig {
+    pub account_sid: String,
+    pub auth_token: Secret,
+    pub from_number: String,
+    /// Used instead of `from_number` when set.
+    pub messaging_service_sid: String,
+    pub api_base: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct TextMagicConfig {
+    pub username: String,
+    pub api_key: Secret,
+    pub from_number: String,
+    pub api_base: String,
+    pub webhook_token: Secret,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ChannelConfig {
+    pub default_agent: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct AgentConfig {
+    /// Engine variant, e.g. `reggie_oc`.
+    pub name: String,
+    /// Persona shared by the variants, e.g. `reggie`.
+    pub identity: String,
+    /// `openclaw`, `droid`, ...
+    pub engine: String,
+    pub runner_url: String,
+    #[serde(default)]
+    pub token: Secret,
+    #[serde(default = "default_agent_timeout")]
+    pub timeout_s: u64,
+    /// Turns of this agent run at once across one dispatcher.
+    #[serde(default = "default_agent_concurrency")]
+    pub concurrency: usize,
+}
+
+fn default_agent_timeout() -> u64 {
+    120
+}
+fn default_agent_concurrency() -> usize {
+    16
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct IdentityConfig {
+    /// Region used to read phone numbers written without a country code.
+    pub default_region: String,
+    /// Extra lookups against the operator's own tables, tried in order after the directory.
+    pub lookups: Vec<IdentityLookup>,
+}
+
+impl Default for IdentityConfig {
+    fn default() -> Self {
+        Self {
+            default_region: "US".into(),
+            lookups: Vec::new(),
+        }
+    }
+}
+
+/// `sql` takes the normalised address as `$1` and returns one row with text columns
+/// `person_id`, `name`, `role` (the last two may be NULL).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct IdentityLookup {
+    pub person_type: String,
+    /// Which contact kinds it applies to (`phone`, `chat_user`, ...).
+    #[serde(default = "default_lookup_kind")]
+    pub kind: String,
+    pub sql: String,
+}
+
+fn default_lookup_kind() -> String {
+    "phone".into()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct RuntimeConfig {
+    /// Messages pulled per request.
+    pub batch: usize,
+    /// Messages handled at once per stage and process.
+    pub concurrency: usize,
+    /// How long the server waits for an ack before redelivering. In-flight work sends progress
+    /// acks, so this bounds only how soon a dead process's work comes back.
+    pub ack_wait_ms: u64,
+    /// Deliveries after which a failing message is dead-lettered.
+    pub max_deliver: u64,
+    /// Retry delay after the first failure; doubles each time up to `retry_max_ms`.
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    /// How long SIGTERM waits for in-flight work before exiting.
+    pub shutdown_grace_ms: u64,
+    /// Number of turn partitions (`sb.turn.<n>`).
+    pub turn_partitions: u32,
+    /// JetStream dedupe window.
+    pub duplicate_window_s: u64,
+    /// Events stream retention.
+    pub events_max_age_days: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            batch: 64,
+            concurrency: 64,
+            ack_wait_ms: 30_000,
+            max_deliver: 8,
+            retry_base_ms: 500,
+            retry_max_ms: 60_000,
+            shutdown_grace_ms: 20_000,
+            turn_partitions: 32,
+            duplicate_window_s: 600,
+            events_max_age_days: 7,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct DispatchConfig {
+    /// How often a turn waiting for its predecessor re-checks the session cursor.
+    pub hold_poll_ms: u64,
+    /// How long a turn waits for its predecessor before going back to the stream.
+    pub hold_timeout_ms: u64,
+    /// Deliveries of one turn before it is dead-lettered (waiting counts as a delivery).
+    pub max_deliver: u64,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        Self {
+            hold_poll_ms: 100,
+            hold_timeout_ms: 20_000,
+            max_deliver: 50,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct DemoConfig {
+    /// `switchboard up` also serves a demo runner (`/demo/runner`) and a demo Twilio outbox
+    /// (`/demo/twilio`), so the product can be tried with no external accounts.
+    pub enabled: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// The file named by `SB_CONFIG`, else `switchboard.toml` in the working directory (if any),
+    /// overridden by `SB_…` variables.
+    pub fn load() -> Result<Self, ConfigError> {
+        let path = std::env::var_os("SB_CONFIG")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("switchboard.toml"));
+        Self::load_from(&path)
+    }
+
+    pub fn load_from(path: &Path) -> Result<Self, ConfigError> {
+        let figment = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::file(path))
+            .merge(Env::prefixed("SB_").split("__").ignore(&["config"]));
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashSet::new();
+        for a in &self.agents {
+            if a.name.is_empty() || a.identity.is_empty() || a.runner_url.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {:?} needs name, identity and runner_url",
+                    a.name
+                )));
+            }
+            if !seen.insert(a.name.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {} listed twice",
+                    a.name
+                )));
+            }
+        }
+        if self.runtime.turn_partitions == 0 {
+            return Err(ConfigError::Invalid(
+                "runtime.turn_partitions must be > 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn agent(&self, name: &str) -> Option<&AgentConfig> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_not_printed_by_debug() {
+        let mut c = Config::default();
+        c.twilio.auth_token = Secret::new("hunter2");
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's test jail API
+    fn environment_overrides_nested_keys() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "sb.toml",
+                r#"
+                nats_url = "nats://file:1"
+                [twilio]
+                api_base = "http://file"
+                [[agents]]
+                name = "reggie_oc"
+                identity = "reggie"
+                engine = "openclaw"
+                runner_url = "http://runner"
+                "#,
+            )?;
+            jail.set_env("SB_TWILIO__API_BASE", "http://env");
+            jail.set_env("SB_NATS_URL", "nats://env:2");
+            let c = Config::load_from(Path::new("sb.toml")).expect("loads");
+            assert_eq!(c.twilio.api_base, "http://env");
+            assert_eq!(c.nats_url, "nats://env:2");
+            assert_eq!(c.agent("reggie_oc").unwrap().timeout_s, 120);
+            Ok(())
+        });
+    }
+}

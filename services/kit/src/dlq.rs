@@ -1,0 +1,100 @@
+//! Reading and replaying dead letters (`switchboard dlq`).
+use async_nats::jetstream::{self, message::PublishMessage};
+use prost::Message as _;
+
+use crate::proto::DeadLetter;
+use crate::runtime::{HEADER_CORRELATION, HEADER_TYPE};
+use crate::topology::Topology;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DlqError {
+    #[error("NATS: {0}")]
+    Nats(String),
+    #[error("dead letter {0} not found")]
+    NotFound(u64),
+    #[error("dead letter {seq} is not a DeadLetter payload: {source}")]
+    Decode {
+        seq: u64,
+        source: prost::DecodeError,
+    },
+}
+
+fn nats(e: impl std::fmt::Display) -> DlqError {
+    DlqError::Nats(e.to_string())
+}
+
+/// One stored dead letter with its sequence in the DLQ stream (the id to replay it by).
+#[derive(Debug, Clone)]
+pub struct StoredDeadLetter {
+    pub seq: u64,
+    pub letter: DeadLetter,
+}
+
+/// Dead letters in stream order, optionally only one stage's.
+pub async fn list(
+    js: &jetstream::Context,
+    topology: &Topology,
+    stage: Option<&str>,
+    limit: usize,
+) -> Result<Vec<StoredDeadLetter>, DlqError> {
+    let mut stream = js.get_stream(topology.dlq_stream()).await.map_err(nats)?;
+    let info = stream.info().await.map_err(nats)?;
+    let (first, last) = (info.state.first_sequence, info.state.last_sequence);
+    let mut out = Vec::new();
+    if info.state.messages == 0 {
+        return Ok(out);
+    }
+    for seq in first..=last {
+        if out.len() >= limit {
+            break;
+        }
+        let Ok(raw) = stream.get_raw_message(seq).await else {
+            continue; // deleted or expired
+        };
+        let letter = DeadLetter::decode(raw.payload.clone())
+            .map_err(|source| DlqError::Decode { seq, source })?;
+        if stage.is_some_and(|s| s != letter.stage) {
+            continue;
+        }
+        out.push(StoredDeadLetter { seq, letter });
+    }
+    Ok(out)
+}
+
+/// Publish the original payload again on its original subject, then delete the dead letter.
+/// The replay gets a fresh dedupe id, so it is processed even inside the dedupe window.
+pub async fn replay(
+    js: &jetstream::Context,
+    topology: &Topology,
+    seq: u64,
+) -> Result<DeadLetter, DlqError> {
+    let stream = js.get_stream(topology.dlq_stream()).await.map_err(nats)?;
+    let raw = stream
+        .get_raw_message(seq)
+        .await
+        .map_err(|_| DlqError::NotFound(seq))?;
+    let letter = DeadLetter::decode(raw.payload.clone())
+        .map_err(|source| DlqError::Decode { seq, source })?;
+    let mut headers = async_nats::HeaderMap::new();
+    if !letter.message_type.is_empty() {
+        headers.insert(HEADER_TYPE, letter.message_type.as_str());
+    }
+    if !letter.correlation_id.is_empty() {
+        headers.insert(HEADER_CORRELATION, letter.correlation_id.as_str());
+    }
+    let msg = PublishMessage::build()
+        .payload(letter.payload.clone().into())
+        .headers(headers)
+        .message_id(format!(
+            "replay/{}/{seq}/{}",
+            letter.stage,
+            uuid::Uuid::now_v7()
+        ));
+    js.send_publish(letter.subject.clone(), msg)
+        .await
+        .map_err(nats)?
+        .await
+        .map_err(nats)?;
+    stream.delete_message(seq).await.map_err(nats)?;
+    Ok(letter)
+}

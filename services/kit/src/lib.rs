@@ -1,0 +1,31 @@
+//! The shared kit every Switchboard process is built from.
+//!
+//! - [`config`]: one TOML file plus `SB_…` environment overrides.
+//! - [`topology`]: every stream, subject and consumer of the data path, in one place.
+//! - [`proto`]: the protobuf payloads (`proto/switchboard/v1`).
+//! - [`db`]: the Postgres pool and embedded migrations.
+//! - [`runtime`]: the worker runtime (fetch, handle, publish, ack, retry, dead-letter).
+//! - [`telemetry`] and [`admin`]: logs, metrics, `/healthz`, `/readyz`, `/metrics`.
+//! - [`startup`]: wiring a process together; [`shutdown`]: the drain signal.
+
+pub mod address;
+pub mod admin;
+pub mod config;
+pub mod db;
+pub mod dlq;
+pub mod proto;
+pub mod runtime;
+pub mod shutdown;
+pub mod startup;
+pub mod telemetry;
+pub mod topology;
+
+pub use config::Config;
+pub use runtime::{Delivery, Output, Stage, StageError};
+pub use shutdown::Shutdown;
+pub use topology::{StageName, Topology};
+
+/// Milliseconds since the Unix epoch, the time unit of every payload.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}

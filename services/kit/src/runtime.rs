@@ -1,0 +1,477 @@
+//! The worker runtime: the only code that talks to JetStream on behalf of a stage.
+//!
+//! A stage is a plain handler from one decoded input to the outputs it wants published. The
+//! runtime pulls in batches, runs handlers with bounded concurrency, sends progress acks while a
+//! handler runs long, publishes outputs with dedupe ids (`Nats-Msg-Id`) and only then acks the
+//! input. Failures are retried with a growing delay or dead-lettered with their reason.
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, AckKind, consumer, message::PublishMessage};
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::future::join_all;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::config::RuntimeConfig;
+use crate::proto::DeadLetter;
+use crate::shutdown::Shutdown;
+use crate::topology::{StageName, Topology};
+
+/// Header carrying the protobuf message type of the payload.
+pub const HEADER_TYPE: &str = "Sb-Type";
+/// Header carrying the correlation id, from ingress to delivery.
+pub const HEADER_CORRELATION: &str = "Sb-Correlation-Id";
+
+/// What a handler knows about the message it is handling. Nothing here is NATS-specific.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub subject: String,
+    /// 1 on the first delivery.
+    pub delivered: u64,
+    pub stream_sequence: u64,
+    pub correlation_id: String,
+}
+
+/// A message a handler wants published.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub subject: String,
+    /// Stable for a given input, so a redelivered input republishes the same id and JetStream
+    /// drops the duplicate. The runtime prefixes it with the stage name.
+    pub dedupe_id: String,
+    pub message_type: String,
+    pub payload: Bytes,
+    pub correlation_id: Option<String>,
+}
+
+impl Output {
+    pub fn new<M: prost::Message + prost::Name>(
+        subject: String,
+        dedupe_id: impl Into<String>,
+        message: &M,
+    ) -> Self {
+        Self {
+            subject,
+            dedupe_id: dedupe_id.into(),
+            message_type: M::full_name(),
+            payload: Bytes::from(message.encode_to_vec()),
+            correlation_id: None,
+        }
+    }
+
+    pub fn correlated(mut self, correlation_id: impl Into<String>) -> Self {
+        self.correlation_id = Some(correlation_id.into());
+        self
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// Worth retrying (database or runner down, timeout): nak with a growing delay, dead-letter
+    /// after `max_deliver` deliveries.
+    #[error("transient: {0:#}")]
+    Transient(anyhow::Error),
+    /// Retrying cannot help (invalid input, unknown agent): dead-letter now.
+    #[error("permanent: {0:#}")]
+    Permanent(anyhow::Error),
+    /// Not yet: come back after this delay (e.g. a turn waiting for its predecessor).
+    #[error("deferred: {1}")]
+    Defer(Duration, String),
+}
+
+impl StageError {
+    pub fn transient(e: impl Into<anyhow::Error>) -> Self {
+        Self::Transient(e.into())
+    }
+    pub fn permanent(e: impl Into<anyhow::Error>) -> Self {
+        Self::Permanent(e.into())
+    }
+}
+
+/// A worker's logic. Implementations know nothing of NATS.
+pub trait Stage: Send + Sync + 'static {
+    type Input: prost::Message + Default + Send + 'static;
+    const NAME: StageName;
+
+    fn handle(
+        &self,
+        input: Self::Input,
+        delivery: &Delivery,
+    ) -> impl Future<Output = Result<Vec<Output>, StageError>> + Send;
+}
+
+/// Per-stage knobs; defaults come from `[runtime]`.
+#[derive(Debug, Clone)]
+pub struct StageOptions {
+    pub concurrency: usize,
+    pub batch: usize,
+    pub max_deliver: u64,
+}
+
+impl StageOptions {
+    pub fn from_config(rt: &RuntimeConfig) -> Self {
+        Self {
+            concurrency: rt.concurrency.max(1),
+            batch: rt.batch.max(1),
+            max_deliver: rt.max_deliver.max(1),
+        }
+    }
+}
+
+/// JetStream plus the names of things: what every stage task needs.
+#[derive(Clone)]
+pub struct Runtime {
+    pub js: jetstream::Context,
+    pub topology: Topology,
+    pub config: RuntimeConfig,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("stage {stage}: consumer unavailable: {reason}")]
+    Consumer { stage: StageName, reason: String },
+}
+
+impl Runtime {
+    pub fn new(js: jetstream::Context, topology: Topology, config: RuntimeConfig) -> Self {
+        Self {
+            js,
+            topology,
+            config,
+        }
+    }
+
+    /// Publish one output and wait for JetStream's ack (so it is durable).
+    pub async fn publish(&self, stage: &str, out: &Output) -> Result<(), anyhow::Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_TYPE, out.message_type.as_str());
+        if let Some(c) = &out.correlation_id {
+            headers.insert(HEADER_CORRELATION, c.as_str());
+        }
+        let msg = PublishMessage::build()
+            .payload(out.payload.clone())
+            .headers(headers)
+            .message_id(format!("{stage}/{}", out.dedupe_id));
+        let ack = self.js.send_publish(out.subject.clone(), msg).await?;
+        ack.await?;
+        Ok(())
+    }
+
+    async fn publish_all(&self, stage: &str, outputs: &[Output]) -> Result<(), anyhow::Error> {
+        let results = join_all(outputs.iter().map(|o| self.publish(stage, o))).await;
+        results.into_iter().collect()
+    }
+
+    /// Runs `stage` until `shutdown`, then drains in-flight work (bounded by the grace period).
+    pub async fn run_stage<S: Stage>(
+        self,
+        stage: Arc<S>,
+        opts: StageOptions,
+        shutdown: Shutdown,
+    ) -> Result<(), RuntimeError> {
+        let name = S::NAME;
+        let consumer_err = |reason: String| RuntimeError::Consumer {
+            stage: name,
+            reason,
+        };
+        let stream = self
+            .js
+            .get_stream(self.topology.work_stream())
+            .await
+            .map_err(|e| consumer_err(e.to_string()))?;
+        let consumer: consumer::PullConsumer = stream
+            .get_consumer(name.as_str())
+            .await
+            .map_err(|e| consumer_err(e.to_string()))?;
+        let ack_wait = Duration::from_millis(self.config.ack_wait_ms);
+        let expires = (ack_wait / 2).clamp(Duration::from_millis(500), Duration::from_secs(10));
+
+        let lag = tokio::spawn(report_lag(consumer.clone(), name));
+        let sem = Arc::new(Semaphore::new(opts.concurrency));
+        let mut tasks = JoinSet::new();
+        let this = Arc::new(self);
+        tracing::info!(stage = %name, concurrency = opts.concurrency, "stage started");
+
+        'outer: while !shutdown.is_triggered() {
+            let mut messages = match consumer
+                .stream()
+                .max_messages_per_batch(opts.batch)
+                .expires(expires)
+                .messages()
+                .await
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(stage = %name, error = %e, "pull failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        _ = shutdown.wait() => break,
+                    }
+                }
+            };
+            loop {
+                let permit = tokio::select! {
+                    p = sem.clone().acquire_owned() => p.expect("semaphore never closed"),
+                    _ = shutdown.wait() => break 'outer,
+                };
+                let next = tokio::select! {
+                    m = messages.next() => m,
+                    _ = shutdown.wait() => break 'outer,
+                };
+                match next {
+                    Some(Ok(msg)) => {
+                        let this = this.clone();
+                        let stage = stage.clone();
+                        let opts = opts.clone();
+                        tasks.spawn(async move {
+                            this.process(stage.as_ref(), msg, &opts, ack_wait).await;
+                            drop(permit);
+                        });
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(stage = %name, error = %e, "pull stream error");
+                    }
+                    None => continue 'outer,
+                }
+                while tasks.try_join_next().is_some() {}
+            }
+        }
+
+        // Drain: no more pulls; let in-flight handlers finish. Anything still running after the
+        // grace period is abandoned unacked and comes back to another replica after ack_wait.
+        lag.abort();
+        let grace = Duration::from_millis(this.config.shutdown_grace_ms);
+        let in_flight = tasks.len();
+        if in_flight > 0 {
+            tracing::info!(stage = %name, in_flight, "draining");
+        }
+        if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            tracing::warn!(stage = %name, left = tasks.len(), "grace period over; abandoning");
+            tasks.abort_all();
+        }
+        tracing::info!(stage = %name, "stage stopped");
+        Ok(())
+    }
+
+    async fn process<S: Stage>(
+        &self,
+        stage: &S,
+        msg: jetstream::Message,
+        opts: &StageOptions,
+        ack_wait: Duration,
+    ) {
+        let name = S::NAME;
+        let (delivered, stream_sequence) = match msg.info() {
+            Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
+            Err(_) => (1, 0),
+        };
+        let correlation_id = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(HEADER_CORRELATION))
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default();
+        let delivery = Delivery {
+            subject: msg.subject.to_string(),
+            delivered,
+            stream_sequence,
+            correlation_id,
+        };
+        let span = tracing::info_span!(
+            "stage",
+            stage = %name,
+            correlation_id = %delivery.correlation_id,
+            seq = stream_sequence,
+            delivered
+        );
+        async {
+            if delivered > opts.max_deliver {
+                let why = format!(
+                    "delivered {delivered} times without success (max {}); the handler may be crashing the process",
+                    opts.max_deliver
+                );
+                self.dead_letter(name, &msg, &delivery, &why).await;
+                return;
+            }
+            let input = match <S::Input as prost::Message>::decode(msg.payload.clone()) {
+                Ok(i) => i,
+                Err(e) => {
+                    let why = format!("undecodable payload: {e}");
+                    self.dead_letter(name, &msg, &delivery, &why).await;
+                    return;
+                }
+            };
+
+            let started = Instant::now();
+            let result = {
+                let fut = stage.handle(input, &delivery);
+                tokio::pin!(fut);
+                let mut ticker = tokio::time::interval((ack_wait / 3).max(Duration::from_millis(100)));
+                ticker.tick().await;
+                loop {
+                    tokio::select! {
+                        r = &mut fut => break r,
+                        _ = ticker.tick() => {
+                            // Keep the server from redelivering work that is still going.
+                            let _ = msg.ack_with(AckKind::Progress).await;
+                        }
+                    }
+                }
+            };
+            metrics::histogram!("sb_stage_handler_seconds", "stage" => name.as_str())
+                .record(started.elapsed().as_secs_f64());
+
+            match result {
+                Ok(outputs) => {
+                    if let Err(e) = self.publish_all(name.as_str(), &outputs).await {
+                        tracing::warn!(error = %e, "publishing outputs failed; will retry");
+                        self.retry(name, &msg, &delivery, opts, "publish failed").await;
+                        return;
+                    }
+                    match msg.ack().await {
+                        Ok(()) => count(name, "ok"),
+                        Err(e) => tracing::warn!(error = %e, "ack failed; input will be redelivered"),
+                    }
+                }
+                Err(StageError::Permanent(e)) => {
+                    self.dead_letter(name, &msg, &delivery, &format!("{e:#}")).await;
+                }
+                Err(StageError::Transient(e)) => {
+                    tracing::warn!(error = %format!("{e:#}"), "handler failed");
+                    if delivered >= opts.max_deliver {
+                        let why = format!("gave up after {delivered} deliveries: {e:#}");
+                        self.dead_letter(name, &msg, &delivery, &why).await;
+                    } else {
+                        self.retry(name, &msg, &delivery, opts, "transient").await;
+                    }
+                }
+                Err(StageError::Defer(after, why)) => {
+                    tracing::debug!(%why, "deferred");
+                    if delivered >= opts.max_deliver {
+                        let why = format!("gave up after {delivered} deliveries: {why}");
+                        self.dead_letter(name, &msg, &delivery, &why).await;
+                    } else {
+                        count(name, "deferred");
+                        let _ = msg.ack_with(AckKind::Nak(Some(after))).await;
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn retry(
+        &self,
+        name: StageName,
+        msg: &jetstream::Message,
+        delivery: &Delivery,
+        _opts: &StageOptions,
+        _why: &str,
+    ) {
+        count(name, "retried");
+        let delay = retry_delay(&self.config, delivery.delivered);
+        let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+    }
+
+    /// Store the message with its reason on `sb.dlq.<stage>`, then terminate it. If the dead
+    /// letter cannot be stored, the message is nak'ed instead: nothing is dropped.
+    async fn dead_letter(
+        &self,
+        name: StageName,
+        msg: &jetstream::Message,
+        delivery: &Delivery,
+        why: &str,
+    ) {
+        tracing::error!(error = %why, "dead-lettering");
+        let letter = DeadLetter {
+            stage: name.as_str().to_string(),
+            subject: delivery.subject.clone(),
+            error: why.to_string(),
+            delivery_count: delivery.delivered,
+            payload: msg.payload.to_vec(),
+            message_type: msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(HEADER_TYPE))
+                .map(|v| v.as_str().to_string())
+                .unwrap_or_default(),
+            correlation_id: delivery.correlation_id.clone(),
+            failed_at_ms: crate::now_ms(),
+            stream_sequence: delivery.stream_sequence,
+        };
+        let mut out = Output::new(
+            self.topology.dead_letter(name),
+            format!("{name}:{}", delivery.stream_sequence),
+            &letter,
+        );
+        if !delivery.correlation_id.is_empty() {
+            out = out.correlated(delivery.correlation_id.clone());
+        }
+        match self.publish("dlq", &out).await {
+            Ok(()) => {
+                count(name, "dead_lettered");
+                let _ = msg.ack_with(AckKind::Term).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not store dead letter; will retry");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(5))))
+                    .await;
+            }
+        }
+    }
+}
+
+fn count(stage: StageName, outcome: &'static str) {
+    metrics::counter!("sb_stage_messages_total", "stage" => stage.as_str(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// Exponential backoff from the delivery count: base, 2×base, 4×base … capped.
+pub fn retry_delay(rt: &RuntimeConfig, delivered: u64) -> Duration {
+    let exp = delivered.saturating_sub(1).min(20) as u32;
+    let ms = rt
+        .retry_base_ms
+        .saturating_mul(1u64 << exp)
+        .min(rt.retry_max_ms);
+    Duration::from_millis(ms)
+}
+
+async fn report_lag(mut consumer: consumer::PullConsumer, name: StageName) {
+    loop {
+        if let Ok(info) = consumer.info().await {
+            metrics::gauge!("sb_consumer_pending", "stage" => name.as_str())
+                .set(info.num_pending as f64);
+            metrics::gauge!("sb_consumer_ack_pending", "stage" => name.as_str())
+                .set(info.num_ack_pending as f64);
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_grows_and_is_capped() {
+        let rt = RuntimeConfig {
+            retry_base_ms: 100,
+            retry_max_ms: 1000,
+            ..Default::default()
+        };
+        assert_eq!(retry_delay(&rt, 1), Duration::from_millis(100));
+        assert_eq!(retry_delay(&rt, 2), Duration::from_millis(200));
+        assert_eq!(retry_delay(&rt, 3), Duration::from_millis(400));
+        assert_eq!(retry_delay(&rt, 10), Duration::from_millis(1000));
+    }
+}

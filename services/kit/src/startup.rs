@@ -1,0 +1,156 @@
+//! Wiring one process: configuration, connections, migrations, topology, admin endpoints, and
+//! the stage tasks, all stopped by one [`Shutdown`].
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use sqlx::PgPool;
+
+use crate::config::Config;
+use crate::runtime::{Runtime, Stage, StageOptions};
+use crate::shutdown::Shutdown;
+use crate::topology::Topology;
+
+pub type Task = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+
+/// Everything a Switchboard process shares.
+#[derive(Clone)]
+pub struct App {
+    pub config: Arc<Config>,
+    pub nats: async_nats::Client,
+    pub js: jetstream::Context,
+    pub db: PgPool,
+    pub topology: Topology,
+    pub shutdown: Shutdown,
+}
+
+impl App {
+    /// Connect to NATS and Postgres. `name` shows up in the NATS server's connection list.
+    pub async fn connect(config: Config, name: &str) -> anyhow::Result<App> {
+        // Install the metrics recorder before anything counts.
+        let _ = crate::telemetry::metrics();
+        let nats = async_nats::ConnectOptions::new()
+            .name(format!("switchboard-{name}"))
+            .connect(&config.nats_url)
+            .await
+            .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
+        let js = jetstream::new(nats.clone());
+        let pool_size = (config.runtime.concurrency as u32).clamp(4, 32);
+        let db = crate::db::connect(&config.database_url, pool_size)
+            .await
+            .context("connecting to Postgres (database_url)")?;
+        let topology = Topology::new(&config.subject_prefix, config.runtime.turn_partitions);
+        Ok(App {
+            config: Arc::new(config),
+            nats,
+            js,
+            db,
+            topology,
+            shutdown: Shutdown::new(),
+        })
+    }
+
+    /// Apply migrations and the stream topology (both idempotent).
+    pub async fn prepare(&self) -> anyhow::Result<()> {
+        crate::db::migrate(&self.db).await?;
+        self.topology
+            .apply(&self.js, &self.config.runtime)
+            .await
+            .context("applying the stream topology")?;
+        Ok(())
+    }
+
+    pub fn runtime(&self) -> Runtime {
+        Runtime::new(
+            self.js.clone(),
+            self.topology.clone(),
+            self.config.runtime.clone(),
+        )
+    }
+
+    pub fn stage_options(&self) -> StageOptions {
+        StageOptions::from_config(&self.config.runtime)
+    }
+
+    /// A task running `stage` until shutdown.
+    pub fn stage_task<S: Stage>(&self, stage: S, opts: StageOptions) -> Task {
+        let rt = self.runtime();
+        let shutdown = self.shutdown.clone();
+        Box::pin(async move {
+            rt.run_stage(Arc::new(stage), opts, shutdown).await?;
+            Ok(())
+        })
+    }
+
+    pub fn readiness(&self) -> crate::admin::Readiness {
+        crate::admin::Readiness {
+            nats: self.nats.clone(),
+            db: self.db.clone(),
+        }
+    }
+
+    /// Serve `router` on `addr` until shutdown.
+    pub async fn serve_http(&self, addr: &str, router: axum::Router) -> anyhow::Result<Task> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        self.serve_listener(listener, router)
+    }
+
+    /// Serve `router` on an already bound listener until shutdown.
+    pub fn serve_listener(
+        &self,
+        listener: tokio::net::TcpListener,
+        router: axum::Router,
+    ) -> anyhow::Result<Task> {
+        tracing::info!(addr = %listener.local_addr()?, "serving HTTP");
+        let shutdown = self.shutdown.clone();
+        Ok(Box::pin(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move { shutdown.wait().await })
+                .await?;
+            Ok(())
+        }))
+    }
+
+    /// Run `tasks` to completion; the first failure triggers shutdown of the rest.
+    pub async fn run(self, tasks: Vec<Task>) -> anyhow::Result<()> {
+        let mut set = tokio::task::JoinSet::new();
+        for t in tasks {
+            set.spawn(t);
+        }
+        let mut first_err = None;
+        while let Some(res) = set.join_next().await {
+            let res = res.map_err(anyhow::Error::from).and_then(|r| r);
+            if let Err(e) = res {
+                tracing::error!(error = %format!("{e:#}"), "task failed; shutting down");
+                self.shutdown.trigger();
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The `main` of a single-stage worker binary: load config, connect, prepare, serve the admin
+/// endpoints, run the stage tasks `build` returns, drain on SIGTERM.
+pub async fn worker_main<F>(name: &str, build: F) -> anyhow::Result<()>
+where
+    F: FnOnce(&App) -> anyhow::Result<Vec<Task>>,
+{
+    let config = Config::load()?;
+    crate::telemetry::init(&config.log_format);
+    let _ = crate::telemetry::metrics();
+    let app = App::connect(config, name).await?;
+    app.prepare().await?;
+    app.shutdown.trigger_on_signals();
+    let mut tasks = build(&app)?;
+    let admin = crate::admin::router(app.readiness());
+    tasks.push(app.serve_http(&app.config.admin.http_addr, admin).await?);
+    app.run(tasks).await
+}

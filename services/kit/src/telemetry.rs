@@ -1,0 +1,41 @@
+//! Logs (tracing) and metrics (Prometheus).
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::EnvFilter;
+
+/// Install the log subscriber once per process. `RUST_LOG` overrides the default `info` level.
+/// Message bodies are only logged at `debug`.
+pub fn init(format: &str) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,async_nats=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = if format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The process-wide Prometheus recorder (installed on first use).
+pub fn metrics() -> &'static PrometheusHandle {
+    METRICS.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+                &[
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0,
+                ],
+            )
+            .expect("valid buckets");
+        match builder.install_recorder() {
+            Ok(handle) => handle,
+            // Another recorder is installed (e.g. several apps in one test process): keep a
+            // detached one so /metrics still answers.
+            Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+        }
+    })
+}

@@ -1,0 +1,142 @@
+//! The demo parts of `switchboard up` (`demo.enabled = true`): an agent runner that answers
+//! without any engine, and a Twilio outbox that keeps sent SMS in memory. Both speak the real
+//! wire formats, so the product path is the same as in production.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use switchboard_kit::config::TwilioConfig;
+
+#[derive(Clone, Serialize)]
+pub struct OutboxMessage {
+    pub sid: String,
+    pub to: String,
+    pub from: String,
+    pub body: String,
+    pub sent_at: String,
+}
+
+#[derive(Clone)]
+struct DemoState {
+    twilio: TwilioConfig,
+    outbox: Arc<Mutex<Vec<OutboxMessage>>>,
+    turns: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+pub fn router(twilio: TwilioConfig) -> Router {
+    let state = DemoState {
+        twilio,
+        outbox: Default::default(),
+        turns: Default::default(),
+    };
+    Router::new()
+        .route("/demo/runner/run", post(run))
+        .route(
+            "/demo/twilio/2010-04-01/Accounts/{account}/Messages.json",
+            post(send_sms),
+        )
+        .route("/demo/outbox", get(outbox))
+        .with_state(state)
+}
+
+#[derive(Deserialize)]
+struct RunRequest {
+    agent: String,
+    prompt: String,
+    session_id: Option<String>,
+}
+
+async fn run(State(s): State<DemoState>, Json(req): Json<RunRequest>) -> impl IntoResponse {
+    let session_id = req
+        .session_id
+        .unwrap_or_else(|| format!("demo-{}", uuid::Uuid::new_v4()));
+    let turn = {
+        let mut turns = s.turns.lock().expect("lock");
+        let n = turns.entry(session_id.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let said = switchboard_dispatch::prompt::fenced_text(&req.prompt).unwrap_or("");
+    let text = format!(
+        "{} (demo engine): you said \"{said}\". Turn {turn} of engine session {session_id}.",
+        req.agent
+    );
+    Json(serde_json::json!({
+        "text": text,
+        "session_id": session_id,
+        "processing_ms": 1,
+        "tool_calls_count": 0,
+    }))
+}
+
+#[derive(Deserialize)]
+struct SendForm {
+    #[serde(rename = "To")]
+    to: String,
+    #[serde(rename = "From", default)]
+    from: String,
+    #[serde(rename = "Body")]
+    body: String,
+}
+
+async fn send_sms(
+    State(s): State<DemoState>,
+    Path(account): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<SendForm>,
+) -> impl IntoResponse {
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!(
+            "{}:{}",
+            s.twilio.account_sid,
+            s.twilio.auth_token.expose()
+        ))
+    );
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if account != s.twilio.account_sid || auth != expected {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
+        );
+    }
+    let msg = OutboxMessage {
+        sid: format!("SM{}", uuid::Uuid::new_v4().simple()),
+        to: form.to,
+        from: form.from,
+        body: form.body,
+        sent_at: chrono::Utc::now().to_rfc3339(),
+    };
+    tracing::info!(to = %msg.to, chars = msg.body.chars().count(), "demo outbox: SMS sent");
+    s.outbox.lock().expect("lock").push(msg.clone());
+    (
+        StatusCode::CREATED,
+        Json(
+            serde_json::json!({"sid": msg.sid, "to": msg.to, "from": msg.from, "body": msg.body, "status": "queued"}),
+        ),
+    )
+}
+
+#[derive(Deserialize)]
+struct OutboxQuery {
+    to: Option<String>,
+}
+
+async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> impl IntoResponse {
+    let all = s.outbox.lock().expect("lock").clone();
+    let filtered: Vec<OutboxMessage> = all
+        .into_iter()
+        .filter(|m| q.to.as_ref().is_none_or(|t| &m.to == t))
+        .collect();
+    Json(filtered)
+}

@@ -1,0 +1,328 @@
+//! `switchboard`: run everything in one process (`up`), manage streams, migrations, the
+//! directory and dead letters, and act as Twilio to try the product (`sms send`).
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use switchboard::{all_stages, demo};
+use switchboard_kit::Config;
+use switchboard_kit::startup::App;
+
+#[derive(Parser)]
+#[command(name = "switchboard", version, about)]
+struct Cli {
+    /// Configuration file (default: $SB_CONFIG, else ./switchboard.toml).
+    #[arg(long, global = true)]
+    config: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway and every worker in one process.
+    Up,
+    /// Apply database migrations.
+    Migrate,
+    /// Streams and consumers.
+    Streams {
+        #[command(subcommand)]
+        command: StreamsCommand,
+    },
+    /// Dead letters.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// The people directory.
+    Directory {
+        #[command(subcommand)]
+        command: DirectoryCommand,
+    },
+    /// Act as Twilio: send a correctly signed SMS webhook to the gateway.
+    Sms {
+        #[command(subcommand)]
+        command: SmsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum StreamsCommand {
+    /// Create or update every stream and consumer (idempotent).
+    Apply,
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List dead letters.
+    List {
+        #[arg(long)]
+        stage: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Publish a dead letter's payload again on its original subject.
+    Replay { seq: u64 },
+}
+
+#[derive(Subcommand)]
+enum DirectoryCommand {
+    /// Add (or update) a person with a phone number.
+    Add {
+        #[arg(long)]
+        id: String,
+        #[arg(long = "type", default_value = "participant")]
+        person_type: String,
+        #[arg(long, default_value = "")]
+        name: String,
+        #[arg(long, default_value = "")]
+        role: String,
+        #[arg(long)]
+        phone: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SmsCommand {
+    /// Post a signed SMS webhook to the gateway, then wait for the reply in the demo outbox.
+    Send {
+        /// The sender's phone number.
+        #[arg(long, default_value = "+15555550100")]
+        from: String,
+        #[arg(long)]
+        text: String,
+        /// Our number (defaults to twilio.from_number).
+        #[arg(long)]
+        to: Option<String>,
+        /// Seconds to wait for the reply (0: don't wait).
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let config = match &cli.config {
+        Some(path) => Config::load_from(path)?,
+        None => Config::load()?,
+    };
+    switchboard_kit::telemetry::init(&config.log_format);
+    match cli.command {
+        Command::Up => up(config).await,
+        Command::Migrate => {
+            let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
+            switchboard_kit::db::migrate(&db).await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Streams {
+            command: StreamsCommand::Apply,
+        } => {
+            let app = App::connect(config, "cli").await?;
+            app.topology.apply(&app.js, &app.config.runtime).await?;
+            println!(
+                "applied streams {}, {}, {} and their consumers",
+                app.topology.work_stream(),
+                app.topology.events_stream(),
+                app.topology.dlq_stream()
+            );
+            Ok(())
+        }
+        Command::Dlq { command } => dlq(config, command).await,
+        Command::Directory { command } => directory(config, command).await,
+        Command::Sms { command } => sms(config, command).await,
+    }
+}
+
+async fn up(config: Config) -> anyhow::Result<()> {
+    let _ = switchboard_kit::telemetry::metrics();
+    let app = App::connect(config, "up").await?;
+    app.prepare().await?;
+    app.shutdown.trigger_on_signals();
+    let mut routes = switchboard_gateway::router(switchboard_gateway::GatewayState {
+        config: app.config.clone(),
+        runtime: app.runtime(),
+    })
+    .merge(switchboard_kit::admin::router(app.readiness()));
+    if app.config.demo.enabled {
+        routes = routes.merge(demo::router(app.config.twilio.clone()));
+        tracing::info!("demo runner at /demo/runner, demo Twilio outbox at /demo/outbox");
+    }
+    let mut tasks = all_stages(&app);
+    tasks.push(
+        app.serve_http(&app.config.gateway.http_addr, routes)
+            .await?,
+    );
+    tracing::info!(
+        gateway = %app.config.gateway.http_addr,
+        "switchboard is up: gateway and all workers in one process"
+    );
+    app.run(tasks).await
+}
+
+async fn dlq(config: Config, command: DlqCommand) -> anyhow::Result<()> {
+    let app = App::connect(config, "cli").await?;
+    match command {
+        DlqCommand::List { stage, limit } => {
+            let letters =
+                switchboard_kit::dlq::list(&app.js, &app.topology, stage.as_deref(), limit).await?;
+            if letters.is_empty() {
+                println!("no dead letters");
+            }
+            for d in letters {
+                let l = d.letter;
+                let at = chrono::DateTime::from_timestamp_millis(l.failed_at_ms)
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_default();
+                println!(
+                    "#{seq}  {at}  stage={stage}  subject={subject}  deliveries={n}  type={ty}\n     error: {err}",
+                    seq = d.seq,
+                    stage = l.stage,
+                    subject = l.subject,
+                    n = l.delivery_count,
+                    ty = if l.message_type.is_empty() {
+                        "?"
+                    } else {
+                        &l.message_type
+                    },
+                    err = l.error
+                );
+            }
+        }
+        DlqCommand::Replay { seq } => {
+            let l = switchboard_kit::dlq::replay(&app.js, &app.topology, seq).await?;
+            println!("replayed #{seq} to {} (stage {})", l.subject, l.stage);
+        }
+    }
+    Ok(())
+}
+
+async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<()> {
+    let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
+    switchboard_kit::db::migrate(&db).await?;
+    match command {
+        DirectoryCommand::Add {
+            id,
+            person_type,
+            name,
+            role,
+            phone,
+        } => {
+            let mut tx = db.begin().await?;
+            sqlx::query(
+                "INSERT INTO switchboard.people (person_id, person_type, name, role)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (person_id) DO UPDATE
+                   SET person_type = EXCLUDED.person_type, name = EXCLUDED.name, role = EXCLUDED.role",
+            )
+            .bind(&id)
+            .bind(&person_type)
+            .bind(&name)
+            .bind(&role)
+            .execute(&mut *tx)
+            .await?;
+            if let Some(phone) = phone {
+                let e164 = switchboard_kit::address::normalize_phone(
+                    &phone,
+                    &config.identity.default_region,
+                )?;
+                sqlx::query(
+                    "INSERT INTO switchboard.contact_points (kind, address, person_id)
+                     VALUES ('phone', $1, $2)
+                     ON CONFLICT (kind, address) DO UPDATE SET person_id = EXCLUDED.person_id",
+                )
+                .bind(&e164)
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
+                println!("{id} ({person_type}) reachable at {e164}");
+            } else {
+                println!("{id} ({person_type}) saved");
+            }
+            tx.commit().await?;
+        }
+    }
+    Ok(())
+}
+
+async fn sms(config: Config, command: SmsCommand) -> anyhow::Result<()> {
+    let SmsCommand::Send {
+        from,
+        text,
+        to,
+        wait,
+    } = command;
+    let from = switchboard_kit::address::normalize_phone(&from, &config.identity.default_region)?;
+    let to = to.unwrap_or_else(|| config.twilio.from_number.clone());
+    let base = config.gateway.public_url.trim_end_matches('/').to_string();
+    let url = format!("{base}/webhooks/twilio/sms");
+    let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
+    let params: Vec<(String, String)> = vec![
+        ("AccountSid".into(), config.twilio.account_sid.clone()),
+        ("ApiVersion".into(), "2010-04-01".into()),
+        ("Body".into(), text),
+        ("From".into(), from.clone()),
+        ("MessageSid".into(), sid.clone()),
+        ("NumMedia".into(), "0".into()),
+        ("SmsSid".into(), sid.clone()),
+        ("To".into(), to),
+    ];
+    let signature = switchboard_gateway::twilio::twilio_signature(
+        config.twilio.auth_token.expose(),
+        &url,
+        &params,
+    );
+    let http = reqwest::Client::new();
+    let outbox_url = format!("{base}/demo/outbox");
+    let before = outbox_count(&http, &outbox_url, &from).await;
+    let resp = http
+        .post(&url)
+        .header("X-Twilio-Signature", signature)
+        .form(&params)
+        .send()
+        .await
+        .with_context(|| format!("posting to {url} (is `make run` running?)"))?;
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    if !status.is_success() {
+        bail!("gateway answered {status}: {body}");
+    }
+    println!("sent {sid} from {from}: gateway answered {status}");
+    if wait == 0 {
+        return Ok(());
+    }
+    let Some(before) = before else {
+        println!("(no demo outbox at {outbox_url}; the reply goes out through Twilio)");
+        return Ok(());
+    };
+    let deadline = Instant::now() + Duration::from_secs(wait);
+    while Instant::now() < deadline {
+        if let Some(list) = outbox(&http, &outbox_url, &from).await
+            && list.len() > before
+        {
+            for m in &list[before..] {
+                println!(
+                    "reply to {}: {}",
+                    m["to"].as_str().unwrap_or(""),
+                    m["body"].as_str().unwrap_or("")
+                );
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("no reply within {wait} s (see `switchboard dlq list`)")
+}
+
+async fn outbox(http: &reqwest::Client, url: &str, to: &str) -> Option<Vec<serde_json::Value>> {
+    let resp = http.get(url).query(&[("to", to)]).send().await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    resp.json().await.ok()
+}
+
+async fn outbox_count(http: &reqwest::Client, url: &str, to: &str) -> Option<usize> {
+    outbox(http, url, to).await.map(|l| l.len())
+}

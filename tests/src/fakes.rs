@@ -1,0 +1,292 @@
+//! Third parties as real HTTP servers speaking their real wire formats.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde::Deserialize;
+use tokio::sync::Notify;
+
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    url
+}
+
+/// One SMS the fake Twilio accepted.
+#[derive(Debug, Clone)]
+pub struct SentSms {
+    pub sid: String,
+    pub to: String,
+    pub from: String,
+    pub body: String,
+}
+
+/// Twilio's Messages API: Basic auth, form `To`/`From`/`Body`, 201 with a `sid`.
+#[derive(Clone)]
+pub struct FakeTwilio {
+    pub url: String,
+    pub account_sid: String,
+    pub auth_token: String,
+    sent: Arc<Mutex<Vec<SentSms>>>,
+    /// Answer this many next requests with 500 (a Twilio outage).
+    fail_next: Arc<AtomicUsize>,
+}
+
+#[derive(Deserialize)]
+struct TwilioForm {
+    #[serde(rename = "To")]
+    to: Option<String>,
+    #[serde(rename = "From")]
+    from: Option<String>,
+    #[serde(rename = "MessagingServiceSid")]
+    messaging_service_sid: Option<String>,
+    #[serde(rename = "Body")]
+    body: Option<String>,
+}
+
+impl FakeTwilio {
+    pub async fn start(account_sid: &str, auth_token: &str) -> Self {
+        let mut this = Self {
+            url: String::new(),
+            account_sid: account_sid.into(),
+            auth_token: auth_token.into(),
+            sent: Default::default(),
+            fail_next: Default::default(),
+        };
+        let router = Router::new()
+            .route(
+                "/2010-04-01/Accounts/{account}/Messages.json",
+                post(Self::create_message),
+            )
+            .with_state(this.clone());
+        this.url = serve(router).await;
+        this
+    }
+
+    pub fn sent(&self) -> Vec<SentSms> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    pub fn fail_next(&self, n: usize) {
+        self.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    async fn create_message(
+        State(s): State<FakeTwilio>,
+        Path(account): Path<String>,
+        headers: HeaderMap,
+        Form(f): Form<TwilioForm>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        let expected = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{}", s.account_sid, s.auth_token))
+        );
+        let auth = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if account != s.account_sid || auth != expected {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
+            );
+        }
+        if s.fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(
+                    serde_json::json!({"code": 20500, "message": "Internal Server Error", "status": 500}),
+                ),
+            );
+        }
+        let (Some(to), Some(body)) = (f.to, f.body) else {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(
+                    serde_json::json!({"code": 21604, "message": "A 'To' phone number and a 'Body' are required.", "status": 400}),
+                ),
+            );
+        };
+        if f.from.is_none() && f.messaging_service_sid.is_none() {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(
+                    serde_json::json!({"code": 21603, "message": "A 'From' phone number is required.", "status": 400}),
+                ),
+            );
+        }
+        if body.chars().count() > 1600 {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(
+                    serde_json::json!({"code": 21617, "message": "The concatenated message body exceeds the 1600 character limit.", "status": 400}),
+                ),
+            );
+        }
+        let sms = SentSms {
+            sid: format!("SM{}", uuid::Uuid::new_v4().simple()),
+            to,
+            from: f.from.unwrap_or_default(),
+            body,
+        };
+        s.sent.lock().unwrap().push(sms.clone());
+        (
+            StatusCode::CREATED,
+            Json(
+                serde_json::json!({"sid": sms.sid, "to": sms.to, "from": sms.from, "body": sms.body, "status": "queued"}),
+            ),
+        )
+    }
+}
+
+/// One call the fake runner received.
+#[derive(Debug, Clone)]
+pub struct RunnerCall {
+    pub agent: String,
+    pub prompt: String,
+    pub session_id: Option<String>,
+    pub idempotency_key: String,
+    pub authorization: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RunBody {
+    agent: String,
+    prompt: String,
+    session_id: Option<String>,
+    #[allow(dead_code)]
+    correlation_id: String,
+}
+
+/// An agent host's runner: `POST /run`, answers `{"text","session_id",...}`. Like a real runner
+/// it answers a repeated `Idempotency-Key` from its cache.
+#[derive(Clone)]
+pub struct FakeRunner {
+    pub url: String,
+    calls: Arc<Mutex<Vec<RunnerCall>>>,
+    cache: Arc<Mutex<HashMap<String, serde_json::Value>>>,
+    delay: Arc<Mutex<Duration>>,
+    /// When set, each call waits for `release` (after announcing itself on `received`).
+    hold: Arc<Mutex<bool>>,
+    pub received: Arc<Notify>,
+    pub release: Arc<Notify>,
+    in_flight: Arc<Mutex<HashMap<String, usize>>>,
+    /// Highest number of calls for one person seen at the same time.
+    pub max_overlap: Arc<AtomicUsize>,
+    sessions: Arc<AtomicUsize>,
+}
+
+impl FakeRunner {
+    pub async fn start() -> Self {
+        let mut this = Self {
+            url: String::new(),
+            calls: Default::default(),
+            cache: Default::default(),
+            delay: Default::default(),
+            hold: Default::default(),
+            received: Default::default(),
+            release: Default::default(),
+            in_flight: Default::default(),
+            max_overlap: Default::default(),
+            sessions: Default::default(),
+        };
+        let router = Router::new()
+            .route("/run", post(Self::run))
+            .with_state(this.clone());
+        this.url = serve(router).await;
+        this
+    }
+
+    pub fn calls(&self) -> Vec<RunnerCall> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    pub fn set_delay(&self, d: Duration) {
+        *self.delay.lock().unwrap() = d;
+    }
+
+    pub fn set_hold(&self, hold: bool) {
+        *self.hold.lock().unwrap() = hold;
+    }
+
+    /// The person's text inside a prompt's fence.
+    pub fn said(prompt: &str) -> String {
+        switchboard_dispatch::prompt::fenced_text(prompt)
+            .unwrap_or("")
+            .to_string()
+    }
+
+    fn person_of(prompt: &str) -> String {
+        prompt
+            .split("| id ")
+            .nth(1)
+            .and_then(|r| r.split(" |").next())
+            .unwrap_or("")
+            .to_string()
+    }
+
+    async fn run(
+        State(s): State<FakeRunner>,
+        headers: HeaderMap,
+        Json(body): Json<RunBody>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        s.calls.lock().unwrap().push(RunnerCall {
+            agent: body.agent.clone(),
+            prompt: body.prompt.clone(),
+            session_id: body.session_id.clone(),
+            idempotency_key: key.clone(),
+            authorization: headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+        });
+        let person = Self::person_of(&body.prompt);
+        {
+            let mut f = s.in_flight.lock().unwrap();
+            let n = f.entry(person.clone()).or_insert(0);
+            *n += 1;
+            s.max_overlap.fetch_max(*n, Ordering::SeqCst);
+        }
+        s.received.notify_one();
+        let hold = *s.hold.lock().unwrap();
+        if hold {
+            s.release.notified().await;
+        }
+        let delay = *s.delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        *s.in_flight.lock().unwrap().get_mut(&person).unwrap() -= 1;
+        if let Some(cached) = s.cache.lock().unwrap().get(&key) {
+            return (StatusCode::OK, Json(cached.clone()));
+        }
+        let session_id = body
+            .session_id
+            .clone()
+            .unwrap_or_else(|| format!("eng-{}", s.sessions.fetch_add(1, Ordering::SeqCst) + 1));
+        let answer = serde_json::json!({
+            "text": format!("echo: {}", Self::said(&body.prompt)),
+            "session_id": session_id,
+            "processing_ms": 7,
+            "tool_calls_count": 2,
+        });
+        s.cache.lock().unwrap().insert(key, answer.clone());
+        (StatusCode::OK, Json(answer))
+    }
+}

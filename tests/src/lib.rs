@@ -1,0 +1,367 @@
+//! Test helpers: [`spawn_app`] runs Switchboard against the real NATS and Postgres started by
+//! `make test` (`SB_NATS_URL`, `SB_DATABASE_URL`), on a fresh database and subject prefix, with
+//! Twilio and the agent runner faked as real HTTP servers.
+pub mod fakes;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use sqlx::{Connection, PgPool, Row};
+use switchboard_kit::config::{AgentConfig, Config, Secret};
+use switchboard_kit::proto::DeadLetter;
+use switchboard_kit::startup::App;
+use switchboard_kit::{StageName, Topology};
+use tokio::process::{Child, Command};
+
+pub use fakes::{FakeRunner, FakeTwilio, RunnerCall, SentSms};
+
+pub const TWILIO_NUMBER: &str = "+15555550199";
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: run the end-to-end tests with `make test`, which starts the stack"
+        )
+    })
+}
+
+pub struct AppOptions {
+    /// Stages run inside the test process; the others can be started as real worker processes
+    /// with [`TestApp::spawn_worker`].
+    pub in_process: Vec<StageName>,
+    pub tweak: Box<dyn FnOnce(&mut Config) + Send>,
+}
+
+impl Default for AppOptions {
+    fn default() -> Self {
+        Self {
+            in_process: StageName::ALL.to_vec(),
+            tweak: Box::new(|_| {}),
+        }
+    }
+}
+
+pub struct TestApp {
+    pub config: Config,
+    pub config_path: PathBuf,
+    pub gateway_url: String,
+    pub db: PgPool,
+    pub js: jetstream::Context,
+    pub topology: Topology,
+    pub twilio: FakeTwilio,
+    pub runner: FakeRunner,
+    app: App,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// A log row as a user would check it.
+#[derive(Debug, Clone)]
+pub struct LogRow {
+    pub direction: String,
+    pub message: String,
+    pub correlation_id: String,
+    pub session_id: uuid::Uuid,
+    pub person_id: String,
+    pub processing_ms: Option<i64>,
+    pub tool_calls_count: Option<i64>,
+    pub id: uuid::Uuid,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(AppOptions::default()).await
+}
+
+async fn fresh_database(admin_url: &str) -> String {
+    let name = format!("sbt_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(admin_url)
+        .await
+        .expect("connect to the test Postgres");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .expect("create test database");
+    let (base, _) = admin_url.rsplit_once('/').expect("database url has a path");
+    format!("{base}/{name}")
+}
+
+pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
+    let _ = tracing_subscriber_init();
+    let nats_url = env("SB_NATS_URL");
+    let database_url = fresh_database(&env("SB_DATABASE_URL")).await;
+    let twilio = FakeTwilio::start("ACtest00000000000000000000000000", "test-auth-token").await;
+    let runner = FakeRunner::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+
+    let mut config = Config {
+        nats_url,
+        database_url,
+        subject_prefix: format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        ..Config::default()
+    };
+    config.gateway.http_addr = addr.to_string();
+    config.gateway.public_url = format!("http://{addr}");
+    config.twilio.account_sid = twilio.account_sid.clone();
+    config.twilio.auth_token = Secret::new(twilio.auth_token.clone());
+    config.twilio.from_number = TWILIO_NUMBER.into();
+    config.twilio.api_base = twilio.url.clone();
+    config.agents = vec![
+        AgentConfig {
+            name: "reggie_oc".into(),
+            identity: "reggie".into(),
+            engine: "openclaw".into(),
+            runner_url: runner.url.clone(),
+            token: Secret::new("runner-token"),
+            timeout_s: 10,
+            concurrency: 16,
+        },
+        AgentConfig {
+            name: "reggie_fd".into(),
+            identity: "reggie".into(),
+            engine: "droid".into(),
+            runner_url: runner.url.clone(),
+            token: Secret::default(),
+            timeout_s: 10,
+            concurrency: 16,
+        },
+    ];
+    config.runtime.ack_wait_ms = 2_000;
+    config.runtime.retry_base_ms = 100;
+    config.runtime.retry_max_ms = 1_000;
+    config.runtime.shutdown_grace_ms = 2_000;
+    config.runtime.turn_partitions = 4;
+    config.runtime.batch = 16;
+    config.runtime.concurrency = 16;
+    config.dispatch.hold_timeout_ms = 2_000;
+    (opts.tweak)(&mut config);
+
+    let config_path = std::env::temp_dir().join(format!("{}.toml", config.subject_prefix));
+    std::fs::write(
+        &config_path,
+        toml::to_string(&config).expect("config as TOML"),
+    )
+    .expect("write test config");
+
+    let app = App::connect(config.clone(), "test").await.expect("connect");
+    app.prepare().await.expect("migrations and topology");
+    let routes = switchboard_gateway::router(switchboard_gateway::GatewayState {
+        config: app.config.clone(),
+        runtime: app.runtime(),
+    })
+    .merge(switchboard_kit::admin::router(app.readiness()));
+    let mut tasks = switchboard::stages(&app, &opts.in_process);
+    tasks.push(app.serve_listener(listener, routes).expect("serve"));
+    let handle = tokio::spawn(app.clone().run(tasks));
+
+    TestApp {
+        gateway_url: format!("http://{addr}"),
+        db: app.db.clone(),
+        js: app.js.clone(),
+        topology: app.topology.clone(),
+        config,
+        config_path,
+        twilio,
+        runner,
+        app,
+        handle,
+    }
+}
+
+fn tracing_subscriber_init() -> Option<()> {
+    if std::env::var_os("RUST_LOG").is_some() {
+        switchboard_kit::telemetry::init("text");
+    }
+    Some(())
+}
+
+impl TestApp {
+    /// The Twilio form fields of an inbound SMS.
+    pub fn sms_params(&self, from: &str, text: &str, sid: &str) -> Vec<(String, String)> {
+        vec![
+            ("AccountSid".into(), self.config.twilio.account_sid.clone()),
+            ("ApiVersion".into(), "2010-04-01".into()),
+            ("Body".into(), text.into()),
+            ("From".into(), from.into()),
+            ("MessageSid".into(), sid.into()),
+            ("NumMedia".into(), "0".into()),
+            ("SmsSid".into(), sid.into()),
+            ("SmsStatus".into(), "received".into()),
+            ("To".into(), TWILIO_NUMBER.into()),
+        ]
+    }
+
+    pub fn sign(&self, params: &[(String, String)]) -> String {
+        switchboard_gateway::twilio::twilio_signature(
+            self.config.twilio.auth_token.expose(),
+            &format!("{}/webhooks/twilio/sms", self.config.gateway.public_url),
+            params,
+        )
+    }
+
+    /// Post the form to the Twilio webhook with the given signature header (if any).
+    pub async fn post_twilio(
+        &self,
+        body: impl Into<reqwest::Body>,
+        signature: Option<&str>,
+    ) -> reqwest::Response {
+        let mut req = reqwest::Client::new()
+            .post(format!("{}/webhooks/twilio/sms", self.gateway_url))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body);
+        if let Some(s) = signature {
+            req = req.header("X-Twilio-Signature", s);
+        }
+        req.send().await.expect("gateway reachable")
+    }
+
+    /// A correctly signed SMS, as Twilio would post it.
+    pub async fn send_sms_with_sid(&self, from: &str, text: &str, sid: &str) -> reqwest::Response {
+        let params = self.sms_params(from, text, sid);
+        let signature = self.sign(&params);
+        let body = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(&params)
+            .finish();
+        self.post_twilio(body, Some(&signature)).await
+    }
+
+    pub async fn send_sms(&self, from: &str, text: &str) -> reqwest::Response {
+        let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
+        self.send_sms_with_sid(from, text, &sid).await
+    }
+
+    /// Wait until the fake Twilio has sent at least `n` SMS.
+    pub async fn wait_for_sms(&self, n: usize, timeout: Duration) -> Vec<SentSms> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let sent = self.twilio.sent();
+            if sent.len() >= n {
+                return sent;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "expected {n} SMS within {timeout:?}, got {}: {sent:?}",
+                    sent.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Wait until every stage has consumed and acked everything (twice in a row, so work that
+    /// is being retried is not mistaken for done).
+    pub async fn settle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let stream = self
+            .js
+            .get_stream(self.topology.work_stream())
+            .await
+            .expect("work stream");
+        let mut quiet = 0;
+        while quiet < 3 {
+            assert!(Instant::now() < deadline, "pipeline did not settle in 30 s");
+            let mut busy = false;
+            for stage in StageName::ALL {
+                let mut c: jetstream::consumer::PullConsumer =
+                    stream.get_consumer(stage.as_str()).await.expect("consumer");
+                let info = c.info().await.expect("consumer info");
+                if info.num_pending > 0 || info.num_ack_pending > 0 {
+                    busy = true;
+                }
+            }
+            quiet = if busy { 0 } else { quiet + 1 };
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    }
+
+    pub async fn log_rows(&self) -> Vec<LogRow> {
+        sqlx::query(
+            "SELECT direction, message, correlation_id, session_id, person_id, processing_ms,
+                    tool_calls_count, id
+               FROM switchboard.messages ORDER BY id",
+        )
+        .fetch_all(&self.db)
+        .await
+        .expect("read the log")
+        .into_iter()
+        .map(|r| LogRow {
+            direction: r.get(0),
+            message: r.get(1),
+            correlation_id: r.get(2),
+            session_id: r.get(3),
+            person_id: r.get(4),
+            processing_ms: r.get(5),
+            tool_calls_count: r.get(6),
+            id: r.get(7),
+        })
+        .collect()
+    }
+
+    pub async fn dead_letters(&self, stage: StageName) -> Vec<DeadLetter> {
+        switchboard_kit::dlq::list(&self.js, &self.topology, Some(stage.as_str()), 1000)
+            .await
+            .expect("list dead letters")
+            .into_iter()
+            .map(|d| d.letter)
+            .collect()
+    }
+
+    /// Messages stored on the work stream under `subject` (wildcards allowed).
+    pub async fn stored_on(&self, subject: &str) -> u64 {
+        use futures::TryStreamExt;
+        let stream = self
+            .js
+            .get_stream(self.topology.work_stream())
+            .await
+            .expect("work stream");
+        let mut total = 0;
+        let mut subjects = stream
+            .info_with_subjects(subject)
+            .await
+            .expect("stream subjects");
+        while let Some((_, n)) = subjects.try_next().await.expect("subjects") {
+            total += n as u64;
+        }
+        total
+    }
+
+    /// Start a stage as its own worker process (the release binary `switchboard-<name>` next to
+    /// the test binary), on this app's configuration.
+    pub fn spawn_worker(&self, name: &str) -> Child {
+        let dir = std::env::current_exe()
+            .expect("test binary path")
+            .parent()
+            .and_then(|p| p.parent())
+            .expect("target dir")
+            .to_path_buf();
+        let bin = dir.join(format!("switchboard-{name}"));
+        assert!(
+            bin.exists(),
+            "{} is missing: `make test` builds the worker binaries first (cargo build --bins)",
+            bin.display()
+        );
+        let mut cmd = Command::new(bin);
+        // The file is the whole configuration: drop the stack's SB_* overrides of this process.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("SB_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("SB_CONFIG", &self.config_path)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start worker process")
+    }
+
+    pub async fn shutdown(self) {
+        self.app.shutdown.trigger();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.handle).await;
+        let _ = std::fs::remove_file(&self.config_path);
+    }
+}
