@@ -55,3 +55,72 @@ async fn a_dispatcher_killed_mid_turn_loses_nothing_and_replies_once() {
     second.kill().await.ok();
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn sigterm_lets_a_dispatcher_finish_its_turn_before_it_exits() {
+    let app = spawn_app_with(AppOptions {
+        in_process: StageName::ALL
+            .into_iter()
+            .filter(|s| *s != StageName::Dispatch)
+            .collect(),
+        ..Default::default()
+    })
+    .await;
+    app.runner.set_hold(true);
+    let mut worker = app.spawn_worker("dispatch");
+    assert_eq!(
+        app.send_sms("+14155550188", "finish me").await.status(),
+        200
+    );
+    tokio::time::timeout(Duration::from_secs(30), app.runner.received.notified())
+        .await
+        .expect("the dispatcher called the runner");
+
+    let pid = worker.id().expect("worker pid").to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("send SIGTERM");
+    assert!(term.success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    app.runner.set_hold(false);
+    app.runner.release.notify_waiters();
+
+    let status = tokio::time::timeout(Duration::from_secs(10), worker.wait())
+        .await
+        .expect("the worker exits after draining")
+        .expect("wait for the worker");
+    assert!(status.success(), "clean exit after SIGTERM: {status:?}");
+    let sent = app.wait_for_sms(1, Duration::from_secs(10)).await;
+    assert_eq!(sent[0].body, "echo: finish me");
+    // The drained turn was acked: no other dispatcher is running, and nothing is left pending.
+    let stream = app.js.get_stream(app.topology.work_stream()).await.unwrap();
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer("dispatch").await.unwrap();
+    let info = consumer.info().await.unwrap();
+    assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
+    assert_eq!(app.runner.calls().len(), 1);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_runner_slower_than_ack_wait_is_not_called_twice() {
+    // ack_wait is 2 s in tests; progress acks must keep the turn from being redelivered.
+    let app = switchboard_e2e::spawn_app().await;
+    app.runner.set_delay(Duration::from_secs(5));
+    assert_eq!(
+        app.send_sms("+14155550199", "take your time")
+            .await
+            .status(),
+        200
+    );
+    let sent = app.wait_for_sms(1, Duration::from_secs(30)).await;
+    app.settle().await;
+    assert_eq!(sent[0].body, "echo: take your time");
+    assert_eq!(
+        app.runner.calls().len(),
+        1,
+        "no redelivery while the runner works"
+    );
+    app.shutdown().await;
+}

@@ -234,7 +234,9 @@ impl Runtime {
                         });
                     }
                     Some(Err(e)) => {
+                        // Missed heartbeats, reconnects: the pull stream recovers by itself.
                         tracing::debug!(stage = %name, error = %e, "pull stream error");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     None => continue 'outer,
                 }
@@ -246,6 +248,7 @@ impl Runtime {
         // grace period is abandoned unacked and comes back to another replica after ack_wait.
         lag.abort();
         let grace = Duration::from_millis(this.config.shutdown_grace_ms);
+        while tasks.try_join_next().is_some() {}
         let in_flight = tasks.len();
         if in_flight > 0 {
             tracing::info!(stage = %name, in_flight, "draining");
@@ -256,6 +259,10 @@ impl Runtime {
         {
             tracing::warn!(stage = %name, left = tasks.len(), "grace period over; abandoning");
             tasks.abort_all();
+        }
+        // Acks are buffered by the client: push them out before the process may exit.
+        if let Err(e) = this.js.client().flush().await {
+            tracing::warn!(stage = %name, error = %e, "flushing acks failed");
         }
         tracing::info!(stage = %name, "stage stopped");
         Ok(())
