@@ -357,5 +357,8 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
     let mut opts = app.stage_options();
     // Waiting for a predecessor counts as a delivery, so dispatch allows more of them.
     opts.max_deliver = c.dispatch.max_deliver;
+    if c.dispatch.concurrency > 0 {
+        opts.concurrency = c.dispatch.concurrency;
+    }
     app.stage_task(stage, opts)
 }

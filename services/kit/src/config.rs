@@ -225,6 +225,9 @@ pub struct RuntimeConfig {
     pub duplicate_window_s: u64,
     /// Events stream retention.
     pub events_max_age_days: u64,
+    /// Unacked messages a stage's consumer hands out across all its replicas. Must cover the
+    /// replicas' combined concurrency (dispatch: turns waiting on runners).
+    pub max_ack_pending: i64,
 }
 
 impl Default for RuntimeConfig {
@@ -240,6 +243,7 @@ impl Default for RuntimeConfig {
             turn_partitions: 32,
             duplicate_window_s: 600,
             events_max_age_days: 7,
+            max_ack_pending: 20_000,
         }
     }
 }
@@ -253,6 +257,9 @@ pub struct DispatchConfig {
     pub hold_timeout_ms: u64,
     /// Deliveries of one turn before it is dead-lettered (waiting counts as a delivery).
     pub max_deliver: u64,
+    /// Turns one dispatcher process runs at once (each mostly waits on a runner); 0 means
+    /// `runtime.concurrency`. Agents' own `concurrency` still caps each agent.
+    pub concurrency: usize,
 }
 
 impl Default for DispatchConfig {
@@ -261,6 +268,7 @@ impl Default for DispatchConfig {
             hold_poll_ms: 100,
             hold_timeout_ms: 20_000,
             max_deliver: 50,
+            concurrency: 256,
         }
     }
 }

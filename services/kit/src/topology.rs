@@ -221,7 +221,7 @@ impl Topology {
             // The runtime counts deliveries itself and dead-letters (with the reason) when a
             // message has had enough, including messages whose handler crashed the process.
             max_deliver: -1,
-            max_ack_pending: (rt.concurrency.max(rt.batch) * 16) as i64,
+            max_ack_pending: rt.max_ack_pending,
             deliver_policy: consumer::DeliverPolicy::All,
             ..Default::default()
         }
