@@ -1,20 +1,24 @@
 //! Any worker can die at any moment: its message comes back and is answered once.
 use std::time::Duration;
 
-use switchboard_e2e::{AppOptions, spawn_app_with};
+use switchboard_e2e::{AppOptions, TestApp, spawn_app_with};
 use switchboard_kit::StageName;
 
-#[tokio::test]
-async fn a_dispatcher_killed_mid_turn_loses_nothing_and_replies_once() {
-    // Everything in-process except dispatch, which runs as a real worker process.
-    let app = spawn_app_with(AppOptions {
+/// Everything in-process except dispatch, which the test starts as real worker processes.
+async fn app_with_dispatch_as_a_process() -> TestApp {
+    spawn_app_with(AppOptions {
         in_process: StageName::ALL
             .into_iter()
             .filter(|s| *s != StageName::Dispatch)
             .collect(),
         ..Default::default()
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_dispatcher_killed_mid_turn_loses_nothing_and_replies_once() {
+    let app = app_with_dispatch_as_a_process().await;
     app.runner.set_hold(true);
     let mut first = app.spawn_worker("dispatch");
 
@@ -58,14 +62,7 @@ async fn a_dispatcher_killed_mid_turn_loses_nothing_and_replies_once() {
 
 #[tokio::test]
 async fn sigterm_lets_a_dispatcher_finish_its_turn_before_it_exits() {
-    let app = spawn_app_with(AppOptions {
-        in_process: StageName::ALL
-            .into_iter()
-            .filter(|s| *s != StageName::Dispatch)
-            .collect(),
-        ..Default::default()
-    })
-    .await;
+    let app = app_with_dispatch_as_a_process().await;
     app.runner.set_hold(true);
     let mut worker = app.spawn_worker("dispatch");
     assert_eq!(
