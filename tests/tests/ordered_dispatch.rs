@@ -1,0 +1,162 @@
+//! Turns of one session run in order and one at a time, across dispatcher replicas.
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use switchboard_dispatch::TurnDispatcher;
+use switchboard_e2e::{AppOptions, FakeRunner, spawn_app, spawn_app_with};
+use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person, Reply, Turn};
+use switchboard_kit::{Delivery, Stage, StageName};
+use switchboard_session::SessionStore;
+
+#[tokio::test]
+async fn two_dispatcher_processes_keep_each_sessions_turns_in_order_without_overlap() {
+    let app = spawn_app_with(AppOptions {
+        in_process: StageName::ALL
+            .into_iter()
+            .filter(|s| *s != StageName::Dispatch)
+            .collect(),
+        ..Default::default()
+    })
+    .await;
+    let mut a = app.spawn_worker("dispatch");
+    let mut b = app.spawn_worker("dispatch");
+    app.runner.set_delay(Duration::from_millis(150));
+    let people = ["+14155550201", "+14155550202", "+14155550203"];
+    for i in 1..=6 {
+        for p in people {
+            assert_eq!(app.send_sms(p, &format!("{p} #{i}")).await.status(), 200);
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    app.wait_for_sms(18, Duration::from_secs(60)).await;
+    app.settle().await;
+    assert_eq!(app.twilio.sent().len(), 18);
+
+    for p in people {
+        let said: Vec<String> = app
+            .runner
+            .calls()
+            .iter()
+            .map(|c| FakeRunner::said(&c.prompt))
+            .filter(|t| t.starts_with(p))
+            .collect();
+        let expected: Vec<String> = (1..=6).map(|i| format!("{p} #{i}")).collect();
+        assert_eq!(said, expected, "turns of {p} in order, each once");
+        let replies: Vec<String> = app
+            .twilio
+            .sent()
+            .into_iter()
+            .filter(|s| s.to == p)
+            .map(|s| s.body)
+            .collect();
+        let expected: Vec<String> = (1..=6).map(|i| format!("echo: {p} #{i}")).collect();
+        assert_eq!(replies, expected);
+    }
+    assert_eq!(app.runner.max_overlap.load(Ordering::SeqCst), 1);
+    a.kill().await.ok();
+    b.kill().await.ok();
+    app.shutdown().await;
+}
+
+fn turn_for(session_id: &str, seq: i64, inbound_id: &str, text: &str) -> Turn {
+    Turn {
+        session_id: session_id.into(),
+        seq,
+        agent_name: "reggie_oc".into(),
+        agent_identity: "reggie".into(),
+        scope_key: "external:phone:+14155550301".into(),
+        message: Some(IdentifiedMessage {
+            inbound: Some(InboundMessage {
+                id: inbound_id.into(),
+                channel: "sms".into(),
+                provider: "twilio".into(),
+                sender: "+14155550301".into(),
+                text: text.into(),
+                provider_message_id: format!("SM{inbound_id}"),
+                correlation_id: inbound_id.into(),
+                ..Default::default()
+            }),
+            person: Some(Person {
+                person_id: "phone:+14155550301".into(),
+                person_type: "external".into(),
+                ..Default::default()
+            }),
+        }),
+    }
+}
+
+#[tokio::test]
+async fn a_zombie_dispatcher_running_the_same_turn_cannot_commit_a_second_answer() {
+    // Two dispatchers hold the same turn at once (the first paused past ack_wait, the turn was
+    // redelivered). Both call the runner; only one commits, and both emit that one reply.
+    let app = spawn_app().await;
+    app.runner.set_delay(Duration::from_millis(300));
+    let inbound_id = uuid::Uuid::now_v7().to_string();
+    let msg = turn_for("", 0, &inbound_id, "race me").message.unwrap();
+    let agent = app.config.agent("reggie_oc").unwrap().clone();
+    let opened = SessionStore::new(app.db.clone())
+        .open_turn(&msg, &agent)
+        .await
+        .unwrap();
+    let turn = turn_for(
+        &opened.session_id.to_string(),
+        opened.seq,
+        &inbound_id,
+        "race me",
+    );
+
+    let make = || {
+        TurnDispatcher::new(
+            app.db.clone(),
+            &app.config.agents,
+            app.topology.clone(),
+            app.config.dispatch.clone(),
+        )
+    };
+    let (zombie, live) = (make(), make());
+    let delivery = Delivery {
+        subject: app.topology.turn(&opened.session_id),
+        delivered: 1,
+        stream_sequence: 1,
+        correlation_id: inbound_id.clone(),
+    };
+    let (x, y) = tokio::join!(
+        zombie.handle(turn.clone(), &delivery),
+        live.handle(turn.clone(), &delivery)
+    );
+    let decode = |outs: Vec<switchboard_kit::Output>| -> Reply {
+        assert_eq!(outs.len(), 1);
+        prost::Message::decode(outs[0].payload.clone()).unwrap()
+    };
+    let (rx, ry) = (decode(x.unwrap()), decode(y.unwrap()));
+    assert_eq!(rx.id, ry.id, "both emit the committed reply");
+    assert_eq!(rx.text, "echo: race me");
+    let (last_seq, done): (i64, i64) = sqlx::query_as(
+        "SELECT s.last_seq, (SELECT count(*) FROM switchboard.turns t WHERE t.session_id = s.id AND t.status = 'done')
+           FROM switchboard.sessions s WHERE s.id = $1",
+    )
+    .bind(opened.session_id)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!((last_seq, done), (1, 1));
+
+    // A later turn of the session is not run before its predecessor: it waits, then defers.
+    let early = turn_for(
+        &opened.session_id.to_string(),
+        3,
+        &uuid::Uuid::now_v7().to_string(),
+        "too soon",
+    );
+    let err = live.handle(early, &delivery).await.unwrap_err();
+    assert!(
+        matches!(err, switchboard_kit::StageError::Defer(..)),
+        "turn 3 waits for turn 2: {err}"
+    );
+    assert_eq!(
+        app.runner.calls().len(),
+        2,
+        "the early turn never reached the runner"
+    );
+    app.shutdown().await;
+}
