@@ -182,6 +182,9 @@ pub struct FakeRunner {
     pub received: Arc<Notify>,
     pub release: Arc<Notify>,
     in_flight: Arc<Mutex<HashMap<String, usize>>>,
+    /// Answer this many next calls with `fail_status` (a broken or overloaded agent host).
+    fail_next: Arc<AtomicUsize>,
+    fail_status: Arc<Mutex<u16>>,
     /// Highest number of calls for one person seen at the same time.
     pub max_overlap: Arc<AtomicUsize>,
     sessions: Arc<AtomicUsize>,
@@ -198,6 +201,8 @@ impl FakeRunner {
             received: Default::default(),
             release: Default::default(),
             in_flight: Default::default(),
+            fail_next: Default::default(),
+            fail_status: Arc::new(Mutex::new(500)),
             max_overlap: Default::default(),
             sessions: Default::default(),
         };
@@ -214,6 +219,12 @@ impl FakeRunner {
 
     pub fn set_delay(&self, d: Duration) {
         *self.delay.lock().unwrap() = d;
+    }
+
+    /// Answer the next `n` calls with HTTP `status`.
+    pub fn fail_next(&self, n: usize, status: u16) {
+        *self.fail_status.lock().unwrap() = status;
+        self.fail_next.store(n, Ordering::SeqCst);
     }
 
     pub fn set_hold(&self, hold: bool) {
@@ -256,6 +267,16 @@ impl FakeRunner {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
         });
+        if s.fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            let status = *s.fail_status.lock().unwrap();
+            return (
+                StatusCode::from_u16(status).unwrap(),
+                Json(serde_json::json!({"error": "agent host says no"})),
+            );
+        }
         let person = Self::person_of(&body.prompt);
         {
             let mut f = s.in_flight.lock().unwrap();

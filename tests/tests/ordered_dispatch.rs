@@ -160,3 +160,70 @@ async fn a_zombie_dispatcher_running_the_same_turn_cannot_commit_a_second_answer
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_turn_that_fails_for_good_does_not_block_the_session_and_can_be_replayed() {
+    let app = spawn_app().await;
+    let person = "+14155550401";
+    // The agent host rejects the first turn (a 4xx: retrying cannot help).
+    app.runner.fail_next(1, 422);
+    assert_eq!(app.send_sms(person, "first").await.status(), 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let letters = loop {
+        let l = app.dead_letters(StageName::Dispatch).await;
+        if !l.is_empty() || std::time::Instant::now() > deadline {
+            break l;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].error.contains("422"), "{}", letters[0].error);
+
+    // The dead letter is replayed once the host is fixed: the failed turn runs again in place.
+    let stored = switchboard_kit::dlq::list(&app.js, &app.topology, Some("dispatch"), 10)
+        .await
+        .unwrap();
+    switchboard_kit::dlq::replay(&app.js, &app.topology, stored[0].seq)
+        .await
+        .unwrap();
+    let sent = app.wait_for_sms(1, Duration::from_secs(20)).await;
+    assert_eq!(sent[0].body, "echo: first");
+
+    // The session moves on normally.
+    assert_eq!(app.send_sms(person, "second").await.status(), 200);
+    let sent = app.wait_for_sms(2, Duration::from_secs(20)).await;
+    assert_eq!(sent[1].body, "echo: second");
+    app.settle().await;
+    assert!(
+        app.dead_letters(StageName::Dispatch).await.is_empty(),
+        "replayed letter is gone"
+    );
+    let statuses: Vec<String> =
+        sqlx::query_scalar("SELECT status FROM switchboard.turns ORDER BY seq")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(statuses, vec!["done", "done"]);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_turn_lets_the_next_one_through() {
+    let app = spawn_app().await;
+    let person = "+14155550402";
+    app.runner.fail_next(1, 400);
+    assert_eq!(app.send_sms(person, "doomed").await.status(), 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.send_sms(person, "next").await.status(), 200);
+    let sent = app.wait_for_sms(1, Duration::from_secs(20)).await;
+    assert_eq!(sent[0].body, "echo: next");
+    app.settle().await;
+    assert_eq!(app.dead_letters(StageName::Dispatch).await.len(), 1);
+    let delivered = app.twilio.sent();
+    assert_eq!(
+        delivered.len(),
+        1,
+        "the failed turn sent nothing: {delivered:?}"
+    );
+    app.shutdown().await;
+}

@@ -31,7 +31,7 @@ pub enum DispatchError {
     UnknownAgent(String),
     #[error("session {0} does not exist")]
     UnknownSession(Uuid),
-    #[error("turn {seq} of session {session} failed earlier: {error}")]
+    #[error("turn {seq} of session {session} failed earlier and later turns have run: {error}")]
     FailedEarlier {
         session: Uuid,
         seq: i64,
@@ -132,23 +132,25 @@ impl TurnDispatcher {
         })
     }
 
-    /// Advance the cursor past `seq` and store its reply, only if `seq` is the next turn.
-    /// Returns false if another dispatcher got there first.
+    /// Move the cursor from `after` to `seq` and store the reply, only if the cursor is still at
+    /// `after`. Returns false if another dispatcher got there first.
     async fn commit(
         &self,
         session: Uuid,
         seq: i64,
+        after: i64,
         reply: &StoredReply,
     ) -> Result<bool, DispatchError> {
         let mut tx = self.db.begin().await?;
         let moved = sqlx::query(
             "UPDATE switchboard.sessions
                 SET last_seq = $2, engine_session_id = $3, status = 'idle', updated_at = now()
-              WHERE id = $1 AND last_seq = $2 - 1",
+              WHERE id = $1 AND last_seq = $4",
         )
         .bind(session)
         .bind(seq)
         .bind(&reply.engine_session_id)
+        .bind(after)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -157,7 +159,7 @@ impl TurnDispatcher {
         }
         sqlx::query(
             "UPDATE switchboard.turns
-                SET status = 'done', reply_id = $3, reply_text = $4, engine_session_id = $5,
+                SET status = 'done', error = NULL, reply_id = $3, reply_text = $4, engine_session_id = $5,
                     processing_ms = $6, tool_calls_count = $7, completed_at = now()
               WHERE session_id = $1 AND seq = $2",
         )
@@ -245,17 +247,24 @@ impl TurnDispatcher {
             .get(&turn.agent_name)
             .ok_or_else(|| DispatchError::UnknownAgent(turn.agent_name.clone()))?;
 
-        // Wait until this turn is next.
+        // Wait until this turn is next. `after` is the cursor value this turn commits against:
+        // its predecessor, or itself when a failed latest turn is run again (a replay).
         let deadline = Instant::now() + Duration::from_millis(self.config.hold_timeout_ms);
-        let engine_session = loop {
+        let (engine_session, after) = loop {
             let (last, engine_session) = self.cursor(session).await?;
             if turn.seq <= last {
-                // Already done (by us before a crash, or by another replica): same answer again.
-                let stored = self.stored_reply(session, turn.seq).await?;
-                return Ok(self.reply_output(turn, session, &stored));
+                match self.stored_reply(session, turn.seq).await {
+                    // Already done (by us before a crash, or by another replica): same answer.
+                    Ok(stored) => return Ok(self.reply_output(turn, session, &stored)),
+                    // It failed for good, and nothing ran after it: run it again in place.
+                    Err(DispatchError::FailedEarlier { .. }) if turn.seq == last => {
+                        break (engine_session, last);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             if turn.seq == last + 1 {
-                break engine_session;
+                break (engine_session, last);
             }
             if Instant::now() >= deadline {
                 return Err(DispatchError::NotYet {
@@ -268,13 +277,12 @@ impl TurnDispatcher {
 
         let _slot = slots.acquire().await.expect("semaphore never closed");
         sqlx::query(
-            "UPDATE switchboard.sessions SET status = 'running' WHERE id = $1 AND last_seq = $2 - 1",
+            "UPDATE switchboard.sessions SET status = 'running' WHERE id = $1 AND last_seq = $2",
         )
         .bind(session)
-        .bind(turn.seq)
+        .bind(after)
         .execute(&self.db)
-        .await
-        ?;
+        .await?;
 
         let prompt = prompt::build_prompt(turn);
         let correlation = turn
@@ -304,7 +312,7 @@ impl TurnDispatcher {
             processing_ms,
             tool_calls_count: resp.tool_calls_count,
         };
-        if self.commit(session, turn.seq, &stored).await? {
+        if self.commit(session, turn.seq, after, &stored).await? {
             Ok(self.reply_output(turn, session, &stored))
         } else {
             // Another dispatcher committed this turn while we ran it: its answer stands.
