@@ -65,8 +65,10 @@ pub enum Claim {
     },
     AlreadySent(Vec<String>),
     AlreadyFailed(String),
-    /// Another deliverer holds the lease.
-    Busy,
+    /// Another deliverer holds the lease (or held it and died): try again once it ends.
+    Busy {
+        retry_in: Duration,
+    },
 }
 
 pub struct DeliveryLedger {
@@ -114,8 +116,9 @@ impl DeliveryLedger {
             });
         }
         let r = sqlx::query(
-            "SELECT status, provider_message_ids, last_error FROM switchboard.deliveries
-              WHERE reply_id = $1",
+            "SELECT status, provider_message_ids, last_error,
+                    GREATEST(EXTRACT(EPOCH FROM leased_until - now()), 0)::float8
+               FROM switchboard.deliveries WHERE reply_id = $1",
         )
         .bind(id)
         .fetch_one(&self.db)
@@ -123,7 +126,13 @@ impl DeliveryLedger {
         Ok(match r.get::<String, _>(0).as_str() {
             "sent" => Claim::AlreadySent(r.get(1)),
             "failed" => Claim::AlreadyFailed(r.get::<Option<String>, _>(2).unwrap_or_default()),
-            _ => Claim::Busy,
+            _ => Claim::Busy {
+                retry_in: Duration::from_secs_f64(
+                    r.get::<Option<f64>, _>(3)
+                        .unwrap_or(0.0)
+                        .min(self.lease.as_secs_f64()),
+                ),
+            },
         })
     }
 
@@ -132,11 +141,13 @@ impl DeliveryLedger {
             "UPDATE switchboard.deliveries
                 SET parts_sent = parts_sent + 1,
                     provider_message_ids = array_append(provider_message_ids, $2),
+                    leased_until = now() + make_interval(secs => $3),
                     updated_at = now()
               WHERE reply_id = $1",
         )
         .bind(id)
         .bind(provider_id)
+        .bind(self.lease.as_secs_f64())
         .execute(&self.db)
         .await?;
         Ok(())
@@ -246,10 +257,12 @@ impl Stage for DeliverStage {
         {
             Claim::AlreadySent(ids) => return Ok(vec![self.delivered(&reply, ids)]),
             Claim::AlreadyFailed(error) => return Ok(vec![self.failed(&reply, error)]),
-            Claim::Busy => {
+            // Come back when the lease ends, so a deliverer that died mid-send does not use up
+            // this reply's deliveries; one that is alive will have finished by then.
+            Claim::Busy { retry_in } => {
                 return Err(StageError::Defer(
-                    Duration::from_secs(2),
-                    "another deliverer is sending this reply".into(),
+                    retry_in + Duration::from_millis(250),
+                    "another deliverer holds this reply".into(),
                 ));
             }
             Claim::Send { parts_sent, ids } => (parts_sent, ids),
@@ -295,9 +308,9 @@ impl Stage for DeliverStage {
     }
 }
 
-/// How long a deliverer holds a reply while sending it; a crashed deliverer's reply is picked
-/// up again after this.
-pub const DELIVERY_LEASE: Duration = Duration::from_secs(60);
+/// How long a deliverer holds a reply while sending it (renewed after each part); a crashed
+/// deliverer's reply is picked up again after this. Above one send's HTTP timeout (30 s).
+pub const DELIVERY_LEASE: Duration = Duration::from_secs(45);
 
 /// The deliver stage as a task of `app`.
 pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
