@@ -70,3 +70,77 @@ async fn a_reply_held_by_a_dead_deliverer_is_sent_once_its_lease_ends() {
     assert_eq!(sent[0].body, "you will get this once");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn replies_of_one_session_go_out_in_turn_order() {
+    let app = spawn_app_with(AppOptions {
+        in_process: vec![],
+        ..Default::default()
+    })
+    .await;
+    let session = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO switchboard.sessions (id, person_type, person_id, agent_identity, agent_name,
+            engine_type, channel, scope_key, next_seq, last_seq)
+         VALUES ($1, 'external', 'phone:+14155550601', 'reggie', 'reggie_oc', 'openclaw', 'sms',
+            'external:phone:+14155550601', 3, 2)",
+    )
+    .bind(session)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let mut replies = Vec::new();
+    for seq in 1..=2i64 {
+        let id = uuid::Uuid::now_v7();
+        sqlx::query(
+            "INSERT INTO switchboard.turns (session_id, seq, inbound_id, channel, provider_message_id,
+                status, reply_id, reply_text)
+             VALUES ($1, $2, $3, 'sms', $4, 'done', $5, $6)",
+        )
+        .bind(session)
+        .bind(seq)
+        .bind(uuid::Uuid::now_v7())
+        .bind(format!("SMorder{seq}"))
+        .bind(id)
+        .bind(format!("reply {seq}"))
+        .execute(&app.db)
+        .await
+        .unwrap();
+        replies.push(Reply {
+            id: id.to_string(),
+            session_id: session.to_string(),
+            seq,
+            text: format!("reply {seq}"),
+            channel: "sms".into(),
+            provider: "twilio".into(),
+            recipient: "+14155550601".into(),
+            ..Default::default()
+        });
+    }
+    let stage = std::sync::Arc::new(DeliverStage::new(
+        DeliveryLedger::new(app.db.clone(), Duration::from_secs(45)),
+        TwilioSender::new(app.config.twilio.clone()),
+        app.topology.clone(),
+    ));
+    let delivery = Delivery {
+        subject: app.topology.reply(),
+        delivered: 1,
+        stream_sequence: 1,
+        correlation_id: String::new(),
+    };
+    // The second reply reaches a deliverer first: it waits for the first.
+    let second = {
+        let (stage, reply, delivery) = (stage.clone(), replies[1].clone(), delivery.clone());
+        tokio::spawn(async move { stage.handle(reply, &delivery).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        app.twilio.sent().is_empty(),
+        "reply 2 must not overtake reply 1"
+    );
+    stage.handle(replies[0].clone(), &delivery).await.unwrap();
+    second.await.unwrap().unwrap();
+    let bodies: Vec<String> = app.twilio.sent().into_iter().map(|s| s.body).collect();
+    assert_eq!(bodies, vec!["reply 1", "reply 2"]);
+    app.shutdown().await;
+}

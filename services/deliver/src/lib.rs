@@ -136,6 +136,32 @@ impl DeliveryLedger {
         })
     }
 
+    /// Whether the reply to the turn before `seq` is settled (sent or failed for good), so this
+    /// one may go out after it. Turns that failed have no reply and do not hold anything up.
+    pub async fn predecessor_settled(&self, session: Uuid, seq: i64) -> Result<bool, sqlx::Error> {
+        if seq <= 1 {
+            return Ok(true);
+        }
+        let row = sqlx::query(
+            "SELECT t.status, d.status
+               FROM switchboard.turns t
+               LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+              WHERE t.session_id = $1 AND t.seq = $2 - 1",
+        )
+        .bind(session)
+        .bind(seq)
+        .fetch_optional(&self.db)
+        .await?;
+        Ok(match row {
+            None => true,
+            Some(r) => {
+                let turn: String = r.get(0);
+                let delivery: Option<String> = r.get(1);
+                turn == "failed" || matches!(delivery.as_deref(), Some("sent" | "failed"))
+            }
+        })
+    }
+
     pub async fn part_sent(&self, id: Uuid, provider_id: &str) -> Result<(), sqlx::Error> {
         sqlx::query(
             "UPDATE switchboard.deliveries
@@ -185,7 +211,14 @@ pub struct DeliverStage {
     ledger: DeliveryLedger,
     twilio: TwilioSender,
     topology: Topology,
+    max_deliver: u64,
 }
+
+/// How long a reply waits in place for the previous reply of its session before it goes back to
+/// the stream; long enough to outlast the previous reply's retries (with their backoff) over the
+/// reply's own deliveries.
+const ORDER_HOLD: Duration = Duration::from_secs(20);
+const ORDER_POLL: Duration = Duration::from_millis(50);
 
 impl DeliverStage {
     pub fn new(ledger: DeliveryLedger, twilio: TwilioSender, topology: Topology) -> Self {
@@ -193,6 +226,36 @@ impl DeliverStage {
             ledger,
             twilio,
             topology,
+            max_deliver: 8,
+        }
+    }
+
+    /// Deliveries after which the runtime gives up on a reply; on that last attempt the ledger
+    /// records the failure, so the session's later replies are not held behind it.
+    pub fn with_max_deliver(mut self, max_deliver: u64) -> Self {
+        self.max_deliver = max_deliver;
+        self
+    }
+
+    /// Replies of one session go out in turn order: wait until the previous one is settled.
+    async fn wait_for_predecessor(&self, session: Uuid, seq: i64) -> Result<(), StageError> {
+        let deadline = tokio::time::Instant::now() + ORDER_HOLD;
+        loop {
+            let settled = self
+                .ledger
+                .predecessor_settled(session, seq)
+                .await
+                .map_err(|e| StageError::transient(DeliverError::Database(e)))?;
+            if settled {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StageError::Defer(
+                    Duration::from_secs(1),
+                    format!("reply {seq} waits for the reply to turn {}", seq - 1),
+                ));
+            }
+            tokio::time::sleep(ORDER_POLL).await;
         }
     }
 
@@ -237,7 +300,7 @@ impl Stage for DeliverStage {
     type Input = Reply;
     const NAME: StageName = StageName::Deliver;
 
-    async fn handle(&self, reply: Reply, _d: &Delivery) -> Result<Vec<Output>, StageError> {
+    async fn handle(&self, reply: Reply, delivery: &Delivery) -> Result<Vec<Output>, StageError> {
         let id: Uuid = reply
             .id
             .parse()
@@ -246,6 +309,9 @@ impl Stage for DeliverStage {
             return Err(StageError::permanent(DeliverError::NoSender(
                 reply.provider.clone(),
             )));
+        }
+        if let Ok(session) = reply.session_id.parse::<Uuid>() {
+            self.wait_for_predecessor(session, reply.seq).await?;
         }
         let parts = split_message(&reply.text, twilio::MAX_BODY_CHARS);
         let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));
@@ -297,7 +363,15 @@ impl Stage for DeliverStage {
                     return Ok(vec![self.failed(&reply, error)]);
                 }
                 Err(e @ SendError::Unavailable(_)) => {
-                    let _ = self.ledger.release(id, &e.to_string()).await;
+                    if delivery.delivered >= self.max_deliver {
+                        // The runtime dead-letters it after this; say so in the ledger too.
+                        self.ledger
+                            .finish(id, Some(&e.to_string()))
+                            .await
+                            .map_err(transient)?;
+                    } else {
+                        let _ = self.ledger.release(id, &e.to_string()).await;
+                    }
                     return Err(StageError::transient(e));
                 }
             }
@@ -318,7 +392,8 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         DeliveryLedger::new(app.db.clone(), DELIVERY_LEASE),
         TwilioSender::new(app.config.twilio.clone()),
         app.topology.clone(),
-    );
+    )
+    .with_max_deliver(app.config.runtime.max_deliver);
     app.stage_task(stage, app.stage_options())
 }
 
