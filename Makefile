@@ -54,6 +54,8 @@ test:
 	else \
 	  $(CARGO) test --workspace --no-fail-fast; \
 	fi
+	@# A short, bounded libFuzzer run of every fuzz target (no sanitizer: builds in ~6 min cold).
+	$(MAKE) --no-print-directory fuzz-smoke FUZZ_SANITIZER=none FUZZ_SECONDS=5
 
 check:
 	$(CARGO) fmt --all -- --check
@@ -62,3 +64,53 @@ check:
 clean-stack:
 	$(STACK) destroy run || true
 	$(STACK) destroy test || true
+
+# ---- benchmarks and chaos runs (tests/src/bin, tests/src/load) -----------------------------
+# Each brings up its own stack instance (bench: 36222/37432, chaos: 38222/39432) and stops it.
+# Results, plots and worker logs go to bench-results/<timestamp>/ (git-ignored).
+BENCH_ARGS ?=
+CHAOS_ARGS ?=
+
+.PHONY: bench chaos
+
+bench:
+	$(CARGO) build --release --workspace --bins
+	target/release/bench $(BENCH_ARGS)
+
+chaos:
+	$(CARGO) build --release --workspace --bins
+	target/release/chaos $(CHAOS_ARGS)
+
+# ---- fuzzing (tests/fuzz; see tests/fuzz/README.md) ------------------------------------------
+# cargo-fuzz passes nightly-only flags (-Zsanitizer, sancov); RUSTC_BOOTSTRAP=1 lets the stable
+# toolchain accept them. Not part of `make test`: a cold instrumented build takes 8-18 minutes on
+# 2 cores. `make test` replays the same checks over the seeds and mutations without libFuzzer
+# (tests/tests/hostile_input.rs). FUZZ_SECONDS per target; FUZZ_SANITIZER=none is ~2x faster.
+FUZZ_TARGETS      ?= twilio_webhook twilio_signature phone_normalize work_payloads
+FUZZ_SECONDS      ?= 10
+FUZZ_SANITIZER    ?= address
+CARGO_FUZZ_VERSION := 0.13.2
+FUZZ_ENV          := RUSTC_BOOTSTRAP=1
+FUZZ_DIR          := tests/fuzz
+
+.PHONY: fuzz-smoke
+
+fuzz-smoke:
+	@if ! $(CARGO) fuzz --version 2>/dev/null | grep -qF "$(CARGO_FUZZ_VERSION)"; then \
+	  echo "installing cargo-fuzz $(CARGO_FUZZ_VERSION)"; \
+	  $(CARGO) install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked; \
+	fi
+	$(FUZZ_ENV) $(CARGO) fuzz build --fuzz-dir $(FUZZ_DIR) -s $(FUZZ_SANITIZER)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_DIR)/corpus/$$t $(FUZZ_DIR)/target; \
+	  log=$(FUZZ_DIR)/target/smoke-$$t.log; \
+	  dict=""; [ -f $(FUZZ_DIR)/dicts/$$t.dict ] && dict="-dict=$(FUZZ_DIR)/dicts/$$t.dict"; \
+	  if ! $(FUZZ_ENV) $(CARGO) fuzz run --fuzz-dir $(FUZZ_DIR) -s $(FUZZ_SANITIZER) $$t \
+	      $(FUZZ_DIR)/corpus/$$t $(FUZZ_DIR)/seeds/$$t -- \
+	      -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$dict >$$log 2>&1; then \
+	    tail -n 60 $$log; echo "fuzz $$t FAILED (log: $$log, input: $(FUZZ_DIR)/artifacts/$$t/)"; exit 1; \
+	  fi; \
+	  runs=$$(sed -n 's/^stat::number_of_executed_units: *//p' $$log); \
+	  rate=$$(sed -n 's/^stat::average_exec_per_sec: *//p' $$log); \
+	  echo "fuzz $$t: $$runs runs in $(FUZZ_SECONDS) s ($$rate/s), no failure"; \
+	done

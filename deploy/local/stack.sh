@@ -15,6 +15,10 @@
 #   stack.sh status  <name>
 #   stack.sh env     <name>
 #   stack.sh destroy <name>
+#   stack.sh restart <name> nats|pg
+#
+# `restart` stops one server of a running stack and starts it again on the same
+# ports and data (chaos runs use it to restart NATS or Postgres mid-run).
 #
 # `up` prints the `export ...` lines on stdout (like `env`). Every other message
 # goes to stderr, so `eval "$(deploy/local/stack.sh up test 24222 25432)"` works.
@@ -74,6 +78,7 @@ usage: deploy/local/stack.sh up      <name> <nats_port> <pg_port> [<nats_monitor
        deploy/local/stack.sh status  <name>
        deploy/local/stack.sh env     <name>
        deploy/local/stack.sh destroy <name>
+       deploy/local/stack.sh restart <name> nats|pg
 EOF
     exit 2
 }
@@ -779,6 +784,32 @@ destroy_locked() {
     log "stack '${NAME}' destroyed (binaries stay cached in ${CACHE})"
 }
 
+cmd_restart() {
+    [ $# -eq 2 ] || usage
+    set_name "$1"
+    case "$2" in
+    nats | pg) ;;
+    *) usage ;;
+    esac
+    mkdir -p "${ROOT}/.locks"
+    with_lock 9 "${ROOT}/.locks/${NAME}.lock" restart_locked "$2"
+}
+
+restart_locked() {
+    load_ports || die "stack '${NAME}' has never been brought up (no ${PORTS_FILE})"
+    case "$1" in
+    nats)
+        stop_nats
+        start_nats
+        ;;
+    pg)
+        stop_pg
+        start_pg
+        ;;
+    esac
+    log "stack '${NAME}': $1 restarted"
+}
+
 cmd_env() {
     [ $# -eq 1 ] || usage
     set_name "$1"
@@ -822,6 +853,7 @@ main() {
     status) cmd_status "$@" ;;
     env) cmd_env "$@" ;;
     destroy) cmd_destroy "$@" ;;
+    restart) cmd_restart "$@" ;;
     -h | --help | help) usage ;;
     *)
         printf 'stack: unknown command %s\n' "$cmd" >&2

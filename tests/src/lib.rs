@@ -2,6 +2,7 @@
 //! `make test` (`SB_NATS_URL`, `SB_DATABASE_URL`), on a fresh database and subject prefix, with
 //! Twilio and the agent runner faked as real HTTP servers.
 pub mod fakes;
+pub mod load;
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -1,0 +1,396 @@
+//! The checks behind Switchboard's fuzz targets, as plain functions of the fuzzer's bytes.
+//!
+//! Each `fuzz_targets/<name>.rs` calls the function of the same name. [`replay`] runs the
+//! committed seeds (`seeds/<name>/`), any saved corpus (`corpus/<name>/`) and pseudo-random
+//! mutations of them through the same functions without libFuzzer: `make test` does so through
+//! `tests/tests/hostile_input.rs`, which includes this file as a module (see README.md). A check
+//! fails by panicking, which libFuzzer reports as a crash.
+use std::path::{Path, PathBuf};
+
+use arbitrary::{Arbitrary, Unstructured};
+use prost::Message;
+use switchboard_gateway::twilio::{twilio_signature as sign, verify_twilio_signature};
+use switchboard_gateway::{MAX_FORM_FIELDS, MAX_SID_CHARS, TwilioCheck, parse_twilio_sms};
+use switchboard_kit::address::normalize_phone;
+use switchboard_kit::proto::{DeadLetter, IdentifiedMessage, InboundMessage, Reply, Turn};
+
+pub const AUTH_TOKEN: &str = "fuzz-auth-token";
+pub const URL: &str = "https://sb.example.com/webhooks/twilio/sms";
+
+/// Every code `parse_twilio_sms` may answer with, and its status.
+const CODES: &[(&str, u16)] = &[
+    ("missing_signature", 403),
+    ("unsupported_media_type", 415),
+    ("bad_encoding", 400),
+    ("malformed_form", 400),
+    ("too_many_fields", 400),
+    ("invalid_signature", 403),
+    ("missing_field", 400),
+    ("invalid_field", 400),
+    ("text_too_long", 413),
+    ("invalid_from", 400),
+];
+
+const CONTENT_TYPES: [Option<&str>; 8] = [
+    Some("application/x-www-form-urlencoded"),
+    Some("application/x-www-form-urlencoded; charset=UTF-8"),
+    Some("Application/X-WWW-Form-Urlencoded;charset=\"utf-8\""),
+    Some("application/x-www-form-urlencoded; charset=ISO-8859-1"),
+    Some("application/json"),
+    Some("text/plain; charset=utf-8"),
+    Some("multipart/form-data; boundary=x"),
+    None,
+];
+
+const REGIONS: [&str; 8] = ["US", "GB", "DE", "IN", "BR", "", "ZZ", "us"];
+
+/// The Twilio webhook's pure path: strict form parsing, content type, signature, field checks.
+///
+/// Input: one flag byte, then the body. Flag bit 0: sign the body correctly (over its lenient
+/// parse, as an attacker holding the token would), so the fuzzer gets past the signature check;
+/// bits 1-3: the content type; bit 4: a 16-character text limit instead of 4096; bit 5: no
+/// signature header at all.
+pub fn twilio_webhook(data: &[u8]) {
+    let Some((&flags, body)) = data.split_first() else {
+        return;
+    };
+    let content_type = CONTENT_TYPES[usize::from(flags >> 1) & 7];
+    let max_text_chars = if flags & 16 != 0 { 16 } else { 4096 };
+    let lenient: Vec<(String, String)> = form_urlencoded::parse(body)
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let strict = switchboard_gateway::form::parse_form(body, MAX_FORM_FIELDS);
+    if let Ok(fields) = &strict {
+        // A body the strict parser accepts means the same as it does to everyone else.
+        assert_eq!(fields, &lenient, "strict and WHATWG parsing disagree");
+    }
+    let signature = if flags & 1 != 0 {
+        sign(AUTH_TOKEN, URL, &lenient)
+    } else {
+        String::from_utf8_lossy(&body[..body.len().min(28)]).into_owned()
+    };
+    let check = TwilioCheck {
+        auth_token: AUTH_TOKEN,
+        url: URL,
+        max_text_chars,
+        default_region: "US",
+    };
+    let header = (flags & 32 == 0).then_some(signature.as_str());
+    match parse_twilio_sms(body, content_type, header, &check) {
+        Ok(sms) => {
+            let fields = strict.expect("accepted only a well-formed form");
+            assert!(
+                std::str::from_utf8(body).is_ok(),
+                "accepted a body that is not UTF-8"
+            );
+            assert!(header.is_some());
+            assert!(verify_twilio_signature(
+                AUTH_TOKEN, URL, &fields, &signature
+            ));
+            assert!(!sms.message_sid.is_empty() && sms.message_sid.len() <= MAX_SID_CHARS);
+            assert!(sms.message_sid.bytes().all(|b| b.is_ascii_alphanumeric()));
+            assert_e164(&sms.sender);
+            assert!(sms.text.chars().count() <= max_text_chars);
+            for s in [&sms.text, &sms.recipient]
+                .into_iter()
+                .chain(&sms.media_urls)
+            {
+                assert!(!s.contains('\0'), "NUL reaches the pipeline");
+            }
+            assert!(sms.media_urls.len() <= 10);
+            let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+            assert_eq!(field("Body").map_or("", |v| v.as_str()), sms.text);
+        }
+        Err(e) => {
+            let status = e.status().as_u16();
+            assert!(
+                CODES.contains(&(e.code(), status)),
+                "unexpected rejection {} {status}",
+                e.code()
+            );
+            if header.is_none() {
+                assert_eq!(e.code(), "missing_signature");
+            }
+            if flags & 1 != 0 && strict.is_ok() {
+                assert_ne!(
+                    e.code(),
+                    "invalid_signature",
+                    "a correct signature was refused"
+                );
+            }
+        }
+    }
+}
+
+fn assert_e164(s: &str) {
+    let digits = s
+        .strip_prefix('+')
+        .unwrap_or_else(|| panic!("{s:?} lacks +"));
+    assert!(
+        (2..=15).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+        "{s:?} is not E.164"
+    );
+}
+
+#[derive(Debug, Arbitrary)]
+struct SignatureInput {
+    token: String,
+    url: String,
+    params: Vec<(String, String)>,
+    claimed: String,
+    swap: usize,
+}
+
+/// `X-Twilio-Signature`: a signature made for (token, URL, params) verifies, also with the
+/// parameters in another order or surrounded by whitespace; any other claimed signature is
+/// accepted only if it is the expected one.
+pub fn twilio_signature(data: &[u8]) {
+    let Ok(input) = SignatureInput::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    let SignatureInput {
+        token,
+        url,
+        mut params,
+        claimed,
+        swap,
+    } = input;
+    let expected = sign(&token, &url, &params);
+    assert_eq!(expected.len(), 28, "base64 of a 20-byte HMAC-SHA1");
+    assert!(verify_twilio_signature(&token, &url, &params, &expected));
+    assert!(verify_twilio_signature(
+        &token,
+        &url,
+        &params,
+        &format!(" {expected}\n")
+    ));
+    assert_eq!(
+        verify_twilio_signature(&token, &url, &params, &claimed),
+        claimed.trim() == expected
+    );
+    if !params.is_empty() {
+        let n = params.len();
+        params.swap(0, swap % n);
+        params.reverse();
+        assert_eq!(sign(&token, &url, &params), expected, "order matters");
+        params.push(params[0].clone());
+        assert_eq!(sign(&token, &url, &params), expected, "a repeat matters");
+    }
+}
+
+/// Phone normalisation: never panics; a result is E.164 (at most 15 digits), and normalising it
+/// again, in any region, gives it back. So the directory (what an operator typed) and the
+/// gateway (the E.164 `From` Twilio sends) agree on every number, and a reply goes back to the
+/// number that wrote.
+pub fn phone_normalize(data: &[u8]) {
+    let Some((&r, raw)) = data.split_first() else {
+        return;
+    };
+    let Ok(raw) = std::str::from_utf8(raw) else {
+        return;
+    };
+    let region = REGIONS[usize::from(r) & 7];
+    if let Ok(e164) = normalize_phone(raw, region) {
+        assert_e164(&e164);
+        for again in REGIONS {
+            assert_eq!(
+                normalize_phone(&e164, again).ok().as_deref(),
+                Some(e164.as_str()),
+                "{raw:?} normalised to {e164:?} in {region:?}, but that is not itself in {again:?}"
+            );
+        }
+    }
+}
+
+/// Decode, re-encode, decode again: the same message, and the same bytes the second time.
+fn round_trip<M: Message + Default + PartialEq + std::fmt::Debug>(data: &[u8]) -> Option<M> {
+    let m = M::decode(data).ok()?;
+    let bytes = m.encode_to_vec();
+    assert_eq!(bytes.len(), m.encoded_len());
+    let again = M::decode(bytes.as_slice()).expect("re-encoded message decodes");
+    assert_eq!(m, again);
+    assert_eq!(again.encode_to_vec(), bytes, "encoding is not stable");
+    Some(m)
+}
+
+/// Every work subject's payload type, as the runtime decodes it (`Message::decode` of the raw
+/// payload): never panics, and round-trips. A decodable `Turn` also goes through the
+/// dispatcher's prompt builder, whose fence must give back exactly the person's text.
+pub fn work_payloads(data: &[u8]) {
+    round_trip::<InboundMessage>(data);
+    round_trip::<IdentifiedMessage>(data);
+    round_trip::<Reply>(data);
+    round_trip::<DeadLetter>(data);
+    if let Some(turn) = round_trip::<Turn>(data) {
+        let prompt = switchboard_dispatch::prompt::build_prompt(&turn);
+        let msg = turn.message.clone().unwrap_or_default();
+        let inbound = msg.inbound.unwrap_or_default();
+        let person = msg.person.unwrap_or_default();
+        // Header fields come from configuration and the directory, not from the person; only
+        // the text is theirs. With a header free of fence-like text, the fence is exact.
+        let header = [
+            &turn.agent_name,
+            &turn.agent_identity,
+            &person.person_id,
+            &person.person_type,
+            &person.name,
+            &person.role,
+            &inbound.channel,
+            &inbound.provider,
+        ];
+        let hex = inbound.id.chars().filter(char::is_ascii_hexdigit).count();
+        if hex >= 16 && header.iter().all(|f| !f.contains('<') && !f.contains('\n')) {
+            let fenced =
+                switchboard_dispatch::prompt::fenced_text(&prompt).expect("the prompt has a fence");
+            let compact: String = inbound.id.chars().filter(char::is_ascii_hexdigit).collect();
+            let marker = format!("MSG-{}", &compact[compact.len() - 16..]);
+            // Inside the fence: exactly the person's text, a guessed marker neutralised.
+            assert_eq!(fenced, inbound.text.replace(&marker, "MSG-REDACTED"));
+            // Before it: nothing the text can change.
+            let head = |p: &str| p[..p.find("<<<MSG-").unwrap()].to_string();
+            let mut silent = turn.clone();
+            if let Some(i) = silent.message.as_mut().and_then(|m| m.inbound.as_mut()) {
+                i.text.clear();
+            }
+            let silent_prompt = switchboard_dispatch::prompt::build_prompt(&silent);
+            assert_eq!(
+                head(&prompt),
+                head(&silent_prompt),
+                "the text changed the header"
+            );
+            assert!(head(&prompt).contains(&format!("| id {} |", person.person_id)));
+        }
+    }
+}
+
+/// A fuzz target's check.
+pub type Check = fn(&[u8]);
+
+/// The fuzz targets by name, for the seed replay.
+pub const TARGETS: [(&str, Check); 4] = [
+    ("twilio_webhook", twilio_webhook),
+    ("twilio_signature", twilio_signature),
+    ("phone_normalize", phone_normalize),
+    ("work_payloads", work_payloads),
+];
+
+fn inputs(fuzz_dir: &Path, target: &str) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for kind in ["seeds", "corpus"] {
+        let Ok(entries) = std::fs::read_dir(fuzz_dir.join(kind).join(target)) else {
+            continue;
+        };
+        let mut paths: Vec<PathBuf> = entries.map(|e| e.unwrap().path()).collect();
+        paths.sort();
+        out.extend(paths.iter().map(|p| std::fs::read(p).unwrap()));
+    }
+    out
+}
+
+/// xorshift64*: deterministic, so a failure replays exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// A small libFuzzer-like mutation: flip or set bytes, insert a token or random bytes, delete a
+/// run, or splice in part of another input.
+fn mutate(rng: &mut Rng, input: &[u8], other: &[u8]) -> Vec<u8> {
+    const TOKENS: &[&[u8]] = &[
+        b"%",
+        b"%zz",
+        b"%FF",
+        b"%00",
+        b"%0D%0A",
+        b"&",
+        b"=",
+        b"+",
+        b"\xff",
+        b"\0",
+        b"\r\n",
+        b"MessageSid=",
+        b"From=",
+        b"Body=",
+        b"NumMedia=9",
+        b"%2B1",
+        b"%2B44",
+        b"\x08",
+        b"\x12",
+        b"\x1a",
+        b"\x80\x80\x80\x80\x80\x80",
+    ];
+    let mut out = input.to_vec();
+    for _ in 0..1 + rng.below(4) {
+        let at = rng.below(out.len() + 1);
+        match rng.below(6) {
+            0 if !out.is_empty() => {
+                let i = rng.below(out.len());
+                out[i] ^= 1 << rng.below(8);
+            }
+            1 if !out.is_empty() => {
+                let i = rng.below(out.len());
+                out[i] = rng.next() as u8;
+            }
+            2 => {
+                let token = TOKENS[rng.below(TOKENS.len())];
+                out.splice(at..at, token.iter().copied());
+            }
+            3 if at < out.len() => {
+                let end = (at + 1 + rng.below(8)).min(out.len());
+                out.drain(at..end);
+            }
+            4 if !other.is_empty() => {
+                let from = rng.below(other.len());
+                let end = (from + 1 + rng.below(32)).min(other.len());
+                out.splice(at..at, other[from..end].iter().copied());
+            }
+            _ => {
+                let n = rng.below(16);
+                out.splice(at..at, (0..n).map(|_| rng.next() as u8));
+            }
+        }
+    }
+    out
+}
+
+/// Every target's check over its seeds and saved corpus under `fuzz_dir`, then over `rounds`
+/// mutations of them. A failing input is written to the temporary directory before the panic
+/// is passed on. Returns (target, inputs checked) per target.
+pub fn replay(fuzz_dir: &Path, rounds: usize) -> Vec<(&'static str, usize)> {
+    let mut done = Vec::new();
+    for (name, check) in TARGETS {
+        let seeds = inputs(fuzz_dir, name);
+        assert!(
+            !seeds.is_empty(),
+            "no seeds for {name} under {}",
+            fuzz_dir.display()
+        );
+        let mut rng = Rng(0x5eed_0000 ^ name.len() as u64);
+        let mutations = (0..rounds).map(|_| {
+            let a = &seeds[rng.below(seeds.len())];
+            let b = &seeds[rng.below(seeds.len())];
+            mutate(&mut rng, a, b)
+        });
+        let all: Vec<Vec<u8>> = seeds.iter().cloned().chain(mutations).collect();
+        for input in &all {
+            if let Err(e) = std::panic::catch_unwind(|| check(input)) {
+                let path = std::env::temp_dir().join(format!("sb-fuzz-{name}-failure"));
+                std::fs::write(&path, input).unwrap();
+                eprintln!("{name} failed on the input saved to {}", path.display());
+                std::panic::resume_unwind(e);
+            }
+        }
+        done.push((name, all.len()));
+    }
+    done
+}

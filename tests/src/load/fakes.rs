@@ -1,0 +1,515 @@
+//! The third parties of a load or chaos run, as real HTTP servers on loopback:
+//!
+//! - [`LoadRunner`]: an agent runner (`POST /run`) with a configurable latency. It answers
+//!   `echo: <text>` and checks, per person, that turns arrive in order (`s<sender>#<index>`) and
+//!   never overlap.
+//! - [`LoadTwilio`]: Twilio's Messages API. It records when each reply first arrived, counts
+//!   replies delivered more than once, checks each person's SMS order, and wakes whoever waits
+//!   for a reply.
+//!
+//! Both keep only counters and small maps, so that they cost little next to the pipeline.
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::extract::{Form, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde::Deserialize;
+use tokio::sync::oneshot;
+
+use super::{now_us, parse_text};
+
+const MAX_EVIDENCE: usize = 40;
+
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    url
+}
+
+fn note(evidence: &Mutex<Vec<String>>, line: String) {
+    let mut e = evidence.lock().unwrap();
+    if e.len() < MAX_EVIDENCE {
+        e.push(line);
+    }
+}
+
+#[derive(Default)]
+struct PersonRun {
+    in_flight: u32,
+    /// Texts of the calls in flight: the same text twice is one turn run again (a redelivery
+    /// while its first dispatcher still ran), not two turns at once.
+    in_flight_texts: Vec<String>,
+    /// By the sender's own numbering (arrival order at the gateway).
+    max_index: Option<u32>,
+    seen: HashSet<u32>,
+    /// By the session's turn number (`seq`, given by the session stage).
+    max_seq: Option<i64>,
+    seen_seq: HashSet<i64>,
+}
+
+#[derive(Default)]
+struct RunnerInner {
+    delay_ms: AtomicU64,
+    calls: AtomicU64,
+    persons: Mutex<HashMap<String, PersonRun>>,
+    overlaps: AtomicU64,
+    /// A turn called again while its earlier call still ran (same Idempotency-Key).
+    reruns: AtomicU64,
+    max_overlap: AtomicUsize,
+    order_violations: AtomicU64,
+    seq_violations: AtomicU64,
+    evidence: Mutex<Vec<String>>,
+    record_timing: AtomicBool,
+    /// Message text → the turn's seq (from the prompt).
+    seq_of: Mutex<HashMap<String, i64>>,
+    /// Message text → how long the last call for it took in the runner, µs.
+    timing: Mutex<HashMap<String, u64>>,
+}
+
+/// What the runner saw.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RunnerStats {
+    pub calls: u64,
+    /// Distinct turns (person, index) called at least once.
+    pub turns: u64,
+    /// Calls that began while another call for the same person was running.
+    pub overlaps: u64,
+    pub reruns: u64,
+    pub max_overlap: usize,
+    /// First calls for a message that came after a message the same person sent later
+    /// (arrival order at the gateway).
+    pub order_violations: u64,
+    /// First calls for a turn that came after a later turn (`seq`) of the same session.
+    pub seq_violations: u64,
+    pub evidence: Vec<String>,
+}
+
+#[derive(Clone)]
+pub struct LoadRunner {
+    pub url: String,
+    inner: Arc<RunnerInner>,
+}
+
+#[derive(Deserialize)]
+struct RunBody {
+    prompt: String,
+    session_id: Option<String>,
+}
+
+/// Decrements a person's in-flight count however the call ends (a dropped connection cancels
+/// the handler).
+struct InFlight {
+    inner: Arc<RunnerInner>,
+    person: String,
+    text: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(p) = self.inner.persons.lock().unwrap().get_mut(&self.person) {
+            p.in_flight = p.in_flight.saturating_sub(1);
+            if let Some(i) = p.in_flight_texts.iter().position(|t| t == &self.text) {
+                p.in_flight_texts.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// The turn number from the prompt's first line (`[Switchboard turn <seq> | …`).
+fn seq_of_prompt(prompt: &str) -> Option<i64> {
+    prompt
+        .strip_prefix("[Switchboard turn ")?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn person_of(prompt: &str) -> String {
+    prompt
+        .split("| id ")
+        .nth(1)
+        .and_then(|r| r.split(" |").next())
+        .unwrap_or("")
+        .to_string()
+}
+
+impl LoadRunner {
+    pub async fn start(delay: Duration) -> Self {
+        let mut this = Self {
+            url: String::new(),
+            inner: Default::default(),
+        };
+        this.set_delay(delay);
+        let router = Router::new()
+            .route("/run", post(Self::run))
+            .with_state(this.clone());
+        this.url = serve(router).await;
+        this
+    }
+
+    pub fn set_delay(&self, d: Duration) {
+        self.inner
+            .delay_ms
+            .store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Keep how long each call took (for overhead = end to end minus runner time).
+    pub fn record_timing(&self, on: bool) {
+        self.inner.record_timing.store(on, Ordering::SeqCst);
+    }
+
+    /// How long the runner spent on this message's turn (last call), µs.
+    pub fn time_of(&self, text: &str) -> Option<u64> {
+        self.inner.timing.lock().unwrap().get(text).copied()
+    }
+
+    /// The seq the session stage gave the turn of this message.
+    pub fn seq_of(&self, text: &str) -> Option<i64> {
+        self.inner.seq_of.lock().unwrap().get(text).copied()
+    }
+
+    pub fn stats(&self) -> RunnerStats {
+        let i = &self.inner;
+        RunnerStats {
+            calls: i.calls.load(Ordering::SeqCst),
+            turns: i
+                .persons
+                .lock()
+                .unwrap()
+                .values()
+                .map(|p| p.seen.len() as u64)
+                .sum(),
+            overlaps: i.overlaps.load(Ordering::SeqCst),
+            reruns: i.reruns.load(Ordering::SeqCst),
+            max_overlap: i.max_overlap.load(Ordering::SeqCst),
+            order_violations: i.order_violations.load(Ordering::SeqCst),
+            seq_violations: i.seq_violations.load(Ordering::SeqCst),
+            evidence: i.evidence.lock().unwrap().clone(),
+        }
+    }
+
+    async fn run(
+        State(s): State<LoadRunner>,
+        Json(body): Json<RunBody>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        let started = now_us();
+        let inner = &s.inner;
+        inner.calls.fetch_add(1, Ordering::Relaxed);
+        let person = person_of(&body.prompt);
+        let text = switchboard_dispatch::prompt::fenced_text(&body.prompt)
+            .unwrap_or("")
+            .to_string();
+        let index = parse_text(&text).map(|(_, i)| i);
+        let seq = seq_of_prompt(&body.prompt);
+        if let Some(q) = seq {
+            inner.seq_of.lock().unwrap().insert(text.clone(), q);
+        }
+        {
+            let mut persons = inner.persons.lock().unwrap();
+            let p = persons.entry(person.clone()).or_default();
+            p.in_flight += 1;
+            let same_turn_again = p.in_flight_texts.iter().any(|t| t == &text);
+            let other_turns = p.in_flight_texts.iter().filter(|t| *t != &text).count();
+            p.in_flight_texts.push(text.clone());
+            if same_turn_again {
+                inner.reruns.fetch_add(1, Ordering::Relaxed);
+            }
+            if other_turns > 0 {
+                inner.overlaps.fetch_add(1, Ordering::Relaxed);
+                note(
+                    &inner.evidence,
+                    format!(
+                        "overlap: {person} {text:?} began while {other_turns} other turn(s) ran, at {:.3}s",
+                        started as f64 / 1e6
+                    ),
+                );
+            }
+            inner
+                .max_overlap
+                .fetch_max(p.in_flight as usize, Ordering::Relaxed);
+            if let Some(i) = index
+                && p.seen.insert(i)
+            {
+                if let Some(m) = p.max_index
+                    && m > i
+                {
+                    inner.order_violations.fetch_add(1, Ordering::Relaxed);
+                    note(
+                        &inner.evidence,
+                        format!(
+                            "runner arrival order: {person} got #{i} (turn {}) after #{m}, at {:.3}s",
+                            seq.unwrap_or(-1),
+                            started as f64 / 1e6
+                        ),
+                    );
+                }
+                p.max_index = Some(p.max_index.map_or(i, |m| m.max(i)));
+            }
+            if let Some(q) = seq
+                && p.seen_seq.insert(q)
+            {
+                if let Some(m) = p.max_seq
+                    && m > q
+                {
+                    inner.seq_violations.fetch_add(1, Ordering::Relaxed);
+                    note(
+                        &inner.evidence,
+                        format!(
+                            "runner seq order: {person} got turn {q} ({text}) after turn {m}, at {:.3}s",
+                            started as f64 / 1e6
+                        ),
+                    );
+                }
+                p.max_seq = Some(p.max_seq.map_or(q, |m| m.max(q)));
+            }
+        }
+        let guard = InFlight {
+            inner: inner.clone(),
+            person: person.clone(),
+            text: text.clone(),
+        };
+        let delay = inner.delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        drop(guard);
+        if inner.record_timing.load(Ordering::Relaxed) {
+            inner
+                .timing
+                .lock()
+                .unwrap()
+                .insert(text.clone(), now_us() - started);
+        }
+        let session_id = body.session_id.unwrap_or_else(|| format!("eng-{person}"));
+        (
+            StatusCode::OK,
+            Json(serde_json::json!({
+                "text": format!("echo: {text}"),
+                "session_id": session_id,
+                "processing_ms": delay,
+                "tool_calls_count": 0,
+            })),
+        )
+    }
+}
+
+// ---- Twilio -------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct TwilioInner {
+    expected_auth: String,
+    /// Message text → arrival times, µs (more than one: delivered more than once).
+    arrivals: Mutex<HashMap<String, Vec<u64>>>,
+    /// Recipient → highest message index delivered so far.
+    per_recipient: Mutex<HashMap<String, u32>>,
+    /// Recipient → replies in the order they first arrived.
+    sequence: Mutex<HashMap<String, Vec<String>>>,
+    order_violations: AtomicU64,
+    doubles: AtomicU64,
+    total: AtomicU64,
+    evidence: Mutex<Vec<String>>,
+    waiters: Mutex<HashMap<String, oneshot::Sender<u64>>>,
+}
+
+/// What the fake Twilio saw.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TwilioStats {
+    /// Every accepted send request.
+    pub total: u64,
+    /// Distinct replies.
+    pub distinct: u64,
+    /// Sends of a reply already delivered.
+    pub doubles: u64,
+    /// Replies that reached a person before an earlier one of theirs.
+    pub order_violations: u64,
+    pub evidence: Vec<String>,
+}
+
+#[derive(Clone)]
+pub struct LoadTwilio {
+    pub url: String,
+    pub account_sid: String,
+    pub auth_token: String,
+    inner: Arc<TwilioInner>,
+}
+
+#[derive(Deserialize)]
+struct SendForm {
+    #[serde(rename = "To")]
+    to: String,
+    #[serde(rename = "Body")]
+    body: String,
+}
+
+impl LoadTwilio {
+    pub async fn start(account_sid: &str, auth_token: &str) -> Self {
+        let expected_auth = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{account_sid}:{auth_token}"))
+        );
+        let mut this = Self {
+            url: String::new(),
+            account_sid: account_sid.into(),
+            auth_token: auth_token.into(),
+            inner: Arc::new(TwilioInner {
+                expected_auth,
+                ..Default::default()
+            }),
+        };
+        let router = Router::new()
+            .route(
+                "/2010-04-01/Accounts/{account}/Messages.json",
+                post(Self::create_message),
+            )
+            .with_state(this.clone());
+        this.url = serve(router).await;
+        this
+    }
+
+    /// A receiver that fires (with the arrival time, µs) when the reply to `text` arrives.
+    pub fn wait_for(&self, text: &str) -> oneshot::Receiver<u64> {
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .waiters
+            .lock()
+            .unwrap()
+            .insert(text.to_string(), tx);
+        rx
+    }
+
+    /// When the reply to `text` arrived, µs (once per delivery).
+    pub fn arrivals_of(&self, text: &str) -> Vec<u64> {
+        self.inner
+            .arrivals
+            .lock()
+            .unwrap()
+            .get(text)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// First-arrival times of every reply, µs, sorted.
+    pub fn arrival_times(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .inner
+            .arrivals
+            .lock()
+            .unwrap()
+            .values()
+            .filter_map(|t| t.first().copied())
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Replies delivered more than once: text → arrival times, µs.
+    pub fn doubled(&self) -> Vec<(String, Vec<u64>)> {
+        self.inner
+            .arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, t)| t.len() > 1)
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect()
+    }
+
+    /// Each recipient's replies in the order they first arrived.
+    pub fn sequences(&self) -> HashMap<String, Vec<String>> {
+        self.inner.sequence.lock().unwrap().clone()
+    }
+
+    pub fn distinct(&self) -> u64 {
+        self.inner.arrivals.lock().unwrap().len() as u64
+    }
+
+    pub fn stats(&self) -> TwilioStats {
+        let i = &self.inner;
+        TwilioStats {
+            total: i.total.load(Ordering::SeqCst),
+            distinct: self.distinct(),
+            doubles: i.doubles.load(Ordering::SeqCst),
+            order_violations: i.order_violations.load(Ordering::SeqCst),
+            evidence: i.evidence.lock().unwrap().clone(),
+        }
+    }
+
+    async fn create_message(
+        State(s): State<LoadTwilio>,
+        headers: HeaderMap,
+        Form(f): Form<SendForm>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        let at = now_us();
+        let inner = &s.inner;
+        let auth = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if auth != inner.expected_auth {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
+            );
+        }
+        inner.total.fetch_add(1, Ordering::Relaxed);
+        let text = f.body.strip_prefix("echo: ").unwrap_or(&f.body).to_string();
+        let first = {
+            let mut arrivals = inner.arrivals.lock().unwrap();
+            let e = arrivals.entry(text.clone()).or_default();
+            e.push(at);
+            e.len() == 1
+        };
+        if first {
+            inner
+                .sequence
+                .lock()
+                .unwrap()
+                .entry(f.to.clone())
+                .or_default()
+                .push(text.clone());
+            if let Some((_, index)) = parse_text(&text) {
+                let mut per = inner.per_recipient.lock().unwrap();
+                let max = per.entry(f.to.clone()).or_insert(index);
+                if *max > index {
+                    inner.order_violations.fetch_add(1, Ordering::Relaxed);
+                    note(
+                        &inner.evidence,
+                        format!(
+                            "sms order: {} got #{index} after #{}, at {:.3}s",
+                            f.to,
+                            *max,
+                            at as f64 / 1e6
+                        ),
+                    );
+                }
+                *max = (*max).max(index);
+            }
+            if let Some(w) = inner.waiters.lock().unwrap().remove(&text) {
+                let _ = w.send(at);
+            }
+        } else {
+            inner.doubles.fetch_add(1, Ordering::Relaxed);
+            note(
+                &inner.evidence,
+                format!(
+                    "double: reply to {text:?} delivered again to {}, at {:.3}s",
+                    f.to,
+                    at as f64 / 1e6
+                ),
+            );
+        }
+        let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
+        (
+            StatusCode::CREATED,
+            Json(serde_json::json!({"sid": sid, "to": f.to, "status": "queued"})),
+        )
+    }
+}

@@ -1,0 +1,74 @@
+//! Load and failure runs against the real product: `make bench` (throughput, overhead, CPU and
+//! memory per turn, and the floor the same I/O sets) and `make chaos` (workers SIGKILLed, NATS
+//! and Postgres restarted, then every message accounted for).
+//!
+//! Everything here runs the real worker binaries (`switchboard-<name>`), each its own process
+//! with its own configuration file, on a stack instance of its own (`deploy/local/stack.sh`).
+//! The third parties are faked as real HTTP servers in the harness process ([`fakes`]), and
+//! their cost is measured apart from the pipeline's.
+//!
+//! - [`stack`]: bring a named stack up and down, restart one server, fresh databases.
+//! - [`procs`]: worker processes (spawn, kill, restart) and `/proc` accounting (CPU, RSS).
+//! - [`fakes`]: the load runner and the load Twilio, which record what order, overlap and
+//!   duplicates checks need, and when each reply arrived.
+//! - [`pipeline`]: the generated configuration and the gateway client (signed SMS).
+//! - [`loadgen`]: senders, open-loop (target rate) and closed-loop (one turn per sender).
+//! - [`floor`]: the same durable publishes, consumes, acks and database writes per turn, no logic.
+//! - [`report`]: percentiles, JSON and PNG plots.
+//! - [`chaos`]: the chaos run and its accounting.
+pub mod chaos;
+pub mod fakes;
+pub mod floor;
+pub mod loadgen;
+pub mod pipeline;
+pub mod procs;
+pub mod report;
+pub mod stack;
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// Microseconds since the harness started: one clock for the load generator and the fakes.
+pub fn now_us() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
+/// The message text a sender sends: `s<sender>#<index>`, so order can be checked from the text.
+pub fn message_text(sender: usize, index: u32) -> String {
+    format!("s{sender}#{index}")
+}
+
+/// The (sender, index) back from a message text (or a reply `echo: s<sender>#<index>`).
+pub fn parse_text(text: &str) -> Option<(usize, u32)> {
+    let t = text.strip_prefix("echo: ").unwrap_or(text).trim();
+    let (s, i) = t.strip_prefix('s')?.split_once('#')?;
+    Some((s.parse().ok()?, i.parse().ok()?))
+}
+
+/// A valid, distinct US number per sender (E.164).
+pub fn sender_phone(sender: usize) -> String {
+    format!("+1415{:07}", 2_000_000 + sender)
+}
+
+/// The sender back from a phone number.
+pub fn sender_of_phone(phone: &str) -> Option<usize> {
+    let n: usize = phone.strip_prefix("+1415")?.parse().ok()?;
+    n.checked_sub(2_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_and_phones_round_trip() {
+        assert_eq!(parse_text(&message_text(12, 7)), Some((12, 7)));
+        assert_eq!(parse_text("echo: s3#0"), Some((3, 0)));
+        assert_eq!(sender_of_phone(&sender_phone(9_999)), Some(9_999));
+        assert!(
+            switchboard_kit::address::normalize_phone(&sender_phone(9_999), "US").is_ok(),
+            "sender phones must be valid numbers"
+        );
+    }
+}

@@ -1,0 +1,350 @@
+//! The product under load: its configuration (one TOML file per worker process), the worker
+//! processes, and a client that posts Twilio-signed SMS to its gateway.
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use async_nats::jetstream;
+use switchboard_kit::config::{AgentConfig, Config, Secret};
+use switchboard_kit::startup::App;
+use switchboard_kit::{StageName, Topology};
+
+use super::fakes::LoadTwilio;
+use super::procs::Workers;
+
+pub const ACCOUNT_SID: &str = "ACload00000000000000000000000000";
+pub const AUTH_TOKEN: &str = "load-auth-token";
+pub const TWILIO_NUMBER: &str = "+15555550199";
+
+/// The knobs a run may turn (all of them are ordinary configuration keys).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Knobs {
+    /// `runtime.batch`
+    pub batch: usize,
+    /// `runtime.concurrency`
+    pub concurrency: usize,
+    /// `agents[].concurrency` (runner calls at once per dispatcher)
+    pub agent_concurrency: usize,
+    /// `dispatch.concurrency` (turns one dispatcher runs at once)
+    pub dispatch_concurrency: usize,
+    /// `runtime.max_ack_pending` (unacked messages per stage consumer)
+    pub max_ack_pending: i64,
+    /// `runtime.ack_wait_ms`
+    pub ack_wait_ms: u64,
+    /// `runtime.turn_partitions`
+    pub partitions: u32,
+    /// `agents[].timeout_s`
+    pub runner_timeout_s: u64,
+    /// `runtime.retry_base_ms` / `retry_max_ms`
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    /// `runtime.max_deliver`
+    pub max_deliver: u64,
+    /// `dispatch.hold_timeout_ms`
+    pub hold_timeout_ms: u64,
+    /// `runtime.shutdown_grace_ms`
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        let d = Config::default();
+        Self {
+            batch: d.runtime.batch,
+            concurrency: d.runtime.concurrency,
+            agent_concurrency: 16,
+            dispatch_concurrency: d.dispatch.concurrency,
+            max_ack_pending: d.runtime.max_ack_pending,
+            ack_wait_ms: d.runtime.ack_wait_ms,
+            partitions: d.runtime.turn_partitions,
+            runner_timeout_s: 30,
+            retry_base_ms: d.runtime.retry_base_ms,
+            retry_max_ms: d.runtime.retry_max_ms,
+            max_deliver: d.runtime.max_deliver,
+            hold_timeout_ms: d.dispatch.hold_timeout_ms,
+            shutdown_grace_ms: d.runtime.shutdown_grace_ms,
+        }
+    }
+}
+
+/// A free loopback port (bound, read, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+pub struct Setup<'a> {
+    pub nats_url: &'a str,
+    pub database_url: &'a str,
+    pub prefix: &'a str,
+    pub runner_url: &'a str,
+    pub twilio: &'a LoadTwilio,
+    pub knobs: &'a Knobs,
+}
+
+/// The configuration every worker of a run shares.
+pub fn config(s: &Setup<'_>) -> Config {
+    let gateway = format!("127.0.0.1:{}", free_port());
+    let k = s.knobs;
+    let mut c = Config {
+        nats_url: s.nats_url.into(),
+        database_url: s.database_url.into(),
+        subject_prefix: s.prefix.into(),
+        ..Config::default()
+    };
+    c.gateway.http_addr = gateway.clone();
+    c.gateway.public_url = format!("http://{gateway}");
+    c.twilio.account_sid = s.twilio.account_sid.clone();
+    c.twilio.auth_token = Secret::new(s.twilio.auth_token.clone());
+    c.twilio.from_number = TWILIO_NUMBER.into();
+    c.twilio.api_base = s.twilio.url.clone();
+    c.agents = vec![AgentConfig {
+        name: "reggie_oc".into(),
+        identity: "reggie".into(),
+        engine: "openclaw".into(),
+        runner_url: s.runner_url.into(),
+        token: Secret::new("runner-token"),
+        timeout_s: k.runner_timeout_s,
+        concurrency: k.agent_concurrency,
+    }];
+    c.runtime.batch = k.batch;
+    c.runtime.concurrency = k.concurrency;
+    c.runtime.ack_wait_ms = k.ack_wait_ms;
+    c.runtime.turn_partitions = k.partitions;
+    c.runtime.retry_base_ms = k.retry_base_ms;
+    c.runtime.retry_max_ms = k.retry_max_ms;
+    c.runtime.max_deliver = k.max_deliver;
+    c.runtime.shutdown_grace_ms = k.shutdown_grace_ms;
+    c.runtime.max_ack_pending = k.max_ack_pending;
+    c.dispatch.hold_timeout_ms = k.hold_timeout_ms;
+    c.dispatch.concurrency = k.dispatch_concurrency;
+    c
+}
+
+/// The product: its worker processes on one configuration.
+pub struct Pipeline {
+    pub config: Config,
+    pub workers: Workers,
+    pub gateway: GatewayClient,
+    pub js: jetstream::Context,
+    pub topology: Topology,
+    pub db: sqlx::PgPool,
+    config_dir: PathBuf,
+}
+
+/// Worker binaries in start order, with how many replicas of each.
+pub fn layout(replicas: &[(&'static str, usize)]) -> Vec<&'static str> {
+    replicas
+        .iter()
+        .flat_map(|(n, r)| std::iter::repeat_n(*n, *r))
+        .collect()
+}
+
+impl Pipeline {
+    /// Apply migrations and the topology, write one config file per worker (`per_worker` may
+    /// change a worker's copy), start the workers in `order`, and wait until all of them pull.
+    pub async fn start(
+        dir: &Path,
+        config: Config,
+        order: &[&str],
+        per_worker: impl Fn(&str, &mut Config),
+    ) -> anyhow::Result<Pipeline> {
+        let config_dir = dir.join("config");
+        std::fs::create_dir_all(&config_dir)?;
+        let app = App::connect(config.clone(), "load-harness")
+            .await
+            .context("connecting the harness to the stack")?;
+        app.prepare().await?;
+        let mut workers = Workers::new(&dir.join("logs"))?;
+        let mut counts = std::collections::HashMap::<&str, usize>::new();
+        for name in order {
+            let n = counts.entry(name).or_default();
+            let mut c = config.clone();
+            per_worker(name, &mut c);
+            let path = config_dir.join(format!("{name}-{n}.toml"));
+            *n += 1;
+            std::fs::write(&path, toml::to_string(&c).context("config as TOML")?)?;
+            workers.spawn(name, &path)?;
+        }
+        let pipeline = Pipeline {
+            gateway: GatewayClient::new(&config),
+            js: app.js.clone(),
+            topology: app.topology.clone(),
+            db: app.db.clone(),
+            config,
+            workers,
+            config_dir,
+        };
+        pipeline.wait_ready(Duration::from_secs(60)).await?;
+        Ok(pipeline)
+    }
+
+    pub fn config_dir(&self) -> &Path {
+        &self.config_dir
+    }
+
+    /// The gateway answers `/readyz` and every stage's consumer has a pull waiting.
+    pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let http = reqwest::Client::new();
+        loop {
+            let gateway_ok = http
+                .get(format!("{}/readyz", self.gateway.base))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            let mut pulling = 0;
+            if let Ok(stream) = self.js.get_stream(self.topology.work_stream()).await {
+                for stage in StageName::ALL {
+                    if let Ok(mut c) = stream
+                        .get_consumer::<jetstream::consumer::pull::Config>(stage.as_str())
+                        .await
+                        && c.info().await.is_ok_and(|i| i.num_waiting > 0)
+                    {
+                        pulling += 1;
+                    }
+                }
+            }
+            if gateway_ok && pulling == StageName::ALL.len() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let dead = self.workers_dead_hint();
+                bail!(
+                    "the pipeline was not ready within {timeout:?} (gateway ready: {gateway_ok}, stages pulling: {pulling}/{}){dead}",
+                    StageName::ALL.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn workers_dead_hint(&self) -> String {
+        format!(
+            "; worker logs in {}",
+            self.config_dir
+                .parent()
+                .unwrap_or(&self.config_dir)
+                .join("logs")
+                .display()
+        )
+    }
+
+    /// Messages not yet acked, summed over the stages: (pending, ack pending).
+    pub async fn backlog(&self) -> anyhow::Result<(u64, u64)> {
+        let stream = self.js.get_stream(self.topology.work_stream()).await?;
+        let (mut pending, mut ack_pending) = (0, 0);
+        for stage in StageName::ALL {
+            let mut c: jetstream::consumer::PullConsumer = stream
+                .get_consumer(stage.as_str())
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let info = c.info().await?;
+            pending += info.num_pending;
+            ack_pending += info.num_ack_pending as u64;
+        }
+        Ok((pending, ack_pending))
+    }
+
+    /// Wait until every stage has consumed and acked everything, three checks in a row.
+    pub async fn settle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut quiet = 0;
+        while quiet < 3 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            quiet = match self.backlog().await {
+                Ok((0, 0)) => quiet + 1,
+                _ => 0,
+            };
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        true
+    }
+
+    /// Stop the workers and delete this run's streams (the stack stays up).
+    pub async fn stop(mut self) {
+        self.workers.stop_all().await;
+        for s in [
+            self.topology.work_stream(),
+            self.topology.events_stream(),
+            self.topology.dlq_stream(),
+        ] {
+            let _ = self.js.delete_stream(&s).await;
+        }
+        self.db.close().await;
+    }
+}
+
+/// Posts SMS to the gateway as Twilio does: form fields signed with `X-Twilio-Signature`.
+#[derive(Clone)]
+pub struct GatewayClient {
+    http: reqwest::Client,
+    pub base: String,
+    sign_url: String,
+    auth_token: String,
+    account_sid: String,
+}
+
+impl GatewayClient {
+    pub fn new(c: &Config) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(4096)
+                .timeout(Duration::from_secs(20))
+                .build()
+                .expect("HTTP client"),
+            base: format!("http://{}", c.gateway.http_addr),
+            sign_url: format!(
+                "{}/webhooks/twilio/sms",
+                c.gateway.public_url.trim_end_matches('/')
+            ),
+            auth_token: c.twilio.auth_token.expose().to_string(),
+            account_sid: c.twilio.account_sid.clone(),
+        }
+    }
+
+    /// Post one inbound SMS; returns the gateway's status.
+    pub async fn post_sms(
+        &self,
+        from: &str,
+        text: &str,
+        sid: &str,
+    ) -> Result<reqwest::StatusCode, reqwest::Error> {
+        let params: Vec<(String, String)> = vec![
+            ("AccountSid".into(), self.account_sid.clone()),
+            ("ApiVersion".into(), "2010-04-01".into()),
+            ("Body".into(), text.into()),
+            ("From".into(), from.into()),
+            ("MessageSid".into(), sid.into()),
+            ("NumMedia".into(), "0".into()),
+            ("SmsSid".into(), sid.into()),
+            ("SmsStatus".into(), "received".into()),
+            ("To".into(), TWILIO_NUMBER.into()),
+        ];
+        let signature = switchboard_gateway::twilio::twilio_signature(
+            &self.auth_token,
+            &self.sign_url,
+            &params,
+        );
+        let body = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(&params)
+            .finish();
+        let resp = self
+            .http
+            .post(format!("{}/webhooks/twilio/sms", self.base))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("X-Twilio-Signature", signature)
+            .body(body)
+            .send()
+            .await?;
+        let status = resp.status();
+        // Read the body so the connection goes back to the pool.
+        let _ = resp.bytes().await;
+        Ok(status)
+    }
+}

@@ -1,0 +1,186 @@
+//! Percentiles, throughput over time, and the PNG plot of a run.
+use std::path::Path;
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+use serde::Serialize;
+
+/// Latency percentiles, milliseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+/// Percentiles of values given in microseconds.
+pub fn percentiles(values_us: &[u64]) -> Percentiles {
+    let mut h = Histogram::<u64>::new(3).expect("histogram");
+    for v in values_us {
+        h.record(*v).expect("auto-resizing histogram");
+    }
+    if h.is_empty() {
+        return Percentiles::default();
+    }
+    let ms = |v: u64| v as f64 / 1000.0;
+    Percentiles {
+        count: h.len(),
+        mean_ms: h.mean() / 1000.0,
+        p50_ms: ms(h.value_at_quantile(0.50)),
+        p95_ms: ms(h.value_at_quantile(0.95)),
+        p99_ms: ms(h.value_at_quantile(0.99)),
+        p999_ms: ms(h.value_at_quantile(0.999)),
+        max_ms: ms(h.max()),
+    }
+}
+
+/// Events per second, one point a second, between `from_us` and `to_us` (x: seconds from
+/// `from_us`).
+pub fn per_second(times_us: &[u64], from_us: u64, to_us: u64) -> Vec<(f64, f64)> {
+    let n = ((to_us.saturating_sub(from_us)) / 1_000_000) as usize + 1;
+    let mut buckets = vec![0u64; n];
+    for t in times_us {
+        if *t >= from_us && *t < to_us {
+            buckets[((t - from_us) / 1_000_000) as usize] += 1;
+        }
+    }
+    buckets
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| (i as f64, c as f64))
+        .collect()
+}
+
+/// One scenario's curves.
+pub struct PlotSeries {
+    pub name: String,
+    /// (seconds, turns completed in that second)
+    pub throughput: Vec<(f64, f64)>,
+    /// Pipeline overhead samples, µs (empty: not plotted).
+    pub overhead_us: Vec<u64>,
+}
+
+fn register_font() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // plotters' ab_glyph backend draws text with fonts registered here; no system fonts.
+        let _ = plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            dejavu::sans::regular(),
+        );
+    });
+}
+
+/// Throughput over time (top) and the distribution of the pipeline overhead (bottom, as a
+/// cumulative curve) of each scenario, in one PNG.
+pub fn plot(path: &Path, title: &str, series: &[PlotSeries]) -> anyhow::Result<()> {
+    register_font();
+    let root = BitMapBackend::new(path, (1400, 1000)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 26))?;
+    let (top, bottom) = root.split_vertically(480);
+
+    let max_t = series
+        .iter()
+        .flat_map(|s| s.throughput.iter().map(|p| p.0))
+        .fold(1.0f64, f64::max);
+    let max_y = series
+        .iter()
+        .flat_map(|s| s.throughput.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(&top)
+        .caption("Turns completed per second", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_t, 0.0..max_y)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the scenario started")
+        .y_desc("turns/s")
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    for (i, s) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                s.throughput.iter().copied(),
+                color.stroke_width(2),
+            ))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
+
+    let with_latency: Vec<&PlotSeries> = series
+        .iter()
+        .filter(|s| !s.overhead_us.is_empty())
+        .collect();
+    let max_ms = with_latency
+        .iter()
+        .map(|s| percentiles(&s.overhead_us).p999_ms)
+        .fold(1.0f64, f64::max)
+        * 1.05;
+    let mut chart = ChartBuilder::on(&bottom)
+        .caption(
+            "Pipeline overhead (gateway accepted -> Twilio received, minus runner time): share of turns at or below",
+            ("sans-serif", 18),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_ms, 0.0..1.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("milliseconds (up to p99.9)")
+        .y_desc("fraction of turns")
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    for (i, s) in series.iter().enumerate() {
+        if s.overhead_us.is_empty() {
+            continue;
+        }
+        let mut v = s.overhead_us.clone();
+        v.sort_unstable();
+        let n = v.len() as f64;
+        let step = (v.len() / 2000).max(1);
+        let pts: Vec<(f64, f64)> = v
+            .iter()
+            .enumerate()
+            .step_by(step)
+            .map(|(k, us)| (*us as f64 / 1000.0, (k + 1) as f64 / n))
+            .filter(|(ms, _)| *ms <= max_ms)
+            .collect();
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts, color.stroke_width(2)))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    root.present().context("writing the PNG")?;
+    Ok(())
+}

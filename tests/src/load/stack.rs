@@ -1,0 +1,120 @@
+//! A named stack instance of `deploy/local/stack.sh` (NATS + Postgres), owned by one run.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+use sqlx::Connection as _;
+
+/// The repository root (this crate lives in `<repo>/tests`).
+pub fn repo_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+#[derive(Debug, Clone)]
+pub struct Stack {
+    pub name: String,
+    pub nats_url: String,
+    /// The `switchboard` database; [`Stack::fresh_database`] makes new ones next to it.
+    pub database_url: String,
+    dir: PathBuf,
+}
+
+fn script() -> PathBuf {
+    repo_dir().join("deploy/local/stack.sh")
+}
+
+fn run(args: &[&str], fast: bool) -> anyhow::Result<String> {
+    let mut cmd = Command::new("bash");
+    cmd.arg(script()).args(args);
+    cmd.env_remove("SB_STACK_FAST");
+    if fast {
+        cmd.env("SB_STACK_FAST", "1");
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("running stack.sh {args:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "stack.sh {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Stack {
+    /// `stack.sh up <name> <nats_port> <pg_port>`; `fast` sets `SB_STACK_FAST=1` (Postgres
+    /// without fsync, for throwaway data).
+    pub fn up(name: &str, nats_port: u16, pg_port: u16, fast: bool) -> anyhow::Result<Stack> {
+        // A stack left from an interrupted run may have other settings: start from scratch.
+        let _ = run(&["destroy", name], false);
+        let out = run(
+            &["up", name, &nats_port.to_string(), &pg_port.to_string()],
+            fast,
+        )?;
+        let var = |key: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("export {key}=")))
+                .map(str::to_string)
+                .with_context(|| format!("stack.sh up printed no {key}"))
+        };
+        let root = std::env::var_os("SB_STACK_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo_dir().join(".stack"));
+        Ok(Stack {
+            name: name.into(),
+            nats_url: var("SB_NATS_URL")?,
+            database_url: var("SB_DATABASE_URL")?,
+            dir: root.join(name),
+        })
+    }
+
+    pub fn down(&self) {
+        if let Err(e) = run(&["down", &self.name], false) {
+            eprintln!("warning: {e:#}");
+        }
+    }
+
+    /// Stop one server (`nats` or `pg`) and start it again on the same ports and data.
+    pub fn restart(&self, server: &str) -> anyhow::Result<()> {
+        run(&["restart", &self.name, server], false).map(|_| ())
+    }
+
+    /// A new, empty database on this stack's Postgres; returns its URL.
+    pub async fn fresh_database(&self, prefix: &str) -> anyhow::Result<String> {
+        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(&self.database_url).await?;
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await?;
+        let (base, _) = self
+            .database_url
+            .rsplit_once('/')
+            .context("database url has a path")?;
+        Ok(format!("{base}/{name}"))
+    }
+
+    pub fn nats_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("nats/nats.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// The postmaster's pid (its children are the backends).
+    pub fn postgres_pid(&self) -> Option<u32> {
+        let ports = std::fs::read_to_string(self.dir.join("ports")).ok()?;
+        let pg_dir = ports.lines().find_map(|l| l.strip_prefix("PG_DIR="))?;
+        std::fs::read_to_string(Path::new(pg_dir).join("data/postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
