@@ -393,8 +393,10 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         TwilioSender::new(app.config.twilio.clone()),
         app.topology.clone(),
     )
-    .with_max_deliver(app.config.runtime.max_deliver);
-    app.stage_task(stage, app.stage_options())
+    .with_max_deliver(app.config.deliver.max_deliver);
+    let mut opts = app.stage_options();
+    opts.max_deliver = app.config.deliver.max_deliver;
+    app.stage_task(stage, opts)
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ pub struct Config {
     pub identity: IdentityConfig,
     pub runtime: RuntimeConfig,
     pub dispatch: DispatchConfig,
+    pub deliver: DeliverConfig,
     pub demo: DemoConfig,
 }
 
@@ -73,6 +74,7 @@ impl Default for Config {
             identity: IdentityConfig::default(),
             runtime: RuntimeConfig::default(),
             dispatch: DispatchConfig::default(),
+            deliver: DeliverConfig::default(),
             demo: DemoConfig::default(),
         }
     }
@@ -270,6 +272,21 @@ impl Default for DispatchConfig {
             max_deliver: 50,
             concurrency: 256,
         }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct DeliverConfig {
+    /// Deliveries of one reply before it is dead-lettered. Waiting counts as a delivery (for
+    /// the previous reply of the session, or for a dead deliverer's lease), and so does every
+    /// redelivery after a deliverer crashed, so this is well above `runtime.max_deliver`.
+    pub max_deliver: u64,
+}
+
+impl Default for DeliverConfig {
+    fn default() -> Self {
+        Self { max_deliver: 50 }
     }
 }
 
