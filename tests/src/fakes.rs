@@ -150,6 +150,16 @@ impl FakeTwilio {
     }
 }
 
+/// The resolved person id in a prompt's header (`| id <person_id> |`).
+pub fn person_of(prompt: &str) -> String {
+    prompt
+        .split("| id ")
+        .nth(1)
+        .and_then(|r| r.split(" |").next())
+        .unwrap_or("")
+        .to_string()
+}
+
 /// One call the fake runner received.
 #[derive(Debug, Clone)]
 pub struct RunnerCall {
@@ -238,15 +248,6 @@ impl FakeRunner {
             .to_string()
     }
 
-    fn person_of(prompt: &str) -> String {
-        prompt
-            .split("| id ")
-            .nth(1)
-            .and_then(|r| r.split(" |").next())
-            .unwrap_or("")
-            .to_string()
-    }
-
     async fn run(
         State(s): State<FakeRunner>,
         headers: HeaderMap,
@@ -277,7 +278,7 @@ impl FakeRunner {
                 Json(serde_json::json!({"error": "agent host says no"})),
             );
         }
-        let person = Self::person_of(&body.prompt);
+        let person = person_of(&body.prompt);
         {
             let mut f = s.in_flight.lock().unwrap();
             let n = f.entry(person.clone()).or_insert(0);

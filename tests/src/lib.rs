@@ -28,6 +28,26 @@ fn env(name: &str) -> String {
     })
 }
 
+/// The form fields Twilio posts for an inbound SMS to our number.
+pub fn twilio_sms_params(
+    account_sid: &str,
+    from: &str,
+    text: &str,
+    sid: &str,
+) -> Vec<(String, String)> {
+    vec![
+        ("AccountSid".into(), account_sid.into()),
+        ("ApiVersion".into(), "2010-04-01".into()),
+        ("Body".into(), text.into()),
+        ("From".into(), from.into()),
+        ("MessageSid".into(), sid.into()),
+        ("NumMedia".into(), "0".into()),
+        ("SmsSid".into(), sid.into()),
+        ("SmsStatus".into(), "received".into()),
+        ("To".into(), TWILIO_NUMBER.into()),
+    ]
+}
+
 pub struct AppOptions {
     /// Stages run inside the test process; the others can be started as real worker processes
     /// with [`TestApp::spawn_worker`].
@@ -180,17 +200,7 @@ fn tracing_subscriber_init() -> Option<()> {
 impl TestApp {
     /// The Twilio form fields of an inbound SMS.
     pub fn sms_params(&self, from: &str, text: &str, sid: &str) -> Vec<(String, String)> {
-        vec![
-            ("AccountSid".into(), self.config.twilio.account_sid.clone()),
-            ("ApiVersion".into(), "2010-04-01".into()),
-            ("Body".into(), text.into()),
-            ("From".into(), from.into()),
-            ("MessageSid".into(), sid.into()),
-            ("NumMedia".into(), "0".into()),
-            ("SmsSid".into(), sid.into()),
-            ("SmsStatus".into(), "received".into()),
-            ("To".into(), TWILIO_NUMBER.into()),
-        ]
+        twilio_sms_params(&self.config.twilio.account_sid, from, text, sid)
     }
 
     pub fn sign(&self, params: &[(String, String)]) -> String {

@@ -19,6 +19,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
+
+use crate::fakes::person_of;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
@@ -130,15 +132,6 @@ fn seq_of_prompt(prompt: &str) -> Option<i64> {
         .next()?
         .parse()
         .ok()
-}
-
-fn person_of(prompt: &str) -> String {
-    prompt
-        .split("| id ")
-        .nth(1)
-        .and_then(|r| r.split(" |").next())
-        .unwrap_or("")
-        .to_string()
 }
 
 impl LoadRunner {

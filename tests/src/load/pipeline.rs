@@ -315,17 +315,7 @@ impl GatewayClient {
         text: &str,
         sid: &str,
     ) -> Result<reqwest::StatusCode, reqwest::Error> {
-        let params: Vec<(String, String)> = vec![
-            ("AccountSid".into(), self.account_sid.clone()),
-            ("ApiVersion".into(), "2010-04-01".into()),
-            ("Body".into(), text.into()),
-            ("From".into(), from.into()),
-            ("MessageSid".into(), sid.into()),
-            ("NumMedia".into(), "0".into()),
-            ("SmsSid".into(), sid.into()),
-            ("SmsStatus".into(), "received".into()),
-            ("To".into(), TWILIO_NUMBER.into()),
-        ];
+        let params = crate::twilio_sms_params(&self.account_sid, from, text, sid);
         let signature = switchboard_gateway::twilio::twilio_signature(
             &self.auth_token,
             &self.sign_url,
