@@ -318,6 +318,28 @@ impl TestApp {
             .collect()
     }
 
+    /// The gateway's Prometheus page.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.gateway_url))
+            .await
+            .expect("gateway reachable")
+            .text()
+            .await
+            .expect("metrics body")
+    }
+
+    /// A rejected request must leave no trace downstream: nothing stored for the identify stage,
+    /// no runner call, no SMS. Waits a little so a wrongly published message would show up.
+    pub async fn assert_nothing_reached_the_pipeline(&self) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let stored = self
+            .stored_on(&self.topology.filter_subject(StageName::Identify))
+            .await;
+        assert_eq!(stored, 0, "a rejected request was published");
+        assert!(self.runner.calls().is_empty(), "the runner was called");
+        assert!(self.twilio.sent().is_empty(), "an SMS was sent");
+    }
+
     /// Messages stored on the work stream under `subject` (wildcards allowed).
     pub async fn stored_on(&self, subject: &str) -> u64 {
         use futures::TryStreamExt;

@@ -227,3 +227,29 @@ async fn a_failed_turn_lets_the_next_one_through() {
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_runner_that_keeps_failing_is_retried_then_dead_lettered_with_the_count() {
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(|c| c.dispatch.max_deliver = 3),
+        ..Default::default()
+    })
+    .await;
+    app.runner.fail_next(usize::MAX, 503);
+    assert_eq!(app.send_sms("+14155550403", "anyone?").await.status(), 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let letters = loop {
+        let l = app.dead_letters(StageName::Dispatch).await;
+        if !l.is_empty() || std::time::Instant::now() > deadline {
+            break l;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].delivery_count, 3);
+    assert!(letters[0].error.contains("503"), "{}", letters[0].error);
+    // Retried with a delay between attempts (transient), not dropped after the first.
+    assert_eq!(app.runner.calls().len(), 3);
+    assert!(app.twilio.sent().is_empty());
+    app.shutdown().await;
+}
