@@ -156,6 +156,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.runtime.batch = 16;
     config.runtime.concurrency = 16;
     config.dispatch.hold_timeout_ms = 2_000;
+    config.session.arrival_hold_ms = 2_000;
     (opts.tweak)(&mut config);
 
     let config_path = std::env::temp_dir().join(format!("{}.toml", config.subject_prefix));
@@ -167,10 +168,10 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
 
     let app = App::connect(config.clone(), "test").await.expect("connect");
     app.prepare().await.expect("migrations and topology");
-    let routes = switchboard_gateway::router(switchboard_gateway::GatewayState {
-        config: app.config.clone(),
-        runtime: app.runtime(),
-    })
+    let routes = switchboard_gateway::router(switchboard_gateway::GatewayState::new(
+        app.config.clone(),
+        app.runtime(),
+    ))
     .merge(switchboard_kit::admin::router(app.readiness()));
     let mut tasks = switchboard::stages(&app, &opts.in_process);
     tasks.push(app.serve_listener(listener, routes).expect("serve"));

@@ -6,7 +6,7 @@ use switchboard_dispatch::TurnDispatcher;
 use switchboard_e2e::{AppOptions, FakeRunner, spawn_app, spawn_app_with};
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person, Reply, Turn};
 use switchboard_kit::{Delivery, Stage, StageName};
-use switchboard_session::SessionStore;
+use switchboard_session::{Opened, SessionStore};
 
 #[tokio::test]
 async fn two_dispatcher_processes_keep_each_sessions_turns_in_order_without_overlap() {
@@ -94,10 +94,13 @@ async fn a_zombie_dispatcher_running_the_same_turn_cannot_commit_a_second_answer
     let inbound_id = uuid::Uuid::now_v7().to_string();
     let msg = turn_for("", 0, &inbound_id, "race me").message.unwrap();
     let agent = app.config.agent("reggie_oc").unwrap().clone();
-    let opened = SessionStore::new(app.db.clone())
-        .open_turn(&msg, &agent)
+    let Opened::Turn(opened) = SessionStore::new(app.db.clone())
+        .open_turn(&msg, &agent, Duration::from_secs(60))
         .await
-        .unwrap();
+        .unwrap()
+    else {
+        panic!("an unnumbered message never waits");
+    };
     let turn = turn_for(
         &opened.session_id.to_string(),
         opened.seq,

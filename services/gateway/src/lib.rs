@@ -12,6 +12,7 @@ use axum::extract::{DefaultBodyLimit, OriginalUri, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use switchboard_kit::arrival::ArrivalCounter;
 use switchboard_kit::config::Config;
 use switchboard_kit::proto::InboundMessage;
 use switchboard_kit::runtime::{Output, Runtime};
@@ -25,6 +26,19 @@ pub const MAX_FORM_FIELDS: usize = 200;
 pub struct GatewayState {
     pub config: Arc<Config>,
     pub runtime: Runtime,
+    /// Numbers each sender's messages in the order they were accepted.
+    pub arrivals: ArrivalCounter,
+}
+
+impl GatewayState {
+    pub fn new(config: Arc<Config>, runtime: Runtime) -> Self {
+        let arrivals = ArrivalCounter::new(runtime.js.clone(), &runtime.topology);
+        Self {
+            config,
+            runtime,
+            arrivals,
+        }
+    }
 }
 
 /// A rejected request: status, a stable code, and a reason, as `{"error": {"code", "message"}}`.
@@ -271,8 +285,24 @@ async fn twilio_sms(
     )
     .map_err(|e| rejected(channel, e))?;
 
-    let id = Uuid::now_v7();
+    let unavailable = |what: &str, e: &dyn std::fmt::Display| {
+        tracing::error!(error = %e, "could not {what}");
+        metrics::counter!("sb_gateway_unavailable_total", "channel" => channel).increment(1);
+        // Twilio retries on errors; a retry of the same MessageSid gets the same number and is
+        // deduplicated downstream.
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "message could not be stored; retry",
+        )
+    };
     let sid = sms.message_sid;
+    let arrival = state
+        .arrivals
+        .next(channel, &sms.sender, &sid)
+        .await
+        .map_err(|e| unavailable("number the inbound message", &e))?;
+    let id = Uuid::now_v7();
     let inbound = InboundMessage {
         id: id.to_string(),
         channel: channel.into(),
@@ -285,23 +315,23 @@ async fn twilio_sms(
         correlation_id: id.to_string(),
         agent: String::new(),
         media_urls: sms.media_urls,
+        arrival_seq: arrival.seq,
+        arrival_epoch: arrival.epoch,
     };
+    // The arrival number is part of the dedupe id: a retry that got the same number is dropped
+    // by JetStream, one that got a new number (another message came in between) must reach the
+    // session stage, which maps it to the original turn and moves the sender's cursor past it.
     let out = Output::new(
         state.runtime.topology.inbound(channel),
-        format!("twilio:{sid}"),
+        format!("twilio:{sid}:{}.{}", arrival.epoch, arrival.seq),
         &inbound,
     )
     .correlated(inbound.correlation_id.clone());
-    if let Err(e) = state.runtime.publish("gateway", &out).await {
-        tracing::error!(error = %e, "could not store inbound message");
-        metrics::counter!("sb_gateway_unavailable_total", "channel" => channel).increment(1);
-        // Twilio retries on errors; the same MessageSid is deduplicated downstream.
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "message could not be stored; retry",
-        ));
-    }
+    state
+        .runtime
+        .publish("gateway", &out)
+        .await
+        .map_err(|e| unavailable("store the inbound message", &e))?;
     metrics::counter!("sb_gateway_accepted_total", "channel" => channel).increment(1);
     tracing::info!(correlation_id = %inbound.correlation_id, provider = "twilio", "accepted");
     Ok(([(header::CONTENT_TYPE, "text/xml")], EMPTY_TWIML).into_response())

@@ -5,10 +5,7 @@ use switchboard_kit::startup::worker_main;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     worker_main("gateway", |app| {
-        let state = GatewayState {
-            config: app.config.clone(),
-            runtime: app.runtime(),
-        };
+        let state = GatewayState::new(app.config.clone(), app.runtime());
         let routes = router(state).merge(switchboard_kit::admin::router(app.readiness()));
         let app = app.clone();
         Ok(vec![Box::pin(async move {

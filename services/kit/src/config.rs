@@ -48,6 +48,7 @@ pub struct Config {
     pub agents: Vec<AgentConfig>,
     pub identity: IdentityConfig,
     pub runtime: RuntimeConfig,
+    pub session: SessionConfig,
     pub dispatch: DispatchConfig,
     pub deliver: DeliverConfig,
     pub demo: DemoConfig,
@@ -73,6 +74,7 @@ impl Default for Config {
             agents: Vec::new(),
             identity: IdentityConfig::default(),
             runtime: RuntimeConfig::default(),
+            session: SessionConfig::default(),
             dispatch: DispatchConfig::default(),
             deliver: DeliverConfig::default(),
             demo: DemoConfig::default(),
@@ -230,6 +232,9 @@ pub struct RuntimeConfig {
     /// Unacked messages a stage's consumer hands out across all its replicas. Must cover the
     /// replicas' combined concurrency (dispatch: turns waiting on runners).
     pub max_ack_pending: i64,
+    /// A sender's arrival counter is forgotten after this many idle days; their next message
+    /// starts a new epoch.
+    pub arrival_counter_idle_days: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -246,6 +251,31 @@ impl Default for RuntimeConfig {
             duplicate_window_s: 600,
             events_max_age_days: 7,
             max_ack_pending: 20_000,
+            arrival_counter_idle_days: 7,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct SessionConfig {
+    /// How often a message waiting for its sender's previous message re-checks.
+    pub arrival_poll_ms: u64,
+    /// How long a waiting message is held before it goes back to the stream (and returns).
+    pub arrival_hold_ms: u64,
+    /// How long after its own arrival a message waits for a missing predecessor at most. A
+    /// predecessor is missing for long only when it never got published (a gateway died
+    /// between numbering and publishing it and the provider never retried); a crashed worker's
+    /// message comes back after `runtime.ack_wait_ms`, so keep this well above that.
+    pub arrival_gap_timeout_ms: u64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            arrival_poll_ms: 25,
+            arrival_hold_ms: 10_000,
+            arrival_gap_timeout_ms: 120_000,
         }
     }
 }

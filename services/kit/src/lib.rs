@@ -2,6 +2,7 @@
 //!
 //! - [`config`]: one TOML file plus `SB_…` environment overrides.
 //! - [`topology`]: every stream, subject and consumer of the data path, in one place.
+//! - [`arrival`]: per-sender arrival numbers (the order a person wrote in).
 //! - [`proto`]: the protobuf payloads (`proto/switchboard/v1`).
 //! - [`db`]: the Postgres pool and embedded migrations.
 //! - [`runtime`]: the worker runtime (fetch, handle, publish, ack, retry, dead-letter).
@@ -10,6 +11,7 @@
 
 pub mod address;
 pub mod admin;
+pub mod arrival;
 pub mod config;
 pub mod db;
 pub mod dlq;

@@ -9,6 +9,10 @@
 //!  every stage ──► {p}.events.<name> (public, replayable)      failures ──► {p}.dlq.<stage>
 //! ```
 //!
+//! Beside the streams, the `<P>_ARRIVALS` key-value bucket holds one counter per sender: the
+//! gateway numbers each sender's messages in the order it accepted them and the session stage
+//! places them in that order ([`crate::arrival`]).
+//!
 //! `{p}` is the subject prefix (`sb` in production). Work subjects live in one stream with
 //! Interest retention: a message stays until every consumer that wants it has acked it, so the
 //! turn subject feeds both the dispatcher and the inbound log, and the reply subject both the
@@ -82,6 +86,11 @@ pub enum TopologyError {
         consumer: String,
         source: async_nats::jetstream::stream::ConsumerError,
     },
+    #[error("creating or updating key-value bucket {bucket}: {source}")]
+    Bucket {
+        bucket: String,
+        source: async_nats::jetstream::context::CreateKeyValueError,
+    },
     #[error("looking up stream {stream}: {source}")]
     GetStream {
         stream: String,
@@ -124,6 +133,10 @@ impl Topology {
     }
     pub fn dlq_stream(&self) -> String {
         self.stream_name("DLQ")
+    }
+    /// Key-value bucket of per-sender arrival counters (see [`crate::arrival`]).
+    pub fn arrivals_bucket(&self) -> String {
+        self.stream_name("ARRIVALS")
     }
 
     /// `sb.in.<channel>`: normalised inbound messages from the gateway.
@@ -242,6 +255,13 @@ impl Topology {
                     source,
                 })?;
         }
+        let bucket = self.arrivals_bucket();
+        js.create_or_update_key_value(crate::arrival::bucket_config(
+            bucket.clone(),
+            Duration::from_secs(rt.arrival_counter_idle_days * 24 * 3600),
+        ))
+        .await
+        .map_err(|source| TopologyError::Bucket { bucket, source })?;
         let work =
             js.get_stream(self.work_stream())
                 .await

@@ -3,7 +3,13 @@
 //!
 //! Provider retries of the same message (same channel + provider message id) map to the same
 //! turn, however late they come, so they never run twice.
+//!
+//! Turns open in the order the person wrote: the gateway numbers each sender's messages
+//! ([`switchboard_kit::arrival`]) and a message waits here until its sender's previous number
+//! has its turn. Stages before this one run messages concurrently and a crashed worker's
+//! message only comes back after `ack_wait`, so without the wait a later message would overtake.
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{AgentConfig, ChannelConfig};
@@ -32,6 +38,50 @@ impl SessionError {
     }
 }
 
+/// Where a numbered message stands against its sender's arrival cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The sender's next message: place it and move the cursor to it.
+    Next,
+    /// Its predecessor is not placed yet: wait.
+    Wait,
+    /// Waited longer than the gap timeout: place it, move the cursor, forget the missing ones.
+    SkipGap,
+    /// Behind the cursor (a predecessor given up on, or an old epoch): place it, cursor stays.
+    Late,
+}
+
+/// The cursor is `(epoch, last placed number)`; `overdue` says the message has waited longer
+/// than the gap timeout.
+pub fn place_arrival(cursor: (i64, i64), epoch: i64, seq: i64, overdue: bool) -> Placement {
+    let (cur_epoch, last) = cursor;
+    let next = if epoch == cur_epoch {
+        match seq.cmp(&(last + 1)) {
+            std::cmp::Ordering::Equal => return Placement::Next,
+            std::cmp::Ordering::Less => return Placement::Late,
+            std::cmp::Ordering::Greater => false,
+        }
+    } else if epoch > cur_epoch {
+        // The sender's counter started over (it idled out): its first message is next.
+        seq == 1
+    } else {
+        return Placement::Late;
+    };
+    match (next, overdue) {
+        (true, _) => Placement::Next,
+        (false, true) => Placement::SkipGap,
+        (false, false) => Placement::Wait,
+    }
+}
+
+/// What opening a turn came to.
+#[derive(Debug, Clone)]
+pub enum Opened {
+    Turn(OpenedTurn),
+    /// The sender's previous message has no turn yet; nothing was written.
+    Waiting,
+}
+
 /// The session a turn belongs to.
 #[derive(Debug, Clone)]
 pub struct OpenedTurn {
@@ -50,13 +100,43 @@ impl SessionStore {
         Self { db }
     }
 
-    /// Find or create the session of (scope, agent) and give this message its turn. Race-free
-    /// across replicas: the session row is locked while its next `seq` is taken.
+    /// Whether the message may be placed now (read-only; used while a message waits).
+    pub async fn arrival_ready(
+        &self,
+        msg: &IdentifiedMessage,
+        gap_timeout: Duration,
+    ) -> Result<bool, SessionError> {
+        let Some(inbound) = msg.inbound.as_ref().filter(|i| i.arrival_seq > 0) else {
+            return Ok(true);
+        };
+        let cursor: Option<(i64, i64)> = sqlx::query_as(
+            "SELECT epoch, last_seq FROM switchboard.arrival_cursors
+              WHERE channel = $1 AND sender = $2",
+        )
+        .bind(&inbound.channel)
+        .bind(&inbound.sender)
+        .fetch_optional(&self.db)
+        .await?;
+        let cursor = cursor.unwrap_or((inbound.arrival_epoch, 0));
+        let placement = place_arrival(
+            cursor,
+            inbound.arrival_epoch,
+            inbound.arrival_seq as i64,
+            overdue(inbound.received_at_ms, gap_timeout),
+        );
+        Ok(placement != Placement::Wait)
+    }
+
+    /// Find or create the session of (scope, agent) and give this message its turn, unless the
+    /// sender's previous message has none yet ([`Opened::Waiting`]). Race-free across replicas:
+    /// the sender's arrival cursor, then the session row, are locked while the next `seq` is
+    /// taken.
     pub async fn open_turn(
         &self,
         msg: &IdentifiedMessage,
         agent: &AgentConfig,
-    ) -> Result<OpenedTurn, SessionError> {
+        gap_timeout: Duration,
+    ) -> Result<Opened, SessionError> {
         let inbound = msg
             .inbound
             .as_ref()
@@ -78,6 +158,57 @@ impl SessionStore {
         };
 
         let mut tx = self.db.begin().await?;
+        if inbound.arrival_seq > 0 {
+            // Locks the sender's cursor (created at this message's epoch, nothing placed).
+            let cursor: (i64, i64) = sqlx::query_as(
+                "INSERT INTO switchboard.arrival_cursors (channel, sender, epoch, last_seq)
+                 VALUES ($1, $2, $3, 0)
+                 ON CONFLICT (channel, sender) DO UPDATE SET updated_at = now()
+                 RETURNING epoch, last_seq",
+            )
+            .bind(&inbound.channel)
+            .bind(&inbound.sender)
+            .bind(inbound.arrival_epoch)
+            .fetch_one(&mut *tx)
+            .await?;
+            let seq = inbound.arrival_seq as i64;
+            let placement = place_arrival(
+                cursor,
+                inbound.arrival_epoch,
+                seq,
+                overdue(inbound.received_at_ms, gap_timeout),
+            );
+            match placement {
+                Placement::Wait => {
+                    tx.rollback().await?;
+                    return Ok(Opened::Waiting);
+                }
+                Placement::Late => {
+                    metrics::counter!("sb_session_arrivals_late_total").increment(1);
+                }
+                Placement::Next | Placement::SkipGap => {
+                    if placement == Placement::SkipGap {
+                        metrics::counter!("sb_session_arrival_gaps_skipped_total").increment(1);
+                        tracing::warn!(
+                            correlation_id = %inbound.correlation_id,
+                            arrival = seq,
+                            after = cursor.1,
+                            "gave up waiting for the sender's earlier messages"
+                        );
+                    }
+                    sqlx::query(
+                        "UPDATE switchboard.arrival_cursors SET epoch = $3, last_seq = $4
+                          WHERE channel = $1 AND sender = $2",
+                    )
+                    .bind(&inbound.channel)
+                    .bind(&inbound.sender)
+                    .bind(inbound.arrival_epoch)
+                    .bind(seq)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+        }
         sqlx::query(
             "INSERT INTO switchboard.sessions
                 (id, person_type, person_id, agent_identity, agent_name, engine_type, channel, scope_key)
@@ -113,12 +244,12 @@ impl SessionStore {
         .await?
         {
             tx.commit().await?;
-            return Ok(OpenedTurn {
+            return Ok(Opened::Turn(OpenedTurn {
                 session_id: r.get(0),
                 seq: r.get(1),
                 inbound_id: r.get(2),
                 scope_key,
-            });
+            }));
         }
 
         let seq: i64 = sqlx::query_scalar(
@@ -140,12 +271,35 @@ impl SessionStore {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(OpenedTurn {
+        Ok(Opened::Turn(OpenedTurn {
             session_id,
             seq,
             inbound_id,
             scope_key,
-        })
+        }))
+    }
+}
+
+/// Whether a message received at `received_at_ms` has waited longer than `gap_timeout`.
+fn overdue(received_at_ms: i64, gap_timeout: Duration) -> bool {
+    switchboard_kit::now_ms().saturating_sub(received_at_ms) > gap_timeout.as_millis() as i64
+}
+
+/// How the session stage waits for a sender's earlier message.
+#[derive(Debug, Clone, Copy)]
+pub struct ArrivalWait {
+    pub poll: Duration,
+    pub hold: Duration,
+    pub gap_timeout: Duration,
+}
+
+impl ArrivalWait {
+    pub fn from_config(c: &switchboard_kit::config::SessionConfig) -> Self {
+        Self {
+            poll: Duration::from_millis(c.arrival_poll_ms.max(1)),
+            hold: Duration::from_millis(c.arrival_hold_ms),
+            gap_timeout: Duration::from_millis(c.arrival_gap_timeout_ms),
+        }
     }
 }
 
@@ -177,6 +331,7 @@ pub struct SessionStage {
     agents: Vec<AgentConfig>,
     channels: BTreeMap<String, ChannelConfig>,
     topology: Topology,
+    wait: ArrivalWait,
 }
 
 impl SessionStage {
@@ -185,12 +340,58 @@ impl SessionStage {
         agents: Vec<AgentConfig>,
         channels: BTreeMap<String, ChannelConfig>,
         topology: Topology,
+        wait: ArrivalWait,
     ) -> Self {
         Self {
             store,
             agents,
             channels,
             topology,
+            wait,
+        }
+    }
+
+    /// Open the message's turn, holding it while the sender's previous message has none.
+    async fn open_in_arrival_order(
+        &self,
+        msg: &IdentifiedMessage,
+        agent: &AgentConfig,
+    ) -> Result<OpenedTurn, StageError> {
+        let deadline = Instant::now() + self.wait.hold;
+        let mut counted = false;
+        loop {
+            match self
+                .store
+                .open_turn(msg, agent, self.wait.gap_timeout)
+                .await
+                .map_err(SessionError::into_stage)?
+            {
+                Opened::Turn(t) => return Ok(t),
+                Opened::Waiting => {}
+            }
+            if !counted {
+                metrics::counter!("sb_session_arrival_waits_total").increment(1);
+                counted = true;
+            }
+            // Poll read-only until the predecessor is placed; the hold is bounded so a long
+            // wait goes back to the stream instead of pinning a slot.
+            loop {
+                if Instant::now() >= deadline {
+                    return Err(StageError::Defer(
+                        self.wait.poll,
+                        "waiting for the sender's earlier message".into(),
+                    ));
+                }
+                tokio::time::sleep(self.wait.poll).await;
+                if self
+                    .store
+                    .arrival_ready(msg, self.wait.gap_timeout)
+                    .await
+                    .map_err(SessionError::into_stage)?
+                {
+                    break;
+                }
+            }
         }
     }
 }
@@ -215,11 +416,7 @@ impl Stage for SessionStage {
             &inbound.agent,
         )
         .map_err(SessionError::into_stage)?;
-        let opened = self
-            .store
-            .open_turn(&msg, agent)
-            .await
-            .map_err(SessionError::into_stage)?;
+        let opened = self.open_in_arrival_order(&msg, agent).await?;
         let correlation = inbound.correlation_id.clone();
         let channel = inbound.channel.clone();
         // A late provider retry carries a new message id; the turn keeps the first one.
@@ -271,6 +468,7 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         c.agents.clone(),
         c.channels.clone(),
         app.topology.clone(),
+        ArrivalWait::from_config(&c.session),
     );
     app.stage_task(stage, app.stage_options())
 }
@@ -289,6 +487,22 @@ mod tests {
             timeout_s: 10,
             concurrency: 1,
         }
+    }
+
+    #[test]
+    fn a_senders_messages_are_placed_in_the_order_they_arrived() {
+        // Nothing placed yet in epoch 7: #1 is next, #2 waits (until overdue).
+        assert_eq!(place_arrival((7, 0), 7, 1, false), Placement::Next);
+        assert_eq!(place_arrival((7, 0), 7, 2, false), Placement::Wait);
+        assert_eq!(place_arrival((7, 0), 7, 2, true), Placement::SkipGap);
+        // #3 placed: #4 next, #3 again (a retry) or #2 (given up on) are late.
+        assert_eq!(place_arrival((7, 3), 7, 4, false), Placement::Next);
+        assert_eq!(place_arrival((7, 3), 7, 3, false), Placement::Late);
+        assert_eq!(place_arrival((7, 3), 7, 2, false), Placement::Late);
+        // A new epoch starts at 1; an old epoch's stragglers are late.
+        assert_eq!(place_arrival((7, 3), 9, 1, false), Placement::Next);
+        assert_eq!(place_arrival((7, 3), 9, 2, false), Placement::Wait);
+        assert_eq!(place_arrival((9, 1), 7, 4, false), Placement::Late);
     }
 
     #[test]

@@ -140,10 +140,10 @@ async fn up(config: Config) -> anyhow::Result<()> {
     let app = App::connect(config, "up").await?;
     app.prepare().await?;
     app.shutdown.trigger_on_signals();
-    let mut routes = switchboard_gateway::router(switchboard_gateway::GatewayState {
-        config: app.config.clone(),
-        runtime: app.runtime(),
-    })
+    let mut routes = switchboard_gateway::router(switchboard_gateway::GatewayState::new(
+        app.config.clone(),
+        app.runtime(),
+    ))
     .merge(switchboard_kit::admin::router(app.readiness()));
     if app.config.demo.enabled {
         routes = routes.merge(demo::router(app.config.twilio.clone()));

@@ -33,6 +33,8 @@ fn inbound(text: &str) -> InboundMessage {
         correlation_id: "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b".into(),
         agent: String::new(),
         media_urls: vec!["https://api.twilio.com/media/ME1".into()],
+        arrival_seq: 3,
+        arrival_epoch: 1_767_000_000_000,
     }
 }
 

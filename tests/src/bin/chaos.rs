@@ -46,10 +46,6 @@ struct Args {
     /// Seconds to wait for the last replies after the load.
     #[arg(long, default_value_t = 180)]
     drain: u64,
-    /// Check only the order the product assigns (turn seq at the runner), not the order people
-    /// wrote in nor the order of their SMS (known gaps; see the report).
-    #[arg(long)]
-    seq_order_only: bool,
 }
 
 #[tokio::main]
@@ -90,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
     let report = chaos::run(o).await?;
     report.print();
     println!("report: {}", dir.join("chaos-report.json").display());
-    let failures = report.failures(!a.seq_order_only);
+    let failures = report.failures();
     if failures.is_empty() {
         println!("chaos: PASSED (nothing lost, in order, no overlap)");
         Ok(())

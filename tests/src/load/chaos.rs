@@ -178,9 +178,7 @@ pub struct ChaosReport {
 
 impl ChaosReport {
     /// What makes the run fail: loss, order, overlap, doubles outside the documented window.
-    /// With `arrival_order` false, only the order the product itself assigns (`seq`) at the
-    /// runner is checked, not the order the person wrote in nor the order of the SMS.
-    pub fn failures(&self, arrival_order: bool) -> Vec<String> {
+    pub fn failures(&self) -> Vec<String> {
         let mut f = Vec::new();
         let mut check = |n: u64, what: &str| {
             if n > 0 {
@@ -198,20 +196,18 @@ impl ChaosReport {
             self.runner_seq_order_violations,
             "runner turn (seq) order violations",
         );
-        if arrival_order {
-            check(
-                self.runner_arrival_order_violations,
-                "runner arrival order violations",
-            );
-            check(
-                self.sms_arrival_order_violations,
-                "SMS arrival order violations",
-            );
-            check(
-                self.sms_seq_order_violations,
-                "SMS turn (seq) order violations",
-            );
-        }
+        check(
+            self.runner_arrival_order_violations,
+            "runner arrival order violations",
+        );
+        check(
+            self.sms_arrival_order_violations,
+            "SMS arrival order violations",
+        );
+        check(
+            self.sms_seq_order_violations,
+            "SMS turn (seq) order violations",
+        );
         check(self.overlapping_turns, "overlapping turns of one person");
         check(
             self.replies_doubled_unexplained,

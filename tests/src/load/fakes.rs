@@ -26,7 +26,9 @@ use tokio::sync::oneshot;
 
 use super::{now_us, parse_text};
 
-const MAX_EVIDENCE: usize = 40;
+/// Example lines kept per kind of finding (the text before the first `:`), so that a flood of
+/// one kind never hides the first example of another.
+const MAX_EVIDENCE_PER_KIND: usize = 20;
 
 async fn serve(router: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -36,8 +38,10 @@ async fn serve(router: Router) -> String {
 }
 
 fn note(evidence: &Mutex<Vec<String>>, line: String) {
+    let kind = |l: &str| l.split(':').next().unwrap_or("").to_string();
+    let mine = kind(&line);
     let mut e = evidence.lock().unwrap();
-    if e.len() < MAX_EVIDENCE {
+    if e.iter().filter(|l| kind(l) == mine).count() < MAX_EVIDENCE_PER_KIND {
         e.push(line);
     }
 }

@@ -1,0 +1,232 @@
+//! Arrival order: each sender's messages numbered in the order the gateway accepted them.
+//!
+//! Stages between the gateway and the session run messages concurrently and a crashed worker's
+//! message comes back only after `ack_wait`, so a person's second message can overtake the first.
+//! The gateway therefore numbers every sender's messages before it publishes them (1, 2, 3, …
+//! per channel address) and the session stage places a message only once its predecessor is
+//! placed (see `switchboard-session`).
+//!
+//! The counter is a JetStream key-value bucket (one key per sender, compare-and-set on the key's
+//! revision), so any number of gateway replicas agree without Postgres on the ingress path. A key
+//! idle for longer than the bucket's max age expires; the next message starts a new *epoch*
+//! (the creation time) at 1, and the session stage treats a newer epoch as a fresh start.
+//!
+//! A provider retry of the message that took the sender's latest number (same provider id) gets
+//! that number again, so a retry after a gateway crash leaves no gap. A number can still be
+//! lost (a gateway dies between counting and publishing and the provider never retries); the
+//! session stage stops waiting for it after `session.arrival_gap_timeout_ms`.
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use tokio::sync::OnceCell;
+
+use crate::topology::Topology;
+
+/// A message's place among its sender's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    /// When the sender's counter was (re)created, ms since the Unix epoch.
+    pub epoch: i64,
+    /// 1 for the sender's first message in the epoch.
+    pub seq: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArrivalError {
+    #[error("arrival counter bucket unavailable: {0}")]
+    Bucket(String),
+    #[error("reading the arrival counter: {0}")]
+    Read(#[from] kv::EntryError),
+    #[error("updating the arrival counter: {0}")]
+    Write(String),
+    #[error("arrival counter still contended after {0} attempts")]
+    Contended(usize),
+}
+
+/// How many compare-and-set rounds one message may take. Each lost round means another
+/// gateway counted a message of the same sender in between, so this is never reached in
+/// practice; it bounds the loop.
+const MAX_ATTEMPTS: usize = 32;
+
+/// The bucket's key for a sender: the channel and a digest of the address, so phone numbers do
+/// not show up in subject names (monitoring, logs) and every address is a valid key.
+pub fn sender_key(channel: &str, sender: &str) -> String {
+    let digest = Sha256::new()
+        .chain_update(channel.as_bytes())
+        .chain_update([0u8])
+        .chain_update(sender.as_bytes())
+        .finalize();
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let channel: String = channel
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("{channel}.{hex}")
+}
+
+/// What a key holds: `<epoch> <seq> <provider id of that message>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CounterValue {
+    epoch: i64,
+    seq: u64,
+    provider_id: String,
+}
+
+impl CounterValue {
+    fn encode(&self) -> Bytes {
+        Bytes::from(format!("{} {} {}", self.epoch, self.seq, self.provider_id))
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        let s = std::str::from_utf8(b).ok()?;
+        let mut parts = s.splitn(3, ' ');
+        Some(Self {
+            epoch: parts.next()?.parse().ok()?,
+            seq: parts.next()?.parse().ok()?,
+            provider_id: parts.next().unwrap_or("").to_string(),
+        })
+    }
+
+    /// The value after counting `provider_id`, given the current one (if any).
+    fn next(current: Option<&CounterValue>, provider_id: &str, now_ms: i64) -> CounterValue {
+        match current {
+            Some(c) => CounterValue {
+                epoch: c.epoch,
+                seq: c.seq + 1,
+                provider_id: provider_id.to_string(),
+            },
+            None => CounterValue {
+                epoch: now_ms,
+                seq: 1,
+                provider_id: provider_id.to_string(),
+            },
+        }
+    }
+}
+
+/// Numbers each sender's messages; shared by every ingress of a process.
+#[derive(Clone)]
+pub struct ArrivalCounter {
+    js: jetstream::Context,
+    bucket: String,
+    store: std::sync::Arc<OnceCell<kv::Store>>,
+}
+
+impl ArrivalCounter {
+    pub fn new(js: jetstream::Context, topology: &Topology) -> Self {
+        Self {
+            js,
+            bucket: topology.arrivals_bucket(),
+            store: Default::default(),
+        }
+    }
+
+    async fn store(&self) -> Result<&kv::Store, ArrivalError> {
+        self.store
+            .get_or_try_init(|| async {
+                self.js
+                    .get_key_value(&self.bucket)
+                    .await
+                    .map_err(|e| ArrivalError::Bucket(e.to_string()))
+            })
+            .await
+    }
+
+    /// The arrival of the message `provider_id` from `sender` on `channel`: the sender's next
+    /// number, or the same number again for a retry of the latest message.
+    pub async fn next(
+        &self,
+        channel: &str,
+        sender: &str,
+        provider_id: &str,
+    ) -> Result<Arrival, ArrivalError> {
+        let store = self.store().await?;
+        let key = sender_key(channel, sender);
+        for _ in 0..MAX_ATTEMPTS {
+            let entry = store.entry(key.as_str()).await?;
+            let (current, revision) = match &entry {
+                Some(e) if e.operation == kv::Operation::Put => {
+                    (CounterValue::decode(&e.value), e.revision)
+                }
+                // Deleted or purged by an operator: start over on top of the marker.
+                Some(e) => (None, e.revision),
+                None => (None, 0),
+            };
+            if let Some(c) = &current
+                && !provider_id.is_empty()
+                && c.provider_id == provider_id
+            {
+                return Ok(Arrival {
+                    epoch: c.epoch,
+                    seq: c.seq,
+                });
+            }
+            let next = CounterValue::next(current.as_ref(), provider_id, crate::now_ms());
+            match store.update(key.as_str(), next.encode(), revision).await {
+                Ok(_) => {
+                    return Ok(Arrival {
+                        epoch: next.epoch,
+                        seq: next.seq,
+                    });
+                }
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                Err(e) => return Err(ArrivalError::Write(e.to_string())),
+            }
+        }
+        Err(ArrivalError::Contended(MAX_ATTEMPTS))
+    }
+}
+
+/// The bucket's settings: one value per key, keys expire when their sender has been idle for
+/// `idle`.
+pub fn bucket_config(bucket: String, idle: Duration) -> kv::Config {
+    kv::Config {
+        bucket,
+        description: "Switchboard per-sender arrival counters (gateway → session order)".into(),
+        history: 1,
+        max_age: idle,
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sender_keys_are_valid_kv_keys_and_distinct_per_channel() {
+        let a = sender_key("sms", "+15551234567");
+        let b = sender_key("admin_chat", "+15551234567");
+        assert_ne!(a, b);
+        assert!(a.starts_with("sms."));
+        assert!(
+            !a.contains("1555"),
+            "the address is not readable in the key"
+        );
+        for k in [&a, &b, &sender_key("we.ird ch*", "x")] {
+            assert!(
+                k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '_'),
+                "{k}"
+            );
+        }
+    }
+
+    #[test]
+    fn counting_starts_an_epoch_then_increments_within_it() {
+        let first = CounterValue::next(None, "SM1", 1_000);
+        assert_eq!((first.epoch, first.seq), (1_000, 1));
+        let second = CounterValue::next(Some(&first), "SM2", 9_999);
+        assert_eq!((second.epoch, second.seq), (1_000, 2));
+        assert_eq!(CounterValue::decode(&second.encode()), Some(second));
+    }
+
+    #[test]
+    fn a_garbled_value_reads_as_no_counter() {
+        assert_eq!(CounterValue::decode(b"not a counter"), None);
+        assert_eq!(CounterValue::decode(&[0xff, 0xfe]), None);
+    }
+}

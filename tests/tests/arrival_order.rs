@@ -1,0 +1,177 @@
+//! A person's messages are answered in the order they were sent, even when a later one reaches
+//! the session stage first (a worker crashed holding the earlier one, or handled it slower).
+use std::time::Duration;
+
+use switchboard_e2e::{AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_with};
+use switchboard_kit::arrival::{Arrival, ArrivalCounter};
+use switchboard_kit::proto::InboundMessage;
+use switchboard_kit::runtime::{Output, Runtime};
+
+/// Number a message the way the gateway does (same counter, same bucket).
+async fn number(app: &TestApp, from: &str, sid: &str) -> Arrival {
+    ArrivalCounter::new(app.js.clone(), &app.topology)
+        .next("sms", from, sid)
+        .await
+        .expect("arrival counter")
+}
+
+/// Publish a numbered SMS to the inbound subject exactly as the gateway would, but at a moment
+/// of the test's choosing (standing in for a message held up between gateway and session).
+async fn publish_numbered(app: &TestApp, from: &str, sid: &str, text: &str, arrival: Arrival) {
+    let id = uuid::Uuid::now_v7().to_string();
+    let inbound = InboundMessage {
+        id: id.clone(),
+        channel: "sms".into(),
+        provider: "twilio".into(),
+        sender: from.into(),
+        recipient: app.config.twilio.from_number.clone(),
+        text: text.into(),
+        provider_message_id: sid.into(),
+        received_at_ms: switchboard_kit::now_ms(),
+        correlation_id: id,
+        arrival_seq: arrival.seq,
+        arrival_epoch: arrival.epoch,
+        ..Default::default()
+    };
+    let rt = Runtime::new(
+        app.js.clone(),
+        app.topology.clone(),
+        app.config.runtime.clone(),
+    );
+    let out = Output::new(
+        app.topology.inbound("sms"),
+        format!("twilio:{sid}:{}.{}", arrival.epoch, arrival.seq),
+        &inbound,
+    );
+    rt.publish("gateway", &out).await.expect("publish inbound");
+}
+
+fn runner_texts(app: &TestApp) -> Vec<String> {
+    app.runner
+        .calls()
+        .iter()
+        .map(|c| FakeRunner::said(&c.prompt))
+        .collect()
+}
+
+async fn turn_seq_of(app: &TestApp, sid: &str) -> Option<i64> {
+    sqlx::query_scalar("SELECT seq FROM switchboard.turns WHERE provider_message_id = $1")
+        .bind(sid)
+        .fetch_optional(&app.db)
+        .await
+        .expect("read turns")
+}
+
+#[tokio::test]
+async fn a_later_message_waits_for_the_earlier_one_from_the_same_person() {
+    let app = spawn_app().await;
+    let me = "+14155550401";
+    let first = number(&app, me, "SMfirst").await;
+    let second = number(&app, me, "SMsecond").await;
+    assert_eq!(second.seq, first.seq + 1);
+
+    // The second message gets to the session stage first; the first is still on its way.
+    publish_numbered(&app, me, "SMsecond", "and then this", second).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(turn_seq_of(&app, "SMsecond").await, None, "it waits");
+    assert!(app.runner.calls().is_empty());
+
+    publish_numbered(&app, me, "SMfirst", "this first", first).await;
+    app.wait_for_sms(2, Duration::from_secs(20)).await;
+    assert_eq!(runner_texts(&app), ["this first", "and then this"]);
+    assert_eq!(turn_seq_of(&app, "SMfirst").await, Some(1));
+    assert_eq!(turn_seq_of(&app, "SMsecond").await, Some(2));
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("sb_session_arrival_waits_total"),
+        "{metrics}"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn another_persons_messages_do_not_wait_for_a_missing_one() {
+    let app = spawn_app().await;
+    let (stuck, other) = ("+14155550402", "+14155550403");
+    let _lost = number(&app, stuck, "SMneverpublished").await;
+    let after = number(&app, stuck, "SMwaiting").await;
+    publish_numbered(&app, stuck, "SMwaiting", "i wait", after).await;
+
+    assert_eq!(app.send_sms(other, "hello").await.status(), 200);
+    let sent = app.wait_for_sms(1, Duration::from_secs(20)).await;
+    assert_eq!(sent[0].to, other);
+    assert_eq!(turn_seq_of(&app, "SMwaiting").await, None);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_message_whose_predecessor_never_comes_is_answered_after_the_gap_timeout() {
+    // A gateway died between numbering a message and publishing it, and the provider never
+    // retried: the next message is held for the gap timeout, then answered. Nothing is lost:
+    // should the missing message turn up after all, it is answered too.
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(|c| c.session.arrival_gap_timeout_ms = 1_500),
+        ..Default::default()
+    })
+    .await;
+    let me = "+14155550404";
+    let lost = number(&app, me, "SMlate").await;
+    let next = number(&app, me, "SMnext").await;
+    publish_numbered(&app, me, "SMnext", "still there?", next).await;
+    let sent = app.wait_for_sms(1, Duration::from_secs(20)).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(runner_texts(&app), ["still there?"]);
+    assert!(
+        app.metrics()
+            .await
+            .contains("sb_session_arrival_gaps_skipped_total 1")
+    );
+
+    publish_numbered(&app, me, "SMlate", "sorry, late", lost).await;
+    app.wait_for_sms(2, Duration::from_secs(20)).await;
+    assert_eq!(runner_texts(&app), ["still there?", "sorry, late"]);
+    assert!(
+        app.metrics()
+            .await
+            .contains("sb_session_arrivals_late_total 1")
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_provider_retry_after_a_newer_message_is_one_turn_and_holds_nobody_up() {
+    // Twilio retries message A after message B was accepted. The retry gets a new number; it
+    // must map to A's turn and move the sender past that number, or C would wait for it.
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(|c| c.session.arrival_gap_timeout_ms = 600_000),
+        ..Default::default()
+    })
+    .await;
+    let me = "+14155550405";
+    assert_eq!(app.send_sms_with_sid(me, "a", "SMaaaa").await.status(), 200);
+    assert_eq!(app.send_sms_with_sid(me, "b", "SMbbbb").await.status(), 200);
+    assert_eq!(app.send_sms_with_sid(me, "a", "SMaaaa").await.status(), 200);
+    assert_eq!(app.send_sms_with_sid(me, "c", "SMcccc").await.status(), 200);
+    app.wait_for_sms(3, Duration::from_secs(20)).await;
+    app.settle().await;
+    assert_eq!(runner_texts(&app), ["a", "b", "c"]);
+    assert_eq!(
+        app.twilio.sent().len(),
+        3,
+        "the retry is not answered twice"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_immediate_provider_retry_keeps_its_number() {
+    let app = spawn_app().await;
+    let me = "+14155550406";
+    let a = number(&app, me, "SMsame").await;
+    let again = number(&app, me, "SMsame").await;
+    let b = number(&app, me, "SMother").await;
+    assert_eq!(a, again);
+    assert_eq!(b.seq, a.seq + 1);
+    assert_eq!(number(&app, "+14155550407", "SMsame").await.seq, 1);
+    app.shutdown().await;
+}
