@@ -156,7 +156,6 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.runtime.batch = 16;
     config.runtime.concurrency = 16;
     config.dispatch.hold_timeout_ms = 2_000;
-    config.session.arrival_hold_ms = 2_000;
     (opts.tweak)(&mut config);
 
     let config_path = std::env::temp_dir().join(format!("{}.toml", config.subject_prefix));

@@ -3,7 +3,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use switchboard_dispatch::TurnDispatcher;
-use switchboard_e2e::{AppOptions, FakeRunner, spawn_app, spawn_app_with};
+use switchboard_e2e::{AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_with};
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person, Reply, Turn};
 use switchboard_kit::{Delivery, Stage, StageName};
 use switchboard_session::{Opened, SessionStore};
@@ -85,14 +85,13 @@ fn turn_for(session_id: &str, seq: i64, inbound_id: &str, text: &str) -> Turn {
     }
 }
 
-#[tokio::test]
-async fn a_zombie_dispatcher_running_the_same_turn_cannot_commit_a_second_answer() {
-    // Two dispatchers hold the same turn at once (the first paused past ack_wait, the turn was
-    // redelivered). Both call the runner; only one commits, and both emit that one reply.
-    let app = spawn_app().await;
-    app.runner.set_delay(Duration::from_millis(300));
+/// A turn opened in a fresh session, as the session stage would, plus two dispatchers.
+async fn one_turn_two_dispatchers(
+    app: &TestApp,
+    text: &str,
+) -> (Turn, Delivery, TurnDispatcher, TurnDispatcher, uuid::Uuid) {
     let inbound_id = uuid::Uuid::now_v7().to_string();
-    let msg = turn_for("", 0, &inbound_id, "race me").message.unwrap();
+    let msg = turn_for("", 0, &inbound_id, text).message.unwrap();
     let agent = app.config.agent("reggie_oc").unwrap().clone();
     let Opened::Turn(opened) = SessionStore::new(app.db.clone())
         .open_turn(&msg, &agent, Duration::from_secs(60))
@@ -105,9 +104,8 @@ async fn a_zombie_dispatcher_running_the_same_turn_cannot_commit_a_second_answer
         &opened.session_id.to_string(),
         opened.seq,
         &inbound_id,
-        "race me",
+        text,
     );
-
     let make = || {
         TurnDispatcher::new(
             app.db.clone(),
@@ -116,37 +114,80 @@ async fn a_zombie_dispatcher_running_the_same_turn_cannot_commit_a_second_answer
             app.config.dispatch.clone(),
         )
     };
-    let (zombie, live) = (make(), make());
     let delivery = Delivery {
         subject: app.topology.turn(&opened.session_id),
         delivered: 1,
         stream_sequence: 1,
         correlation_id: inbound_id.clone(),
     };
+    (turn, delivery, make(), make(), opened.session_id)
+}
+
+fn decode_reply(outs: Vec<switchboard_kit::Output>) -> Reply {
+    assert_eq!(outs.len(), 1);
+    prost::Message::decode(outs[0].payload.clone()).unwrap()
+}
+
+async fn cursor_and_done(app: &TestApp, session: uuid::Uuid) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT s.last_seq, (SELECT count(*) FROM switchboard.turns t WHERE t.session_id = s.id AND t.status = 'done')
+           FROM switchboard.sessions s WHERE s.id = $1",
+    )
+    .bind(session)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_turn_redelivered_while_its_call_still_runs_waits_for_that_call() {
+    // NATS restarted and the first dispatcher's progress acks were lost, so the turn went to a
+    // second dispatcher while the first still waits on the runner. The second must not call
+    // the runner beside it (the engine session would fork): it waits and emits the same reply.
+    let app = spawn_app().await;
+    app.runner.set_delay(Duration::from_millis(800));
+    let (turn, delivery, first, second, session) =
+        one_turn_two_dispatchers(&app, "only once").await;
+    let (x, y) = tokio::join!(first.handle(turn.clone(), &delivery), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        second.handle(turn.clone(), &delivery).await
+    });
+    let (rx, ry) = (decode_reply(x.unwrap()), decode_reply(y.unwrap()));
+    assert_eq!(rx.id, ry.id, "both emit the committed reply");
+    assert_eq!(app.runner.calls().len(), 1, "the runner was called once");
+    assert_eq!(cursor_and_done(&app, session).await, (1, 1));
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_zombie_dispatcher_whose_lease_lapsed_cannot_commit_a_second_answer() {
+    // A dispatcher stalls (paused process: no heartbeat) in the middle of a runner call, so its
+    // lease lapses and another dispatcher runs the same turn. Both calls reach the runner; only
+    // one answer is committed, and both emit that one.
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(|c| c.dispatch.liveness_ms = 300),
+        ..Default::default()
+    })
+    .await;
+    app.runner.set_delay(Duration::from_millis(1_200));
+    let (turn, delivery, zombie, live, session) = one_turn_two_dispatchers(&app, "race me").await;
     let (x, y) = tokio::join!(
         zombie.handle(turn.clone(), &delivery),
         live.handle(turn.clone(), &delivery)
     );
-    let decode = |outs: Vec<switchboard_kit::Output>| -> Reply {
-        assert_eq!(outs.len(), 1);
-        prost::Message::decode(outs[0].payload.clone()).unwrap()
-    };
-    let (rx, ry) = (decode(x.unwrap()), decode(y.unwrap()));
+    let (rx, ry) = (decode_reply(x.unwrap()), decode_reply(y.unwrap()));
     assert_eq!(rx.id, ry.id, "both emit the committed reply");
     assert_eq!(rx.text, "echo: race me");
-    let (last_seq, done): (i64, i64) = sqlx::query_as(
-        "SELECT s.last_seq, (SELECT count(*) FROM switchboard.turns t WHERE t.session_id = s.id AND t.status = 'done')
-           FROM switchboard.sessions s WHERE s.id = $1",
-    )
-    .bind(opened.session_id)
-    .fetch_one(&app.db)
-    .await
-    .unwrap();
-    assert_eq!((last_seq, done), (1, 1));
+    assert_eq!(
+        app.runner.calls().len(),
+        2,
+        "the lapsed lease let a second call in"
+    );
+    assert_eq!(cursor_and_done(&app, session).await, (1, 1));
 
     // A later turn of the session is not run before its predecessor: it waits, then defers.
     let early = turn_for(
-        &opened.session_id.to_string(),
+        &session.to_string(),
         3,
         &uuid::Uuid::now_v7().to_string(),
         "too soon",

@@ -7,6 +7,13 @@
 //! the stream. The cursor advances by compare-and-set in the same transaction that stores the
 //! reply, so a dispatcher that lost the race (or woke up late) cannot commit a second answer; it
 //! re-emits the stored one instead, under the same dedupe id.
+//!
+//! How calls never overlap: before calling the runner a dispatcher leases the session's call
+//! slot (`sessions.running_call`). The lease holds while the dispatcher process is alive (it
+//! heartbeats in `switchboard.dispatchers`) and the call's deadline has not passed, so a turn
+//! redelivered to another replica while the first one still calls the runner (NATS restarted,
+//! progress acks lost) waits for that call instead of running beside it; a crashed
+//! dispatcher's lease ends with its heartbeat.
 pub mod prompt;
 pub mod runner;
 
@@ -64,7 +71,15 @@ struct StoredReply {
     tool_calls_count: i64,
 }
 
+/// A runner call's lease outlives the agent's timeout by this much, so only a call that is
+/// certainly over (or whose dispatcher is dead) lets the next one start.
+const CALL_DEADLINE_MARGIN: Duration = Duration::from_secs(5);
+
 pub struct TurnDispatcher {
+    /// This process, as the holder of runner-call leases.
+    id: Uuid,
+    /// When this process last told `dispatchers` it is alive (ms since the Unix epoch).
+    last_beat: std::sync::atomic::AtomicI64,
     db: PgPool,
     agents: HashMap<String, (AgentConfig, Arc<Semaphore>)>,
     runner: RunnerClient,
@@ -87,12 +102,108 @@ impl TurnDispatcher {
             })
             .collect();
         Self {
+            id: Uuid::new_v4(),
+            last_beat: Default::default(),
             db,
             agents,
             runner: RunnerClient::new(),
             topology,
             config,
         }
+    }
+
+    fn liveness(&self) -> Duration {
+        Duration::from_millis(self.config.liveness_ms.max(300))
+    }
+
+    /// Tell the other dispatchers this process is alive (its runner-call leases hold).
+    pub async fn heartbeat(&self) -> Result<(), DispatchError> {
+        sqlx::query(
+            "INSERT INTO switchboard.dispatchers (id, alive_until)
+             VALUES ($1, now() + $2 * interval '1 millisecond')
+             ON CONFLICT (id) DO UPDATE SET alive_until = EXCLUDED.alive_until",
+        )
+        .bind(self.id)
+        .bind(self.liveness().as_millis() as f64)
+        .execute(&self.db)
+        .await?;
+        self.last_beat.store(
+            switchboard_kit::now_ms(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// Heartbeat now unless a recent one still has most of its liveness left.
+    async fn ensure_alive(&self) -> Result<(), DispatchError> {
+        let last = self.last_beat.load(std::sync::atomic::Ordering::Relaxed);
+        let fresh = (self.liveness().as_millis() / 3) as i64;
+        if switchboard_kit::now_ms() - last > fresh {
+            self.heartbeat().await?;
+        }
+        Ok(())
+    }
+
+    /// Heartbeat every third of the liveness window, for as long as the future runs.
+    pub async fn keep_alive(&self) {
+        loop {
+            tokio::time::sleep(self.liveness() / 3).await;
+            if let Err(e) = self.heartbeat().await {
+                tracing::warn!(error = %e, "dispatcher heartbeat failed");
+            }
+        }
+    }
+
+    /// This process makes no more runner calls: its leases end now, not at its liveness.
+    pub async fn retire(&self) {
+        let _ = sqlx::query("DELETE FROM switchboard.dispatchers WHERE id = $1")
+            .bind(self.id)
+            .execute(&self.db)
+            .await;
+    }
+
+    /// Take the session's call slot for turn `after + 1` (as call `call`), if the cursor is
+    /// still at `after` and no live lease is held by another call.
+    async fn lease_call(
+        &self,
+        session: Uuid,
+        after: i64,
+        call: Uuid,
+        timeout: Duration,
+    ) -> Result<bool, DispatchError> {
+        self.ensure_alive().await?;
+        let leased = sqlx::query(
+            "UPDATE switchboard.sessions s
+                SET running_call = $3, running_by = $4, status = 'running',
+                    running_until = now() + $5 * interval '1 millisecond'
+              WHERE s.id = $1 AND s.last_seq = $2
+                AND (s.running_call IS NULL OR s.running_until < now()
+                     OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
+                                     WHERE d.id = s.running_by AND d.alive_until > now()))",
+        )
+        .bind(session)
+        .bind(after)
+        .bind(call)
+        .bind(self.id)
+        .bind(timeout.as_millis() as f64)
+        .execute(&self.db)
+        .await?
+        .rows_affected();
+        Ok(leased == 1)
+    }
+
+    /// Give the call slot back (the call failed, or another dispatcher committed the turn).
+    async fn release_call(&self, session: Uuid, call: Uuid) -> Result<(), DispatchError> {
+        sqlx::query(
+            "UPDATE switchboard.sessions
+                SET running_call = NULL, running_by = NULL, running_until = NULL, status = 'idle'
+              WHERE id = $1 AND running_call = $2",
+        )
+        .bind(session)
+        .bind(call)
+        .execute(&self.db)
+        .await?;
+        Ok(())
     }
 
     async fn cursor(&self, session: Uuid) -> Result<(i64, Option<String>), DispatchError> {
@@ -139,18 +250,26 @@ impl TurnDispatcher {
         session: Uuid,
         seq: i64,
         after: i64,
+        call: Uuid,
         reply: &StoredReply,
     ) -> Result<bool, DispatchError> {
         let mut tx = self.db.begin().await?;
+        // The call slot is freed only if this call still holds it: another call of this turn
+        // may hold it now (this one outlived its lease), and the next turn must wait for that.
         let moved = sqlx::query(
             "UPDATE switchboard.sessions
-                SET last_seq = $2, engine_session_id = $3, status = 'idle', updated_at = now()
+                SET last_seq = $2, engine_session_id = $3, updated_at = now(),
+                    status = CASE WHEN running_call = $5 THEN 'idle' ELSE status END,
+                    running_by = CASE WHEN running_call = $5 THEN NULL ELSE running_by END,
+                    running_until = CASE WHEN running_call = $5 THEN NULL ELSE running_until END,
+                    running_call = CASE WHEN running_call = $5 THEN NULL ELSE running_call END
               WHERE id = $1 AND last_seq = $4",
         )
         .bind(session)
         .bind(seq)
         .bind(&reply.engine_session_id)
         .bind(after)
+        .bind(call)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -180,7 +299,8 @@ impl TurnDispatcher {
     async fn mark_failed(&self, session: Uuid, seq: i64, error: &str) -> Result<(), DispatchError> {
         let mut tx = self.db.begin().await?;
         let moved = sqlx::query(
-            "UPDATE switchboard.sessions SET last_seq = $2, status = 'idle', updated_at = now()
+            "UPDATE switchboard.sessions SET last_seq = $2, status = 'idle', updated_at = now(),
+                    running_call = NULL, running_by = NULL, running_until = NULL
               WHERE id = $1 AND last_seq = $2 - 1",
         )
         .bind(session)
@@ -247,24 +367,36 @@ impl TurnDispatcher {
             .get(&turn.agent_name)
             .ok_or_else(|| DispatchError::UnknownAgent(turn.agent_name.clone()))?;
 
-        // Wait until this turn is next. `after` is the cursor value this turn commits against:
-        // its predecessor, or itself when a failed latest turn is run again (a replay).
+        // Wait until this turn is next and the session's call slot is free. `after` is the
+        // cursor value this turn commits against: its predecessor, or itself when a failed
+        // latest turn is run again (a replay).
         let deadline = Instant::now() + Duration::from_millis(self.config.hold_timeout_ms);
+        let call = Uuid::now_v7();
+        let call_timeout = Duration::from_secs(agent.timeout_s) + CALL_DEADLINE_MARGIN;
+        let _slot;
         let (engine_session, after) = loop {
             let (last, engine_session) = self.cursor(session).await?;
+            let mut ready = None;
             if turn.seq <= last {
                 match self.stored_reply(session, turn.seq).await {
                     // Already done (by us before a crash, or by another replica): same answer.
                     Ok(stored) => return Ok(self.reply_output(turn, session, &stored)),
                     // It failed for good, and nothing ran after it: run it again in place.
                     Err(DispatchError::FailedEarlier { .. }) if turn.seq == last => {
-                        break (engine_session, last);
+                        ready = Some(last);
                     }
                     Err(e) => return Err(e),
                 }
+            } else if turn.seq == last + 1 {
+                ready = Some(last);
             }
-            if turn.seq == last + 1 {
-                break (engine_session, last);
+            if let Some(after) = ready {
+                // The agent's concurrency slot first, so a lease is never held while queueing.
+                let slot = slots.acquire().await.expect("semaphore never closed");
+                if self.lease_call(session, after, call, call_timeout).await? {
+                    _slot = slot;
+                    break (engine_session, after);
+                }
             }
             if Instant::now() >= deadline {
                 return Err(DispatchError::NotYet {
@@ -274,15 +406,6 @@ impl TurnDispatcher {
             }
             tokio::time::sleep(Duration::from_millis(self.config.hold_poll_ms)).await;
         };
-
-        let _slot = slots.acquire().await.expect("semaphore never closed");
-        sqlx::query(
-            "UPDATE switchboard.sessions SET status = 'running' WHERE id = $1 AND last_seq = $2",
-        )
-        .bind(session)
-        .bind(after)
-        .execute(&self.db)
-        .await?;
 
         let prompt = prompt::build_prompt(turn);
         let correlation = turn
@@ -299,7 +422,13 @@ impl TurnDispatcher {
         };
         let key = format!("turn:{session}:{}", turn.seq);
         let started = Instant::now();
-        let resp = self.runner.run(agent, &request, &key).await?;
+        let resp = match self.runner.run(agent, &request, &key).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.release_call(session, call).await?;
+                return Err(e.into());
+            }
+        };
         let processing_ms = if resp.processing_ms > 0 {
             resp.processing_ms
         } else {
@@ -312,9 +441,10 @@ impl TurnDispatcher {
             processing_ms,
             tool_calls_count: resp.tool_calls_count,
         };
-        if self.commit(session, turn.seq, after, &stored).await? {
+        if self.commit(session, turn.seq, after, call, &stored).await? {
             Ok(self.reply_output(turn, session, &stored))
         } else {
+            self.release_call(session, call).await?;
             // Another dispatcher committed this turn while we ran it: its answer stands.
             tracing::warn!(%session, seq = turn.seq, "turn committed elsewhere; re-emitting that reply");
             let stored = self.stored_reply(session, turn.seq).await?;
@@ -356,17 +486,26 @@ impl Stage for TurnDispatcher {
 /// The dispatch stage as a task of `app`.
 pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
     let c = &app.config;
-    let stage = TurnDispatcher::new(
+    let stage = Arc::new(TurnDispatcher::new(
         app.db.clone(),
         &c.agents,
         app.topology.clone(),
         c.dispatch.clone(),
-    );
+    ));
     let mut opts = app.stage_options();
     // Waiting for a predecessor counts as a delivery, so dispatch allows more of them.
     opts.max_deliver = c.dispatch.max_deliver;
     if c.dispatch.concurrency > 0 {
         opts.concurrency = c.dispatch.concurrency;
     }
-    app.stage_task(stage, opts)
+    let run = app.shared_stage_task(stage.clone(), opts);
+    // Heartbeat until the stage has drained (in-flight calls still hold their leases).
+    Box::pin(async move {
+        let result = tokio::select! {
+            r = run => r,
+            _ = stage.keep_alive() => unreachable!("keep_alive never returns"),
+        };
+        stage.retire().await;
+        result
+    })
 }

@@ -259,23 +259,33 @@ impl Default for RuntimeConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default)]
 pub struct SessionConfig {
-    /// How often a message waiting for its sender's previous message re-checks.
+    /// How often a message waiting for its sender's previous message re-checks while held.
     pub arrival_poll_ms: u64,
-    /// How long a waiting message is held before it goes back to the stream (and returns).
+    /// How long a waiting message is held in its handler before it goes back to the stream.
+    /// Short on purpose: a held message occupies a handler slot, and under a backlog (after a
+    /// NATS restart, say) the messages it waits for may be queued behind it.
     pub arrival_hold_ms: u64,
+    /// Longest delay before a waiting message that went back to the stream is tried again; the
+    /// delay doubles from `arrival_poll_ms` with each try.
+    pub arrival_retry_max_ms: u64,
     /// How long after its own arrival a message waits for a missing predecessor at most. A
     /// predecessor is missing for long only when it never got published (a gateway died
     /// between numbering and publishing it and the provider never retried); a crashed worker's
     /// message comes back after `runtime.ack_wait_ms`, so keep this well above that.
     pub arrival_gap_timeout_ms: u64,
+    /// Deliveries of one message before it is dead-lettered. Waiting counts as a delivery, so
+    /// this covers the gap timeout at `arrival_retry_max_ms` per try, plus crashes.
+    pub max_deliver: u64,
 }
 
 impl Default for SessionConfig {
     fn default() -> Self {
         Self {
             arrival_poll_ms: 25,
-            arrival_hold_ms: 10_000,
+            arrival_hold_ms: 250,
+            arrival_retry_max_ms: 5_000,
             arrival_gap_timeout_ms: 120_000,
+            max_deliver: 60,
         }
     }
 }
@@ -292,6 +302,10 @@ pub struct DispatchConfig {
     /// Turns one dispatcher process runs at once (each mostly waits on a runner); 0 means
     /// `runtime.concurrency`. Agents' own `concurrency` still caps each agent.
     pub concurrency: usize,
+    /// A dispatcher counts as alive (its runner calls keep their sessions' call slots) this
+    /// long after its last heartbeat; it heartbeats every third of it. After a dispatcher
+    /// dies, its sessions wait at most this long.
+    pub liveness_ms: u64,
 }
 
 impl Default for DispatchConfig {
@@ -301,6 +315,7 @@ impl Default for DispatchConfig {
             hold_timeout_ms: 20_000,
             max_deliver: 50,
             concurrency: 256,
+            liveness_ms: 6_000,
         }
     }
 }

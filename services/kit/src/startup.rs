@@ -76,10 +76,15 @@ impl App {
 
     /// A task running `stage` until shutdown.
     pub fn stage_task<S: Stage>(&self, stage: S, opts: StageOptions) -> Task {
+        self.shared_stage_task(Arc::new(stage), opts)
+    }
+
+    /// Like [`App::stage_task`], for a stage the caller also uses (e.g. for a heartbeat).
+    pub fn shared_stage_task<S: Stage>(&self, stage: Arc<S>, opts: StageOptions) -> Task {
         let rt = self.runtime();
         let shutdown = self.shutdown.clone();
         Box::pin(async move {
-            rt.run_stage(Arc::new(stage), opts, shutdown).await?;
+            rt.run_stage(stage, opts, shutdown).await?;
             Ok(())
         })
     }

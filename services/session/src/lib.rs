@@ -285,11 +285,14 @@ fn overdue(received_at_ms: i64, gap_timeout: Duration) -> bool {
     switchboard_kit::now_ms().saturating_sub(received_at_ms) > gap_timeout.as_millis() as i64
 }
 
-/// How the session stage waits for a sender's earlier message.
+/// How the session stage waits for a sender's earlier message: held briefly (the usual case,
+/// two messages a moment apart handled out of order), then back to the stream with a growing
+/// delay, so that waiting messages never crowd out the ones they wait for.
 #[derive(Debug, Clone, Copy)]
 pub struct ArrivalWait {
     pub poll: Duration,
     pub hold: Duration,
+    pub retry_max: Duration,
     pub gap_timeout: Duration,
 }
 
@@ -298,8 +301,15 @@ impl ArrivalWait {
         Self {
             poll: Duration::from_millis(c.arrival_poll_ms.max(1)),
             hold: Duration::from_millis(c.arrival_hold_ms),
+            retry_max: Duration::from_millis(c.arrival_retry_max_ms.max(1)),
             gap_timeout: Duration::from_millis(c.arrival_gap_timeout_ms),
         }
+    }
+
+    /// Delay before the `delivered`-th delivery of a waiting message is tried again.
+    pub fn retry_after(&self, delivered: u64) -> Duration {
+        let doublings = delivered.saturating_sub(1).min(20) as u32;
+        (self.poll * 2u32.pow(doublings)).min(self.retry_max)
     }
 }
 
@@ -356,6 +366,7 @@ impl SessionStage {
         &self,
         msg: &IdentifiedMessage,
         agent: &AgentConfig,
+        delivered: u64,
     ) -> Result<OpenedTurn, StageError> {
         let deadline = Instant::now() + self.wait.hold;
         let mut counted = false;
@@ -378,7 +389,7 @@ impl SessionStage {
             loop {
                 if Instant::now() >= deadline {
                     return Err(StageError::Defer(
-                        self.wait.poll,
+                        self.wait.retry_after(delivered),
                         "waiting for the sender's earlier message".into(),
                     ));
                 }
@@ -403,7 +414,7 @@ impl Stage for SessionStage {
     async fn handle(
         &self,
         mut msg: IdentifiedMessage,
-        _delivery: &Delivery,
+        delivery: &Delivery,
     ) -> Result<Vec<Output>, StageError> {
         let inbound = msg
             .inbound
@@ -416,7 +427,9 @@ impl Stage for SessionStage {
             &inbound.agent,
         )
         .map_err(SessionError::into_stage)?;
-        let opened = self.open_in_arrival_order(&msg, agent).await?;
+        let opened = self
+            .open_in_arrival_order(&msg, agent, delivery.delivered)
+            .await?;
         let correlation = inbound.correlation_id.clone();
         let channel = inbound.channel.clone();
         // A late provider retry carries a new message id; the turn keeps the first one.
@@ -470,7 +483,10 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         app.topology.clone(),
         ArrivalWait::from_config(&c.session),
     );
-    app.stage_task(stage, app.stage_options())
+    let mut opts = app.stage_options();
+    // Waiting for a sender's earlier message counts as a delivery.
+    opts.max_deliver = c.session.max_deliver;
+    app.stage_task(stage, opts)
 }
 
 #[cfg(test)]
@@ -503,6 +519,33 @@ mod tests {
         assert_eq!(place_arrival((7, 3), 9, 1, false), Placement::Next);
         assert_eq!(place_arrival((7, 3), 9, 2, false), Placement::Wait);
         assert_eq!(place_arrival((9, 1), 7, 4, false), Placement::Late);
+    }
+
+    #[test]
+    fn a_waiting_message_is_retried_sooner_first_then_at_most_every_retry_max() {
+        let w = ArrivalWait {
+            poll: Duration::from_millis(25),
+            hold: Duration::from_millis(250),
+            retry_max: Duration::from_secs(5),
+            gap_timeout: Duration::from_secs(120),
+        };
+        assert_eq!(w.retry_after(1), Duration::from_millis(25));
+        assert_eq!(w.retry_after(2), Duration::from_millis(50));
+        assert_eq!(w.retry_after(5), Duration::from_millis(400));
+        assert_eq!(w.retry_after(40), Duration::from_secs(5));
+        // Enough deliveries under the default budget to outlast the gap timeout.
+        let defaults = ArrivalWait::from_config(&Default::default());
+        let mut waited = Duration::ZERO;
+        let mut delivered = 0;
+        while waited < defaults.gap_timeout {
+            delivered += 1;
+            waited += defaults.hold + defaults.retry_after(delivered);
+        }
+        let budget = switchboard_kit::config::SessionConfig::default().max_deliver;
+        assert!(
+            delivered < budget,
+            "{delivered} deliveries, budget {budget}"
+        );
     }
 
     #[test]

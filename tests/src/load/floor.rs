@@ -5,16 +5,16 @@
 //!
 //! | hop | consumes + acks | work publishes | event publishes | Postgres |
 //! | --- | --- | --- | --- | --- |
-//! | gateway | - | `in` | - | - |
+//! | gateway | - | `in` (+ arrival counter: KV get, KV compare-and-set) | - | - |
 //! | identify | `in` | `identified` | `message.received` | 1 SELECT |
-//! | session | `identified` | `turn.<p>` | - (`session.created` once per session) | 1 transaction: INSERT … ON CONFLICT, SELECT … FOR UPDATE, SELECT, UPDATE … RETURNING, INSERT |
+//! | session | `identified` | `turn.<p>` | - (`session.created` once per session) | 1 transaction: cursor INSERT … ON CONFLICT … RETURNING, INSERT … ON CONFLICT, SELECT … FOR UPDATE, SELECT, UPDATE … RETURNING, INSERT, cursor UPDATE |
 //! | log-inbound | `turn.<p>` | - | `message.logged` | 1 INSERT |
 //! | dispatch | `turn.<p>` | `reply` | - | SELECT, UPDATE, 1 transaction: UPDATE, UPDATE |
 //! | log-outbound | `reply` | - | `message.logged` | 1 INSERT |
 //! | deliver | `reply` | - | `reply.delivered` | INSERT … ON CONFLICT, UPDATE … RETURNING, UPDATE, UPDATE |
 //!
-//! That is 4 work publishes, 4 event publishes (+1 per new session), 6 consumes and acks, 16
-//! statements and 9 write commits per turn. Publishes carry `Nats-Msg-Id` and wait for their
+//! That is 4 work publishes, 4 event publishes (+1 per new session), 1 key-value read and 1
+//! key-value compare-and-set, 6 consumes and acks, 18 statements and 9 write commits per turn. Publishes carry `Nats-Msg-Id` and wait for their
 //! ack; inputs are acked after the outputs are stored, like the runtime does. The work stream
 //! has Interest retention and the turn subject feeds two consumers, as in the product.
 use std::collections::HashMap;
@@ -63,9 +63,10 @@ pub struct FloorResult {
     pub cpu_ms_per_turn_with_stack: f64,
 }
 
-const PER_TURN: &str = "4 work + 4 event publishes (acked, deduped), 6 consumes + acks, 16 SQL statements / 9 write commits";
+const PER_TURN: &str = "4 work + 4 event publishes (acked, deduped), 1 KV get + 1 KV compare-and-set, 6 consumes + acks, 18 SQL statements / 9 write commits";
 
 struct Floor {
+    arrivals: jetstream::kv::Store,
     js: jetstream::Context,
     db: PgPool,
     p: String,
@@ -156,6 +157,13 @@ impl Floor {
             }
             Hop::Session => {
                 let mut tx = self.db.begin().await?;
+                let (last,): (i64,) = sqlx::query_as(
+                    "INSERT INTO cursors (id, last_seq) VALUES ($1, 0)
+                     ON CONFLICT (id) DO UPDATE SET last_seq = cursors.last_seq RETURNING last_seq",
+                )
+                .bind(session)
+                .fetch_one(&mut *tx)
+                .await?;
                 let created = sqlx::query(
                     "INSERT INTO sessions (id) VALUES ($1) ON CONFLICT (id) DO NOTHING",
                 )
@@ -181,6 +189,11 @@ impl Floor {
                     .bind(session)
                     .bind(seq)
                     .bind(turn)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("UPDATE cursors SET last_seq = $2 WHERE id = $1")
+                    .bind(session)
+                    .bind(last + 1)
                     .execute(&mut *tx)
                     .await?;
                 tx.commit().await?;
@@ -336,6 +349,7 @@ pub async fn run(
             turn_id UUID NOT NULL UNIQUE, done BOOLEAN NOT NULL DEFAULT false,
             PRIMARY KEY (session_id, seq))",
         "CREATE TABLE IF NOT EXISTS messages (id UUID PRIMARY KEY, session_id UUID NOT NULL, body TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS cursors (id UUID PRIMARY KEY, last_seq BIGINT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS deliveries (id UUID PRIMARY KEY, status TEXT NOT NULL,
             parts INT NOT NULL DEFAULT 0, attempts INT NOT NULL DEFAULT 0)",
     ] {
@@ -367,7 +381,16 @@ pub async fn run(
     })
     .await?;
     let work = js.get_stream(format!("{upper}_WORK")).await?;
+    let arrivals = js
+        .create_key_value(jetstream::kv::Config {
+            bucket: format!("{upper}_ARRIVALS"),
+            history: 1,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await?;
     let floor = Arc::new(Floor {
+        arrivals,
         js: js.clone(),
         db: db.clone(),
         p: p.clone(),
@@ -410,14 +433,29 @@ pub async fn run(
                 let (tx, rx) = oneshot::channel();
                 floor.done.lock().unwrap().insert(turn, tx);
                 let p = &floor.p;
-                if floor
-                    .publish(
-                        format!("{p}.in"),
-                        format!("g/{turn}"),
-                        encode(session, turn, 0),
-                    )
-                    .await
-                    .is_err()
+                // The gateway's arrival number: read the sender's counter, compare-and-set it.
+                let key = format!("s{s}");
+                let counted = async {
+                    let rev = floor
+                        .arrivals
+                        .entry(key.as_str())
+                        .await?
+                        .map_or(0, |e| e.revision);
+                    floor
+                        .arrivals
+                        .update(key.as_str(), Bytes::from(turn.to_string()), rev)
+                        .await?;
+                    anyhow::Ok(())
+                };
+                if counted.await.is_err()
+                    || floor
+                        .publish(
+                            format!("{p}.in"),
+                            format!("g/{turn}"),
+                            encode(session, turn, 0),
+                        )
+                        .await
+                        .is_err()
                 {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
