@@ -83,11 +83,20 @@ impl DeliveryLedger {
 
     pub async fn claim(&self, reply: &Reply, id: Uuid, parts: usize) -> Result<Claim, sqlx::Error> {
         let session: Uuid = reply.session_id.parse().unwrap_or_default();
-        sqlx::query(
+        // One statement: create the ledger row leased to us, or take the lease of a pending row
+        // whose lease ended. No row back means sent, failed, or leased by someone else.
+        let leased = sqlx::query(
             "INSERT INTO switchboard.deliveries
-                (reply_id, session_id, channel, provider, recipient, status, parts_total)
-             VALUES ($1, $2, $3, $4, $5, 'pending', $6)
-             ON CONFLICT (reply_id) DO NOTHING",
+                (reply_id, session_id, channel, provider, recipient, status, parts_total,
+                 leased_until, attempts)
+             VALUES ($1, $2, $3, $4, $5, 'pending', $6, now() + make_interval(secs => $7), 1)
+             ON CONFLICT (reply_id) DO UPDATE
+                SET leased_until = EXCLUDED.leased_until,
+                    attempts = switchboard.deliveries.attempts + 1, updated_at = now()
+              WHERE switchboard.deliveries.status = 'pending'
+                AND (switchboard.deliveries.leased_until IS NULL
+                     OR switchboard.deliveries.leased_until < now())
+             RETURNING parts_sent, provider_message_ids",
         )
         .bind(id)
         .bind(session)
@@ -95,17 +104,6 @@ impl DeliveryLedger {
         .bind(&reply.provider)
         .bind(&reply.recipient)
         .bind(parts as i32)
-        .execute(&self.db)
-        .await?;
-        let leased = sqlx::query(
-            "UPDATE switchboard.deliveries
-                SET leased_until = now() + make_interval(secs => $2), attempts = attempts + 1,
-                    updated_at = now()
-              WHERE reply_id = $1 AND status = 'pending'
-                AND (leased_until IS NULL OR leased_until < now())
-             RETURNING parts_sent, provider_message_ids",
-        )
-        .bind(id)
         .bind(self.lease.as_secs_f64())
         .fetch_optional(&self.db)
         .await?;
@@ -174,6 +172,22 @@ impl DeliveryLedger {
         .bind(id)
         .bind(provider_id)
         .bind(self.lease.as_secs_f64())
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    /// The last part went out: record it and mark the reply sent, in one write.
+    pub async fn last_part_sent(&self, id: Uuid, provider_id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE switchboard.deliveries
+                SET parts_sent = parts_sent + 1,
+                    provider_message_ids = array_append(provider_message_ids, $2),
+                    status = 'sent', last_error = NULL, leased_until = NULL, updated_at = now()
+              WHERE reply_id = $1",
+        )
+        .bind(id)
+        .bind(provider_id)
         .execute(&self.db)
         .await?;
         Ok(())
@@ -341,6 +355,8 @@ impl Stage for DeliverStage {
                 .map_err(transient)?;
             return Ok(vec![self.failed(&reply, error)]);
         }
+        // Whether the ledger already says `sent` (the last part's write sets it).
+        let mut recorded = false;
         while sent < parts.len() {
             match self
                 .twilio
@@ -348,7 +364,15 @@ impl Stage for DeliverStage {
                 .await
             {
                 Ok(sid) => {
-                    self.ledger.part_sent(id, &sid).await.map_err(transient)?;
+                    if sent + 1 == parts.len() {
+                        self.ledger
+                            .last_part_sent(id, &sid)
+                            .await
+                            .map_err(transient)?;
+                        recorded = true;
+                    } else {
+                        self.ledger.part_sent(id, &sid).await.map_err(transient)?;
+                    }
                     ids.push(sid);
                     sent += 1;
                 }
@@ -376,7 +400,11 @@ impl Stage for DeliverStage {
                 }
             }
         }
-        self.ledger.finish(id, None).await.map_err(transient)?;
+        if !recorded {
+            // Every part had gone out before this claim (a deliverer died after the last send
+            // was recorded part by part): only the status is left to set.
+            self.ledger.finish(id, None).await.map_err(transient)?;
+        }
         metrics::counter!("sb_delivery_sent_total", "provider" => "twilio").increment(1);
         Ok(vec![self.delivered(&reply, ids)])
     }

@@ -162,34 +162,35 @@ impl TurnDispatcher {
             .await;
     }
 
-    /// Take the session's call slot for turn `after + 1` (as call `call`), if the cursor is
-    /// still at `after` and no live lease is held by another call.
+    /// Take the session's call slot for the turn after `after` (as call `call`), if the cursor
+    /// is still at `after` and no live lease is held by another call. Returns the engine
+    /// session to resume (`Some(None)`: a new one) when the slot was taken.
     async fn lease_call(
         &self,
         session: Uuid,
         after: i64,
         call: Uuid,
         timeout: Duration,
-    ) -> Result<bool, DispatchError> {
+    ) -> Result<Option<Option<String>>, DispatchError> {
         self.ensure_alive().await?;
-        let leased = sqlx::query(
+        let leased: Option<(Option<String>,)> = sqlx::query_as(
             "UPDATE switchboard.sessions s
                 SET running_call = $3, running_by = $4, status = 'running',
                     running_until = now() + $5 * interval '1 millisecond'
               WHERE s.id = $1 AND s.last_seq = $2
                 AND (s.running_call IS NULL OR s.running_until < now()
                      OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
-                                     WHERE d.id = s.running_by AND d.alive_until > now()))",
+                                     WHERE d.id = s.running_by AND d.alive_until > now()))
+             RETURNING s.engine_session_id",
         )
         .bind(session)
         .bind(after)
         .bind(call)
         .bind(self.id)
         .bind(timeout.as_millis() as f64)
-        .execute(&self.db)
-        .await?
-        .rows_affected();
-        Ok(leased == 1)
+        .fetch_optional(&self.db)
+        .await?;
+        Ok(leased.map(|(engine_session,)| engine_session))
     }
 
     /// Give the call slot back (the call failed, or another dispatcher committed the turn).
@@ -206,15 +207,13 @@ impl TurnDispatcher {
         Ok(())
     }
 
-    async fn cursor(&self, session: Uuid) -> Result<(i64, Option<String>), DispatchError> {
-        let row = sqlx::query(
-            "SELECT last_seq, engine_session_id FROM switchboard.sessions WHERE id = $1",
-        )
-        .bind(session)
-        .fetch_optional(&self.db)
-        .await?
-        .ok_or(DispatchError::UnknownSession(session))?;
-        Ok((row.get(0), row.get(1)))
+    /// The session's cursor: the last turn done (or failed for good).
+    async fn cursor(&self, session: Uuid) -> Result<i64, DispatchError> {
+        sqlx::query_scalar("SELECT last_seq FROM switchboard.sessions WHERE id = $1")
+            .bind(session)
+            .fetch_optional(&self.db)
+            .await?
+            .ok_or(DispatchError::UnknownSession(session))
     }
 
     async fn stored_reply(&self, session: Uuid, seq: i64) -> Result<StoredReply, DispatchError> {
@@ -374,37 +373,51 @@ impl TurnDispatcher {
         let call = Uuid::now_v7();
         let call_timeout = Duration::from_secs(agent.timeout_s) + CALL_DEADLINE_MARGIN;
         let _slot;
-        let (engine_session, after) = loop {
-            let (last, engine_session) = self.cursor(session).await?;
-            let mut ready = None;
-            if turn.seq <= last {
-                match self.stored_reply(session, turn.seq).await {
-                    // Already done (by us before a crash, or by another replica): same answer.
-                    Ok(stored) => return Ok(self.reply_output(turn, session, &stored)),
-                    // It failed for good, and nothing ran after it: run it again in place.
-                    Err(DispatchError::FailedEarlier { .. }) if turn.seq == last => {
-                        ready = Some(last);
+        // The usual case in one statement: this turn is next and the slot is free.
+        let fast = {
+            let slot = slots.acquire().await.expect("semaphore never closed");
+            self.lease_call(session, turn.seq - 1, call, call_timeout)
+                .await?
+                .map(|engine_session| (slot, engine_session))
+        };
+        let (engine_session, after) = if let Some((slot, engine_session)) = fast {
+            _slot = slot;
+            (engine_session, turn.seq - 1)
+        } else {
+            loop {
+                let last = self.cursor(session).await?;
+                let mut ready = None;
+                if turn.seq <= last {
+                    match self.stored_reply(session, turn.seq).await {
+                        // Already done (by us before a crash, or by another replica): same answer.
+                        Ok(stored) => return Ok(self.reply_output(turn, session, &stored)),
+                        // It failed for good, and nothing ran after it: run it again in place.
+                        Err(DispatchError::FailedEarlier { .. }) if turn.seq == last => {
+                            ready = Some(last);
+                        }
+                        Err(e) => return Err(e),
                     }
-                    Err(e) => return Err(e),
+                } else if turn.seq == last + 1 {
+                    ready = Some(last);
                 }
-            } else if turn.seq == last + 1 {
-                ready = Some(last);
-            }
-            if let Some(after) = ready {
-                // The agent's concurrency slot first, so a lease is never held while queueing.
-                let slot = slots.acquire().await.expect("semaphore never closed");
-                if self.lease_call(session, after, call, call_timeout).await? {
-                    _slot = slot;
-                    break (engine_session, after);
+                if let Some(after) = ready {
+                    // The agent's concurrency slot first, so a lease is never held while queueing.
+                    let slot = slots.acquire().await.expect("semaphore never closed");
+                    if let Some(engine_session) =
+                        self.lease_call(session, after, call, call_timeout).await?
+                    {
+                        _slot = slot;
+                        break (engine_session, after);
+                    }
                 }
+                if Instant::now() >= deadline {
+                    return Err(DispatchError::NotYet {
+                        seq: turn.seq,
+                        next: last + 1,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(self.config.hold_poll_ms)).await;
             }
-            if Instant::now() >= deadline {
-                return Err(DispatchError::NotYet {
-                    seq: turn.seq,
-                    next: last + 1,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(self.config.hold_poll_ms)).await;
         };
 
         let prompt = prompt::build_prompt(turn);

@@ -209,11 +209,13 @@ impl SessionStore {
                 }
             }
         }
-        sqlx::query(
+        // Find or create the session, and lock it while this message takes its place.
+        let session_id: Uuid = sqlx::query_scalar(
             "INSERT INTO switchboard.sessions
                 (id, person_type, person_id, agent_identity, agent_name, engine_type, channel, scope_key)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-             ON CONFLICT (scope_key, agent_name) DO NOTHING",
+             ON CONFLICT (scope_key, agent_name) DO UPDATE SET updated_at = now()
+             RETURNING id",
         )
         .bind(Uuid::now_v7())
         .bind(&person.person_type)
@@ -223,13 +225,6 @@ impl SessionStore {
         .bind(&agent.engine)
         .bind(&inbound.channel)
         .bind(&scope_key)
-        .execute(&mut *tx)
-        .await?;
-        let session_id: Uuid = sqlx::query_scalar(
-            "SELECT id FROM switchboard.sessions WHERE scope_key = $1 AND agent_name = $2 FOR UPDATE",
-        )
-        .bind(&scope_key)
-        .bind(&agent.name)
         .fetch_one(&mut *tx)
         .await?;
 

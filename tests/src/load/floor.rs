@@ -7,14 +7,14 @@
 //! | --- | --- | --- | --- | --- |
 //! | gateway | - | `in` (+ arrival counter: KV get, KV compare-and-set) | - | - |
 //! | identify | `in` | `identified` | `message.received` | 1 SELECT |
-//! | session | `identified` | `turn.<p>` | - (`session.created` once per session) | 1 transaction: cursor INSERT … ON CONFLICT … RETURNING, INSERT … ON CONFLICT, SELECT … FOR UPDATE, SELECT, UPDATE … RETURNING, INSERT, cursor UPDATE |
+//! | session | `identified` | `turn.<p>` | - (`session.created` once per session) | 1 transaction: cursor INSERT … ON CONFLICT … RETURNING, session INSERT … ON CONFLICT … RETURNING, SELECT, UPDATE … RETURNING, INSERT, cursor UPDATE |
 //! | log-inbound | `turn.<p>` | - | `message.logged` | 1 INSERT |
-//! | dispatch | `turn.<p>` | `reply` | - | SELECT, UPDATE, 1 transaction: UPDATE, UPDATE |
+//! | dispatch | `turn.<p>` | `reply` | - | UPDATE … RETURNING (call lease), 1 transaction: UPDATE, UPDATE |
 //! | log-outbound | `reply` | - | `message.logged` | 1 INSERT |
-//! | deliver | `reply` | - | `reply.delivered` | INSERT … ON CONFLICT, UPDATE … RETURNING, UPDATE, UPDATE |
+//! | deliver | `reply` | - | `reply.delivered` | SELECT (order), INSERT … ON CONFLICT … RETURNING (claim), UPDATE |
 //!
 //! That is 4 work publishes, 4 event publishes (+1 per new session), 1 key-value read and 1
-//! key-value compare-and-set, 6 consumes and acks, 18 statements and 9 write commits per turn. Publishes carry `Nats-Msg-Id` and wait for their
+//! key-value compare-and-set, 6 consumes and acks, 15 statements and 7 write commits per turn. Publishes carry `Nats-Msg-Id` and wait for their
 //! ack; inputs are acked after the outputs are stored, like the runtime does. The work stream
 //! has Interest retention and the turn subject feeds two consumers, as in the product.
 use std::collections::HashMap;
@@ -63,7 +63,7 @@ pub struct FloorResult {
     pub cpu_ms_per_turn_with_stack: f64,
 }
 
-const PER_TURN: &str = "4 work + 4 event publishes (acked, deduped), 1 KV get + 1 KV compare-and-set, 6 consumes + acks, 18 SQL statements / 9 write commits";
+const PER_TURN: &str = "4 work + 4 event publishes (acked, deduped), 1 KV get + 1 KV compare-and-set, 6 consumes + acks, 15 SQL statements / 7 write commits";
 
 struct Floor {
     arrivals: jetstream::kv::Store,
@@ -164,17 +164,14 @@ impl Floor {
                 .bind(session)
                 .fetch_one(&mut *tx)
                 .await?;
-                let created = sqlx::query(
-                    "INSERT INTO sessions (id) VALUES ($1) ON CONFLICT (id) DO NOTHING",
+                let (created,): (bool,) = sqlx::query_as(
+                    "INSERT INTO sessions (id) VALUES ($1)
+                     ON CONFLICT (id) DO UPDATE SET status = sessions.status
+                     RETURNING xmax = 0",
                 )
                 .bind(session)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                sqlx::query("SELECT id FROM sessions WHERE id = $1 FOR UPDATE")
-                    .bind(session)
-                    .fetch_one(&mut *tx)
-                    .await?;
+                .fetch_one(&mut *tx)
+                .await?;
                 sqlx::query("SELECT seq FROM turns WHERE turn_id = $1")
                     .bind(turn)
                     .fetch_optional(&mut *tx)
@@ -203,7 +200,7 @@ impl Floor {
                     format!("s/{turn}"),
                     encode(session, turn, seq),
                 )];
-                if created == 1 {
+                if created {
                     outs.push(self.publish(ev("created"), format!("se/{session}"), body));
                 }
                 try_join_all(outs).await?;
@@ -226,14 +223,12 @@ impl Floor {
                 self.publish(ev("logged"), format!("l/{id}"), body).await?;
             }
             Hop::Dispatch => {
-                sqlx::query("SELECT last_seq FROM sessions WHERE id = $1")
-                    .bind(session)
-                    .fetch_one(&self.db)
-                    .await?;
-                sqlx::query("UPDATE sessions SET status = 'running' WHERE id = $1")
-                    .bind(session)
-                    .execute(&self.db)
-                    .await?;
+                sqlx::query(
+                    "UPDATE sessions SET status = 'running' WHERE id = $1 RETURNING last_seq",
+                )
+                .bind(session)
+                .fetch_one(&self.db)
+                .await?;
                 let mut tx = self.db.begin().await?;
                 sqlx::query("UPDATE sessions SET last_seq = $2, status = 'idle' WHERE id = $1")
                     .bind(session)
@@ -250,26 +245,24 @@ impl Floor {
                     .await?;
             }
             Hop::Deliver => {
+                sqlx::query("SELECT status FROM deliveries WHERE id = $1")
+                    .bind(Uuid::from_u128(turn.as_u128() ^ 2))
+                    .fetch_optional(&self.db)
+                    .await?;
                 sqlx::query(
-                    "INSERT INTO deliveries (id, status) VALUES ($1, 'pending') ON CONFLICT DO NOTHING",
-                )
-                .bind(turn)
-                .execute(&self.db)
-                .await?;
-                sqlx::query(
-                    "UPDATE deliveries SET attempts = attempts + 1 WHERE id = $1 RETURNING parts",
+                    "INSERT INTO deliveries (id, status, attempts) VALUES ($1, 'pending', 1)
+                     ON CONFLICT (id) DO UPDATE SET attempts = deliveries.attempts + 1
+                     RETURNING parts",
                 )
                 .bind(turn)
                 .fetch_optional(&self.db)
                 .await?;
-                sqlx::query("UPDATE deliveries SET parts = parts + 1 WHERE id = $1")
-                    .bind(turn)
-                    .execute(&self.db)
-                    .await?;
-                sqlx::query("UPDATE deliveries SET status = 'sent' WHERE id = $1")
-                    .bind(turn)
-                    .execute(&self.db)
-                    .await?;
+                sqlx::query(
+                    "UPDATE deliveries SET parts = parts + 1, status = 'sent' WHERE id = $1",
+                )
+                .bind(turn)
+                .execute(&self.db)
+                .await?;
                 self.publish(ev("delivered"), format!("dv/{turn}"), body)
                     .await?;
                 if let Some(tx) = self.done.lock().unwrap().remove(&turn) {
