@@ -436,4 +436,41 @@ mod tests {
             Ok(())
         });
     }
+
+    /// Every key in the shipped example is one the product reads (a typo there would be
+    /// ignored silently), and the example loads.
+    #[test]
+    fn the_example_configuration_names_only_known_keys() {
+        use figment::value::{Dict, Value};
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../switchboard.toml");
+        let file: Dict = Figment::from(Toml::file(&example))
+            .extract()
+            .expect("example parses");
+        let known: Dict = Figment::from(Serialized::defaults(Config::default()))
+            .extract()
+            .expect("defaults serialise");
+        fn check(path: &str, file: &Dict, known: &Dict) {
+            for (key, value) in file {
+                let here = format!("{path}{key}");
+                // Maps and lists of the operator's own entries: any names allowed.
+                if matches!(key.as_str(), "channels" | "agents" | "lookups") {
+                    continue;
+                }
+                let Some(k) = known.get(key) else {
+                    panic!("switchboard.toml: unknown key {here}");
+                };
+                if let (Value::Dict(_, f), Value::Dict(_, k)) = (value, k) {
+                    check(&format!("{here}."), f, k);
+                }
+            }
+        }
+        check("", &file, &known);
+        let c: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::file(&example))
+            .extract()
+            .expect("example loads");
+        assert_eq!(c.session.arrival_gap_timeout_ms, 120_000);
+        assert_eq!(c.dispatch.liveness_ms, 6_000);
+        assert!(c.demo.enabled);
+    }
 }
