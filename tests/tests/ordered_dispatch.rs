@@ -94,7 +94,7 @@ async fn one_turn_two_dispatchers(
     let msg = turn_for("", 0, &inbound_id, text).message.unwrap();
     let agent = app.config.agent("reggie_oc").unwrap().clone();
     let Opened::Turn(opened) = SessionStore::new(app.db.clone())
-        .open_turn(&msg, &agent, Duration::from_secs(60))
+        .open_turn(&msg, &agent, false)
         .await
         .unwrap()
     else {
@@ -163,7 +163,8 @@ async fn a_turn_redelivered_while_its_call_still_runs_waits_for_that_call() {
 async fn a_zombie_dispatcher_whose_lease_lapsed_cannot_commit_a_second_answer() {
     // A dispatcher stalls (paused process: no heartbeat) in the middle of a runner call, so its
     // lease lapses and another dispatcher runs the same turn. Both calls reach the runner; only
-    // one answer is committed, and both emit that one.
+    // the call holding the lease commits, even though the stalled one finishes first. The
+    // stalled one comes back later and emits the committed answer.
     let app = spawn_app_with(AppOptions {
         tweak: Box::new(|c| c.dispatch.liveness_ms = 300),
         ..Default::default()
@@ -175,15 +176,30 @@ async fn a_zombie_dispatcher_whose_lease_lapsed_cannot_commit_a_second_answer() 
         zombie.handle(turn.clone(), &delivery),
         live.handle(turn.clone(), &delivery)
     );
-    let (rx, ry) = (decode_reply(x.unwrap()), decode_reply(y.unwrap()));
-    assert_eq!(rx.id, ry.id, "both emit the committed reply");
-    assert_eq!(rx.text, "echo: race me");
     assert_eq!(
         app.runner.calls().len(),
         2,
         "the lapsed lease let a second call in"
     );
+    let (committed, superseded) = match (x, y) {
+        (Ok(out), Err(e)) => (decode_reply(out), (e, &zombie)),
+        (Err(e), Ok(out)) => (decode_reply(out), (e, &live)),
+        (x, y) => panic!("exactly one call commits: {x:?} / {y:?}"),
+    };
+    assert!(
+        matches!(superseded.0, switchboard_kit::StageError::Defer(..)),
+        "the superseded call comes back later: {}",
+        superseded.0
+    );
+    assert_eq!(committed.text, "echo: race me");
     assert_eq!(cursor_and_done(&app, session).await, (1, 1));
+    let again = decode_reply(superseded.1.handle(turn.clone(), &delivery).await.unwrap());
+    assert_eq!(again.id, committed.id, "it emits the committed reply");
+    assert_eq!(
+        app.runner.calls().len(),
+        2,
+        "without calling the runner again"
+    );
 
     // A later turn of the session is not run before its predecessor: it waits, then defers.
     let early = turn_for(

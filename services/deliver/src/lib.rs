@@ -167,7 +167,7 @@ impl DeliveryLedger {
                     provider_message_ids = array_append(provider_message_ids, $2),
                     leased_until = now() + make_interval(secs => $3),
                     updated_at = now()
-              WHERE reply_id = $1",
+              WHERE reply_id = $1 AND status = 'pending'",
         )
         .bind(id)
         .bind(provider_id)
@@ -184,7 +184,7 @@ impl DeliveryLedger {
                 SET parts_sent = parts_sent + 1,
                     provider_message_ids = array_append(provider_message_ids, $2),
                     status = 'sent', last_error = NULL, leased_until = NULL, updated_at = now()
-              WHERE reply_id = $1",
+              WHERE reply_id = $1 AND status = 'pending'",
         )
         .bind(id)
         .bind(provider_id)

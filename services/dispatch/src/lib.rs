@@ -46,6 +46,8 @@ pub enum DispatchError {
     },
     #[error("turn {seq} waits for turn {next}")]
     NotYet { seq: i64, next: i64 },
+    #[error("another call of turn {seq} holds the session; its answer will stand")]
+    Superseded { seq: i64 },
     #[error(transparent)]
     Runner(#[from] RunnerError),
     #[error("session store: {0}")]
@@ -80,6 +82,9 @@ pub struct TurnDispatcher {
     id: Uuid,
     /// When this process last told `dispatchers` it is alive (ms since the Unix epoch).
     last_beat: std::sync::atomic::AtomicI64,
+    /// A connection of its own for heartbeats, so a busy pool cannot make a live dispatcher
+    /// look dead to the others.
+    beat_db: PgPool,
     db: PgPool,
     agents: HashMap<String, (AgentConfig, Arc<Semaphore>)>,
     runner: RunnerClient,
@@ -101,9 +106,14 @@ impl TurnDispatcher {
                 (a.name.clone(), (a.clone(), sem))
             })
             .collect();
+        let beat_db = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with((*db.connect_options()).clone());
         Self {
             id: Uuid::new_v4(),
             last_beat: Default::default(),
+            beat_db,
             db,
             agents,
             runner: RunnerClient::new(),
@@ -118,6 +128,14 @@ impl TurnDispatcher {
 
     /// Tell the other dispatchers this process is alive (its runner-call leases hold).
     pub async fn heartbeat(&self) -> Result<(), DispatchError> {
+        if self.last_beat.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            // First beat of this process: forget dispatchers long dead.
+            sqlx::query(
+                "DELETE FROM switchboard.dispatchers WHERE alive_until < now() - interval '1 day'",
+            )
+            .execute(&self.beat_db)
+            .await?;
+        }
         sqlx::query(
             "INSERT INTO switchboard.dispatchers (id, alive_until)
              VALUES ($1, now() + $2 * interval '1 millisecond')
@@ -125,7 +143,7 @@ impl TurnDispatcher {
         )
         .bind(self.id)
         .bind(self.liveness().as_millis() as f64)
-        .execute(&self.db)
+        .execute(&self.beat_db)
         .await?;
         self.last_beat.store(
             switchboard_kit::now_ms(),
@@ -134,10 +152,11 @@ impl TurnDispatcher {
         Ok(())
     }
 
-    /// Heartbeat now unless a recent one still has most of its liveness left.
+    /// Heartbeat now unless a recent one still has half its liveness left (the keep-alive
+    /// task beats every third, so this fires only before its first beat or when it is stuck).
     async fn ensure_alive(&self) -> Result<(), DispatchError> {
         let last = self.last_beat.load(std::sync::atomic::Ordering::Relaxed);
-        let fresh = (self.liveness().as_millis() / 3) as i64;
+        let fresh = (self.liveness().as_millis() / 2) as i64;
         if switchboard_kit::now_ms() - last > fresh {
             self.heartbeat().await?;
         }
@@ -158,7 +177,7 @@ impl TurnDispatcher {
     pub async fn retire(&self) {
         let _ = sqlx::query("DELETE FROM switchboard.dispatchers WHERE id = $1")
             .bind(self.id)
-            .execute(&self.db)
+            .execute(&self.beat_db)
             .await;
     }
 
@@ -253,16 +272,13 @@ impl TurnDispatcher {
         reply: &StoredReply,
     ) -> Result<bool, DispatchError> {
         let mut tx = self.db.begin().await?;
-        // The call slot is freed only if this call still holds it: another call of this turn
-        // may hold it now (this one outlived its lease), and the next turn must wait for that.
+        // Only the call holding the session's slot may commit: a call whose lease lapsed (its
+        // dispatcher stalled) and was taken over is not committed, whoever finishes first.
         let moved = sqlx::query(
             "UPDATE switchboard.sessions
-                SET last_seq = $2, engine_session_id = $3, updated_at = now(),
-                    status = CASE WHEN running_call = $5 THEN 'idle' ELSE status END,
-                    running_by = CASE WHEN running_call = $5 THEN NULL ELSE running_by END,
-                    running_until = CASE WHEN running_call = $5 THEN NULL ELSE running_until END,
-                    running_call = CASE WHEN running_call = $5 THEN NULL ELSE running_call END
-              WHERE id = $1 AND last_seq = $4",
+                SET last_seq = $2, engine_session_id = $3, updated_at = now(), status = 'idle',
+                    running_call = NULL, running_by = NULL, running_until = NULL
+              WHERE id = $1 AND last_seq = $4 AND running_call = $5",
         )
         .bind(session)
         .bind(seq)
@@ -275,11 +291,12 @@ impl TurnDispatcher {
         if moved == 0 {
             return Ok(false);
         }
-        sqlx::query(
+        // A done turn keeps its first reply (a replayed failed turn can be run by two copies).
+        let stored = sqlx::query(
             "UPDATE switchboard.turns
                 SET status = 'done', error = NULL, reply_id = $3, reply_text = $4, engine_session_id = $5,
                     processing_ms = $6, tool_calls_count = $7, completed_at = now()
-              WHERE session_id = $1 AND seq = $2",
+              WHERE session_id = $1 AND seq = $2 AND status <> 'done'",
         )
         .bind(session)
         .bind(seq)
@@ -289,7 +306,11 @@ impl TurnDispatcher {
         .bind(reply.processing_ms)
         .bind(reply.tool_calls_count)
         .execute(&mut *tx)
-        .await?;
+        .await?
+        .rows_affected();
+        if stored == 0 {
+            return Ok(false);
+        }
         tx.commit().await?;
         Ok(true)
     }
@@ -298,9 +319,12 @@ impl TurnDispatcher {
     async fn mark_failed(&self, session: Uuid, seq: i64, error: &str) -> Result<(), DispatchError> {
         let mut tx = self.db.begin().await?;
         let moved = sqlx::query(
-            "UPDATE switchboard.sessions SET last_seq = $2, status = 'idle', updated_at = now(),
+            "UPDATE switchboard.sessions s SET last_seq = $2, status = 'idle', updated_at = now(),
                     running_call = NULL, running_by = NULL, running_until = NULL
-              WHERE id = $1 AND last_seq = $2 - 1",
+              WHERE s.id = $1 AND s.last_seq = $2 - 1
+                AND (s.running_call IS NULL OR s.running_until < now()
+                     OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
+                                     WHERE d.id = s.running_by AND d.alive_until > now()))",
         )
         .bind(session)
         .bind(seq)
@@ -374,11 +398,14 @@ impl TurnDispatcher {
         let call_timeout = Duration::from_secs(agent.timeout_s) + CALL_DEADLINE_MARGIN;
         let _slot;
         // The usual case in one statement: this turn is next and the slot is free.
-        let fast = {
-            let slot = slots.acquire().await.expect("semaphore never closed");
-            self.lease_call(session, turn.seq - 1, call, call_timeout)
+        // (Only with a free agent slot at hand: a redelivered or early turn must not queue for
+        // one before the checks below.)
+        let fast = match slots.clone().try_acquire_owned() {
+            Ok(slot) => self
+                .lease_call(session, turn.seq - 1, call, call_timeout)
                 .await?
-                .map(|engine_session| (slot, engine_session))
+                .map(|engine_session| (slot, engine_session)),
+            Err(_) => None,
         };
         let (engine_session, after) = if let Some((slot, engine_session)) = fast {
             _slot = slot;
@@ -402,7 +429,11 @@ impl TurnDispatcher {
                 }
                 if let Some(after) = ready {
                     // The agent's concurrency slot first, so a lease is never held while queueing.
-                    let slot = slots.acquire().await.expect("semaphore never closed");
+                    let slot = slots
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .expect("semaphore never closed");
                     if let Some(engine_session) =
                         self.lease_call(session, after, call, call_timeout).await?
                     {
@@ -438,7 +469,10 @@ impl TurnDispatcher {
         let resp = match self.runner.run(agent, &request, &key).await {
             Ok(resp) => resp,
             Err(e) => {
-                self.release_call(session, call).await?;
+                // Best effort: a lease left behind only delays this turn's retry until it ends.
+                if let Err(db) = self.release_call(session, call).await {
+                    tracing::warn!(%session, error = %db, "could not release the call slot");
+                }
                 return Err(e.into());
             }
         };
@@ -454,14 +488,31 @@ impl TurnDispatcher {
             processing_ms,
             tool_calls_count: resp.tool_calls_count,
         };
-        if self.commit(session, turn.seq, after, call, &stored).await? {
-            Ok(self.reply_output(turn, session, &stored))
-        } else {
-            self.release_call(session, call).await?;
-            // Another dispatcher committed this turn while we ran it: its answer stands.
-            tracing::warn!(%session, seq = turn.seq, "turn committed elsewhere; re-emitting that reply");
-            let stored = self.stored_reply(session, turn.seq).await?;
-            Ok(self.reply_output(turn, session, &stored))
+        let committed = match self.commit(session, turn.seq, after, call, &stored).await {
+            Ok(c) => c,
+            Err(e) => {
+                if let Err(db) = self.release_call(session, call).await {
+                    tracing::warn!(%session, error = %db, "could not release the call slot");
+                }
+                return Err(e);
+            }
+        };
+        if committed {
+            return Ok(self.reply_output(turn, session, &stored));
+        }
+        self.release_call(session, call).await?;
+        match self.stored_reply(session, turn.seq).await {
+            // Another call of this turn committed while we ran it: its answer stands.
+            Ok(stored) => {
+                tracing::warn!(%session, seq = turn.seq, "turn committed elsewhere; re-emitting that reply");
+                Ok(self.reply_output(turn, session, &stored))
+            }
+            // Another call of this turn holds the slot and is still running: its answer will
+            // stand; come back for it.
+            Err(DispatchError::FailedEarlier { .. }) => {
+                Err(DispatchError::Superseded { seq: turn.seq })
+            }
+            Err(e) => Err(e),
         }
     }
 }
@@ -473,10 +524,12 @@ impl Stage for TurnDispatcher {
     async fn handle(&self, turn: Turn, delivery: &Delivery) -> Result<Vec<Output>, StageError> {
         match self.dispatch_turn(&turn, delivery).await {
             Ok(out) => Ok(vec![out]),
-            Err(e @ DispatchError::NotYet { .. }) => Err(StageError::Defer(
-                Duration::from_millis(self.config.hold_poll_ms),
-                e.to_string(),
-            )),
+            Err(e @ (DispatchError::NotYet { .. } | DispatchError::Superseded { .. })) => {
+                Err(StageError::Defer(
+                    Duration::from_millis(self.config.hold_poll_ms),
+                    e.to_string(),
+                ))
+            }
             Err(e) => {
                 let last_attempt = delivery.delivered >= self.config.max_deliver;
                 if e.is_transient() && !last_attempt {

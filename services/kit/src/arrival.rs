@@ -11,10 +11,11 @@
 //! idle for longer than the bucket's max age expires; the next message starts a new *epoch*
 //! (the creation time) at 1, and the session stage treats a newer epoch as a fresh start.
 //!
-//! A provider retry of the message that took the sender's latest number (same provider id) gets
-//! that number again, so a retry after a gateway crash leaves no gap. A number can still be
-//! lost (a gateway dies between counting and publishing and the provider never retries); the
-//! session stage stops waiting for it after `session.arrival_gap_timeout_ms`.
+//! A provider retry of one of the sender's latest messages (same provider id) gets that
+//! message's number again, so a retry after a gateway crash or a failed publish leaves no gap,
+//! even when the sender wrote again in between. A number can still be lost (a gateway dies
+//! between counting and publishing and the provider never retries); the session stage stops
+//! waiting for it after `session.arrival_gap_timeout_ms`.
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
@@ -66,43 +67,50 @@ pub fn sender_key(channel: &str, sender: &str) -> String {
     format!("{channel}.{hex}")
 }
 
-/// What a key holds: `<epoch> <seq> <provider id of that message>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How many of a sender's latest messages keep their number for a provider retry.
+const RECENT: usize = 8;
+
+/// What a key holds (JSON): the epoch, the last number given, and the provider ids of the
+/// sender's latest messages with their numbers.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct CounterValue {
     epoch: i64,
     seq: u64,
-    provider_id: String,
+    /// Newest first, at most [`RECENT`].
+    recent: Vec<(String, u64)>,
 }
 
 impl CounterValue {
     fn encode(&self) -> Bytes {
-        Bytes::from(format!("{} {} {}", self.epoch, self.seq, self.provider_id))
+        Bytes::from(serde_json::to_vec(self).expect("a counter serialises"))
     }
 
     fn decode(b: &[u8]) -> Option<Self> {
-        let s = std::str::from_utf8(b).ok()?;
-        let mut parts = s.splitn(3, ' ');
-        Some(Self {
-            epoch: parts.next()?.parse().ok()?,
-            seq: parts.next()?.parse().ok()?,
-            provider_id: parts.next().unwrap_or("").to_string(),
-        })
+        serde_json::from_slice(b).ok()
     }
 
-    /// The value after counting `provider_id`, given the current one (if any).
-    fn next(current: Option<&CounterValue>, provider_id: &str, now_ms: i64) -> CounterValue {
-        match current {
-            Some(c) => CounterValue {
-                epoch: c.epoch,
-                seq: c.seq + 1,
-                provider_id: provider_id.to_string(),
-            },
-            None => CounterValue {
-                epoch: now_ms,
-                seq: 1,
-                provider_id: provider_id.to_string(),
-            },
+    /// The number `provider_id` already has, if it is one of the sender's latest messages.
+    fn number_of(&self, provider_id: &str) -> Option<u64> {
+        if provider_id.is_empty() {
+            return None;
         }
+        self.recent
+            .iter()
+            .find(|(id, _)| id == provider_id)
+            .map(|(_, n)| *n)
+    }
+
+    /// The value after counting `provider_id`, given the current one (if any). A counter
+    /// that cannot go on (none yet, or at the end of `u64`) starts a new epoch at 1.
+    fn next(current: Option<&CounterValue>, provider_id: &str, now_ms: i64) -> CounterValue {
+        let (epoch, seq, mut recent) = match current.and_then(|c| Some((c, c.seq.checked_add(1)?)))
+        {
+            Some((c, seq)) => (c.epoch, seq, c.recent.clone()),
+            None => (now_ms, 1, Vec::new()),
+        };
+        recent.insert(0, (provider_id.to_string(), seq));
+        recent.truncate(RECENT);
+        CounterValue { epoch, seq, recent }
     }
 }
 
@@ -155,12 +163,11 @@ impl ArrivalCounter {
                 None => (None, 0),
             };
             if let Some(c) = &current
-                && !provider_id.is_empty()
-                && c.provider_id == provider_id
+                && let Some(seq) = c.number_of(provider_id)
             {
                 return Ok(Arrival {
                     epoch: c.epoch,
-                    seq: c.seq,
+                    seq,
                 });
             }
             let next = CounterValue::next(current.as_ref(), provider_id, crate::now_ms());
@@ -222,6 +229,36 @@ mod tests {
         let second = CounterValue::next(Some(&first), "SM2", 9_999);
         assert_eq!((second.epoch, second.seq), (1_000, 2));
         assert_eq!(CounterValue::decode(&second.encode()), Some(second));
+    }
+
+    #[test]
+    fn a_retry_of_a_recent_message_finds_its_number_an_old_one_does_not() {
+        let mut v = CounterValue::next(None, "SM1", 1);
+        for i in 2..=RECENT as u64 + 1 {
+            v = CounterValue::next(Some(&v), &format!("SM{i}"), 1);
+        }
+        assert_eq!(v.number_of("SM2"), Some(2));
+        assert_eq!(
+            v.number_of(&format!("SM{}", RECENT + 1)),
+            Some(RECENT as u64 + 1)
+        );
+        assert_eq!(
+            v.number_of("SM1"),
+            None,
+            "only the latest {RECENT} are kept"
+        );
+        assert_eq!(v.number_of(""), None);
+    }
+
+    #[test]
+    fn a_counter_at_the_end_of_its_range_starts_a_new_epoch() {
+        let full = CounterValue {
+            epoch: 5,
+            seq: u64::MAX,
+            recent: vec![],
+        };
+        let next = CounterValue::next(Some(&full), "SMx", 77);
+        assert_eq!((next.epoch, next.seq), (77, 1));
     }
 
     #[test]

@@ -235,6 +235,10 @@ pub struct RuntimeConfig {
     /// A sender's arrival counter is forgotten after this many idle days; their next message
     /// starts a new epoch.
     pub arrival_counter_idle_days: u64,
+    /// Postgres connections per process; 0 means `concurrency`, between 4 and 8. More only
+    /// add contention on a small database host (bench, 2 cores: 8 per process ran as fast as
+    /// 32 with 40% of Postgres's memory).
+    pub db_pool_size: u32,
 }
 
 impl Default for RuntimeConfig {
@@ -252,6 +256,7 @@ impl Default for RuntimeConfig {
             events_max_age_days: 7,
             max_ack_pending: 20_000,
             arrival_counter_idle_days: 7,
+            db_pool_size: 0,
         }
     }
 }
@@ -268,7 +273,8 @@ pub struct SessionConfig {
     /// Longest delay before a waiting message that went back to the stream is tried again; the
     /// delay doubles from `arrival_poll_ms` with each try.
     pub arrival_retry_max_ms: u64,
-    /// How long after its own arrival a message waits for a missing predecessor at most. A
+    /// How long a message waits for a missing predecessor at most, counted in the waits it
+    /// went through (so time the stage was down or Postgres away does not count). A
     /// predecessor is missing for long only when it never got published (a gateway died
     /// between numbering and publishing it and the provider never retried); a crashed worker's
     /// message comes back after `runtime.ack_wait_ms`, so keep this well above that.

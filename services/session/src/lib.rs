@@ -56,7 +56,7 @@ pub enum Placement {
 pub fn place_arrival(cursor: (i64, i64), epoch: i64, seq: i64, overdue: bool) -> Placement {
     let (cur_epoch, last) = cursor;
     let next = if epoch == cur_epoch {
-        match seq.cmp(&(last + 1)) {
+        match seq.cmp(&last.saturating_add(1)) {
             std::cmp::Ordering::Equal => return Placement::Next,
             std::cmp::Ordering::Less => return Placement::Late,
             std::cmp::Ordering::Greater => false,
@@ -101,10 +101,11 @@ impl SessionStore {
     }
 
     /// Whether the message may be placed now (read-only; used while a message waits).
+    /// `overdue`: it has waited longer than the gap timeout.
     pub async fn arrival_ready(
         &self,
         msg: &IdentifiedMessage,
-        gap_timeout: Duration,
+        overdue: bool,
     ) -> Result<bool, SessionError> {
         let Some(inbound) = msg.inbound.as_ref().filter(|i| i.arrival_seq > 0) else {
             return Ok(true);
@@ -118,24 +119,19 @@ impl SessionStore {
         .fetch_optional(&self.db)
         .await?;
         let cursor = cursor.unwrap_or((inbound.arrival_epoch, 0));
-        let placement = place_arrival(
-            cursor,
-            inbound.arrival_epoch,
-            inbound.arrival_seq as i64,
-            overdue(inbound.received_at_ms, gap_timeout),
-        );
+        let placement = place_arrival(cursor, inbound.arrival_epoch, arrival_seq(inbound), overdue);
         Ok(placement != Placement::Wait)
     }
 
     /// Find or create the session of (scope, agent) and give this message its turn, unless the
     /// sender's previous message has none yet ([`Opened::Waiting`]). Race-free across replicas:
     /// the sender's arrival cursor, then the session row, are locked while the next `seq` is
-    /// taken.
+    /// taken. `overdue`: the message has waited longer than the gap timeout.
     pub async fn open_turn(
         &self,
         msg: &IdentifiedMessage,
         agent: &AgentConfig,
-        gap_timeout: Duration,
+        overdue: bool,
     ) -> Result<Opened, SessionError> {
         let inbound = msg
             .inbound
@@ -171,13 +167,8 @@ impl SessionStore {
             .bind(inbound.arrival_epoch)
             .fetch_one(&mut *tx)
             .await?;
-            let seq = inbound.arrival_seq as i64;
-            let placement = place_arrival(
-                cursor,
-                inbound.arrival_epoch,
-                seq,
-                overdue(inbound.received_at_ms, gap_timeout),
-            );
+            let seq = arrival_seq(inbound);
+            let placement = place_arrival(cursor, inbound.arrival_epoch, seq, overdue);
             match placement {
                 Placement::Wait => {
                     tx.rollback().await?;
@@ -275,9 +266,10 @@ impl SessionStore {
     }
 }
 
-/// Whether a message received at `received_at_ms` has waited longer than `gap_timeout`.
-fn overdue(received_at_ms: i64, gap_timeout: Duration) -> bool {
-    switchboard_kit::now_ms().saturating_sub(received_at_ms) > gap_timeout.as_millis() as i64
+/// The arrival number as the database stores it (numbers beyond `i64` do not occur: the
+/// gateway counts one by one).
+fn arrival_seq(inbound: &switchboard_kit::proto::InboundMessage) -> i64 {
+    i64::try_from(inbound.arrival_seq).unwrap_or(i64::MAX)
 }
 
 /// How the session stage waits for a sender's earlier message: held briefly (the usual case,
@@ -305,6 +297,23 @@ impl ArrivalWait {
     pub fn retry_after(&self, delivered: u64) -> Duration {
         let doublings = delivered.saturating_sub(1).min(20) as u32;
         (self.poll * 2u32.pow(doublings)).min(self.retry_max)
+    }
+
+    /// The least time a message on its `delivered`-th delivery has spent waiting, had every
+    /// earlier delivery been a wait. Counted in deliveries, not from a timestamp, so that an
+    /// outage (Postgres down, the stage stopped) does not count as waiting: after it, messages
+    /// still wait for their predecessors. A crash redelivery counts as a short wait, so the
+    /// real wait can only be longer.
+    pub fn waited_at_least(&self, delivered: u64) -> Duration {
+        (1..delivered.min(10_000))
+            .map(|i| self.hold + self.retry_after(i))
+            .sum()
+    }
+
+    /// Whether a message on its `delivered`-th delivery has waited long enough for a missing
+    /// predecessor.
+    pub fn overdue(&self, delivered: u64) -> bool {
+        self.waited_at_least(delivered) >= self.gap_timeout
     }
 }
 
@@ -364,11 +373,12 @@ impl SessionStage {
         delivered: u64,
     ) -> Result<OpenedTurn, StageError> {
         let deadline = Instant::now() + self.wait.hold;
+        let overdue = self.wait.overdue(delivered);
         let mut counted = false;
         loop {
             match self
                 .store
-                .open_turn(msg, agent, self.wait.gap_timeout)
+                .open_turn(msg, agent, overdue)
                 .await
                 .map_err(SessionError::into_stage)?
             {
@@ -391,7 +401,7 @@ impl SessionStage {
                 tokio::time::sleep(self.wait.poll).await;
                 if self
                     .store
-                    .arrival_ready(msg, self.wait.gap_timeout)
+                    .arrival_ready(msg, overdue)
                     .await
                     .map_err(SessionError::into_stage)?
                 {

@@ -80,6 +80,9 @@ struct Args {
     /// HTTP posts in flight at most (load generator).
     #[arg(long, default_value_t = 512)]
     max_posts: usize,
+    /// Postgres connections per worker process (0: the product's default, from --concurrency).
+    #[arg(long, default_value_t = 0)]
+    db_pool: u32,
     #[arg(long, default_value = "bench")]
     stack_name: String,
     #[arg(long, default_value_t = 36222)]
@@ -197,6 +200,7 @@ fn knobs(args: &Args) -> Knobs {
         agent_concurrency: args.agent_concurrency,
         dispatch_concurrency: args.concurrency,
         partitions: args.partitions,
+        db_pool_size: args.db_pool,
         ..Knobs::default()
     }
 }

@@ -44,6 +44,8 @@ pub struct Knobs {
     pub hold_timeout_ms: u64,
     /// `runtime.shutdown_grace_ms`
     pub shutdown_grace_ms: u64,
+    /// `runtime.db_pool_size` (0: derived from `concurrency`)
+    pub db_pool_size: u32,
 }
 
 impl Default for Knobs {
@@ -63,6 +65,7 @@ impl Default for Knobs {
             max_deliver: d.runtime.max_deliver,
             hold_timeout_ms: d.dispatch.hold_timeout_ms,
             shutdown_grace_ms: d.runtime.shutdown_grace_ms,
+            db_pool_size: d.runtime.db_pool_size,
         }
     }
 }
@@ -118,6 +121,7 @@ pub fn config(s: &Setup<'_>) -> Config {
     c.runtime.max_deliver = k.max_deliver;
     c.runtime.shutdown_grace_ms = k.shutdown_grace_ms;
     c.runtime.max_ack_pending = k.max_ack_pending;
+    c.runtime.db_pool_size = k.db_pool_size;
     c.dispatch.hold_timeout_ms = k.hold_timeout_ms;
     c.dispatch.concurrency = k.dispatch_concurrency;
     c
