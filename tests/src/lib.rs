@@ -107,6 +107,15 @@ async fn fresh_database(admin_url: &str) -> String {
     format!("{base}/{name}")
 }
 
+/// [`spawn_app`] with some configuration changed (all stages in process).
+pub async fn spawn_app_configured(tweak: impl FnOnce(&mut Config) + Send + 'static) -> TestApp {
+    spawn_app_with(AppOptions {
+        tweak: Box::new(tweak),
+        ..Default::default()
+    })
+    .await
+}
+
 pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     let _ = tracing_subscriber_init();
     let nats_url = env("SB_NATS_URL");

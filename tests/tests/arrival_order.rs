@@ -2,7 +2,7 @@
 //! the session stage first (a worker crashed holding the earlier one, or handled it slower).
 use std::time::Duration;
 
-use switchboard_e2e::{AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_with};
+use switchboard_e2e::{FakeRunner, TestApp, spawn_app, spawn_app_configured};
 use switchboard_kit::arrival::{Arrival, ArrivalCounter};
 use switchboard_kit::proto::InboundMessage;
 use switchboard_kit::runtime::{Output, Runtime};
@@ -18,6 +18,18 @@ async fn number(app: &TestApp, from: &str, sid: &str) -> Arrival {
 /// Publish a numbered SMS to the inbound subject exactly as the gateway would, but at a moment
 /// of the test's choosing (standing in for a message held up between gateway and session).
 async fn publish_numbered(app: &TestApp, from: &str, sid: &str, text: &str, arrival: Arrival) {
+    publish_numbered_to(app, from, sid, text, arrival, "").await
+}
+
+/// [`publish_numbered`], naming the agent the message is for (empty: the channel's default).
+async fn publish_numbered_to(
+    app: &TestApp,
+    from: &str,
+    sid: &str,
+    text: &str,
+    arrival: Arrival,
+    agent: &str,
+) {
     let id = uuid::Uuid::now_v7().to_string();
     let inbound = InboundMessage {
         id: id.clone(),
@@ -31,6 +43,7 @@ async fn publish_numbered(app: &TestApp, from: &str, sid: &str, text: &str, arri
         correlation_id: id,
         arrival_seq: arrival.seq,
         arrival_epoch: arrival.epoch,
+        agent: agent.into(),
         ..Default::default()
     };
     let rt = Runtime::new(
@@ -109,11 +122,7 @@ async fn a_message_whose_predecessor_never_comes_is_answered_after_the_gap_timeo
     // A gateway died between numbering a message and publishing it, and the provider never
     // retried: the next message is held for the gap timeout, then answered. Nothing is lost:
     // should the missing message turn up after all, it is answered too.
-    let app = spawn_app_with(AppOptions {
-        tweak: Box::new(|c| c.session.arrival_gap_timeout_ms = 1_500),
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_configured(|c| c.session.arrival_gap_timeout_ms = 1_500).await;
     let me = "+14155550404";
     let lost = number(&app, me, "SMlate").await;
     let next = number(&app, me, "SMnext").await;
@@ -142,11 +151,7 @@ async fn a_message_whose_predecessor_never_comes_is_answered_after_the_gap_timeo
 async fn a_provider_retry_after_a_newer_message_is_one_turn_and_holds_nobody_up() {
     // Twilio retries message A after message B was accepted. The retry gets a new number; it
     // must map to A's turn and move the sender past that number, or C would wait for it.
-    let app = spawn_app_with(AppOptions {
-        tweak: Box::new(|c| c.session.arrival_gap_timeout_ms = 600_000),
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_configured(|c| c.session.arrival_gap_timeout_ms = 600_000).await;
     let me = "+14155550405";
     assert_eq!(app.send_sms_with_sid(me, "a", "SMaaaa").await.status(), 200);
     assert_eq!(app.send_sms_with_sid(me, "b", "SMbbbb").await.status(), 200);
@@ -173,5 +178,24 @@ async fn an_immediate_provider_retry_keeps_its_number() {
     assert_eq!(a, again);
     assert_eq!(b.seq, a.seq + 1);
     assert_eq!(number(&app, "+14155550407", "SMsame").await.seq, 1);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_message_that_cannot_be_answered_does_not_hold_up_the_next_one() {
+    // The first message names an agent that does not exist: it is dead-lettered, in its turn,
+    // and the sender's next message goes ahead at once (the gap timeout is 10 minutes here).
+    let app = spawn_app_configured(|c| c.session.arrival_gap_timeout_ms = 600_000).await;
+    let me = "+14155550408";
+    let first = number(&app, me, "SMnoagent").await;
+    let second = number(&app, me, "SMfine").await;
+    publish_numbered(&app, me, "SMfine", "hello?", second).await;
+    publish_numbered_to(&app, me, "SMnoagent", "for nobody", first, "nobody").await;
+    let sent = app.wait_for_sms(1, Duration::from_secs(20)).await;
+    assert_eq!(runner_texts(&app), ["hello?"]);
+    assert_eq!(sent.len(), 1);
+    let letters = app.dead_letters(switchboard_kit::StageName::Session).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].error.contains("nobody"), "{}", letters[0].error);
     app.shutdown().await;
 }

@@ -3,7 +3,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use switchboard_dispatch::TurnDispatcher;
-use switchboard_e2e::{AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_with};
+use switchboard_e2e::{
+    AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_configured, spawn_app_with,
+};
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person, Reply, Turn};
 use switchboard_kit::{Delivery, Stage, StageName};
 use switchboard_session::{Opened, SessionStore};
@@ -165,11 +167,7 @@ async fn a_zombie_dispatcher_whose_lease_lapsed_cannot_commit_a_second_answer() 
     // lease lapses and another dispatcher runs the same turn. Both calls reach the runner; only
     // the call holding the lease commits, even though the stalled one finishes first. The
     // stalled one comes back later and emits the committed answer.
-    let app = spawn_app_with(AppOptions {
-        tweak: Box::new(|c| c.dispatch.liveness_ms = 300),
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_configured(|c| c.dispatch.liveness_ms = 300).await;
     app.runner.set_delay(Duration::from_millis(1_200));
     let (turn, delivery, zombie, live, session) = one_turn_two_dispatchers(&app, "race me").await;
     let (x, y) = tokio::join!(
@@ -290,11 +288,7 @@ async fn a_failed_turn_lets_the_next_one_through() {
 
 #[tokio::test]
 async fn a_runner_that_keeps_failing_is_retried_then_dead_lettered_with_the_count() {
-    let app = spawn_app_with(AppOptions {
-        tweak: Box::new(|c| c.dispatch.max_deliver = 3),
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_configured(|c| c.dispatch.max_deliver = 3).await;
     app.runner.fail_next(usize::MAX, 503);
     assert_eq!(app.send_sms("+14155550403", "anyone?").await.status(), 200);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

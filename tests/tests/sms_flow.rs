@@ -1,7 +1,7 @@
 //! One SMS in, the agent's reply out: the product's promises on the thinnest real path.
 use std::time::Duration;
 
-use switchboard_e2e::{AppOptions, FakeRunner, TWILIO_NUMBER, spawn_app, spawn_app_with};
+use switchboard_e2e::{FakeRunner, TWILIO_NUMBER, spawn_app, spawn_app_configured};
 use switchboard_kit::StageName;
 
 const PERSON: &str = "+14155550101";
@@ -132,11 +132,7 @@ async fn the_same_message_sid_posted_three_times_is_one_turn_and_one_reply() {
 async fn a_provider_retry_after_the_dedupe_window_still_gives_one_reply() {
     // JetStream forgets message ids after the window; the session and the delivery ledger must
     // still recognise Twilio's retry.
-    let app = spawn_app_with(AppOptions {
-        tweak: Box::new(|c| c.runtime.duplicate_window_s = 1),
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_configured(|c| c.runtime.duplicate_window_s = 1).await;
     let sid = "SMfedcba9876543210fedcba9876543210";
     assert_eq!(
         app.send_sms_with_sid(PERSON, "late retry", sid)

@@ -123,6 +123,25 @@ impl SessionStore {
         Ok(placement != Placement::Wait)
     }
 
+    /// Let the sender's later messages go on without this one (it cannot be answered: no
+    /// agent, say), in its turn. False: an earlier message has not had its turn yet.
+    pub async fn pass_arrival(
+        &self,
+        msg: &IdentifiedMessage,
+        overdue: bool,
+    ) -> Result<bool, SessionError> {
+        let Some(inbound) = msg.inbound.as_ref() else {
+            return Ok(true);
+        };
+        let mut tx = self.db.begin().await?;
+        if !take_arrival(&mut tx, inbound, overdue).await? {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
     /// Find or create the session of (scope, agent) and give this message its turn, unless the
     /// sender's previous message has none yet ([`Opened::Waiting`]). Race-free across replicas:
     /// the sender's arrival cursor, then the session row, are locked while the next `seq` is
@@ -154,51 +173,9 @@ impl SessionStore {
         };
 
         let mut tx = self.db.begin().await?;
-        if inbound.arrival_seq > 0 {
-            // Locks the sender's cursor (created at this message's epoch, nothing placed).
-            let cursor: (i64, i64) = sqlx::query_as(
-                "INSERT INTO switchboard.arrival_cursors (channel, sender, epoch, last_seq)
-                 VALUES ($1, $2, $3, 0)
-                 ON CONFLICT (channel, sender) DO UPDATE SET updated_at = now()
-                 RETURNING epoch, last_seq",
-            )
-            .bind(&inbound.channel)
-            .bind(&inbound.sender)
-            .bind(inbound.arrival_epoch)
-            .fetch_one(&mut *tx)
-            .await?;
-            let seq = arrival_seq(inbound);
-            let placement = place_arrival(cursor, inbound.arrival_epoch, seq, overdue);
-            match placement {
-                Placement::Wait => {
-                    tx.rollback().await?;
-                    return Ok(Opened::Waiting);
-                }
-                Placement::Late => {
-                    metrics::counter!("sb_session_arrivals_late_total").increment(1);
-                }
-                Placement::Next | Placement::SkipGap => {
-                    if placement == Placement::SkipGap {
-                        metrics::counter!("sb_session_arrival_gaps_skipped_total").increment(1);
-                        tracing::warn!(
-                            correlation_id = %inbound.correlation_id,
-                            arrival = seq,
-                            after = cursor.1,
-                            "gave up waiting for the sender's earlier messages"
-                        );
-                    }
-                    sqlx::query(
-                        "UPDATE switchboard.arrival_cursors SET epoch = $3, last_seq = $4
-                          WHERE channel = $1 AND sender = $2",
-                    )
-                    .bind(&inbound.channel)
-                    .bind(&inbound.sender)
-                    .bind(inbound.arrival_epoch)
-                    .bind(seq)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
+        if !take_arrival(&mut tx, inbound, overdue).await? {
+            tx.rollback().await?;
+            return Ok(Opened::Waiting);
         }
         // Find or create the session, and lock it while this message takes its place.
         let session_id: Uuid = sqlx::query_scalar(
@@ -264,6 +241,61 @@ impl SessionStore {
             scope_key,
         }))
     }
+}
+
+/// Lock the sender's arrival cursor and move it to this message if it is the sender's next
+/// (or has waited long enough for a missing predecessor). False: it must wait; nothing was
+/// written, and the caller rolls back. Unnumbered messages never wait.
+async fn take_arrival(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    inbound: &switchboard_kit::proto::InboundMessage,
+    overdue: bool,
+) -> Result<bool, SessionError> {
+    if inbound.arrival_seq == 0 {
+        return Ok(true);
+    }
+    // Locks the sender's cursor (created at this message's epoch, nothing placed).
+    let cursor: (i64, i64) = sqlx::query_as(
+        "INSERT INTO switchboard.arrival_cursors (channel, sender, epoch, last_seq)
+             VALUES ($1, $2, $3, 0)
+             ON CONFLICT (channel, sender) DO UPDATE SET updated_at = now()
+             RETURNING epoch, last_seq",
+    )
+    .bind(&inbound.channel)
+    .bind(&inbound.sender)
+    .bind(inbound.arrival_epoch)
+    .fetch_one(&mut **tx)
+    .await?;
+    let seq = arrival_seq(inbound);
+    let placement = place_arrival(cursor, inbound.arrival_epoch, seq, overdue);
+    match placement {
+        Placement::Wait => return Ok(false),
+        Placement::Late => {
+            metrics::counter!("sb_session_arrivals_late_total").increment(1);
+        }
+        Placement::Next | Placement::SkipGap => {
+            if placement == Placement::SkipGap {
+                metrics::counter!("sb_session_arrival_gaps_skipped_total").increment(1);
+                tracing::warn!(
+                    correlation_id = %inbound.correlation_id,
+                    arrival = seq,
+                    after = cursor.1,
+                    "gave up waiting for the sender's earlier messages"
+                );
+            }
+            sqlx::query(
+                "UPDATE switchboard.arrival_cursors SET epoch = $3, last_seq = $4
+                      WHERE channel = $1 AND sender = $2",
+            )
+            .bind(&inbound.channel)
+            .bind(&inbound.sender)
+            .bind(inbound.arrival_epoch)
+            .bind(seq)
+            .execute(&mut **tx)
+            .await?;
+        }
+    }
+    Ok(true)
 }
 
 /// The arrival number as the database stores it (numbers beyond `i64` do not occur: the
@@ -365,25 +397,25 @@ impl SessionStage {
         }
     }
 
-    /// Open the message's turn, holding it while the sender's previous message has none.
-    async fn open_in_arrival_order(
+    /// Run `attempt` once the sender's previous message has had its turn: `attempt(overdue)`
+    /// answers `None` while it must wait. Held briefly, then back to the stream with a growing
+    /// delay.
+    async fn in_arrival_order<T, F, Fut>(
         &self,
         msg: &IdentifiedMessage,
-        agent: &AgentConfig,
         delivered: u64,
-    ) -> Result<OpenedTurn, StageError> {
+        mut attempt: F,
+    ) -> Result<T, StageError>
+    where
+        F: FnMut(bool) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>, SessionError>>,
+    {
         let deadline = Instant::now() + self.wait.hold;
         let overdue = self.wait.overdue(delivered);
         let mut counted = false;
         loop {
-            match self
-                .store
-                .open_turn(msg, agent, overdue)
-                .await
-                .map_err(SessionError::into_stage)?
-            {
-                Opened::Turn(t) => return Ok(t),
-                Opened::Waiting => {}
+            if let Some(done) = attempt(overdue).await.map_err(SessionError::into_stage)? {
+                return Ok(done);
             }
             if !counted {
                 metrics::counter!("sb_session_arrival_waits_total").increment(1);
@@ -425,15 +457,32 @@ impl Stage for SessionStage {
             .inbound
             .as_ref()
             .ok_or_else(|| SessionError::Incomplete("inbound").into_stage())?;
-        let agent = route_agent(
+        let agent = match route_agent(
             &self.agents,
             &self.channels,
             &inbound.channel,
             &inbound.agent,
-        )
-        .map_err(SessionError::into_stage)?;
+        ) {
+            Ok(agent) => agent,
+            Err(e) => {
+                // It will be dead-lettered, but in its turn: the sender's later messages must
+                // not wait the gap timeout for it.
+                let (store, m) = (&self.store, &msg);
+                self.in_arrival_order(m, delivery.delivered, |overdue| async move {
+                    Ok(store.pass_arrival(m, overdue).await?.then_some(()))
+                })
+                .await?;
+                return Err(e.into_stage());
+            }
+        };
+        let (store, m) = (&self.store, &msg);
         let opened = self
-            .open_in_arrival_order(&msg, agent, delivery.delivered)
+            .in_arrival_order(m, delivery.delivered, |overdue| async move {
+                Ok(match store.open_turn(m, agent, overdue).await? {
+                    Opened::Turn(t) => Some(t),
+                    Opened::Waiting => None,
+                })
+            })
             .await?;
         let correlation = inbound.correlation_id.clone();
         let channel = inbound.channel.clone();
