@@ -160,34 +160,29 @@ impl DeliveryLedger {
         })
     }
 
-    pub async fn part_sent(&self, id: Uuid, provider_id: &str) -> Result<(), sqlx::Error> {
+    /// Record a part the provider accepted. The last part's write also marks the reply sent,
+    /// so a reply of one part costs one write after the send; earlier parts renew the lease.
+    pub async fn part_sent(
+        &self,
+        id: Uuid,
+        provider_id: &str,
+        last: bool,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query(
             "UPDATE switchboard.deliveries
                 SET parts_sent = parts_sent + 1,
                     provider_message_ids = array_append(provider_message_ids, $2),
-                    leased_until = now() + make_interval(secs => $3),
+                    status = CASE WHEN $4 THEN 'sent' ELSE status END,
+                    last_error = CASE WHEN $4 THEN NULL ELSE last_error END,
+                    leased_until = CASE WHEN $4 THEN NULL
+                                        ELSE now() + make_interval(secs => $3) END,
                     updated_at = now()
               WHERE reply_id = $1 AND status = 'pending'",
         )
         .bind(id)
         .bind(provider_id)
         .bind(self.lease.as_secs_f64())
-        .execute(&self.db)
-        .await?;
-        Ok(())
-    }
-
-    /// The last part went out: record it and mark the reply sent, in one write.
-    pub async fn last_part_sent(&self, id: Uuid, provider_id: &str) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "UPDATE switchboard.deliveries
-                SET parts_sent = parts_sent + 1,
-                    provider_message_ids = array_append(provider_message_ids, $2),
-                    status = 'sent', last_error = NULL, leased_until = NULL, updated_at = now()
-              WHERE reply_id = $1 AND status = 'pending'",
-        )
-        .bind(id)
-        .bind(provider_id)
+        .bind(last)
         .execute(&self.db)
         .await?;
         Ok(())
@@ -356,7 +351,11 @@ impl Stage for DeliverStage {
             return Ok(vec![self.failed(&reply, error)]);
         }
         // Whether the ledger already says `sent` (the last part's write sets it).
-        let mut recorded = false;
+        if sent == parts.len() {
+            // Every part went out and was recorded, but not the status: a row written by a
+            // release from before the last part's write also set it.
+            self.ledger.finish(id, None).await.map_err(transient)?;
+        }
         while sent < parts.len() {
             match self
                 .twilio
@@ -364,15 +363,11 @@ impl Stage for DeliverStage {
                 .await
             {
                 Ok(sid) => {
-                    if sent + 1 == parts.len() {
-                        self.ledger
-                            .last_part_sent(id, &sid)
-                            .await
-                            .map_err(transient)?;
-                        recorded = true;
-                    } else {
-                        self.ledger.part_sent(id, &sid).await.map_err(transient)?;
-                    }
+                    let last = sent + 1 == parts.len();
+                    self.ledger
+                        .part_sent(id, &sid, last)
+                        .await
+                        .map_err(transient)?;
                     ids.push(sid);
                     sent += 1;
                 }
@@ -399,11 +394,6 @@ impl Stage for DeliverStage {
                     return Err(StageError::transient(e));
                 }
             }
-        }
-        if !recorded {
-            // Every part had gone out before this claim (a deliverer died after the last send
-            // was recorded part by part): only the status is left to set.
-            self.ledger.finish(id, None).await.map_err(transient)?;
         }
         metrics::counter!("sb_delivery_sent_total", "provider" => "twilio").increment(1);
         Ok(vec![self.delivered(&reply, ids)])
