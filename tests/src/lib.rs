@@ -327,6 +327,22 @@ impl TestApp {
             .collect()
     }
 
+    /// Wait until `stage` has at least one dead letter (or `timeout` passed); returns them all.
+    pub async fn wait_for_dead_letters(
+        &self,
+        stage: StageName,
+        timeout: Duration,
+    ) -> Vec<DeadLetter> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let letters = self.dead_letters(stage).await;
+            if !letters.is_empty() || Instant::now() >= deadline {
+                return letters;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The gateway's Prometheus page.
     pub async fn metrics(&self) -> String {
         reqwest::get(format!("{}/metrics", self.gateway_url))

@@ -271,14 +271,7 @@ async fn an_undecodable_message_on_a_work_subject_is_dead_lettered_with_its_reas
         .await
         .unwrap();
 
-    let deadline = std::time::Instant::now() + WAIT;
-    let letters = loop {
-        let l = app.dead_letters(StageName::Identify).await;
-        if !l.is_empty() || std::time::Instant::now() > deadline {
-            break l;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let letters = app.wait_for_dead_letters(StageName::Identify, WAIT).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert!(
         letters[0].error.contains("undecodable"),

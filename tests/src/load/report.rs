@@ -119,13 +119,7 @@ pub fn plot(path: &Path, title: &str, series: &[PlotSeries]) -> anyhow::Result<(
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 15))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
 
     let with_latency: Vec<&PlotSeries> = series
         .iter()
@@ -174,13 +168,27 @@ pub fn plot(path: &Path, title: &str, series: &[PlotSeries]) -> anyhow::Result<(
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
     }
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+    root.present().context("writing the PNG")?;
+    Ok(())
+}
+
+/// The series legend, boxed, in one corner of the chart.
+fn draw_legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> anyhow::Result<()>
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate,
+{
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
-        .position(SeriesLabelPosition::LowerRight)
+        .position(position)
         .draw()?;
-    root.present().context("writing the PNG")?;
     Ok(())
 }
