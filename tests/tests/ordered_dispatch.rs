@@ -161,6 +161,79 @@ async fn a_turn_redelivered_while_its_call_still_runs_waits_for_that_call() {
     app.shutdown().await;
 }
 
+/// Two dispatchers run `turn` at once while their leases lapse (liveness 300 ms, runner slower):
+/// both call the runner, exactly one answer is committed, the other call defers and, run
+/// again, emits that answer without calling the runner. Returns the committed reply.
+async fn exactly_one_answer_stands(
+    app: &TestApp,
+    turn: &Turn,
+    delivery: &Delivery,
+    a: &TurnDispatcher,
+    b: &TurnDispatcher,
+) -> Reply {
+    let calls_before = app.runner.calls().len();
+    let (x, y) = tokio::join!(
+        a.handle(turn.clone(), delivery),
+        b.handle(turn.clone(), delivery)
+    );
+    assert_eq!(
+        app.runner.calls().len() - calls_before,
+        2,
+        "the lapsed lease let a second call in"
+    );
+    let (committed, (err, superseded)) = match (x, y) {
+        (Ok(out), Err(e)) => (decode_reply(out), (e, b)),
+        (Err(e), Ok(out)) => (decode_reply(out), (e, a)),
+        (x, y) => panic!("exactly one call commits: {x:?} / {y:?}"),
+    };
+    assert!(
+        matches!(err, switchboard_kit::StageError::Defer(..)),
+        "the superseded call comes back later: {err}"
+    );
+    let again = decode_reply(superseded.handle(turn.clone(), delivery).await.unwrap());
+    assert_eq!(again.id, committed.id, "it emits the committed reply");
+    assert_eq!(
+        app.runner.calls().len() - calls_before,
+        2,
+        "without calling the runner again"
+    );
+    committed
+}
+
+#[tokio::test]
+async fn a_failed_turn_replayed_twice_at_once_is_answered_once() {
+    // A replay runs a failed latest turn in place (the cursor already points at it), so the
+    // cursor's compare-and-set cannot tell two copies apart; the lease and the turn's status
+    // must. Otherwise the second commit would replace the reply and a second SMS go out.
+    let app = spawn_app_configured(|c| c.dispatch.liveness_ms = 300).await;
+    app.runner.set_delay(Duration::from_millis(1_200));
+    let (turn, delivery, a, b, session) = one_turn_two_dispatchers(&app, "again").await;
+    sqlx::query("UPDATE switchboard.sessions SET last_seq = 1 WHERE id = $1")
+        .bind(session)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE switchboard.turns SET status = 'failed', error = 'runner 500' WHERE session_id = $1")
+        .bind(session)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let committed = exactly_one_answer_stands(&app, &turn, &delivery, &a, &b).await;
+    let stored: uuid::Uuid =
+        sqlx::query_scalar("SELECT reply_id FROM switchboard.turns WHERE session_id = $1")
+            .bind(session)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        stored.to_string(),
+        committed.id,
+        "the turn keeps the answer emitted"
+    );
+    assert_eq!(cursor_and_done(&app, session).await, (1, 1));
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_zombie_dispatcher_whose_lease_lapsed_cannot_commit_a_second_answer() {
     // A dispatcher stalls (paused process: no heartbeat) in the middle of a runner call, so its
@@ -170,34 +243,9 @@ async fn a_zombie_dispatcher_whose_lease_lapsed_cannot_commit_a_second_answer() 
     let app = spawn_app_configured(|c| c.dispatch.liveness_ms = 300).await;
     app.runner.set_delay(Duration::from_millis(1_200));
     let (turn, delivery, zombie, live, session) = one_turn_two_dispatchers(&app, "race me").await;
-    let (x, y) = tokio::join!(
-        zombie.handle(turn.clone(), &delivery),
-        live.handle(turn.clone(), &delivery)
-    );
-    assert_eq!(
-        app.runner.calls().len(),
-        2,
-        "the lapsed lease let a second call in"
-    );
-    let (committed, superseded) = match (x, y) {
-        (Ok(out), Err(e)) => (decode_reply(out), (e, &zombie)),
-        (Err(e), Ok(out)) => (decode_reply(out), (e, &live)),
-        (x, y) => panic!("exactly one call commits: {x:?} / {y:?}"),
-    };
-    assert!(
-        matches!(superseded.0, switchboard_kit::StageError::Defer(..)),
-        "the superseded call comes back later: {}",
-        superseded.0
-    );
+    let committed = exactly_one_answer_stands(&app, &turn, &delivery, &zombie, &live).await;
     assert_eq!(committed.text, "echo: race me");
     assert_eq!(cursor_and_done(&app, session).await, (1, 1));
-    let again = decode_reply(superseded.1.handle(turn.clone(), &delivery).await.unwrap());
-    assert_eq!(again.id, committed.id, "it emits the committed reply");
-    assert_eq!(
-        app.runner.calls().len(),
-        2,
-        "without calling the runner again"
-    );
 
     // A later turn of the session is not run before its predecessor: it waits, then defers.
     let early = turn_for(
@@ -226,14 +274,9 @@ async fn a_turn_that_fails_for_good_does_not_block_the_session_and_can_be_replay
     // The agent host rejects the first turn (a 4xx: retrying cannot help).
     app.runner.fail_next(1, 422);
     assert_eq!(app.send_sms(person, "first").await.status(), 200);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let letters = loop {
-        let l = app.dead_letters(StageName::Dispatch).await;
-        if !l.is_empty() || std::time::Instant::now() > deadline {
-            break l;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let letters = app
+        .wait_for_dead_letters(StageName::Dispatch, Duration::from_secs(20))
+        .await;
     assert_eq!(letters.len(), 1);
     assert!(letters[0].error.contains("422"), "{}", letters[0].error);
 
@@ -291,14 +334,9 @@ async fn a_runner_that_keeps_failing_is_retried_then_dead_lettered_with_the_coun
     let app = spawn_app_configured(|c| c.dispatch.max_deliver = 3).await;
     app.runner.fail_next(usize::MAX, 503);
     assert_eq!(app.send_sms("+14155550403", "anyone?").await.status(), 200);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let letters = loop {
-        let l = app.dead_letters(StageName::Dispatch).await;
-        if !l.is_empty() || std::time::Instant::now() > deadline {
-            break l;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let letters = app
+        .wait_for_dead_letters(StageName::Dispatch, Duration::from_secs(20))
+        .await;
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].delivery_count, 3);
     assert!(letters[0].error.contains("503"), "{}", letters[0].error);
