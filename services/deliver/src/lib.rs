@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sqlx::{PgPool, Row};
 use switchboard_kit::proto::{DeliveryFailed, Reply, ReplyDelivered};
-use switchboard_kit::{Delivery, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::{Delivery, Hold, Output, Stage, StageError, StageName, Topology};
 use uuid::Uuid;
 
 pub use twilio::TwilioSender;
@@ -248,24 +248,21 @@ impl DeliverStage {
 
     /// Replies of one session go out in turn order: wait until the previous one is settled.
     async fn wait_for_predecessor(&self, session: Uuid, seq: i64) -> Result<(), StageError> {
-        let deadline = tokio::time::Instant::now() + ORDER_HOLD;
-        loop {
-            let settled = self
-                .ledger
-                .predecessor_settled(session, seq)
-                .await
-                .map_err(|e| StageError::transient(DeliverError::Database(e)))?;
-            if settled {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(StageError::Defer(
-                    Duration::from_secs(1),
-                    format!("reply {seq} waits for the reply to turn {}", seq - 1),
-                ));
-            }
-            tokio::time::sleep(ORDER_POLL).await;
-        }
+        let hold = Hold {
+            poll: ORDER_POLL,
+            hold: ORDER_HOLD,
+            retry: Duration::from_secs(1),
+        };
+        hold.until(
+            || format!("reply {seq} waits for the reply to turn {}", seq - 1),
+            || async {
+                self.ledger
+                    .predecessor_settled(session, seq)
+                    .await
+                    .map_err(|e| StageError::transient(DeliverError::Database(e)))
+            },
+        )
+        .await
     }
 
     fn delivered(&self, reply: &Reply, ids: Vec<String>) -> Output {

@@ -93,6 +93,40 @@ impl StageError {
     }
 }
 
+/// How a handler waits in place for something another worker will do (a predecessor placed,
+/// a previous reply sent): poll every `poll` for at most `hold`, then hand the message back
+/// with [`StageError::Defer`] after `retry`, so a long wait does not pin a handler slot.
+#[derive(Debug, Clone, Copy)]
+pub struct Hold {
+    pub poll: Duration,
+    pub hold: Duration,
+    pub retry: Duration,
+}
+
+impl Hold {
+    /// Ok once `ready` answers true; `Defer(retry, why())` when the hold is over first.
+    pub async fn until<F, Fut>(
+        &self,
+        why: impl FnOnce() -> String,
+        mut ready: F,
+    ) -> Result<(), StageError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<bool, StageError>>,
+    {
+        let deadline = Instant::now() + self.hold;
+        loop {
+            if ready().await? {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(StageError::Defer(self.retry, why()));
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+}
+
 /// A worker's logic. Implementations know nothing of NATS.
 pub trait Stage: Send + Sync + 'static {
     type Input: prost::Message + Default + Send + 'static;

@@ -9,12 +9,12 @@
 //! has its turn. Stages before this one run messages concurrently and a crashed worker's
 //! message only comes back after `ack_wait`, so without the wait a later message would overtake.
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{AgentConfig, ChannelConfig};
 use switchboard_kit::proto::{IdentifiedMessage, SessionCreated, Turn};
-use switchboard_kit::{Delivery, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::{Delivery, Hold, Output, Stage, StageError, StageName, Topology};
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -410,8 +410,13 @@ impl SessionStage {
         F: FnMut(bool) -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, SessionError>>,
     {
-        let deadline = Instant::now() + self.wait.hold;
         let overdue = self.wait.overdue(delivered);
+        let hold = Hold {
+            poll: self.wait.poll,
+            hold: self.wait.hold,
+            retry: self.wait.retry_after(delivered),
+        };
+        let why = || "waiting for the sender's earlier message".to_string();
         let mut counted = false;
         loop {
             if let Some(done) = attempt(overdue).await.map_err(SessionError::into_stage)? {
@@ -421,25 +426,14 @@ impl SessionStage {
                 metrics::counter!("sb_session_arrival_waits_total").increment(1);
                 counted = true;
             }
-            // Poll read-only until the predecessor is placed; the hold is bounded so a long
-            // wait goes back to the stream instead of pinning a slot.
-            loop {
-                if Instant::now() >= deadline {
-                    return Err(StageError::Defer(
-                        self.wait.retry_after(delivered),
-                        "waiting for the sender's earlier message".into(),
-                    ));
-                }
-                tokio::time::sleep(self.wait.poll).await;
-                if self
-                    .store
+            // Read-only until the predecessor is placed, then try again.
+            hold.until(why, || async {
+                self.store
                     .arrival_ready(msg, overdue)
                     .await
-                    .map_err(SessionError::into_stage)?
-                {
-                    break;
-                }
-            }
+                    .map_err(SessionError::into_stage)
+            })
+            .await?;
         }
     }
 }
