@@ -20,7 +20,7 @@ use serde::Serialize;
 use switchboard_e2e::load::fakes::{LoadRunner, LoadTwilio, RunnerStats, TwilioStats};
 use switchboard_e2e::load::floor::{self, FloorOptions, FloorResult};
 use switchboard_e2e::load::loadgen::{LoadGen, LoadStats, round_robin};
-use switchboard_e2e::load::pipeline::{self, Knobs, Pipeline, Setup};
+use switchboard_e2e::load::pipeline::{self, Knobs, Pipeline};
 use switchboard_e2e::load::procs::{self, CpuSnapshot, MemoryPeaks, MemorySampler};
 use switchboard_e2e::load::report::{self, Percentiles, PlotSeries};
 use switchboard_e2e::load::stack::{Stack, repo_dir};
@@ -467,20 +467,8 @@ async fn run_scenario(
     let runner = LoadRunner::start(spec.runner_delay).await;
     runner.record_timing(true);
     let twilio = LoadTwilio::start(pipeline::ACCOUNT_SID, pipeline::AUTH_TOKEN).await;
-    let database_url = stack.fresh_database("bench").await?;
-    let prefix = format!(
-        "bench{}x{}",
-        spec.id,
-        &uuid::Uuid::new_v4().simple().to_string()[..6]
-    );
-    let config = pipeline::config(&Setup {
-        nats_url: &stack.nats_url,
-        database_url: &database_url,
-        prefix: &prefix,
-        runner_url: &runner.url,
-        twilio: &twilio,
-        knobs: &spec.knobs,
-    });
+    let run = format!("bench{}x", spec.id);
+    let config = pipeline::config_for_run(stack, &run, &runner.url, &twilio, &spec.knobs).await?;
     // Dispatch starts last: its topology settings (max_ack_pending follows runtime.concurrency)
     // are the ones that stay.
     let order = [

@@ -20,7 +20,7 @@ use sqlx::Row as _;
 
 use super::fakes::{LoadRunner, LoadTwilio, RunnerStats, TwilioStats};
 use super::loadgen::{LoadGen, LoadStats, in_groups};
-use super::pipeline::{self, Knobs, Pipeline, Setup};
+use super::pipeline::{self, Knobs, Pipeline};
 use super::stack::Stack;
 use super::{message_text, now_us};
 
@@ -308,16 +308,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let started = Instant::now();
     let runner = LoadRunner::start(o.runner_delay).await;
     let twilio = LoadTwilio::start(pipeline::ACCOUNT_SID, pipeline::AUTH_TOKEN).await;
-    let database_url = stack.fresh_database("chaos").await?;
-    let prefix = format!("chaos{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let config = pipeline::config(&Setup {
-        nats_url: &stack.nats_url,
-        database_url: &database_url,
-        prefix: &prefix,
-        runner_url: &runner.url,
-        twilio: &twilio,
-        knobs: &o.knobs,
-    });
+    let config = pipeline::config_for_run(stack, "chaos", &runner.url, &twilio, &o.knobs).await?;
     let order = pipeline::layout(&o.replicas);
     let mut pipeline = Pipeline::start(&o.dir, config, &order, |_, _| {}).await?;
     let events: Arc<Mutex<Vec<Event>>> = Default::default();

@@ -78,6 +78,27 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// The configuration of one run on `stack`: a fresh database and a subject prefix of its own
+/// (named after `run`), the given runner and Twilio fakes, and `knobs`.
+pub async fn config_for_run(
+    stack: &super::stack::Stack,
+    run: &str,
+    runner_url: &str,
+    twilio: &LoadTwilio,
+    knobs: &Knobs,
+) -> anyhow::Result<Config> {
+    let database_url = stack.fresh_database(run).await?;
+    let prefix = format!("{run}{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    Ok(config(&Setup {
+        nats_url: &stack.nats_url,
+        database_url: &database_url,
+        prefix: &prefix,
+        runner_url,
+        twilio,
+        knobs,
+    }))
+}
+
 pub struct Setup<'a> {
     pub nats_url: &'a str,
     pub database_url: &'a str,
