@@ -66,7 +66,8 @@ clean-stack:
 	$(STACK) destroy test || true
 
 # ---- benchmarks and chaos runs (tests/src/bin, tests/src/load) -----------------------------
-# Each brings up its own stack instance (bench: 36222/37432, chaos: 38222/39432) and stops it.
+# Each brings up its own stack instance (bench: 16222/17432, chaos: 18222/19432; every port below
+# Linux's ephemeral range, 32768+) and stops it. Never run the two at once: both are CPU-bound.
 # Results, plots and worker logs go to bench-results/<timestamp>/ (git-ignored).
 BENCH_ARGS ?=
 CHAOS_ARGS ?=

@@ -16,9 +16,12 @@
 #   stack.sh env     <name>
 #   stack.sh destroy <name>
 #   stack.sh restart <name> nats|pg
+#   stack.sh crash   <name> nats|pg
 #
 # `restart` stops one server of a running stack and starts it again on the same
-# ports and data (chaos runs use it to restart NATS or Postgres mid-run).
+# ports and data. `crash` SIGKILLs it instead (Postgres: the postmaster and every
+# backend at once, as a power cut or the OOM killer would) and starts it again,
+# so it comes back by crash recovery (chaos runs use both).
 #
 # `up` prints the `export ...` lines on stdout (like `env`). Every other message
 # goes to stderr, so `eval "$(deploy/local/stack.sh up test 24222 25432)"` works.
@@ -79,6 +82,7 @@ usage: deploy/local/stack.sh up      <name> <nats_port> <pg_port> [<nats_monitor
        deploy/local/stack.sh env     <name>
        deploy/local/stack.sh destroy <name>
        deploy/local/stack.sh restart <name> nats|pg
+       deploy/local/stack.sh crash   <name> nats|pg
 EOF
     exit 2
 }
@@ -810,6 +814,93 @@ restart_locked() {
     log "stack '${NAME}': $1 restarted"
 }
 
+cmd_crash() {
+    [ $# -eq 2 ] || usage
+    set_name "$1"
+    case "$2" in
+    nats | pg) ;;
+    *) usage ;;
+    esac
+    mkdir -p "${ROOT}/.locks"
+    with_lock 9 "${ROOT}/.locks/${NAME}.lock" crash_locked "$2"
+}
+
+# children_of PID: the pids whose parent is PID (from /proc, no procps needed).
+children_of() {
+    local parent="$1" f stat rest ppid
+    for f in /proc/[0-9]*/stat; do
+        stat="$(cat "$f" 2>/dev/null)" || continue
+        rest="${stat##*) }" # after the command name, which may hold spaces
+        ppid="$(printf '%s' "$rest" | cut -d' ' -f2)"
+        if [ "$ppid" = "$parent" ]; then
+            f="${f#/proc/}"
+            printf '%s ' "${f%/stat}"
+        fi
+    done
+}
+
+# kill_tree_now PID: SIGKILL a process and all its children at the same instant. The parent is
+# stopped first so that it forks no child between the listing and the kill. Waits (bounded)
+# until all are dead; returns 1 if PID itself is left as a zombie nobody has reaped yet.
+kill_tree_now() {
+    local pid="$1" kids p i
+    kill -STOP "$pid" 2>/dev/null || true
+    kids="$(children_of "$pid")"
+    # shellcheck disable=SC2086
+    kill -KILL $kids "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do # 10 s
+        local alive=0
+        for p in $kids "$pid"; do
+            if pid_alive "$p"; then alive=1; fi
+        done
+        [ "$alive" = 1 ] || break
+        sleep 0.1
+    done
+    for p in $kids "$pid"; do
+        pid_alive "$p" && die "pid ${p} still alive 10s after SIGKILL"
+    done
+    for ((i = 0; i < 50; i++)); do # 5 s for the reaper
+        [ -e "/proc/${pid}" ] || return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+crash_locked() {
+    local pid i
+    load_ports || die "stack '${NAME}' has never been brought up (no ${PORTS_FILE})"
+    case "$1" in
+    nats)
+        pid="$(nats_pid)" || die "NATS of stack '${NAME}' is not running"
+        log "SIGKILL NATS (pid ${pid})"
+        kill -KILL "$pid" 2>/dev/null || true
+        for ((i = 0; i < 100; i++)); do
+            pid_alive "$pid" || break
+            sleep 0.1
+        done
+        pid_alive "$pid" && die "NATS (pid ${pid}) still alive 10s after SIGKILL"
+        rm -f "$NATS_PID_FILE"
+        start_nats
+        ;;
+    pg)
+        pid="$(head -n 1 "$(pg_data)/postmaster.pid" 2>/dev/null || true)"
+        [[ "$pid" =~ ^[0-9]+$ ]] && pid_alive "$pid" || die "Postgres of stack '${NAME}' is not running"
+        # The postmaster and every backend at the same instant, as a power cut or the OOM
+        # killer would. postmaster.pid stays behind, as after a real crash.
+        log "SIGKILL Postgres (postmaster ${pid} and every backend)"
+        if ! kill_tree_now "$pid"; then
+            # Dead, but not yet reaped by whoever inherited them: Postgres would take a zombie
+            # postmaster for a live one and refuse to start.
+            pid_alive "$pid" && die "Postgres (pid ${pid}) still alive 10s after SIGKILL"
+            warn "the killed postmaster was not reaped; removing its stale postmaster.pid"
+            rm -f "$(pg_data)/postmaster.pid"
+        fi
+        start_pg
+        ;;
+    esac
+    log "stack '${NAME}': $1 crashed and came back"
+}
+
 cmd_env() {
     [ $# -eq 1 ] || usage
     set_name "$1"
@@ -854,6 +945,7 @@ main() {
     env) cmd_env "$@" ;;
     destroy) cmd_destroy "$@" ;;
     restart) cmd_restart "$@" ;;
+    crash) cmd_crash "$@" ;;
     -h | --help | help) usage ;;
     *)
         printf 'stack: unknown command %s\n' "$cmd" >&2

@@ -144,3 +144,40 @@ async fn replies_of_one_session_go_out_in_turn_order() {
     assert_eq!(bodies, vec!["reply 1", "reply 2"]);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_sent_part_recorded_twice_after_a_lost_database_answer_counts_once() {
+    // A deliverer records a part, the database commits but its answer is lost (Postgres
+    // restarting), and the deliverer writes the same record again.
+    let app = spawn_app_with(AppOptions {
+        in_process: vec![],
+        ..Default::default()
+    })
+    .await;
+    let reply = Reply {
+        id: uuid::Uuid::now_v7().to_string(),
+        session_id: uuid::Uuid::now_v7().to_string(),
+        seq: 1,
+        text: "three parts".into(),
+        channel: "sms".into(),
+        provider: "twilio".into(),
+        recipient: "+14155550502".into(),
+        ..Default::default()
+    };
+    let id: uuid::Uuid = reply.id.parse().unwrap();
+    let ledger = DeliveryLedger::new(app.db.clone(), Duration::from_secs(45));
+    ledger.claim(&reply, id, 3).await.unwrap();
+    for _ in 0..2 {
+        ledger.part_sent(id, "SM-part-1", 0, false).await.unwrap();
+    }
+    ledger.part_sent(id, "SM-part-2", 1, false).await.unwrap();
+    let (parts_sent, ids): (i32, Vec<String>) = sqlx::query_as(
+        "SELECT parts_sent, provider_message_ids FROM switchboard.deliveries WHERE reply_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(parts_sent, 2, "the next attempt resumes at the third part");
+    assert_eq!(ids, vec!["SM-part-1", "SM-part-2"]);
+}

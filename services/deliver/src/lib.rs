@@ -2,11 +2,13 @@
 //!
 //! The ledger (`deliveries`) makes redelivered replies harmless: a reply marked `sent` is not
 //! sent again, a reply being sent is leased by one deliverer, and long replies remember how many
-//! parts went out. The one window left: the process dies after the provider accepted a part and
-//! before the ledger records it; that part is sent again when the reply is retried.
+//! parts went out. A part the provider accepted is recorded before anything else happens; if the
+//! database is down, the write is retried for most of the lease. The one window left: the
+//! process dies after the provider accepted a part and before the ledger records it (or the
+//! database stays down longer than the lease); that part is sent again when the reply is retried.
 pub mod twilio;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Row};
 use switchboard_kit::proto::{DeliveryFailed, Reply, ReplyDelivered};
@@ -160,32 +162,61 @@ impl DeliveryLedger {
         })
     }
 
-    /// Record a part the provider accepted. The last part's write also marks the reply sent,
-    /// so a reply of one part costs one write after the send; earlier parts renew the lease.
+    /// Record that part `index` (0-based) went out. The last part's write also marks the reply
+    /// sent, so a reply of one part costs one write after the send; earlier parts renew the
+    /// lease. Idempotent: written again after a lost answer (the database restarted between
+    /// commit and reply), it changes nothing.
     pub async fn part_sent(
         &self,
         id: Uuid,
         provider_id: &str,
+        index: usize,
         last: bool,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(
             "UPDATE switchboard.deliveries
-                SET parts_sent = parts_sent + 1,
+                SET parts_sent = $5 + 1,
                     provider_message_ids = array_append(provider_message_ids, $2),
                     status = CASE WHEN $4 THEN 'sent' ELSE status END,
                     last_error = CASE WHEN $4 THEN NULL ELSE last_error END,
                     leased_until = CASE WHEN $4 THEN NULL
                                         ELSE now() + make_interval(secs => $3) END,
                     updated_at = now()
-              WHERE reply_id = $1 AND status = 'pending'",
+              WHERE reply_id = $1 AND status = 'pending' AND parts_sent = $5",
         )
         .bind(id)
         .bind(provider_id)
         .bind(self.lease.as_secs_f64())
         .bind(last)
+        .bind(index as i32)
         .execute(&self.db)
         .await?;
         Ok(())
+    }
+
+    /// [`Self::part_sent`], retried until it is written or `until` passes. Only this process
+    /// knows the provider accepted the part: giving up on the write means the next attempt
+    /// sends it again, so a database outage shorter than the lease costs no double send.
+    pub async fn record_part_sent(
+        &self,
+        id: Uuid,
+        provider_id: &str,
+        index: usize,
+        last: bool,
+        until: Instant,
+    ) -> Result<(), sqlx::Error> {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.part_sent(id, provider_id, index, last).await {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() + delay < until => {
+                    tracing::warn!(reply_id = %id, error = %e, "recording a sent part failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     pub async fn finish(&self, id: Uuid, error: Option<&str>) -> Result<(), sqlx::Error> {
@@ -321,6 +352,7 @@ impl Stage for DeliverStage {
         }
         let parts = split_message(&reply.text, twilio::MAX_BODY_CHARS);
         let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));
+        let mut lease_taken = Instant::now();
         let (mut sent, mut ids) = match self
             .ledger
             .claim(&reply, id, parts.len())
@@ -361,10 +393,14 @@ impl Stage for DeliverStage {
             {
                 Ok(sid) => {
                     let last = sent + 1 == parts.len();
+                    // Keep a margin before the lease ends, so no other deliverer takes the
+                    // reply over while this one still tries to record its send.
+                    let until = lease_taken + self.ledger.lease * 3 / 4;
                     self.ledger
-                        .part_sent(id, &sid, last)
+                        .record_part_sent(id, &sid, sent, last, until)
                         .await
                         .map_err(transient)?;
+                    lease_taken = Instant::now();
                     ids.push(sid);
                     sent += 1;
                 }

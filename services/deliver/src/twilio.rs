@@ -23,6 +23,7 @@ struct Created {
 impl TwilioSender {
     pub fn new(config: TwilioConfig) -> Self {
         let http = reqwest::Client::builder()
+            .user_agent(user_agent())
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
             .build()
@@ -80,6 +81,16 @@ impl TwilioSender {
             ))),
         }
     }
+}
+
+/// `switchboard-deliver/<version> (<host>:<pid>)`: which replica sent a message, as the
+/// provider's request log (or a test's fake) sees it.
+pub fn user_agent() -> String {
+    format!(
+        "switchboard-deliver/{} ({})",
+        env!("CARGO_PKG_VERSION"),
+        switchboard_kit::instance_id()
+    )
 }
 
 fn clip(s: &str) -> String {

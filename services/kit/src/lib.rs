@@ -27,6 +27,25 @@ pub use runtime::{Delivery, Hold, Output, Stage, StageError};
 pub use shutdown::Shutdown;
 pub use topology::{StageName, Topology};
 
+/// This process among the replicas: `<host>:<pid>`. It names the process in the logs and in
+/// what it sends to providers (the deliverer's `User-Agent`), so an operator, or a chaos run, can
+/// tell which replica did what.
+pub fn instance_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+            })
+            .unwrap_or_else(|| "localhost".into());
+        format!("{host}:{}", std::process::id())
+    })
+}
+
 /// Milliseconds since the Unix epoch, the time unit of every payload.
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()

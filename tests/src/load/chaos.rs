@@ -1,28 +1,39 @@
-//! The chaos run: SMS from many senders while a random worker process is SIGKILLed every few
-//! seconds (and started again right away, as an orchestrator would), and NATS and Postgres are
-//! restarted mid-run. Afterwards every accepted message is accounted for:
+//! The chaos run: SMS from many senders while worker processes are SIGKILLed on a seeded
+//! schedule (and started again right away, as an orchestrator would), and NATS and Postgres are
+//! each SIGKILLed once and come back by crash recovery (Postgres with `fsync`,
+//! `synchronous_commit` and `full_page_writes` on, as in production).
 //!
-//! - inbound lost: accepted by the gateway (200) but no turn or no inbound log row;
-//! - replies lost: a turn with no SMS at Twilio;
-//! - replies delivered twice, each matched against the documented window (the deliverer died,
-//!   or could not record the send, after Twilio accepted it);
-//! - order: the runner saw a person's turn N+1 before N, or a person got SMS out of order;
-//! - overlap: the runner saw two calls for the same person at once.
-use std::collections::{BTreeMap, HashMap, HashSet};
+//! Afterwards the run collects its [`Evidence`] (every accepted message, every runner call,
+//! every SMS, the database's turns, log rows and ledger, every kill and crash, the dead letters),
+//! writes it to `chaos-evidence.json`, and [`judge`] gives the verdict: see
+//! [`super::chaos_check`] for what fails a run.
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
-use rand::Rng as _;
+use rand::seq::SliceRandom as _;
+use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use sqlx::Row as _;
 
+use super::chaos_check::{
+    AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, ServerCrash, TurnRow, Verdict,
+    judge,
+};
 use super::fakes::{LoadRunner, LoadTwilio, RunnerStats, TwilioStats};
 use super::loadgen::{LoadGen, LoadStats, in_groups};
 use super::pipeline::{self, Knobs, Pipeline};
 use super::stack::Stack;
 use super::{message_text, now_us};
+
+/// The worker kinds a chaos run kills, each at least [`MIN_KILLS_PER_KIND`] times.
+pub const WORKER_KINDS: [&str; 6] = [
+    "gateway", "identify", "session", "dispatch", "log", "deliver",
+];
+pub const MIN_KILLS_PER_KIND: usize = 2;
 
 #[derive(Debug, Clone)]
 pub struct ChaosOptions {
@@ -35,11 +46,15 @@ pub struct ChaosOptions {
     pub rate: f64,
     /// Senders whose messages interleave; one sender's messages come `group / rate` s apart.
     pub group: usize,
+    /// Seed of the kill schedule (which worker, when); printed so a run can be repeated.
+    pub seed: u64,
     pub kill_every: Duration,
-    /// Kills stop after this long (default: when the last message was accepted).
+    /// Kills happen during this window from the start (default: the time the load takes).
     pub kill_for: Option<Duration>,
-    pub restart_nats_at: Option<Duration>,
-    pub restart_pg_at: Option<Duration>,
+    /// When NATS is SIGKILLed (and started again).
+    pub crash_nats_at: Option<Duration>,
+    /// When Postgres is SIGKILLed (postmaster and backends, then started again).
+    pub crash_pg_at: Option<Duration>,
     pub runner_delay: Duration,
     /// Worker binaries and replicas.
     pub replicas: Vec<(&'static str, usize)>,
@@ -55,16 +70,17 @@ impl ChaosOptions {
     pub fn full(dir: PathBuf) -> Self {
         Self {
             stack_name: "chaos".into(),
-            nats_port: 38222,
-            pg_port: 39432,
+            nats_port: 18222,
+            pg_port: 19432,
             sessions: 2_000,
             per_session: 10,
             rate: 400.0,
             group: 50,
+            seed: rand::rng().random(),
             kill_every: Duration::from_secs(2),
             kill_for: None,
-            restart_nats_at: Some(Duration::from_secs(15)),
-            restart_pg_at: Some(Duration::from_secs(32)),
+            crash_nats_at: Some(Duration::from_secs(15)),
+            crash_pg_at: Some(Duration::from_secs(32)),
             runner_delay: Duration::from_millis(20),
             replicas: vec![
                 ("gateway", 1),
@@ -81,21 +97,22 @@ impl ChaosOptions {
         }
     }
 
-    /// The bounded version that runs inside `make test`: 600 turns, 60 sessions, kills every
-    /// 2 s for 20 s, one NATS restart.
+    /// The bounded version that runs inside `make test`: 600 turns, 60 sessions, a kill every
+    /// 1.5 s for 19.5 s (every worker kind twice), NATS and Postgres each SIGKILLed once.
     pub fn small(dir: PathBuf) -> Self {
         Self {
             stack_name: "chaos-small".into(),
-            nats_port: 44222,
-            pg_port: 45432,
+            nats_port: 28222,
+            pg_port: 29432,
             sessions: 60,
             per_session: 10,
             rate: 30.0,
             group: 10,
-            kill_every: Duration::from_secs(2),
-            kill_for: Some(Duration::from_secs(20)),
-            restart_nats_at: Some(Duration::from_secs(8)),
-            restart_pg_at: None,
+            seed: rand::rng().random(),
+            kill_every: Duration::from_millis(1_500),
+            kill_for: Some(Duration::from_millis(19_500)),
+            crash_nats_at: Some(Duration::from_secs(6)),
+            crash_pg_at: Some(Duration::from_secs(13)),
             runner_delay: Duration::from_millis(20),
             replicas: vec![
                 ("gateway", 1),
@@ -105,11 +122,18 @@ impl ChaosOptions {
                 ("deliver", 1),
                 ("dispatch", 2),
             ],
-            drain_timeout: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(90),
             dir,
             knobs: chaos_knobs(),
             progress: false,
         }
+    }
+
+    /// How long the kills go on.
+    pub fn kill_window(&self) -> Duration {
+        self.kill_for.unwrap_or_else(|| {
+            Duration::from_secs_f64(self.sessions as f64 * self.per_session as f64 / self.rate)
+        })
     }
 }
 
@@ -129,102 +153,101 @@ pub fn chaos_knobs() -> Knobs {
     }
 }
 
+/// One kill of the schedule: at `at` from the start, replica `instance` of worker `kind`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlannedKill {
+    pub at: Duration,
+    pub kind: &'static str,
+    pub instance: usize,
+}
+
+/// The kill schedule for `seed`: one kill every `every` within `window`, every kind of worker
+/// at least [`MIN_KILLS_PER_KIND`] times, the rest at random; the same seed gives the same plan.
+pub fn kill_plan(
+    seed: u64,
+    replicas: &[(&'static str, usize)],
+    every: Duration,
+    window: Duration,
+) -> anyhow::Result<Vec<PlannedKill>> {
+    let kinds: Vec<(&'static str, usize)> =
+        replicas.iter().copied().filter(|(_, n)| *n > 0).collect();
+    for k in WORKER_KINDS {
+        if !kinds.iter().any(|(n, _)| *n == k) {
+            bail!("the chaos run must run at least one {k} worker to kill it");
+        }
+    }
+    let slots = (window.as_secs_f64() / every.as_secs_f64()).floor() as usize;
+    let needed = kinds.len() * MIN_KILLS_PER_KIND;
+    if slots < needed {
+        bail!(
+            "{slots} kills fit in {window:?} at one every {every:?}; {needed} are needed to kill \
+             every kind of worker {MIN_KILLS_PER_KIND} times"
+        );
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..kinds.len())
+        .flat_map(|k| std::iter::repeat_n(k, MIN_KILLS_PER_KIND))
+        .collect();
+    while order.len() < slots {
+        order.push(rng.random_range(0..kinds.len()));
+    }
+    order.shuffle(&mut rng);
+    Ok(order
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let (kind, replicas) = kinds[k];
+            PlannedKill {
+                at: every * (i as u32 + 1),
+                kind,
+                instance: rng.random_range(0..replicas),
+            }
+        })
+        .collect())
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Event {
     pub at_s: f64,
     pub what: String,
 }
 
+/// What a chaos run shows: the settings, the faults, what the fakes counted, and the verdict.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ChaosReport {
+    pub seed: u64,
     pub sessions: usize,
     pub messages: u64,
     pub elapsed_s: f64,
     pub load: LoadStats,
     /// Distinct messages the gateway accepted.
     pub accepted: u64,
-    pub inbound_lost_no_turn: u64,
-    pub inbound_lost_no_log: u64,
-    pub replies_lost: u64,
-    /// Lost replies by the turn's status (`done`, `failed`, `open`, `missing`).
-    pub replies_lost_by_turn_status: BTreeMap<String, u64>,
-    pub outbound_log_rows_missing: u64,
-    pub replies_doubled: u64,
-    /// Doubles with a deliver worker killed (or a Postgres restart) between the two sends.
-    pub replies_doubled_in_window: u64,
-    pub replies_doubled_unexplained: u64,
-    /// The runner got a person's message before one they sent earlier (gateway arrival order).
-    pub runner_arrival_order_violations: u64,
-    /// The runner got a session's turn before a lower-numbered one (`seq`, the session stage's
-    /// numbering, which dispatch enforces).
-    pub runner_seq_order_violations: u64,
-    /// A person got SMS replies out of the order they wrote.
-    pub sms_arrival_order_violations: u64,
-    /// A person got SMS replies out of turn (`seq`) order.
-    pub sms_seq_order_violations: u64,
-    pub overlapping_turns: u64,
-    pub dead_letters: BTreeMap<String, u64>,
-    pub kills: u64,
+    /// Every kill, in order: when (s since the harness started), which worker, which pid.
+    pub kills: Vec<Kill>,
+    pub crashes: Vec<ServerCrash>,
     /// Worker processes that exited by themselves (and were restarted), by worker.
     pub self_exits: BTreeMap<String, u32>,
-    pub nats_restarts: u32,
-    pub postgres_restarts: u32,
-    pub settled: bool,
     pub runner: RunnerStats,
     pub twilio: TwilioStats,
-    pub lost_examples: Vec<String>,
+    pub verdict: Verdict,
     pub events: Vec<Event>,
 }
 
 impl ChaosReport {
-    /// What makes the run fail: loss, order, overlap, doubles outside the documented window.
+    /// What makes the run fail, one line per kind of finding (empty: passed).
     pub fn failures(&self) -> Vec<String> {
-        let mut f = Vec::new();
-        let mut check = |n: u64, what: &str| {
-            if n > 0 {
-                f.push(format!("{n} {what}"));
-            }
-        };
-        check(self.load.gave_up, "messages never accepted by the gateway");
-        check(self.inbound_lost_no_turn, "accepted messages with no turn");
-        check(
-            self.inbound_lost_no_log,
-            "accepted messages with no inbound log row",
-        );
-        check(self.replies_lost, "turns with no SMS delivered");
-        check(
-            self.runner_seq_order_violations,
-            "runner turn (seq) order violations",
-        );
-        check(
-            self.runner_arrival_order_violations,
-            "runner arrival order violations",
-        );
-        check(
-            self.sms_arrival_order_violations,
-            "SMS arrival order violations",
-        );
-        check(
-            self.sms_seq_order_violations,
-            "SMS turn (seq) order violations",
-        );
-        check(self.overlapping_turns, "overlapping turns of one person");
-        check(
-            self.replies_doubled_unexplained,
-            "replies delivered twice outside the documented window",
-        );
-        f
+        self.verdict.failures()
+    }
+
+    pub fn crashes_of(&self, server: &str) -> usize {
+        self.crashes.iter().filter(|c| c.server == server).count()
     }
 
     pub fn print(&self) {
-        let yes = |b: bool| if b { "yes" } else { "NO" };
+        let s = |us: u64| us as f64 / 1e6;
         println!(
-            "chaos: {} sessions, {} messages, {:.1} s",
-            self.sessions, self.messages, self.elapsed_s
-        );
-        println!(
-            "  faults: {} SIGKILLs, {} NATS restarts, {} Postgres restarts, self-exits {:?}",
-            self.kills, self.nats_restarts, self.postgres_restarts, self.self_exits
+            "chaos: {} sessions, {} messages, {:.1} s, seed {}",
+            self.sessions, self.messages, self.elapsed_s, self.seed
         );
         println!(
             "  gateway: {} accepted, {} non-200 answers {:?}, {} connection errors, {} given up",
@@ -234,59 +257,75 @@ impl ChaosReport {
             self.load.errors,
             self.load.gave_up
         );
+        println!("  kills ({}):", self.kills.len());
+        for k in &self.kills {
+            println!(
+                "    {:>8.3}s  SIGKILL {:<12} pid {}",
+                s(k.at_us),
+                k.target,
+                k.pid
+            );
+        }
+        for c in &self.crashes {
+            println!(
+                "    {:>8.3}s  SIGKILL {} (all its processes); back at {:.3}s{}",
+                s(c.at_us),
+                c.server,
+                s(c.back_us),
+                if c.recovered {
+                    ""
+                } else {
+                    ": DID NOT COME BACK"
+                }
+            );
+        }
+        if !self.self_exits.is_empty() {
+            println!("  exited by themselves (restarted): {:?}", self.self_exits);
+        }
+        let v = &self.verdict;
         println!(
-            "  inbound lost (no turn):          {}",
-            self.inbound_lost_no_turn
+            "  runner: {} calls for {} turns ({} re-runs after a dispatcher died, never beside the first call)",
+            v.runner_calls, v.distinct_turns_called, v.reruns
         );
         println!(
-            "  inbound lost (no log row):       {}",
-            self.inbound_lost_no_log
+            "  Twilio: {} sends for {} replies; {} sent again ({} in the documented window)",
+            v.sends,
+            v.distinct_replies_sent,
+            v.doubles.len(),
+            v.doubles_in_window()
         );
-        println!(
-            "  replies lost (turn, no SMS):     {} {:?}",
-            self.replies_lost, self.replies_lost_by_turn_status
-        );
-        println!(
-            "  outbound log rows missing:       {}",
-            self.outbound_log_rows_missing
-        );
-        println!(
-            "  replies delivered twice:         {} ({} in the documented window, {} unexplained)",
-            self.replies_doubled, self.replies_doubled_in_window, self.replies_doubled_unexplained
-        );
-        println!(
-            "  runner order violations:         {} by arrival, {} by turn seq",
-            self.runner_arrival_order_violations, self.runner_seq_order_violations
-        );
-        println!(
-            "  SMS order violations:            {} by arrival, {} by turn seq",
-            self.sms_arrival_order_violations, self.sms_seq_order_violations
-        );
-        println!(
-            "  overlapping turns of one person: {} (max {} calls at once)",
-            self.overlapping_turns, self.runner.max_overlap
-        );
-        println!(
-            "  a turn called again while its first call ran (same Idempotency-Key): {}",
-            self.runner.reruns
-        );
-        println!(
-            "  runner calls: {} for {} turns; Twilio sends: {} for {} replies",
-            self.runner.calls, self.runner.turns, self.twilio.total, self.twilio.distinct
-        );
-        println!("  dead letters: {:?}", self.dead_letters);
-        println!("  pipeline settled afterwards: {}", yes(self.settled));
-        let evidence: Vec<&String> = self
-            .lost_examples
-            .iter()
-            .chain(&self.runner.evidence)
-            .chain(&self.twilio.evidence)
-            .take(30)
-            .collect();
-        if !evidence.is_empty() {
-            println!("  evidence (first lines):");
-            for e in evidence {
-                println!("    {e}");
+        for d in &v.doubles {
+            let why = match &d.explained_by {
+                Some(k) => format!(
+                    "explained: {} (pid {}) SIGKILLed at {:.3}s before the ledger recorded it",
+                    k.target,
+                    k.pid,
+                    s(k.at_us)
+                ),
+                None => "UNEXPLAINED".into(),
+            };
+            println!(
+                "    {:<10} to {}: sent {:.3}s by pid {:?}, again {:.3}s by pid {:?}; {why}",
+                d.text,
+                d.to,
+                s(d.previous_at_us),
+                d.previous_pid,
+                s(d.resent_at_us),
+                d.resent_pid
+            );
+        }
+        if v.passed() {
+            println!("  findings: none");
+        } else {
+            println!("  findings:");
+            for (kind, list) in &v.findings {
+                println!("    {} {}:", list.len(), kind.describe());
+                for f in list.iter().take(20) {
+                    println!("      {}", f.evidence);
+                }
+                if list.len() > 20 {
+                    println!("      … {} more in chaos-report.json", list.len() - 20);
+                }
             }
         }
     }
@@ -297,7 +336,8 @@ pub async fn run(o: ChaosOptions) -> anyhow::Result<ChaosReport> {
     std::fs::create_dir_all(&o.dir)?;
     let stack = {
         let (name, n, p) = (o.stack_name.clone(), o.nats_port, o.pg_port);
-        tokio::task::spawn_blocking(move || Stack::up(&name, n, p, true)).await??
+        // Durable Postgres: a SIGKILL must not lose a committed transaction.
+        tokio::task::spawn_blocking(move || Stack::up(&name, n, p, false)).await??
     };
     let result = run_on(&stack, &o).await;
     stack.down();
@@ -305,6 +345,7 @@ pub async fn run(o: ChaosOptions) -> anyhow::Result<ChaosReport> {
 }
 
 async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
+    let plan = kill_plan(o.seed, &o.replicas, o.kill_every, o.kill_window())?;
     let started = Instant::now();
     let runner = LoadRunner::start(o.runner_delay).await;
     let twilio = LoadTwilio::start(pipeline::ACCOUNT_SID, pipeline::AUTH_TOKEN).await;
@@ -339,58 +380,61 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
 
     // The faults.
     let t0 = Instant::now();
-    let mut next_kill = t0 + o.kill_every;
-    let mut nats_at = o.restart_nats_at.map(|d| t0 + d);
-    let mut pg_at = o.restart_pg_at.map(|d| t0 + d);
-    let mut restarts: Vec<(&str, Restart)> = Vec::new();
-    let (mut nats_restarts, mut pg_restarts) = (0, 0);
-    let mut kill_times: Vec<(u64, String)> = Vec::new();
-    let mut pg_restart_times: Vec<(u64, u64)> = Vec::new();
-    let mut kills = 0u64;
+    let mut plan = plan.into_iter().peekable();
+    let mut nats_at = o.crash_nats_at.map(|d| t0 + d);
+    let mut pg_at = o.crash_pg_at.map(|d| t0 + d);
+    let mut crashing: Vec<Crash> = Vec::new();
+    let mut kills: Vec<Kill> = Vec::new();
     let mut loading = true;
-    while loading || restarts.iter().any(|(_, r)| !r.is_finished()) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    while loading || plan.peek().is_some() || crashing.iter().any(|c| !c.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
         loading = !load_task.is_finished();
         let now = Instant::now();
-        let killing = match o.kill_for {
-            Some(d) => now < t0 + d,
-            None => loading,
-        };
-        if killing && now >= next_kill {
-            next_kill += o.kill_every;
-            let i = rand::rng().random_range(0..pipeline.workers.list.len());
-            let label = pipeline.workers.list[i].label();
+        while let Some(k) = plan.next_if(|k| now >= t0 + k.at) {
+            let Some(i) = pipeline
+                .workers
+                .list
+                .iter()
+                .position(|w| w.name == k.kind && w.instance == k.instance)
+            else {
+                bail!("no worker {}-{} to kill", k.kind, k.instance);
+            };
+            let target = pipeline.workers.list[i].label();
+            let pid = pipeline.workers.list[i].pid().unwrap_or(0);
+            let at_us = now_us();
             pipeline.workers.kill_and_restart(i).await?;
-            kills += 1;
-            kill_times.push((now_us(), label.clone()));
-            event(format!("SIGKILL {label} (restarted)"));
+            kills.push(Kill {
+                at_us,
+                kind: k.kind.to_string(),
+                target: target.clone(),
+                pid,
+            });
+            event(format!("SIGKILL {target} (pid {pid}; restarted)"));
         }
         if nats_at.is_some_and(|t| now >= t) {
             nats_at = None;
-            nats_restarts += 1;
-            event("restarting NATS".into());
-            restarts.push(("nats", restart_server(stack, "nats", event.clone())));
+            event("SIGKILL NATS".into());
+            crashing.push(crash_server(stack, "nats", event.clone()));
         }
         if pg_at.is_some_and(|t| now >= t) {
             pg_at = None;
-            pg_restarts += 1;
-            event("restarting Postgres".into());
-            restarts.push(("pg", restart_server(stack, "pg", event.clone())));
+            event("SIGKILL Postgres".into());
+            crashing.push(crash_server(stack, "pg", event.clone()));
         }
         for label in pipeline.workers.restart_exited()? {
             event(format!("{label} exited by itself; restarted"));
         }
         bar.set_position(twilio.distinct());
         bar.set_message(format!(
-            "accepted {} | kills {kills} | nats {nats_restarts} pg {pg_restarts}",
-            load.accepted_count()
+            "accepted {} | kills {} | server crashes {}",
+            load.accepted_count(),
+            kills.len(),
+            crashing.len()
         ));
     }
-    for (server, r) in restarts {
-        let (from, to) = r.await??;
-        if server == "pg" {
-            pg_restart_times.push((from, to));
-        }
+    let mut crashes = Vec::new();
+    for c in crashing {
+        crashes.push(c.await?);
     }
     event("load done, faults stopped; draining".into());
 
@@ -398,7 +442,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     // they exit).
     let accepted = load.accepted();
     let drain_deadline = Instant::now() + o.drain_timeout;
-    let want: HashSet<String> = accepted
+    let want: Vec<String> = accepted
         .iter()
         .map(|a| message_text(a.sender, a.index))
         .collect();
@@ -420,146 +464,25 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     bar.finish_and_clear();
     event(format!("drained (settled: {settled})"));
 
-    // Accounting.
+    let evidence =
+        collect_evidence(&pipeline, &load, &runner, &twilio, kills, crashes, settled).await?;
+    std::fs::write(
+        o.dir.join("chaos-evidence.json"),
+        serde_json::to_string(&evidence)?,
+    )?;
     let mut r = ChaosReport {
+        seed: o.seed,
         sessions: o.sessions,
         messages: total,
         load: load.stats(),
-        accepted: accepted
-            .iter()
-            .map(|a| &a.sid)
-            .collect::<HashSet<_>>()
-            .len() as u64,
-        kills,
-        nats_restarts,
-        postgres_restarts: pg_restarts,
-        settled,
+        accepted: evidence.accepted.len() as u64,
         runner: runner.stats(),
         twilio: twilio.stats(),
+        verdict: judge(&evidence),
+        kills: evidence.kills,
+        crashes: evidence.crashes,
         ..Default::default()
     };
-    let turns: HashMap<String, String> =
-        sqlx::query("SELECT provider_message_id, status FROM switchboard.turns")
-            .fetch_all(&pipeline.db)
-            .await?
-            .into_iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect();
-    let logged: HashSet<String> = sqlx::query_scalar::<_, Option<String>>(
-        "SELECT external_id FROM switchboard.messages WHERE direction = 'inbound'",
-    )
-    .fetch_all(&pipeline.db)
-    .await?
-    .into_iter()
-    .flatten()
-    .collect();
-    let mut note = |line: String| {
-        if r.lost_examples.len() < 20 {
-            r.lost_examples.push(line);
-        }
-    };
-    let mut lost_no_turn = 0;
-    let mut lost_no_log = 0;
-    let mut lost_replies = 0;
-    let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
-    for a in &accepted {
-        let text = message_text(a.sender, a.index);
-        let status = turns.get(&a.sid);
-        if status.is_none() {
-            lost_no_turn += 1;
-            note(format!(
-                "inbound lost: {text} ({}) accepted at {:.3}s, no turn",
-                a.sid,
-                a.accepted_us as f64 / 1e6
-            ));
-        }
-        if !logged.contains(&a.sid) {
-            lost_no_log += 1;
-            note(format!("inbound not logged: {text} ({})", a.sid));
-        }
-        if twilio.arrivals_of(&text).is_empty() {
-            lost_replies += 1;
-            let s = status.cloned().unwrap_or_else(|| "missing".into());
-            note(format!("reply lost: {text} ({}), turn status {s}", a.sid));
-            *by_status.entry(s).or_default() += 1;
-        }
-    }
-    r.inbound_lost_no_turn = lost_no_turn;
-    r.inbound_lost_no_log = lost_no_log;
-    r.replies_lost = lost_replies;
-    r.replies_lost_by_turn_status = by_status;
-    let done: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM switchboard.turns WHERE status = 'done'")
-            .fetch_one(&pipeline.db)
-            .await?;
-    let outbound: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM switchboard.messages WHERE direction = 'outbound'",
-    )
-    .fetch_one(&pipeline.db)
-    .await?;
-    r.outbound_log_rows_missing = (done - outbound).max(0) as u64;
-
-    // Doubles: explained when a deliverer was killed, or Postgres restarted, between sends.
-    let deliver_kills: Vec<u64> = kill_times
-        .iter()
-        .filter(|(_, l)| l.starts_with("deliver"))
-        .map(|(t, _)| *t)
-        .collect();
-    for (text, times) in twilio.doubled() {
-        r.replies_doubled += (times.len() - 1) as u64;
-        let (first, last) = (times[0], *times.last().unwrap());
-        let killed = deliver_kills.iter().any(|t| *t >= first && *t <= last);
-        // The first send went out while Postgres was going down or coming back, so the ledger
-        // could not record it.
-        let pg = pg_restart_times
-            .iter()
-            .any(|(from, to)| first + 1_000_000 >= *from && first <= *to + 1_000_000);
-        if killed || pg {
-            r.replies_doubled_in_window += (times.len() - 1) as u64;
-        } else {
-            r.replies_doubled_unexplained += (times.len() - 1) as u64;
-            r.lost_examples.push(format!(
-                "unexplained double: {text} sent at {:?} s",
-                times.iter().map(|t| *t as f64 / 1e6).collect::<Vec<_>>()
-            ));
-        }
-    }
-    r.runner_arrival_order_violations = r.runner.order_violations;
-    r.runner_seq_order_violations = r.runner.seq_violations;
-    r.sms_arrival_order_violations = r.twilio.order_violations;
-    for (to, texts) in twilio.sequences() {
-        let mut max: Option<(i64, &String)> = None;
-        for t in &texts {
-            let Some(q) = runner.seq_of(t) else { continue };
-            if let Some((m, mt)) = max
-                && m > q
-            {
-                r.sms_seq_order_violations += 1;
-                if r.lost_examples.len() < 40 {
-                    r.lost_examples.push(format!(
-                        "sms seq order: {to} got turn {q} ({t}) after turn {m} ({mt})"
-                    ));
-                }
-            }
-            if max.is_none_or(|(m, _)| q > m) {
-                max = Some((q, t));
-            }
-        }
-    }
-    r.overlapping_turns = r.runner.overlaps;
-    if let Ok(letters) =
-        switchboard_kit::dlq::list(&pipeline.js, &pipeline.topology, None, 100_000).await
-    {
-        for d in letters {
-            *r.dead_letters.entry(d.letter.stage.clone()).or_default() += 1;
-            if r.lost_examples.len() < 40 {
-                r.lost_examples.push(format!(
-                    "dead letter #{} stage {}: {}",
-                    d.seq, d.letter.stage, d.letter.error
-                ));
-            }
-        }
-    }
     for w in &pipeline.workers.list {
         if w.self_exits > 0 {
             r.self_exits.insert(w.label(), w.self_exits);
@@ -575,24 +498,123 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     Ok(r)
 }
 
-/// A server restart in the background; yields when it began and ended, µs.
-type Restart = tokio::task::JoinHandle<anyhow::Result<(u64, u64)>>;
+/// Everything the verdict needs, from the fakes, the load generator, the database and the
+/// dead-letter stream.
+async fn collect_evidence(
+    pipeline: &Pipeline,
+    load: &LoadGen,
+    runner: &LoadRunner,
+    twilio: &LoadTwilio,
+    kills: Vec<Kill>,
+    crashes: Vec<ServerCrash>,
+    settled: bool,
+) -> anyhow::Result<Evidence> {
+    let mut seen = std::collections::HashSet::new();
+    let accepted = load
+        .accepted()
+        .into_iter()
+        .filter(|a| seen.insert(a.sid.clone()))
+        .map(|a| AcceptedMessage {
+            sender: a.sender,
+            index: a.index,
+            sid: a.sid,
+            accepted_us: a.accepted_us,
+        })
+        .collect();
+    let db = &pipeline.db;
+    let turns = sqlx::query(
+        "SELECT provider_message_id, status, seq, reply_id::text FROM switchboard.turns",
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|row| TurnRow {
+        provider_message_id: row.get(0),
+        status: row.get(1),
+        seq: row.get(2),
+        reply_id: row.get(3),
+    })
+    .collect();
+    let inbound_logged = sqlx::query_scalar::<_, Option<String>>(
+        "SELECT external_id FROM switchboard.messages WHERE direction = 'inbound'",
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(Option::unwrap_or_default)
+    .collect();
+    let outbound_logged = sqlx::query_scalar::<_, String>(
+        "SELECT message FROM switchboard.messages WHERE direction = 'outbound'",
+    )
+    .fetch_all(db)
+    .await?;
+    let ledger = sqlx::query(
+        "SELECT reply_id::text, status, provider_message_ids FROM switchboard.deliveries",
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|row| LedgerRow {
+        reply_id: row.get(0),
+        status: row.get(1),
+        provider_message_ids: row.get(2),
+    })
+    .collect();
+    let (dead_letters, dead_letters_unreadable) =
+        match switchboard_kit::dlq::list(&pipeline.js, &pipeline.topology, None, 1_000_000).await {
+            Ok(letters) => (
+                letters
+                    .into_iter()
+                    .map(|d| DeadLetterNote {
+                        seq: d.seq,
+                        stage: d.letter.stage,
+                        error: d.letter.error,
+                    })
+                    .collect(),
+                None,
+            ),
+            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+        };
+    Ok(Evidence {
+        never_accepted: load.stats().gave_up,
+        accepted,
+        runner_calls: runner.calls(),
+        sends: twilio.sends(),
+        turns,
+        inbound_logged,
+        outbound_logged,
+        ledger,
+        kills,
+        crashes,
+        dead_letters,
+        dead_letters_unreadable,
+        settled,
+    })
+}
 
-/// Restart one server of the stack in the background; returns when it began and ended, µs.
-fn restart_server(
+/// A server crash in the background; yields what happened.
+type Crash = tokio::task::JoinHandle<ServerCrash>;
+
+/// SIGKILL one server of the stack and start it again, in the background.
+fn crash_server(
     stack: &Stack,
     server: &'static str,
     event: impl Fn(String) + Send + 'static,
-) -> Restart {
+) -> Crash {
     let stack = stack.clone();
     tokio::task::spawn_blocking(move || {
-        let from = now_us();
-        let r = stack.restart(server);
-        event(format!(
-            "{server} back up: {}",
-            if r.is_ok() { "ok" } else { "FAILED" }
-        ));
-        r.map(|_| (from, now_us()))
+        let at_us = now_us();
+        let r = stack.crash(server);
+        event(match &r {
+            Ok(()) => format!("{server} back up after crash recovery"),
+            Err(e) => format!("{server} did NOT come back: {e:#}"),
+        });
+        ServerCrash {
+            server: server.into(),
+            at_us,
+            back_us: now_us(),
+            recovered: r.is_ok(),
+        }
     })
 }
 
@@ -607,4 +629,54 @@ fn progress_bar(show: bool, total: u64) -> ProgressBar {
             .progress_chars("=> "),
     );
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kill_plan_hits_every_worker_kind_twice_and_is_repeatable() {
+        let o = ChaosOptions::small(PathBuf::from("/nonexistent"));
+        let a = kill_plan(7, &o.replicas, o.kill_every, o.kill_window()).unwrap();
+        let b = kill_plan(7, &o.replicas, o.kill_every, o.kill_window()).unwrap();
+        assert_eq!(a, b, "the same seed gives the same plan");
+        for kind in WORKER_KINDS {
+            assert!(
+                a.iter().filter(|k| k.kind == kind).count() >= MIN_KILLS_PER_KIND,
+                "{kind} is killed at least twice: {a:?}"
+            );
+        }
+        assert!(a.windows(2).all(|w| w[0].at < w[1].at));
+        assert!(a.last().unwrap().at <= o.kill_window());
+        let other = kill_plan(8, &o.replicas, o.kill_every, o.kill_window()).unwrap();
+        assert_ne!(a, other, "another seed, another plan");
+        let full = ChaosOptions::full(PathBuf::from("/nonexistent"));
+        assert!(kill_plan(1, &full.replicas, full.kill_every, full.kill_window()).is_ok());
+    }
+
+    #[test]
+    fn a_window_too_short_to_kill_every_kind_twice_is_refused() {
+        let o = ChaosOptions::small(PathBuf::from("/nonexistent"));
+        let e = kill_plan(
+            1,
+            &o.replicas,
+            Duration::from_secs(2),
+            Duration::from_secs(20),
+        );
+        assert!(e.is_err(), "10 kills cannot hit 6 kinds twice");
+    }
+
+    #[test]
+    fn chaos_stacks_listen_below_the_ephemeral_port_range() {
+        for o in [
+            ChaosOptions::full(PathBuf::new()),
+            ChaosOptions::small(PathBuf::new()),
+        ] {
+            // NATS's monitoring port is its client port + 1000.
+            for port in [o.nats_port, o.nats_port + 1000, o.pg_port] {
+                assert!(port < 32768, "{} uses port {port}", o.stack_name);
+            }
+        }
+    }
 }

@@ -7,7 +7,8 @@
 //!   replies delivered more than once, checks each person's SMS order, and wakes whoever waits
 //!   for a reply.
 //!
-//! Both keep only counters and small maps, so that they cost little next to the pipeline.
+//! Both keep counters for the bench and, for the chaos checker, a record of every call and
+//! every send ([`CallRecord`], [`SendRecord`]).
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -77,6 +78,23 @@ struct RunnerInner {
     seq_of: Mutex<HashMap<String, i64>>,
     /// Message text → how long the last call for it took in the runner, µs.
     timing: Mutex<HashMap<String, u64>>,
+    /// Every call, in the order they began (the chaos checker judges these).
+    log: Mutex<Vec<CallRecord>>,
+}
+
+/// One call the runner received: who and what it was for, and when it began and ended.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct CallRecord {
+    pub start_us: u64,
+    /// When the call answered or its connection dropped; `None` while it runs.
+    pub end_us: Option<u64>,
+    /// The person id the prompt names.
+    pub person: String,
+    /// The fenced message text (`s<sender>#<index>`).
+    pub text: String,
+    /// The turn number from the prompt's first line.
+    pub seq: Option<i64>,
+    pub idempotency_key: String,
 }
 
 /// What the runner saw.
@@ -115,10 +133,14 @@ struct InFlight {
     inner: Arc<RunnerInner>,
     person: String,
     text: String,
+    log_index: usize,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        if let Some(c) = self.inner.log.lock().unwrap().get_mut(self.log_index) {
+            c.end_us = Some(now_us());
+        }
         if let Some(p) = self.inner.persons.lock().unwrap().get_mut(&self.person) {
             p.in_flight = p.in_flight.saturating_sub(1);
             if let Some(i) = p.in_flight_texts.iter().position(|t| t == &self.text) {
@@ -173,6 +195,11 @@ impl LoadRunner {
         self.inner.seq_of.lock().unwrap().get(text).copied()
     }
 
+    /// Every call so far, in the order they began.
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.inner.log.lock().unwrap().clone()
+    }
+
     pub fn stats(&self) -> RunnerStats {
         let i = &self.inner;
         RunnerStats {
@@ -195,6 +222,7 @@ impl LoadRunner {
 
     async fn run(
         State(s): State<LoadRunner>,
+        headers: HeaderMap,
         Json(body): Json<RunBody>,
     ) -> (StatusCode, Json<serde_json::Value>) {
         let started = now_us();
@@ -268,10 +296,27 @@ impl LoadRunner {
                 p.max_seq = Some(p.max_seq.map_or(q, |m| m.max(q)));
             }
         }
+        let log_index = {
+            let mut log = inner.log.lock().unwrap();
+            log.push(CallRecord {
+                start_us: started,
+                end_us: None,
+                person: person.clone(),
+                text: text.clone(),
+                seq,
+                idempotency_key: headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string(),
+            });
+            log.len() - 1
+        };
         let guard = InFlight {
             inner: inner.clone(),
             person: person.clone(),
             text: text.clone(),
+            log_index,
         };
         let delay = inner.delay_ms.load(Ordering::Relaxed);
         if delay > 0 {
@@ -314,6 +359,27 @@ struct TwilioInner {
     total: AtomicU64,
     evidence: Mutex<Vec<String>>,
     waiters: Mutex<HashMap<String, oneshot::Sender<u64>>>,
+    /// Every accepted send, in arrival order (the chaos checker judges these).
+    log: Mutex<Vec<SendRecord>>,
+}
+
+/// One message the fake Twilio accepted.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct SendRecord {
+    pub at_us: u64,
+    /// The `To` number of the request.
+    pub to: String,
+    /// The body less the runner's `echo: ` (so the message text it answers).
+    pub text: String,
+    /// The sid this fake answered with.
+    pub sid: String,
+    /// The sending process, from the deliverer's `User-Agent` (`… (<host>:<pid>)`).
+    pub sender_pid: Option<u32>,
+}
+
+/// The pid in a deliverer's `User-Agent`, `switchboard-deliver/<version> (<host>:<pid>)`.
+pub fn pid_of_user_agent(ua: &str) -> Option<u32> {
+    ua.rsplit_once(':')?.1.strip_suffix(')')?.parse().ok()
 }
 
 /// What the fake Twilio saw.
@@ -424,6 +490,11 @@ impl LoadTwilio {
         self.inner.sequence.lock().unwrap().clone()
     }
 
+    /// Every accepted send so far, in arrival order.
+    pub fn sends(&self) -> Vec<SendRecord> {
+        self.inner.log.lock().unwrap().clone()
+    }
+
     pub fn distinct(&self) -> u64 {
         self.inner.arrivals.lock().unwrap().len() as u64
     }
@@ -458,6 +529,17 @@ impl LoadTwilio {
         }
         inner.total.fetch_add(1, Ordering::Relaxed);
         let text = f.body.strip_prefix("echo: ").unwrap_or(&f.body).to_string();
+        let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
+        inner.log.lock().unwrap().push(SendRecord {
+            at_us: at,
+            to: f.to.clone(),
+            text: text.clone(),
+            sid: sid.clone(),
+            sender_pid: headers
+                .get("user-agent")
+                .and_then(|v| v.to_str().ok())
+                .and_then(pid_of_user_agent),
+        });
         let first = {
             let mut arrivals = inner.arrivals.lock().unwrap();
             let e = arrivals.entry(text.clone()).or_default();
@@ -503,7 +585,6 @@ impl LoadTwilio {
                 ),
             );
         }
-        let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
         (
             StatusCode::CREATED,
             Json(serde_json::json!({"sid": sid, "to": f.to, "status": "queued"})),

@@ -15,8 +15,10 @@
 //! - [`loadgen`]: senders, open-loop (target rate) and closed-loop (one turn per sender).
 //! - [`floor`]: the same durable publishes, consumes, acks and database writes per turn, no logic.
 //! - [`report`]: percentiles, JSON and PNG plots.
-//! - [`chaos`]: the chaos run and its accounting.
+//! - [`chaos`]: the chaos run (load, seeded kills, server crashes) and its evidence;
+//!   [`chaos_check`]: the verdict on that evidence.
 pub mod chaos;
+pub mod chaos_check;
 pub mod fakes;
 pub mod floor;
 pub mod loadgen;

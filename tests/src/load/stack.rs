@@ -83,6 +83,12 @@ impl Stack {
         run(&["restart", &self.name, server], false).map(|_| ())
     }
 
+    /// SIGKILL one server (`nats`, or `pg`: the postmaster and every backend) and start it
+    /// again on the same ports and data, so it comes back by crash recovery.
+    pub fn crash(&self, server: &str) -> anyhow::Result<()> {
+        run(&["crash", &self.name, server], false).map(|_| ())
+    }
+
     /// A new, empty database on this stack's Postgres; returns its URL.
     pub async fn fresh_database(&self, prefix: &str) -> anyhow::Result<String> {
         let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
