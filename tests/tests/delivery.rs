@@ -181,3 +181,35 @@ async fn a_sent_part_recorded_twice_after_a_lost_database_answer_counts_once() {
     assert_eq!(parts_sent, 2, "the next attempt resumes at the third part");
     assert_eq!(ids, vec!["SM-part-1", "SM-part-2"]);
 }
+
+#[tokio::test]
+async fn a_reply_the_provider_keeps_refusing_is_recorded_failed_announced_and_does_not_hold_up_the_next()
+ {
+    let app = switchboard_e2e::spawn_app_configured(|c| c.deliver.max_deliver = 2).await;
+    let person = "+14155550503";
+    // Twilio is down for both attempts at the first reply.
+    app.twilio.fail_next(2);
+    app.send_sms(person, "first").await;
+    let letters = app
+        .wait_for_dead_letters(switchboard_kit::StageName::Deliver, Duration::from_secs(30))
+        .await;
+    assert_eq!(letters.len(), 1, "the reply is dead-lettered");
+    let status: String = sqlx::query_scalar("SELECT status FROM switchboard.deliveries")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(status, "failed", "the ledger says so");
+    let events = app
+        .js
+        .get_stream(app.topology.events_stream())
+        .await
+        .unwrap()
+        .get_last_raw_message_by_subject(&app.topology.event("delivery.failed"))
+        .await;
+    assert!(events.is_ok(), "delivery.failed is announced");
+    // The session's next reply goes out.
+    app.send_sms(person, "second").await;
+    let sent = app.wait_for_sms(1, Duration::from_secs(30)).await;
+    assert_eq!(sent[0].body, "echo: second");
+    app.shutdown().await;
+}

@@ -121,3 +121,68 @@ async fn a_runner_slower_than_ack_wait_is_not_called_twice() {
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_turn_that_crashes_its_dispatcher_every_time_is_given_up_and_the_next_message_is_answered()
+ {
+    // Every time a dispatcher calls the runner with this turn, its process dies (the test kills
+    // it the moment the call arrives, as a handler that crashes its process would).
+    let app = spawn_app_with(AppOptions {
+        in_process: StageName::ALL
+            .into_iter()
+            .filter(|s| *s != StageName::Dispatch)
+            .collect(),
+        tweak: Box::new(|c| {
+            c.dispatch.max_deliver = 3;
+            c.dispatch.liveness_ms = 1_000;
+        }),
+    })
+    .await;
+    app.runner.set_hold(true);
+    let from = "+14155550166";
+    assert_eq!(app.send_sms(from, "poison").await.status(), 200);
+    let mut worker = app.spawn_worker("dispatch");
+    let started = std::time::Instant::now();
+    let mut crashes = 0;
+    let letters = loop {
+        let letters = app.dead_letters(StageName::Dispatch).await;
+        if !letters.is_empty() {
+            break letters;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "the turn was never given up ({crashes} crashes)"
+        );
+        if tokio::time::timeout(Duration::from_millis(500), app.runner.received.notified())
+            .await
+            .is_ok()
+        {
+            worker.kill().await.expect("SIGKILL the dispatcher");
+            worker = app.spawn_worker("dispatch");
+            crashes += 1;
+        }
+    };
+    // After max_deliver deliveries the handler is not run again: the turn is given up.
+    assert!((1..=3).contains(&crashes), "{crashes} crashes");
+    assert!(
+        letters[0].error.contains("crashing the process"),
+        "{}",
+        letters[0].error
+    );
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM switchboard.turns WHERE seq = 1 LIMIT 1")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(status, "failed", "the turn is recorded as failed");
+
+    // The session is not blocked: the person's next message is answered.
+    app.runner.set_hold(false);
+    app.runner.release.notify_waiters();
+    assert_eq!(app.send_sms(from, "still there?").await.status(), 200);
+    let sent = app.wait_for_sms(1, Duration::from_secs(30)).await;
+    assert_eq!(sent[0].body, "echo: still there?");
+    assert_eq!(sent.len(), 1, "the given-up turn sent nothing: {sent:?}");
+    worker.kill().await.ok();
+    app.shutdown().await;
+}

@@ -233,6 +233,57 @@ impl DeliveryLedger {
         Ok(())
     }
 
+    /// Record a reply given up on as failed, so the session's later replies go ahead: a new
+    /// row if no attempt claimed it, else a pending row whose lease has ended. A reply that was
+    /// sent stays sent; one whose lease is held waits for that attempt.
+    pub async fn give_up(
+        &self,
+        reply: &Reply,
+        id: Uuid,
+        error: &str,
+    ) -> Result<Claim, sqlx::Error> {
+        let session: Uuid = reply.session_id.parse().unwrap_or_default();
+        let failed = sqlx::query(
+            "INSERT INTO switchboard.deliveries
+                (reply_id, session_id, channel, provider, recipient, status, last_error)
+             VALUES ($1, $2, $3, $4, $5, 'failed', $6)
+             ON CONFLICT (reply_id) DO UPDATE
+                SET status = 'failed', last_error = EXCLUDED.last_error, leased_until = NULL,
+                    updated_at = now()
+              WHERE switchboard.deliveries.status = 'pending'
+                AND (switchboard.deliveries.leased_until IS NULL
+                     OR switchboard.deliveries.leased_until < now())
+             RETURNING last_error",
+        )
+        .bind(id)
+        .bind(session)
+        .bind(&reply.channel)
+        .bind(&reply.provider)
+        .bind(&reply.recipient)
+        .bind(error)
+        .fetch_optional(&self.db)
+        .await?;
+        if failed.is_some() {
+            return Ok(Claim::AlreadyFailed(error.to_string()));
+        }
+        // Sent, failed already, or leased: what `claim` would say, without taking a lease.
+        let r = sqlx::query(
+            "SELECT status, provider_message_ids, last_error,
+                    GREATEST(EXTRACT(EPOCH FROM leased_until - now()), 0)::float8
+               FROM switchboard.deliveries WHERE reply_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.db)
+        .await?;
+        Ok(match r.get::<String, _>(0).as_str() {
+            "sent" => Claim::AlreadySent(r.get(1)),
+            "failed" => Claim::AlreadyFailed(r.get::<Option<String>, _>(2).unwrap_or_default()),
+            _ => Claim::Busy {
+                retry_in: Duration::from_secs_f64(r.get::<Option<f64>, _>(3).unwrap_or(0.0)),
+            },
+        })
+    }
+
     /// Let another attempt take over at once.
     pub async fn release(&self, id: Uuid, error: &str) -> Result<(), sqlx::Error> {
         sqlx::query(
@@ -251,7 +302,6 @@ pub struct DeliverStage {
     ledger: DeliveryLedger,
     twilio: TwilioSender,
     topology: Topology,
-    max_deliver: u64,
 }
 
 /// How long a reply waits in place for the previous reply of its session before it goes back to
@@ -266,15 +316,7 @@ impl DeliverStage {
             ledger,
             twilio,
             topology,
-            max_deliver: 8,
         }
-    }
-
-    /// Deliveries after which the runtime gives up on a reply; on that last attempt the ledger
-    /// records the failure, so the session's later replies are not held behind it.
-    pub fn with_max_deliver(mut self, max_deliver: u64) -> Self {
-        self.max_deliver = max_deliver;
-        self
     }
 
     /// Replies of one session go out in turn order: wait until the previous one is settled.
@@ -337,7 +379,7 @@ impl Stage for DeliverStage {
     type Input = Reply;
     const NAME: StageName = StageName::Deliver;
 
-    async fn handle(&self, reply: Reply, delivery: &Delivery) -> Result<Vec<Output>, StageError> {
+    async fn handle(&self, reply: Reply, _delivery: &Delivery) -> Result<Vec<Output>, StageError> {
         let id: Uuid = reply
             .id
             .parse()
@@ -415,21 +457,47 @@ impl Stage for DeliverStage {
                     return Ok(vec![self.failed(&reply, error)]);
                 }
                 Err(e @ SendError::Unavailable(_)) => {
-                    if delivery.delivered >= self.max_deliver {
-                        // The runtime dead-letters it after this; say so in the ledger too.
-                        self.ledger
-                            .finish(id, Some(&e.to_string()))
-                            .await
-                            .map_err(transient)?;
-                    } else {
-                        let _ = self.ledger.release(id, &e.to_string()).await;
-                    }
+                    // The next attempt may take over at once; when the runtime gives up on the
+                    // reply, `give_up` records it as failed.
+                    let _ = self.ledger.release(id, &e.to_string()).await;
                     return Err(StageError::transient(e));
                 }
             }
         }
         metrics::counter!("sb_delivery_sent_total", "provider" => "twilio").increment(1);
         Ok(vec![self.delivered(&reply, ids)])
+    }
+
+    /// A reply given up on is recorded as failed (so the session's next replies go out) and
+    /// announced as `delivery.failed`, on every path: provider down past the failure budget,
+    /// or a reply that kept crashing its deliverer.
+    async fn give_up(
+        &self,
+        reply: &Reply,
+        _delivery: &Delivery,
+        reason: &str,
+    ) -> Result<Vec<Output>, StageError> {
+        let Ok(id) = reply.id.parse::<Uuid>() else {
+            return Ok(Vec::new());
+        };
+        let claim = self
+            .ledger
+            .give_up(reply, id, reason)
+            .await
+            .map_err(|e| StageError::transient(DeliverError::Database(e)))?;
+        match claim {
+            Claim::AlreadySent(ids) => Ok(vec![self.delivered(reply, ids)]),
+            Claim::AlreadyFailed(error) => {
+                metrics::counter!("sb_delivery_failed_total", "provider" => reply.provider.clone())
+                    .increment(1);
+                Ok(vec![self.failed(reply, error)])
+            }
+            // Another attempt holds the lease: give up once it has ended.
+            Claim::Busy { .. } | Claim::Send { .. } => Err(StageError::Defer(
+                Duration::from_secs(1),
+                "another deliverer holds this reply".into(),
+            )),
+        }
     }
 }
 
@@ -443,8 +511,7 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         DeliveryLedger::new(app.db.clone(), DELIVERY_LEASE),
         TwilioSender::new(app.config.twilio.clone()),
         app.topology.clone(),
-    )
-    .with_max_deliver(app.config.deliver.max_deliver);
+    );
     let mut opts = app.stage_options();
     opts.max_deliver = app.config.deliver.max_deliver;
     app.stage_task(stage, opts)

@@ -316,7 +316,14 @@ impl TurnDispatcher {
     }
 
     /// Give up on a turn so that the session's later turns are not blocked behind it forever.
-    async fn mark_failed(&self, session: Uuid, seq: i64, error: &str) -> Result<(), DispatchError> {
+    /// False: a live dispatcher still holds the session's call lease (the turn may yet be
+    /// answered), so nothing changed.
+    async fn mark_failed(
+        &self,
+        session: Uuid,
+        seq: i64,
+        error: &str,
+    ) -> Result<bool, DispatchError> {
         let mut tx = self.db.begin().await?;
         let moved = sqlx::query(
             "UPDATE switchboard.sessions s SET last_seq = $2, status = 'idle', updated_at = now(),
@@ -341,9 +348,13 @@ impl TurnDispatcher {
             .bind(error)
             .execute(&mut *tx)
             .await?;
+            tx.commit().await?;
+            return Ok(true);
         }
-        tx.commit().await?;
-        Ok(())
+        tx.rollback().await?;
+        // Not moved: either the cursor is already past this turn (done, or failed before), or
+        // a live call lease holds it.
+        Ok(self.cursor(session).await? >= seq)
     }
 
     fn reply_output(&self, turn: &Turn, session: Uuid, stored: &StoredReply) -> Output {
@@ -530,21 +541,32 @@ impl Stage for TurnDispatcher {
                     e.to_string(),
                 ))
             }
-            Err(e) => {
-                let last_attempt = delivery.delivered >= self.config.max_deliver;
-                if e.is_transient() && !last_attempt {
-                    return Err(StageError::transient(e));
-                }
-                // Out of attempts, or retrying cannot help: record the failure so the session's
-                // next turns can go ahead, then let the runtime dead-letter this one.
-                if let Ok(session) = turn.session_id.parse::<Uuid>()
-                    && !matches!(e, DispatchError::FailedEarlier { .. })
-                    && let Err(db) = self.mark_failed(session, turn.seq, &e.to_string()).await
-                {
-                    return Err(StageError::transient(db));
-                }
-                Err(StageError::permanent(e))
-            }
+            Err(e) if e.is_transient() => Err(StageError::transient(e)),
+            Err(e) => Err(StageError::permanent(e)),
+        }
+    }
+
+    /// Out of attempts, retrying cannot help, or the turn kept crashing its dispatcher: record
+    /// the turn as failed so the session's next turns go ahead. (A turn that failed earlier, or
+    /// whose cursor moved on, is left as it is: the update is a compare-and-set.)
+    async fn give_up(
+        &self,
+        turn: &Turn,
+        _delivery: &Delivery,
+        reason: &str,
+    ) -> Result<Vec<Output>, StageError> {
+        let Ok(session) = turn.session_id.parse::<Uuid>() else {
+            return Ok(Vec::new());
+        };
+        match self.mark_failed(session, turn.seq, reason).await {
+            Ok(true) | Err(DispatchError::UnknownSession(_)) => Ok(Vec::new()),
+            // Its predecessor is not settled yet, or a live call holds the session: the turn
+            // may still be answered; give up once that is over.
+            Ok(false) => Err(StageError::Defer(
+                self.liveness(),
+                "the session's previous turn or a live call is not over".into(),
+            )),
+            Err(e) => Err(StageError::transient(e)),
         }
     }
 }

@@ -129,7 +129,7 @@ impl Hold {
 
 /// A worker's logic. Implementations know nothing of NATS.
 pub trait Stage: Send + Sync + 'static {
-    type Input: prost::Message + Default + Send + 'static;
+    type Input: prost::Message + Default + Send + Sync + 'static;
     const NAME: StageName;
 
     fn handle(
@@ -137,6 +137,22 @@ pub trait Stage: Send + Sync + 'static {
         input: Self::Input,
         delivery: &Delivery,
     ) -> impl Future<Output = Result<Vec<Output>, StageError>> + Send;
+
+    /// Runs before the runtime dead-letters a decodable input, on every path that does so: the
+    /// handler's permanent error, a failure budget used up, a message that kept crashing its
+    /// worker (whose handler never finished). The stage records what the rest of the system
+    /// must know (a turn failed, a delivery failed) and may return outputs (an event) that are
+    /// published before the dead letter. An error here retries the whole message later:
+    /// nothing is dead-lettered until the give-up step has run.
+    fn give_up(
+        &self,
+        input: &Self::Input,
+        delivery: &Delivery,
+        reason: &str,
+    ) -> impl Future<Output = Result<Vec<Output>, StageError>> + Send {
+        let _ = (input, delivery, reason);
+        async { Ok(Vec::new()) }
+    }
 }
 
 /// Per-stage knobs; defaults come from `[runtime]`.
@@ -334,14 +350,6 @@ impl Runtime {
             delivered
         );
         async {
-            if delivered > opts.max_deliver {
-                let why = format!(
-                    "delivered {delivered} times without success (max {}); the handler may be crashing the process",
-                    opts.max_deliver
-                );
-                self.dead_letter(name, &msg, &delivery, &why).await;
-                return;
-            }
             let input = match <S::Input as prost::Message>::decode(msg.payload.clone()) {
                 Ok(i) => i,
                 Err(e) => {
@@ -350,6 +358,16 @@ impl Runtime {
                     return;
                 }
             };
+            if delivered > opts.max_deliver {
+                // The handler never finished the earlier deliveries: it may be crashing the
+                // process. Do not run it again.
+                let why = format!(
+                    "delivered {delivered} times without success (max {}); the handler may be crashing the process",
+                    opts.max_deliver
+                );
+                self.give_up(stage, &msg, &delivery, opts, &why).await;
+                return;
+            }
 
             let started = Instant::now();
             let result = {
@@ -383,13 +401,14 @@ impl Runtime {
                     }
                 }
                 Err(StageError::Permanent(e)) => {
-                    self.dead_letter(name, &msg, &delivery, &format!("{e:#}")).await;
+                    let why = format!("{e:#}");
+                    self.give_up(stage, &msg, &delivery, opts, &why).await;
                 }
                 Err(StageError::Transient(e)) => {
                     tracing::warn!(error = %format!("{e:#}"), "handler failed");
                     if delivered >= opts.max_deliver {
                         let why = format!("gave up after {delivered} deliveries: {e:#}");
-                        self.dead_letter(name, &msg, &delivery, &why).await;
+                        self.give_up(stage, &msg, &delivery, opts, &why).await;
                     } else {
                         self.retry(name, &msg, &delivery, opts, "transient").await;
                     }
@@ -398,7 +417,7 @@ impl Runtime {
                     tracing::debug!(%why, "deferred");
                     if delivered >= opts.max_deliver {
                         let why = format!("gave up after {delivered} deliveries: {why}");
-                        self.dead_letter(name, &msg, &delivery, &why).await;
+                        self.give_up(stage, &msg, &delivery, opts, &why).await;
                     } else {
                         count(name, "deferred");
                         let _ = msg.ack_with(AckKind::Nak(Some(after))).await;
@@ -421,6 +440,40 @@ impl Runtime {
         count(name, "retried");
         let delay = retry_delay(&self.config, delivery.delivered);
         let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+    }
+
+    /// The stage's give-up step, its outputs, then the dead letter. If the step or its outputs
+    /// fail, the message is retried later instead: it is never dead-lettered without them.
+    async fn give_up<S: Stage>(
+        &self,
+        stage: &S,
+        msg: &jetstream::Message,
+        delivery: &Delivery,
+        opts: &StageOptions,
+        why: &str,
+    ) {
+        let name = S::NAME;
+        // Decoded again rather than kept: giving up is rare, cloning every input is not.
+        let Ok(input) = <S::Input as prost::Message>::decode(msg.payload.clone()) else {
+            self.dead_letter(name, msg, delivery, why).await;
+            return;
+        };
+        let outputs = match stage.give_up(&input, delivery, why).await {
+            Ok(outputs) => outputs,
+            Err(e) => {
+                tracing::warn!(error = %e, "the give-up step failed; will retry the message");
+                self.retry(name, msg, delivery, opts, "give-up failed")
+                    .await;
+                return;
+            }
+        };
+        if let Err(e) = self.publish_all(name.as_str(), &outputs).await {
+            tracing::warn!(error = %e, "publishing the give-up outputs failed; will retry");
+            self.retry(name, msg, delivery, opts, "publish failed")
+                .await;
+            return;
+        }
+        self.dead_letter(name, msg, delivery, why).await;
     }
 
     /// Store the message with its reason on `sb.dlq.<stage>`, then terminate it. If the dead

@@ -519,6 +519,21 @@ impl Stage for SessionStage {
         }
         Ok(out)
     }
+
+    /// A message given up on (it kept failing or crashing its worker) passes its arrival turn,
+    /// so the sender's later messages do not wait the gap timeout for it.
+    async fn give_up(
+        &self,
+        msg: &IdentifiedMessage,
+        _delivery: &Delivery,
+        _reason: &str,
+    ) -> Result<Vec<Output>, StageError> {
+        self.store
+            .pass_arrival(msg, true)
+            .await
+            .map_err(SessionError::into_stage)?;
+        Ok(Vec::new())
+    }
 }
 
 /// The session stage as a task of `app`.
