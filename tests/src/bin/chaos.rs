@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use switchboard_e2e::load::chaos::{self, ChaosOptions};
+use switchboard_e2e::load::chaos_check;
 use switchboard_e2e::load::stack::repo_dir;
 
 #[derive(Parser, Debug)]
@@ -49,11 +50,30 @@ struct Args {
     /// Seconds to wait for the last replies after the load.
     #[arg(long, default_value_t = 180)]
     drain: u64,
+    /// Run nothing: judge a recorded run's `chaos-evidence.json` again and print the verdict.
+    #[arg(long, value_name = "EVIDENCE")]
+    judge: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    if let Some(path) = &a.judge {
+        let evidence: chaos_check::Evidence = serde_json::from_slice(&std::fs::read(path)?)
+            .map_err(|e| {
+                anyhow::anyhow!("{} is not a chaos run's evidence: {e}", path.display())
+            })?;
+        let verdict = chaos_check::judge(&evidence);
+        let report = chaos::ChaosReport {
+            accepted: evidence.accepted.len() as u64,
+            kills: evidence.kills.clone(),
+            crashes: evidence.crashes.clone(),
+            verdict,
+            ..Default::default()
+        };
+        report.print();
+        return finish(&report);
+    }
     let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
     let dir = repo_dir()
         .join("bench-results")
@@ -94,6 +114,10 @@ async fn main() -> anyhow::Result<()> {
     let report = chaos::run(o).await?;
     report.print();
     println!("report: {}", dir.join("chaos-report.json").display());
+    finish(&report)
+}
+
+fn finish(report: &chaos::ChaosReport) -> anyhow::Result<()> {
     let failures = report.failures();
     if failures.is_empty() {
         println!("chaos: PASSED (nothing lost, in order, no overlap, every double explained)");
