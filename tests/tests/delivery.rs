@@ -4,7 +4,7 @@ use std::time::Duration;
 use switchboard_deliver::{DeliverStage, DeliveryLedger, TwilioSender};
 use switchboard_e2e::{AppOptions, spawn_app_with};
 use switchboard_kit::proto::Reply;
-use switchboard_kit::{Delivery, Stage, StageError};
+use switchboard_kit::{Attempt, Stage, StageError};
 
 #[tokio::test]
 async fn a_reply_held_by_a_dead_deliverer_is_sent_once_its_lease_ends() {
@@ -39,7 +39,7 @@ async fn a_reply_held_by_a_dead_deliverer_is_sent_once_its_lease_ends() {
         TwilioSender::new(app.config.twilio.clone()),
         app.topology.clone(),
     );
-    let delivery = Delivery {
+    let delivery = Attempt {
         subject: app.topology.reply(),
         delivered: 2,
         stream_sequence: 1,
@@ -122,7 +122,7 @@ async fn replies_of_one_session_go_out_in_turn_order() {
         TwilioSender::new(app.config.twilio.clone()),
         app.topology.clone(),
     ));
-    let delivery = Delivery {
+    let delivery = Attempt {
         subject: app.topology.reply(),
         delivered: 1,
         stream_sequence: 1,

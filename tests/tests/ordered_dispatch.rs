@@ -7,7 +7,7 @@ use switchboard_e2e::{
     AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_configured, spawn_app_with,
 };
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person, Reply, Turn};
-use switchboard_kit::{Delivery, Stage, StageName};
+use switchboard_kit::{Attempt, Stage, StageName};
 use switchboard_session::{Opened, SessionStore};
 
 #[tokio::test]
@@ -91,7 +91,7 @@ fn turn_for(session_id: &str, seq: i64, inbound_id: &str, text: &str) -> Turn {
 async fn one_turn_two_dispatchers(
     app: &TestApp,
     text: &str,
-) -> (Turn, Delivery, TurnDispatcher, TurnDispatcher, uuid::Uuid) {
+) -> (Turn, Attempt, TurnDispatcher, TurnDispatcher, uuid::Uuid) {
     let inbound_id = uuid::Uuid::now_v7().to_string();
     let msg = turn_for("", 0, &inbound_id, text).message.unwrap();
     let agent = app.config.agent("reggie_oc").unwrap().clone();
@@ -116,7 +116,7 @@ async fn one_turn_two_dispatchers(
             app.config.dispatch.clone(),
         )
     };
-    let delivery = Delivery {
+    let delivery = Attempt {
         subject: app.topology.turn(&opened.session_id),
         delivered: 1,
         stream_sequence: 1,
@@ -167,7 +167,7 @@ async fn a_turn_redelivered_while_its_call_still_runs_waits_for_that_call() {
 async fn exactly_one_answer_stands(
     app: &TestApp,
     turn: &Turn,
-    delivery: &Delivery,
+    delivery: &Attempt,
     a: &TurnDispatcher,
     b: &TurnDispatcher,
 ) -> Reply {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Row};
 use switchboard_kit::proto::{DeliveryFailed, Reply, ReplyDelivered};
-use switchboard_kit::{Delivery, Hold, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, StageName, Topology};
 use uuid::Uuid;
 
 pub use twilio::TwilioSender;
@@ -379,7 +379,7 @@ impl Stage for DeliverStage {
     type Input = Reply;
     const NAME: StageName = StageName::Deliver;
 
-    async fn handle(&self, reply: Reply, _delivery: &Delivery) -> Result<Vec<Output>, StageError> {
+    async fn handle(&self, reply: Reply, _attempt: &Attempt) -> Result<Vec<Output>, StageError> {
         let id: Uuid = reply
             .id
             .parse()
@@ -474,7 +474,7 @@ impl Stage for DeliverStage {
     async fn give_up(
         &self,
         reply: &Reply,
-        _delivery: &Delivery,
+        _attempt: &Attempt,
         reason: &str,
     ) -> Result<Vec<Output>, StageError> {
         let Ok(id) = reply.id.parse::<Uuid>() else {

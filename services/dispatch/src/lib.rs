@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{AgentConfig, DispatchConfig};
 use switchboard_kit::proto::{Reply, Turn};
-use switchboard_kit::{Delivery, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::{Attempt, Output, Stage, StageError, StageName, Topology};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
@@ -387,11 +387,7 @@ impl TurnDispatcher {
     }
 
     /// Run one turn. Returns the reply to publish.
-    async fn dispatch_turn(
-        &self,
-        turn: &Turn,
-        delivery: &Delivery,
-    ) -> Result<Output, DispatchError> {
+    async fn dispatch_turn(&self, turn: &Turn, attempt: &Attempt) -> Result<Output, DispatchError> {
         let session: Uuid = turn
             .session_id
             .parse()
@@ -468,7 +464,7 @@ impl TurnDispatcher {
             .as_ref()
             .and_then(|m| m.inbound.as_ref())
             .map(|i| i.correlation_id.as_str())
-            .unwrap_or(&delivery.correlation_id);
+            .unwrap_or(&attempt.correlation_id);
         let request = RunRequest {
             agent: &agent.name,
             prompt: &prompt,
@@ -532,8 +528,8 @@ impl Stage for TurnDispatcher {
     type Input = Turn;
     const NAME: StageName = StageName::Dispatch;
 
-    async fn handle(&self, turn: Turn, delivery: &Delivery) -> Result<Vec<Output>, StageError> {
-        match self.dispatch_turn(&turn, delivery).await {
+    async fn handle(&self, turn: Turn, attempt: &Attempt) -> Result<Vec<Output>, StageError> {
+        match self.dispatch_turn(&turn, attempt).await {
             Ok(out) => Ok(vec![out]),
             Err(e @ (DispatchError::NotYet { .. } | DispatchError::Superseded { .. })) => {
                 Err(StageError::Defer(
@@ -552,7 +548,7 @@ impl Stage for TurnDispatcher {
     async fn give_up(
         &self,
         turn: &Turn,
-        _delivery: &Delivery,
+        _attempt: &Attempt,
         reason: &str,
     ) -> Result<Vec<Output>, StageError> {
         let Ok(session) = turn.session_id.parse::<Uuid>() else {

@@ -6,7 +6,7 @@
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{IdentityConfig, IdentityLookup};
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, MessageReceived, Person};
-use switchboard_kit::{Delivery, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::{Attempt, Output, Stage, StageError, StageName, Topology};
 
 pub use switchboard_kit::address::normalize_phone;
 
@@ -135,7 +135,7 @@ impl Stage for IdentifyStage {
     async fn handle(
         &self,
         inbound: InboundMessage,
-        _delivery: &Delivery,
+        _attempt: &Attempt,
     ) -> Result<Vec<Output>, StageError> {
         let person = match self
             .resolver

@@ -16,7 +16,6 @@
 //! even when the sender wrote again in between. A number can still be lost (a gateway dies
 //! between counting and publishing and the provider never retries); the session stage stops
 //! waiting for it after `session.arrival_gap_timeout_ms`.
-use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
@@ -183,19 +182,6 @@ impl ArrivalCounter {
             }
         }
         Err(ArrivalError::Contended(MAX_ATTEMPTS))
-    }
-}
-
-/// The bucket's settings: one value per key, keys expire when their sender has been idle for
-/// `idle`.
-pub fn bucket_config(bucket: String, idle: Duration) -> kv::Config {
-    kv::Config {
-        bucket,
-        description: "Switchboard per-sender arrival counters (gateway → session order)".into(),
-        history: 1,
-        max_age: idle,
-        storage: jetstream::stream::StorageType::File,
-        ..Default::default()
     }
 }
 

@@ -23,7 +23,7 @@ pub mod telemetry;
 pub mod topology;
 
 pub use config::Config;
-pub use runtime::{Delivery, Hold, Output, Stage, StageError};
+pub use runtime::{Attempt, Hold, Output, Stage, StageError};
 pub use shutdown::Shutdown;
 pub use topology::{StageName, Topology};
 

@@ -24,14 +24,15 @@ use crate::topology::{StageName, Topology};
 
 /// Header carrying the protobuf message type of the payload.
 pub const HEADER_TYPE: &str = "Sb-Type";
-/// Header carrying the correlation id, from ingress to delivery.
+/// Header carrying the correlation id, from ingress to attempt.
 pub const HEADER_CORRELATION: &str = "Sb-Correlation-Id";
 
-/// What a handler knows about the message it is handling. Nothing here is NATS-specific.
+/// One attempt at handling a message: what the handler knows about it (its subject, which
+/// delivery this is, where it sits in the stream). Nothing here is NATS-specific.
 #[derive(Debug, Clone)]
-pub struct Delivery {
+pub struct Attempt {
     pub subject: String,
-    /// 1 on the first delivery.
+    /// 1 on the first attempt.
     pub delivered: u64,
     pub stream_sequence: u64,
     pub correlation_id: String,
@@ -135,22 +136,22 @@ pub trait Stage: Send + Sync + 'static {
     fn handle(
         &self,
         input: Self::Input,
-        delivery: &Delivery,
+        attempt: &Attempt,
     ) -> impl Future<Output = Result<Vec<Output>, StageError>> + Send;
 
     /// Runs before the runtime dead-letters a decodable input, on every path that does so: the
     /// handler's permanent error, a failure budget used up, a message that kept crashing its
     /// worker (whose handler never finished). The stage records what the rest of the system
-    /// must know (a turn failed, a delivery failed) and may return outputs (an event) that are
+    /// must know (a turn failed, a attempt failed) and may return outputs (an event) that are
     /// published before the dead letter. An error here retries the whole message later:
     /// nothing is dead-lettered until the give-up step has run.
     fn give_up(
         &self,
         input: &Self::Input,
-        delivery: &Delivery,
+        attempt: &Attempt,
         reason: &str,
     ) -> impl Future<Output = Result<Vec<Output>, StageError>> + Send {
-        let _ = (input, delivery, reason);
+        let _ = (input, attempt, reason);
         async { Ok(Vec::new()) }
     }
 }
@@ -336,7 +337,7 @@ impl Runtime {
             .and_then(|h| h.get(HEADER_CORRELATION))
             .map(|v| v.as_str().to_string())
             .unwrap_or_default();
-        let delivery = Delivery {
+        let attempt = Attempt {
             subject: msg.subject.to_string(),
             delivered,
             stream_sequence,
@@ -345,7 +346,7 @@ impl Runtime {
         let span = tracing::info_span!(
             "stage",
             stage = %name,
-            correlation_id = %delivery.correlation_id,
+            correlation_id = %attempt.correlation_id,
             seq = stream_sequence,
             delivered
         );
@@ -354,7 +355,7 @@ impl Runtime {
                 Ok(i) => i,
                 Err(e) => {
                     let why = format!("undecodable payload: {e}");
-                    self.dead_letter(name, &msg, &delivery, &why).await;
+                    self.dead_letter(name, &msg, &attempt, &why).await;
                     return;
                 }
             };
@@ -365,13 +366,13 @@ impl Runtime {
                     "delivered {delivered} times without success (max {}); the handler may be crashing the process",
                     opts.max_deliver
                 );
-                self.give_up(stage, &msg, &delivery, opts, &why).await;
+                self.give_up(stage, &msg, &attempt, opts, &why).await;
                 return;
             }
 
             let started = Instant::now();
             let result = {
-                let fut = stage.handle(input, &delivery);
+                let fut = stage.handle(input, &attempt);
                 tokio::pin!(fut);
                 let mut ticker = tokio::time::interval((ack_wait / 3).max(Duration::from_millis(100)));
                 ticker.tick().await;
@@ -392,7 +393,7 @@ impl Runtime {
                 Ok(outputs) => {
                     if let Err(e) = self.publish_all(name.as_str(), &outputs).await {
                         tracing::warn!(error = %e, "publishing outputs failed; will retry");
-                        self.retry(name, &msg, &delivery, opts, "publish failed").await;
+                        self.retry(name, &msg, &attempt, opts, "publish failed").await;
                         return;
                     }
                     match msg.ack().await {
@@ -402,22 +403,22 @@ impl Runtime {
                 }
                 Err(StageError::Permanent(e)) => {
                     let why = format!("{e:#}");
-                    self.give_up(stage, &msg, &delivery, opts, &why).await;
+                    self.give_up(stage, &msg, &attempt, opts, &why).await;
                 }
                 Err(StageError::Transient(e)) => {
                     tracing::warn!(error = %format!("{e:#}"), "handler failed");
                     if delivered >= opts.max_deliver {
                         let why = format!("gave up after {delivered} deliveries: {e:#}");
-                        self.give_up(stage, &msg, &delivery, opts, &why).await;
+                        self.give_up(stage, &msg, &attempt, opts, &why).await;
                     } else {
-                        self.retry(name, &msg, &delivery, opts, "transient").await;
+                        self.retry(name, &msg, &attempt, opts, "transient").await;
                     }
                 }
                 Err(StageError::Defer(after, why)) => {
                     tracing::debug!(%why, "deferred");
                     if delivered >= opts.max_deliver {
                         let why = format!("gave up after {delivered} deliveries: {why}");
-                        self.give_up(stage, &msg, &delivery, opts, &why).await;
+                        self.give_up(stage, &msg, &attempt, opts, &why).await;
                     } else {
                         count(name, "deferred");
                         let _ = msg.ack_with(AckKind::Nak(Some(after))).await;
@@ -433,12 +434,12 @@ impl Runtime {
         &self,
         name: StageName,
         msg: &jetstream::Message,
-        delivery: &Delivery,
+        attempt: &Attempt,
         _opts: &StageOptions,
         _why: &str,
     ) {
         count(name, "retried");
-        let delay = retry_delay(&self.config, delivery.delivered);
+        let delay = retry_delay(&self.config, attempt.delivered);
         let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
     }
 
@@ -448,32 +449,30 @@ impl Runtime {
         &self,
         stage: &S,
         msg: &jetstream::Message,
-        delivery: &Delivery,
+        attempt: &Attempt,
         opts: &StageOptions,
         why: &str,
     ) {
         let name = S::NAME;
         // Decoded again rather than kept: giving up is rare, cloning every input is not.
         let Ok(input) = <S::Input as prost::Message>::decode(msg.payload.clone()) else {
-            self.dead_letter(name, msg, delivery, why).await;
+            self.dead_letter(name, msg, attempt, why).await;
             return;
         };
-        let outputs = match stage.give_up(&input, delivery, why).await {
+        let outputs = match stage.give_up(&input, attempt, why).await {
             Ok(outputs) => outputs,
             Err(e) => {
                 tracing::warn!(error = %e, "the give-up step failed; will retry the message");
-                self.retry(name, msg, delivery, opts, "give-up failed")
-                    .await;
+                self.retry(name, msg, attempt, opts, "give-up failed").await;
                 return;
             }
         };
         if let Err(e) = self.publish_all(name.as_str(), &outputs).await {
             tracing::warn!(error = %e, "publishing the give-up outputs failed; will retry");
-            self.retry(name, msg, delivery, opts, "publish failed")
-                .await;
+            self.retry(name, msg, attempt, opts, "publish failed").await;
             return;
         }
-        self.dead_letter(name, msg, delivery, why).await;
+        self.dead_letter(name, msg, attempt, why).await;
     }
 
     /// Store the message with its reason on `sb.dlq.<stage>`, then terminate it. If the dead
@@ -482,15 +481,15 @@ impl Runtime {
         &self,
         name: StageName,
         msg: &jetstream::Message,
-        delivery: &Delivery,
+        attempt: &Attempt,
         why: &str,
     ) {
         tracing::error!(error = %why, "dead-lettering");
         let letter = DeadLetter {
             stage: name.as_str().to_string(),
-            subject: delivery.subject.clone(),
+            subject: attempt.subject.clone(),
             error: why.to_string(),
-            delivery_count: delivery.delivered,
+            delivery_count: attempt.delivered,
             payload: msg.payload.to_vec(),
             message_type: msg
                 .headers
@@ -498,17 +497,17 @@ impl Runtime {
                 .and_then(|h| h.get(HEADER_TYPE))
                 .map(|v| v.as_str().to_string())
                 .unwrap_or_default(),
-            correlation_id: delivery.correlation_id.clone(),
+            correlation_id: attempt.correlation_id.clone(),
             failed_at_ms: crate::now_ms(),
-            stream_sequence: delivery.stream_sequence,
+            stream_sequence: attempt.stream_sequence,
         };
         let mut out = Output::new(
             self.topology.dead_letter(name),
-            format!("{name}:{}", delivery.stream_sequence),
+            format!("{name}:{}", attempt.stream_sequence),
             &letter,
         );
-        if !delivery.correlation_id.is_empty() {
-            out = out.correlated(delivery.correlation_id.clone());
+        if !attempt.correlation_id.is_empty() {
+            out = out.correlated(attempt.correlation_id.clone());
         }
         match self.publish("dlq", &out).await {
             Ok(()) => {
@@ -530,7 +529,7 @@ fn count(stage: StageName, outcome: &'static str) {
         .increment(1);
 }
 
-/// Exponential backoff from the delivery count: base, 2×base, 4×base … capped.
+/// Exponential backoff from the attempt count: base, 2×base, 4×base … capped.
 pub fn retry_delay(rt: &RuntimeConfig, delivered: u64) -> Duration {
     let exp = delivered.saturating_sub(1).min(20) as u32;
     let ms = rt

@@ -19,7 +19,7 @@
 //! outbound log and delivery. `apply` creates or updates everything idempotently.
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer, kv, stream};
 
 use crate::config::RuntimeConfig;
 
@@ -240,6 +240,19 @@ impl Topology {
         }
     }
 
+    /// The arrivals bucket: one value per key (a sender's counter), keys expire when their
+    /// sender has been idle for `arrival_counter_idle_days`.
+    pub fn arrivals_bucket_config(&self, rt: &RuntimeConfig) -> kv::Config {
+        kv::Config {
+            bucket: self.arrivals_bucket(),
+            description: "Switchboard per-sender arrival counters (gateway → session order)".into(),
+            history: 1,
+            max_age: Duration::from_secs(rt.arrival_counter_idle_days * 24 * 3600),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        }
+    }
+
     /// Create or update every stream and consumer. Safe to run at every start, from any replica.
     pub async fn apply(
         &self,
@@ -256,12 +269,9 @@ impl Topology {
                 })?;
         }
         let bucket = self.arrivals_bucket();
-        js.create_or_update_key_value(crate::arrival::bucket_config(
-            bucket.clone(),
-            Duration::from_secs(rt.arrival_counter_idle_days * 24 * 3600),
-        ))
-        .await
-        .map_err(|source| TopologyError::Bucket { bucket, source })?;
+        js.create_or_update_key_value(self.arrivals_bucket_config(rt))
+            .await
+            .map_err(|source| TopologyError::Bucket { bucket, source })?;
         let work =
             js.get_stream(self.work_stream())
                 .await

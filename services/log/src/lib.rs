@@ -3,7 +3,7 @@
 //! never doubles a row. Each new row is announced as `message.logged`.
 use sqlx::PgPool;
 use switchboard_kit::proto::{MessageLogged, Reply, Turn};
-use switchboard_kit::{Delivery, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::{Attempt, Output, Stage, StageError, StageName, Topology};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +130,7 @@ impl Stage for LogInbound {
     type Input = Turn;
     const NAME: StageName = StageName::LogInbound;
 
-    async fn handle(&self, turn: Turn, _d: &Delivery) -> Result<Vec<Output>, StageError> {
+    async fn handle(&self, turn: Turn, _d: &Attempt) -> Result<Vec<Output>, StageError> {
         let entry = inbound_entry(&turn).map_err(LogError::into_stage)?;
         self.log
             .record(&entry)
@@ -179,7 +179,7 @@ impl Stage for LogOutbound {
     type Input = Reply;
     const NAME: StageName = StageName::LogOutbound;
 
-    async fn handle(&self, reply: Reply, _d: &Delivery) -> Result<Vec<Output>, StageError> {
+    async fn handle(&self, reply: Reply, _d: &Attempt) -> Result<Vec<Output>, StageError> {
         let entry = LogEntry {
             id: parse_uuid(&reply.id, "reply id").map_err(LogError::into_stage)?,
             session_id: parse_uuid(&reply.session_id, "session id")

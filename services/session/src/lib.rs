@@ -14,7 +14,7 @@ use std::time::Duration;
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{AgentConfig, ChannelConfig};
 use switchboard_kit::proto::{IdentifiedMessage, SessionCreated, Turn};
-use switchboard_kit::{Delivery, Hold, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, StageName, Topology};
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -445,7 +445,7 @@ impl Stage for SessionStage {
     async fn handle(
         &self,
         mut msg: IdentifiedMessage,
-        delivery: &Delivery,
+        attempt: &Attempt,
     ) -> Result<Vec<Output>, StageError> {
         let inbound = msg
             .inbound
@@ -462,7 +462,7 @@ impl Stage for SessionStage {
                 // It will be dead-lettered, but in its turn: the sender's later messages must
                 // not wait the gap timeout for it.
                 let (store, m) = (&self.store, &msg);
-                self.in_arrival_order(m, delivery.delivered, |overdue| async move {
+                self.in_arrival_order(m, attempt.delivered, |overdue| async move {
                     Ok(store.pass_arrival(m, overdue).await?.then_some(()))
                 })
                 .await?;
@@ -471,7 +471,7 @@ impl Stage for SessionStage {
         };
         let (store, m) = (&self.store, &msg);
         let opened = self
-            .in_arrival_order(m, delivery.delivered, |overdue| async move {
+            .in_arrival_order(m, attempt.delivered, |overdue| async move {
                 Ok(match store.open_turn(m, agent, overdue).await? {
                     Opened::Turn(t) => Some(t),
                     Opened::Waiting => None,
@@ -525,7 +525,7 @@ impl Stage for SessionStage {
     async fn give_up(
         &self,
         msg: &IdentifiedMessage,
-        _delivery: &Delivery,
+        _attempt: &Attempt,
         _reason: &str,
     ) -> Result<Vec<Output>, StageError> {
         self.store
