@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Row};
 use switchboard_kit::proto::{DeliveryFailed, Reply, ReplyDelivered};
+use switchboard_kit::status::{DeliveryStatus, TurnStatus};
 use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, StageName, Topology};
 use uuid::Uuid;
 
@@ -115,6 +116,12 @@ impl DeliveryLedger {
                 ids: r.get(1),
             });
         }
+        self.current(id).await
+    }
+
+    /// Where a reply stands, without taking its lease: sent, failed, or leased by another
+    /// attempt (for how much longer).
+    async fn current(&self, id: Uuid) -> Result<Claim, sqlx::Error> {
         let r = sqlx::query(
             "SELECT status, provider_message_ids, last_error,
                     GREATEST(EXTRACT(EPOCH FROM leased_until - now()), 0)::float8
@@ -123,10 +130,12 @@ impl DeliveryLedger {
         .bind(id)
         .fetch_one(&self.db)
         .await?;
-        Ok(match r.get::<String, _>(0).as_str() {
-            "sent" => Claim::AlreadySent(r.get(1)),
-            "failed" => Claim::AlreadyFailed(r.get::<Option<String>, _>(2).unwrap_or_default()),
-            _ => Claim::Busy {
+        Ok(match r.get::<DeliveryStatus, _>(0) {
+            DeliveryStatus::Sent => Claim::AlreadySent(r.get(1)),
+            DeliveryStatus::Failed => {
+                Claim::AlreadyFailed(r.get::<Option<String>, _>(2).unwrap_or_default())
+            }
+            DeliveryStatus::Pending => Claim::Busy {
                 retry_in: Duration::from_secs_f64(
                     r.get::<Option<f64>, _>(3)
                         .unwrap_or(0.0)
@@ -155,9 +164,9 @@ impl DeliveryLedger {
         Ok(match row {
             None => true,
             Some(r) => {
-                let turn: String = r.get(0);
-                let delivery: Option<String> = r.get(1);
-                turn == "failed" || matches!(delivery.as_deref(), Some("sent" | "failed"))
+                let turn: TurnStatus = r.get(0);
+                let delivery: Option<DeliveryStatus> = r.get(1);
+                turn == TurnStatus::Failed || delivery.is_some_and(DeliveryStatus::is_settled)
             }
         })
     }
@@ -226,7 +235,11 @@ impl DeliveryLedger {
               WHERE reply_id = $1",
         )
         .bind(id)
-        .bind(if error.is_some() { "failed" } else { "sent" })
+        .bind(if error.is_some() {
+            DeliveryStatus::Failed
+        } else {
+            DeliveryStatus::Sent
+        })
         .bind(error)
         .execute(&self.db)
         .await?;
@@ -267,21 +280,7 @@ impl DeliveryLedger {
             return Ok(Claim::AlreadyFailed(error.to_string()));
         }
         // Sent, failed already, or leased: what `claim` would say, without taking a lease.
-        let r = sqlx::query(
-            "SELECT status, provider_message_ids, last_error,
-                    GREATEST(EXTRACT(EPOCH FROM leased_until - now()), 0)::float8
-               FROM switchboard.deliveries WHERE reply_id = $1",
-        )
-        .bind(id)
-        .fetch_one(&self.db)
-        .await?;
-        Ok(match r.get::<String, _>(0).as_str() {
-            "sent" => Claim::AlreadySent(r.get(1)),
-            "failed" => Claim::AlreadyFailed(r.get::<Option<String>, _>(2).unwrap_or_default()),
-            _ => Claim::Busy {
-                retry_in: Duration::from_secs_f64(r.get::<Option<f64>, _>(3).unwrap_or(0.0)),
-            },
-        })
+        self.current(id).await
     }
 
     /// Let another attempt take over at once.

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{AgentConfig, DispatchConfig};
 use switchboard_kit::proto::{Reply, Turn};
+use switchboard_kit::status::TurnStatus;
 use switchboard_kit::{Attempt, Output, Stage, StageError, StageName, Topology};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
@@ -244,8 +245,7 @@ impl TurnDispatcher {
         .bind(seq)
         .fetch_one(&self.db)
         .await?;
-        let status: String = row.get(0);
-        if status != "done" {
+        if row.get::<TurnStatus, _>(0) != TurnStatus::Done {
             return Err(DispatchError::FailedEarlier {
                 session,
                 seq,

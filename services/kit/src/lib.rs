@@ -8,6 +8,7 @@
 //! - [`runtime`]: the worker runtime (fetch, handle, publish, ack, retry, dead-letter).
 //! - [`telemetry`] and [`admin`]: logs, metrics, `/healthz`, `/readyz`, `/metrics`.
 //! - [`startup`]: wiring a process together; [`shutdown`]: the drain signal.
+//! - [`status`]: the states turns and deliveries move through.
 
 pub mod address;
 pub mod admin;
@@ -19,6 +20,7 @@ pub mod proto;
 pub mod runtime;
 pub mod shutdown;
 pub mod startup;
+pub mod status;
 pub mod telemetry;
 pub mod topology;
 
