@@ -5,6 +5,7 @@
 //! - [`arrival`]: per-sender arrival numbers (the order a person wrote in).
 //! - [`proto`]: the protobuf payloads (`proto/switchboard/v1`).
 //! - [`db`]: the Postgres pool and embedded migrations.
+//! - [`retry`]: the one retry-delay policy.
 //! - [`runtime`]: the worker runtime (fetch, handle, publish, ack, retry, dead-letter).
 //! - [`telemetry`] and [`admin`]: logs, metrics, `/healthz`, `/readyz`, `/metrics`.
 //! - [`startup`]: wiring a process together; [`shutdown`]: the drain signal.
@@ -17,6 +18,7 @@ pub mod config;
 pub mod db;
 pub mod dlq;
 pub mod proto;
+pub mod retry;
 pub mod runtime;
 pub mod shutdown;
 pub mod startup;

@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use crate::config::RuntimeConfig;
 use crate::proto::DeadLetter;
+use crate::retry::Backoff;
 use crate::shutdown::Shutdown;
 use crate::topology::{StageName, Topology};
 
@@ -439,7 +440,7 @@ impl Runtime {
         _why: &str,
     ) {
         count(name, "retried");
-        let delay = retry_delay(&self.config, attempt.delivered);
+        let delay = retry_policy(&self.config).delay(attempt.delivered);
         let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
     }
 
@@ -529,14 +530,12 @@ fn count(stage: StageName, outcome: &'static str) {
         .increment(1);
 }
 
-/// Exponential backoff from the attempt count: base, 2×base, 4×base … capped.
-pub fn retry_delay(rt: &RuntimeConfig, delivered: u64) -> Duration {
-    let exp = delivered.saturating_sub(1).min(20) as u32;
-    let ms = rt
-        .retry_base_ms
-        .saturating_mul(1u64 << exp)
-        .min(rt.retry_max_ms);
-    Duration::from_millis(ms)
+/// The runtime's retry policy for failed messages (`runtime.retry_base_ms`, `retry_max_ms`).
+pub fn retry_policy(rt: &RuntimeConfig) -> Backoff {
+    Backoff::new(
+        Duration::from_millis(rt.retry_base_ms),
+        Duration::from_millis(rt.retry_max_ms),
+    )
 }
 
 async fn report_lag(mut consumer: consumer::PullConsumer, name: StageName) {
@@ -556,15 +555,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn retry_delay_grows_and_is_capped() {
+    fn failed_messages_back_off_by_the_configured_policy() {
         let rt = RuntimeConfig {
             retry_base_ms: 100,
             retry_max_ms: 1000,
             ..Default::default()
         };
-        assert_eq!(retry_delay(&rt, 1), Duration::from_millis(100));
-        assert_eq!(retry_delay(&rt, 2), Duration::from_millis(200));
-        assert_eq!(retry_delay(&rt, 3), Duration::from_millis(400));
-        assert_eq!(retry_delay(&rt, 10), Duration::from_millis(1000));
+        let p = retry_policy(&rt);
+        assert_eq!(p.delay(1), Duration::from_millis(100));
+        assert_eq!(p.delay(10), Duration::from_millis(1000));
     }
 }

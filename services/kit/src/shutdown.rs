@@ -1,42 +1,30 @@
 //! An explicit shutdown signal, shared by every task of a process.
 //!
 //! SIGTERM or Ctrl-C flips it once; tasks stop fetching new work, finish what they hold, and exit.
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Shutdown {
-    rx: watch::Receiver<bool>,
-    tx: std::sync::Arc<watch::Sender<bool>>,
-}
-
-impl Default for Shutdown {
-    fn default() -> Self {
-        Self::new()
-    }
+    token: CancellationToken,
 }
 
 impl Shutdown {
     pub fn new() -> Self {
-        let (tx, rx) = watch::channel(false);
-        Self {
-            rx,
-            tx: std::sync::Arc::new(tx),
-        }
+        Self::default()
     }
 
     /// Ask every holder to stop.
     pub fn trigger(&self) {
-        let _ = self.tx.send(true);
+        self.token.cancel();
     }
 
     pub fn is_triggered(&self) -> bool {
-        *self.rx.borrow()
+        self.token.is_cancelled()
     }
 
     /// Resolves once shutdown has been triggered.
     pub async fn wait(&self) {
-        let mut rx = self.rx.clone();
-        let _ = rx.wait_for(|stop| *stop).await;
+        self.token.cancelled().await;
     }
 
     /// Trigger on SIGTERM or Ctrl-C.

@@ -325,10 +325,10 @@ impl ArrivalWait {
         }
     }
 
-    /// Delay before the `delivered`-th delivery of a waiting message is tried again.
+    /// Delay before the `delivered`-th delivery of a waiting message is tried again: from the
+    /// poll interval, doubling, up to `retry_max`.
     pub fn retry_after(&self, delivered: u64) -> Duration {
-        let doublings = delivered.saturating_sub(1).min(20) as u32;
-        (self.poll * 2u32.pow(doublings)).min(self.retry_max)
+        switchboard_kit::retry::Backoff::new(self.poll, self.retry_max).delay(delivered)
     }
 
     /// The least time a message on its `delivered`-th delivery has spent waiting, had every
