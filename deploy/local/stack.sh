@@ -788,7 +788,10 @@ destroy_locked() {
     log "stack '${NAME}' destroyed (binaries stay cached in ${CACHE})"
 }
 
-cmd_restart() {
+# cmd_server restart|crash <name> nats|pg
+cmd_server() {
+    local action="$1"
+    shift
     [ $# -eq 2 ] || usage
     set_name "$1"
     case "$2" in
@@ -796,7 +799,7 @@ cmd_restart() {
     *) usage ;;
     esac
     mkdir -p "${ROOT}/.locks"
-    with_lock 9 "${ROOT}/.locks/${NAME}.lock" restart_locked "$2"
+    with_lock 9 "${ROOT}/.locks/${NAME}.lock" "${action}_locked" "$2"
 }
 
 restart_locked() {
@@ -812,17 +815,6 @@ restart_locked() {
         ;;
     esac
     log "stack '${NAME}': $1 restarted"
-}
-
-cmd_crash() {
-    [ $# -eq 2 ] || usage
-    set_name "$1"
-    case "$2" in
-    nats | pg) ;;
-    *) usage ;;
-    esac
-    mkdir -p "${ROOT}/.locks"
-    with_lock 9 "${ROOT}/.locks/${NAME}.lock" crash_locked "$2"
 }
 
 # children_of PID: the pids whose parent is PID (from /proc, no procps needed).
@@ -944,8 +936,7 @@ main() {
     status) cmd_status "$@" ;;
     env) cmd_env "$@" ;;
     destroy) cmd_destroy "$@" ;;
-    restart) cmd_restart "$@" ;;
-    crash) cmd_crash "$@" ;;
+    restart | crash) cmd_server "$cmd" "$@" ;;
     -h | --help | help) usage ;;
     *)
         printf 'stack: unknown command %s\n' "$cmd" >&2

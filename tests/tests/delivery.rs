@@ -6,6 +6,20 @@ use switchboard_e2e::{AppOptions, spawn_app_with};
 use switchboard_kit::proto::Reply;
 use switchboard_kit::{Attempt, Stage, StageError};
 
+/// The first reply of a new session, to `recipient` by SMS.
+fn sms_reply(recipient: &str, text: &str) -> Reply {
+    Reply {
+        id: uuid::Uuid::now_v7().to_string(),
+        session_id: uuid::Uuid::now_v7().to_string(),
+        seq: 1,
+        text: text.into(),
+        channel: "sms".into(),
+        provider: "twilio".into(),
+        recipient: recipient.into(),
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn a_reply_held_by_a_dead_deliverer_is_sent_once_its_lease_ends() {
     // No stages in-process: this test drives the deliver handler itself.
@@ -15,15 +29,8 @@ async fn a_reply_held_by_a_dead_deliverer_is_sent_once_its_lease_ends() {
     })
     .await;
     let reply = Reply {
-        id: uuid::Uuid::now_v7().to_string(),
-        session_id: uuid::Uuid::now_v7().to_string(),
-        seq: 1,
-        text: "you will get this once".into(),
-        channel: "sms".into(),
-        provider: "twilio".into(),
-        recipient: "+14155550501".into(),
         correlation_id: "c-1".into(),
-        ..Default::default()
+        ..sms_reply("+14155550501", "you will get this once")
     };
     let lease = Duration::from_secs(2);
     // A deliverer takes the reply and dies before sending anything.
@@ -154,16 +161,7 @@ async fn a_sent_part_recorded_twice_after_a_lost_database_answer_counts_once() {
         ..Default::default()
     })
     .await;
-    let reply = Reply {
-        id: uuid::Uuid::now_v7().to_string(),
-        session_id: uuid::Uuid::now_v7().to_string(),
-        seq: 1,
-        text: "three parts".into(),
-        channel: "sms".into(),
-        provider: "twilio".into(),
-        recipient: "+14155550502".into(),
-        ..Default::default()
-    };
+    let reply = sms_reply("+14155550502", "three parts");
     let id: uuid::Uuid = reply.id.parse().unwrap();
     let ledger = DeliveryLedger::new(app.db.clone(), Duration::from_secs(45));
     ledger.claim(&reply, id, 3).await.unwrap();

@@ -656,6 +656,16 @@ mod tests {
         v.findings[&kind][0].clone()
     }
 
+    /// `pid`, a deliverer, SIGKILLed at `at_us`.
+    fn kill_deliverer(kills: &mut Vec<Kill>, at_us: u64, pid: u32) {
+        kills.push(Kill {
+            at_us,
+            kind: "deliver".into(),
+            target: format!("deliver-{pid}"),
+            pid,
+        });
+    }
+
     /// The second send of s1#1, `after` µs after the first, by process `pid`.
     fn resend(e: &mut Evidence, after: u64, pid: u32) {
         let first = e.sends.iter().find(|s| s.text == "s1#1").unwrap().clone();
@@ -682,12 +692,7 @@ mod tests {
         e.ledger[3].provider_message_ids = vec!["SMresent".into()];
         resend(&mut e, 20_000_000, DELIVER_PID + 1);
         // A deliverer was killed between the sends, but not the one that sent first.
-        e.kills.push(Kill {
-            at_us: e.sends[3].at_us + 1_000,
-            kind: "deliver".into(),
-            target: "deliver-1".into(),
-            pid: DELIVER_PID + 1,
-        });
+        kill_deliverer(&mut e.kills, e.sends[3].at_us + 1_000, DELIVER_PID + 1);
         let v = judge(&e);
         let f = only_kind(&v, Kind::DoubleOutsideWindow);
         assert!(f.evidence.contains("s1#1"), "{}", f.evidence);
@@ -699,12 +704,7 @@ mod tests {
     fn a_double_after_the_ledger_recorded_the_send_fails_even_with_a_kill() {
         let mut e = clean_run();
         resend(&mut e, 20_000_000, DELIVER_PID + 1);
-        e.kills.push(Kill {
-            at_us: e.sends[3].at_us + 1_000,
-            kind: "deliver".into(),
-            target: "deliver-0".into(),
-            pid: DELIVER_PID,
-        });
+        kill_deliverer(&mut e.kills, e.sends[3].at_us + 1_000, DELIVER_PID);
         let v = judge(&e);
         let f = only_kind(&v, Kind::DoubleOutsideWindow);
         assert!(
@@ -721,12 +721,7 @@ mod tests {
         e.ledger[3].provider_message_ids = vec!["SMresent".into()];
         assert_ne!(first_sid, "SMresent");
         resend(&mut e, 46_000_000, DELIVER_PID + 1);
-        e.kills.push(Kill {
-            at_us: e.sends[3].at_us + 500,
-            kind: "deliver".into(),
-            target: "deliver-0".into(),
-            pid: DELIVER_PID,
-        });
+        kill_deliverer(&mut e.kills, e.sends[3].at_us + 500, DELIVER_PID);
         let v = judge(&e);
         assert!(v.passed(), "{:?}", v.failures());
         assert_eq!(v.doubles_in_window(), 1);
@@ -742,12 +737,7 @@ mod tests {
         let mut e = clean_run();
         e.ledger[3].provider_message_ids = vec!["SMresent".into()];
         resend(&mut e, 46_000_000, DELIVER_PID + 1);
-        e.kills.push(Kill {
-            at_us: e.sends[3].at_us - 30_000,
-            kind: "deliver".into(),
-            target: "deliver-0".into(),
-            pid: DELIVER_PID,
-        });
+        kill_deliverer(&mut e.kills, e.sends[3].at_us - 30_000, DELIVER_PID);
         let v = judge(&e);
         assert!(v.passed(), "{:?}", v.failures());
         assert_eq!(v.doubles_in_window(), 1);
@@ -759,12 +749,7 @@ mod tests {
         let mut e = clean_run();
         e.ledger[3].provider_message_ids = vec!["SMresent".into()];
         resend(&mut e, 120_000_000, DELIVER_PID + 1);
-        e.kills.push(Kill {
-            at_us: e.sends[3].at_us + 60_000_000,
-            kind: "deliver".into(),
-            target: "deliver-0".into(),
-            pid: DELIVER_PID,
-        });
+        kill_deliverer(&mut e.kills, e.sends[3].at_us + 60_000_000, DELIVER_PID);
         only_kind(&judge(&e), Kind::DoubleOutsideWindow);
     }
 
@@ -773,12 +758,7 @@ mod tests {
         let mut e = clean_run();
         e.ledger[3].provider_message_ids = vec!["SMresent".into()];
         resend(&mut e, 1_000_000, DELIVER_PID);
-        e.kills.push(Kill {
-            at_us: e.sends[3].at_us + 2_000_000,
-            kind: "deliver".into(),
-            target: "deliver-0".into(),
-            pid: DELIVER_PID,
-        });
+        kill_deliverer(&mut e.kills, e.sends[3].at_us + 2_000_000, DELIVER_PID);
         only_kind(&judge(&e), Kind::DoubleOutsideWindow);
     }
 
@@ -802,12 +782,7 @@ mod tests {
         again.at_us = e.sends[1].at_us + 1_000;
         again.sid = "SMagain".into();
         e.sends.push(again);
-        e.kills.push(Kill {
-            at_us: e.sends[0].at_us + 10,
-            kind: "deliver".into(),
-            target: "deliver-0".into(),
-            pid: DELIVER_PID,
-        });
+        kill_deliverer(&mut e.kills, e.sends[0].at_us + 10, DELIVER_PID);
         let v = judge(&e);
         let f = only_kind(&v, Kind::SmsOrder);
         assert!(
