@@ -14,11 +14,19 @@
 //! | deliver | `reply` | - | `reply.delivered` | SELECT (order), INSERT … ON CONFLICT … RETURNING (claim), UPDATE |
 //!
 //! That is 4 work publishes, 4 event publishes (+1 per new session), 1 key-value read and 1
-//! key-value compare-and-set, 6 consumes and acks, 15 statements and 7 write commits per turn. Publishes carry `Nats-Msg-Id` and wait for their
-//! ack; inputs are acked after the outputs are stored, like the runtime does. The work stream
-//! has Interest retention and the turn subject feeds two consumers, as in the product.
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+//! key-value compare-and-set, 6 consumes and acks, 15 statements (19 with `BEGIN` and `COMMIT`)
+//! and 9 transactions (7 of them writing) per turn. Publishes carry `Nats-Msg-Id` and wait for
+//! their ack; inputs are acked after the outputs are stored, like the runtime does. The work
+//! stream has Interest retention and the turn subject feeds two consumers, as in the product.
+//!
+//! Like the pipeline it is compared with, the floor runs on a fresh database, with a Postgres
+//! pool of the same size per stage (the log hops share one, as they share the `log` process),
+//! the same turn partitions and sessions, over a window of the same length. What a turn costs
+//! is counted, not taken from the table above: statements by the floor itself, commits and
+//! rows from `pg_stat_database`, publishes from the streams' sequences ([`IoCounts`]), from just
+//! before the load until every turn it started has completed.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,17 +35,23 @@ use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::try_join_all;
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection as _, PgPool};
+use switchboard_kit::Topology;
 use tokio::sync::{Semaphore, oneshot};
 use uuid::Uuid;
 
+use super::bench_verdict::IoCounts;
 use super::procs::CpuSnapshot;
 
 #[derive(Debug, Clone)]
 pub struct FloorOptions {
     pub nats_url: String,
+    /// A fresh database of its own.
     pub database_url: String,
+    /// A database on the same server to read `pg_stat_database` from (so the reads are not
+    /// counted in the floor's own database).
+    pub admin_url: String,
     pub prefix: String,
     /// Sessions, each with one turn in flight (closed loop), like the pipeline run it is
     /// compared with.
@@ -46,7 +60,10 @@ pub struct FloorOptions {
     pub warmup: Duration,
     pub batch: usize,
     pub concurrency: usize,
+    /// Postgres connections per stage (the pipeline's per worker process).
     pub pool: u32,
+    /// Turn partitions (`<p>.turn.<n>`), as `runtime.turn_partitions`.
+    pub partitions: u32,
     /// NATS and Postgres (postmaster) pids, for CPU per turn.
     pub nats_pid: Option<u32>,
     pub postgres_pid: Option<u32>,
@@ -54,28 +71,37 @@ pub struct FloorOptions {
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct FloorResult {
+    pub sessions: usize,
+    pub pool: u32,
+    pub partitions: u32,
+    /// Turns completed in the measured window.
     pub turns: u64,
+    pub planned_window_s: u64,
     pub window_s: f64,
     pub turns_per_s: f64,
-    pub per_turn: &'static str,
+    /// What the turns cost, counted over the whole run (see the module comment).
+    pub io: IoCounts,
+    /// Every turn started completed before the counting ended.
+    pub drained: bool,
     /// CPU per turn in the window, ms: the floor process alone, and with NATS and Postgres.
     pub cpu_ms_per_turn: f64,
     pub cpu_ms_per_turn_with_stack: f64,
 }
 
-const PER_TURN: &str = "4 work + 4 event publishes (acked, deduped), 1 KV get + 1 KV compare-and-set, 6 consumes + acks, 15 SQL statements / 7 write commits";
-
-/// How long the floor's consumers run on after the measured window.
-const TEARDOWN: Duration = Duration::from_secs(2);
+/// Who counts the floor's statements.
+const COUNTED_BY: &str = "counted by the floor, BEGIN and COMMIT included";
 
 struct Floor {
     arrivals: jetstream::kv::Store,
     js: jetstream::Context,
-    db: PgPool,
+    /// One pool per stage process: identify, session, log, dispatch, deliver.
+    pools: [PgPool; 5],
     p: String,
-    partitions: u32,
+    topology: Topology,
     done: Mutex<HashMap<Uuid, oneshot::Sender<()>>>,
     completed: AtomicU64,
+    statements: AtomicU64,
+    stop: AtomicBool,
 }
 
 #[derive(Clone, Copy)]
@@ -115,6 +141,16 @@ impl Hop {
             Hop::LogOutbound | Hop::Deliver => format!("{p}.reply"),
         }
     }
+    /// The stage process whose pool the hop uses (the log hops share the `log` process).
+    fn pool(self) -> usize {
+        match self {
+            Hop::Identify => 0,
+            Hop::Session => 1,
+            Hop::LogInbound | Hop::LogOutbound => 2,
+            Hop::Dispatch => 3,
+            Hop::Deliver => 4,
+        }
+    }
 }
 
 /// The payload: session id, turn id, seq, and padding to the size of a real `Turn` message.
@@ -141,16 +177,23 @@ impl Floor {
         Ok(())
     }
 
+    /// Count `n` SQL statements about to be sent.
+    fn sql(&self, n: u64) {
+        self.statements.fetch_add(n, Ordering::Relaxed);
+    }
+
     async fn hop(&self, hop: Hop, payload: &[u8]) -> anyhow::Result<()> {
         let (session, turn, seq) = decode(payload).context("floor payload")?;
         let p = &self.p;
         let ev = |name: &str| format!("{p}.events.{name}");
         let body = Bytes::copy_from_slice(payload);
+        let db = &self.pools[hop.pool()];
         match hop {
             Hop::Identify => {
+                self.sql(1);
                 sqlx::query("SELECT 1 FROM sessions WHERE id = $1")
                     .bind(session)
-                    .fetch_optional(&self.db)
+                    .fetch_optional(db)
                     .await?;
                 try_join_all([
                     self.publish(format!("{p}.identified"), format!("i/{turn}"), body.clone()),
@@ -159,7 +202,9 @@ impl Floor {
                 .await?;
             }
             Hop::Session => {
-                let mut tx = self.db.begin().await?;
+                // BEGIN, six statements, COMMIT.
+                self.sql(8);
+                let mut tx = db.begin().await?;
                 let (last,): (i64,) = sqlx::query_as(
                     "INSERT INTO cursors (id, last_seq) VALUES ($1, 0)
                      ON CONFLICT (id) DO UPDATE SET last_seq = cursors.last_seq RETURNING last_seq",
@@ -197,9 +242,8 @@ impl Floor {
                     .execute(&mut *tx)
                     .await?;
                 tx.commit().await?;
-                let part = (session.as_u128() % self.partitions as u128) as u32;
                 let mut outs = vec![self.publish(
-                    format!("{p}.turn.{part}"),
+                    format!("{p}.turn.{}", self.topology.partition_of(&session)),
                     format!("s/{turn}"),
                     encode(session, turn, seq),
                 )];
@@ -214,6 +258,7 @@ impl Floor {
                 } else {
                     Uuid::from_u128(turn.as_u128() ^ 1)
                 };
+                self.sql(1);
                 sqlx::query(
                     "INSERT INTO messages (id, session_id, body) VALUES ($1, $2, $3)
                      ON CONFLICT DO NOTHING",
@@ -221,18 +266,20 @@ impl Floor {
                 .bind(id)
                 .bind(session)
                 .bind("s1#1 a message of ordinary length")
-                .execute(&self.db)
+                .execute(db)
                 .await?;
                 self.publish(ev("logged"), format!("l/{id}"), body).await?;
             }
             Hop::Dispatch => {
+                // The call lease; then BEGIN, two statements, COMMIT.
+                self.sql(5);
                 sqlx::query(
                     "UPDATE sessions SET status = 'running' WHERE id = $1 RETURNING last_seq",
                 )
                 .bind(session)
-                .fetch_one(&self.db)
+                .fetch_one(db)
                 .await?;
-                let mut tx = self.db.begin().await?;
+                let mut tx = db.begin().await?;
                 sqlx::query("UPDATE sessions SET last_seq = $2, status = 'idle' WHERE id = $1")
                     .bind(session)
                     .bind(seq)
@@ -248,9 +295,10 @@ impl Floor {
                     .await?;
             }
             Hop::Deliver => {
+                self.sql(3);
                 sqlx::query("SELECT status FROM deliveries WHERE id = $1")
                     .bind(Uuid::from_u128(turn.as_u128() ^ 2))
-                    .fetch_optional(&self.db)
+                    .fetch_optional(db)
                     .await?;
                 sqlx::query(
                     "INSERT INTO deliveries (id, status, attempts) VALUES ($1, 'pending', 1)
@@ -258,13 +306,13 @@ impl Floor {
                      RETURNING parts",
                 )
                 .bind(turn)
-                .fetch_optional(&self.db)
+                .fetch_optional(db)
                 .await?;
                 sqlx::query(
                     "UPDATE deliveries SET parts = parts + 1, status = 'sent' WHERE id = $1",
                 )
                 .bind(turn)
-                .execute(&self.db)
+                .execute(db)
                 .await?;
                 self.publish(ev("delivered"), format!("dv/{turn}"), body)
                     .await?;
@@ -278,16 +326,17 @@ impl Floor {
     }
 }
 
+/// Pull and handle `hop`'s messages until the floor stops.
 async fn consume(
     floor: Arc<Floor>,
     hop: Hop,
     consumer: consumer::PullConsumer,
     batch: usize,
     concurrency: usize,
-    until: Instant,
 ) {
     let sem = Arc::new(Semaphore::new(concurrency));
-    while Instant::now() < until {
+    let stopped = || floor.stop.load(Ordering::Relaxed);
+    while !stopped() {
         let Ok(mut messages) = consumer
             .stream()
             .max_messages_per_batch(batch)
@@ -298,7 +347,7 @@ async fn consume(
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        while Instant::now() < until {
+        while !stopped() {
             let permit = sem.clone().acquire_owned().await.expect("open");
             let next = tokio::time::timeout(Duration::from_secs(1), messages.next()).await;
             let msg = match next {
@@ -313,9 +362,7 @@ async fn consume(
                         let _ = msg.ack().await;
                     }
                     Err(e) => {
-                        // Consumers outlive the run by `TEARDOWN` while the streams and pool
-                        // are torn down; errors then are expected, not worth printing.
-                        if Instant::now() + TEARDOWN < until {
+                        if !floor.stop.load(Ordering::Relaxed) {
                             eprintln!("floor {}: {e:#}", hop.name());
                         }
                         let _ = msg
@@ -329,29 +376,45 @@ async fn consume(
     }
 }
 
+/// Messages waiting or unacked, summed over the floor's consumers.
+async fn backlog(work: &jetstream::stream::Stream) -> anyhow::Result<u64> {
+    let mut n = 0;
+    for hop in Hop::ALL {
+        let mut c: consumer::PullConsumer = work
+            .get_consumer(hop.name())
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let info = c.info().await?;
+        n += info.num_pending + info.num_ack_pending as u64;
+    }
+    Ok(n)
+}
+
 /// Run the floor for `duration` (after `warmup`) with `sessions` turns in flight.
 pub async fn run(
     o: &FloorOptions,
     progress: impl Fn(u64) + Send + 'static,
 ) -> anyhow::Result<FloorResult> {
+    let database = database_name(&o.database_url)?;
     let nats = async_nats::connect(&o.nats_url).await?;
     let js = jetstream::new(nats);
-    let db = PgPoolOptions::new()
-        .max_connections(o.pool)
-        .connect(&o.database_url)
-        .await?;
-    for ddl in [
-        "CREATE TABLE IF NOT EXISTS sessions (id UUID PRIMARY KEY, next_seq BIGINT NOT NULL DEFAULT 1,
-            last_seq BIGINT NOT NULL DEFAULT 0, status TEXT NOT NULL DEFAULT 'idle')",
-        "CREATE TABLE IF NOT EXISTS turns (session_id UUID NOT NULL, seq BIGINT NOT NULL,
-            turn_id UUID NOT NULL UNIQUE, done BOOLEAN NOT NULL DEFAULT false,
-            PRIMARY KEY (session_id, seq))",
-        "CREATE TABLE IF NOT EXISTS messages (id UUID PRIMARY KEY, session_id UUID NOT NULL, body TEXT NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS cursors (id UUID PRIMARY KEY, last_seq BIGINT NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS deliveries (id UUID PRIMARY KEY, status TEXT NOT NULL,
-            parts INT NOT NULL DEFAULT 0, attempts INT NOT NULL DEFAULT 0)",
-    ] {
-        sqlx::query(ddl).execute(&db).await?;
+    // The tables, on a connection of its own that is gone before the counting starts.
+    {
+        let mut conn = sqlx::PgConnection::connect(&o.database_url).await?;
+        for ddl in [
+            "CREATE TABLE IF NOT EXISTS sessions (id UUID PRIMARY KEY, next_seq BIGINT NOT NULL DEFAULT 1,
+                last_seq BIGINT NOT NULL DEFAULT 0, status TEXT NOT NULL DEFAULT 'idle')",
+            "CREATE TABLE IF NOT EXISTS turns (session_id UUID NOT NULL, seq BIGINT NOT NULL,
+                turn_id UUID NOT NULL UNIQUE, done BOOLEAN NOT NULL DEFAULT false,
+                PRIMARY KEY (session_id, seq))",
+            "CREATE TABLE IF NOT EXISTS messages (id UUID PRIMARY KEY, session_id UUID NOT NULL, body TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS cursors (id UUID PRIMARY KEY, last_seq BIGINT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS deliveries (id UUID PRIMARY KEY, status TEXT NOT NULL,
+                parts INT NOT NULL DEFAULT 0, attempts INT NOT NULL DEFAULT 0)",
+        ] {
+            sqlx::query(ddl).execute(&mut conn).await?;
+        }
+        conn.close().await?;
     }
     let p = o.prefix.clone();
     let upper = p.to_ascii_uppercase();
@@ -387,14 +450,39 @@ pub async fn run(
             ..Default::default()
         })
         .await?;
+    let streams = [
+        format!("{upper}_WORK"),
+        format!("{upper}_EVENTS"),
+        format!("KV_{upper}_ARRIVALS"),
+    ];
+
+    // Counting starts here.
+    wait_for_no_backends(&o.admin_url, &database, Duration::from_secs(10)).await;
+    let pg_before = pg_counters(&o.admin_url, &database).await?;
+    let seq_before = stream_sequences(&js, &streams).await;
+
+    let pool = || {
+        PgPoolOptions::new()
+            .max_connections(o.pool)
+            .connect(&o.database_url)
+    };
+    let pools = [
+        pool().await?,
+        pool().await?,
+        pool().await?,
+        pool().await?,
+        pool().await?,
+    ];
     let floor = Arc::new(Floor {
         arrivals,
         js: js.clone(),
-        db: db.clone(),
+        pools,
         p: p.clone(),
-        partitions: 32,
+        topology: Topology::new(p.clone(), o.partitions),
         done: Mutex::new(HashMap::new()),
         completed: AtomicU64::new(0),
+        statements: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
     });
     let start = Instant::now();
     let until = start + o.warmup + o.duration;
@@ -416,11 +504,11 @@ pub async fn run(
             c,
             o.batch,
             o.concurrency,
-            until + TEARDOWN,
         )));
     }
 
-    // Closed loop: every session keeps one turn in flight.
+    // Closed loop: every session keeps one turn in flight; after `until` each finishes the
+    // turn it has in flight and stops.
     let mut senders = tokio::task::JoinSet::new();
     for s in 0..o.sessions {
         let floor = floor.clone();
@@ -480,21 +568,171 @@ pub async fn run(
             .delta(&CpuSnapshot::take(&[], o.nats_pid, o.postgres_pid));
     let (warm_n, warm_at) = at_warm.unwrap_or((0, start));
     let window = warm_at.elapsed().as_secs_f64();
+
+    // Let the turns in flight complete (every hop, the log hops included), then count.
+    let drained = tokio::time::timeout(Duration::from_secs(40), async {
+        while senders.join_next().await.is_some() {}
+        while backlog(&work).await.map_or(true, |n| n > 0) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .is_ok();
     senders.abort_all();
+    floor.stop.store(true, Ordering::SeqCst);
     for c in consumers {
-        c.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(3), c).await;
     }
+    let seq_after = stream_sequences(&js, &streams).await;
+    for pool in &floor.pools {
+        pool.close().await;
+    }
+    wait_for_no_backends(&o.admin_url, &database, Duration::from_secs(10)).await;
+    let pg_after = pg_counters(&o.admin_url, &database).await?;
     let _ = js.delete_stream(format!("{upper}_WORK")).await;
     let _ = js.delete_stream(format!("{upper}_EVENTS")).await;
-    db.close().await;
+    let _ = js.delete_key_value(format!("{upper}_ARRIVALS")).await;
+
     let turns = end_n - warm_n;
     let per_turn = |s: f64| s * 1000.0 / turns.max(1) as f64;
     Ok(FloorResult {
+        sessions: o.sessions,
+        pool: o.pool,
+        partitions: o.partitions,
         turns,
+        planned_window_s: o.duration.as_secs(),
         window_s: window,
         turns_per_s: turns as f64 / window.max(1e-9),
-        per_turn: PER_TURN,
+        io: io_counts(
+            floor.completed.load(Ordering::Relaxed),
+            (&pg_before, &seq_before),
+            (&pg_after, &seq_after),
+            Some(floor.statements.load(Ordering::Relaxed)),
+            COUNTED_BY.into(),
+        ),
+        drained,
         cpu_ms_per_turn: per_turn(cpu.harness),
         cpu_ms_per_turn_with_stack: per_turn(cpu.harness + cpu.nats + cpu.postgres),
     })
+}
+
+// ---- counting I/O (the floor's and the pipeline's alike) ------------------------------------
+
+/// `pg_stat_database` counters of one database.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PgCounters {
+    pub commits: u64,
+    pub rollbacks: u64,
+    pub inserted: u64,
+    pub updated: u64,
+    pub deleted: u64,
+}
+
+/// The database name in a Postgres URL.
+pub fn database_name(url: &str) -> anyhow::Result<String> {
+    let u = reqwest::Url::parse(url).context("a Postgres URL")?;
+    let name = u.path().trim_start_matches('/');
+    anyhow::ensure!(!name.is_empty(), "no database in the URL");
+    Ok(name.to_string())
+}
+
+/// `database`'s counters, read through `admin_url` (another database of the same server, so
+/// that the read is not counted in `database`). The view shows what backends have flushed:
+/// a busy backend flushes at most once a second, an idle one after 10 s
+/// (`PGSTAT_IDLE_INTERVAL`), an exiting one at once; read after the backends are gone
+/// ([`wait_for_no_backends`]) for exact numbers.
+pub async fn pg_counters(admin_url: &str, database: &str) -> anyhow::Result<PgCounters> {
+    let mut conn = sqlx::PgConnection::connect(admin_url).await?;
+    let row: (i64, i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted
+         FROM pg_stat_database WHERE datname = $1",
+    )
+    .bind(database)
+    .fetch_one(&mut conn)
+    .await
+    .with_context(|| format!("pg_stat_database of {database}"))?;
+    let _ = conn.close().await;
+    let u = |v: i64| v.max(0) as u64;
+    Ok(PgCounters {
+        commits: u(row.0),
+        rollbacks: u(row.1),
+        inserted: u(row.2),
+        updated: u(row.3),
+        deleted: u(row.4),
+    })
+}
+
+/// Wait (at most `timeout`) until no backend is connected to `database`, so every backend
+/// has flushed its statistics on exit; returns whether that happened.
+pub async fn wait_for_no_backends(admin_url: &str, database: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    let Ok(mut conn) = sqlx::PgConnection::connect(admin_url).await else {
+        return false;
+    };
+    let gone = loop {
+        let n: Option<i64> =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
+                .bind(database)
+                .fetch_one(&mut conn)
+                .await
+                .ok();
+        if n == Some(0) {
+            break true;
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let _ = conn.close().await;
+    // A backend leaves pg_stat_activity while it exits; its last flush is part of that.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gone
+}
+
+/// Each stream's last sequence (0 for a stream that does not exist).
+pub async fn stream_sequences(
+    js: &jetstream::Context,
+    streams: &[String],
+) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for name in streams {
+        let seq = match js.get_stream(name).await {
+            Ok(mut s) => s.info().await.map_or(0, |i| i.state.last_sequence),
+            Err(_) => 0,
+        };
+        out.insert(name.clone(), seq);
+    }
+    out
+}
+
+/// What `turns` turns cost between two readings.
+pub fn io_counts(
+    turns: u64,
+    before: (&PgCounters, &BTreeMap<String, u64>),
+    after: (&PgCounters, &BTreeMap<String, u64>),
+    statements: Option<u64>,
+    statements_counted_by: String,
+) -> IoCounts {
+    let (b, a) = (before.0, after.0);
+    IoCounts {
+        turns,
+        commits: a.commits.saturating_sub(b.commits),
+        rollbacks: a.rollbacks.saturating_sub(b.rollbacks),
+        rows_inserted: a.inserted.saturating_sub(b.inserted),
+        rows_updated: a.updated.saturating_sub(b.updated),
+        rows_deleted: a.deleted.saturating_sub(b.deleted),
+        statements,
+        statements_counted_by,
+        stream_messages: after
+            .1
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.saturating_sub(before.1.get(k).copied().unwrap_or(0)),
+                )
+            })
+            .collect(),
+    }
 }

@@ -44,6 +44,9 @@ pub struct LoadStats {
     pub gave_up: u64,
     /// Closed loop: replies not seen within the wait.
     pub reply_timeouts: u64,
+    /// Open loop: messages scheduled but still queued behind their sender's earlier ones when
+    /// the run ended, so never sent (the offered rate was not reached).
+    pub not_sent: u64,
     pub statuses: HashMap<u16, u64>,
 }
 
@@ -57,6 +60,10 @@ pub struct LoadGen {
     accepted: Mutex<Vec<Accepted>>,
     stats: Mutex<LoadStats>,
     accepted_n: AtomicU64,
+    /// Messages given up (never accepted within `retry_for`): (sender, index).
+    given_up: Mutex<Vec<(usize, u32)>>,
+    /// Messages whose first post was made.
+    sent_n: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -72,6 +79,8 @@ impl LoadGen {
             accepted: Mutex::new(Vec::new()),
             stats: Mutex::new(LoadStats::default()),
             accepted_n: AtomicU64::new(0),
+            given_up: Mutex::new(Vec::new()),
+            sent_n: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         })
     }
@@ -88,6 +97,16 @@ impl LoadGen {
 
     pub fn accepted(&self) -> Vec<Accepted> {
         self.accepted.lock().unwrap().clone()
+    }
+
+    /// Messages posted at least once.
+    pub fn sent_count(&self) -> u64 {
+        self.sent_n.load(Ordering::Relaxed)
+    }
+
+    /// Messages never accepted within `retry_for`: (sender, index), in the order given up.
+    pub fn given_up(&self) -> Vec<(usize, u32)> {
+        self.given_up.lock().unwrap().clone()
     }
 
     pub fn stats(&self) -> LoadStats {
@@ -111,6 +130,7 @@ impl LoadGen {
         let sent_us = now_us();
         let give_up = Instant::now() + self.retry_for;
         let mut attempts = 0;
+        self.sent_n.fetch_add(1, Ordering::Relaxed);
         let mut backoff = Duration::from_millis(100);
         loop {
             attempts += 1;
@@ -142,6 +162,7 @@ impl LoadGen {
             }
             if Instant::now() >= give_up {
                 self.stats.lock().unwrap().gave_up += 1;
+                self.given_up.lock().unwrap().push((sender, index));
                 return None;
             }
             tokio::time::sleep(backoff).await;
@@ -203,6 +224,7 @@ impl LoadGen {
                 while let Some(index) = rx.recv().await {
                     // Queued when the run ended: not sent (an open loop stops at `until`).
                     if Instant::now() >= until {
+                        this.stats.lock().unwrap().not_sent += 1;
                         continue;
                     }
                     this.send(sender, index).await;

@@ -17,6 +17,7 @@
 //! - [`report`]: percentiles, JSON and PNG plots.
 //! - [`chaos`]: the chaos run (load, seeded kills, server crashes) and its evidence;
 //!   [`chaos_check`]: the verdict on that evidence.
+pub mod bench_verdict;
 pub mod chaos;
 pub mod chaos_check;
 pub mod fakes;

@@ -1,4 +1,4 @@
-//! Percentiles, throughput over time, and the PNG plot of a run.
+//! Percentiles, throughput and calls in flight over time, and the PNG plot of a run.
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -56,13 +56,48 @@ pub fn per_second(times_us: &[u64], from_us: u64, to_us: u64) -> Vec<(f64, f64)>
         .collect()
 }
 
+/// How many intervals `[start, end)` (µs) overlap, between `from_us` and `to_us`: the mean
+/// over that span and the most at any moment. An interval without an end lasts to `to_us`.
+pub fn concurrency(intervals: &[(u64, Option<u64>)], from_us: u64, to_us: u64) -> (f64, u64) {
+    if to_us <= from_us {
+        return (0.0, 0);
+    }
+    let mut events: Vec<(u64, i64)> = Vec::new();
+    let mut busy_us: u128 = 0;
+    for (start, end) in intervals {
+        let end = end.unwrap_or(to_us);
+        let (s, e) = ((*start).max(from_us), end.min(to_us));
+        if s < e {
+            busy_us += (e - s) as u128;
+        }
+        // Intervals begun before `from_us` count from `from_us`.
+        if *start < to_us && end > from_us {
+            events.push((s, 1));
+            events.push((e.max(s), -1));
+        }
+    }
+    // At equal times, ends before starts: back-to-back calls are not at once.
+    events.sort_unstable();
+    let (mut now, mut most) = (0i64, 0i64);
+    for (_, d) in events {
+        now += d;
+        most = most.max(now);
+    }
+    (
+        busy_us as f64 / (to_us - from_us) as f64,
+        most.max(0) as u64,
+    )
+}
+
 /// One scenario's curves.
 pub struct PlotSeries {
     pub name: String,
     /// (seconds, turns completed in that second)
     pub throughput: Vec<(f64, f64)>,
-    /// Pipeline overhead samples, µs (empty: not plotted).
+    /// Pipeline overhead samples of the answered messages, µs (empty: not plotted).
     pub overhead_us: Vec<u64>,
+    /// Messages never answered: they count in the fractions, so the curve ends below 1.
+    pub unanswered: u64,
 }
 
 fn register_font() {
@@ -132,7 +167,7 @@ pub fn plot(path: &Path, title: &str, series: &[PlotSeries]) -> anyhow::Result<(
         * 1.05;
     let mut chart = ChartBuilder::on(&bottom)
         .caption(
-            "Pipeline overhead (gateway accepted -> Twilio received, minus runner time): share of turns at or below",
+            "Pipeline overhead (gateway accepted -> Twilio received, minus runner time): share of messages at or below (unanswered: never)",
             ("sans-serif", 18),
         )
         .margin(15)
@@ -142,7 +177,7 @@ pub fn plot(path: &Path, title: &str, series: &[PlotSeries]) -> anyhow::Result<(
     chart
         .configure_mesh()
         .x_desc("milliseconds (up to p99.9)")
-        .y_desc("fraction of turns")
+        .y_desc("fraction of messages")
         .label_style(("sans-serif", 15))
         .draw()?;
     for (i, s) in series.iter().enumerate() {
@@ -151,7 +186,7 @@ pub fn plot(path: &Path, title: &str, series: &[PlotSeries]) -> anyhow::Result<(
         }
         let mut v = s.overhead_us.clone();
         v.sort_unstable();
-        let n = v.len() as f64;
+        let n = (v.len() as u64 + s.unanswered) as f64;
         let step = (v.len() / 2000).max(1);
         let pts: Vec<(f64, f64)> = v
             .iter()
@@ -161,9 +196,14 @@ pub fn plot(path: &Path, title: &str, series: &[PlotSeries]) -> anyhow::Result<(
             .filter(|(ms, _)| *ms <= max_ms)
             .collect();
         let color = Palette99::pick(i).to_rgba();
+        let label = if s.unanswered > 0 {
+            format!("{} ({} never answered)", s.name, s.unanswered)
+        } else {
+            s.name.clone()
+        };
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))?
-            .label(s.name.clone())
+            .label(label)
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
@@ -191,4 +231,27 @@ where
         .position(position)
         .draw()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_counts_overlapping_calls_in_the_span() {
+        // Two calls over the whole span, one over half of it, one before it, one still running.
+        let calls = [
+            (0, Some(2_000)),
+            (500, Some(1_500)),
+            (1_000, Some(1_500)),
+            (0, Some(900)),
+            (1_800, None),
+        ];
+        let (mean, most) = concurrency(&calls, 1_000, 2_000);
+        assert_eq!(most, 3);
+        // 1000 + 500 + 500 + 0 + 200 µs busy over 1000 µs.
+        assert!((mean - 2.2).abs() < 1e-9, "{mean}");
+        // Back to back is not at once.
+        assert_eq!(concurrency(&[(0, Some(10)), (10, Some(20))], 0, 20).1, 1);
+    }
 }
