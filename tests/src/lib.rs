@@ -122,7 +122,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     let database_url = fresh_database(&env("SB_DATABASE_URL")).await;
     let twilio = FakeTwilio::start("ACtest00000000000000000000000000", "test-auth-token").await;
     let runner = FakeRunner::start().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
 
     let mut config = Config {

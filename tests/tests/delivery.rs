@@ -51,6 +51,7 @@ async fn a_reply_held_by_a_dead_deliverer_is_sent_once_its_lease_ends() {
         delivered: 2,
         stream_sequence: 1,
         correlation_id: "c-1".into(),
+        ..Default::default()
     };
     // The redelivered reply waits for the lease rather than burning its deliveries.
     let wait = match stage.handle(reply.clone(), &delivery).await {
@@ -134,6 +135,7 @@ async fn replies_of_one_session_go_out_in_turn_order() {
         delivered: 1,
         stream_sequence: 1,
         correlation_id: String::new(),
+        ..Default::default()
     };
     // The second reply reaches a deliverer first: it waits for the first.
     let second = {
@@ -183,7 +185,7 @@ async fn a_sent_part_recorded_twice_after_a_lost_database_answer_counts_once() {
 #[tokio::test]
 async fn a_reply_the_provider_keeps_refusing_is_recorded_failed_announced_and_does_not_hold_up_the_next()
  {
-    let app = switchboard_e2e::spawn_app_configured(|c| c.deliver.max_deliver = 2).await;
+    let app = switchboard_e2e::spawn_app_configured(|c| c.runtime.max_deliver = 2).await;
     let person = "+14155550503";
     // Twilio is down for both attempts at the first reply.
     app.twilio.fail_next(2);

@@ -121,6 +121,7 @@ async fn one_turn_two_dispatchers(
         delivered: 1,
         stream_sequence: 1,
         correlation_id: inbound_id.clone(),
+        ..Default::default()
     };
     (turn, delivery, make(), make(), opened.session_id)
 }
@@ -331,7 +332,7 @@ async fn a_failed_turn_lets_the_next_one_through() {
 
 #[tokio::test]
 async fn a_runner_that_keeps_failing_is_retried_then_dead_lettered_with_the_count() {
-    let app = spawn_app_configured(|c| c.dispatch.max_deliver = 3).await;
+    let app = spawn_app_configured(|c| c.runtime.max_deliver = 3).await;
     app.runner.fail_next(usize::MAX, 503);
     assert_eq!(app.send_sms("+14155550403", "anyone?").await.status(), 200);
     let letters = app

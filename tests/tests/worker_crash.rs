@@ -133,7 +133,7 @@ async fn a_turn_that_crashes_its_dispatcher_every_time_is_given_up_and_the_next_
             .filter(|s| *s != StageName::Dispatch)
             .collect(),
         tweak: Box::new(|c| {
-            c.dispatch.max_deliver = 3;
+            c.runtime.max_deliver = 3;
             c.dispatch.liveness_ms = 1_000;
         }),
     })

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Row};
 use switchboard_kit::proto::{DeliveryFailed, Reply, ReplyDelivered};
+use switchboard_kit::retry::{self, Backoff};
 use switchboard_kit::status::{DeliveryStatus, TurnStatus};
 use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, StageName, Topology};
 use uuid::Uuid;
@@ -214,18 +215,11 @@ impl DeliveryLedger {
         last: bool,
         until: Instant,
     ) -> Result<(), sqlx::Error> {
-        let mut delay = Duration::from_millis(100);
-        loop {
-            match self.part_sent(id, provider_id, index, last).await {
-                Ok(()) => return Ok(()),
-                Err(e) if Instant::now() + delay < until => {
-                    tracing::warn!(reply_id = %id, error = %e, "recording a sent part failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        retry::until(until, backoff, "recording a sent part", || {
+            self.part_sent(id, provider_id, index, last)
+        })
+        .await
     }
 
     pub async fn finish(&self, id: Uuid, error: Option<&str>) -> Result<(), sqlx::Error> {
@@ -511,9 +505,7 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         TwilioSender::new(app.config.twilio.clone()),
         app.topology.clone(),
     );
-    let mut opts = app.stage_options();
-    opts.max_deliver = app.config.deliver.max_deliver;
-    app.stage_task(stage, opts)
+    app.stage_task(stage, app.stage_options())
 }
 
 #[cfg(test)]

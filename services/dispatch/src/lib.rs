@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{AgentConfig, DispatchConfig};
 use switchboard_kit::proto::{Reply, Turn};
+use switchboard_kit::retry::{self, Backoff};
 use switchboard_kit::status::TurnStatus;
 use switchboard_kit::{Attempt, Output, Stage, StageError, StageName, Topology};
 use tokio::sync::Semaphore;
@@ -77,6 +78,10 @@ struct StoredReply {
 /// A runner call's lease outlives the agent's timeout by this much, so only a call that is
 /// certainly over (or whose dispatcher is dead) lets the next one start.
 const CALL_DEADLINE_MARGIN: Duration = Duration::from_secs(5);
+
+/// How long a runner's answer is kept trying to be stored (the commit is a compare-and-set
+/// on the call's lease, so a late success is still exactly one answer).
+const COMMIT_RETRY_FOR: Duration = Duration::from_secs(30);
 
 pub struct TurnDispatcher {
     /// This process, as the holder of runner-call leases.
@@ -495,7 +500,16 @@ impl TurnDispatcher {
             processing_ms,
             tool_calls_count: resp.tool_calls_count,
         };
-        let committed = match self.commit(session, turn.seq, after, call, &stored).await {
+        // The agent has answered: a database hiccup must not make it answer again, so the
+        // commit is tried again for a while before the turn fails (and is run again).
+        let committed = match retry::until(
+            Instant::now() + COMMIT_RETRY_FOR,
+            Backoff::new(Duration::from_millis(50), Duration::from_secs(2)),
+            "storing the agent's reply",
+            || self.commit(session, turn.seq, after, call, &stored),
+        )
+        .await
+        {
             Ok(c) => c,
             Err(e) => {
                 if let Err(db) = self.release_call(session, call).await {
@@ -577,8 +591,6 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         c.dispatch.clone(),
     ));
     let mut opts = app.stage_options();
-    // Waiting for a predecessor counts as a delivery, so dispatch allows more of them.
-    opts.max_deliver = c.dispatch.max_deliver;
     if c.dispatch.concurrency > 0 {
         opts.concurrency = c.dispatch.concurrency;
     }

@@ -50,7 +50,6 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     pub session: SessionConfig,
     pub dispatch: DispatchConfig,
-    pub deliver: DeliverConfig,
     pub demo: DemoConfig,
 }
 
@@ -76,7 +75,6 @@ impl Default for Config {
             runtime: RuntimeConfig::default(),
             session: SessionConfig::default(),
             dispatch: DispatchConfig::default(),
-            deliver: DeliverConfig::default(),
             demo: DemoConfig::default(),
         }
     }
@@ -109,7 +107,7 @@ impl Default for GatewayConfig {
 #[serde(default)]
 pub struct AdminConfig {
     /// Where a worker process serves `/healthz`, `/readyz` and `/metrics`. Port 0 picks a free
-    /// port (logged at start); the gateway and `switchboard up` serve them on the gateway port too.
+    /// port below the ephemeral range (`net::FREE_PORTS`, logged at start); the gateway and `switchboard up` serve them on the gateway port too.
     pub http_addr: String,
 }
 
@@ -216,8 +214,13 @@ pub struct RuntimeConfig {
     /// How long the server waits for an ack before redelivering. In-flight work sends progress
     /// acks, so this bounds only how soon a dead process's work comes back.
     pub ack_wait_ms: u64,
-    /// Deliveries after which a failing message is dead-lettered.
+    /// Deliveries after which a failing message is dead-lettered. Counts handler errors and
+    /// crashes (a message whose worker died comes back as a new delivery); waiting does not.
     pub max_deliver: u64,
+    /// How long a message may wait (for its predecessor, a lease, another worker) in a
+    /// running process before it is dead-lettered as "waited too long". Keep it above the
+    /// longest agent `timeout_s`: a turn waits for the call before it.
+    pub max_wait_ms: u64,
     /// Retry delay after the first failure; doubles each time up to `retry_max_ms`.
     pub retry_base_ms: u64,
     pub retry_max_ms: u64,
@@ -248,6 +251,7 @@ impl Default for RuntimeConfig {
             concurrency: 64,
             ack_wait_ms: 30_000,
             max_deliver: 8,
+            max_wait_ms: 3_600_000,
             retry_base_ms: 500,
             retry_max_ms: 60_000,
             shutdown_grace_ms: 20_000,
@@ -273,15 +277,12 @@ pub struct SessionConfig {
     /// Longest delay before a waiting message that went back to the stream is tried again; the
     /// delay doubles from `arrival_poll_ms` with each try.
     pub arrival_retry_max_ms: u64,
-    /// How long a message waits for a missing predecessor at most, counted in the waits it
-    /// went through (so time the stage was down or Postgres away does not count). A
-    /// predecessor is missing for long only when it never got published (a gateway died
+    /// How long a message waits for a missing predecessor at most, counted while the
+    /// session stage runs (time it was down does not count); then it takes its turn anyway.
+    /// A predecessor is missing for long only when it never got published (a gateway died
     /// between numbering and publishing it and the provider never retried); a crashed worker's
     /// message comes back after `runtime.ack_wait_ms`, so keep this well above that.
     pub arrival_gap_timeout_ms: u64,
-    /// Deliveries of one message before it is dead-lettered. Waiting counts as a delivery, so
-    /// this covers the gap timeout at `arrival_retry_max_ms` per try, plus crashes.
-    pub max_deliver: u64,
 }
 
 impl Default for SessionConfig {
@@ -291,7 +292,6 @@ impl Default for SessionConfig {
             arrival_hold_ms: 250,
             arrival_retry_max_ms: 5_000,
             arrival_gap_timeout_ms: 120_000,
-            max_deliver: 60,
         }
     }
 }
@@ -303,8 +303,6 @@ pub struct DispatchConfig {
     pub hold_poll_ms: u64,
     /// How long a turn waits for its predecessor before going back to the stream.
     pub hold_timeout_ms: u64,
-    /// Deliveries of one turn before it is dead-lettered (waiting counts as a delivery).
-    pub max_deliver: u64,
     /// Turns one dispatcher process runs at once (each mostly waits on a runner); 0 means
     /// `runtime.concurrency`. Agents' own `concurrency` still caps each agent.
     pub concurrency: usize,
@@ -319,25 +317,9 @@ impl Default for DispatchConfig {
         Self {
             hold_poll_ms: 100,
             hold_timeout_ms: 20_000,
-            max_deliver: 50,
             concurrency: 256,
             liveness_ms: 6_000,
         }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default)]
-pub struct DeliverConfig {
-    /// Deliveries of one reply before it is dead-lettered. Waiting counts as a delivery (for
-    /// the previous reply of the session, or for a dead deliverer's lease), and so does every
-    /// redelivery after a deliverer crashed, so this is well above `runtime.max_deliver`.
-    pub max_deliver: u64,
-}
-
-impl Default for DeliverConfig {
-    fn default() -> Self {
-        Self { max_deliver: 50 }
     }
 }
 

@@ -6,6 +6,7 @@
 //! - [`proto`]: the protobuf payloads (`proto/switchboard/v1`).
 //! - [`db`]: the Postgres pool and embedded migrations.
 //! - [`retry`]: the one retry-delay policy.
+//! - [`net`]: listening sockets, below the ephemeral port range.
 //! - [`runtime`]: the worker runtime (fetch, handle, publish, ack, retry, dead-letter).
 //! - [`telemetry`] and [`admin`]: logs, metrics, `/healthz`, `/readyz`, `/metrics`.
 //! - [`startup`]: wiring a process together; [`shutdown`]: the drain signal.
@@ -17,6 +18,7 @@ pub mod arrival;
 pub mod config;
 pub mod db;
 pub mod dlq;
+pub mod net;
 pub mod proto;
 pub mod retry;
 pub mod runtime;

@@ -4,6 +4,13 @@
 //! runtime pulls in batches, runs handlers with bounded concurrency, sends progress acks while a
 //! handler runs long, publishes outputs with dedupe ids (`Nats-Msg-Id`) and only then acks the
 //! input. Failures are retried with a growing delay or dead-lettered with their reason.
+//!
+//! Waiting is not failing. A handler that must wait for another worker (a predecessor not done,
+//! a lease held) answers [`StageError::Defer`]; the runtime parks the message in this process:
+//! it gives the handler slot back, keeps the message from being redelivered with progress acks,
+//! and runs the handler again after the delay. So only handler errors and crashes count
+//! toward `max_deliver` (JetStream's delivery count); a wait ends in a dead letter only after
+//! `runtime.max_wait_ms` of waiting in a running process, "waited too long for …".
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +20,7 @@ use async_nats::jetstream::{self, AckKind, consumer, message::PublishMessage};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::join_all;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -30,13 +37,18 @@ pub const HEADER_CORRELATION: &str = "Sb-Correlation-Id";
 
 /// One attempt at handling a message: what the handler knows about it (its subject, which
 /// delivery this is, where it sits in the stream). Nothing here is NATS-specific.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Attempt {
     pub subject: String,
-    /// 1 on the first attempt.
+    /// 1 on the first delivery; grows only with failures and crashes, never with waits.
     pub delivered: u64,
     pub stream_sequence: u64,
     pub correlation_id: String,
+    /// Waits this delivery went through (each a [`StageError::Defer`]); 0 on the first run.
+    pub waits: u32,
+    /// How long this delivery has waited so far: from its first run to this one. A message
+    /// redelivered after a crash starts again from zero, so a process's downtime never counts.
+    pub waited: Duration,
 }
 
 /// A message a handler wants published.
@@ -81,7 +93,8 @@ pub enum StageError {
     /// Retrying cannot help (invalid input, unknown agent): dead-letter now.
     #[error("permanent: {0:#}")]
     Permanent(anyhow::Error),
-    /// Not yet: come back after this delay (e.g. a turn waiting for its predecessor).
+    /// Not yet: run again after this delay (e.g. a turn waiting for its predecessor). The
+    /// message is parked in this process; the wait does not count as a failure.
     #[error("deferred: {1}")]
     Defer(Duration, String),
 }
@@ -143,9 +156,10 @@ pub trait Stage: Send + Sync + 'static {
     /// Runs before the runtime dead-letters a decodable input, on every path that does so: the
     /// handler's permanent error, a failure budget used up, a message that kept crashing its
     /// worker (whose handler never finished). The stage records what the rest of the system
-    /// must know (a turn failed, a attempt failed) and may return outputs (an event) that are
-    /// published before the dead letter. An error here retries the whole message later:
-    /// nothing is dead-lettered until the give-up step has run.
+    /// must know (a turn failed, a delivery failed) and may return outputs (an event) that are
+    /// published before the dead letter. [`StageError::Defer`] here waits and runs the step
+    /// again; any other error retries the whole message later: nothing is dead-lettered until
+    /// the give-up step has run.
     fn give_up(
         &self,
         input: &Self::Input,
@@ -162,7 +176,10 @@ pub trait Stage: Send + Sync + 'static {
 pub struct StageOptions {
     pub concurrency: usize,
     pub batch: usize,
+    /// Deliveries (failures and crashes; waits do not count) before a dead letter.
     pub max_deliver: u64,
+    /// Waiting before a dead letter ("waited too long for …").
+    pub max_wait: Duration,
 }
 
 impl StageOptions {
@@ -171,6 +188,7 @@ impl StageOptions {
             concurrency: rt.concurrency.max(1),
             batch: rt.batch.max(1),
             max_deliver: rt.max_deliver.max(1),
+            max_wait: Duration::from_millis(rt.max_wait_ms),
         }
     }
 }
@@ -280,9 +298,14 @@ impl Runtime {
                         let this = this.clone();
                         let stage = stage.clone();
                         let opts = opts.clone();
+                        let slots = Slots {
+                            held: Some(permit),
+                            semaphore: sem.clone(),
+                            shutdown: shutdown.clone(),
+                        };
                         tasks.spawn(async move {
-                            this.process(stage.as_ref(), msg, &opts, ack_wait).await;
-                            drop(permit);
+                            this.process(stage.as_ref(), msg, &opts, ack_wait, slots)
+                                .await;
                         });
                     }
                     Some(Err(e)) => {
@@ -326,6 +349,7 @@ impl Runtime {
         msg: jetstream::Message,
         opts: &StageOptions,
         ack_wait: Duration,
+        mut slots: Slots,
     ) {
         let name = S::NAME;
         let (delivered, stream_sequence) = match msg.info() {
@@ -338,11 +362,13 @@ impl Runtime {
             .and_then(|h| h.get(HEADER_CORRELATION))
             .map(|v| v.as_str().to_string())
             .unwrap_or_default();
-        let attempt = Attempt {
+        let mut attempt = Attempt {
             subject: msg.subject.to_string(),
             delivered,
             stream_sequence,
             correlation_id,
+            waits: 0,
+            waited: Duration::ZERO,
         };
         let span = tracing::info_span!(
             "stage",
@@ -352,14 +378,6 @@ impl Runtime {
             delivered
         );
         async {
-            let input = match <S::Input as prost::Message>::decode(msg.payload.clone()) {
-                Ok(i) => i,
-                Err(e) => {
-                    let why = format!("undecodable payload: {e}");
-                    self.dead_letter(name, &msg, &attempt, &why).await;
-                    return;
-                }
-            };
             if delivered > opts.max_deliver {
                 // The handler never finished the earlier deliveries: it may be crashing the
                 // process. Do not run it again.
@@ -367,62 +385,80 @@ impl Runtime {
                     "delivered {delivered} times without success (max {}); the handler may be crashing the process",
                     opts.max_deliver
                 );
-                self.give_up(stage, &msg, &attempt, opts, &why).await;
+                self.give_up(stage, &msg, &attempt, &why, &mut slots, ack_wait)
+                    .await;
                 return;
             }
-
-            let started = Instant::now();
-            let result = {
-                let fut = stage.handle(input, &attempt);
-                tokio::pin!(fut);
-                let mut ticker = tokio::time::interval((ack_wait / 3).max(Duration::from_millis(100)));
-                ticker.tick().await;
-                loop {
-                    tokio::select! {
-                        r = &mut fut => break r,
-                        _ = ticker.tick() => {
-                            // Keep the server from redelivering work that is still going.
-                            let _ = msg.ack_with(AckKind::Progress).await;
-                        }
-                    }
-                }
-            };
-            metrics::histogram!("sb_stage_handler_seconds", "stage" => name.as_str())
-                .record(started.elapsed().as_secs_f64());
-
-            match result {
-                Ok(outputs) => {
-                    if let Err(e) = self.publish_all(name.as_str(), &outputs).await {
-                        tracing::warn!(error = %e, "publishing outputs failed; will retry");
-                        self.retry(name, &msg, &attempt, opts, "publish failed").await;
+            let first_run = Instant::now();
+            loop {
+                // Decoded for each run rather than cloned: a re-run (after a wait) is the rare case.
+                let input = match <S::Input as prost::Message>::decode(msg.payload.clone()) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        let why = format!("undecodable payload: {e}");
+                        self.dead_letter(name, &msg, &attempt, &why).await;
                         return;
                     }
-                    match msg.ack().await {
-                        Ok(()) => count(name, "ok"),
-                        Err(e) => tracing::warn!(error = %e, "ack failed; input will be redelivered"),
+                };
+                let started = Instant::now();
+                let result = with_progress(&msg, ack_wait, stage.handle(input, &attempt)).await;
+                metrics::histogram!("sb_stage_handler_seconds", "stage" => name.as_str())
+                    .record(started.elapsed().as_secs_f64());
+
+                match result {
+                    Ok(outputs) => {
+                        if let Err(e) = self.publish_all(name.as_str(), &outputs).await {
+                            tracing::warn!(error = %e, "publishing outputs failed; will retry");
+                            self.retry(name, &msg, &attempt).await;
+                            return;
+                        }
+                        match msg.ack().await {
+                            Ok(()) => count(name, "ok"),
+                            Err(e) => tracing::warn!(error = %e, "ack failed; input will be redelivered"),
+                        }
+                        return;
                     }
-                }
-                Err(StageError::Permanent(e)) => {
-                    let why = format!("{e:#}");
-                    self.give_up(stage, &msg, &attempt, opts, &why).await;
-                }
-                Err(StageError::Transient(e)) => {
-                    tracing::warn!(error = %format!("{e:#}"), "handler failed");
-                    if delivered >= opts.max_deliver {
-                        let why = format!("gave up after {delivered} deliveries: {e:#}");
-                        self.give_up(stage, &msg, &attempt, opts, &why).await;
-                    } else {
-                        self.retry(name, &msg, &attempt, opts, "transient").await;
+                    Err(StageError::Permanent(e)) => {
+                        let why = format!("{e:#}");
+                        self.give_up(stage, &msg, &attempt, &why, &mut slots, ack_wait)
+                    .await;
+                        return;
                     }
-                }
-                Err(StageError::Defer(after, why)) => {
-                    tracing::debug!(%why, "deferred");
-                    if delivered >= opts.max_deliver {
-                        let why = format!("gave up after {delivered} deliveries: {why}");
-                        self.give_up(stage, &msg, &attempt, opts, &why).await;
-                    } else {
+                    Err(StageError::Transient(e)) => {
+                        tracing::warn!(error = %format!("{e:#}"), "handler failed");
+                        if delivered >= opts.max_deliver {
+                            let why = format!("gave up after {delivered} deliveries: {e:#}");
+                            self.give_up(stage, &msg, &attempt, &why, &mut slots, ack_wait)
+                    .await;
+                        } else {
+                            self.retry(name, &msg, &attempt).await;
+                        }
+                        return;
+                    }
+                    Err(StageError::Defer(after, why)) => {
+                        let waited = first_run.elapsed();
+                        if waited >= opts.max_wait {
+                            let why = format!(
+                                "waited too long for {why}: {:.0} s (max {:.0} s)",
+                                waited.as_secs_f64(),
+                                opts.max_wait.as_secs_f64()
+                            );
+                            self.give_up(stage, &msg, &attempt, &why, &mut slots, ack_wait)
+                    .await;
+                            return;
+                        }
+                        tracing::debug!(%why, "waiting");
                         count(name, "deferred");
-                        let _ = msg.ack_with(AckKind::Nak(Some(after))).await;
+                        slots.release();
+                        if !park(&msg, after, ack_wait, &slots.shutdown).await
+                            || !slots.reacquire().await
+                        {
+                            // Shutting down: hand it back (this redelivery counts as one).
+                            let _ = msg.ack_with(AckKind::Nak(Some(after))).await;
+                            return;
+                        }
+                        attempt.waits += 1;
+                        attempt.waited = first_run.elapsed();
                     }
                 }
             }
@@ -431,14 +467,7 @@ impl Runtime {
         .await
     }
 
-    async fn retry(
-        &self,
-        name: StageName,
-        msg: &jetstream::Message,
-        attempt: &Attempt,
-        _opts: &StageOptions,
-        _why: &str,
-    ) {
+    async fn retry(&self, name: StageName, msg: &jetstream::Message, attempt: &Attempt) {
         count(name, "retried");
         let delay = retry_policy(&self.config).delay(attempt.delivered);
         let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
@@ -451,8 +480,9 @@ impl Runtime {
         stage: &S,
         msg: &jetstream::Message,
         attempt: &Attempt,
-        opts: &StageOptions,
         why: &str,
+        slots: &mut Slots,
+        ack_wait: Duration,
     ) {
         let name = S::NAME;
         // Decoded again rather than kept: giving up is rare, cloning every input is not.
@@ -460,17 +490,31 @@ impl Runtime {
             self.dead_letter(name, msg, attempt, why).await;
             return;
         };
-        let outputs = match stage.give_up(&input, attempt, why).await {
-            Ok(outputs) => outputs,
-            Err(e) => {
-                tracing::warn!(error = %e, "the give-up step failed; will retry the message");
-                self.retry(name, msg, attempt, opts, "give-up failed").await;
-                return;
+        let outputs = loop {
+            match with_progress(msg, ack_wait, stage.give_up(&input, attempt, why)).await {
+                Ok(outputs) => break outputs,
+                // The step must wait (a live call may still answer the turn): the decision to
+                // give up stands, so wait here and run the step again, not the handler.
+                Err(StageError::Defer(after, wait_why)) => {
+                    tracing::debug!(why = %wait_why, "give-up step waiting");
+                    slots.release();
+                    if !park(msg, after, ack_wait, &slots.shutdown).await
+                        || !slots.reacquire().await
+                    {
+                        let _ = msg.ack_with(AckKind::Nak(Some(after))).await;
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the give-up step failed; will retry the message");
+                    self.retry(name, msg, attempt).await;
+                    return;
+                }
             }
         };
         if let Err(e) = self.publish_all(name.as_str(), &outputs).await {
             tracing::warn!(error = %e, "publishing the give-up outputs failed; will retry");
-            self.retry(name, msg, attempt, opts, "publish failed").await;
+            self.retry(name, msg, attempt).await;
             return;
         }
         self.dead_letter(name, msg, attempt, why).await;
@@ -522,6 +566,67 @@ impl Runtime {
                     .await;
             }
         }
+    }
+}
+
+/// A handler slot of the stage's semaphore: held while the handler runs, given back while
+/// the message waits.
+struct Slots {
+    held: Option<OwnedSemaphorePermit>,
+    semaphore: Arc<Semaphore>,
+    shutdown: Shutdown,
+}
+
+impl Slots {
+    fn release(&mut self) {
+        self.held = None;
+    }
+
+    /// False when shutdown came first.
+    async fn reacquire(&mut self) -> bool {
+        tokio::select! {
+            p = self.semaphore.clone().acquire_owned() => {
+                self.held = Some(p.expect("semaphore never closed"));
+                true
+            }
+            _ = self.shutdown.wait() => false,
+        }
+    }
+}
+
+/// Run `fut`, telling the server every third of `ack_wait` that the message is still being
+/// worked on, so it is not redelivered meanwhile.
+async fn with_progress<T>(
+    msg: &jetstream::Message,
+    ack_wait: Duration,
+    fut: impl Future<Output = T>,
+) -> T {
+    tokio::pin!(fut);
+    let mut ticker = tokio::time::interval((ack_wait / 3).max(Duration::from_millis(100)));
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            r = &mut fut => break r,
+            _ = ticker.tick() => {
+                let _ = msg.ack_with(AckKind::Progress).await;
+            }
+        }
+    }
+}
+
+/// Park a waiting message for `delay` (progress acks keep it ours). False if shutdown came
+/// first.
+async fn park(
+    msg: &jetstream::Message,
+    delay: Duration,
+    ack_wait: Duration,
+    shutdown: &Shutdown,
+) -> bool {
+    // The handler may have run for up to a third of `ack_wait` since its last progress ack.
+    let _ = msg.ack_with(AckKind::Progress).await;
+    tokio::select! {
+        _ = with_progress(msg, ack_wait, tokio::time::sleep(delay)) => true,
+        _ = shutdown.wait() => false,
     }
 }
 

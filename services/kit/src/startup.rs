@@ -101,7 +101,7 @@ impl App {
 
     /// Serve `router` on `addr` until shutdown.
     pub async fn serve_http(&self, addr: &str, router: axum::Router) -> anyhow::Result<Task> {
-        let listener = tokio::net::TcpListener::bind(addr)
+        let listener = crate::net::bind(addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
         self.serve_listener(listener, router)

@@ -305,8 +305,9 @@ fn arrival_seq(inbound: &switchboard_kit::proto::InboundMessage) -> i64 {
 }
 
 /// How the session stage waits for a sender's earlier message: held briefly (the usual case,
-/// two messages a moment apart handled out of order), then back to the stream with a growing
-/// delay, so that waiting messages never crowd out the ones they wait for.
+/// two messages a moment apart handled out of order), then parked by the runtime with a growing
+/// delay, its handler slot free, so that waiting messages never crowd out the ones they wait
+/// for.
 #[derive(Debug, Clone, Copy)]
 pub struct ArrivalWait {
     pub poll: Duration,
@@ -325,27 +326,17 @@ impl ArrivalWait {
         }
     }
 
-    /// Delay before the `delivered`-th delivery of a waiting message is tried again: from the
-    /// poll interval, doubling, up to `retry_max`.
-    pub fn retry_after(&self, delivered: u64) -> Duration {
-        switchboard_kit::retry::Backoff::new(self.poll, self.retry_max).delay(delivered)
+    /// Delay before a waiting message that went through `waits` waits is tried again: from
+    /// the poll interval, doubling, up to `retry_max`.
+    pub fn retry_after(&self, waits: u32) -> Duration {
+        switchboard_kit::retry::Backoff::new(self.poll, self.retry_max).delay(u64::from(waits) + 1)
     }
 
-    /// The least time a message on its `delivered`-th delivery has spent waiting, had every
-    /// earlier delivery been a wait. Counted in deliveries, not from a timestamp, so that an
-    /// outage (Postgres down, the stage stopped) does not count as waiting: after it, messages
-    /// still wait for their predecessors. A crash redelivery counts as a short wait, so the
-    /// real wait can only be longer.
-    pub fn waited_at_least(&self, delivered: u64) -> Duration {
-        (1..delivered.min(10_000))
-            .map(|i| self.hold + self.retry_after(i))
-            .sum()
-    }
-
-    /// Whether a message on its `delivered`-th delivery has waited long enough for a missing
+    /// Whether a message that has waited this long (in a running session stage: the runtime
+    /// counts a delivery's waits, and a redelivery starts again) may skip a missing
     /// predecessor.
-    pub fn overdue(&self, delivered: u64) -> bool {
-        self.waited_at_least(delivered) >= self.gap_timeout
+    pub fn overdue(&self, waited: Duration) -> bool {
+        waited >= self.gap_timeout
     }
 }
 
@@ -403,18 +394,18 @@ impl SessionStage {
     async fn in_arrival_order<T, F, Fut>(
         &self,
         msg: &IdentifiedMessage,
-        delivered: u64,
+        waiting: &Attempt,
         mut attempt: F,
     ) -> Result<T, StageError>
     where
         F: FnMut(bool) -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, SessionError>>,
     {
-        let overdue = self.wait.overdue(delivered);
+        let overdue = self.wait.overdue(waiting.waited);
         let hold = Hold {
             poll: self.wait.poll,
             hold: self.wait.hold,
-            retry: self.wait.retry_after(delivered),
+            retry: self.wait.retry_after(waiting.waits),
         };
         let why = || "waiting for the sender's earlier message".to_string();
         let mut counted = false;
@@ -462,7 +453,7 @@ impl Stage for SessionStage {
                 // It will be dead-lettered, but in its turn: the sender's later messages must
                 // not wait the gap timeout for it.
                 let (store, m) = (&self.store, &msg);
-                self.in_arrival_order(m, attempt.delivered, |overdue| async move {
+                self.in_arrival_order(m, attempt, |overdue| async move {
                     Ok(store.pass_arrival(m, overdue).await?.then_some(()))
                 })
                 .await?;
@@ -471,7 +462,7 @@ impl Stage for SessionStage {
         };
         let (store, m) = (&self.store, &msg);
         let opened = self
-            .in_arrival_order(m, attempt.delivered, |overdue| async move {
+            .in_arrival_order(m, attempt, |overdue| async move {
                 Ok(match store.open_turn(m, agent, overdue).await? {
                     Opened::Turn(t) => Some(t),
                     Opened::Waiting => None,
@@ -546,10 +537,7 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         app.topology.clone(),
         ArrivalWait::from_config(&c.session),
     );
-    let mut opts = app.stage_options();
-    // Waiting for a sender's earlier message counts as a delivery.
-    opts.max_deliver = c.session.max_deliver;
-    app.stage_task(stage, opts)
+    app.stage_task(stage, app.stage_options())
 }
 
 #[cfg(test)]
@@ -592,23 +580,18 @@ mod tests {
             retry_max: Duration::from_secs(5),
             gap_timeout: Duration::from_secs(120),
         };
-        assert_eq!(w.retry_after(1), Duration::from_millis(25));
-        assert_eq!(w.retry_after(2), Duration::from_millis(50));
-        assert_eq!(w.retry_after(5), Duration::from_millis(400));
+        assert_eq!(w.retry_after(0), Duration::from_millis(25));
+        assert_eq!(w.retry_after(1), Duration::from_millis(50));
+        assert_eq!(w.retry_after(4), Duration::from_millis(400));
         assert_eq!(w.retry_after(40), Duration::from_secs(5));
-        // Enough deliveries under the default budget to outlast the gap timeout.
+        // Overdue by the time waited, not by how often it was tried.
+        assert!(!w.overdue(Duration::from_secs(119)));
+        assert!(w.overdue(Duration::from_secs(120)));
+        // A message never waits out the runtime's maximum wait before it may skip a gap.
         let defaults = ArrivalWait::from_config(&Default::default());
-        let mut waited = Duration::ZERO;
-        let mut delivered = 0;
-        while waited < defaults.gap_timeout {
-            delivered += 1;
-            waited += defaults.hold + defaults.retry_after(delivered);
-        }
-        let budget = switchboard_kit::config::SessionConfig::default().max_deliver;
-        assert!(
-            delivered < budget,
-            "{delivered} deliveries, budget {budget}"
-        );
+        let max_wait =
+            Duration::from_millis(switchboard_kit::config::RuntimeConfig::default().max_wait_ms);
+        assert!(defaults.gap_timeout + defaults.retry_max * 2 < max_wait);
     }
 
     #[test]

@@ -1058,7 +1058,7 @@ impl StatementCounter {
             url.host_str().context("no host in the Postgres URL")?,
             url.port().unwrap_or(5432)
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = switchboard_kit::net::bind("127.0.0.1:0").await?;
         url.set_host(Some("127.0.0.1"))?;
         url.set_port(Some(listener.local_addr()?.port()))
             .map_err(|()| anyhow::anyhow!("cannot set the port of {database_url}"))?;

@@ -32,7 +32,7 @@ use super::{now_us, parse_text};
 const MAX_EVIDENCE_PER_KIND: usize = 20;
 
 async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await });
     url

@@ -72,10 +72,7 @@ impl Default for Knobs {
 
 /// A free loopback port (bound, read, released).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    switchboard_kit::net::free_port("127.0.0.1").expect("a free port")
 }
 
 /// The configuration of one run on `stack`: a fresh database and a subject prefix of its own

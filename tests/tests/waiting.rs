@@ -1,0 +1,91 @@
+//! Waiting is not failing: a message that waits for another worker keeps its failure budget,
+//! and only a wait longer than the stage's maximum ends in a dead letter, saying so.
+use std::time::Duration;
+
+use switchboard_e2e::spawn_app_configured;
+use switchboard_kit::StageName;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn a_turn_waiting_behind_a_long_runner_call_is_answered_when_the_call_ends() {
+    // A failure budget of two deliveries, and a dispatcher that holds a waiting turn for only
+    // 200 ms at a time: six seconds of waiting were dozens of deliveries when waits counted.
+    let app = spawn_app_configured(|c| {
+        c.runtime.max_deliver = 2;
+        c.dispatch.hold_timeout_ms = 200;
+    })
+    .await;
+    app.runner.set_hold(true);
+    let person = "+14155550610";
+    assert_eq!(app.send_sms(person, "first, slow").await.status(), 200);
+    tokio::time::timeout(WAIT, app.runner.received.notified())
+        .await
+        .expect("the first turn reached the runner");
+    assert_eq!(app.send_sms(person, "second, waits").await.status(), 200);
+
+    // Longer than the ack wait (2 s) three times over: the parked turn is kept alive, not
+    // redelivered, and not given up.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        app.runner.calls().len(),
+        1,
+        "the second turn waits its turn"
+    );
+    assert!(app.dead_letters(StageName::Dispatch).await.is_empty());
+
+    app.runner.set_hold(false);
+    app.runner.release.notify_waiters();
+    let sent = app.wait_for_sms(2, WAIT).await;
+    let bodies: Vec<&str> = sent.iter().map(|s| s.body.as_str()).collect();
+    assert_eq!(bodies, ["echo: first, slow", "echo: second, waits"]);
+    app.settle().await;
+    assert!(app.dead_letters(StageName::Dispatch).await.is_empty());
+    assert_eq!(app.twilio.sent().len(), 2, "each answered once");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_turn_that_waits_longer_than_the_maximum_is_dead_lettered_saying_why() {
+    let app = spawn_app_configured(|c| {
+        c.runtime.max_wait_ms = 1_500;
+        c.dispatch.hold_timeout_ms = 200;
+    })
+    .await;
+    app.runner.set_hold(true);
+    let person = "+14155550611";
+    assert_eq!(app.send_sms(person, "first, slow").await.status(), 200);
+    tokio::time::timeout(WAIT, app.runner.received.notified())
+        .await
+        .expect("the first turn reached the runner");
+    assert_eq!(app.send_sms(person, "second, gives up").await.status(), 200);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    app.runner.set_hold(false);
+    app.runner.release.notify_waiters();
+
+    let letters = app.wait_for_dead_letters(StageName::Dispatch, WAIT).await;
+    assert_eq!(letters.len(), 1);
+    assert!(
+        letters[0]
+            .error
+            .starts_with("waited too long for turn 2 waits for turn 1"),
+        "{}",
+        letters[0].error
+    );
+    // Given up in its turn: the call before it still answered, then the turn was marked
+    // failed so the person's next message is not stuck behind it.
+    let sent = app.wait_for_sms(1, WAIT).await;
+    assert_eq!(sent[0].body, "echo: first, slow");
+    assert_eq!(app.send_sms(person, "third").await.status(), 200);
+    let sent = app.wait_for_sms(2, WAIT).await;
+    assert_eq!(sent[1].body, "echo: third");
+    app.settle().await;
+    let statuses: Vec<String> =
+        sqlx::query_scalar("SELECT status FROM switchboard.turns ORDER BY seq")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(statuses, ["done", "failed", "done"]);
+    assert_eq!(app.runner.calls().len(), 2, "the given-up turn never ran");
+    app.shutdown().await;
+}
