@@ -2,10 +2,25 @@
 //! and only a wait longer than the stage's maximum ends in a dead letter, saying so.
 use std::time::Duration;
 
-use switchboard_e2e::spawn_app_configured;
+use switchboard_e2e::{TestApp, spawn_app_configured};
 use switchboard_kit::StageName;
 
 const WAIT: Duration = Duration::from_secs(30);
+
+/// The person's first message is at the runner, held there; their second is sent behind it.
+async fn second_message_behind_a_held_call(app: &TestApp, person: &str, second: &str) {
+    app.runner.set_hold(true);
+    assert_eq!(app.send_sms(person, "first, slow").await.status(), 200);
+    tokio::time::timeout(WAIT, app.runner.received.notified())
+        .await
+        .expect("the first turn reached the runner");
+    assert_eq!(app.send_sms(person, second).await.status(), 200);
+}
+
+fn release_the_call(app: &TestApp) {
+    app.runner.set_hold(false);
+    app.runner.release.notify_waiters();
+}
 
 #[tokio::test]
 async fn a_turn_waiting_behind_a_long_runner_call_is_answered_when_the_call_ends() {
@@ -16,13 +31,7 @@ async fn a_turn_waiting_behind_a_long_runner_call_is_answered_when_the_call_ends
         c.dispatch.hold_timeout_ms = 200;
     })
     .await;
-    app.runner.set_hold(true);
-    let person = "+14155550610";
-    assert_eq!(app.send_sms(person, "first, slow").await.status(), 200);
-    tokio::time::timeout(WAIT, app.runner.received.notified())
-        .await
-        .expect("the first turn reached the runner");
-    assert_eq!(app.send_sms(person, "second, waits").await.status(), 200);
+    second_message_behind_a_held_call(&app, "+14155550610", "second, waits").await;
 
     // Longer than the ack wait (2 s) three times over: the parked turn is kept alive, not
     // redelivered, and not given up.
@@ -34,8 +43,7 @@ async fn a_turn_waiting_behind_a_long_runner_call_is_answered_when_the_call_ends
     );
     assert!(app.dead_letters(StageName::Dispatch).await.is_empty());
 
-    app.runner.set_hold(false);
-    app.runner.release.notify_waiters();
+    release_the_call(&app);
     let sent = app.wait_for_sms(2, WAIT).await;
     let bodies: Vec<&str> = sent.iter().map(|s| s.body.as_str()).collect();
     assert_eq!(bodies, ["echo: first, slow", "echo: second, waits"]);
@@ -52,16 +60,10 @@ async fn a_turn_that_waits_longer_than_the_maximum_is_dead_lettered_saying_why()
         c.dispatch.hold_timeout_ms = 200;
     })
     .await;
-    app.runner.set_hold(true);
     let person = "+14155550611";
-    assert_eq!(app.send_sms(person, "first, slow").await.status(), 200);
-    tokio::time::timeout(WAIT, app.runner.received.notified())
-        .await
-        .expect("the first turn reached the runner");
-    assert_eq!(app.send_sms(person, "second, gives up").await.status(), 200);
+    second_message_behind_a_held_call(&app, person, "second, gives up").await;
     tokio::time::sleep(Duration::from_secs(4)).await;
-    app.runner.set_hold(false);
-    app.runner.release.notify_waiters();
+    release_the_call(&app);
 
     let letters = app.wait_for_dead_letters(StageName::Dispatch, WAIT).await;
     assert_eq!(letters.len(), 1);

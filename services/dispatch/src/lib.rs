@@ -27,7 +27,7 @@ use switchboard_kit::proto::{Reply, Turn};
 use switchboard_kit::retry::{self, Backoff};
 use switchboard_kit::status::TurnStatus;
 use switchboard_kit::{Attempt, Output, Stage, StageError, StageName, Topology};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use uuid::Uuid;
 
 use crate::runner::{RunRequest, RunnerClient, RunnerError};
@@ -83,6 +83,59 @@ const CALL_DEADLINE_MARGIN: Duration = Duration::from_secs(5);
 /// on the call's lease, so a late success is still exactly one answer).
 const COMMIT_RETRY_FOR: Duration = Duration::from_secs(30);
 
+/// A waiting turn re-checks its session from `dispatch.hold_poll_ms`, doubling up to this; a
+/// cursor moved by this process wakes it at once, so the polls only matter when the turn
+/// before ran on another replica.
+const HOLD_POLL_MAX: Duration = Duration::from_secs(1);
+
+/// Turns waiting in this process for their session's cursor to move or its call slot to be
+/// freed, woken the moment this process does either.
+#[derive(Default)]
+struct Wakers(std::sync::Mutex<HashMap<Uuid, Arc<Notify>>>);
+
+impl Wakers {
+    fn wait_on(&self, session: Uuid) -> WaitingTurn<'_> {
+        let notify = self.0.lock().unwrap().entry(session).or_default().clone();
+        WaitingTurn {
+            wakers: self,
+            session,
+            notify: Some(notify),
+        }
+    }
+
+    fn wake(&self, session: Uuid) {
+        if let Some(n) = self.0.lock().unwrap().get(&session) {
+            n.notify_waiters();
+        }
+    }
+}
+
+/// One waiting turn's registration; the session's entry goes when its last waiter does.
+struct WaitingTurn<'a> {
+    wakers: &'a Wakers,
+    session: Uuid,
+    notify: Option<Arc<Notify>>,
+}
+
+impl WaitingTurn<'_> {
+    fn notify(&self) -> &Notify {
+        self.notify.as_deref().expect("held until dropped")
+    }
+}
+
+impl Drop for WaitingTurn<'_> {
+    fn drop(&mut self) {
+        let mut map = self.wakers.0.lock().unwrap();
+        drop(self.notify.take());
+        if map
+            .get(&self.session)
+            .is_some_and(|n| Arc::strong_count(n) == 1)
+        {
+            map.remove(&self.session);
+        }
+    }
+}
+
 pub struct TurnDispatcher {
     /// This process, as the holder of runner-call leases.
     id: Uuid,
@@ -96,6 +149,7 @@ pub struct TurnDispatcher {
     runner: RunnerClient,
     topology: Topology,
     config: DispatchConfig,
+    wakers: Wakers,
 }
 
 impl TurnDispatcher {
@@ -125,6 +179,7 @@ impl TurnDispatcher {
             runner: RunnerClient::new(),
             topology,
             config,
+            wakers: Wakers::default(),
         }
     }
 
@@ -229,6 +284,7 @@ impl TurnDispatcher {
         .bind(call)
         .execute(&self.db)
         .await?;
+        self.wakers.wake(session);
         Ok(())
     }
 
@@ -317,6 +373,7 @@ impl TurnDispatcher {
             return Ok(false);
         }
         tx.commit().await?;
+        self.wakers.wake(session);
         Ok(true)
     }
 
@@ -354,6 +411,7 @@ impl TurnDispatcher {
             .execute(&mut *tx)
             .await?;
             tx.commit().await?;
+            self.wakers.wake(session);
             return Ok(true);
         }
         tx.rollback().await?;
@@ -423,7 +481,17 @@ impl TurnDispatcher {
             _slot = slot;
             (engine_session, turn.seq - 1)
         } else {
+            let waiting = self.wakers.wait_on(session);
+            let poll = Backoff::new(
+                Duration::from_millis(self.config.hold_poll_ms.max(1)),
+                HOLD_POLL_MAX,
+            );
+            let mut polls = 0;
             loop {
+                // Registered before the check, so a wake between the check and the wait counts.
+                let woken = waiting.notify().notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
                 let last = self.cursor(session).await?;
                 let mut ready = None;
                 if turn.seq <= last {
@@ -459,7 +527,11 @@ impl TurnDispatcher {
                         next: last + 1,
                     });
                 }
-                tokio::time::sleep(Duration::from_millis(self.config.hold_poll_ms)).await;
+                polls += 1;
+                tokio::select! {
+                    _ = woken => {}
+                    _ = tokio::time::sleep(poll.delay(polls)) => {}
+                }
             }
         };
 

@@ -299,9 +299,12 @@ impl Default for SessionConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default)]
 pub struct DispatchConfig {
-    /// How often a turn waiting for its predecessor re-checks the session cursor.
+    /// How soon a turn waiting for its predecessor first re-checks the session cursor; the
+    /// interval doubles up to 1 s, and a cursor moved by the same dispatcher process wakes the
+    /// turn at once.
     pub hold_poll_ms: u64,
-    /// How long a turn waits for its predecessor before going back to the stream.
+    /// How long a turn waits in its handler for its predecessor before it is parked (its
+    /// handler slot freed) and tried again.
     pub hold_timeout_ms: u64,
     /// Turns one dispatcher process runs at once (each mostly waits on a runner); 0 means
     /// `runtime.concurrency`. Agents' own `concurrency` still caps each agent.
