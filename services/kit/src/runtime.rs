@@ -404,6 +404,7 @@ impl Runtime {
                 let result = with_progress(&msg, ack_wait, stage.handle(input, &attempt)).await;
                 metrics::histogram!("sb_stage_handler_seconds", "stage" => name.as_str())
                     .record(started.elapsed().as_secs_f64());
+                let result = result.map_err(|e| waits_for_capacity(e, attempt.waits));
 
                 match result {
                     Ok(outputs) => {
@@ -569,6 +570,29 @@ impl Runtime {
     }
 }
 
+/// A handler that got no database connection within the pool's timeout waited for capacity
+/// the whole process shares (under overload, every connection busy): that is a wait, not the
+/// message's failure, so it is parked like one instead of using up its deliveries.
+fn waits_for_capacity(e: StageError, waits: u32) -> StageError {
+    match e {
+        StageError::Transient(e) if is_pool_timeout(&e) => StageError::Defer(
+            Backoff::new(Duration::from_millis(250), Duration::from_secs(5))
+                .delay(u64::from(waits) + 1),
+            "a database connection (the pool was busy)".into(),
+        ),
+        other => other,
+    }
+}
+
+fn is_pool_timeout(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::PoolTimedOut)
+        )
+    })
+}
+
 /// A handler slot of the stage's semaphore: held while the handler runs, given back while
 /// the message waits.
 struct Slots {
@@ -658,6 +682,34 @@ async fn report_lag(mut consumer: consumer::PullConsumer, name: StageName) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    enum StoreError {
+        #[error("session store: {0}")]
+        Database(#[from] sqlx::Error),
+    }
+
+    #[test]
+    fn a_busy_connection_pool_is_a_wait_and_other_database_errors_are_failures() {
+        let busy = StageError::transient(StoreError::from(sqlx::Error::PoolTimedOut));
+        match waits_for_capacity(busy, 0) {
+            StageError::Defer(after, why) => {
+                assert_eq!(after, Duration::from_millis(250));
+                assert!(why.contains("database connection"), "{why}");
+            }
+            other => panic!("not a wait: {other:?}"),
+        }
+        let down = StageError::transient(StoreError::from(sqlx::Error::PoolClosed));
+        assert!(matches!(
+            waits_for_capacity(down, 0),
+            StageError::Transient(_)
+        ));
+        let wrong = StageError::permanent(StoreError::from(sqlx::Error::PoolTimedOut));
+        assert!(matches!(
+            waits_for_capacity(wrong, 0),
+            StageError::Permanent(_)
+        ));
+    }
 
     #[test]
     fn failed_messages_back_off_by_the_configured_policy() {
