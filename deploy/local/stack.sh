@@ -100,10 +100,20 @@ validate_port() {
     fi
 }
 
-# port_in_use PORT: true if something accepts TCP connections on 127.0.0.1:PORT.
+# port_in_use PORT: true if a socket listens on PORT (any local address), read from the kernel's
+# socket tables rather than by connecting: a probe connection can be answered by whatever
+# races it (clients reconnecting to a server that was just killed, SYN cookies under load).
 port_in_use() {
-    # shellcheck disable=SC2016 # $1 is expanded by the inner bash
-    timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
+    local hex f
+    hex="$(printf ':%04X ' "$1")"
+    for f in /proc/net/tcp /proc/net/tcp6; do
+        [ -r "$f" ] || continue
+        # Column 2 is local_address:port, column 4 the state; 0A is LISTEN.
+        if awk -v p="$hex" 'NR > 1 && index($2 " ", p) && $4 == "0A" { found = 1 } END { exit !found }' "$f"; then
+            return 0
+        fi
+    done
+    return 1
 }
 
 # http_get URL: body on stdout; fails on connection errors and HTTP status >= 400.

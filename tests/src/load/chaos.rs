@@ -356,6 +356,8 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let event = {
         let events = events.clone();
         move |what: String| {
+            // As it happens too, so a run that stalls shows why.
+            eprintln!("chaos: {what}");
             events.lock().unwrap().push(Event {
                 at_s: now_us() as f64 / 1e6,
                 what,
@@ -386,7 +388,14 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let mut crashing: Vec<Crash> = Vec::new();
     let mut kills: Vec<Kill> = Vec::new();
     let mut loading = true;
+    let server_lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
     while loading || plan.peek().is_some() || crashing.iter().any(|c| !c.is_finished()) {
+        if server_lost.load(std::sync::atomic::Ordering::SeqCst) {
+            // Nothing can be answered without it: stop, and let the verdict say so.
+            load_task.abort();
+            event("a server did not come back: load and faults stopped".into());
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
         loading = !load_task.is_finished();
         let now = Instant::now();
@@ -414,12 +423,22 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         if nats_at.is_some_and(|t| now >= t) {
             nats_at = None;
             event("SIGKILL NATS".into());
-            crashing.push(crash_server(stack, "nats", event.clone()));
+            crashing.push(crash_server(
+                stack,
+                "nats",
+                event.clone(),
+                server_lost.clone(),
+            ));
         }
         if pg_at.is_some_and(|t| now >= t) {
             pg_at = None;
             event("SIGKILL Postgres".into());
-            crashing.push(crash_server(stack, "pg", event.clone()));
+            crashing.push(crash_server(
+                stack,
+                "pg",
+                event.clone(),
+                server_lost.clone(),
+            ));
         }
         for label in pipeline.workers.restart_exited()? {
             event(format!("{label} exited by itself; restarted"));
@@ -441,7 +460,11 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     // Drain: wait for the replies of every accepted message (workers keep being restarted if
     // they exit).
     let accepted = load.accepted();
-    let drain_deadline = Instant::now() + o.drain_timeout;
+    let drain_deadline = if server_lost.load(std::sync::atomic::Ordering::SeqCst) {
+        Instant::now()
+    } else {
+        Instant::now() + o.drain_timeout
+    };
     let want: Vec<String> = accepted
         .iter()
         .map(|a| message_text(a.sender, a.index))
@@ -600,11 +623,15 @@ fn crash_server(
     stack: &Stack,
     server: &'static str,
     event: impl Fn(String) + Send + 'static,
+    lost: Arc<std::sync::atomic::AtomicBool>,
 ) -> Crash {
     let stack = stack.clone();
     tokio::task::spawn_blocking(move || {
         let at_us = now_us();
         let r = stack.crash(server);
+        if r.is_err() {
+            lost.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         event(match &r {
             Ok(()) => format!("{server} back up after crash recovery"),
             Err(e) => format!("{server} did NOT come back: {e:#}"),
