@@ -868,6 +868,21 @@ kill_tree_now() {
     return 1
 }
 
+# wait_ports_released PORT...: after a SIGKILL the kernel can list the dead server's listening
+# sockets for a moment after its process is gone (seen under load, chaos-small): wait up to
+# 10 s for them to go rather than fail the restart with "already in use".
+wait_ports_released() {
+    local i p busy
+    for ((i = 0; i < 100; i++)); do
+        busy=0
+        for p in "$@"; do
+            if port_in_use "$p"; then busy=1; fi
+        done
+        [ "$busy" = 1 ] || return 0
+        sleep 0.1
+    done
+}
+
 crash_locked() {
     local pid i
     load_ports || die "stack '${NAME}' has never been brought up (no ${PORTS_FILE})"
@@ -881,6 +896,7 @@ crash_locked() {
             sleep 0.1
         done
         pid_alive "$pid" && die "NATS (pid ${pid}) still alive 10s after SIGKILL"
+        wait_ports_released "$NATS_PORT" "$NATS_MON_PORT"
         rm -f "$NATS_PID_FILE"
         start_nats
         ;;
@@ -897,6 +913,7 @@ crash_locked() {
             warn "the killed postmaster was not reaped; removing its stale postmaster.pid"
             rm -f "$(pg_data)/postmaster.pid"
         fi
+        wait_ports_released "$PG_PORT"
         start_pg
         ;;
     esac

@@ -302,10 +302,10 @@ impl Runtime {
                             held: Some(permit),
                             semaphore: sem.clone(),
                             shutdown: shutdown.clone(),
+                            ack_wait,
                         };
                         tasks.spawn(async move {
-                            this.process(stage.as_ref(), msg, &opts, ack_wait, slots)
-                                .await;
+                            this.process(stage.as_ref(), msg, &opts, slots).await;
                         });
                     }
                     Some(Err(e)) => {
@@ -348,7 +348,6 @@ impl Runtime {
         stage: &S,
         msg: jetstream::Message,
         opts: &StageOptions,
-        ack_wait: Duration,
         mut slots: Slots,
     ) {
         let name = S::NAME;
@@ -382,11 +381,11 @@ impl Runtime {
                 // The handler never finished the earlier deliveries: it may be crashing the
                 // process. Do not run it again.
                 let why = format!(
-                    "delivered {delivered} times without success (max {}); the handler may be crashing the process",
+                    "delivered {delivered} times without success (max {}); \
+                     the handler may be crashing the process",
                     opts.max_deliver
                 );
-                self.give_up(stage, &msg, &attempt, &why, &mut slots, ack_wait)
-                    .await;
+                self.give_up(stage, &msg, &attempt, &why, &mut slots).await;
                 return;
             }
             let first_run = Instant::now();
@@ -401,7 +400,8 @@ impl Runtime {
                     }
                 };
                 let started = Instant::now();
-                let result = with_progress(&msg, ack_wait, stage.handle(input, &attempt)).await;
+                let result =
+                    with_progress(&msg, slots.ack_wait, stage.handle(input, &attempt)).await;
                 metrics::histogram!("sb_stage_handler_seconds", "stage" => name.as_str())
                     .record(started.elapsed().as_secs_f64());
                 let result = result.map_err(|e| waits_for_capacity(e, attempt.waits));
@@ -415,22 +415,22 @@ impl Runtime {
                         }
                         match msg.ack().await {
                             Ok(()) => count(name, "ok"),
-                            Err(e) => tracing::warn!(error = %e, "ack failed; input will be redelivered"),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "ack failed; input will be redelivered")
+                            }
                         }
                         return;
                     }
                     Err(StageError::Permanent(e)) => {
                         let why = format!("{e:#}");
-                        self.give_up(stage, &msg, &attempt, &why, &mut slots, ack_wait)
-                    .await;
+                        self.give_up(stage, &msg, &attempt, &why, &mut slots).await;
                         return;
                     }
                     Err(StageError::Transient(e)) => {
                         tracing::warn!(error = %format!("{e:#}"), "handler failed");
                         if delivered >= opts.max_deliver {
                             let why = format!("gave up after {delivered} deliveries: {e:#}");
-                            self.give_up(stage, &msg, &attempt, &why, &mut slots, ack_wait)
-                    .await;
+                            self.give_up(stage, &msg, &attempt, &why, &mut slots).await;
                         } else {
                             self.retry(name, &msg, &attempt).await;
                         }
@@ -444,18 +444,12 @@ impl Runtime {
                                 waited.as_secs_f64(),
                                 opts.max_wait.as_secs_f64()
                             );
-                            self.give_up(stage, &msg, &attempt, &why, &mut slots, ack_wait)
-                    .await;
+                            self.give_up(stage, &msg, &attempt, &why, &mut slots).await;
                             return;
                         }
                         tracing::debug!(%why, "waiting");
                         count(name, "deferred");
-                        slots.release();
-                        if !park(&msg, after, ack_wait, &slots.shutdown).await
-                            || !slots.reacquire().await
-                        {
-                            // Shutting down: hand it back (this redelivery counts as one).
-                            let _ = msg.ack_with(AckKind::Nak(Some(after))).await;
+                        if !slots.park(&msg, after).await {
                             return;
                         }
                         attempt.waits += 1;
@@ -483,7 +477,6 @@ impl Runtime {
         attempt: &Attempt,
         why: &str,
         slots: &mut Slots,
-        ack_wait: Duration,
     ) {
         let name = S::NAME;
         // Decoded again rather than kept: giving up is rare, cloning every input is not.
@@ -492,17 +485,13 @@ impl Runtime {
             return;
         };
         let outputs = loop {
-            match with_progress(msg, ack_wait, stage.give_up(&input, attempt, why)).await {
+            match with_progress(msg, slots.ack_wait, stage.give_up(&input, attempt, why)).await {
                 Ok(outputs) => break outputs,
                 // The step must wait (a live call may still answer the turn): the decision to
                 // give up stands, so wait here and run the step again, not the handler.
                 Err(StageError::Defer(after, wait_why)) => {
                     tracing::debug!(why = %wait_why, "give-up step waiting");
-                    slots.release();
-                    if !park(msg, after, ack_wait, &slots.shutdown).await
-                        || !slots.reacquire().await
-                    {
-                        let _ = msg.ack_with(AckKind::Nak(Some(after))).await;
+                    if !slots.park(msg, after).await {
                         return;
                     }
                 }
@@ -599,22 +588,33 @@ struct Slots {
     held: Option<OwnedSemaphorePermit>,
     semaphore: Arc<Semaphore>,
     shutdown: Shutdown,
+    ack_wait: Duration,
 }
 
 impl Slots {
-    fn release(&mut self) {
+    /// Park a waiting message for `delay`: its slot given back, progress acks keeping it ours,
+    /// then a slot taken again. False if shutdown came first: the message was handed back
+    /// to the stream (JetStream counts that as a delivery).
+    async fn park(&mut self, msg: &jetstream::Message, delay: Duration) -> bool {
         self.held = None;
-    }
-
-    /// False when shutdown came first.
-    async fn reacquire(&mut self) -> bool {
-        tokio::select! {
-            p = self.semaphore.clone().acquire_owned() => {
-                self.held = Some(p.expect("semaphore never closed"));
-                true
-            }
+        // The handler may have run for up to a third of `ack_wait` since its last progress ack.
+        let _ = msg.ack_with(AckKind::Progress).await;
+        let slept = tokio::select! {
+            _ = with_progress(msg, self.ack_wait, tokio::time::sleep(delay)) => true,
             _ = self.shutdown.wait() => false,
+        };
+        let resumed = slept
+            && tokio::select! {
+                p = self.semaphore.clone().acquire_owned() => {
+                    self.held = Some(p.expect("semaphore never closed"));
+                    true
+                }
+                _ = self.shutdown.wait() => false,
+            };
+        if !resumed {
+            let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
         }
+        resumed
     }
 }
 
@@ -635,22 +635,6 @@ async fn with_progress<T>(
                 let _ = msg.ack_with(AckKind::Progress).await;
             }
         }
-    }
-}
-
-/// Park a waiting message for `delay` (progress acks keep it ours). False if shutdown came
-/// first.
-async fn park(
-    msg: &jetstream::Message,
-    delay: Duration,
-    ack_wait: Duration,
-    shutdown: &Shutdown,
-) -> bool {
-    // The handler may have run for up to a third of `ack_wait` since its last progress ack.
-    let _ = msg.ack_with(AckKind::Progress).await;
-    tokio::select! {
-        _ = with_progress(msg, ack_wait, tokio::time::sleep(delay)) => true,
-        _ = shutdown.wait() => false,
     }
 }
 

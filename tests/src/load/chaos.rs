@@ -9,6 +9,7 @@
 //! [`super::chaos_check`] for what fails a run.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -388,9 +389,9 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let mut crashing: Vec<Crash> = Vec::new();
     let mut kills: Vec<Kill> = Vec::new();
     let mut loading = true;
-    let server_lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server_lost = Arc::new(AtomicBool::new(false));
     while loading || plan.peek().is_some() || crashing.iter().any(|c| !c.is_finished()) {
-        if server_lost.load(std::sync::atomic::Ordering::SeqCst) {
+        if server_lost.load(Ordering::SeqCst) {
             // Nothing can be answered without it: stop, and let the verdict say so.
             load_task.abort();
             event("a server did not come back: load and faults stopped".into());
@@ -460,7 +461,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     // Drain: wait for the replies of every accepted message (workers keep being restarted if
     // they exit).
     let accepted = load.accepted();
-    let drain_deadline = if server_lost.load(std::sync::atomic::Ordering::SeqCst) {
+    let drain_deadline = if server_lost.load(Ordering::SeqCst) {
         Instant::now()
     } else {
         Instant::now() + o.drain_timeout
@@ -623,14 +624,14 @@ fn crash_server(
     stack: &Stack,
     server: &'static str,
     event: impl Fn(String) + Send + 'static,
-    lost: Arc<std::sync::atomic::AtomicBool>,
+    lost: Arc<AtomicBool>,
 ) -> Crash {
     let stack = stack.clone();
     tokio::task::spawn_blocking(move || {
         let at_us = now_us();
         let r = stack.crash(server);
         if r.is_err() {
-            lost.store(true, std::sync::atomic::Ordering::SeqCst);
+            lost.store(true, Ordering::SeqCst);
         }
         event(match &r {
             Ok(()) => format!("{server} back up after crash recovery"),
