@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use sqlx::{Connection, PgPool, Row};
+use switchboard::stages;
+use switchboard_kit::Topology;
 use switchboard_kit::config::{AgentConfig, Config, Secret};
 use switchboard_kit::proto::DeadLetter;
 use switchboard_kit::startup::App;
-use switchboard_kit::{StageName, Topology};
 use tokio::process::{Child, Command};
 
 pub use fakes::{FakeRunner, FakeTwilio, RunnerCall, SentSms};
@@ -51,14 +52,14 @@ pub fn twilio_sms_params(
 pub struct AppOptions {
     /// Stages run inside the test process; the others can be started as real worker processes
     /// with [`TestApp::spawn_worker`].
-    pub in_process: Vec<StageName>,
+    pub in_process: Vec<&'static str>,
     pub tweak: Box<dyn FnOnce(&mut Config) + Send>,
 }
 
 impl Default for AppOptions {
     fn default() -> Self {
         Self {
-            in_process: StageName::ALL.to_vec(),
+            in_process: stages::names(),
             tweak: Box::new(|_| {}),
         }
     }
@@ -175,13 +176,18 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     .expect("write test config");
 
     let app = App::connect(config.clone(), "test").await.expect("connect");
-    app.prepare().await.expect("migrations and topology");
+    app.prepare(stages::ALL)
+        .await
+        .expect("migrations and topology");
     let routes = switchboard_gateway::router(switchboard_gateway::GatewayState::new(
         app.config.clone(),
         app.runtime(),
     ))
     .merge(switchboard_kit::admin::router(app.readiness()));
-    let mut tasks = switchboard::stages(&app, &opts.in_process);
+    let mut tasks = stages::tasks(
+        &app,
+        &stages::select(&opts.in_process).expect("known stages"),
+    );
     tasks.push(app.serve_listener(listener, routes).expect("serve"));
     let handle = tokio::spawn(app.clone().run(tasks));
 
@@ -273,18 +279,20 @@ impl TestApp {
     /// is being retried is not mistaken for done).
     pub async fn settle(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let stream = self
-            .js
-            .get_stream(self.topology.work_stream())
-            .await
-            .expect("work stream");
         let mut quiet = 0;
         while quiet < 3 {
             assert!(Instant::now() < deadline, "pipeline did not settle in 30 s");
             let mut busy = false;
-            for stage in StageName::ALL {
-                let mut c: jetstream::consumer::PullConsumer =
-                    stream.get_consumer(stage.as_str()).await.expect("consumer");
+            for stage in stages::ALL {
+                let stream = self
+                    .js
+                    .get_stream(self.topology.stream_of(stage.spec.reads))
+                    .await
+                    .expect("stage's stream");
+                let mut c: jetstream::consumer::PullConsumer = stream
+                    .get_consumer(stage.spec.name)
+                    .await
+                    .expect("consumer");
                 let info = c.info().await.expect("consumer info");
                 if info.num_pending > 0 || info.num_ack_pending > 0 {
                     busy = true;
@@ -318,8 +326,8 @@ impl TestApp {
         .collect()
     }
 
-    pub async fn dead_letters(&self, stage: StageName) -> Vec<DeadLetter> {
-        switchboard_kit::dlq::list(&self.js, &self.topology, Some(stage.as_str()), 1000)
+    pub async fn dead_letters(&self, stage: &str) -> Vec<DeadLetter> {
+        switchboard_kit::dlq::list(&self.js, &self.topology, Some(stage), 1000)
             .await
             .expect("list dead letters")
             .into_iter()
@@ -328,11 +336,7 @@ impl TestApp {
     }
 
     /// Wait until `stage` has at least one dead letter (or `timeout` passed); returns them all.
-    pub async fn wait_for_dead_letters(
-        &self,
-        stage: StageName,
-        timeout: Duration,
-    ) -> Vec<DeadLetter> {
+    pub async fn wait_for_dead_letters(&self, stage: &str, timeout: Duration) -> Vec<DeadLetter> {
         let deadline = Instant::now() + timeout;
         loop {
             let letters = self.dead_letters(stage).await;
@@ -358,7 +362,11 @@ impl TestApp {
     pub async fn assert_nothing_reached_the_pipeline(&self) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let stored = self
-            .stored_on(&self.topology.filter_subject(StageName::Identify))
+            .stored_on(
+                &self
+                    .topology
+                    .filter_subject(switchboard_identify::STAGE.spec.reads),
+            )
             .await;
         assert_eq!(stored, 0, "a rejected request was published");
         assert!(self.runner.calls().is_empty(), "the runner was called");
@@ -384,7 +392,7 @@ impl TestApp {
         total
     }
 
-    /// Start a stage as its own worker process (the release binary `switchboard-<name>` next to
+    /// Start a stage as its own worker process (`switchboard worker <name>`, the binary next to
     /// the test binary), on this app's configuration.
     pub fn spawn_worker(&self, name: &str) -> Child {
         let dir = std::env::current_exe()
@@ -393,13 +401,14 @@ impl TestApp {
             .and_then(|p| p.parent())
             .expect("target dir")
             .to_path_buf();
-        let bin = dir.join(format!("switchboard-{name}"));
+        let bin = dir.join("switchboard");
         assert!(
             bin.exists(),
-            "{} is missing: `make test` builds the worker binaries first (cargo build --bins)",
+            "{} is missing: `make test` builds it first (cargo build --bins)",
             bin.display()
         );
         let mut cmd = Command::new(bin);
+        cmd.args(["worker", name]);
         // The file is the whole configuration: drop the stack's SB_* overrides of this process.
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("SB_") {

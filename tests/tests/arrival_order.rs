@@ -194,7 +194,7 @@ async fn a_message_that_cannot_be_answered_does_not_hold_up_the_next_one() {
     let sent = app.wait_for_sms(1, Duration::from_secs(20)).await;
     assert_eq!(runner_texts(&app), ["hello?"]);
     assert_eq!(sent.len(), 1);
-    let letters = app.dead_letters(switchboard_kit::StageName::Session).await;
+    let letters = app.dead_letters("session").await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert!(letters[0].error.contains("nobody"), "{}", letters[0].error);
     app.shutdown().await;

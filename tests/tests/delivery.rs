@@ -191,7 +191,7 @@ async fn a_reply_the_provider_keeps_refusing_is_recorded_failed_announced_and_do
     app.twilio.fail_next(2);
     app.send_sms(person, "first").await;
     let letters = app
-        .wait_for_dead_letters(switchboard_kit::StageName::Deliver, Duration::from_secs(30))
+        .wait_for_dead_letters("deliver", Duration::from_secs(30))
         .await;
     assert_eq!(letters.len(), 1, "the reply is dead-lettered");
     let status: String = sqlx::query_scalar("SELECT status FROM switchboard.deliveries")

@@ -2,20 +2,21 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use switchboard::stages;
 use switchboard_dispatch::TurnDispatcher;
 use switchboard_e2e::{
     AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_configured, spawn_app_with,
 };
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person, Reply, Turn};
-use switchboard_kit::{Attempt, Stage, StageName};
+use switchboard_kit::{Attempt, Stage};
 use switchboard_session::{Opened, SessionStore};
 
 #[tokio::test]
 async fn two_dispatcher_processes_keep_each_sessions_turns_in_order_without_overlap() {
     let app = spawn_app_with(AppOptions {
-        in_process: StageName::ALL
+        in_process: stages::names()
             .into_iter()
-            .filter(|s| *s != StageName::Dispatch)
+            .filter(|s| *s != "dispatch")
             .collect(),
         ..Default::default()
     })
@@ -276,7 +277,7 @@ async fn a_turn_that_fails_for_good_does_not_block_the_session_and_can_be_replay
     app.runner.fail_next(1, 422);
     assert_eq!(app.send_sms(person, "first").await.status(), 200);
     let letters = app
-        .wait_for_dead_letters(StageName::Dispatch, Duration::from_secs(20))
+        .wait_for_dead_letters("dispatch", Duration::from_secs(20))
         .await;
     assert_eq!(letters.len(), 1);
     assert!(letters[0].error.contains("422"), "{}", letters[0].error);
@@ -297,7 +298,7 @@ async fn a_turn_that_fails_for_good_does_not_block_the_session_and_can_be_replay
     assert_eq!(sent[1].body, "echo: second");
     app.settle().await;
     assert!(
-        app.dead_letters(StageName::Dispatch).await.is_empty(),
+        app.dead_letters("dispatch").await.is_empty(),
         "replayed letter is gone"
     );
     let statuses: Vec<String> =
@@ -320,7 +321,7 @@ async fn a_failed_turn_lets_the_next_one_through() {
     let sent = app.wait_for_sms(1, Duration::from_secs(20)).await;
     assert_eq!(sent[0].body, "echo: next");
     app.settle().await;
-    assert_eq!(app.dead_letters(StageName::Dispatch).await.len(), 1);
+    assert_eq!(app.dead_letters("dispatch").await.len(), 1);
     let delivered = app.twilio.sent();
     assert_eq!(
         delivered.len(),
@@ -336,7 +337,7 @@ async fn a_runner_that_keeps_failing_is_retried_then_dead_lettered_with_the_coun
     app.runner.fail_next(usize::MAX, 503);
     assert_eq!(app.send_sms("+14155550403", "anyone?").await.status(), 200);
     let letters = app
-        .wait_for_dead_letters(StageName::Dispatch, Duration::from_secs(20))
+        .wait_for_dead_letters("dispatch", Duration::from_secs(20))
         .await;
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].delivery_count, 3);

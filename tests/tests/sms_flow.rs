@@ -2,7 +2,6 @@
 use std::time::Duration;
 
 use switchboard_e2e::{FakeRunner, TWILIO_NUMBER, spawn_app, spawn_app_configured};
-use switchboard_kit::StageName;
 
 const PERSON: &str = "+14155550101";
 const WAIT: Duration = Duration::from_secs(20);
@@ -271,7 +270,7 @@ async fn an_undecodable_message_on_a_work_subject_is_dead_lettered_with_its_reas
         .await
         .unwrap();
 
-    let letters = app.wait_for_dead_letters(StageName::Identify, WAIT).await;
+    let letters = app.wait_for_dead_letters("identify", WAIT).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert!(
         letters[0].error.contains("undecodable"),

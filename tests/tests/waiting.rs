@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use switchboard_e2e::{TestApp, spawn_app_configured};
-use switchboard_kit::StageName;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -41,14 +40,14 @@ async fn a_turn_waiting_behind_a_long_runner_call_is_answered_when_the_call_ends
         1,
         "the second turn waits its turn"
     );
-    assert!(app.dead_letters(StageName::Dispatch).await.is_empty());
+    assert!(app.dead_letters("dispatch").await.is_empty());
 
     release_the_call(&app);
     let sent = app.wait_for_sms(2, WAIT).await;
     let bodies: Vec<&str> = sent.iter().map(|s| s.body.as_str()).collect();
     assert_eq!(bodies, ["echo: first, slow", "echo: second, waits"]);
     app.settle().await;
-    assert!(app.dead_letters(StageName::Dispatch).await.is_empty());
+    assert!(app.dead_letters("dispatch").await.is_empty());
     assert_eq!(app.twilio.sent().len(), 2, "each answered once");
     app.shutdown().await;
 }
@@ -65,7 +64,7 @@ async fn a_turn_that_waits_longer_than_the_maximum_is_dead_lettered_saying_why()
     tokio::time::sleep(Duration::from_secs(4)).await;
     release_the_call(&app);
 
-    let letters = app.wait_for_dead_letters(StageName::Dispatch, WAIT).await;
+    let letters = app.wait_for_dead_letters("dispatch", WAIT).await;
     assert_eq!(letters.len(), 1);
     assert!(
         letters[0]

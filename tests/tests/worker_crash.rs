@@ -1,15 +1,15 @@
 //! Any worker can die at any moment: its message comes back and is answered once.
 use std::time::Duration;
 
+use switchboard::stages;
 use switchboard_e2e::{AppOptions, TestApp, spawn_app_with};
-use switchboard_kit::StageName;
 
 /// Everything in-process except dispatch, which the test starts as real worker processes.
 async fn app_with_dispatch_as_a_process() -> TestApp {
     spawn_app_with(AppOptions {
-        in_process: StageName::ALL
+        in_process: stages::names()
             .into_iter()
-            .filter(|s| *s != StageName::Dispatch)
+            .filter(|s| *s != "dispatch")
             .collect(),
         ..Default::default()
     })
@@ -128,9 +128,9 @@ async fn a_turn_that_crashes_its_dispatcher_every_time_is_given_up_and_the_next_
     // Every time a dispatcher calls the runner with this turn, its process dies (the test kills
     // it the moment the call arrives, as a handler that crashes its process would).
     let app = spawn_app_with(AppOptions {
-        in_process: StageName::ALL
+        in_process: stages::names()
             .into_iter()
-            .filter(|s| *s != StageName::Dispatch)
+            .filter(|s| *s != "dispatch")
             .collect(),
         tweak: Box::new(|c| {
             c.runtime.max_deliver = 3;
@@ -145,7 +145,7 @@ async fn a_turn_that_crashes_its_dispatcher_every_time_is_given_up_and_the_next_
     let started = std::time::Instant::now();
     let mut crashes = 0;
     let letters = loop {
-        let letters = app.dead_letters(StageName::Dispatch).await;
+        let letters = app.dead_letters("dispatch").await;
         if !letters.is_empty() {
             break letters;
         }

@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 use sqlx::{PgPool, Row};
 use switchboard_kit::proto::{DeliveryFailed, Reply, ReplyDelivered};
 use switchboard_kit::retry::{self, Backoff};
+use switchboard_kit::startup::{App, Task};
 use switchboard_kit::status::{DeliveryStatus, TurnStatus};
-use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
+use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
 pub use twilio::TwilioSender;
@@ -370,7 +372,7 @@ impl DeliverStage {
 
 impl Stage for DeliverStage {
     type Input = Reply;
-    const NAME: StageName = StageName::Deliver;
+    const SPEC: StageSpec = StageSpec::new("deliver", Source::Work("reply"));
 
     async fn handle(&self, reply: Reply, _attempt: &Attempt) -> Result<Vec<Output>, StageError> {
         let id: Uuid = reply
@@ -499,13 +501,20 @@ impl Stage for DeliverStage {
 pub const DELIVERY_LEASE: Duration = Duration::from_secs(45);
 
 /// The deliver stage as a task of `app`.
-pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
+/// The deliver stage, as the product lists it.
+pub const STAGE: Registration = Registration {
+    spec: DeliverStage::SPEC,
+    worker: "deliver",
+    start: task,
+};
+
+fn task(app: &App) -> Task {
     let stage = DeliverStage::new(
         DeliveryLedger::new(app.db.clone(), DELIVERY_LEASE),
         TwilioSender::new(app.config.twilio.clone()),
         app.topology.clone(),
     );
-    app.stage_task(stage, app.stage_options())
+    app.stage_task(stage)
 }
 
 #[cfg(test)]

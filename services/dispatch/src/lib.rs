@@ -25,8 +25,10 @@ use sqlx::{PgPool, Row};
 use switchboard_kit::config::{AgentConfig, DispatchConfig};
 use switchboard_kit::proto::{Reply, Turn};
 use switchboard_kit::retry::{self, Backoff};
+use switchboard_kit::startup::{App, Task};
 use switchboard_kit::status::TurnStatus;
-use switchboard_kit::{Attempt, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::{Attempt, Output, Stage, StageError, Topology};
+use switchboard_kit::{Registration, Source, StageSpec};
 use tokio::sync::{Notify, Semaphore};
 use uuid::Uuid;
 
@@ -612,7 +614,9 @@ impl TurnDispatcher {
 
 impl Stage for TurnDispatcher {
     type Input = Turn;
-    const NAME: StageName = StageName::Dispatch;
+    /// Each turn mostly waits on a runner: many at once per process (agents' own
+    /// `concurrency` still caps each agent).
+    const SPEC: StageSpec = StageSpec::new("dispatch", Source::Work("turn.>")).concurrency(256);
 
     async fn handle(&self, turn: Turn, attempt: &Attempt) -> Result<Vec<Output>, StageError> {
         match self.dispatch_turn(&turn, attempt).await {
@@ -654,7 +658,14 @@ impl Stage for TurnDispatcher {
 }
 
 /// The dispatch stage as a task of `app`.
-pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
+/// The dispatch stage, as the product lists it.
+pub const STAGE: Registration = Registration {
+    spec: TurnDispatcher::SPEC,
+    worker: "dispatch",
+    start: task,
+};
+
+fn task(app: &App) -> Task {
     let c = &app.config;
     let stage = Arc::new(TurnDispatcher::new(
         app.db.clone(),
@@ -662,11 +673,7 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         app.topology.clone(),
         c.dispatch.clone(),
     ));
-    let mut opts = app.stage_options();
-    if c.dispatch.concurrency > 0 {
-        opts.concurrency = c.dispatch.concurrency;
-    }
-    let run = app.shared_stage_task(stage.clone(), opts);
+    let run = app.shared_stage_task(stage.clone());
     // Heartbeat until the stage has drained (in-flight calls still hold their leases).
     Box::pin(async move {
         let result = tokio::select! {

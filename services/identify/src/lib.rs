@@ -6,7 +6,9 @@
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{IdentityConfig, IdentityLookup};
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, MessageReceived, Person};
-use switchboard_kit::{Attempt, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::startup::{App, Task};
+use switchboard_kit::{Attempt, Output, Stage, StageError, Topology};
+use switchboard_kit::{Registration, Source, StageSpec};
 
 pub use switchboard_kit::address::normalize_phone;
 
@@ -130,7 +132,7 @@ impl IdentifyStage {
 
 impl Stage for IdentifyStage {
     type Input = InboundMessage;
-    const NAME: StageName = StageName::Identify;
+    const SPEC: StageSpec = StageSpec::new("identify", Source::Work("in.>"));
 
     async fn handle(
         &self,
@@ -172,10 +174,14 @@ impl Stage for IdentifyStage {
 }
 
 /// The identify stage as a task of `app`.
-pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
+/// The identify stage, as the product lists it.
+pub const STAGE: Registration = Registration {
+    spec: IdentifyStage::SPEC,
+    worker: "identify",
+    start: task,
+};
+
+fn task(app: &App) -> Task {
     let resolver = IdentityResolver::new(app.db.clone(), app.config.identity.clone());
-    app.stage_task(
-        IdentifyStage::new(resolver, app.topology.clone()),
-        app.stage_options(),
-    )
+    app.stage_task(IdentifyStage::new(resolver, app.topology.clone()))
 }

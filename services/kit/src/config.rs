@@ -50,6 +50,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     pub session: SessionConfig,
     pub dispatch: DispatchConfig,
+    /// `[stages.<name>]`: per-stage overrides of the runtime knobs (see [`crate::stage`]).
+    pub stages: BTreeMap<String, crate::stage::StageOverrides>,
     pub demo: DemoConfig,
 }
 
@@ -75,6 +77,7 @@ impl Default for Config {
             runtime: RuntimeConfig::default(),
             session: SessionConfig::default(),
             dispatch: DispatchConfig::default(),
+            stages: BTreeMap::new(),
             demo: DemoConfig::default(),
         }
     }
@@ -306,9 +309,6 @@ pub struct DispatchConfig {
     /// How long a turn waits in its handler for its predecessor before it is parked (its
     /// handler slot freed) and tried again.
     pub hold_timeout_ms: u64,
-    /// Turns one dispatcher process runs at once (each mostly waits on a runner); 0 means
-    /// `runtime.concurrency`. Agents' own `concurrency` still caps each agent.
-    pub concurrency: usize,
     /// A dispatcher counts as alive (its runner calls keep their sessions' call slots) this
     /// long after its last heartbeat; it heartbeats every third of it. After a dispatcher
     /// dies, its sessions wait at most this long.
@@ -320,7 +320,6 @@ impl Default for DispatchConfig {
         Self {
             hold_poll_ms: 100,
             hold_timeout_ms: 20_000,
-            concurrency: 256,
             liveness_ms: 6_000,
         }
     }
@@ -444,7 +443,7 @@ mod tests {
             for (key, value) in file {
                 let here = format!("{path}{key}");
                 // Maps and lists of the operator's own entries: any names allowed.
-                if matches!(key.as_str(), "channels" | "agents" | "lookups") {
+                if matches!(key.as_str(), "channels" | "agents" | "lookups" | "stages") {
                     continue;
                 }
                 let Some(k) = known.get(key) else {

@@ -7,6 +7,7 @@
 //! - [`db`]: the Postgres pool and embedded migrations.
 //! - [`retry`]: the one retry-delay policy.
 //! - [`net`]: listening sockets, below the ephemeral port range.
+//! - [`stage`]: a stage's declaration, read by everything that loops over stages.
 //! - [`runtime`]: the worker runtime (fetch, handle, publish, ack, retry, dead-letter).
 //! - [`telemetry`] and [`admin`]: logs, metrics, `/healthz`, `/readyz`, `/metrics`.
 //! - [`startup`]: wiring a process together; [`shutdown`]: the drain signal.
@@ -23,6 +24,7 @@ pub mod proto;
 pub mod retry;
 pub mod runtime;
 pub mod shutdown;
+pub mod stage;
 pub mod startup;
 pub mod status;
 pub mod telemetry;
@@ -31,7 +33,8 @@ pub mod topology;
 pub use config::Config;
 pub use runtime::{Attempt, Hold, Output, Stage, StageError};
 pub use shutdown::Shutdown;
-pub use topology::{StageName, Topology};
+pub use stage::{Registration, Source, StageOptions, StageSpec};
+pub use topology::Topology;
 
 /// This process among the replicas: `<host>:<pid>`. It names the process in the logs and in
 /// what it sends to providers (the deliverer's `User-Agent`), so an operator, or a chaos run, can

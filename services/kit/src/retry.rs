@@ -13,7 +13,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    pub fn new(base: Duration, max: Duration) -> Self {
+    pub const fn new(base: Duration, max: Duration) -> Self {
         Self { base, max }
     }
 

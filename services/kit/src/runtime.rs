@@ -28,7 +28,8 @@ use crate::config::RuntimeConfig;
 use crate::proto::DeadLetter;
 use crate::retry::Backoff;
 use crate::shutdown::Shutdown;
-use crate::topology::{StageName, Topology};
+use crate::stage::{StageOptions, StageSpec};
+use crate::topology::Topology;
 
 /// Header carrying the protobuf message type of the payload.
 pub const HEADER_TYPE: &str = "Sb-Type";
@@ -145,7 +146,8 @@ impl Hold {
 /// A worker's logic. Implementations know nothing of NATS.
 pub trait Stage: Send + Sync + 'static {
     type Input: prost::Message + Default + Send + Sync + 'static;
-    const NAME: StageName;
+    /// The stage's declaration: its name, what it reads, its knobs.
+    const SPEC: StageSpec;
 
     fn handle(
         &self,
@@ -171,28 +173,6 @@ pub trait Stage: Send + Sync + 'static {
     }
 }
 
-/// Per-stage knobs; defaults come from `[runtime]`.
-#[derive(Debug, Clone)]
-pub struct StageOptions {
-    pub concurrency: usize,
-    pub batch: usize,
-    /// Deliveries (failures and crashes; waits do not count) before a dead letter.
-    pub max_deliver: u64,
-    /// Waiting before a dead letter ("waited too long for …").
-    pub max_wait: Duration,
-}
-
-impl StageOptions {
-    pub fn from_config(rt: &RuntimeConfig) -> Self {
-        Self {
-            concurrency: rt.concurrency.max(1),
-            batch: rt.batch.max(1),
-            max_deliver: rt.max_deliver.max(1),
-            max_wait: Duration::from_millis(rt.max_wait_ms),
-        }
-    }
-}
-
 /// JetStream plus the names of things: what every stage task needs.
 #[derive(Clone)]
 pub struct Runtime {
@@ -204,7 +184,7 @@ pub struct Runtime {
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("stage {stage}: consumer unavailable: {reason}")]
-    Consumer { stage: StageName, reason: String },
+    Consumer { stage: &'static str, reason: String },
 }
 
 impl Runtime {
@@ -244,18 +224,18 @@ impl Runtime {
         opts: StageOptions,
         shutdown: Shutdown,
     ) -> Result<(), RuntimeError> {
-        let name = S::NAME;
+        let name = S::SPEC.name;
         let consumer_err = |reason: String| RuntimeError::Consumer {
             stage: name,
             reason,
         };
         let stream = self
             .js
-            .get_stream(self.topology.work_stream())
+            .get_stream(self.topology.stream_of(S::SPEC.reads))
             .await
             .map_err(|e| consumer_err(e.to_string()))?;
         let consumer: consumer::PullConsumer = stream
-            .get_consumer(name.as_str())
+            .get_consumer(name)
             .await
             .map_err(|e| consumer_err(e.to_string()))?;
         let ack_wait = Duration::from_millis(self.config.ack_wait_ms);
@@ -350,7 +330,7 @@ impl Runtime {
         opts: &StageOptions,
         mut slots: Slots,
     ) {
-        let name = S::NAME;
+        let name = S::SPEC.name;
         let (delivered, stream_sequence) = match msg.info() {
             Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
             Err(_) => (1, 0),
@@ -385,7 +365,8 @@ impl Runtime {
                      the handler may be crashing the process",
                     opts.max_deliver
                 );
-                self.give_up(stage, &msg, &attempt, &why, &mut slots).await;
+                self.give_up(stage, &msg, &attempt, &why, opts, &mut slots)
+                    .await;
                 return;
             }
             let first_run = Instant::now();
@@ -402,15 +383,15 @@ impl Runtime {
                 let started = Instant::now();
                 let result =
                     with_progress(&msg, slots.ack_wait, stage.handle(input, &attempt)).await;
-                metrics::histogram!("sb_stage_handler_seconds", "stage" => name.as_str())
+                metrics::histogram!("sb_stage_handler_seconds", "stage" => name)
                     .record(started.elapsed().as_secs_f64());
                 let result = result.map_err(|e| waits_for_capacity(e, attempt.waits));
 
                 match result {
                     Ok(outputs) => {
-                        if let Err(e) = self.publish_all(name.as_str(), &outputs).await {
+                        if let Err(e) = self.publish_all(name, &outputs).await {
                             tracing::warn!(error = %e, "publishing outputs failed; will retry");
-                            self.retry(name, &msg, &attempt).await;
+                            self.retry(name, &msg, &attempt, opts).await;
                             return;
                         }
                         match msg.ack().await {
@@ -423,16 +404,18 @@ impl Runtime {
                     }
                     Err(StageError::Permanent(e)) => {
                         let why = format!("{e:#}");
-                        self.give_up(stage, &msg, &attempt, &why, &mut slots).await;
+                        self.give_up(stage, &msg, &attempt, &why, opts, &mut slots)
+                            .await;
                         return;
                     }
                     Err(StageError::Transient(e)) => {
                         tracing::warn!(error = %format!("{e:#}"), "handler failed");
                         if delivered >= opts.max_deliver {
                             let why = format!("gave up after {delivered} deliveries: {e:#}");
-                            self.give_up(stage, &msg, &attempt, &why, &mut slots).await;
+                            self.give_up(stage, &msg, &attempt, &why, opts, &mut slots)
+                                .await;
                         } else {
-                            self.retry(name, &msg, &attempt).await;
+                            self.retry(name, &msg, &attempt, opts).await;
                         }
                         return;
                     }
@@ -444,7 +427,8 @@ impl Runtime {
                                 waited.as_secs_f64(),
                                 opts.max_wait.as_secs_f64()
                             );
-                            self.give_up(stage, &msg, &attempt, &why, &mut slots).await;
+                            self.give_up(stage, &msg, &attempt, &why, opts, &mut slots)
+                                .await;
                             return;
                         }
                         tracing::debug!(%why, "waiting");
@@ -462,9 +446,15 @@ impl Runtime {
         .await
     }
 
-    async fn retry(&self, name: StageName, msg: &jetstream::Message, attempt: &Attempt) {
+    async fn retry(
+        &self,
+        name: &'static str,
+        msg: &jetstream::Message,
+        attempt: &Attempt,
+        opts: &StageOptions,
+    ) {
         count(name, "retried");
-        let delay = retry_policy(&self.config).delay(attempt.delivered);
+        let delay = opts.retry.delay(attempt.delivered);
         let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
     }
 
@@ -476,9 +466,10 @@ impl Runtime {
         msg: &jetstream::Message,
         attempt: &Attempt,
         why: &str,
+        opts: &StageOptions,
         slots: &mut Slots,
     ) {
-        let name = S::NAME;
+        let name = S::SPEC.name;
         // Decoded again rather than kept: giving up is rare, cloning every input is not.
         let Ok(input) = <S::Input as prost::Message>::decode(msg.payload.clone()) else {
             self.dead_letter(name, msg, attempt, why).await;
@@ -497,14 +488,14 @@ impl Runtime {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "the give-up step failed; will retry the message");
-                    self.retry(name, msg, attempt).await;
+                    self.retry(name, msg, attempt, opts).await;
                     return;
                 }
             }
         };
-        if let Err(e) = self.publish_all(name.as_str(), &outputs).await {
+        if let Err(e) = self.publish_all(name, &outputs).await {
             tracing::warn!(error = %e, "publishing the give-up outputs failed; will retry");
-            self.retry(name, msg, attempt).await;
+            self.retry(name, msg, attempt, opts).await;
             return;
         }
         self.dead_letter(name, msg, attempt, why).await;
@@ -514,14 +505,14 @@ impl Runtime {
     /// letter cannot be stored, the message is nak'ed instead: nothing is dropped.
     async fn dead_letter(
         &self,
-        name: StageName,
+        name: &'static str,
         msg: &jetstream::Message,
         attempt: &Attempt,
         why: &str,
     ) {
         tracing::error!(error = %why, "dead-lettering");
         let letter = DeadLetter {
-            stage: name.as_str().to_string(),
+            stage: name.to_string(),
             subject: attempt.subject.clone(),
             error: why.to_string(),
             delivery_count: attempt.delivered,
@@ -638,25 +629,16 @@ async fn with_progress<T>(
     }
 }
 
-fn count(stage: StageName, outcome: &'static str) {
-    metrics::counter!("sb_stage_messages_total", "stage" => stage.as_str(), "outcome" => outcome)
+fn count(stage: &'static str, outcome: &'static str) {
+    metrics::counter!("sb_stage_messages_total", "stage" => stage, "outcome" => outcome)
         .increment(1);
 }
 
-/// The runtime's retry policy for failed messages (`runtime.retry_base_ms`, `retry_max_ms`).
-pub fn retry_policy(rt: &RuntimeConfig) -> Backoff {
-    Backoff::new(
-        Duration::from_millis(rt.retry_base_ms),
-        Duration::from_millis(rt.retry_max_ms),
-    )
-}
-
-async fn report_lag(mut consumer: consumer::PullConsumer, name: StageName) {
+async fn report_lag(mut consumer: consumer::PullConsumer, name: &'static str) {
     loop {
         if let Ok(info) = consumer.info().await {
-            metrics::gauge!("sb_consumer_pending", "stage" => name.as_str())
-                .set(info.num_pending as f64);
-            metrics::gauge!("sb_consumer_ack_pending", "stage" => name.as_str())
+            metrics::gauge!("sb_consumer_pending", "stage" => name).set(info.num_pending as f64);
+            metrics::gauge!("sb_consumer_ack_pending", "stage" => name)
                 .set(info.num_ack_pending as f64);
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -702,7 +684,8 @@ mod tests {
             retry_max_ms: 1000,
             ..Default::default()
         };
-        let p = retry_policy(&rt);
+        let spec = StageSpec::new("s", crate::stage::Source::Work("reply"));
+        let p = StageOptions::resolve(&spec, &rt, None).retry;
         assert_eq!(p.delay(1), Duration::from_millis(100));
         assert_eq!(p.delay(10), Duration::from_millis(1000));
     }

@@ -9,8 +9,9 @@ use async_nats::jetstream;
 use sqlx::PgPool;
 
 use crate::config::Config;
-use crate::runtime::{Runtime, Stage, StageOptions};
+use crate::runtime::{Runtime, Stage};
 use crate::shutdown::Shutdown;
+use crate::stage::{Registration, StageOptions, StageSpec};
 use crate::topology::Topology;
 
 pub type Task = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -55,11 +56,14 @@ impl App {
         })
     }
 
-    /// Apply migrations and the stream topology (both idempotent).
-    pub async fn prepare(&self) -> anyhow::Result<()> {
+    /// Apply migrations and the stream topology with the consumers of `stages` (all
+    /// idempotent), after checking that `[stages.<name>]` names only stages that exist.
+    pub async fn prepare(&self, stages: &[Registration]) -> anyhow::Result<()> {
+        check_overrides(&self.config, stages)?;
         crate::db::migrate(&self.db).await?;
+        let specs: Vec<StageSpec> = stages.iter().map(|r| r.spec).collect();
         self.topology
-            .apply(&self.js, &self.config.runtime)
+            .apply(&self.js, &self.config.runtime, &specs)
             .await
             .context("applying the stream topology")?;
         Ok(())
@@ -73,18 +77,24 @@ impl App {
         )
     }
 
-    pub fn stage_options(&self) -> StageOptions {
-        StageOptions::from_config(&self.config.runtime)
+    /// The knobs `spec` runs with here: `[stages.<name>]`, else the spec, else `[runtime]`.
+    pub fn stage_options(&self, spec: &StageSpec) -> StageOptions {
+        StageOptions::resolve(
+            spec,
+            &self.config.runtime,
+            self.config.stages.get(spec.name),
+        )
     }
 
     /// A task running `stage` until shutdown.
-    pub fn stage_task<S: Stage>(&self, stage: S, opts: StageOptions) -> Task {
-        self.shared_stage_task(Arc::new(stage), opts)
+    pub fn stage_task<S: Stage>(&self, stage: S) -> Task {
+        self.shared_stage_task(Arc::new(stage))
     }
 
     /// Like [`App::stage_task`], for a stage the caller also uses (e.g. for a heartbeat).
-    pub fn shared_stage_task<S: Stage>(&self, stage: Arc<S>, opts: StageOptions) -> Task {
+    pub fn shared_stage_task<S: Stage>(&self, stage: Arc<S>) -> Task {
         let rt = self.runtime();
+        let opts = self.stage_options(&S::SPEC);
         let shutdown = self.shutdown.clone();
         Box::pin(async move {
             rt.run_stage(stage, opts, shutdown).await?;
@@ -145,20 +155,16 @@ impl App {
     }
 }
 
-/// The `main` of a single-stage worker binary: load config, connect, prepare, serve the admin
-/// endpoints, run the stage tasks `build` returns, drain on SIGTERM.
-pub async fn worker_main<F>(name: &str, build: F) -> anyhow::Result<()>
-where
-    F: FnOnce(&App) -> anyhow::Result<Vec<Task>>,
-{
-    let config = Config::load()?;
-    crate::telemetry::init(&config.log_format);
-    let _ = crate::telemetry::metrics();
-    let app = App::connect(config, name).await?;
-    app.prepare().await?;
-    app.shutdown.trigger_on_signals();
-    let mut tasks = build(&app)?;
-    let admin = crate::admin::router(app.readiness());
-    tasks.push(app.serve_http(&app.config.admin.http_addr, admin).await?);
-    app.run(tasks).await
+/// `[stages.<name>]` must name a stage of `stages`: a typo would otherwise be ignored.
+pub fn check_overrides(config: &Config, stages: &[Registration]) -> anyhow::Result<()> {
+    for name in config.stages.keys() {
+        if !stages.iter().any(|r| r.spec.name == name) {
+            let known: Vec<&str> = stages.iter().map(|r| r.spec.name).collect();
+            anyhow::bail!(
+                "[stages.{name}] in the configuration: no such stage (stages: {})",
+                known.join(", ")
+            );
+        }
+    }
+    Ok(())
 }

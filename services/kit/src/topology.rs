@@ -22,50 +22,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer, kv, stream};
 
 use crate::config::RuntimeConfig;
-
-/// The durable consumers, one per stage. Replicas of a stage share its consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StageName {
-    Identify,
-    Session,
-    Dispatch,
-    LogInbound,
-    LogOutbound,
-    Deliver,
-}
-
-impl StageName {
-    pub const ALL: [StageName; 6] = [
-        StageName::Identify,
-        StageName::Session,
-        StageName::Dispatch,
-        StageName::LogInbound,
-        StageName::LogOutbound,
-        StageName::Deliver,
-    ];
-
-    /// The durable consumer name, also used in metrics, dedupe ids and dead-letter subjects.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StageName::Identify => "identify",
-            StageName::Session => "session",
-            StageName::Dispatch => "dispatch",
-            StageName::LogInbound => "log-inbound",
-            StageName::LogOutbound => "log-outbound",
-            StageName::Deliver => "deliver",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<StageName> {
-        Self::ALL.into_iter().find(|n| n.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for StageName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::stage::{Source, StageSpec};
 
 /// Subject and stream names under one prefix.
 #[derive(Debug, Clone)]
@@ -91,6 +48,10 @@ pub enum TopologyError {
         bucket: String,
         source: async_nats::jetstream::context::CreateKeyValueError,
     },
+    #[error("stage {stage} reads {subject}, which no stream holds")]
+    NoStream { stage: String, subject: String },
+    #[error("two stages are named {0}")]
+    DuplicateStage(String),
     #[error("looking up stream {stream}: {source}")]
     GetStream {
         stream: String,
@@ -168,17 +129,23 @@ impl Topology {
         format!("{}.events.{name}", self.prefix)
     }
     /// `sb.dlq.<stage>`: dead letters.
-    pub fn dead_letter(&self, stage: StageName) -> String {
-        format!("{}.dlq.{}", self.prefix, stage.as_str())
+    pub fn dead_letter(&self, stage: &str) -> String {
+        format!("{}.dlq.{stage}", self.prefix)
     }
 
-    /// What each stage's consumer reads.
-    pub fn filter_subject(&self, stage: StageName) -> String {
-        match stage {
-            StageName::Identify => format!("{}.in.>", self.prefix),
-            StageName::Session => self.identified(),
-            StageName::Dispatch | StageName::LogInbound => format!("{}.turn.>", self.prefix),
-            StageName::LogOutbound | StageName::Deliver => self.reply(),
+    /// The full subject filter of a stage's consumer.
+    pub fn filter_subject(&self, source: Source) -> String {
+        match source {
+            Source::Work(s) => format!("{}.{s}", self.prefix),
+            Source::Events(s) => self.event(s),
+        }
+    }
+
+    /// The stream a stage's consumer lives on.
+    pub fn stream_of(&self, source: Source) -> String {
+        match source {
+            Source::Work(_) => self.work_stream(),
+            Source::Events(_) => self.events_stream(),
         }
     }
 
@@ -224,11 +191,11 @@ impl Topology {
         ]
     }
 
-    pub fn consumer_config(&self, stage: StageName, rt: &RuntimeConfig) -> consumer::pull::Config {
+    pub fn consumer_config(&self, stage: &StageSpec, rt: &RuntimeConfig) -> consumer::pull::Config {
         consumer::pull::Config {
-            durable_name: Some(stage.as_str().to_string()),
-            description: Some(format!("Switchboard stage {stage}")),
-            filter_subject: self.filter_subject(stage),
+            durable_name: Some(stage.name.to_string()),
+            description: Some(format!("Switchboard stage {}", stage.name)),
+            filter_subject: self.filter_subject(stage.reads),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: Duration::from_millis(rt.ack_wait_ms),
             // The runtime counts deliveries itself and dead-letters (with the reason) when a
@@ -253,12 +220,43 @@ impl Topology {
         }
     }
 
-    /// Create or update every stream and consumer. Safe to run at every start, from any replica.
+    /// Check `stages` against the streams: unique names, each reading a subject its stream
+    /// holds (a consumer whose filter no stream subject covers would never get a message).
+    pub fn check(&self, stages: &[StageSpec], rt: &RuntimeConfig) -> Result<(), TopologyError> {
+        let streams = self.stream_configs(rt);
+        let mut seen = std::collections::HashSet::new();
+        for stage in stages {
+            if !seen.insert(stage.name) {
+                return Err(TopologyError::DuplicateStage(stage.name.into()));
+            }
+            let subject = self.filter_subject(stage.reads);
+            let stream = self.stream_of(stage.reads);
+            let held = streams
+                .iter()
+                .filter(|c| c.name == stream)
+                .flat_map(|c| c.subjects.iter())
+                .any(|s| subject_covers(s, &subject));
+            if !held {
+                return Err(TopologyError::NoStream {
+                    stage: stage.name.into(),
+                    subject,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Create or update every stream, the arrivals bucket and the consumers of `stages`. Safe to
+    /// run at every start, from any replica. Every process that publishes work runs it with the
+    /// whole list: the work stream keeps a message only for consumers that exist when it is
+    /// published.
     pub async fn apply(
         &self,
         js: &jetstream::Context,
         rt: &RuntimeConfig,
+        stages: &[StageSpec],
     ) -> Result<(), TopologyError> {
+        self.check(stages, rt)?;
         for cfg in self.stream_configs(rt) {
             let name = cfg.name.clone();
             js.create_or_update_stream(cfg)
@@ -272,22 +270,39 @@ impl Topology {
         js.create_or_update_key_value(self.arrivals_bucket_config(rt))
             .await
             .map_err(|source| TopologyError::Bucket { bucket, source })?;
-        let work =
-            js.get_stream(self.work_stream())
+        for stage in stages {
+            let name = self.stream_of(stage.reads);
+            let stream = js
+                .get_stream(&name)
                 .await
                 .map_err(|source| TopologyError::GetStream {
-                    stream: self.work_stream(),
+                    stream: name,
                     source,
                 })?;
-        for stage in StageName::ALL {
-            work.create_consumer(self.consumer_config(stage, rt))
+            stream
+                .create_consumer(self.consumer_config(stage, rt))
                 .await
                 .map_err(|source| TopologyError::Consumer {
-                    consumer: stage.to_string(),
+                    consumer: stage.name.to_string(),
                     source,
                 })?;
         }
         Ok(())
+    }
+}
+
+/// Whether stream subject `pattern` covers every subject `filter` can match (NATS wildcards:
+/// `*` one token, `>` the rest).
+fn subject_covers(pattern: &str, filter: &str) -> bool {
+    let (mut p, mut f) = (pattern.split('.'), filter.split('.'));
+    loop {
+        match (p.next(), f.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(ft)) if ft != ">" => {}
+            (Some(pt), Some(ft)) if pt == ft => {}
+            (None, None) => return true,
+            _ => return false,
+        }
     }
 }
 
@@ -296,16 +311,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_stage_reads_a_subject_of_the_work_stream() {
+    fn a_stage_reading_a_subject_no_stream_holds_is_refused() {
         let t = Topology::new("sb", 8);
-        let cfg = &t.stream_configs(&RuntimeConfig::default())[0];
-        for stage in StageName::ALL {
-            let filter = t.filter_subject(stage);
-            assert!(
-                cfg.subjects.iter().any(|s| s == &filter),
-                "{stage} reads {filter}, not in the work stream"
-            );
-        }
+        let rt = RuntimeConfig::default();
+        let good = [
+            StageSpec::new("a", Source::Work("turn.>")),
+            StageSpec::new("b", Source::Work("reply")),
+            StageSpec::new("c", Source::Events("message.logged")),
+            StageSpec::new("d", Source::Events(">")),
+        ];
+        t.check(&good, &rt).expect("all held");
+        let stray = [StageSpec::new("x", Source::Work("replies"))];
+        assert!(matches!(
+            t.check(&stray, &rt),
+            Err(TopologyError::NoStream { .. })
+        ));
+        let event_on_work = [StageSpec::new("y", Source::Work("events.message.logged"))];
+        assert!(t.check(&event_on_work, &rt).is_err());
+        let twice = [good[0], StageSpec::new("a", Source::Work("reply"))];
+        assert!(matches!(
+            t.check(&twice, &rt),
+            Err(TopologyError::DuplicateStage(_))
+        ));
+    }
+
+    #[test]
+    fn wildcards_cover_what_they_match() {
+        assert!(subject_covers("sb.in.>", "sb.in.sms"));
+        assert!(subject_covers("sb.in.>", "sb.in.>"));
+        assert!(subject_covers("sb.turn.*", "sb.turn.3"));
+        assert!(!subject_covers("sb.turn.*", "sb.turn.>"));
+        assert!(!subject_covers("sb.reply", "sb.reply.x"));
+        assert!(!subject_covers("sb.in.>", "sb.in"));
     }
 
     #[test]

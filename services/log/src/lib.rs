@@ -3,7 +3,9 @@
 //! never doubles a row. Each new row is announced as `message.logged`.
 use sqlx::PgPool;
 use switchboard_kit::proto::{MessageLogged, Reply, Turn};
-use switchboard_kit::{Attempt, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::startup::App;
+use switchboard_kit::{Attempt, Output, Stage, StageError, Topology};
+use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +130,7 @@ impl LogInbound {
 
 impl Stage for LogInbound {
     type Input = Turn;
-    const NAME: StageName = StageName::LogInbound;
+    const SPEC: StageSpec = StageSpec::new("log-inbound", Source::Work("turn.>"));
 
     async fn handle(&self, turn: Turn, _d: &Attempt) -> Result<Vec<Output>, StageError> {
         let entry = inbound_entry(&turn).map_err(LogError::into_stage)?;
@@ -177,7 +179,7 @@ impl LogOutbound {
 
 impl Stage for LogOutbound {
     type Input = Reply;
-    const NAME: StageName = StageName::LogOutbound;
+    const SPEC: StageSpec = StageSpec::new("log-outbound", Source::Work("reply"));
 
     async fn handle(&self, reply: Reply, _d: &Attempt) -> Result<Vec<Output>, StageError> {
         let entry = LogEntry {
@@ -207,14 +209,26 @@ impl Stage for LogOutbound {
     }
 }
 
-/// The inbound log stage as a task of `app`.
-pub fn inbound_task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
-    let stage = LogInbound::new(MessageLog::new(app.db.clone()), app.topology.clone());
-    app.stage_task(stage, app.stage_options())
-}
+/// The inbound log stage, as the product lists it.
+pub const INBOUND: Registration = Registration {
+    spec: LogInbound::SPEC,
+    worker: "log",
+    start: |app: &App| {
+        app.stage_task(LogInbound::new(
+            MessageLog::new(app.db.clone()),
+            app.topology.clone(),
+        ))
+    },
+};
 
-/// The outbound log stage as a task of `app`.
-pub fn outbound_task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
-    let stage = LogOutbound::new(MessageLog::new(app.db.clone()), app.topology.clone());
-    app.stage_task(stage, app.stage_options())
-}
+/// The outbound log stage, as the product lists it.
+pub const OUTBOUND: Registration = Registration {
+    spec: LogOutbound::SPEC,
+    worker: "log",
+    start: |app: &App| {
+        app.stage_task(LogOutbound::new(
+            MessageLog::new(app.db.clone()),
+            app.topology.clone(),
+        ))
+    },
+};

@@ -14,7 +14,9 @@ use std::time::Duration;
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{AgentConfig, ChannelConfig};
 use switchboard_kit::proto::{IdentifiedMessage, SessionCreated, Turn};
-use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, StageName, Topology};
+use switchboard_kit::startup::{App, Task};
+use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
+use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -431,7 +433,7 @@ impl SessionStage {
 
 impl Stage for SessionStage {
     type Input = IdentifiedMessage;
-    const NAME: StageName = StageName::Session;
+    const SPEC: StageSpec = StageSpec::new("session", Source::Work("identified"));
 
     async fn handle(
         &self,
@@ -528,7 +530,14 @@ impl Stage for SessionStage {
 }
 
 /// The session stage as a task of `app`.
-pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Task {
+/// The session stage, as the product lists it.
+pub const STAGE: Registration = Registration {
+    spec: SessionStage::SPEC,
+    worker: "session",
+    start: task,
+};
+
+fn task(app: &App) -> Task {
     let c = &app.config;
     let stage = SessionStage::new(
         SessionStore::new(app.db.clone()),
@@ -537,7 +546,7 @@ pub fn task(app: &switchboard_kit::startup::App) -> switchboard_kit::startup::Ta
         app.topology.clone(),
         ArrivalWait::from_config(&c.session),
     );
-    app.stage_task(stage, app.stage_options())
+    app.stage_task(stage)
 }
 
 #[cfg(test)]

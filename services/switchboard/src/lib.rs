@@ -1,26 +1,51 @@
-//! Switchboard in one process: every stage wired together (`switchboard up`), plus the demo
+//! Switchboard's processes: every stage wired together (`switchboard up`), one worker's stages
+//! (`switchboard worker <name>`), the gateway alone (`switchboard gateway`), plus the demo
 //! runner and outbox.
 pub mod demo;
+pub mod stages;
 
-use switchboard_kit::StageName;
-use switchboard_kit::startup::{App, Task};
+use anyhow::Context as _;
+use switchboard_kit::startup::App;
 
-/// Every stage of the product, as tasks of one process.
-pub fn all_stages(app: &App) -> Vec<Task> {
-    stages(app, &StageName::ALL)
+/// The gateway's HTTP routes with the admin endpoints (`/healthz`, `/readyz`, `/metrics`).
+pub fn gateway_routes(app: &App) -> axum::Router {
+    switchboard_gateway::router(switchboard_gateway::GatewayState::new(
+        app.config.clone(),
+        app.runtime(),
+    ))
+    .merge(switchboard_kit::admin::router(app.readiness()))
 }
 
-/// The named stages, as tasks of this process.
-pub fn stages(app: &App, names: &[StageName]) -> Vec<Task> {
-    names
-        .iter()
-        .map(|name| match name {
-            StageName::Identify => switchboard_identify::task(app),
-            StageName::Session => switchboard_session::task(app),
-            StageName::Dispatch => switchboard_dispatch::task(app),
-            StageName::LogInbound => switchboard_log::inbound_task(app),
-            StageName::LogOutbound => switchboard_log::outbound_task(app),
-            StageName::Deliver => switchboard_deliver::task(app),
-        })
-        .collect()
+/// A process running the stages `names` stand for (stage or worker names): connect, migrate,
+/// apply the whole topology, serve the admin endpoints, drain on SIGTERM.
+pub async fn run_worker(config: switchboard_kit::Config, names: &[String]) -> anyhow::Result<()> {
+    let selected = stages::select(names)?;
+    let label = names.join("+");
+    let app = App::connect(config, &label).await?;
+    app.prepare(stages::ALL).await?;
+    app.shutdown.trigger_on_signals();
+    let mut tasks = stages::tasks(&app, &selected);
+    let admin = switchboard_kit::admin::router(app.readiness());
+    tasks.push(
+        app.serve_http(&app.config.admin.http_addr, admin)
+            .await
+            .context("serving the admin endpoints")?,
+    );
+    tracing::info!(
+        stages = %selected.iter().map(|r| r.spec.name).collect::<Vec<_>>().join(", "),
+        "worker is up"
+    );
+    app.run(tasks).await
+}
+
+/// A process running the gateway alone.
+pub async fn run_gateway(config: switchboard_kit::Config) -> anyhow::Result<()> {
+    let app = App::connect(config, "gateway").await?;
+    app.prepare(stages::ALL).await?;
+    app.shutdown.trigger_on_signals();
+    let routes = gateway_routes(&app);
+    let serve = app
+        .serve_http(&app.config.gateway.http_addr, routes)
+        .await?;
+    app.run(vec![serve]).await
 }

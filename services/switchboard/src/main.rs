@@ -1,10 +1,11 @@
-//! `switchboard`: run everything in one process (`up`), manage streams, migrations, the
-//! directory and dead letters, and act as Twilio to try the product (`sms send`).
+//! `switchboard`: run everything in one process (`up`), one worker (`worker <name>`) or the
+//! gateway (`gateway`); list the stages, manage streams, migrations, the directory and dead
+//! letters, and act as Twilio to try the product (`sms send`).
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use switchboard::{all_stages, demo};
+use switchboard::{demo, stages};
 use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
@@ -22,6 +23,16 @@ struct Cli {
 enum Command {
     /// Run the gateway and every worker in one process.
     Up,
+    /// Run one worker's stages in this process (scale a stage by running more of these).
+    Worker {
+        /// Stage names (`log-inbound`) or worker names (`log`: both log stages).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Run the gateway alone (scale it by running more behind a load balancer).
+    Gateway,
+    /// List the stages: what each reads and the knobs it runs with under this configuration.
+    Stages,
     /// Apply database migrations.
     Migrate,
     /// Streams and consumers.
@@ -110,6 +121,38 @@ async fn main() -> anyhow::Result<()> {
     switchboard_kit::telemetry::init(&config.log_format);
     match cli.command {
         Command::Up => up(config).await,
+        Command::Worker { names } => switchboard::run_worker(config, &names).await,
+        Command::Gateway => switchboard::run_gateway(config).await,
+        Command::Stages => {
+            switchboard_kit::startup::check_overrides(&config, stages::ALL)?;
+            let topology = switchboard_kit::Topology::new(
+                &config.subject_prefix,
+                config.runtime.turn_partitions,
+            );
+            println!(
+                "{:<14} {:<10} {:<12} {:<24} {:>5} {:>5} {:>8} {:>8}",
+                "stage", "worker", "stream", "reads", "conc", "batch", "deliver", "wait_s"
+            );
+            for r in stages::ALL {
+                let o = switchboard_kit::StageOptions::resolve(
+                    &r.spec,
+                    &config.runtime,
+                    config.stages.get(r.spec.name),
+                );
+                println!(
+                    "{:<14} {:<10} {:<12} {:<24} {:>5} {:>5} {:>8} {:>8}",
+                    r.spec.name,
+                    r.worker,
+                    topology.stream_of(r.spec.reads),
+                    topology.filter_subject(r.spec.reads),
+                    o.concurrency,
+                    o.batch,
+                    o.max_deliver,
+                    o.max_wait.as_secs()
+                );
+            }
+            Ok(())
+        }
         Command::Migrate => {
             let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
             switchboard_kit::db::migrate(&db).await?;
@@ -120,7 +163,11 @@ async fn main() -> anyhow::Result<()> {
             command: StreamsCommand::Apply,
         } => {
             let app = App::connect(config, "cli").await?;
-            app.topology.apply(&app.js, &app.config.runtime).await?;
+            switchboard_kit::startup::check_overrides(&app.config, stages::ALL)?;
+            let specs: Vec<_> = stages::ALL.iter().map(|r| r.spec).collect();
+            app.topology
+                .apply(&app.js, &app.config.runtime, &specs)
+                .await?;
             println!(
                 "applied streams {}, {}, {} and their consumers",
                 app.topology.work_stream(),
@@ -138,18 +185,15 @@ async fn main() -> anyhow::Result<()> {
 async fn up(config: Config) -> anyhow::Result<()> {
     let _ = switchboard_kit::telemetry::metrics();
     let app = App::connect(config, "up").await?;
-    app.prepare().await?;
+    app.prepare(stages::ALL).await?;
     app.shutdown.trigger_on_signals();
-    let mut routes = switchboard_gateway::router(switchboard_gateway::GatewayState::new(
-        app.config.clone(),
-        app.runtime(),
-    ))
-    .merge(switchboard_kit::admin::router(app.readiness()));
+    let mut routes = switchboard::gateway_routes(&app);
     if app.config.demo.enabled {
         routes = routes.merge(demo::router(app.config.twilio.clone()));
         tracing::info!("demo runner at /demo/runner, demo Twilio outbox at /demo/outbox");
     }
-    let mut tasks = all_stages(&app);
+    let all: Vec<_> = stages::ALL.iter().collect();
+    let mut tasks = stages::tasks(&app, &all);
     tasks.push(
         app.serve_http(&app.config.gateway.http_addr, routes)
             .await?,

@@ -5,9 +5,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use async_nats::jetstream;
+use switchboard::stages;
+use switchboard_kit::Topology;
 use switchboard_kit::config::{AgentConfig, Config, Secret};
 use switchboard_kit::startup::App;
-use switchboard_kit::{StageName, Topology};
 
 use super::fakes::LoadTwilio;
 use super::procs::Workers;
@@ -55,7 +56,7 @@ impl Default for Knobs {
             batch: d.runtime.batch,
             concurrency: d.runtime.concurrency,
             agent_concurrency: 16,
-            dispatch_concurrency: d.dispatch.concurrency,
+            dispatch_concurrency: switchboard_dispatch::STAGE.spec.concurrency.unwrap_or(256),
             max_ack_pending: d.runtime.max_ack_pending,
             ack_wait_ms: d.runtime.ack_wait_ms,
             partitions: d.runtime.turn_partitions,
@@ -141,7 +142,13 @@ pub fn config(s: &Setup<'_>) -> Config {
     c.runtime.max_ack_pending = k.max_ack_pending;
     c.runtime.db_pool_size = k.db_pool_size;
     c.dispatch.hold_timeout_ms = k.hold_timeout_ms;
-    c.dispatch.concurrency = k.dispatch_concurrency;
+    c.stages.insert(
+        "dispatch".into(),
+        switchboard_kit::stage::StageOverrides {
+            concurrency: Some(k.dispatch_concurrency),
+            ..Default::default()
+        },
+    );
     c
 }
 
@@ -178,7 +185,7 @@ impl Pipeline {
         let app = App::connect(config.clone(), "load-harness")
             .await
             .context("connecting the harness to the stack")?;
-        app.prepare().await?;
+        app.prepare(stages::ALL).await?;
         let mut workers = Workers::new(&dir.join("logs"))?;
         let mut counts = std::collections::HashMap::<&str, usize>::new();
         for name in order {
@@ -220,9 +227,9 @@ impl Pipeline {
                 .is_ok_and(|r| r.status().is_success());
             let mut pulling = 0;
             if let Ok(stream) = self.js.get_stream(self.topology.work_stream()).await {
-                for stage in StageName::ALL {
+                for stage in stages::names() {
                     if let Ok(mut c) = stream
-                        .get_consumer::<jetstream::consumer::pull::Config>(stage.as_str())
+                        .get_consumer::<jetstream::consumer::pull::Config>(stage)
                         .await
                         && c.info().await.is_ok_and(|i| i.num_waiting > 0)
                     {
@@ -230,14 +237,14 @@ impl Pipeline {
                     }
                 }
             }
-            if gateway_ok && pulling == StageName::ALL.len() {
+            if gateway_ok && pulling == stages::ALL.len() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 let dead = self.workers_dead_hint();
                 bail!(
                     "the pipeline was not ready within {timeout:?} (gateway ready: {gateway_ok}, stages pulling: {pulling}/{}){dead}",
-                    StageName::ALL.len()
+                    stages::ALL.len()
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -259,9 +266,9 @@ impl Pipeline {
     pub async fn backlog(&self) -> anyhow::Result<(u64, u64)> {
         let stream = self.js.get_stream(self.topology.work_stream()).await?;
         let (mut pending, mut ack_pending) = (0, 0);
-        for stage in StageName::ALL {
+        for stage in stages::names() {
             let mut c: jetstream::consumer::PullConsumer = stream
-                .get_consumer(stage.as_str())
+                .get_consumer(stage)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let info = c.info().await?;

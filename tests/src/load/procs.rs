@@ -10,19 +10,20 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use tokio::process::{Child, Command};
 
-/// Where the `switchboard-<name>` binaries are: next to this executable (a `bin` target), or one
-/// level up (a test binary in `target/<profile>/deps`).
+/// Where the `switchboard` binary is: next to this executable (a `bin` target), or one level up
+/// (a test binary in `target/<profile>/deps`).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("own path");
     let dir = exe.parent().expect("exe dir").to_path_buf();
-    if dir.join("switchboard-gateway").exists() {
+    if dir.join("switchboard").exists() {
         return dir;
     }
     dir.parent().map(Path::to_path_buf).unwrap_or(dir)
 }
 
 pub struct Worker {
-    /// The binary's stage name: `gateway`, `identify`, `session`, `dispatch`, `log`, `deliver`.
+    /// `gateway` (`switchboard gateway`) or a worker (`switchboard worker <name>`): `identify`,
+    /// `session`, `dispatch`, `log`, `deliver`.
     pub name: String,
     pub instance: usize,
     pub config: PathBuf,
@@ -54,16 +55,12 @@ impl Workers {
     pub fn new(log_dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(log_dir)?;
         let bin_dir = bin_dir();
-        for name in [
-            "gateway", "identify", "session", "dispatch", "log", "deliver",
-        ] {
-            let bin = bin_dir.join(format!("switchboard-{name}"));
-            if !bin.exists() {
-                bail!(
-                    "{} is missing: build the worker binaries first (cargo build --workspace --bins)",
-                    bin.display()
-                );
-            }
+        let bin = bin_dir.join("switchboard");
+        if !bin.exists() {
+            bail!(
+                "{} is missing: build it first (cargo build --workspace --bins)",
+                bin.display()
+            );
         }
         Ok(Self {
             bin_dir,
@@ -79,7 +76,12 @@ impl Workers {
             .append(true)
             .open(&log_path)
             .with_context(|| format!("opening {}", log_path.display()))?;
-        let mut cmd = Command::new(self.bin_dir.join(format!("switchboard-{name}")));
+        let mut cmd = Command::new(self.bin_dir.join("switchboard"));
+        if name == "gateway" {
+            cmd.arg("gateway");
+        } else {
+            cmd.args(["worker", name]);
+        }
         // The file is the whole configuration: drop SB_* overrides from the environment.
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("SB_") {
@@ -96,7 +98,7 @@ impl Workers {
             .stderr(log)
             .kill_on_drop(true);
         cmd.spawn()
-            .with_context(|| format!("starting switchboard-{name}"))
+            .with_context(|| format!("starting switchboard {name}"))
     }
 
     /// Start one more worker process; returns its index.

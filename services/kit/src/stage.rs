@@ -1,0 +1,214 @@
+//! A stage, declared once: [`StageSpec`] says what it reads and how it runs; a
+//! [`Registration`] adds how to start it. The product's list of registrations
+//! (`switchboard::stages::ALL`) is what the topology, `switchboard up`, `switchboard worker`,
+//! the per-stage configuration and the metrics all loop over.
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::RuntimeConfig;
+use crate::retry::Backoff;
+use crate::startup::{App, Task};
+
+/// The stream a stage's durable consumer reads, and the subject filter within it (after the
+/// subject prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A work subject, e.g. `turn.>`. The work stream keeps a message until every stage that
+    /// reads its subject has acked it.
+    Work(&'static str),
+    /// A public event, e.g. `message.logged` (or `>` for all of them), read with a durable
+    /// consumer of the stage's own. The events stream keeps events for
+    /// `runtime.events_max_age_days` whoever reads them; a stage added later starts from the
+    /// oldest event kept, so it catches up on history.
+    Events(&'static str),
+}
+
+/// Everything the runtime and the topology need to know about a stage. Unset knobs fall back to
+/// `[runtime]`; `[stages.<name>]` in the configuration overrides both.
+#[derive(Debug, Clone, Copy)]
+pub struct StageSpec {
+    /// The durable consumer's name; also the stage's name in metrics, dedupe ids, dead-letter
+    /// subjects (`{p}.dlq.<name>`) and `[stages.<name>]`.
+    pub name: &'static str,
+    pub reads: Source,
+    /// Handler runs at once per process (a batch counts as one).
+    pub concurrency: Option<usize>,
+    /// Messages pulled per request; for a [`crate::BatchStage`], the most handled in one call.
+    pub batch: Option<usize>,
+    /// Deliveries (failures and crashes, never waits) before a dead letter.
+    pub max_deliver: Option<u64>,
+    /// Waiting before a dead letter ("waited too long for …").
+    pub max_wait: Option<Duration>,
+    /// Delay before a failed message is tried again.
+    pub retry: Option<Backoff>,
+}
+
+impl StageSpec {
+    /// A stage named `name` reading `reads`, every knob from `[runtime]`.
+    pub const fn new(name: &'static str, reads: Source) -> Self {
+        Self {
+            name,
+            reads,
+            concurrency: None,
+            batch: None,
+            max_deliver: None,
+            max_wait: None,
+            retry: None,
+        }
+    }
+    pub const fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = Some(n);
+        self
+    }
+    pub const fn batch(mut self, n: usize) -> Self {
+        self.batch = Some(n);
+        self
+    }
+    pub const fn max_deliver(mut self, n: u64) -> Self {
+        self.max_deliver = Some(n);
+        self
+    }
+    pub const fn max_wait(mut self, d: Duration) -> Self {
+        self.max_wait = Some(d);
+        self
+    }
+    pub const fn retry(mut self, policy: Backoff) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+}
+
+/// `[stages.<name>]`: an operator's override of one stage's knobs.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StageOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_deliver: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_base_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_max_ms: Option<u64>,
+}
+
+/// A stage's knobs as it runs: its override, else its spec, else `[runtime]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageOptions {
+    pub concurrency: usize,
+    pub batch: usize,
+    pub max_deliver: u64,
+    pub max_wait: Duration,
+    pub retry: Backoff,
+}
+
+impl StageOptions {
+    pub fn resolve(spec: &StageSpec, rt: &RuntimeConfig, o: Option<&StageOverrides>) -> Self {
+        let o = o.cloned().unwrap_or_default();
+        let default_retry = Backoff::new(
+            Duration::from_millis(rt.retry_base_ms),
+            Duration::from_millis(rt.retry_max_ms),
+        );
+        let spec_retry = spec.retry.unwrap_or(default_retry);
+        Self {
+            concurrency: o
+                .concurrency
+                .or(spec.concurrency)
+                .unwrap_or(rt.concurrency)
+                .max(1),
+            batch: o.batch.or(spec.batch).unwrap_or(rt.batch).max(1),
+            max_deliver: o
+                .max_deliver
+                .or(spec.max_deliver)
+                .unwrap_or(rt.max_deliver)
+                .max(1),
+            max_wait: o
+                .max_wait_ms
+                .map(Duration::from_millis)
+                .or(spec.max_wait)
+                .unwrap_or(Duration::from_millis(rt.max_wait_ms)),
+            retry: Backoff::new(
+                o.retry_base_ms
+                    .map(Duration::from_millis)
+                    .unwrap_or(spec_retry.base),
+                o.retry_max_ms
+                    .map(Duration::from_millis)
+                    .unwrap_or(spec_retry.max),
+            ),
+        }
+    }
+}
+
+/// A stage as the product lists it: its declaration, the worker it belongs to, and how to start
+/// it in a process.
+#[derive(Clone, Copy)]
+pub struct Registration {
+    pub spec: StageSpec,
+    /// The worker (`switchboard worker <name>`) that runs this stage with its siblings of the
+    /// same crate, e.g. `log` for `log-inbound` and `log-outbound`.
+    pub worker: &'static str,
+    /// The stage's task in `app`: builds its handler and runs it until shutdown.
+    pub start: fn(&App) -> Task,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("spec", &self.spec)
+            .field("worker", &self.worker)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_operator_override_beats_the_stage_which_beats_the_runtime_default() {
+        let rt = RuntimeConfig {
+            concurrency: 64,
+            batch: 32,
+            max_deliver: 8,
+            retry_base_ms: 500,
+            retry_max_ms: 60_000,
+            ..Default::default()
+        };
+        let spec = StageSpec::new("dispatch", Source::Work("turn.>"))
+            .concurrency(256)
+            .retry(Backoff::new(
+                Duration::from_secs(1),
+                Duration::from_secs(10),
+            ));
+        let plain = StageOptions::resolve(&spec, &rt, None);
+        assert_eq!(plain.concurrency, 256);
+        assert_eq!(plain.batch, 32);
+        assert_eq!(plain.max_deliver, 8);
+        assert_eq!(plain.retry.base, Duration::from_secs(1));
+
+        let o = StageOverrides {
+            concurrency: Some(12),
+            max_deliver: Some(3),
+            retry_max_ms: Some(2_000),
+            ..Default::default()
+        };
+        let tuned = StageOptions::resolve(&spec, &rt, Some(&o));
+        assert_eq!(tuned.concurrency, 12);
+        assert_eq!(tuned.max_deliver, 3);
+        assert_eq!(tuned.retry.base, Duration::from_secs(1));
+        assert_eq!(tuned.retry.max, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_misspelt_override_key_is_refused() {
+        use figment::providers::{Format, Toml};
+        let bad =
+            figment::Figment::from(Toml::string("concurency = 3")).extract::<StageOverrides>();
+        assert!(bad.is_err(), "{bad:?}");
+    }
+}

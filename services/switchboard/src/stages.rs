@@ -1,0 +1,96 @@
+//! Every stage of the product, in data-path order. Adding a stage is one crate and one line
+//! here (see `docs/adding-a-stage.md`): `streams apply`, `switchboard up`, `switchboard worker`,
+//! `[stages.<name>]` and the metrics all loop over this list.
+use switchboard_kit::Registration;
+use switchboard_kit::startup::{App, Task};
+
+pub const ALL: &[Registration] = &[
+    switchboard_identify::STAGE,
+    switchboard_session::STAGE,
+    switchboard_dispatch::STAGE,
+    switchboard_log::INBOUND,
+    switchboard_log::OUTBOUND,
+    switchboard_deliver::STAGE,
+];
+
+/// The registration of the stage called `name`.
+pub fn by_name(name: &str) -> Option<&'static Registration> {
+    ALL.iter().find(|r| r.spec.name == name)
+}
+
+/// The stages `names` stand for: each a stage name or a worker name (`log` is `log-inbound` and
+/// `log-outbound`), in list order, each once.
+pub fn select(names: &[impl AsRef<str>]) -> Result<Vec<&'static Registration>, UnknownStage> {
+    for n in names {
+        let n = n.as_ref();
+        if !ALL.iter().any(|r| r.spec.name == n || r.worker == n) {
+            return Err(UnknownStage(n.to_string()));
+        }
+    }
+    Ok(ALL
+        .iter()
+        .filter(|r| {
+            names
+                .iter()
+                .any(|n| r.spec.name == n.as_ref() || r.worker == n.as_ref())
+        })
+        .collect())
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no stage or worker is called {0:?} (stages: {list})", list = names().join(", "))]
+pub struct UnknownStage(pub String);
+
+/// Every stage's name, in list order.
+pub fn names() -> Vec<&'static str> {
+    ALL.iter().map(|r| r.spec.name).collect()
+}
+
+/// The tasks running `stages` in `app`.
+pub fn tasks(app: &App, stages: &[&Registration]) -> Vec<Task> {
+    stages.iter().map(|r| (r.start)(app)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchboard_kit::config::RuntimeConfig;
+
+    #[test]
+    fn every_stage_has_its_own_name_and_reads_a_subject_a_stream_holds() {
+        let specs: Vec<_> = ALL.iter().map(|r| r.spec).collect();
+        switchboard_kit::Topology::new("sb", 8)
+            .check(&specs, &RuntimeConfig::default())
+            .expect("the product's stages fit the streams");
+    }
+
+    #[test]
+    fn a_worker_name_selects_its_stages_and_an_unknown_name_is_refused() {
+        let log: Vec<_> = select(&["log"])
+            .unwrap()
+            .iter()
+            .map(|r| r.spec.name)
+            .collect();
+        assert_eq!(log, ["log-inbound", "log-outbound"]);
+        let one: Vec<_> = select(&["deliver", "identify"])
+            .unwrap()
+            .iter()
+            .map(|r| r.spec.name)
+            .collect();
+        assert_eq!(one, ["identify", "deliver"]);
+        let err = select(&["summary"]).unwrap_err().to_string();
+        assert!(err.contains("summary") && err.contains("dispatch"), "{err}");
+    }
+
+    #[test]
+    fn the_example_configuration_tunes_only_stages_that_exist() {
+        let example =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../switchboard.toml");
+        let config = switchboard_kit::Config::load_from(&example).expect("example loads");
+        assert!(
+            !config.stages.is_empty(),
+            "the example shows a [stages.*] table"
+        );
+        switchboard_kit::startup::check_overrides(&config, ALL).expect("known stages");
+    }
+}
