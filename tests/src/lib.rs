@@ -426,6 +426,19 @@ impl TestApp {
             .expect("start worker process")
     }
 
+    /// The process's wiring (database, JetStream, topology, shutdown), to run more tasks in it.
+    pub fn app(&self) -> &App {
+        &self.app
+    }
+
+    /// Run `tasks` in this app (e.g. a stage started late, or a test's own stage) until
+    /// [`TestApp::shutdown`].
+    pub fn start(&self, tasks: Vec<switchboard_kit::startup::Task>) {
+        for t in tasks {
+            tokio::spawn(t);
+        }
+    }
+
     pub async fn shutdown(self) {
         self.app.shutdown.trigger();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.handle).await;

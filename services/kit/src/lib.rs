@@ -31,7 +31,7 @@ pub mod telemetry;
 pub mod topology;
 
 pub use config::Config;
-pub use runtime::{Attempt, Hold, Output, Stage, StageError};
+pub use runtime::{Attempt, BatchStage, Hold, Outcome, Output, Stage, StageError};
 pub use shutdown::Shutdown;
 pub use stage::{Registration, Source, StageOptions, StageSpec};
 pub use topology::Topology;

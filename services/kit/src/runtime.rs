@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer, message::PublishMessage};
 use bytes::Bytes;
-use futures::StreamExt;
 use futures::future::join_all;
+use futures::{FutureExt as _, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -143,17 +143,17 @@ impl Hold {
     }
 }
 
-/// A worker's logic. Implementations know nothing of NATS.
+/// What a handler decided for one input: outputs to publish, or why not.
+pub type Outcome = Result<Vec<Output>, StageError>;
+
+/// A worker's logic, one message at a time. Implementations know nothing of NATS.
 pub trait Stage: Send + Sync + 'static {
     type Input: prost::Message + Default + Send + Sync + 'static;
     /// The stage's declaration: its name, what it reads, its knobs.
     const SPEC: StageSpec;
 
-    fn handle(
-        &self,
-        input: Self::Input,
-        attempt: &Attempt,
-    ) -> impl Future<Output = Result<Vec<Output>, StageError>> + Send;
+    fn handle(&self, input: Self::Input, attempt: &Attempt)
+    -> impl Future<Output = Outcome> + Send;
 
     /// Runs before the runtime dead-letters a decodable input, on every path that does so: the
     /// handler's permanent error, a failure budget used up, a message that kept crashing its
@@ -167,9 +167,122 @@ pub trait Stage: Send + Sync + 'static {
         input: &Self::Input,
         attempt: &Attempt,
         reason: &str,
-    ) -> impl Future<Output = Result<Vec<Output>, StageError>> + Send {
+    ) -> impl Future<Output = Outcome> + Send {
         let _ = (input, attempt, reason);
         async { Ok(Vec::new()) }
+    }
+}
+
+/// A worker's logic over what one pull brought, all at once: for set-based writes (one
+/// statement per table and one commit for the batch). The runtime never waits for a batch to
+/// fill: a lone message is handled alone, at once.
+///
+/// Each input still has its own fate: its outcome decides whether it is acked, retried, parked
+/// or dead-lettered, exactly as for a [`Stage`]. An undecodable input is dead-lettered before
+/// the handler sees the batch; and when every input of a batch fails with a transient error (a
+/// statement one of them broke), the runtime runs each again alone, so one bad message fails
+/// alone, never its neighbours.
+pub trait BatchStage: Send + Sync + 'static {
+    type Input: prost::Message + Default + Send + Sync + 'static;
+    const SPEC: StageSpec;
+
+    /// One outcome per input, in the inputs' order. `attempts[i]` belongs to `inputs[i]`.
+    fn handle_batch(
+        &self,
+        inputs: Vec<Self::Input>,
+        attempts: &[Attempt],
+    ) -> impl Future<Output = Vec<Outcome>> + Send;
+
+    /// As [`Stage::give_up`], for one input of the batch.
+    fn give_up(
+        &self,
+        input: &Self::Input,
+        attempt: &Attempt,
+        reason: &str,
+    ) -> impl Future<Output = Outcome> + Send {
+        let _ = (input, attempt, reason);
+        async { Ok(Vec::new()) }
+    }
+}
+
+/// What the runtime drives: either kind of stage, seen as a handler of one or more inputs.
+trait Handler: Send + Sync + 'static {
+    type Input: prost::Message + Default + Send + Sync + 'static;
+    const SPEC: StageSpec;
+    /// Whether one handler call may take more than one message.
+    const BATCHED: bool;
+
+    fn handle_many(
+        &self,
+        inputs: Vec<Self::Input>,
+        attempts: &[Attempt],
+    ) -> impl Future<Output = Vec<Outcome>> + Send;
+
+    fn give_up(
+        &self,
+        input: &Self::Input,
+        attempt: &Attempt,
+        reason: &str,
+    ) -> impl Future<Output = Outcome> + Send;
+}
+
+struct PerMessage<S>(Arc<S>);
+
+impl<S: Stage> Handler for PerMessage<S> {
+    type Input = S::Input;
+    const SPEC: StageSpec = S::SPEC;
+    const BATCHED: bool = false;
+
+    async fn handle_many(&self, inputs: Vec<S::Input>, attempts: &[Attempt]) -> Vec<Outcome> {
+        join_all(
+            inputs
+                .into_iter()
+                .zip(attempts)
+                .map(|(input, attempt)| self.0.handle(input, attempt)),
+        )
+        .await
+    }
+
+    fn give_up(
+        &self,
+        input: &S::Input,
+        attempt: &Attempt,
+        reason: &str,
+    ) -> impl Future<Output = Outcome> + Send {
+        self.0.give_up(input, attempt, reason)
+    }
+}
+
+struct Batched<S>(Arc<S>);
+
+impl<S: BatchStage> Handler for Batched<S> {
+    type Input = S::Input;
+    const SPEC: StageSpec = S::SPEC;
+    const BATCHED: bool = true;
+
+    async fn handle_many(&self, inputs: Vec<S::Input>, attempts: &[Attempt]) -> Vec<Outcome> {
+        let n = inputs.len();
+        let outcomes = self.0.handle_batch(inputs, attempts).await;
+        if outcomes.len() == n {
+            return outcomes;
+        }
+        // A stage bug; no input can be settled on a wrong count.
+        let why = format!(
+            "the stage returned {} outcomes for {n} inputs",
+            outcomes.len()
+        );
+        (0..n)
+            .map(|_| Err(StageError::Transient(anyhow::anyhow!("{why}"))))
+            .collect()
+    }
+
+    fn give_up(
+        &self,
+        input: &S::Input,
+        attempt: &Attempt,
+        reason: &str,
+    ) -> impl Future<Output = Outcome> + Send {
+        self.0.give_up(input, attempt, reason)
     }
 }
 
@@ -224,14 +337,33 @@ impl Runtime {
         opts: StageOptions,
         shutdown: Shutdown,
     ) -> Result<(), RuntimeError> {
-        let name = S::SPEC.name;
+        self.run(Arc::new(PerMessage(stage)), opts, shutdown).await
+    }
+
+    /// Runs a [`BatchStage`] until `shutdown`, like [`Runtime::run_stage`].
+    pub async fn run_batch_stage<S: BatchStage>(
+        self,
+        stage: Arc<S>,
+        opts: StageOptions,
+        shutdown: Shutdown,
+    ) -> Result<(), RuntimeError> {
+        self.run(Arc::new(Batched(stage)), opts, shutdown).await
+    }
+
+    async fn run<H: Handler>(
+        self,
+        handler: Arc<H>,
+        opts: StageOptions,
+        shutdown: Shutdown,
+    ) -> Result<(), RuntimeError> {
+        let name = H::SPEC.name;
         let consumer_err = |reason: String| RuntimeError::Consumer {
             stage: name,
             reason,
         };
         let stream = self
             .js
-            .get_stream(self.topology.stream_of(S::SPEC.reads))
+            .get_stream(self.topology.stream_of(H::SPEC.reads))
             .await
             .map_err(|e| consumer_err(e.to_string()))?;
         let consumer: consumer::PullConsumer = stream
@@ -240,12 +372,22 @@ impl Runtime {
             .map_err(|e| consumer_err(e.to_string()))?;
         let ack_wait = Duration::from_millis(self.config.ack_wait_ms);
         let expires = (ack_wait / 2).clamp(Duration::from_millis(500), Duration::from_secs(10));
+        // Messages one handler call takes: a batch stage takes what a pull brought, up to this.
+        let per_call = if H::BATCHED { opts.batch } else { 1 };
 
+        for outcome in OUTCOMES {
+            count(name, outcome, 0);
+        }
         let lag = tokio::spawn(report_lag(consumer.clone(), name));
         let sem = Arc::new(Semaphore::new(opts.concurrency));
         let mut tasks = JoinSet::new();
         let this = Arc::new(self);
-        tracing::info!(stage = %name, concurrency = opts.concurrency, "stage started");
+        tracing::info!(
+            stage = %name,
+            concurrency = opts.concurrency,
+            batch = per_call,
+            "stage started"
+        );
 
         'outer: while !shutdown.is_triggered() {
             let mut messages = match consumer
@@ -273,29 +415,49 @@ impl Runtime {
                     m = messages.next() => m,
                     _ = shutdown.wait() => break 'outer,
                 };
-                match next {
-                    Some(Ok(msg)) => {
-                        let this = this.clone();
-                        let stage = stage.clone();
-                        let opts = opts.clone();
-                        let slots = Slots {
-                            held: Some(permit),
-                            semaphore: sem.clone(),
-                            shutdown: shutdown.clone(),
-                            ack_wait,
-                        };
-                        tasks.spawn(async move {
-                            this.process(stage.as_ref(), msg, &opts, slots).await;
-                        });
-                    }
+                let mut ended = false;
+                let mut batch = match next {
+                    Some(Ok(msg)) => vec![msg],
                     Some(Err(e)) => {
                         // Missed heartbeats, reconnects: the pull stream recovers by itself.
                         tracing::debug!(stage = %name, error = %e, "pull stream error");
                         tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
                     }
                     None => continue 'outer,
+                };
+                // Take what is already here, never wait for more: a lone message goes at once.
+                while batch.len() < per_call {
+                    match messages.next().now_or_never() {
+                        Some(Some(Ok(msg))) => batch.push(msg),
+                        Some(Some(Err(e))) => {
+                            tracing::debug!(stage = %name, error = %e, "pull stream error");
+                            break;
+                        }
+                        Some(None) => {
+                            ended = true;
+                            break;
+                        }
+                        None => break,
+                    }
                 }
+                let this = this.clone();
+                let handler = handler.clone();
+                let opts = opts.clone();
+                let slots = Slots {
+                    held: Some(permit),
+                    semaphore: sem.clone(),
+                    shutdown: shutdown.clone(),
+                    ack_wait,
+                };
+                tasks.spawn(async move {
+                    this.process_batch(handler.as_ref(), batch, &opts, slots)
+                        .await;
+                });
                 while tasks.try_join_next().is_some() {}
+                if ended {
+                    continue 'outer;
+                }
             }
         }
 
@@ -323,71 +485,180 @@ impl Runtime {
         Ok(())
     }
 
-    async fn process<S: Stage>(
+    /// Handle what one pull brought with one handler call, then settle each message by its own
+    /// outcome: the successes' outputs published together and their acks awaited together, then
+    /// their inputs acked; every other message retried, parked or given up on its own.
+    async fn process_batch<H: Handler>(
         &self,
-        stage: &S,
-        msg: jetstream::Message,
+        h: &H,
+        msgs: Vec<jetstream::Message>,
         opts: &StageOptions,
         mut slots: Slots,
     ) {
-        let name = S::SPEC.name;
-        let (delivered, stream_sequence) = match msg.info() {
-            Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
-            Err(_) => (1, 0),
-        };
-        let correlation_id = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(HEADER_CORRELATION))
-            .map(|v| v.as_str().to_string())
-            .unwrap_or_default();
-        let mut attempt = Attempt {
-            subject: msg.subject.to_string(),
-            delivered,
-            stream_sequence,
-            correlation_id,
-            waits: 0,
-            waited: Duration::ZERO,
-        };
+        let name = H::SPEC.name;
+        if msgs.len() == 1 {
+            let msg = msgs.into_iter().next().expect("one message");
+            return self.process(h, msg, opts, slots, None).await;
+        }
+        let span = tracing::info_span!("stage_batch", stage = %name, size = msgs.len());
+        async {
+            let first_run = Instant::now();
+            // What the handler never sees: crash loops and undecodable payloads, each alone.
+            let mut ready = Vec::with_capacity(msgs.len());
+            let mut inputs = Vec::with_capacity(msgs.len());
+            for msg in msgs {
+                let attempt = attempt_of(&msg);
+                if attempt.delivered > opts.max_deliver {
+                    let why = crash_loop_reason(&attempt, opts);
+                    let mut alone = slots.unheld();
+                    self.give_up(h, &msg, &attempt, &why, opts, &mut alone)
+                        .await;
+                    continue;
+                }
+                match <H::Input as prost::Message>::decode(msg.payload.clone()) {
+                    Ok(input) => {
+                        inputs.push(input);
+                        ready.push((msg, attempt));
+                    }
+                    Err(e) => {
+                        let why = format!("undecodable payload: {e}");
+                        self.dead_letter(name, &msg, &attempt, &why).await;
+                    }
+                }
+            }
+            if ready.is_empty() {
+                return;
+            }
+            let attempts: Vec<Attempt> = ready.iter().map(|(_, a)| a.clone()).collect();
+            let in_batch: Vec<&jetstream::Message> = ready.iter().map(|(m, _)| m).collect();
+            let started = Instant::now();
+            let mut outcomes =
+                with_progress(&in_batch, slots.ack_wait, h.handle_many(inputs, &attempts)).await;
+            metrics::histogram!("sb_stage_handler_seconds", "stage" => name)
+                .record(started.elapsed().as_secs_f64());
+            metrics::histogram!("sb_stage_batch_size", "stage" => name).record(ready.len() as f64);
+            // One bad message fails alone: when the whole batch failed (a statement one input
+            // broke fails them all), each input runs again by itself.
+            if ready.len() > 1
+                && outcomes
+                    .iter()
+                    .all(|o| matches!(o, Err(StageError::Transient(_))))
+            {
+                tracing::debug!("the whole batch failed; running each message alone");
+                outcomes = join_all(ready.iter().map(|(msg, attempt)| async move {
+                    match <H::Input as prost::Message>::decode(msg.payload.clone()) {
+                        Ok(input) => with_progress(
+                            &[msg],
+                            slots.ack_wait,
+                            h.handle_many(vec![input], std::slice::from_ref(attempt)),
+                        )
+                        .await
+                        .pop()
+                        .expect("one outcome"),
+                        Err(e) => Err(StageError::permanent(e)),
+                    }
+                }))
+                .await;
+            }
+            // Publish every success's outputs at once and await their acks together.
+            let published = join_all(outcomes.iter().map(|o| async move {
+                match o {
+                    Ok(outputs) => Some(self.publish_all(name, outputs).await),
+                    Err(_) => None,
+                }
+            }))
+            .await;
+            let mut acks = Vec::new();
+            let mut others = Vec::new();
+            for (((msg, attempt), outcome), published) in
+                ready.into_iter().zip(outcomes).zip(published)
+            {
+                match (outcome, published) {
+                    (Ok(_), Some(Ok(()))) => acks.push(msg),
+                    (Ok(_), _) => {
+                        tracing::warn!("publishing outputs failed; will retry");
+                        self.retry(name, &msg, &attempt, opts).await;
+                    }
+                    (Err(e), _) => others.push((msg, e)),
+                }
+            }
+            let acked = join_all(acks.iter().map(|m| m.ack())).await;
+            for a in acked {
+                match a {
+                    Ok(()) => count(name, "ok", 1),
+                    Err(e) => tracing::warn!(error = %e, "ack failed; input will be redelivered"),
+                }
+            }
+            // The rest settle one by one (a wait parks without the batch's handler slot).
+            slots.held = None;
+            join_all(others.into_iter().map(|(msg, e)| {
+                self.process(h, msg, opts, slots.unheld(), Some((first_run, Err(e))))
+            }))
+            .await;
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Settle one message: run the handler (unless `ran` brings the outcome of a batch's run
+    /// and when it started), publish and ack, or retry, park and run again, or give up.
+    async fn process<H: Handler>(
+        &self,
+        h: &H,
+        msg: jetstream::Message,
+        opts: &StageOptions,
+        mut slots: Slots,
+        mut ran: Option<(Instant, Outcome)>,
+    ) {
+        let name = H::SPEC.name;
+        let mut attempt = attempt_of(&msg);
         let span = tracing::info_span!(
             "stage",
             stage = %name,
             correlation_id = %attempt.correlation_id,
-            seq = stream_sequence,
-            delivered
+            seq = attempt.stream_sequence,
+            delivered = attempt.delivered
         );
         async {
-            if delivered > opts.max_deliver {
+            let delivered = attempt.delivered;
+            if ran.is_none() && delivered > opts.max_deliver {
                 // The handler never finished the earlier deliveries: it may be crashing the
                 // process. Do not run it again.
-                let why = format!(
-                    "delivered {delivered} times without success (max {}); \
-                     the handler may be crashing the process",
-                    opts.max_deliver
-                );
-                self.give_up(stage, &msg, &attempt, &why, opts, &mut slots)
+                let why = crash_loop_reason(&attempt, opts);
+                self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
                     .await;
                 return;
             }
-            let first_run = Instant::now();
+            let first_run = ran.as_ref().map_or_else(Instant::now, |(t, _)| *t);
             loop {
-                // Decoded for each run rather than cloned: a re-run (after a wait) is the rare case.
-                let input = match <S::Input as prost::Message>::decode(msg.payload.clone()) {
-                    Ok(i) => i,
-                    Err(e) => {
-                        let why = format!("undecodable payload: {e}");
-                        self.dead_letter(name, &msg, &attempt, &why).await;
-                        return;
+                let outcome = match ran.take() {
+                    Some((_, outcome)) => outcome,
+                    None => {
+                        // Decoded for each run rather than cloned: a re-run is the rare case.
+                        let input = match <H::Input as prost::Message>::decode(msg.payload.clone())
+                        {
+                            Ok(i) => i,
+                            Err(e) => {
+                                let why = format!("undecodable payload: {e}");
+                                self.dead_letter(name, &msg, &attempt, &why).await;
+                                return;
+                            }
+                        };
+                        let started = Instant::now();
+                        let outcome = with_progress(
+                            &[&msg],
+                            slots.ack_wait,
+                            h.handle_many(vec![input], std::slice::from_ref(&attempt)),
+                        )
+                        .await
+                        .pop()
+                        .expect("one outcome per input");
+                        metrics::histogram!("sb_stage_handler_seconds", "stage" => name)
+                            .record(started.elapsed().as_secs_f64());
+                        outcome
                     }
                 };
-                let started = Instant::now();
-                let result =
-                    with_progress(&msg, slots.ack_wait, stage.handle(input, &attempt)).await;
-                metrics::histogram!("sb_stage_handler_seconds", "stage" => name)
-                    .record(started.elapsed().as_secs_f64());
-                let result = result.map_err(|e| waits_for_capacity(e, attempt.waits));
-
-                match result {
+                match outcome.map_err(|e| waits_for_capacity(e, attempt.waits)) {
                     Ok(outputs) => {
                         if let Err(e) = self.publish_all(name, &outputs).await {
                             tracing::warn!(error = %e, "publishing outputs failed; will retry");
@@ -395,7 +666,7 @@ impl Runtime {
                             return;
                         }
                         match msg.ack().await {
-                            Ok(()) => count(name, "ok"),
+                            Ok(()) => count(name, "ok", 1),
                             Err(e) => {
                                 tracing::warn!(error = %e, "ack failed; input will be redelivered")
                             }
@@ -404,7 +675,7 @@ impl Runtime {
                     }
                     Err(StageError::Permanent(e)) => {
                         let why = format!("{e:#}");
-                        self.give_up(stage, &msg, &attempt, &why, opts, &mut slots)
+                        self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
                             .await;
                         return;
                     }
@@ -412,7 +683,7 @@ impl Runtime {
                         tracing::warn!(error = %format!("{e:#}"), "handler failed");
                         if delivered >= opts.max_deliver {
                             let why = format!("gave up after {delivered} deliveries: {e:#}");
-                            self.give_up(stage, &msg, &attempt, &why, opts, &mut slots)
+                            self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
                                 .await;
                         } else {
                             self.retry(name, &msg, &attempt, opts).await;
@@ -427,12 +698,12 @@ impl Runtime {
                                 waited.as_secs_f64(),
                                 opts.max_wait.as_secs_f64()
                             );
-                            self.give_up(stage, &msg, &attempt, &why, opts, &mut slots)
+                            self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
                                 .await;
                             return;
                         }
                         tracing::debug!(%why, "waiting");
-                        count(name, "deferred");
+                        count(name, "deferred", 1);
                         if !slots.park(&msg, after).await {
                             return;
                         }
@@ -453,30 +724,30 @@ impl Runtime {
         attempt: &Attempt,
         opts: &StageOptions,
     ) {
-        count(name, "retried");
+        count(name, "retried", 1);
         let delay = opts.retry.delay(attempt.delivered);
         let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
     }
 
     /// The stage's give-up step, its outputs, then the dead letter. If the step or its outputs
     /// fail, the message is retried later instead: it is never dead-lettered without them.
-    async fn give_up<S: Stage>(
+    async fn give_up<H: Handler>(
         &self,
-        stage: &S,
+        stage: &H,
         msg: &jetstream::Message,
         attempt: &Attempt,
         why: &str,
         opts: &StageOptions,
         slots: &mut Slots,
     ) {
-        let name = S::SPEC.name;
+        let name = H::SPEC.name;
         // Decoded again rather than kept: giving up is rare, cloning every input is not.
-        let Ok(input) = <S::Input as prost::Message>::decode(msg.payload.clone()) else {
+        let Ok(input) = <H::Input as prost::Message>::decode(msg.payload.clone()) else {
             self.dead_letter(name, msg, attempt, why).await;
             return;
         };
         let outputs = loop {
-            match with_progress(msg, slots.ack_wait, stage.give_up(&input, attempt, why)).await {
+            match with_progress(&[msg], slots.ack_wait, stage.give_up(&input, attempt, why)).await {
                 Ok(outputs) => break outputs,
                 // The step must wait (a live call may still answer the turn): the decision to
                 // give up stands, so wait here and run the step again, not the handler.
@@ -537,7 +808,7 @@ impl Runtime {
         }
         match self.publish("dlq", &out).await {
             Ok(()) => {
-                count(name, "dead_lettered");
+                count(name, "dead_lettered", 1);
                 let _ = msg.ack_with(AckKind::Term).await;
             }
             Err(e) => {
@@ -583,6 +854,17 @@ struct Slots {
 }
 
 impl Slots {
+    /// Slots of the same semaphore, holding none: for a message that settles apart from its
+    /// batch (it takes a slot again only to run its handler after a wait).
+    fn unheld(&self) -> Slots {
+        Slots {
+            held: None,
+            semaphore: self.semaphore.clone(),
+            shutdown: self.shutdown.clone(),
+            ack_wait: self.ack_wait,
+        }
+    }
+
     /// Park a waiting message for `delay`: its slot given back, progress acks keeping it ours,
     /// then a slot taken again. False if shutdown came first: the message was handed back
     /// to the stream (JetStream counts that as a delivery).
@@ -590,8 +872,9 @@ impl Slots {
         self.held = None;
         // The handler may have run for up to a third of `ack_wait` since its last progress ack.
         let _ = msg.ack_with(AckKind::Progress).await;
+        let this = [msg];
         let slept = tokio::select! {
-            _ = with_progress(msg, self.ack_wait, tokio::time::sleep(delay)) => true,
+            _ = with_progress(&this, self.ack_wait, tokio::time::sleep(delay)) => true,
             _ = self.shutdown.wait() => false,
         };
         let resumed = slept
@@ -609,10 +892,10 @@ impl Slots {
     }
 }
 
-/// Run `fut`, telling the server every third of `ack_wait` that the message is still being
-/// worked on, so it is not redelivered meanwhile.
+/// Run `fut`, telling the server every third of `ack_wait` that `msgs` are still being worked
+/// on, so they are not redelivered meanwhile.
 async fn with_progress<T>(
-    msg: &jetstream::Message,
+    msgs: &[&jetstream::Message],
     ack_wait: Duration,
     fut: impl Future<Output = T>,
 ) -> T {
@@ -623,15 +906,46 @@ async fn with_progress<T>(
         tokio::select! {
             r = &mut fut => break r,
             _ = ticker.tick() => {
-                let _ = msg.ack_with(AckKind::Progress).await;
+                join_all(msgs.iter().map(|m| m.ack_with(AckKind::Progress))).await;
             }
         }
     }
 }
 
-fn count(stage: &'static str, outcome: &'static str) {
+/// An attempt's facts, from the message's JetStream metadata and headers.
+fn attempt_of(msg: &jetstream::Message) -> Attempt {
+    let (delivered, stream_sequence) = match msg.info() {
+        Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
+        Err(_) => (1, 0),
+    };
+    Attempt {
+        subject: msg.subject.to_string(),
+        delivered,
+        stream_sequence,
+        correlation_id: msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(HEADER_CORRELATION))
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default(),
+        waits: 0,
+        waited: Duration::ZERO,
+    }
+}
+
+fn crash_loop_reason(attempt: &Attempt, opts: &StageOptions) -> String {
+    format!(
+        "delivered {} times without success (max {}); the handler may be crashing the process",
+        attempt.delivered, opts.max_deliver
+    )
+}
+
+/// Every outcome a stage's messages are counted under.
+const OUTCOMES: [&str; 4] = ["ok", "retried", "deferred", "dead_lettered"];
+
+fn count(stage: &'static str, outcome: &'static str, n: u64) {
     metrics::counter!("sb_stage_messages_total", "stage" => stage, "outcome" => outcome)
-        .increment(1);
+        .increment(n);
 }
 
 async fn report_lag(mut consumer: consumer::PullConsumer, name: &'static str) {

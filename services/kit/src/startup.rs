@@ -9,7 +9,7 @@ use async_nats::jetstream;
 use sqlx::PgPool;
 
 use crate::config::Config;
-use crate::runtime::{Runtime, Stage};
+use crate::runtime::{BatchStage, Runtime, Stage};
 use crate::shutdown::Shutdown;
 use crate::stage::{Registration, StageOptions, StageSpec};
 use crate::topology::Topology;
@@ -98,6 +98,17 @@ impl App {
         let shutdown = self.shutdown.clone();
         Box::pin(async move {
             rt.run_stage(stage, opts, shutdown).await?;
+            Ok(())
+        })
+    }
+
+    /// A task running a [`BatchStage`] until shutdown.
+    pub fn batch_stage_task<S: BatchStage>(&self, stage: S) -> Task {
+        let rt = self.runtime();
+        let opts = self.stage_options(&S::SPEC);
+        let shutdown = self.shutdown.clone();
+        Box::pin(async move {
+            rt.run_batch_stage(Arc::new(stage), opts, shutdown).await?;
             Ok(())
         })
     }

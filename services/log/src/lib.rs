@@ -1,10 +1,13 @@
-//! The message log: every message in and out, one table, one function ([`MessageLog::record`]).
-//! Writes are idempotent on the message id (and the provider's id per channel), so redelivery
-//! never doubles a row. Each new row is announced as `message.logged`.
+//! The message log: every message in and out, one table, one statement per batch
+//! ([`MessageLog::record_all`]). Writes are idempotent on the message id (and the provider's id
+//! per channel), so redelivery never doubles a row. Each row is announced as `message.logged`.
+//!
+//! Both log stages are [`BatchStage`]s: what one pull brought is written with one
+//! `INSERT … SELECT FROM unnest(…)` and one commit.
 use sqlx::PgPool;
 use switchboard_kit::proto::{MessageLogged, Reply, Turn};
 use switchboard_kit::startup::App;
-use switchboard_kit::{Attempt, Output, Stage, StageError, Topology};
+use switchboard_kit::{Attempt, BatchStage, Outcome, Output, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
@@ -44,15 +47,34 @@ pub struct LogEntry {
 pub enum LogError {
     #[error("entry is malformed: {0}")]
     Malformed(&'static str),
+    /// The row breaks a constraint (e.g. its session does not exist): writing it again
+    /// cannot succeed.
+    #[error("entry refused by the database: {0}")]
+    Refused(sqlx::Error),
     #[error("message log: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for LogError {
+    fn from(e: sqlx::Error) -> Self {
+        // SQLSTATE class 23: integrity constraint violation.
+        let refused = e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .is_some_and(|c| c.starts_with("23"));
+        if refused {
+            LogError::Refused(e)
+        } else {
+            LogError::Database(e)
+        }
+    }
 }
 
 impl LogError {
     fn into_stage(self) -> StageError {
         match self {
             LogError::Database(_) => StageError::transient(self),
-            LogError::Malformed(_) => StageError::permanent(self),
+            LogError::Malformed(_) | LogError::Refused(_) => StageError::permanent(self),
         }
     }
 }
@@ -67,30 +89,82 @@ impl MessageLog {
         Self { db }
     }
 
-    /// Write the entry unless it is already there.
-    pub async fn record(&self, e: &LogEntry) -> Result<(), LogError> {
+    /// Write the entries that are not already there, with one statement (one commit).
+    pub async fn record_all(&self, entries: &[LogEntry]) -> Result<(), LogError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let col = |f: fn(&LogEntry) -> String| entries.iter().map(f).collect::<Vec<_>>();
         sqlx::query(
             "INSERT INTO switchboard.messages
                 (id, session_id, person_id, agent_name, agent_identity, direction, channel, message,
                  processing_ms, tool_calls_count, correlation_id, external_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
+                                  $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],
+                                  $11::text[], $12::text[])
              ON CONFLICT DO NOTHING",
         )
-        .bind(e.id)
-        .bind(e.session_id)
-        .bind(&e.person_id)
-        .bind(&e.agent_name)
-        .bind(&e.agent_identity)
-        .bind(e.direction.as_str())
-        .bind(&e.channel)
-        .bind(&e.message)
-        .bind(e.processing_ms)
-        .bind(e.tool_calls_count)
-        .bind(&e.correlation_id)
-        .bind(&e.external_id)
+        .bind(entries.iter().map(|e| e.id).collect::<Vec<_>>())
+        .bind(entries.iter().map(|e| e.session_id).collect::<Vec<_>>())
+        .bind(col(|e| e.person_id.clone()))
+        .bind(col(|e| e.agent_name.clone()))
+        .bind(col(|e| e.agent_identity.clone()))
+        .bind(col(|e| e.direction.as_str().to_string()))
+        .bind(col(|e| e.channel.clone()))
+        .bind(col(|e| e.message.clone()))
+        .bind(entries.iter().map(|e| e.processing_ms).collect::<Vec<_>>())
+        .bind(
+            entries
+                .iter()
+                .map(|e| e.tool_calls_count)
+                .collect::<Vec<_>>(),
+        )
+        .bind(col(|e| e.correlation_id.clone()))
+        .bind(
+            entries
+                .iter()
+                .map(|e| e.external_id.clone())
+                .collect::<Vec<_>>(),
+        )
         .execute(&self.db)
         .await?;
         Ok(())
+    }
+
+    /// Write the well-formed entries of a batch at once; one outcome per entry, in order: the
+    /// `message.logged` event, or why the entry was not written.
+    async fn record_batch(
+        &self,
+        topology: &Topology,
+        entries: Vec<Result<LogEntry, LogError>>,
+    ) -> Vec<Outcome> {
+        let valid: Vec<LogEntry> = entries
+            .iter()
+            .filter_map(|e| e.as_ref().ok())
+            .cloned()
+            .collect();
+        // A row the database refuses fails the statement for the whole batch. Alone, an entry
+        // gets the error itself (refused for good, or a database that is down or busy); in
+        // company, every entry fails and the runtime runs each again by itself.
+        let mut failed = match self.record_all(&valid).await {
+            Ok(()) => None,
+            Err(e) if valid.len() == 1 => Some(Err(e.into_stage())),
+            Err(e) => Some(Ok(e.to_string())),
+        };
+        entries
+            .into_iter()
+            .map(|entry| {
+                let entry = entry.map_err(LogError::into_stage)?;
+                match failed.take() {
+                    None => Ok(vec![self.logged_event(topology, &entry)]),
+                    Some(Err(alone)) => Err(alone),
+                    Some(Ok(why)) => {
+                        failed = Some(Ok(why.clone()));
+                        Err(StageError::transient(anyhow::anyhow!("{why}")))
+                    }
+                }
+            })
+            .collect()
     }
 
     fn logged_event(&self, topology: &Topology, e: &LogEntry) -> Output {
@@ -128,17 +202,13 @@ impl LogInbound {
     }
 }
 
-impl Stage for LogInbound {
+impl BatchStage for LogInbound {
     type Input = Turn;
     const SPEC: StageSpec = StageSpec::new("log-inbound", Source::Work("turn.>"));
 
-    async fn handle(&self, turn: Turn, _d: &Attempt) -> Result<Vec<Output>, StageError> {
-        let entry = inbound_entry(&turn).map_err(LogError::into_stage)?;
-        self.log
-            .record(&entry)
-            .await
-            .map_err(LogError::into_stage)?;
-        Ok(vec![self.log.logged_event(&self.topology, &entry)])
+    async fn handle_batch(&self, turns: Vec<Turn>, _attempts: &[Attempt]) -> Vec<Outcome> {
+        let entries = turns.iter().map(inbound_entry).collect();
+        self.log.record_batch(&self.topology, entries).await
     }
 }
 
@@ -177,36 +247,35 @@ impl LogOutbound {
     }
 }
 
-impl Stage for LogOutbound {
+impl BatchStage for LogOutbound {
     type Input = Reply;
     const SPEC: StageSpec = StageSpec::new("log-outbound", Source::Work("reply"));
 
-    async fn handle(&self, reply: Reply, _d: &Attempt) -> Result<Vec<Output>, StageError> {
-        let entry = LogEntry {
-            id: parse_uuid(&reply.id, "reply id").map_err(LogError::into_stage)?,
-            session_id: parse_uuid(&reply.session_id, "session id")
-                .map_err(LogError::into_stage)?,
-            person_id: reply
-                .person
-                .as_ref()
-                .map(|p| p.person_id.clone())
-                .unwrap_or_default(),
-            agent_name: reply.agent_name.clone(),
-            agent_identity: reply.agent_identity.clone(),
-            direction: Direction::Outbound,
-            channel: reply.channel.clone(),
-            message: reply.text.clone(),
-            processing_ms: Some(reply.processing_ms),
-            tool_calls_count: Some(reply.tool_calls_count),
-            correlation_id: reply.correlation_id.clone(),
-            external_id: None,
-        };
-        self.log
-            .record(&entry)
-            .await
-            .map_err(LogError::into_stage)?;
-        Ok(vec![self.log.logged_event(&self.topology, &entry)])
+    async fn handle_batch(&self, replies: Vec<Reply>, _attempts: &[Attempt]) -> Vec<Outcome> {
+        let entries = replies.iter().map(outbound_entry).collect();
+        self.log.record_batch(&self.topology, entries).await
     }
+}
+
+fn outbound_entry(reply: &Reply) -> Result<LogEntry, LogError> {
+    Ok(LogEntry {
+        id: parse_uuid(&reply.id, "reply id")?,
+        session_id: parse_uuid(&reply.session_id, "session id")?,
+        person_id: reply
+            .person
+            .as_ref()
+            .map(|p| p.person_id.clone())
+            .unwrap_or_default(),
+        agent_name: reply.agent_name.clone(),
+        agent_identity: reply.agent_identity.clone(),
+        direction: Direction::Outbound,
+        channel: reply.channel.clone(),
+        message: reply.text.clone(),
+        processing_ms: Some(reply.processing_ms),
+        tool_calls_count: Some(reply.tool_calls_count),
+        correlation_id: reply.correlation_id.clone(),
+        external_id: None,
+    })
 }
 
 /// The inbound log stage, as the product lists it.
@@ -214,7 +283,7 @@ pub const INBOUND: Registration = Registration {
     spec: LogInbound::SPEC,
     worker: "log",
     start: |app: &App| {
-        app.stage_task(LogInbound::new(
+        app.batch_stage_task(LogInbound::new(
             MessageLog::new(app.db.clone()),
             app.topology.clone(),
         ))
@@ -226,7 +295,7 @@ pub const OUTBOUND: Registration = Registration {
     spec: LogOutbound::SPEC,
     worker: "log",
     start: |app: &App| {
-        app.stage_task(LogOutbound::new(
+        app.batch_stage_task(LogOutbound::new(
             MessageLog::new(app.db.clone()),
             app.topology.clone(),
         ))
