@@ -8,14 +8,16 @@
 //! | gateway | - | `in` (+ arrival counter: KV get, KV compare-and-set) | - | - |
 //! | identify | `in` | `identified` | `message.received` | 1 SELECT |
 //! | session | `identified` | `turn.<p>` | - (`session.created` once per session) | 1 transaction: cursor INSERT … ON CONFLICT … RETURNING, session INSERT … ON CONFLICT … RETURNING, SELECT, UPDATE … RETURNING, INSERT, cursor UPDATE |
-//! | log-inbound | `turn.<p>` | - | `message.logged` | 1 INSERT |
+//! | log-inbound | `turn.<p>` | - | `message.logged` | 1 INSERT per batch |
 //! | dispatch | `turn.<p>` | `reply` | - | UPDATE … RETURNING (call lease), 1 transaction: UPDATE, UPDATE |
-//! | log-outbound | `reply` | - | `message.logged` | 1 INSERT |
+//! | log-outbound | `reply` | - | `message.logged` | 1 INSERT per batch |
 //! | deliver | `reply` | - | `reply.delivered` | SELECT (order), INSERT … ON CONFLICT … RETURNING (claim), UPDATE |
 //!
 //! That is 4 work publishes, 4 event publishes (+1 per new session), 1 key-value read and 1
 //! key-value compare-and-set, 6 consumes and acks, 15 statements (19 with `BEGIN` and `COMMIT`)
-//! and 9 transactions (7 of them writing) per turn. Publishes carry `Nats-Msg-Id` and wait for
+//! and 9 transactions (7 of them writing) per turn when every batch holds one message. Like the
+//! product's log stages, the floor's log hops take what one pull brought and write it with one
+//! `INSERT … SELECT FROM unnest(…)`, publish its events together, then ack. Publishes carry `Nats-Msg-Id` and wait for
 //! their ack; inputs are acked after the outputs are stored, like the runtime does. The work
 //! stream has Interest retention and the turn subject feeds two consumers, as in the product.
 //!
@@ -33,8 +35,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
-use futures::StreamExt;
 use futures::future::try_join_all;
+use futures::{FutureExt as _, StreamExt};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection as _, PgPool};
 use switchboard_kit::Topology;
@@ -133,6 +135,10 @@ impl Hop {
             Hop::Deliver => "deliver",
         }
     }
+    /// Whether the hop handles what one pull brought at once (the product's batch stages).
+    fn batched(self) -> bool {
+        matches!(self, Hop::LogInbound | Hop::LogOutbound)
+    }
     fn filter(self, p: &str) -> String {
         match self {
             Hop::Identify => format!("{p}.in"),
@@ -180,6 +186,43 @@ impl Floor {
     /// Count `n` SQL statements about to be sent.
     fn sql(&self, n: u64) {
         self.statements.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A log hop over a batch: one statement, the events published together.
+    async fn log_batch(&self, hop: Hop, payloads: &[&[u8]]) -> anyhow::Result<()> {
+        let p = &self.p;
+        let mut ids = Vec::with_capacity(payloads.len());
+        let mut sessions = Vec::with_capacity(payloads.len());
+        for payload in payloads {
+            let (session, turn, _) = decode(payload).context("floor payload")?;
+            ids.push(if matches!(hop, Hop::LogInbound) {
+                turn
+            } else {
+                Uuid::from_u128(turn.as_u128() ^ 1)
+            });
+            sessions.push(session);
+        }
+        let bodies = vec!["s1#1 a message of ordinary length"; payloads.len()];
+        self.sql(1);
+        sqlx::query(
+            "INSERT INTO messages (id, session_id, body)
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[])
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&ids)
+        .bind(&sessions)
+        .bind(&bodies)
+        .execute(&self.pools[hop.pool()])
+        .await?;
+        try_join_all(ids.iter().zip(payloads).map(|(id, payload)| {
+            self.publish(
+                format!("{p}.events.logged"),
+                format!("l/{id}"),
+                Bytes::copy_from_slice(payload),
+            )
+        }))
+        .await?;
+        Ok(())
     }
 
     async fn hop(&self, hop: Hop, payload: &[u8]) -> anyhow::Result<()> {
@@ -252,24 +295,7 @@ impl Floor {
                 }
                 try_join_all(outs).await?;
             }
-            Hop::LogInbound | Hop::LogOutbound => {
-                let id = if matches!(hop, Hop::LogInbound) {
-                    turn
-                } else {
-                    Uuid::from_u128(turn.as_u128() ^ 1)
-                };
-                self.sql(1);
-                sqlx::query(
-                    "INSERT INTO messages (id, session_id, body) VALUES ($1, $2, $3)
-                     ON CONFLICT DO NOTHING",
-                )
-                .bind(id)
-                .bind(session)
-                .bind("s1#1 a message of ordinary length")
-                .execute(db)
-                .await?;
-                self.publish(ev("logged"), format!("l/{id}"), body).await?;
-            }
+            Hop::LogInbound | Hop::LogOutbound => self.log_batch(hop, &[payload]).await?,
             Hop::Dispatch => {
                 // The call lease; then BEGIN, two statements, COMMIT.
                 self.sql(5);
@@ -355,19 +381,37 @@ async fn consume(
                 Ok(Some(Err(_))) | Err(_) => continue,
                 Ok(None) => break,
             };
+            // The log hops take what is already here, as the product's batch stages do.
+            let mut msgs = vec![msg];
+            if hop.batched() {
+                while msgs.len() < batch {
+                    match messages.next().now_or_never() {
+                        Some(Some(Ok(m))) => msgs.push(m),
+                        _ => break,
+                    }
+                }
+            }
             let floor = floor.clone();
             tokio::spawn(async move {
-                match floor.hop(hop, &msg.payload).await {
+                let done = if hop.batched() {
+                    let payloads: Vec<&[u8]> = msgs.iter().map(|m| &m.payload[..]).collect();
+                    floor.log_batch(hop, &payloads).await
+                } else {
+                    floor.hop(hop, &msgs[0].payload).await
+                };
+                match done {
                     Ok(()) => {
-                        let _ = msg.ack().await;
+                        futures::future::join_all(msgs.iter().map(|m| m.ack())).await;
                     }
                     Err(e) => {
                         if !floor.stop.load(Ordering::Relaxed) {
                             eprintln!("floor {}: {e:#}", hop.name());
                         }
-                        let _ = msg
-                            .ack_with(jetstream::AckKind::Nak(Some(Duration::from_millis(100))))
-                            .await;
+                        for m in &msgs {
+                            let _ = m
+                                .ack_with(jetstream::AckKind::Nak(Some(Duration::from_millis(100))))
+                                .await;
+                        }
                     }
                 }
                 drop(permit);
