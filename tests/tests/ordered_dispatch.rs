@@ -1,4 +1,5 @@
 //! Turns of one session run in order and one at a time, across dispatcher replicas.
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -92,7 +93,13 @@ fn turn_for(session_id: &str, seq: i64, inbound_id: &str, text: &str) -> Turn {
 async fn one_turn_two_dispatchers(
     app: &TestApp,
     text: &str,
-) -> (Turn, Attempt, TurnDispatcher, TurnDispatcher, uuid::Uuid) {
+) -> (
+    Turn,
+    Attempt,
+    Arc<TurnDispatcher>,
+    Arc<TurnDispatcher>,
+    uuid::Uuid,
+) {
     let inbound_id = uuid::Uuid::now_v7().to_string();
     let msg = turn_for("", 0, &inbound_id, text).message.unwrap();
     let agent = app.config.agent("reggie_oc").unwrap().clone();
@@ -109,13 +116,17 @@ async fn one_turn_two_dispatchers(
         &inbound_id,
         text,
     );
+    // Each with its session watch running, as in a dispatcher process.
     let make = || {
-        TurnDispatcher::new(
+        let d = Arc::new(TurnDispatcher::new(
             app.db.clone(),
             &app.config.agents,
             app.topology.clone(),
             app.config.dispatch.clone(),
-        )
+        ));
+        let watching = d.clone();
+        tokio::spawn(async move { watching.watch_sessions().await });
+        d
     };
     let delivery = Attempt {
         subject: app.topology.turn(&opened.session_id),

@@ -302,9 +302,9 @@ impl Default for SessionConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default)]
 pub struct DispatchConfig {
-    /// How soon a turn waiting for its predecessor first re-checks the session cursor; the
-    /// interval doubles up to 1 s, and a cursor moved by the same dispatcher process wakes the
-    /// turn at once.
+    /// How often a dispatcher checks the sessions its waiting turns wait on (one query for all
+    /// of them), for a predecessor finished or a call slot freed by another replica; a cursor
+    /// moved by the same process wakes its turns at once.
     pub hold_poll_ms: u64,
     /// How long a turn waits in its handler for its predecessor before it is parked (its
     /// handler slot freed) and tried again.
