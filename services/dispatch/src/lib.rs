@@ -142,6 +142,11 @@ pub struct TurnDispatcher {
     /// look dead to the others.
     beat_db: PgPool,
     db: PgPool,
+    /// Checks a turn may repeat at will (is it next? can it take the call slot?) run at most
+    /// the pool's size less two at once, so under overload the answers agents already gave
+    /// always find a connection: a waiting turn is delayed, an answer is never lost to a busy
+    /// pool (which would fail the turn and run the agent again).
+    checks: Semaphore,
     agents: HashMap<String, (AgentConfig, Arc<Semaphore>)>,
     runner: RunnerClient,
     topology: Topology,
@@ -169,10 +174,16 @@ impl TurnDispatcher {
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(5))
             .connect_lazy_with((*db.connect_options()).clone());
+        let checks = Semaphore::new(
+            (db.options().get_max_connections() as usize)
+                .saturating_sub(2)
+                .max(1),
+        );
         Self {
             id: Uuid::new_v4(),
             last_beat: Default::default(),
             beat_db,
+            checks,
             db,
             agents,
             runner: RunnerClient::new(),
@@ -299,6 +310,7 @@ impl TurnDispatcher {
         timeout: Duration,
     ) -> Result<Option<Option<String>>, DispatchError> {
         self.ensure_alive().await?;
+        let _admitted = self.checks.acquire().await.expect("never closed");
         let leased: Option<(Option<String>,)> = sqlx::query_as(
             "UPDATE switchboard.sessions s
                 SET running_call = $3, running_by = $4, status = 'running',
@@ -336,6 +348,7 @@ impl TurnDispatcher {
 
     /// The session's cursor: the last turn done (or failed for good).
     async fn cursor(&self, session: Uuid) -> Result<i64, DispatchError> {
+        let _admitted = self.checks.acquire().await.expect("never closed");
         sqlx::query_scalar("SELECT last_seq FROM switchboard.sessions WHERE id = $1")
             .bind(session)
             .fetch_optional(&self.db)
@@ -344,6 +357,7 @@ impl TurnDispatcher {
     }
 
     async fn stored_reply(&self, session: Uuid, seq: i64) -> Result<StoredReply, DispatchError> {
+        let _admitted = self.checks.acquire().await.expect("never closed");
         let row = sqlx::query(
             "SELECT status, error, reply_id, reply_text, engine_session_id, processing_ms, tool_calls_count
                FROM switchboard.turns WHERE session_id = $1 AND seq = $2",
