@@ -136,6 +136,10 @@ struct Args {
     nats_port: u16,
     #[arg(long, default_value_t = 17432)]
     pg_port: u16,
+    /// Run the product as one process (`switchboard up`) instead of one process per worker.
+    /// The targets are for one process per worker; this reports the figure beside them.
+    #[arg(long)]
+    one_process: bool,
     /// Leave the stack running afterwards.
     #[arg(long)]
     keep_stack: bool,
@@ -622,10 +626,15 @@ async fn run_scenario(
     };
     // Dispatch starts last: its topology settings (max_ack_pending follows runtime.concurrency)
     // are the ones that stay.
-    let order = [
+    let per_worker = [
         "gateway", "identify", "session", "log", "deliver", "dispatch",
     ];
-    let pipeline = Pipeline::start(&dir, config, &order, |_, _| {})
+    let order: &[&str] = if args.one_process {
+        &["up"]
+    } else {
+        &per_worker
+    };
+    let pipeline = Pipeline::start(&dir, config, order, |_, _| {})
         .await
         .context("starting the pipeline")?;
     let pids = pipeline.workers.pids();

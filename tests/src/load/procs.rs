@@ -22,8 +22,8 @@ pub fn bin_dir() -> PathBuf {
 }
 
 pub struct Worker {
-    /// `gateway` (`switchboard gateway`) or a worker (`switchboard worker <name>`): `identify`,
-    /// `session`, `dispatch`, `log`, `deliver`.
+    /// `gateway` (`switchboard gateway`), `up` (everything in one process) or a worker
+    /// (`switchboard worker <name>`): `identify`, `session`, `dispatch`, `log`, `deliver`.
     pub name: String,
     pub instance: usize,
     pub config: PathBuf,
@@ -77,10 +77,14 @@ impl Workers {
             .open(&log_path)
             .with_context(|| format!("opening {}", log_path.display()))?;
         let mut cmd = Command::new(self.bin_dir.join("switchboard"));
-        if name == "gateway" {
-            cmd.arg("gateway");
-        } else {
-            cmd.args(["worker", name]);
+        match name {
+            // The gateway alone, or everything in one process.
+            "gateway" | "up" => {
+                cmd.arg(name);
+            }
+            _ => {
+                cmd.args(["worker", name]);
+            }
         }
         // The file is the whole configuration: drop SB_* overrides from the environment.
         for (k, _) in std::env::vars_os() {
