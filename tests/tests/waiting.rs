@@ -2,7 +2,8 @@
 //! and only a wait longer than the stage's maximum ends in a dead letter, saying so.
 use std::time::Duration;
 
-use switchboard_e2e::{TestApp, spawn_app_configured};
+use switchboard::stages;
+use switchboard_e2e::{AppOptions, TestApp, spawn_app_configured, spawn_app_with};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -88,5 +89,48 @@ async fn a_turn_that_waits_longer_than_the_maximum_is_dead_lettered_saying_why()
             .unwrap();
     assert_eq!(statuses, ["done", "failed", "done"]);
     assert_eq!(app.runner.calls().len(), 2, "the given-up turn never ran");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_turn_parked_when_its_dispatcher_stops_is_handed_back_and_answered_by_the_next() {
+    // Dispatch runs as real processes; a waiting turn is held 200 ms, then parked.
+    let app = spawn_app_with(AppOptions {
+        in_process: stages::names()
+            .into_iter()
+            .filter(|s| *s != "dispatch")
+            .collect(),
+        tweak: Box::new(|c| c.dispatch.hold_timeout_ms = 200),
+    })
+    .await;
+    let mut first = app.spawn_worker("dispatch");
+    second_message_behind_a_held_call(&app, "+14155550640", "second, parked").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // SIGTERM: the dispatcher finishes the call it holds and hands the parked turn back.
+    let pid = first.id().expect("worker pid").to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("send SIGTERM");
+    assert!(term.success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    release_the_call(&app);
+    let status = tokio::time::timeout(Duration::from_secs(15), first.wait())
+        .await
+        .expect("the dispatcher exits after draining")
+        .expect("wait for the dispatcher");
+    assert!(status.success(), "clean exit after SIGTERM: {status:?}");
+    assert_eq!(app.runner.calls().len(), 1, "the parked turn was not run");
+
+    let mut next = app.spawn_worker("dispatch");
+    let sent = app.wait_for_sms(2, WAIT).await;
+    let bodies: Vec<&str> = sent.iter().map(|s| s.body.as_str()).collect();
+    assert_eq!(bodies, ["echo: first, slow", "echo: second, parked"]);
+    app.settle().await;
+    assert_eq!(app.runner.calls().len(), 2, "each turn called once");
+    assert_eq!(app.twilio.sent().len(), 2, "each answered once");
+    assert!(app.dead_letters("dispatch").await.is_empty());
+    next.kill().await.ok();
     app.shutdown().await;
 }
