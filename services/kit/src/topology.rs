@@ -52,6 +52,13 @@ pub enum TopologyError {
     NoStream { stage: String, subject: String },
     #[error("two stages are named {0}")]
     DuplicateStage(String),
+    #[error("listing the consumers of {stream}: {reason}")]
+    ListConsumers { stream: String, reason: String },
+    #[error("deleting consumer {consumer}: {source}")]
+    DeleteConsumer {
+        consumer: String,
+        source: async_nats::jetstream::stream::ConsumerError,
+    },
     #[error("looking up stream {stream}: {source}")]
     GetStream {
         stream: String,
@@ -287,7 +294,70 @@ impl Topology {
                     source,
                 })?;
         }
+        for stray in self.strays(js, stages).await? {
+            tracing::warn!(
+                consumer = %stray,
+                stream = %self.work_stream(),
+                "a durable consumer of the work stream belongs to no stage: the stream keeps \
+                 every message it reads until it is deleted (switchboard streams prune)"
+            );
+        }
         Ok(())
+    }
+
+    /// Durable consumers of the work stream that belong to no stage of `stages` (a stage
+    /// renamed or removed). The work stream keeps a message until every consumer reading its
+    /// subject acked it, so a stray one makes it keep them forever.
+    pub async fn strays(
+        &self,
+        js: &jetstream::Context,
+        stages: &[StageSpec],
+    ) -> Result<Vec<String>, TopologyError> {
+        use futures::TryStreamExt as _;
+        let stream = self.work_stream();
+        let list_err = |reason: String| TopologyError::ListConsumers {
+            stream: stream.clone(),
+            reason,
+        };
+        let work = js
+            .get_stream(&stream)
+            .await
+            .map_err(|e| list_err(e.to_string()))?;
+        let infos: Vec<consumer::Info> = work
+            .consumers()
+            .try_collect()
+            .await
+            .map_err(|e| list_err(e.to_string()))?;
+        Ok(infos
+            .into_iter()
+            .filter_map(|i| i.config.durable_name)
+            .filter(|name| !stages.iter().any(|s| s.name == name))
+            .collect())
+    }
+
+    /// Delete the work stream's stray consumers (see [`Topology::strays`]); returns their names.
+    pub async fn prune(
+        &self,
+        js: &jetstream::Context,
+        stages: &[StageSpec],
+    ) -> Result<Vec<String>, TopologyError> {
+        let strays = self.strays(js, stages).await?;
+        let work =
+            js.get_stream(self.work_stream())
+                .await
+                .map_err(|source| TopologyError::GetStream {
+                    stream: self.work_stream(),
+                    source,
+                })?;
+        for name in &strays {
+            work.delete_consumer(name)
+                .await
+                .map_err(|source| TopologyError::DeleteConsumer {
+                    consumer: name.clone(),
+                    source,
+                })?;
+        }
+        Ok(strays)
     }
 }
 

@@ -61,6 +61,10 @@ enum Command {
 enum StreamsCommand {
     /// Create or update every stream and consumer (idempotent).
     Apply,
+    /// Delete durable consumers of the work stream that belong to no stage (a stage renamed or
+    /// removed): the work stream keeps every message such a consumer reads. Run it once no
+    /// process of the old version runs.
+    Prune,
 }
 
 #[derive(Subcommand)]
@@ -174,6 +178,23 @@ async fn main() -> anyhow::Result<()> {
                 app.topology.events_stream(),
                 app.topology.dlq_stream()
             );
+            Ok(())
+        }
+        Command::Streams {
+            command: StreamsCommand::Prune,
+        } => {
+            let app = App::connect(config, "cli").await?;
+            let specs: Vec<_> = stages::ALL.iter().map(|r| r.spec).collect();
+            let pruned = app.topology.prune(&app.js, &specs).await?;
+            if pruned.is_empty() {
+                println!("no stray consumers on {}", app.topology.work_stream());
+            }
+            for name in pruned {
+                println!(
+                    "deleted consumer {name} from {}",
+                    app.topology.work_stream()
+                );
+            }
             Ok(())
         }
         Command::Dlq { command } => dlq(config, command).await,
