@@ -56,6 +56,30 @@ pub struct AppOptions {
     pub tweak: Box<dyn FnOnce(&mut Config) + Send>,
 }
 
+impl AppOptions {
+    /// Every stage in the test process but dispatch, which the test starts as real worker
+    /// processes ([`TestApp::spawn_worker`]) to kill or stop them.
+    pub fn dispatch_as_processes() -> Self {
+        Self {
+            in_process: stages::names()
+                .into_iter()
+                .filter(|s| *s != "dispatch")
+                .collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Ask a worker process to stop, as an orchestrator does (SIGTERM): it drains and exits.
+pub fn sigterm(worker: &Child) {
+    let pid = worker.id().expect("a running worker").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("send SIGTERM");
+    assert!(sent.success(), "SIGTERM to {pid}");
+}
+
 impl Default for AppOptions {
     fn default() -> Self {
         Self {

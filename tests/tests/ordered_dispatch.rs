@@ -3,7 +3,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use switchboard::stages;
 use switchboard_dispatch::TurnDispatcher;
 use switchboard_e2e::{
     AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_configured, spawn_app_with,
@@ -14,14 +13,7 @@ use switchboard_session::{Opened, SessionStore};
 
 #[tokio::test]
 async fn two_dispatcher_processes_keep_each_sessions_turns_in_order_without_overlap() {
-    let app = spawn_app_with(AppOptions {
-        in_process: stages::names()
-            .into_iter()
-            .filter(|s| *s != "dispatch")
-            .collect(),
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_with(AppOptions::dispatch_as_processes()).await;
     let mut a = app.spawn_worker("dispatch");
     let mut b = app.spawn_worker("dispatch");
     app.runner.set_delay(Duration::from_millis(150));

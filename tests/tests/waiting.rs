@@ -2,8 +2,7 @@
 //! and only a wait longer than the stage's maximum ends in a dead letter, saying so.
 use std::time::Duration;
 
-use switchboard::stages;
-use switchboard_e2e::{AppOptions, TestApp, spawn_app_configured, spawn_app_with};
+use switchboard_e2e::{AppOptions, TestApp, sigterm, spawn_app_configured, spawn_app_with};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -96,11 +95,8 @@ async fn a_turn_that_waits_longer_than_the_maximum_is_dead_lettered_saying_why()
 async fn a_turn_parked_when_its_dispatcher_stops_is_handed_back_and_answered_by_the_next() {
     // Dispatch runs as real processes; a waiting turn is held 200 ms, then parked.
     let app = spawn_app_with(AppOptions {
-        in_process: stages::names()
-            .into_iter()
-            .filter(|s| *s != "dispatch")
-            .collect(),
         tweak: Box::new(|c| c.dispatch.hold_timeout_ms = 200),
+        ..AppOptions::dispatch_as_processes()
     })
     .await;
     let mut first = app.spawn_worker("dispatch");
@@ -108,12 +104,7 @@ async fn a_turn_parked_when_its_dispatcher_stops_is_handed_back_and_answered_by_
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // SIGTERM: the dispatcher finishes the call it holds and hands the parked turn back.
-    let pid = first.id().expect("worker pid").to_string();
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("send SIGTERM");
-    assert!(term.success());
+    sigterm(&first);
     tokio::time::sleep(Duration::from_millis(300)).await;
     release_the_call(&app);
     let status = tokio::time::timeout(Duration::from_secs(15), first.wait())

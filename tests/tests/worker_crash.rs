@@ -1,19 +1,11 @@
 //! Any worker can die at any moment: its message comes back and is answered once.
 use std::time::Duration;
 
-use switchboard::stages;
-use switchboard_e2e::{AppOptions, TestApp, spawn_app_with};
+use switchboard_e2e::{AppOptions, TestApp, sigterm, spawn_app_with};
 
 /// Everything in-process except dispatch, which the test starts as real worker processes.
 async fn app_with_dispatch_as_a_process() -> TestApp {
-    spawn_app_with(AppOptions {
-        in_process: stages::names()
-            .into_iter()
-            .filter(|s| *s != "dispatch")
-            .collect(),
-        ..Default::default()
-    })
-    .await
+    spawn_app_with(AppOptions::dispatch_as_processes()).await
 }
 
 #[tokio::test]
@@ -73,12 +65,7 @@ async fn sigterm_lets_a_dispatcher_finish_its_turn_before_it_exits() {
         .await
         .expect("the dispatcher called the runner");
 
-    let pid = worker.id().expect("worker pid").to_string();
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("send SIGTERM");
-    assert!(term.success());
+    sigterm(&worker);
     tokio::time::sleep(Duration::from_millis(300)).await;
     app.runner.set_hold(false);
     app.runner.release.notify_waiters();
@@ -128,14 +115,11 @@ async fn a_turn_that_crashes_its_dispatcher_every_time_is_given_up_and_the_next_
     // Every time a dispatcher calls the runner with this turn, its process dies (the test kills
     // it the moment the call arrives, as a handler that crashes its process would).
     let app = spawn_app_with(AppOptions {
-        in_process: stages::names()
-            .into_iter()
-            .filter(|s| *s != "dispatch")
-            .collect(),
         tweak: Box::new(|c| {
             c.runtime.max_deliver = 3;
             c.dispatch.liveness_ms = 1_000;
         }),
+        ..AppOptions::dispatch_as_processes()
     })
     .await;
     app.runner.set_hold(true);

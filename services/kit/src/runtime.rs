@@ -205,35 +205,15 @@ pub trait BatchStage: Send + Sync + 'static {
     }
 }
 
-/// What the runtime drives: either kind of stage, seen as a handler of one or more inputs.
-trait Handler: Send + Sync + 'static {
-    type Input: prost::Message + Default + Send + Sync + 'static;
-    const SPEC: StageSpec;
-    /// Whether one handler call may take more than one message.
-    const BATCHED: bool;
-
-    fn handle_many(
-        &self,
-        inputs: Vec<Self::Input>,
-        attempts: &[Attempt],
-    ) -> impl Future<Output = Vec<Outcome>> + Send;
-
-    fn give_up(
-        &self,
-        input: &Self::Input,
-        attempt: &Attempt,
-        reason: &str,
-    ) -> impl Future<Output = Outcome> + Send;
-}
-
+/// A [`Stage`] seen as a batch stage whose batches hold one message, so the runtime has one
+/// path for both.
 struct PerMessage<S>(Arc<S>);
 
-impl<S: Stage> Handler for PerMessage<S> {
+impl<S: Stage> BatchStage for PerMessage<S> {
     type Input = S::Input;
     const SPEC: StageSpec = S::SPEC;
-    const BATCHED: bool = false;
 
-    async fn handle_many(&self, inputs: Vec<S::Input>, attempts: &[Attempt]) -> Vec<Outcome> {
+    async fn handle_batch(&self, inputs: Vec<S::Input>, attempts: &[Attempt]) -> Vec<Outcome> {
         join_all(
             inputs
                 .into_iter()
@@ -241,39 +221,6 @@ impl<S: Stage> Handler for PerMessage<S> {
                 .map(|(input, attempt)| self.0.handle(input, attempt)),
         )
         .await
-    }
-
-    fn give_up(
-        &self,
-        input: &S::Input,
-        attempt: &Attempt,
-        reason: &str,
-    ) -> impl Future<Output = Outcome> + Send {
-        self.0.give_up(input, attempt, reason)
-    }
-}
-
-struct Batched<S>(Arc<S>);
-
-impl<S: BatchStage> Handler for Batched<S> {
-    type Input = S::Input;
-    const SPEC: StageSpec = S::SPEC;
-    const BATCHED: bool = true;
-
-    async fn handle_many(&self, inputs: Vec<S::Input>, attempts: &[Attempt]) -> Vec<Outcome> {
-        let n = inputs.len();
-        let outcomes = self.0.handle_batch(inputs, attempts).await;
-        if outcomes.len() == n {
-            return outcomes;
-        }
-        // A stage bug; no input can be settled on a wrong count.
-        let why = format!(
-            "the stage returned {} outcomes for {n} inputs",
-            outcomes.len()
-        );
-        (0..n)
-            .map(|_| Err(StageError::Transient(anyhow::anyhow!("{why}"))))
-            .collect()
     }
 
     fn give_up(
@@ -337,7 +284,8 @@ impl Runtime {
         opts: StageOptions,
         shutdown: Shutdown,
     ) -> Result<(), RuntimeError> {
-        self.run(Arc::new(PerMessage(stage)), opts, shutdown).await
+        self.run(Arc::new(PerMessage(stage)), 1, opts, shutdown)
+            .await
     }
 
     /// Runs a [`BatchStage`] until `shutdown`, like [`Runtime::run_stage`].
@@ -347,12 +295,15 @@ impl Runtime {
         opts: StageOptions,
         shutdown: Shutdown,
     ) -> Result<(), RuntimeError> {
-        self.run(Arc::new(Batched(stage)), opts, shutdown).await
+        let per_call = opts.batch;
+        self.run(stage, per_call, opts, shutdown).await
     }
 
-    async fn run<H: Handler>(
+    /// The stage loop; a handler call takes at most `per_call` messages (what a pull brought).
+    async fn run<H: BatchStage>(
         self,
         handler: Arc<H>,
+        per_call: usize,
         opts: StageOptions,
         shutdown: Shutdown,
     ) -> Result<(), RuntimeError> {
@@ -372,8 +323,6 @@ impl Runtime {
             .map_err(|e| consumer_err(e.to_string()))?;
         let ack_wait = Duration::from_millis(self.config.ack_wait_ms);
         let expires = (ack_wait / 2).clamp(Duration::from_millis(500), Duration::from_secs(10));
-        // Messages one handler call takes: a batch stage takes what a pull brought, up to this.
-        let per_call = if H::BATCHED { opts.batch } else { 1 };
 
         for outcome in OUTCOMES {
             count(name, outcome, 0);
@@ -488,7 +437,7 @@ impl Runtime {
     /// Handle what one pull brought with one handler call, then settle each message by its own
     /// outcome: the successes' outputs published together and their acks awaited together, then
     /// their inputs acked; every other message retried, parked or given up on its own.
-    async fn process_batch<H: Handler>(
+    async fn process_batch<H: BatchStage>(
         &self,
         h: &H,
         msgs: Vec<jetstream::Message>,
@@ -533,7 +482,7 @@ impl Runtime {
             let in_batch: Vec<&jetstream::Message> = ready.iter().map(|(m, _)| m).collect();
             let started = Instant::now();
             let mut outcomes =
-                with_progress(&in_batch, slots.ack_wait, h.handle_many(inputs, &attempts)).await;
+                with_progress(&in_batch, slots.ack_wait, handle(h, inputs, &attempts)).await;
             metrics::histogram!("sb_stage_handler_seconds", "stage" => name)
                 .record(started.elapsed().as_secs_f64());
             metrics::histogram!("sb_stage_batch_size", "stage" => name).record(ready.len() as f64);
@@ -547,14 +496,10 @@ impl Runtime {
                 tracing::debug!("the whole batch failed; running each message alone");
                 outcomes = join_all(ready.iter().map(|(msg, attempt)| async move {
                     match <H::Input as prost::Message>::decode(msg.payload.clone()) {
-                        Ok(input) => with_progress(
-                            &[msg],
-                            slots.ack_wait,
-                            h.handle_many(vec![input], std::slice::from_ref(attempt)),
-                        )
-                        .await
-                        .pop()
-                        .expect("one outcome"),
+                        Ok(input) => {
+                            with_progress(&[msg], slots.ack_wait, handle_one(h, input, attempt))
+                                .await
+                        }
                         Err(e) => Err(StageError::permanent(e)),
                     }
                 }))
@@ -602,7 +547,7 @@ impl Runtime {
 
     /// Settle one message: run the handler (unless `ran` brings the outcome of a batch's run
     /// and when it started), publish and ack, or retry, park and run again, or give up.
-    async fn process<H: Handler>(
+    async fn process<H: BatchStage>(
         &self,
         h: &H,
         msg: jetstream::Message,
@@ -645,14 +590,9 @@ impl Runtime {
                             }
                         };
                         let started = Instant::now();
-                        let outcome = with_progress(
-                            &[&msg],
-                            slots.ack_wait,
-                            h.handle_many(vec![input], std::slice::from_ref(&attempt)),
-                        )
-                        .await
-                        .pop()
-                        .expect("one outcome per input");
+                        let outcome =
+                            with_progress(&[&msg], slots.ack_wait, handle_one(h, input, &attempt))
+                                .await;
                         metrics::histogram!("sb_stage_handler_seconds", "stage" => name)
                             .record(started.elapsed().as_secs_f64());
                         outcome
@@ -731,7 +671,7 @@ impl Runtime {
 
     /// The stage's give-up step, its outputs, then the dead letter. If the step or its outputs
     /// fail, the message is retried later instead: it is never dead-lettered without them.
-    async fn give_up<H: Handler>(
+    async fn give_up<H: BatchStage>(
         &self,
         stage: &H,
         msg: &jetstream::Message,
@@ -912,6 +852,30 @@ async fn with_progress<T>(
     }
 }
 
+/// Run the stage's handler on `inputs`: one outcome per input, whatever the stage returned (a
+/// wrong count is a stage bug, and no input can be settled on it).
+async fn handle<H: BatchStage>(h: &H, inputs: Vec<H::Input>, attempts: &[Attempt]) -> Vec<Outcome> {
+    let n = inputs.len();
+    let outcomes = h.handle_batch(inputs, attempts).await;
+    if outcomes.len() == n {
+        return outcomes;
+    }
+    let why = format!(
+        "the stage returned {} outcomes for {n} inputs",
+        outcomes.len()
+    );
+    (0..n)
+        .map(|_| Err(StageError::Transient(anyhow::anyhow!("{why}"))))
+        .collect()
+}
+
+async fn handle_one<H: BatchStage>(h: &H, input: H::Input, attempt: &Attempt) -> Outcome {
+    handle(h, vec![input], std::slice::from_ref(attempt))
+        .await
+        .pop()
+        .expect("one outcome per input")
+}
+
 /// An attempt's facts, from the message's JetStream metadata and headers.
 fn attempt_of(msg: &jetstream::Message) -> Attempt {
     let (delivered, stream_sequence) = match msg.info() {
@@ -989,6 +953,41 @@ mod tests {
             waits_for_capacity(wrong, 0),
             StageError::Permanent(_)
         ));
+    }
+
+    /// A batch stage that answers one outcome whatever it is given.
+    struct Miscounts;
+
+    impl BatchStage for Miscounts {
+        type Input = DeadLetter;
+        const SPEC: StageSpec = StageSpec::new("miscounts", crate::stage::Source::Work("reply"));
+
+        async fn handle_batch(&self, _: Vec<DeadLetter>, _: &[Attempt]) -> Vec<Outcome> {
+            vec![Ok(Vec::new())]
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_stage_that_miscounts_its_outcomes_settles_no_input_on_them() {
+        let inputs = vec![DeadLetter::default(), DeadLetter::default()];
+        let outcomes = handle(
+            &Miscounts,
+            inputs,
+            &[Attempt::default(), Attempt::default()],
+        )
+        .await;
+        assert_eq!(outcomes.len(), 2);
+        for o in outcomes {
+            match o {
+                Err(StageError::Transient(e)) => {
+                    assert!(e.to_string().contains("1 outcomes for 2 inputs"), "{e}")
+                }
+                other => panic!("not a failure: {other:?}"),
+            }
+        }
+        // One input, one outcome: taken as it is.
+        let one = handle_one(&Miscounts, DeadLetter::default(), &Attempt::default()).await;
+        assert!(one.is_ok());
     }
 
     #[test]

@@ -146,22 +146,16 @@ impl MessageLog {
         // A row the database refuses fails the statement for the whole batch. Alone, an entry
         // gets the error itself (refused for good, or a database that is down or busy); in
         // company, every entry fails and the runtime runs each again by itself.
-        let mut failed = match self.record_all(&valid).await {
-            Ok(()) => None,
-            Err(e) if valid.len() == 1 => Some(Err(e.into_stage())),
-            Err(e) => Some(Ok(e.to_string())),
-        };
+        let alone = valid.len() == 1;
+        let mut failure = self.record_all(&valid).await.err();
         entries
             .into_iter()
             .map(|entry| {
                 let entry = entry.map_err(LogError::into_stage)?;
-                match failed.take() {
+                match &failure {
                     None => Ok(vec![self.logged_event(topology, &entry)]),
-                    Some(Err(alone)) => Err(alone),
-                    Some(Ok(why)) => {
-                        failed = Some(Ok(why.clone()));
-                        Err(StageError::transient(anyhow::anyhow!("{why}")))
-                    }
+                    Some(_) if alone => Err(failure.take().expect("checked").into_stage()),
+                    Some(e) => Err(StageError::transient(anyhow::anyhow!("{e}"))),
                 }
             })
             .collect()

@@ -83,6 +83,19 @@ mod tests {
     }
 
     #[test]
+    fn tuning_a_stage_that_does_not_exist_is_refused_naming_the_stages() {
+        let mut config = switchboard_kit::Config::default();
+        config.stages.insert("dispach".into(), Default::default());
+        let err = switchboard_kit::startup::check_overrides(&config, ALL)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[stages.dispach]") && err.contains("dispatch"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn the_example_configuration_tunes_only_stages_that_exist() {
         let example =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../switchboard.toml");
