@@ -247,6 +247,17 @@ pub struct RuntimeConfig {
     pub db_pool_size: u32,
 }
 
+impl RuntimeConfig {
+    /// Postgres connections per process: `db_pool_size`, or 0 for `concurrency` between 4
+    /// and 8.
+    pub fn pool_size(&self) -> u32 {
+        match self.db_pool_size {
+            0 => (self.concurrency as u32).clamp(4, 8),
+            n => n,
+        }
+    }
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {

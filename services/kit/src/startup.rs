@@ -38,11 +38,7 @@ impl App {
             .await
             .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
         let js = jetstream::new(nats.clone());
-        let pool_size = match config.runtime.db_pool_size {
-            0 => (config.runtime.concurrency as u32).clamp(4, 8),
-            n => n,
-        };
-        let db = crate::db::connect(&config.database_url, pool_size)
+        let db = crate::db::connect(&config.database_url, config.runtime.pool_size())
             .await
             .context("connecting to Postgres (database_url)")?;
         let topology = Topology::new(&config.subject_prefix, config.runtime.turn_partitions);

@@ -327,10 +327,12 @@ fn scenario_of(m: &Measured, id: u8) -> Option<&ScenarioMeasured> {
 
 /// Postgres connections per worker process (and per floor stage).
 fn db_pool(args: &Args) -> u32 {
-    match args.db_pool {
-        0 => (args.concurrency as u32).clamp(4, 8),
-        n => n,
+    switchboard_kit::config::RuntimeConfig {
+        db_pool_size: args.db_pool,
+        concurrency: args.concurrency,
+        ..Default::default()
     }
+    .pool_size()
 }
 
 fn knobs(args: &Args) -> Knobs {
@@ -572,10 +574,7 @@ fn print_verdict(t: &Targets, path: &Path, m: &Measured, checks: &[Check]) -> bo
     for c in checks {
         println!("  {c}");
     }
-    let missed = checks
-        .iter()
-        .filter(|c| c.outcome == Outcome::Missed)
-        .count();
+    let missed = bench_verdict::missed(checks).len();
     let not_run = checks
         .iter()
         .filter(|c| c.outcome == Outcome::NotRun)
@@ -762,24 +761,15 @@ async fn run_scenario(
     // The stages behind the reply (the outbound log) finish too: the I/O counted is all of it.
     let settled = pipeline.settle(Duration::from_secs(15)).await;
     let seq_after = floor::stream_sequences(&pipeline.js, &streams).await;
-    let dlq_examples: Vec<String> = switchboard_kit::dlq::list(
+    // Read from the dead-letter stream itself: a list that cannot be read is a finding, never
+    // "no dead letters".
+    let dlq_read = switchboard_kit::dlq::list(
         &pipeline.js,
         &pipeline.topology,
         None,
         bench_verdict::EXAMPLES,
     )
-    .await
-    .map(|v| {
-        v.into_iter()
-            .map(|d| {
-                format!(
-                    "{}: {} (subject {}, delivery {})",
-                    d.letter.stage, d.letter.error, d.letter.subject, d.letter.delivery_count
-                )
-            })
-            .collect()
-    })
-    .unwrap_or_else(|e| vec![format!("(the dead letters could not be read: {e})")]);
+    .await;
     let turns_total = twilio.distinct();
     let statements = counter
         .as_ref()
@@ -879,14 +869,25 @@ async fn run_scenario(
         evidence(&["runner arrival order", "runner seq order", "sms order"]),
     );
     let overlaps = Findings::new(runner_stats.overlaps, evidence(&["overlap"]));
-    let dead_letters = Findings::new(
-        seq_after
-            .get(&topology.dlq_stream())
-            .copied()
-            .unwrap_or(0)
-            .saturating_sub(seq_before.get(&topology.dlq_stream()).copied().unwrap_or(0)),
-        dlq_examples,
-    );
+    let dead_letters = match dlq_read {
+        Ok(letters) => {
+            let stored = seq_after
+                .get(&topology.dlq_stream())
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(seq_before.get(&topology.dlq_stream()).copied().unwrap_or(0));
+            Findings::new(
+                stored.max(letters.len() as u64),
+                letters.into_iter().map(|d| {
+                    format!(
+                        "{}: {} (subject {}, delivery {})",
+                        d.letter.stage, d.letter.error, d.letter.subject, d.letter.delivery_count
+                    )
+                }),
+            )
+        }
+        Err(e) => Findings::new(1, [format!("the dead letters could not be read: {e}")]),
+    };
     let (in_flight_mean, in_flight_max) = report::concurrency(
         &calls
             .iter()

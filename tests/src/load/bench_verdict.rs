@@ -70,6 +70,11 @@ pub struct MaxThroughputTarget {
 pub struct FloorTarget {
     /// Scenario 1's turns/s ÷ the floor's, at least.
     pub min_pipeline_share: f64,
+    /// What both scenario 1 and the floor run with: Postgres connections per worker process
+    /// (per stage for the floor), turn partitions, and sessions (each one turn in flight).
+    pub db_pool: u32,
+    pub partitions: u32,
+    pub sessions: usize,
 }
 
 /// Scenario 2: open loop at a share of scenario 1's throughput, instant runner.
@@ -454,15 +459,6 @@ pub struct Check {
     pub evidence: Vec<String>,
 }
 
-/// A target missed: the scenario, the target, what was measured, and the evidence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Failure {
-    pub scenario: String,
-    pub target: String,
-    pub measured: String,
-    pub evidence: Vec<String>,
-}
-
 impl fmt::Display for Check {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let tag = match self.outcome {
@@ -477,20 +473,6 @@ impl fmt::Display for Check {
         )?;
         for e in &self.evidence {
             write!(f, "\n        {e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {}: measured {}",
-            self.scenario, self.target, self.measured
-        )?;
-        if !self.evidence.is_empty() {
-            write!(f, " [{}]", self.evidence.join("; "))?;
         }
         Ok(())
     }
@@ -659,7 +641,8 @@ pub fn judge(t: &Targets, m: &Measured) -> Vec<Check> {
         }
     }
 
-    let share = t.floor.min_pipeline_share;
+    let ft = &t.floor;
+    let share = ft.min_pipeline_share;
     let floor_target = format!("≥ {:.0}%", share * 100.0);
     match (&m.max_throughput, &m.floor) {
         (Some(s), Some(f)) => {
@@ -669,15 +652,30 @@ pub fn judge(t: &Targets, m: &Measured) -> Vec<Check> {
                     ("window", secs(s.planned_window_s), secs(f.planned_window_s)),
                     (
                         "Postgres pool",
+                        ft.db_pool.to_string(),
                         s.db_pool.to_string(),
+                    ),
+                    (
+                        "floor Postgres pool",
+                        ft.db_pool.to_string(),
                         f.db_pool.to_string(),
                     ),
                     (
                         "partitions",
+                        ft.partitions.to_string(),
                         s.partitions.to_string(),
+                    ),
+                    (
+                        "floor partitions",
+                        ft.partitions.to_string(),
                         f.partitions.to_string(),
                     ),
-                    ("sessions", s.senders.to_string(), f.sessions.to_string()),
+                    ("sessions", ft.sessions.to_string(), s.senders.to_string()),
+                    (
+                        "floor sessions",
+                        ft.sessions.to_string(),
+                        f.sessions.to_string(),
+                    ),
                 ],
             );
             let ratio = s.turns_per_s / f.turns_per_s.max(1e-9);
@@ -798,16 +796,15 @@ pub fn judge(t: &Targets, m: &Measured) -> Vec<Check> {
 }
 
 /// The targets missed. Empty: the run passed (for the scenarios it ran).
-pub fn verdict(t: &Targets, m: &Measured) -> Vec<Failure> {
-    judge(t, m)
-        .into_iter()
+pub fn verdict(t: &Targets, m: &Measured) -> Vec<Check> {
+    missed(&judge(t, m)).into_iter().cloned().collect()
+}
+
+/// The checks a run missed: it passed when there are none.
+pub fn missed(checks: &[Check]) -> Vec<&Check> {
+    checks
+        .iter()
         .filter(|c| c.outcome == Outcome::Missed)
-        .map(|c| Failure {
-            scenario: c.scenario,
-            target: c.target,
-            measured: c.measured,
-            evidence: c.evidence,
-        })
         .collect()
 }
 
@@ -912,7 +909,7 @@ mod tests {
         }
     }
 
-    fn failure_text(f: &[Failure]) -> String {
+    fn failure_text(f: &[Check]) -> String {
         f.iter()
             .map(|f| f.to_string())
             .collect::<Vec<_>>()
@@ -1124,11 +1121,22 @@ mod tests {
         m.floor.as_mut().unwrap().db_pool = 64;
         let text = failure_text(&verdict(&targets(), &m));
         assert!(
-            text.contains("Postgres pool: the target is for 8, this run had 64"),
+            text.contains("floor Postgres pool: the target is for 8, this run had 64"),
             "{text}"
         );
         assert!(
             text.contains("window: the target is for 60 s, this run had 30 s"),
+            "{text}"
+        );
+        // Pipeline and floor alike with more connections than the targets are for: not the
+        // run the targets describe, even though the two agree with each other.
+        let mut m = passing();
+        m.max_throughput.as_mut().unwrap().db_pool = 64;
+        m.floor.as_mut().unwrap().db_pool = 64;
+        let text = failure_text(&verdict(&targets(), &m));
+        assert!(
+            text.contains("Postgres pool: the target is for 8, this run had 64")
+                && text.contains("floor Postgres pool: the target is for 8, this run had 64"),
             "{text}"
         );
     }

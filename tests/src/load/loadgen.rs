@@ -62,8 +62,6 @@ pub struct LoadGen {
     accepted_n: AtomicU64,
     /// Messages given up (never accepted within `retry_for`): (sender, index).
     given_up: Mutex<Vec<(usize, u32)>>,
-    /// Messages whose first post was made.
-    sent_n: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -80,7 +78,6 @@ impl LoadGen {
             stats: Mutex::new(LoadStats::default()),
             accepted_n: AtomicU64::new(0),
             given_up: Mutex::new(Vec::new()),
-            sent_n: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         })
     }
@@ -97,11 +94,6 @@ impl LoadGen {
 
     pub fn accepted(&self) -> Vec<Accepted> {
         self.accepted.lock().unwrap().clone()
-    }
-
-    /// Messages posted at least once.
-    pub fn sent_count(&self) -> u64 {
-        self.sent_n.load(Ordering::Relaxed)
     }
 
     /// Messages never accepted within `retry_for`: (sender, index), in the order given up.
@@ -130,7 +122,6 @@ impl LoadGen {
         let sent_us = now_us();
         let give_up = Instant::now() + self.retry_for;
         let mut attempts = 0;
-        self.sent_n.fetch_add(1, Ordering::Relaxed);
         let mut backoff = Duration::from_millis(100);
         loop {
             attempts += 1;
