@@ -344,6 +344,26 @@ pub struct DemoConfig {
     pub enabled: bool,
 }
 
+/// Merge `SB_…` variables with their scalar values kept as written. Figment's `Env` reads
+/// `SB_TWILIO__FROM_NUMBER=+61400000000` as an integer, which a string field then refuses; here
+/// it stays text, and lossy extraction turns text into a number or flag only where a field wants
+/// one. Arrays and tables (`SB_X='[1, 2]'`) are still parsed; a quoted value loses its quotes.
+fn merge_env_as_text(mut figment: Figment, env: Env) -> Figment {
+    use figment::value::Value;
+    for (key, raw) in env.iter() {
+        let parsed: Value = raw.parse().expect("parsing a Value is infallible");
+        let value = match parsed {
+            Value::Num(..) | Value::Bool(..) | Value::Char(..) | Value::Empty(..) => {
+                Value::from(raw)
+            }
+            other => other,
+        };
+        // A `(key path, value)` pair is a provider that nests the value at `a.b.c`.
+        figment = figment.merge((key.as_str().to_string(), value));
+    }
+    figment
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading configuration: {0}")]
@@ -363,10 +383,12 @@ impl Config {
     }
 
     pub fn load_from(path: &Path) -> Result<Self, ConfigError> {
-        let figment = Figment::from(Serialized::defaults(Config::default()))
-            .merge(Toml::file(path))
-            .merge(Env::prefixed("SB_").split("__").ignore(&["config"]));
-        let config: Config = figment.extract().map_err(Box::new)?;
+        let figment = merge_env_as_text(
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::file(path)),
+            Env::prefixed("SB_").split("__").ignore(&["config"]),
+        );
+        // Lossy: a value the environment gave as text becomes the number or flag a field needs.
+        let config: Config = figment.extract_lossy().map_err(Box::new)?;
         config.validate()?;
         Ok(config)
     }
@@ -430,7 +452,20 @@ mod tests {
             )?;
             jail.set_env("SB_TWILIO__API_BASE", "http://env");
             jail.set_env("SB_NATS_URL", "nats://env:2");
+            // Values that look like numbers, unquoted, into text fields; text into numbers.
+            jail.set_env("SB_TWILIO__FROM_NUMBER", "+61400000000");
+            jail.set_env("SB_TWILIO__ACCOUNT_SID", "12345");
+            jail.set_env("SB_TEXTMAGIC__WEBHOOK_TOKEN", "00731");
+            jail.set_env("SB_GATEWAY__MAX_TEXT_CHARS", "99");
+            jail.set_env("SB_DEMO__ENABLED", "true");
+            jail.set_env("SB_TEXTMAGIC__USERNAME", "\"quoted\"");
             let c = Config::load_from(Path::new("sb.toml")).expect("loads");
+            assert_eq!(c.twilio.from_number, "+61400000000");
+            assert_eq!(c.twilio.account_sid, "12345");
+            assert_eq!(c.textmagic.webhook_token.expose(), "00731");
+            assert_eq!(c.gateway.max_text_chars, 99);
+            assert!(c.demo.enabled);
+            assert_eq!(c.textmagic.username, "quoted");
             assert_eq!(c.twilio.api_base, "http://env");
             assert_eq!(c.nats_url, "nats://env:2");
             assert_eq!(c.agent("reggie_oc").unwrap().timeout_s, 120);
