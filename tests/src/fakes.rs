@@ -150,6 +150,123 @@ impl FakeTwilio {
     }
 }
 
+/// TextMagic's v2 Messages API: `X-TM-Username`/`X-TM-Key`, a JSON body of `text`, `phones`
+/// (digits without `+`, comma separated) and `from`; 201 with the message's ids.
+#[derive(Clone)]
+pub struct FakeTextMagic {
+    pub url: String,
+    pub username: String,
+    pub api_key: String,
+    sent: Arc<Mutex<Vec<SentSms>>>,
+    /// Answer this many next requests with `fail_status` (429: slow down; 5xx: an outage).
+    fail_next: Arc<AtomicUsize>,
+    fail_status: Arc<Mutex<u16>>,
+    ids: Arc<AtomicUsize>,
+}
+
+#[derive(Deserialize)]
+struct TextMagicMessage {
+    text: Option<String>,
+    phones: Option<String>,
+    from: Option<String>,
+}
+
+impl FakeTextMagic {
+    pub async fn start(username: &str, api_key: &str) -> Self {
+        let mut this = Self {
+            url: String::new(),
+            username: username.into(),
+            api_key: api_key.into(),
+            sent: Default::default(),
+            fail_next: Default::default(),
+            fail_status: Arc::new(Mutex::new(500)),
+            ids: Arc::new(AtomicUsize::new(49_575_710)),
+        };
+        let router = Router::new()
+            .route("/api/v2/messages", post(Self::send))
+            .with_state(this.clone());
+        this.url = serve(router).await;
+        this
+    }
+
+    pub fn sent(&self) -> Vec<SentSms> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    /// Answer the next `n` requests with HTTP `status`.
+    pub fn fail_next(&self, n: usize, status: u16) {
+        *self.fail_status.lock().unwrap() = status;
+        self.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    async fn send(
+        State(s): State<FakeTextMagic>,
+        headers: HeaderMap,
+        Json(m): Json<TextMagicMessage>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        };
+        if header("x-tm-username") != s.username || header("x-tm-key") != s.api_key {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(serde_json::json!({"code": 401, "message": "Unauthorized"})),
+            );
+        }
+        if s.fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            let status = *s.fail_status.lock().unwrap();
+            return (
+                StatusCode::from_u16(status).unwrap(),
+                Json(serde_json::json!({"code": status, "message": "Too Many Requests"})),
+            );
+        }
+        let (Some(text), Some(phones)) = (m.text, m.phones) else {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(
+                    serde_json::json!({"code": 400, "message": "Validation Failed",
+                    "errors": {"fields": {"text": ["This value should not be blank."]}}}),
+                ),
+            );
+        };
+        if phones.is_empty()
+            || !phones
+                .split(',')
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(
+                    serde_json::json!({"code": 400, "message": "Validation Failed",
+                    "errors": {"fields": {"phones": ["Invalid phone number format."]}}}),
+                ),
+            );
+        }
+        let id = s.ids.fetch_add(1, Ordering::SeqCst);
+        s.sent.lock().unwrap().push(SentSms {
+            sid: id.to_string(),
+            to: phones,
+            from: m.from.unwrap_or_default(),
+            body: text,
+        });
+        (
+            StatusCode::CREATED,
+            Json(
+                serde_json::json!({"id": id, "href": format!("/api/v2/sessions/{id}"),
+                "type": "message", "sessionId": id, "bulkId": null, "messageId": id,
+                "scheduleId": null}),
+            ),
+        )
+    }
+}
+
 /// The resolved person id in a prompt's header (`| id <person_id> |`).
 pub fn person_of(prompt: &str) -> String {
     prompt

@@ -17,9 +17,13 @@ use switchboard_kit::proto::DeadLetter;
 use switchboard_kit::startup::App;
 use tokio::process::{Child, Command};
 
-pub use fakes::{FakeRunner, FakeTwilio, RunnerCall, SentSms};
+pub use fakes::{FakeRunner, FakeTextMagic, FakeTwilio, RunnerCall, SentSms};
 
 pub const TWILIO_NUMBER: &str = "+15555550199";
+/// Our TextMagic number, as TextMagic writes numbers (digits, no `+`).
+pub const TEXTMAGIC_NUMBER: &str = "447624800500";
+/// The secret in our TextMagic callback URL.
+pub const TEXTMAGIC_TOKEN: &str = "tm-callback-7f3a";
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -93,10 +97,13 @@ pub struct TestApp {
     pub config: Config,
     pub config_path: PathBuf,
     pub gateway_url: String,
+    /// Where `/metrics` is served (not on the public gateway port).
+    pub admin_url: String,
     pub db: PgPool,
     pub js: jetstream::Context,
     pub topology: Topology,
     pub twilio: FakeTwilio,
+    pub textmagic: FakeTextMagic,
     pub runner: FakeRunner,
     app: App,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -146,6 +153,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     let nats_url = env("SB_NATS_URL");
     let database_url = fresh_database(&env("SB_DATABASE_URL")).await;
     let twilio = FakeTwilio::start("ACtest00000000000000000000000000", "test-auth-token").await;
+    let textmagic = FakeTextMagic::start("switchboard-test", "tm-api-key").await;
     let runner = FakeRunner::start().await;
     let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -162,6 +170,10 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.twilio.auth_token = Secret::new(twilio.auth_token.clone());
     config.twilio.from_number = TWILIO_NUMBER.into();
     config.twilio.api_base = twilio.url.clone();
+    config.textmagic.username = textmagic.username.clone();
+    config.textmagic.api_key = Secret::new(textmagic.api_key.clone());
+    config.textmagic.api_base = textmagic.url.clone();
+    config.textmagic.webhook_token = Secret::new(TEXTMAGIC_TOKEN);
     config.agents = vec![
         AgentConfig {
             name: "reggie_oc".into(),
@@ -203,26 +215,33 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     app.prepare(stages::ALL)
         .await
         .expect("migrations and topology");
-    let routes = switchboard_gateway::router(switchboard_gateway::GatewayState::new(
-        app.config.clone(),
-        app.runtime(),
-    ))
-    .merge(switchboard_kit::admin::router(app.readiness()));
+    let routes = switchboard::gateway_routes(&app);
+    let admin_listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+    let admin_url = format!("http://{}", admin_listener.local_addr().unwrap());
     let mut tasks = stages::tasks(
         &app,
         &stages::select(&opts.in_process).expect("known stages"),
     );
     tasks.push(app.serve_listener(listener, routes).expect("serve"));
+    tasks.push(
+        app.serve_listener(
+            admin_listener,
+            switchboard_kit::admin::router(app.readiness()),
+        )
+        .expect("serve admin"),
+    );
     let handle = tokio::spawn(app.clone().run(tasks));
 
     TestApp {
         gateway_url: format!("http://{addr}"),
+        admin_url,
         db: app.db.clone(),
         js: app.js.clone(),
         topology: app.topology.clone(),
         config,
         config_path,
         twilio,
+        textmagic,
         runner,
         app,
         handle,
@@ -243,7 +262,7 @@ impl TestApp {
     }
 
     pub fn sign(&self, params: &[(String, String)]) -> String {
-        switchboard_gateway::twilio::twilio_signature(
+        switchboard_channels::twilio::twilio_signature(
             self.config.twilio.auth_token.expose(),
             &format!("{}/webhooks/twilio/sms", self.config.gateway.public_url),
             params,
@@ -279,6 +298,54 @@ impl TestApp {
     pub async fn send_sms(&self, from: &str, text: &str) -> reqwest::Response {
         let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
         self.send_sms_with_sid(from, text, &sid).await
+    }
+
+    /// Post a TextMagic inbound-message callback (JSON, as TextMagic's v2 sends it) to the URL
+    /// with `token`.
+    pub async fn post_textmagic(
+        &self,
+        token: &str,
+        callback: &serde_json::Value,
+    ) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(format!(
+                "{}/webhooks/textmagic/sms/{token}",
+                self.gateway_url
+            ))
+            .json(callback)
+            .send()
+            .await
+            .expect("gateway reachable")
+    }
+
+    /// An SMS from `from` (digits, as TextMagic writes numbers) through TextMagic.
+    pub async fn send_textmagic_sms(&self, from: &str, text: &str, id: u64) -> reqwest::Response {
+        let callback = serde_json::json!({
+            "id": id,
+            "sender": from,
+            "receiver": TEXTMAGIC_NUMBER,
+            "messageTime": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%z").to_string(),
+            "text": text,
+        });
+        self.post_textmagic(TEXTMAGIC_TOKEN, &callback).await
+    }
+
+    /// Wait until the fake TextMagic has sent at least `n` SMS.
+    pub async fn wait_for_textmagic(&self, n: usize, timeout: Duration) -> Vec<SentSms> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let sent = self.textmagic.sent();
+            if sent.len() >= n {
+                return sent;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "expected {n} TextMagic SMS within {timeout:?}, got {}: {sent:?}",
+                    sent.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Wait until the fake Twilio has sent at least `n` SMS.
@@ -373,7 +440,7 @@ impl TestApp {
 
     /// The gateway's Prometheus page.
     pub async fn metrics(&self) -> String {
-        reqwest::get(format!("{}/metrics", self.gateway_url))
+        reqwest::get(format!("{}/metrics", self.admin_url))
             .await
             .expect("gateway reachable")
             .text()

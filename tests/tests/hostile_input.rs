@@ -97,14 +97,16 @@ fn without(params: &[(String, String)], names: &[&str]) -> Vec<(String, String)>
         .collect()
 }
 
-/// `sb_gateway_rejected_total{channel="sms",reason=…}` by reason.
+/// `sb_gateway_rejected_total{channel="sms",reason=…,provider="twilio"}` by reason.
 async fn rejected_counts(app: &TestApp) -> BTreeMap<String, u64> {
     let text = app.metrics().await;
     let prefix = "sb_gateway_rejected_total{channel=\"sms\",reason=\"";
     text.lines()
+        .filter(|l| l.contains("provider=\"twilio\""))
         .filter_map(|l| l.strip_prefix(prefix))
         .filter_map(|rest| {
-            let (reason, value) = rest.split_once("\"} ")?;
+            let (reason, rest) = rest.split_once('"')?;
+            let (_, value) = rest.rsplit_once(' ')?;
             Some((reason.to_string(), value.trim().parse().ok()?))
         })
         .collect()
@@ -159,12 +161,12 @@ async fn hostile_requests_get_their_4xx_publish_nothing_and_are_counted() {
 
     let mut too_many = good.clone();
     too_many.extend((0..200).map(|i| (format!("X{i}"), "1".to_string())));
-    let other_token = switchboard_gateway::twilio::twilio_signature(
+    let other_token = switchboard_channels::twilio::twilio_signature(
         "not-the-token",
         &format!("{}/webhooks/twilio/sms", app.config.gateway.public_url),
         &good,
     );
-    let other_url = switchboard_gateway::twilio::twilio_signature(
+    let other_url = switchboard_channels::twilio::twilio_signature(
         app.config.twilio.auth_token.expose(),
         "https://evil.example.com/webhooks/twilio/sms",
         &good,

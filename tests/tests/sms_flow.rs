@@ -98,7 +98,9 @@ async fn a_wrong_or_missing_signature_is_refused_and_nothing_is_published() {
 
     let metrics = app.metrics().await;
     assert!(
-        metrics.contains("sb_gateway_rejected_total{channel=\"sms\",reason=\"invalid_signature\"}"),
+        metrics.contains(
+            "sb_gateway_rejected_total{channel=\"sms\",reason=\"invalid_signature\",provider=\"twilio\"}"
+        ),
         "rejections are counted:\n{metrics}"
     );
     app.shutdown().await;

@@ -6,8 +6,6 @@
 //! database is down, the write is retried for most of the lease. The one window left: the
 //! process dies after the provider accepted a part and before the ledger records it (or the
 //! database stays down longer than the lease); that part is sent again when the reply is retried.
-pub mod twilio;
-
 use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Row};
@@ -19,15 +17,7 @@ use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
-pub use twilio::TwilioSender;
-
-#[derive(Debug, thiserror::Error)]
-pub enum SendError {
-    #[error("provider unavailable: {0}")]
-    Unavailable(String),
-    #[error("provider rejected the message: {0}")]
-    Rejected(String),
-}
+pub use switchboard_channels::{OutboundPart, SendError, Senders};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliverError {
@@ -37,29 +27,6 @@ pub enum DeliverError {
     NoSender(String),
     #[error("delivery ledger: {0}")]
     Database(#[from] sqlx::Error),
-}
-
-/// Split a reply into bodies of at most `max` characters, preferring to break at whitespace.
-pub fn split_message(text: &str, max: usize) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut parts = Vec::new();
-    let mut start = 0;
-    while start < chars.len() {
-        let mut end = (start + max).min(chars.len());
-        if end < chars.len()
-            && let Some(ws) = chars[start..end].iter().rposition(|c| c.is_whitespace())
-            && ws > max / 2
-        {
-            end = start + ws + 1;
-        }
-        let part: String = chars[start..end].iter().collect();
-        let trimmed = part.trim_end();
-        if !trimmed.is_empty() {
-            parts.push(trimmed.to_string());
-        }
-        start = end;
-    }
-    parts
 }
 
 /// Where a reply stands in the ledger.
@@ -295,7 +262,7 @@ impl DeliveryLedger {
 
 pub struct DeliverStage {
     ledger: DeliveryLedger,
-    twilio: TwilioSender,
+    senders: Senders,
     topology: Topology,
 }
 
@@ -306,10 +273,10 @@ const ORDER_HOLD: Duration = Duration::from_secs(20);
 const ORDER_POLL: Duration = Duration::from_millis(50);
 
 impl DeliverStage {
-    pub fn new(ledger: DeliveryLedger, twilio: TwilioSender, topology: Topology) -> Self {
+    pub fn new(ledger: DeliveryLedger, senders: Senders, topology: Topology) -> Self {
         Self {
             ledger,
-            twilio,
+            senders,
             topology,
         }
     }
@@ -379,15 +346,16 @@ impl Stage for DeliverStage {
             .id
             .parse()
             .map_err(|_| StageError::permanent(DeliverError::Malformed("reply id")))?;
-        if reply.provider != "twilio" {
+        let Some(sender) = self.senders.get(&reply.provider).cloned() else {
             return Err(StageError::permanent(DeliverError::NoSender(
                 reply.provider.clone(),
             )));
-        }
+        };
+        let provider = reply.provider.clone();
         if let Ok(session) = reply.session_id.parse::<Uuid>() {
             self.wait_for_predecessor(session, reply.seq).await?;
         }
-        let parts = split_message(&reply.text, twilio::MAX_BODY_CHARS);
+        let parts = sender.split(&reply.text);
         let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));
         let mut lease_taken = Instant::now();
         let (mut sent, mut ids) = match self
@@ -423,11 +391,14 @@ impl Stage for DeliverStage {
             self.ledger.finish(id, None).await.map_err(transient)?;
         }
         while sent < parts.len() {
-            match self
-                .twilio
-                .send(&reply.recipient, &reply.reply_from, &parts[sent])
-                .await
-            {
+            let part = OutboundPart {
+                to: &reply.recipient,
+                from: &reply.reply_from,
+                text: &parts[sent],
+                reply_id: &reply.id,
+                index: sent,
+            };
+            match sender.send(part).await {
                 Ok(sid) => {
                     let last = sent + 1 == parts.len();
                     // Keep a margin before the lease ends, so no other deliverer takes the
@@ -447,9 +418,18 @@ impl Stage for DeliverStage {
                         .finish(id, Some(&error))
                         .await
                         .map_err(transient)?;
-                    metrics::counter!("sb_delivery_failed_total", "provider" => "twilio")
+                    metrics::counter!("sb_delivery_failed_total", "provider" => provider)
                         .increment(1);
                     return Ok(vec![self.failed(&reply, error)]);
+                }
+                Err(e @ SendError::Throttled { .. }) => {
+                    // The provider asked us to slow down: back off by the stage's retry policy
+                    // (the attempt counts, so a provider that never lets up ends in
+                    // `delivery.failed`, not in a reply waiting forever).
+                    metrics::counter!("sb_delivery_throttled_total", "provider" => provider.clone())
+                        .increment(1);
+                    let _ = self.ledger.release(id, &e.to_string()).await;
+                    return Err(StageError::transient(e));
                 }
                 Err(e @ SendError::Unavailable(_)) => {
                     // The next attempt may take over at once; when the runtime gives up on the
@@ -459,7 +439,7 @@ impl Stage for DeliverStage {
                 }
             }
         }
-        metrics::counter!("sb_delivery_sent_total", "provider" => "twilio").increment(1);
+        metrics::counter!("sb_delivery_sent_total", "provider" => provider).increment(1);
         Ok(vec![self.delivered(&reply, ids)])
     }
 
@@ -500,7 +480,6 @@ impl Stage for DeliverStage {
 /// deliverer's reply is picked up again after this. Above one send's HTTP timeout (30 s).
 pub const DELIVERY_LEASE: Duration = Duration::from_secs(45);
 
-/// The deliver stage as a task of `app`.
 /// The deliver stage, as the product lists it.
 pub const STAGE: Registration = Registration {
     spec: DeliverStage::SPEC,
@@ -511,30 +490,8 @@ pub const STAGE: Registration = Registration {
 fn task(app: &App) -> Task {
     let stage = DeliverStage::new(
         DeliveryLedger::new(app.db.clone(), DELIVERY_LEASE),
-        TwilioSender::new(app.config.twilio.clone()),
+        Senders::from_config(&app.config),
         app.topology.clone(),
     );
     app.stage_task(stage)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_replies_are_split_at_whitespace_within_the_limit() {
-        let text = "word ".repeat(700); // 3,500 chars
-        let parts = split_message(&text, 1600);
-        assert_eq!(parts.len(), 3);
-        assert!(parts.iter().all(|p| p.chars().count() <= 1600));
-        assert_eq!(parts.join(" "), text.trim_end());
-    }
-
-    #[test]
-    fn a_short_reply_is_one_part_and_multibyte_text_counts_characters() {
-        assert_eq!(split_message("hi", 1600), vec!["hi"]);
-        let emoji = "é".repeat(1600);
-        assert_eq!(split_message(&emoji, 1600).len(), 1);
-        assert!(split_message("", 1600).is_empty());
-    }
 }

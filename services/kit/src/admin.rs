@@ -1,4 +1,7 @@
 //! `/healthz` (the process is up), `/readyz` (it can reach NATS and Postgres) and `/metrics`.
+//!
+//! The gateway's public port, where providers post webhooks, serves only the health checks
+//! (load balancers need them); `/metrics` is on the admin address.
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -11,15 +14,20 @@ pub struct Readiness {
     pub db: PgPool,
 }
 
-pub fn router(readiness: Readiness) -> Router {
+/// `/healthz` and `/readyz`.
+pub fn health_router(readiness: Readiness) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .route(
-            "/metrics",
-            get(|| async { crate::telemetry::metrics().render() }),
-        )
         .with_state(readiness)
+}
+
+/// The admin address: the health checks and `/metrics`.
+pub fn router(readiness: Readiness) -> Router {
+    health_router(readiness).route(
+        "/metrics",
+        get(|| async { crate::telemetry::metrics().render() }),
+    )
 }
 
 async fn ready(State(r): State<Readiness>) -> (StatusCode, String) {

@@ -93,6 +93,13 @@ pub struct GatewayConfig {
     pub max_body_bytes: usize,
     /// Longest accepted message text, in characters.
     pub max_text_chars: usize,
+    /// A connection that has not sent a whole request head within this time is closed (slow
+    /// or stalled clients cannot hold the gateway).
+    pub header_timeout_ms: u64,
+    /// A request not answered within this time (a body trickling in included) gets 408.
+    pub request_timeout_ms: u64,
+    /// Connections served at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
 }
 
 impl Default for GatewayConfig {
@@ -102,6 +109,9 @@ impl Default for GatewayConfig {
             public_url: "http://127.0.0.1:8080".into(),
             max_body_bytes: 64 * 1024,
             max_text_chars: 4096,
+            header_timeout_ms: 10_000,
+            request_timeout_ms: 30_000,
+            max_connections: 4_096,
         }
     }
 }
@@ -282,6 +292,8 @@ impl Default for RuntimeConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default)]
 pub struct SessionConfig {
+    /// What one session (per agent) spans; see [`SessionScope`].
+    pub scope: SessionScope,
     /// How often a message waiting for its sender's previous message re-checks while held.
     pub arrival_poll_ms: u64,
     /// How long a waiting message is held in its handler before it goes back to the stream.
@@ -299,9 +311,49 @@ pub struct SessionConfig {
     pub arrival_gap_timeout_ms: u64,
 }
 
+/// What one session of an agent spans (`session.scope`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionScope {
+    /// One session per person and agent, whatever the channel (the default): a person who
+    /// texts and then chats continues the same conversation.
+    #[default]
+    Person,
+    /// One per person, agent and channel (`sms`, `admin_chat`, …).
+    Channel,
+    /// One per person, agent, channel and the account they wrote to (our number, say).
+    AccountChannel,
+    /// One session per agent, shared by everyone who writes to it.
+    Main,
+}
+
+impl SessionScope {
+    /// The readable key of the session a message belongs to, e.g. `reggie_oc:person:staff:17`.
+    pub fn key(
+        self,
+        agent: &str,
+        person_type: &str,
+        person_id: &str,
+        channel: &str,
+        account: &str,
+    ) -> String {
+        match self {
+            SessionScope::Person => format!("{agent}:person:{person_type}:{person_id}"),
+            SessionScope::Channel => {
+                format!("{agent}:channel:{channel}:{person_type}:{person_id}")
+            }
+            SessionScope::AccountChannel => {
+                format!("{agent}:account-channel:{channel}:{account}:{person_type}:{person_id}")
+            }
+            SessionScope::Main => format!("{agent}:main"),
+        }
+    }
+}
+
 impl Default for SessionConfig {
     fn default() -> Self {
         Self {
+            scope: SessionScope::Person,
             arrival_poll_ms: 25,
             arrival_hold_ms: 250,
             arrival_retry_max_ms: 5_000,
@@ -471,6 +523,25 @@ mod tests {
             assert_eq!(c.agent("reggie_oc").unwrap().timeout_s, 120);
             Ok(())
         });
+    }
+
+    #[test]
+    fn each_session_scope_gives_a_readable_key() {
+        let key =
+            |scope: SessionScope| scope.key("reggie_oc", "staff", "17", "sms", "+15555550199");
+        assert_eq!(key(SessionScope::Person), "reggie_oc:person:staff:17");
+        assert_eq!(key(SessionScope::Channel), "reggie_oc:channel:sms:staff:17");
+        assert_eq!(
+            key(SessionScope::AccountChannel),
+            "reggie_oc:account-channel:sms:+15555550199:staff:17"
+        );
+        assert_eq!(key(SessionScope::Main), "reggie_oc:main");
+        let parsed: SessionConfig =
+            serde_json::from_value(serde_json::json!({"scope": "account-channel"})).unwrap();
+        assert_eq!(parsed.scope, SessionScope::AccountChannel);
+        assert!(
+            serde_json::from_value::<SessionConfig>(serde_json::json!({"scope": "nope"})).is_err()
+        );
     }
 
     /// Every key in the shipped example is one the product reads (a typo there would be

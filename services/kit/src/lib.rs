@@ -6,7 +6,8 @@
 //! - [`proto`]: the protobuf payloads (`proto/switchboard/v1`).
 //! - [`db`]: the Postgres pool and embedded migrations.
 //! - [`retry`]: the one retry-delay policy.
-//! - [`net`]: listening sockets, below the ephemeral port range.
+//! - [`net`]: listening sockets, below the ephemeral port range; [`http`]: serving them with
+//!   header and request timeouts and a connection cap.
 //! - [`stage`]: a stage's declaration, read by everything that loops over stages.
 //! - [`runtime`]: the worker runtime (fetch, handle, publish, ack, retry, dead-letter).
 //! - [`telemetry`] and [`admin`]: logs, metrics, `/healthz`, `/readyz`, `/metrics`.
@@ -19,6 +20,7 @@ pub mod arrival;
 pub mod config;
 pub mod db;
 pub mod dlq;
+pub mod http;
 pub mod net;
 pub mod proto;
 pub mod retry;

@@ -131,13 +131,14 @@ impl App {
         router: axum::Router,
     ) -> anyhow::Result<Task> {
         tracing::info!(addr = %listener.local_addr()?, "serving HTTP");
+        let limits = crate::http::HttpLimits::from_config(
+            &self.config.gateway,
+            std::time::Duration::from_millis(self.config.runtime.shutdown_grace_ms),
+        );
         let shutdown = self.shutdown.clone();
-        Ok(Box::pin(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move { shutdown.wait().await })
-                .await?;
-            Ok(())
-        }))
+        Ok(Box::pin(crate::http::serve(
+            listener, router, limits, shutdown,
+        )))
     }
 
     /// Run `tasks` to completion; the first failure triggers shutdown of the rest.

@@ -1,6 +1,7 @@
 //! The demo parts of `switchboard up` (`demo.enabled = true`): an agent runner that answers
-//! without any engine, and a Twilio outbox that keeps sent SMS in memory. Both speak the real
-//! wire formats, so the product path is the same as in production.
+//! without any engine, and an outbox that keeps sent SMS in memory, reached through Twilio's and
+//! TextMagic's send APIs. All speak the real wire formats, so the product path is the same as in
+//! production.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -12,10 +13,12 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use switchboard_kit::config::TwilioConfig;
+use switchboard_kit::config::{Config, TextMagicConfig, TwilioConfig};
 
 #[derive(Clone, Serialize)]
 pub struct OutboxMessage {
+    /// Which send API took it: `twilio` or `textmagic`.
+    pub provider: &'static str,
     pub sid: String,
     pub to: String,
     pub from: String,
@@ -26,13 +29,15 @@ pub struct OutboxMessage {
 #[derive(Clone)]
 struct DemoState {
     twilio: TwilioConfig,
+    textmagic: TextMagicConfig,
     outbox: Arc<Mutex<Vec<OutboxMessage>>>,
     turns: Arc<Mutex<HashMap<String, u32>>>,
 }
 
-pub fn router(twilio: TwilioConfig) -> Router {
+pub fn router(config: &Config) -> Router {
     let state = DemoState {
-        twilio,
+        twilio: config.twilio.clone(),
+        textmagic: config.textmagic.clone(),
         outbox: Default::default(),
         turns: Default::default(),
     };
@@ -42,6 +47,7 @@ pub fn router(twilio: TwilioConfig) -> Router {
             "/demo/twilio/2010-04-01/Accounts/{account}/Messages.json",
             post(send_sms),
         )
+        .route("/demo/textmagic/api/v2/messages", post(send_textmagic))
         .route("/demo/outbox", get(outbox))
         .with_state(state)
 }
@@ -111,6 +117,7 @@ async fn send_sms(
         );
     }
     let msg = OutboxMessage {
+        provider: "twilio",
         sid: format!("SM{}", uuid::Uuid::new_v4().simple()),
         to: form.to,
         from: form.from,
@@ -128,6 +135,55 @@ async fn send_sms(
 }
 
 #[derive(Deserialize)]
+struct TextMagicMessage {
+    text: String,
+    phones: String,
+    #[serde(default)]
+    from: String,
+}
+
+/// TextMagic's `POST /api/v2/messages`: `X-TM-Username`/`X-TM-Key`, JSON, 201 with ids.
+async fn send_textmagic(
+    State(s): State<DemoState>,
+    headers: HeaderMap,
+    Json(m): Json<TextMagicMessage>,
+) -> impl IntoResponse {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    };
+    if header("x-tm-username") != s.textmagic.username
+        || header("x-tm-key") != s.textmagic.api_key.expose()
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(serde_json::json!({"code": 401, "message": "Unauthorized"})),
+        );
+    }
+    let mut outbox = s.outbox.lock().expect("lock");
+    let id = 49_575_710 + outbox.len();
+    let msg = OutboxMessage {
+        provider: "textmagic",
+        sid: id.to_string(),
+        to: m.phones,
+        from: m.from,
+        body: m.text,
+        sent_at: chrono::Utc::now().to_rfc3339(),
+    };
+    tracing::info!(to = %msg.to, chars = msg.body.chars().count(), "demo outbox: TextMagic SMS sent");
+    outbox.push(msg);
+    (
+        StatusCode::CREATED,
+        Json(
+            serde_json::json!({"id": id, "href": format!("/api/v2/sessions/{id}"),
+            "type": "message", "sessionId": id, "messageId": id}),
+        ),
+    )
+}
+
+#[derive(Deserialize)]
 struct OutboxQuery {
     to: Option<String>,
 }
@@ -136,7 +192,12 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
     let all = s.outbox.lock().expect("lock").clone();
     let filtered: Vec<OutboxMessage> = all
         .into_iter()
-        .filter(|m| q.to.as_ref().is_none_or(|t| &m.to == t))
+        // TextMagic writes numbers without `+`: compare digits.
+        .filter(|m| q.to.as_ref().is_none_or(|t| digits(&m.to) == digits(t)))
         .collect();
     Json(filtered)
+}
+
+fn digits(number: &str) -> String {
+    number.chars().filter(char::is_ascii_digit).collect()
 }

@@ -7,13 +7,21 @@ pub mod stages;
 use anyhow::Context as _;
 use switchboard_kit::startup::App;
 
-/// The gateway's HTTP routes with the admin endpoints (`/healthz`, `/readyz`, `/metrics`).
+/// The gateway's public routes: every channel's webhook, and the health checks.
 pub fn gateway_routes(app: &App) -> axum::Router {
     switchboard_gateway::router(switchboard_gateway::GatewayState::new(
         app.config.clone(),
         app.runtime(),
     ))
-    .merge(switchboard_kit::admin::router(app.readiness()))
+    .merge(switchboard_kit::admin::health_router(app.readiness()))
+}
+
+/// `/healthz`, `/readyz` and `/metrics` on `admin.http_addr`.
+pub async fn admin_task(app: &App) -> anyhow::Result<switchboard_kit::startup::Task> {
+    let admin = switchboard_kit::admin::router(app.readiness());
+    app.serve_http(&app.config.admin.http_addr, admin)
+        .await
+        .context("serving the admin endpoints")
 }
 
 /// A process running the stages `names` stand for (stage or worker names): connect, migrate,
@@ -25,12 +33,7 @@ pub async fn run_worker(config: switchboard_kit::Config, names: &[String]) -> an
     app.prepare(stages::ALL).await?;
     app.shutdown.trigger_on_signals();
     let mut tasks = stages::tasks(&app, &selected);
-    let admin = switchboard_kit::admin::router(app.readiness());
-    tasks.push(
-        app.serve_http(&app.config.admin.http_addr, admin)
-            .await
-            .context("serving the admin endpoints")?,
-    );
+    tasks.push(admin_task(&app).await?);
     tracing::info!(
         stages = %selected.iter().map(|r| r.spec.name).collect::<Vec<_>>().join(", "),
         "worker is up"
@@ -47,5 +50,6 @@ pub async fn run_gateway(config: switchboard_kit::Config) -> anyhow::Result<()> 
     let serve = app
         .serve_http(&app.config.gateway.http_addr, routes)
         .await?;
-    app.run(vec![serve]).await
+    let admin = admin_task(&app).await?;
+    app.run(vec![serve, admin]).await
 }

@@ -99,20 +99,30 @@ enum DirectoryCommand {
 
 #[derive(Subcommand)]
 enum SmsCommand {
-    /// Post a signed SMS webhook to the gateway, then wait for the reply in the demo outbox.
+    /// Post an SMS webhook to the gateway as the provider would (Twilio: signed form;
+    /// TextMagic: JSON to the token URL), then wait for the reply in the demo outbox.
     Send {
         /// The sender's phone number.
         #[arg(long, default_value = "+15555550100")]
         from: String,
         #[arg(long)]
         text: String,
-        /// Our number (defaults to twilio.from_number).
+        /// Our number (defaults to the provider's from_number).
         #[arg(long)]
         to: Option<String>,
+        /// Which provider the SMS comes through.
+        #[arg(long, value_enum, default_value_t = SmsProvider::Twilio)]
+        via: SmsProvider,
         /// Seconds to wait for the reply (0: don't wait).
         #[arg(long, default_value_t = 30)]
         wait: u64,
     },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum SmsProvider {
+    Twilio,
+    Textmagic,
 }
 
 #[tokio::main]
@@ -210,8 +220,10 @@ async fn up(config: Config) -> anyhow::Result<()> {
     app.shutdown.trigger_on_signals();
     let mut routes = switchboard::gateway_routes(&app);
     if app.config.demo.enabled {
-        routes = routes.merge(demo::router(app.config.twilio.clone()));
-        tracing::info!("demo runner at /demo/runner, demo Twilio outbox at /demo/outbox");
+        routes = routes.merge(demo::router(&app.config));
+        tracing::info!(
+            "demo runner at /demo/runner, demo Twilio and TextMagic outbox at /demo/outbox"
+        );
     }
     let all: Vec<_> = stages::ALL.iter().collect();
     let mut tasks = stages::tasks(&app, &all);
@@ -219,8 +231,10 @@ async fn up(config: Config) -> anyhow::Result<()> {
         app.serve_http(&app.config.gateway.http_addr, routes)
             .await?,
     );
+    tasks.push(switchboard::admin_task(&app).await?);
     tracing::info!(
         gateway = %app.config.gateway.http_addr,
+        admin = %app.config.admin.http_addr,
         "switchboard is up: gateway and all workers in one process"
     );
     app.run(tasks).await
@@ -317,34 +331,60 @@ async fn sms(config: Config, command: SmsCommand) -> anyhow::Result<()> {
         text,
         to,
         wait,
+        via,
     } = command;
     let from = switchboard_kit::address::normalize_phone(&from, &config.identity.default_region)?;
-    let to = to.unwrap_or_else(|| config.twilio.from_number.clone());
     let base = config.gateway.public_url.trim_end_matches('/').to_string();
-    let url = format!("{base}/webhooks/twilio/sms");
-    let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
-    let params: Vec<(String, String)> = vec![
-        ("AccountSid".into(), config.twilio.account_sid.clone()),
-        ("ApiVersion".into(), "2010-04-01".into()),
-        ("Body".into(), text),
-        ("From".into(), from.clone()),
-        ("MessageSid".into(), sid.clone()),
-        ("NumMedia".into(), "0".into()),
-        ("SmsSid".into(), sid.clone()),
-        ("To".into(), to),
-    ];
-    let signature = switchboard_gateway::twilio::twilio_signature(
-        config.twilio.auth_token.expose(),
-        &url,
-        &params,
-    );
     let http = reqwest::Client::new();
     let outbox_url = format!("{base}/demo/outbox");
     let before = outbox_count(&http, &outbox_url, &from).await;
-    let resp = http
-        .post(&url)
-        .header("X-Twilio-Signature", signature)
-        .form(&params)
+    let (sid, url, request) = match via {
+        SmsProvider::Twilio => {
+            let to = to.unwrap_or_else(|| config.twilio.from_number.clone());
+            let url = format!("{base}/webhooks/twilio/sms");
+            let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
+            let params: Vec<(String, String)> = vec![
+                ("AccountSid".into(), config.twilio.account_sid.clone()),
+                ("ApiVersion".into(), "2010-04-01".into()),
+                ("Body".into(), text),
+                ("From".into(), from.clone()),
+                ("MessageSid".into(), sid.clone()),
+                ("NumMedia".into(), "0".into()),
+                ("SmsSid".into(), sid.clone()),
+                ("To".into(), to),
+            ];
+            let signature = switchboard_channels::twilio::twilio_signature(
+                config.twilio.auth_token.expose(),
+                &url,
+                &params,
+            );
+            let request = http
+                .post(&url)
+                .header("X-Twilio-Signature", signature)
+                .form(&params);
+            (sid, url, request)
+        }
+        SmsProvider::Textmagic => {
+            // TextMagic writes numbers as digits, without `+`, and signs nothing: the token in
+            // the URL is the credential.
+            let digits = |n: &str| n.chars().filter(char::is_ascii_digit).collect::<String>();
+            let to = to.unwrap_or_else(|| config.textmagic.from_number.clone());
+            let url = format!(
+                "{base}/webhooks/textmagic/sms/{}",
+                config.textmagic.webhook_token.expose()
+            );
+            let id = (uuid::Uuid::new_v4().as_u128() % 1_000_000_000_000).to_string();
+            let callback = serde_json::json!({
+                "id": id,
+                "sender": digits(&from),
+                "receiver": digits(&to),
+                "messageTime": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%z").to_string(),
+                "text": text,
+            });
+            (id, url.clone(), http.post(&url).json(&callback))
+        }
+    };
+    let resp = request
         .send()
         .await
         .with_context(|| format!("posting to {url} (is `make run` running?)"))?;
@@ -358,7 +398,7 @@ async fn sms(config: Config, command: SmsCommand) -> anyhow::Result<()> {
         return Ok(());
     }
     let Some(before) = before else {
-        println!("(no demo outbox at {outbox_url}; the reply goes out through Twilio)");
+        println!("(no demo outbox at {outbox_url}; the reply goes out through the provider)");
         return Ok(());
     };
     let deadline = Instant::now() + Duration::from_secs(wait);
@@ -368,8 +408,9 @@ async fn sms(config: Config, command: SmsCommand) -> anyhow::Result<()> {
         {
             for m in &list[before..] {
                 println!(
-                    "reply to {}: {}",
+                    "reply to {} by {}: {}",
                     m["to"].as_str().unwrap_or(""),
+                    m["provider"].as_str().unwrap_or(""),
                     m["body"].as_str().unwrap_or("")
                 );
             }

@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 
 use arbitrary::{Arbitrary, Unstructured};
 use prost::Message;
-use switchboard_gateway::twilio::{twilio_signature as sign, verify_twilio_signature};
-use switchboard_gateway::{MAX_FORM_FIELDS, MAX_SID_CHARS, TwilioCheck, parse_twilio_sms};
+use switchboard_channels::form::MAX_FORM_FIELDS;
+use switchboard_channels::twilio::{
+    MAX_SID_CHARS, TwilioCheck, parse_twilio_sms, twilio_signature as sign, verify_twilio_signature,
+};
 use switchboard_kit::address::normalize_phone;
 use switchboard_kit::proto::{DeadLetter, IdentifiedMessage, InboundMessage, Reply, Turn};
 
@@ -59,7 +61,7 @@ pub fn twilio_webhook(data: &[u8]) {
     let lenient: Vec<(String, String)> = form_urlencoded::parse(body)
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
-    let strict = switchboard_gateway::form::parse_form(body, MAX_FORM_FIELDS);
+    let strict = switchboard_channels::form::parse_form(body, MAX_FORM_FIELDS);
     if let Ok(fields) = &strict {
         // A body the strict parser accepts means the same as it does to everyone else.
         assert_eq!(fields, &lenient, "strict and WHATWG parsing disagree");
@@ -99,7 +101,13 @@ pub fn twilio_webhook(data: &[u8]) {
             }
             assert!(sms.media_urls.len() <= 10);
             let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
-            assert_eq!(field("Body").map_or("", |v| v.as_str()), sms.text);
+            // The text is the Body, minus control characters (tab and line feed kept).
+            let body: String = field("Body")
+                .map_or("", |v| v.as_str())
+                .chars()
+                .filter(|&c| c == '\n' || c == '\t' || !c.is_control())
+                .collect();
+            assert_eq!(body, sms.text);
         }
         Err(e) => {
             let status = e.status().as_u16();
@@ -118,6 +126,77 @@ pub fn twilio_webhook(data: &[u8]) {
                     "a correct signature was refused"
                 );
             }
+        }
+    }
+}
+
+/// Every code `parse_textmagic_sms` may answer with, and its status.
+const TEXTMAGIC_CODES: &[(&str, u16)] = &[
+    ("unsupported_media_type", 415),
+    ("malformed_json", 400),
+    ("malformed_form", 400),
+    ("malformed_multipart", 400),
+    ("bad_encoding", 400),
+    ("too_many_fields", 400),
+    ("missing_field", 400),
+    ("invalid_field", 400),
+    ("text_too_long", 413),
+    ("invalid_sender", 400),
+];
+
+const TEXTMAGIC_CONTENT_TYPES: [Option<&str>; 8] = [
+    Some("application/json"),
+    Some("application/x-www-form-urlencoded"),
+    Some("multipart/form-data; boundary=x"),
+    Some("application/json; charset=utf-8"),
+    Some("multipart/form-data"),
+    Some("application/json; charset=ISO-8859-1"),
+    Some("text/plain"),
+    None,
+];
+
+/// TextMagic's callback body, after the URL token: JSON, form or multipart, all read alike.
+///
+/// Input: one flag byte, then the body. Flag bits 0-2: the content type; bit 3: a 16-character
+/// text limit instead of 4096.
+pub fn textmagic_webhook(data: &[u8]) {
+    use switchboard_channels::textmagic::parse_textmagic_sms;
+    let Some((&flags, body)) = data.split_first() else {
+        return;
+    };
+    let content_type = TEXTMAGIC_CONTENT_TYPES[usize::from(flags) & 7];
+    let max_text_chars = if flags & 8 != 0 { 16 } else { 4096 };
+    match parse_textmagic_sms(body, content_type, max_text_chars, "US") {
+        Ok(sms) => {
+            assert!(
+                matches!(usize::from(flags) & 7, 0..=3),
+                "accepted content type {content_type:?}"
+            );
+            assert!(!sms.id.is_empty() && sms.id.len() <= 64);
+            assert!(
+                sms.id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "id {:?} is not header-safe",
+                sms.id
+            );
+            assert_e164(&sms.sender);
+            assert!(sms.text.chars().count() <= max_text_chars);
+            assert!(
+                sms.text
+                    .chars()
+                    .all(|c| c == '\n' || c == '\t' || !c.is_control()),
+                "a control character reaches the pipeline"
+            );
+            assert!(!sms.receiver.contains('\0'), "NUL reaches the pipeline");
+        }
+        Err(e) => {
+            let status = e.status().as_u16();
+            assert!(
+                TEXTMAGIC_CODES.contains(&(e.code(), status)),
+                "unexpected rejection {} {status}",
+                e.code()
+            );
         }
     }
 }
@@ -267,8 +346,9 @@ pub fn work_payloads(data: &[u8]) {
 pub type Check = fn(&[u8]);
 
 /// The fuzz targets by name, for the seed replay.
-pub const TARGETS: [(&str, Check); 4] = [
+pub const TARGETS: [(&str, Check); 5] = [
     ("twilio_webhook", twilio_webhook),
+    ("textmagic_webhook", textmagic_webhook),
     ("twilio_signature", twilio_signature),
     ("phone_normalize", phone_normalize),
     ("work_payloads", work_payloads),

@@ -148,6 +148,36 @@ fn write_seeds() {
         write("twilio_webhook", name, &[&[flags][..], &body].concat());
     }
 
+    // textmagic_webhook: flag byte (bits 0-2 = content type, bit 3 = short text limit), body.
+    let tm_form = form(&[
+        ("id", "49575710"),
+        ("sender", "447860021130"),
+        ("receiver", "447624800500"),
+        ("messageTime", "2012-11-28T18:38:28+0000"),
+        ("text", "Hi there"),
+    ]);
+    let tm_multipart = b"--x\r\nContent-Disposition: form-data; name=\"id\"\r\n\r\n49575710\r\n\
+--x\r\nContent-Disposition: form-data; name=\"sender\"\r\n\r\n447860021130\r\n\
+--x\r\nContent-Disposition: form-data; name=\"text\"\r\n\r\nHi there\r\n--x--\r\n"
+        .to_vec();
+    let tm_cases: Vec<(&str, u8, Vec<u8>)> = vec![
+        (
+            "json",
+            0,
+            br#"{"id":49575710,"sender":"447860021130","receiver":"447624800500","messageTime":"2012-11-28T18:38:28+0000","text":"Hi there"}"#.to_vec(),
+        ),
+        ("json_long_text", 8, br#"{"id":"1","sender":"+1 415 555 0100","text":"a much longer text than sixteen"}"#.to_vec()),
+        ("json_control", 3, b"{\"id\":\"x_1\",\"sender\":\"14155550100\",\"text\":\"a\\u0007b\\r\\n\"}".to_vec()),
+        ("json_odd", 0, br#"{"id":null,"sender":[1],"text":{}}"#.to_vec()),
+        ("form", 1, tm_form),
+        ("multipart", 2, tm_multipart),
+        ("multipart_no_boundary", 4, b"--x\r\n".to_vec()),
+        ("plain", 6, b"id=1&sender=1".to_vec()),
+    ];
+    for (name, flags, body) in tm_cases {
+        write("textmagic_webhook", name, &[&[flags][..], &body].concat());
+    }
+
     // twilio_signature: arbitrary bytes, read through `arbitrary`.
     write("twilio_signature", "empty", b"");
     write(

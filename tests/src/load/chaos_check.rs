@@ -939,7 +939,7 @@ mod tests {
 
     #[test]
     fn the_user_agent_names_the_sending_process() {
-        let ua = switchboard_deliver::twilio::user_agent();
+        let ua = switchboard_channels::user_agent();
         assert_eq!(
             crate::load::fakes::pid_of_user_agent(&ua),
             Some(std::process::id()),

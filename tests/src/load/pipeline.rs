@@ -345,7 +345,7 @@ impl GatewayClient {
         sid: &str,
     ) -> Result<reqwest::StatusCode, reqwest::Error> {
         let params = crate::twilio_sms_params(&self.account_sid, from, text, sid);
-        let signature = switchboard_gateway::twilio::twilio_signature(
+        let signature = switchboard_channels::twilio::twilio_signature(
             &self.auth_token,
             &self.sign_url,
             &params,

@@ -1,10 +1,10 @@
 //! Twilio's Messages API: `POST {base}/2010-04-01/Accounts/{AccountSid}/Messages.json`.
-use std::time::Duration;
-
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
 use serde::Deserialize;
 use switchboard_kit::config::TwilioConfig;
 
-use crate::SendError;
+use crate::egress::{self, Egress, OutboundPart, SendError};
 
 /// Twilio's limit on one message body.
 pub const MAX_BODY_CHARS: usize = 1600;
@@ -22,17 +22,14 @@ struct Created {
 
 impl TwilioSender {
     pub fn new(config: TwilioConfig) -> Self {
-        let http = reqwest::Client::builder()
-            .user_agent(user_agent())
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("HTTP client");
-        Self { http, config }
+        Self {
+            http: crate::http_client(),
+            config,
+        }
     }
 
     /// Send one body (≤ 1,600 characters). Returns Twilio's message sid.
-    pub async fn send(&self, to: &str, from: &str, body: &str) -> Result<String, SendError> {
+    pub async fn send_body(&self, to: &str, from: &str, body: &str) -> Result<String, SendError> {
         let base = if self.config.api_base.is_empty() {
             "https://api.twilio.com"
         } else {
@@ -62,37 +59,33 @@ impl TwilioSender {
             .await
             .map_err(|e| SendError::Unavailable(e.to_string()))?;
         let status = resp.status().as_u16();
+        let retry_after = egress::retry_after(resp.headers());
         let text = resp.text().await.unwrap_or_default();
+        let detail = || format!("Twilio HTTP {status}: {}", egress::clip(&text));
         match status {
             200..=299 => serde_json::from_str::<Created>(&text)
                 .map(|c| c.sid)
                 .map_err(|e| SendError::Unavailable(format!("unreadable Twilio answer: {e}"))),
             // The request itself is wrong for this recipient (invalid number, unsubscribed...):
             // sending it again cannot help.
-            400 | 422 => Err(SendError::Rejected(format!(
-                "Twilio HTTP {status}: {}",
-                clip(&text)
-            ))),
-            // 429, 5xx, and credential or account errors an operator can fix: retry, then
+            400 | 422 => Err(SendError::Rejected(detail())),
+            429 => Err(SendError::Throttled {
+                retry_after,
+                detail: detail(),
+            }),
+            // 5xx, and credential or account errors an operator can fix: retry, then
             // dead-letter (replayable once fixed).
-            _ => Err(SendError::Unavailable(format!(
-                "Twilio HTTP {status}: {}",
-                clip(&text)
-            ))),
+            _ => Err(SendError::Unavailable(detail())),
         }
     }
 }
 
-/// `switchboard-deliver/<version> (<host>:<pid>)`: which replica sent a message, as the
-/// provider's request log (or a test's fake) sees it.
-pub fn user_agent() -> String {
-    format!(
-        "switchboard-deliver/{} ({})",
-        env!("CARGO_PKG_VERSION"),
-        switchboard_kit::instance_id()
-    )
-}
+impl Egress for TwilioSender {
+    fn split(&self, text: &str) -> Vec<String> {
+        egress::split_message(text, MAX_BODY_CHARS)
+    }
 
-fn clip(s: &str) -> String {
-    s.chars().take(300).collect()
+    fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {
+        self.send_body(part.to, part.from, part.text).boxed()
+    }
 }

@@ -22,6 +22,22 @@ pub enum FormError {
     TooManyFields,
 }
 
+/// Most parameters a provider's webhook carries is ~40 (Twilio, more with media); anything far
+/// beyond that is not a provider.
+pub const MAX_FORM_FIELDS: usize = 200;
+
+impl FormError {
+    /// The answer to a request whose body is such a form: 400 with the reason.
+    pub fn rejection(self) -> crate::ApiError {
+        let code = match self {
+            FormError::BadEscape => "malformed_form",
+            FormError::NotUtf8 | FormError::Nul => "bad_encoding",
+            FormError::TooManyFields => "too_many_fields",
+        };
+        crate::ApiError::bad_request(code, self.to_string())
+    }
+}
+
 fn hex(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),

@@ -1,0 +1,168 @@
+//! A channel's way in: a webhook route, the request's authentication, and its reading.
+use http::{HeaderMap, StatusCode};
+
+use crate::ApiError;
+
+/// What a webhook handler gets to look at: the request, as received, and where it was posted.
+#[derive(Debug, Clone, Copy)]
+pub struct WebhookRequest<'a> {
+    /// The full public URL the provider posted to (configured base URL + path and query):
+    /// what providers that sign the URL sign.
+    pub url: &'a str,
+    /// The path alone (`/webhooks/textmagic/sms/<token>`).
+    pub path: &'a str,
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+}
+
+impl WebhookRequest<'_> {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn content_type(&self) -> Option<&str> {
+        self.header("content-type")
+    }
+}
+
+/// A message a webhook authenticated and read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// The provider's id for this message: its retries carry the same one, so they become one
+    /// turn. At most [`MAX_PROVIDER_ID_CHARS`] ASCII letters, digits, `-` and `_`.
+    pub provider_message_id: String,
+    /// The sender's address, normalised (E.164 for phones).
+    pub sender: String,
+    /// The address the sender wrote to (our number), as sent.
+    pub recipient: String,
+    /// The text, UTF-8, control characters removed, within the configured length.
+    pub text: String,
+    pub media_urls: Vec<String>,
+}
+
+/// What the provider is answered once the message is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    pub content_type: &'static str,
+    pub body: &'static str,
+}
+
+/// A channel's ingress: the route it is posted to and how a request becomes a [`Received`].
+///
+/// `receive` is pure (no I/O): the gateway does the rest the same way for every channel
+/// (numbering the sender's messages, publishing durably, answering only after the publish was
+/// acknowledged, counting refusals by channel and reason).
+pub trait Webhook: Send + Sync + 'static {
+    /// The axum route (`/webhooks/twilio/sms`, `/webhooks/textmagic/sms/{token}`).
+    fn route(&self) -> &'static str;
+    /// The logical channel (`sms`): replies go back on it, and the directory and session scope
+    /// see it.
+    fn channel(&self) -> &'static str;
+    /// The provider (`twilio`), which also picks the egress for the reply.
+    fn provider(&self) -> &'static str;
+    /// Authenticate the request and read the message, or say why not (status, code, reason).
+    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Received, ApiError>;
+    /// The answer once the message is stored.
+    fn ack(&self) -> Ack;
+}
+
+/// Longest accepted provider message id. Twilio's are 34 characters, TextMagic's are numbers.
+pub const MAX_PROVIDER_ID_CHARS: usize = 64;
+
+/// A provider message id becomes part of a NATS header (the dedupe id): letters, digits, `-`
+/// and `_` only, and not empty.
+pub fn check_provider_id(field: &str, id: &str) -> Result<(), ApiError> {
+    if id.is_empty() {
+        return Err(ApiError::missing_field(field));
+    }
+    if id.len() > MAX_PROVIDER_ID_CHARS
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ApiError::bad_request(
+            "invalid_field",
+            format!(
+                "{field} must be 1 to {MAX_PROVIDER_ID_CHARS} ASCII letters, digits, '-' or '_'"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The message text every channel stores: control characters removed (tab and line feed
+/// kept; `\r\n` becomes `\n`), at most `max_chars` characters (else 413, named after `field`).
+pub fn clean_text(field: &str, text: &str, max_chars: usize) -> Result<String, ApiError> {
+    let cleaned: String = text
+        .chars()
+        .filter(|&c| c == '\n' || c == '\t' || !c.is_control())
+        .collect();
+    if cleaned.chars().count() > max_chars {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "text_too_long",
+            format!("{field} is longer than {max_chars} characters"),
+        ));
+    }
+    Ok(cleaned)
+}
+
+/// The media type of a `Content-Type` value, lowercased, without parameters.
+pub fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Whether a `Content-Type`'s charset (if any) is UTF-8.
+pub fn charset_is_utf8(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .skip(1)
+        .all(|param| match param.split_once('=') {
+            Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+                let value = value.trim().trim_matches('"');
+                value.eq_ignore_ascii_case("utf-8") || value.eq_ignore_ascii_case("utf8")
+            }
+            _ => true,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_removed_and_length_counts_characters() {
+        assert_eq!(
+            clean_text("text", "a\u{0}b\u{7}c\r\nd\te\u{1b}[31m", 100).unwrap(),
+            "abc\nd\te[31m"
+        );
+        assert_eq!(
+            clean_text("text", "é".repeat(5).as_str(), 5).unwrap().len(),
+            10
+        );
+        let e = clean_text("text", "123456", 5).unwrap_err();
+        assert_eq!(e.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(e.code(), "text_too_long");
+    }
+
+    #[test]
+    fn provider_ids_are_header_safe() {
+        assert!(check_provider_id("id", "SM0123abc").is_ok());
+        assert!(check_provider_id("id", "49575710").is_ok());
+        assert_eq!(
+            check_provider_id("id", "").unwrap_err().code(),
+            "missing_field"
+        );
+        for bad in ["a b", "a\nb", "a.b", "ä", &"x".repeat(65)] {
+            assert_eq!(
+                check_provider_id("id", bad).unwrap_err().code(),
+                "invalid_field"
+            );
+        }
+    }
+}

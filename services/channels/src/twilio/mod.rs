@@ -1,0 +1,19 @@
+//! Twilio SMS and MMS: `POST /webhooks/twilio/sms` in (signed with `X-Twilio-Signature`),
+//! the Messages API out.
+pub mod send;
+pub mod signature;
+pub mod webhook;
+
+use std::sync::Arc;
+
+pub use send::{MAX_BODY_CHARS, TwilioSender};
+pub use signature::{twilio_signature, verify_twilio_signature};
+pub use webhook::{MAX_SID_CHARS, ParsedSms, TwilioCheck, TwilioWebhook, parse_twilio_sms};
+
+use crate::Adapter;
+
+pub const ADAPTER: Adapter = Adapter {
+    provider: "twilio",
+    webhook: Some(|config| Arc::new(TwilioWebhook::new(config))),
+    egress: Some(|config| Arc::new(TwilioSender::new(config.twilio.clone()))),
+};

@@ -1,0 +1,181 @@
+//! Twilio's inbound SMS webhook: a signed form post.
+use http::StatusCode;
+use switchboard_kit::config::Config;
+
+use crate::form::{self, MAX_FORM_FIELDS};
+use crate::ingress::{self, Ack, Received, Webhook, WebhookRequest};
+use crate::{ApiError, twilio::signature::verify_twilio_signature};
+
+/// What checking a Twilio webhook needs besides the request itself.
+#[derive(Debug, Clone, Copy)]
+pub struct TwilioCheck<'a> {
+    pub auth_token: &'a str,
+    /// The full URL Twilio posted to (public base URL + path and query): Twilio signs it.
+    pub url: &'a str,
+    pub max_text_chars: usize,
+    /// Region for numbers written without a country code (ISO 3166, e.g. `US`).
+    pub default_region: &'a str,
+}
+
+/// A Twilio SMS webhook, authenticated and validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedSms {
+    /// `MessageSid` (or `SmsSid`): 1 to [`MAX_SID_CHARS`] ASCII letters and digits.
+    pub message_sid: String,
+    /// `From`, normalised to E.164.
+    pub sender: String,
+    /// `To`, as sent.
+    pub recipient: String,
+    /// `Body`, control characters removed, at most `max_text_chars` characters.
+    pub text: String,
+    /// `MediaUrl0` … `MediaUrl{NumMedia-1}` (MMS), at most 10 as Twilio sends.
+    pub media_urls: Vec<String>,
+}
+
+/// Longest accepted `MessageSid`. Twilio's are 34 characters (`SM` or `MM` and 32 hex digits).
+pub const MAX_SID_CHARS: usize = 64;
+
+const FORM_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
+
+/// Authenticate and validate a Twilio SMS webhook: the pure part of `POST
+/// /webhooks/twilio/sms`, shared by the webhook and the fuzz target `twilio_webhook`.
+///
+/// In order: the signature header is present (403), the content type is a UTF-8 form (415), the
+/// body is a well-formed form of UTF-8 fields without NUL and at most [`MAX_FORM_FIELDS`] fields
+/// (400), the signature matches (403), `MessageSid` and `From` are present and the sid is
+/// well-formed (400), `Body` is within `max_text_chars` (413), `From` is a phone number (400).
+pub fn parse_twilio_sms(
+    body: &[u8],
+    content_type: Option<&str>,
+    signature: Option<&str>,
+    check: &TwilioCheck<'_>,
+) -> Result<ParsedSms, ApiError> {
+    let signature = signature.ok_or_else(|| {
+        ApiError::forbidden("missing_signature", "X-Twilio-Signature is required")
+    })?;
+    let is_form = content_type.is_some_and(|ct| {
+        ingress::media_type(ct) == FORM_CONTENT_TYPE && ingress::charset_is_utf8(ct)
+    });
+    if !is_form {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("Content-Type must be {FORM_CONTENT_TYPE} (UTF-8)"),
+        ));
+    }
+    if std::str::from_utf8(body).is_err() {
+        return Err(ApiError::bad_request("bad_encoding", "body is not UTF-8"));
+    }
+    let params = form::parse_form(body, MAX_FORM_FIELDS).map_err(form::FormError::rejection)?;
+    if !verify_twilio_signature(check.auth_token, check.url, &params, signature) {
+        return Err(ApiError::forbidden(
+            "invalid_signature",
+            "X-Twilio-Signature does not match",
+        ));
+    }
+
+    let field = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let sid = field("MessageSid")
+        .or_else(|| field("SmsSid"))
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| ApiError::missing_field("MessageSid"))?;
+    // The sid becomes part of a NATS header (the dedupe id): letters and digits only.
+    if sid.len() > MAX_SID_CHARS || !sid.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(ApiError::bad_request(
+            "invalid_field",
+            format!("MessageSid must be 1 to {MAX_SID_CHARS} ASCII letters and digits"),
+        ));
+    }
+    let from = field("From").ok_or_else(|| ApiError::missing_field("From"))?;
+    let to = field("To").unwrap_or_default();
+    let text = ingress::clean_text(
+        "Body",
+        field("Body").unwrap_or_default(),
+        check.max_text_chars,
+    )?;
+    let sender = switchboard_kit::address::normalize_phone(from, check.default_region)
+        .map_err(|e| ApiError::bad_request("invalid_from", e.to_string()))?;
+    let num_media: usize = field("NumMedia").and_then(|n| n.parse().ok()).unwrap_or(0);
+    let media_urls = (0..num_media.min(10))
+        .filter_map(|i| field(&format!("MediaUrl{i}")).map(str::to_string))
+        .collect();
+    Ok(ParsedSms {
+        message_sid: sid.to_string(),
+        sender,
+        recipient: to.to_string(),
+        text,
+        media_urls,
+    })
+}
+
+/// `POST /webhooks/twilio/sms`.
+pub struct TwilioWebhook {
+    auth_token: switchboard_kit::config::Secret,
+    max_text_chars: usize,
+    default_region: String,
+}
+
+impl TwilioWebhook {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            auth_token: config.twilio.auth_token.clone(),
+            max_text_chars: config.gateway.max_text_chars,
+            default_region: config.identity.default_region.clone(),
+        }
+    }
+}
+
+impl Webhook for TwilioWebhook {
+    fn route(&self) -> &'static str {
+        "/webhooks/twilio/sms"
+    }
+
+    fn channel(&self) -> &'static str {
+        "sms"
+    }
+
+    fn provider(&self) -> &'static str {
+        "twilio"
+    }
+
+    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Received, ApiError> {
+        if self.auth_token.expose().is_empty() {
+            return Err(ApiError::forbidden(
+                "not_configured",
+                "twilio.auth_token is not set: Twilio webhooks cannot be verified",
+            ));
+        }
+        let check = TwilioCheck {
+            auth_token: self.auth_token.expose(),
+            url: request.url,
+            max_text_chars: self.max_text_chars,
+            default_region: &self.default_region,
+        };
+        let sms = parse_twilio_sms(
+            request.body,
+            request.content_type(),
+            request.header("x-twilio-signature"),
+            &check,
+        )?;
+        Ok(Received {
+            provider_message_id: sms.message_sid,
+            sender: sms.sender,
+            recipient: sms.recipient,
+            text: sms.text,
+            media_urls: sms.media_urls,
+        })
+    }
+
+    /// Empty TwiML: the reply goes out later through the Messages API.
+    fn ack(&self) -> Ack {
+        Ack {
+            content_type: "text/xml",
+            body: "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response></Response>",
+        }
+    }
+}
