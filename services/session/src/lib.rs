@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sqlx::{PgPool, Row};
-use switchboard_kit::config::{AgentConfig, ChannelConfig};
+use switchboard_kit::config::{AgentConfig, ChannelConfig, SessionScope};
 use switchboard_kit::proto::{IdentifiedMessage, SessionCreated, Turn};
 use switchboard_kit::startup::{App, Task};
 use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
@@ -95,11 +95,17 @@ pub struct OpenedTurn {
 
 pub struct SessionStore {
     db: PgPool,
+    scope: SessionScope,
 }
 
 impl SessionStore {
+    /// Sessions of the default scope (one per person and agent).
     pub fn new(db: PgPool) -> Self {
-        Self { db }
+        Self::scoped(db, SessionScope::Person)
+    }
+
+    pub fn scoped(db: PgPool, scope: SessionScope) -> Self {
+        Self { db, scope }
     }
 
     /// Whether the message may be placed now (read-only; used while a message waits).
@@ -166,7 +172,13 @@ impl SessionStore {
             .id
             .parse()
             .map_err(|_| SessionError::Incomplete("valid message id"))?;
-        let scope_key = format!("{}:{}", person.person_type, person.person_id);
+        let scope_key = self.scope.key(
+            &agent.name,
+            &person.person_type,
+            &person.person_id,
+            &inbound.channel,
+            &inbound.recipient,
+        );
         // Without a provider id, the message id is the dedupe key.
         let provider_id = if inbound.provider_message_id.is_empty() {
             inbound.id.clone()
@@ -540,7 +552,7 @@ pub const STAGE: Registration = Registration {
 fn task(app: &App) -> Task {
     let c = &app.config;
     let stage = SessionStage::new(
-        SessionStore::new(app.db.clone()),
+        SessionStore::scoped(app.db.clone(), app.config.session.scope),
         c.agents.clone(),
         c.channels.clone(),
         app.topology.clone(),
