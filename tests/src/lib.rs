@@ -248,6 +248,23 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     }
 }
 
+/// The `switchboard` binary next to the test binaries (`make test` builds it first).
+fn switchboard_bin() -> PathBuf {
+    let dir = std::env::current_exe()
+        .expect("test binary path")
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .to_path_buf();
+    let bin = dir.join("switchboard");
+    assert!(
+        bin.exists(),
+        "{} is missing: `make test` builds it first (cargo build --bins)",
+        bin.display()
+    );
+    bin
+}
+
 fn tracing_subscriber_init() -> Option<()> {
     if std::env::var_os("RUST_LOG").is_some() {
         switchboard_kit::telemetry::init("text");
@@ -485,20 +502,21 @@ impl TestApp {
 
     /// Start a stage as its own worker process (`switchboard worker <name>`, the binary next to
     /// the test binary), on this app's configuration.
+    /// Run the `switchboard` CLI with this app's configuration file (and only that: the
+    /// stack's `SB_*` variables are dropped), as an operator would.
+    pub fn cli(&self, args: &[&std::ffi::OsStr]) -> std::process::Output {
+        let mut cmd = std::process::Command::new(switchboard_bin());
+        cmd.arg("--config").arg(&self.config_path).args(args);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("SB_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.output().expect("run the switchboard CLI")
+    }
+
     pub fn spawn_worker(&self, name: &str) -> Child {
-        let dir = std::env::current_exe()
-            .expect("test binary path")
-            .parent()
-            .and_then(|p| p.parent())
-            .expect("target dir")
-            .to_path_buf();
-        let bin = dir.join("switchboard");
-        assert!(
-            bin.exists(),
-            "{} is missing: `make test` builds it first (cargo build --bins)",
-            bin.display()
-        );
-        let mut cmd = Command::new(bin);
+        let mut cmd = Command::new(switchboard_bin());
         cmd.args(["worker", name]);
         // The file is the whole configuration: drop the stack's SB_* overrides of this process.
         for (k, _) in std::env::vars_os() {

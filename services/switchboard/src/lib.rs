@@ -2,6 +2,7 @@
 //! (`switchboard worker <name>`), the gateway alone (`switchboard gateway`), plus the demo
 //! runner and outbox.
 pub mod demo;
+pub mod people;
 pub mod stages;
 
 use anyhow::Context as _;

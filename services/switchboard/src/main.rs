@@ -50,10 +50,26 @@ enum Command {
         #[command(subcommand)]
         command: DirectoryCommand,
     },
-    /// Act as Twilio: send a correctly signed SMS webhook to the gateway.
+    /// Import the directory from a CSV file.
+    People {
+        #[command(subcommand)]
+        command: PeopleCommand,
+    },
+    /// Act as Twilio or TextMagic: send an SMS webhook to the gateway.
     Sms {
         #[command(subcommand)]
         command: SmsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PeopleCommand {
+    /// Add or update people from a CSV file (columns: person_id, person_type, name, role,
+    /// phone, email) and report the rows added, updated, unchanged and refused. Exits with 1
+    /// when a row was refused (the others are imported).
+    Import {
+        /// The CSV file, with a header row.
+        path: std::path::PathBuf,
     },
 }
 
@@ -209,6 +225,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Dlq { command } => dlq(config, command).await,
         Command::Directory { command } => directory(config, command).await,
+        Command::People { command } => people(config, command).await,
         Command::Sms { command } => sms(config, command).await,
     }
 }
@@ -321,6 +338,37 @@ async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<
             }
             tx.commit().await?;
         }
+    }
+    Ok(())
+}
+
+async fn people(config: Config, command: PeopleCommand) -> anyhow::Result<()> {
+    let PeopleCommand::Import { path } = command;
+    let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let rows = switchboard::people::read_rows(file, &config.identity.default_region)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
+    switchboard_kit::db::migrate(&db).await?;
+    // Drawn only when stderr is a terminal.
+    let bar = indicatif::ProgressBar::new(rows.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} rows {elapsed}")
+            .expect("a valid template"),
+    );
+    let report = switchboard::people::import(&db, rows, || bar.inc(1)).await?;
+    bar.finish_and_clear();
+    println!(
+        "{}: {} added, {} updated, {} unchanged, {} refused",
+        path.display(),
+        report.added,
+        report.updated,
+        report.unchanged,
+        report.refused.len()
+    );
+    for r in &report.refused {
+        println!("  line {}: {}", r.line, r.reason);
+    }
+    if !report.refused.is_empty() {
+        bail!("{} rows refused", report.refused.len());
     }
     Ok(())
 }
