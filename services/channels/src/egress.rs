@@ -11,10 +11,6 @@ pub struct OutboundPart<'a> {
     /// The address the person wrote to (our number), for providers with several.
     pub from: &'a str,
     pub text: &'a str,
-    /// The reply's id: providers that keep a reference of ours store it.
-    pub reply_id: &'a str,
-    /// Which part of the reply this is (0-based).
-    pub index: usize,
 }
 
 /// How a send went wrong, as the provider's answer says.
@@ -67,8 +63,59 @@ pub fn split_message(text: &str, max: usize) -> Vec<String> {
     parts
 }
 
+/// `configured`, without a trailing `/`, or the provider's own address when it is not set.
+pub(crate) fn api_base<'a>(configured: &'a str, default: &'a str) -> &'a str {
+    if configured.is_empty() {
+        default
+    } else {
+        configured.trim_end_matches('/')
+    }
+}
+
+/// Send a provider's API request and read its answer: a 2xx body as `T`, else the
+/// [`SendError`] the status means. `rejected` lists the statuses that say the message itself
+/// is wrong (sending it again cannot help); 429 is [`SendError::Throttled`]; everything else
+/// (5xx, credentials an operator can fix, an unreadable answer, no connection) is
+/// [`SendError::Unavailable`]: retried, then dead-lettered, replayable once fixed.
+pub(crate) async fn send_request<T: serde::de::DeserializeOwned>(
+    request: reqwest::RequestBuilder,
+    provider: &str,
+    rejected: &[u16],
+) -> Result<T, SendError> {
+    let resp = request
+        .send()
+        .await
+        .map_err(|e| SendError::Unavailable(e.to_string()))?;
+    let status = resp.status().as_u16();
+    let retry_after = retry_after(resp.headers());
+    let body = resp.text().await.unwrap_or_default();
+    let body = classify(provider, status, retry_after, &body, rejected)?;
+    serde_json::from_str(body)
+        .map_err(|e| SendError::Unavailable(format!("unreadable {provider} answer: {e}")))
+}
+
+/// The body of a 2xx answer, or the error its status means (see [`send_request`]).
+fn classify<'a>(
+    provider: &str,
+    status: u16,
+    retry_after: Option<Duration>,
+    body: &'a str,
+    rejected: &[u16],
+) -> Result<&'a str, SendError> {
+    let detail = || format!("{provider} HTTP {status}: {}", clip(body));
+    match status {
+        200..=299 => Ok(body),
+        429 => Err(SendError::Throttled {
+            retry_after,
+            detail: detail(),
+        }),
+        s if rejected.contains(&s) => Err(SendError::Rejected(detail())),
+        _ => Err(SendError::Unavailable(detail())),
+    }
+}
+
 /// `Retry-After` in seconds, if the provider sent one.
-pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     headers
         .get(reqwest::header::RETRY_AFTER)?
         .to_str()
@@ -80,7 +127,7 @@ pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Durati
 }
 
 /// At most 300 characters of a provider's answer, for errors and dead letters.
-pub(crate) fn clip(s: &str) -> String {
+fn clip(s: &str) -> String {
     s.chars().take(300).collect()
 }
 
@@ -95,6 +142,29 @@ mod tests {
         assert_eq!(parts.len(), 3);
         assert!(parts.iter().all(|p| p.chars().count() <= 1600));
         assert_eq!(parts.join(" "), text.trim_end());
+    }
+
+    #[test]
+    fn a_providers_status_says_whether_to_retry() {
+        let classify = |status, retry| classify("Acme", status, retry, "{\"why\":1}", &[400, 422]);
+        assert_eq!(classify(201, None), Ok("{\"why\":1}"));
+        assert_eq!(
+            classify(429, Some(Duration::from_secs(3))),
+            Err(SendError::Throttled {
+                retry_after: Some(Duration::from_secs(3)),
+                detail: "Acme HTTP 429: {\"why\":1}".into()
+            })
+        );
+        assert!(
+            matches!(classify(400, None), Err(SendError::Rejected(d)) if d.contains("HTTP 400"))
+        );
+        assert!(matches!(classify(422, None), Err(SendError::Rejected(_))));
+        for retried in [401, 403, 404, 500, 503] {
+            assert!(
+                matches!(classify(retried, None), Err(SendError::Unavailable(_))),
+                "{retried}"
+            );
+        }
     }
 
     #[test]

@@ -66,10 +66,6 @@ impl Senders {
     pub fn get(&self, provider: &str) -> Option<&Arc<dyn Egress>> {
         self.0.get(provider)
     }
-
-    pub fn providers(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.0.keys().copied()
-    }
 }
 
 /// `switchboard-deliver/<version> (<host>:<pid>)`: which replica sent a message, as the

@@ -17,7 +17,8 @@ use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
-pub use switchboard_channels::{OutboundPart, SendError, Senders};
+pub use switchboard_channels::Senders;
+use switchboard_channels::{OutboundPart, SendError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliverError {
@@ -395,8 +396,6 @@ impl Stage for DeliverStage {
                 to: &reply.recipient,
                 from: &reply.reply_from,
                 text: &parts[sent],
-                reply_id: &reply.id,
-                index: sent,
             };
             match sender.send(part).await {
                 Ok(sid) => {
@@ -422,18 +421,15 @@ impl Stage for DeliverStage {
                         .increment(1);
                     return Ok(vec![self.failed(&reply, error)]);
                 }
-                Err(e @ SendError::Throttled { .. }) => {
-                    // The provider asked us to slow down: back off by the stage's retry policy
-                    // (the attempt counts, so a provider that never lets up ends in
-                    // `delivery.failed`, not in a reply waiting forever).
-                    metrics::counter!("sb_delivery_throttled_total", "provider" => provider.clone())
-                        .increment(1);
-                    let _ = self.ledger.release(id, &e.to_string()).await;
-                    return Err(StageError::transient(e));
-                }
-                Err(e @ SendError::Unavailable(_)) => {
-                    // The next attempt may take over at once; when the runtime gives up on the
-                    // reply, `give_up` records it as failed.
+                Err(e) => {
+                    // Unavailable, or throttled (429): the next attempt may take over at once,
+                    // after the stage's backoff. The attempt counts, so a provider that never
+                    // lets up ends in `delivery.failed` (recorded by `give_up`), never in a
+                    // reply waiting forever.
+                    if matches!(e, SendError::Throttled { .. }) {
+                        metrics::counter!("sb_delivery_throttled_total", "provider" => provider)
+                            .increment(1);
+                    }
                     let _ = self.ledger.release(id, &e.to_string()).await;
                     return Err(StageError::transient(e));
                 }

@@ -13,6 +13,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
+use switchboard_channels::textmagic::textmagic_number;
 use switchboard_kit::config::{Config, TextMagicConfig, TwilioConfig};
 
 #[derive(Clone, Serialize)]
@@ -193,11 +194,10 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
     let filtered: Vec<OutboxMessage> = all
         .into_iter()
         // TextMagic writes numbers without `+`: compare digits.
-        .filter(|m| q.to.as_ref().is_none_or(|t| digits(&m.to) == digits(t)))
+        .filter(|m| {
+            q.to.as_ref()
+                .is_none_or(|t| textmagic_number(&m.to) == textmagic_number(t))
+        })
         .collect();
     Json(filtered)
-}
-
-fn digits(number: &str) -> String {
-    number.chars().filter(char::is_ascii_digit).collect()
 }

@@ -415,7 +415,7 @@ async fn sms(config: Config, command: SmsCommand) -> anyhow::Result<()> {
         SmsProvider::Textmagic => {
             // TextMagic writes numbers as digits, without `+`, and signs nothing: the token in
             // the URL is the credential.
-            let digits = |n: &str| n.chars().filter(char::is_ascii_digit).collect::<String>();
+            use switchboard_channels::textmagic::textmagic_number;
             let to = to.unwrap_or_else(|| config.textmagic.from_number.clone());
             let url = format!(
                 "{base}/webhooks/textmagic/sms/{}",
@@ -424,8 +424,8 @@ async fn sms(config: Config, command: SmsCommand) -> anyhow::Result<()> {
             let id = (uuid::Uuid::new_v4().as_u128() % 1_000_000_000_000).to_string();
             let callback = serde_json::json!({
                 "id": id,
-                "sender": digits(&from),
-                "receiver": digits(&to),
+                "sender": textmagic_number(&from),
+                "receiver": textmagic_number(&to),
                 "messageTime": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%z").to_string(),
                 "text": text,
             });

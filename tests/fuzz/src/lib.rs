@@ -90,7 +90,13 @@ pub fn twilio_webhook(data: &[u8]) {
                 AUTH_TOKEN, URL, &fields, &signature
             ));
             assert!(!sms.message_sid.is_empty() && sms.message_sid.len() <= MAX_SID_CHARS);
-            assert!(sms.message_sid.bytes().all(|b| b.is_ascii_alphanumeric()));
+            assert!(
+                sms.message_sid
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "sid {:?} is not header-safe",
+                sms.message_sid
+            );
             assert_e164(&sms.sender);
             assert!(sms.text.chars().count() <= max_text_chars);
             for s in [&sms.text, &sms.recipient]

@@ -5,7 +5,7 @@ pub mod webhook;
 
 use std::sync::Arc;
 
-pub use send::TextMagicSender;
+pub use send::{TextMagicSender, textmagic_number};
 pub use webhook::{TextMagicSms, TextMagicWebhook, parse_textmagic_sms};
 
 use crate::Adapter;

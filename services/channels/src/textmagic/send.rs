@@ -36,8 +36,8 @@ struct Created {
     message_id: Option<serde_json::Value>,
 }
 
-/// A number in TextMagic's form: digits only.
-fn digits(number: &str) -> String {
+/// A number as TextMagic writes it: digits only, no `+` (`+44 7860-021130` → `447860021130`).
+pub fn textmagic_number(number: &str) -> String {
     number.chars().filter(char::is_ascii_digit).collect()
 }
 
@@ -59,18 +59,14 @@ impl TextMagicSender {
 
     /// Send one message (at most 6 parts long). Returns TextMagic's message id.
     pub async fn send_text(&self, to: &str, from: &str, text: &str) -> Result<String, SendError> {
-        let base = if self.config.api_base.is_empty() {
-            "https://rest.textmagic.com"
-        } else {
-            self.config.api_base.trim_end_matches('/')
-        };
+        let base = egress::api_base(&self.config.api_base, "https://rest.textmagic.com");
         let from = if self.config.from_number.is_empty() {
-            digits(from)
+            textmagic_number(from)
         } else {
-            digits(&self.config.from_number)
+            textmagic_number(&self.config.from_number)
         };
-        let phones = digits(to);
-        let resp = self
+        let phones = textmagic_number(to);
+        let request = self
             .http
             .post(format!("{base}/api/v2/messages"))
             .header("X-TM-Username", &self.config.username)
@@ -79,35 +75,15 @@ impl TextMagicSender {
                 text,
                 phones: &phones,
                 from: &from,
-            })
-            .send()
-            .await
-            .map_err(|e| SendError::Unavailable(e.to_string()))?;
-        let status = resp.status().as_u16();
-        let retry_after = egress::retry_after(resp.headers());
-        let body = resp.text().await.unwrap_or_default();
-        let detail = || format!("TextMagic HTTP {status}: {}", egress::clip(&body));
-        match status {
-            200..=299 => {
-                let created: Created = serde_json::from_str(&body).map_err(|e| {
-                    SendError::Unavailable(format!("unreadable TextMagic answer: {e}"))
-                })?;
-                created
-                    .message_id
-                    .as_ref()
-                    .and_then(id_text)
-                    .or_else(|| created.id.as_ref().and_then(id_text))
-                    .ok_or_else(|| SendError::Unavailable(format!("no id in {}", detail())))
-            }
-            429 => Err(SendError::Throttled {
-                retry_after,
-                detail: detail(),
-            }),
-            // Validation failed (invalid number, text too long...): sending it again cannot help.
-            400 | 404 | 422 => Err(SendError::Rejected(detail())),
-            // 401/403 (credentials an operator can fix), 5xx: retry, then dead-letter.
-            _ => Err(SendError::Unavailable(detail())),
-        }
+            });
+        // 400, 404, 422: validation failed (invalid number, text too long).
+        let created: Created = egress::send_request(request, "TextMagic", &[400, 404, 422]).await?;
+        created
+            .message_id
+            .as_ref()
+            .and_then(id_text)
+            .or_else(|| created.id.as_ref().and_then(id_text))
+            .ok_or_else(|| SendError::Unavailable("TextMagic answered without a message id".into()))
     }
 }
 
@@ -143,6 +119,6 @@ mod tests {
         assert_eq!(max_part_chars("hello"), 918);
         assert_eq!(max_part_chars("a [link]"), 459);
         assert_eq!(max_part_chars("héllo"), 402);
-        assert_eq!(digits("+44 7860-021130"), "447860021130");
+        assert_eq!(textmagic_number("+44 7860-021130"), "447860021130");
     }
 }

@@ -30,11 +30,7 @@ impl TwilioSender {
 
     /// Send one body (≤ 1,600 characters). Returns Twilio's message sid.
     pub async fn send_body(&self, to: &str, from: &str, body: &str) -> Result<String, SendError> {
-        let base = if self.config.api_base.is_empty() {
-            "https://api.twilio.com"
-        } else {
-            self.config.api_base.trim_end_matches('/')
-        };
+        let base = egress::api_base(&self.config.api_base, "https://api.twilio.com");
         let url = format!(
             "{base}/2010-04-01/Accounts/{}/Messages.json",
             self.config.account_sid
@@ -47,36 +43,17 @@ impl TwilioSender {
         } else {
             form.push(("From", from));
         }
-        let resp = self
+        let request = self
             .http
             .post(url)
             .basic_auth(
                 &self.config.account_sid,
                 Some(self.config.auth_token.expose()),
             )
-            .form(&form)
-            .send()
-            .await
-            .map_err(|e| SendError::Unavailable(e.to_string()))?;
-        let status = resp.status().as_u16();
-        let retry_after = egress::retry_after(resp.headers());
-        let text = resp.text().await.unwrap_or_default();
-        let detail = || format!("Twilio HTTP {status}: {}", egress::clip(&text));
-        match status {
-            200..=299 => serde_json::from_str::<Created>(&text)
-                .map(|c| c.sid)
-                .map_err(|e| SendError::Unavailable(format!("unreadable Twilio answer: {e}"))),
-            // The request itself is wrong for this recipient (invalid number, unsubscribed...):
-            // sending it again cannot help.
-            400 | 422 => Err(SendError::Rejected(detail())),
-            429 => Err(SendError::Throttled {
-                retry_after,
-                detail: detail(),
-            }),
-            // 5xx, and credential or account errors an operator can fix: retry, then
-            // dead-letter (replayable once fixed).
-            _ => Err(SendError::Unavailable(detail())),
-        }
+            .form(&form);
+        // 400 and 422: the request is wrong for this recipient (invalid number, unsubscribed).
+        let created: Created = egress::send_request(request, "Twilio", &[400, 422]).await?;
+        Ok(created.sid)
     }
 }
 

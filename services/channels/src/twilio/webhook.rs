@@ -20,7 +20,7 @@ pub struct TwilioCheck<'a> {
 /// A Twilio SMS webhook, authenticated and validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedSms {
-    /// `MessageSid` (or `SmsSid`): 1 to [`MAX_SID_CHARS`] ASCII letters and digits.
+    /// `MessageSid` (or `SmsSid`), header-safe as [`ingress::check_provider_id`] requires.
     pub message_sid: String,
     /// `From`, normalised to E.164.
     pub sender: String,
@@ -32,8 +32,8 @@ pub struct ParsedSms {
     pub media_urls: Vec<String>,
 }
 
-/// Longest accepted `MessageSid`. Twilio's are 34 characters (`SM` or `MM` and 32 hex digits).
-pub const MAX_SID_CHARS: usize = 64;
+/// Longest accepted `MessageSid` (Twilio's are 34 characters: `SM` or `MM` and 32 hex digits).
+pub const MAX_SID_CHARS: usize = ingress::MAX_PROVIDER_ID_CHARS;
 
 const FORM_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
 
@@ -82,15 +82,8 @@ pub fn parse_twilio_sms(
     };
     let sid = field("MessageSid")
         .or_else(|| field("SmsSid"))
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| ApiError::missing_field("MessageSid"))?;
-    // The sid becomes part of a NATS header (the dedupe id): letters and digits only.
-    if sid.len() > MAX_SID_CHARS || !sid.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        return Err(ApiError::bad_request(
-            "invalid_field",
-            format!("MessageSid must be 1 to {MAX_SID_CHARS} ASCII letters and digits"),
-        ));
-    }
+        .unwrap_or_default();
+    ingress::check_provider_id("MessageSid", sid)?;
     let from = field("From").ok_or_else(|| ApiError::missing_field("From"))?;
     let to = field("To").unwrap_or_default();
     let text = ingress::clean_text(
