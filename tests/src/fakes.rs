@@ -19,6 +19,28 @@ async fn serve(router: Router) -> String {
     url
 }
 
+/// Failures a fake answers on demand: the next `n` requests get HTTP `status`.
+#[derive(Clone, Default)]
+pub struct Failures {
+    next: Arc<AtomicUsize>,
+    status: Arc<Mutex<u16>>,
+}
+
+impl Failures {
+    pub fn fail_next(&self, n: usize, status: u16) {
+        *self.status.lock().unwrap() = status;
+        self.next.store(n, Ordering::SeqCst);
+    }
+
+    /// The status to fail this request with, if one of the next `n` is due.
+    fn take(&self) -> Option<StatusCode> {
+        self.next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .ok()?;
+        StatusCode::from_u16(*self.status.lock().unwrap()).ok()
+    }
+}
+
 /// One SMS the fake Twilio accepted.
 #[derive(Debug, Clone)]
 pub struct SentSms {
@@ -35,8 +57,7 @@ pub struct FakeTwilio {
     pub account_sid: String,
     pub auth_token: String,
     sent: Arc<Mutex<Vec<SentSms>>>,
-    /// Answer this many next requests with 500 (a Twilio outage).
-    fail_next: Arc<AtomicUsize>,
+    failures: Failures,
 }
 
 #[derive(Deserialize)]
@@ -58,7 +79,7 @@ impl FakeTwilio {
             account_sid: account_sid.into(),
             auth_token: auth_token.into(),
             sent: Default::default(),
-            fail_next: Default::default(),
+            failures: Default::default(),
         };
         let router = Router::new()
             .route(
@@ -74,8 +95,9 @@ impl FakeTwilio {
         self.sent.lock().unwrap().clone()
     }
 
+    /// Answer the next `n` requests with 500 (a Twilio outage).
     pub fn fail_next(&self, n: usize) {
-        self.fail_next.store(n, Ordering::SeqCst);
+        self.failures.fail_next(n, 500);
     }
 
     async fn create_message(
@@ -99,14 +121,11 @@ impl FakeTwilio {
                 Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
             );
         }
-        if s.fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if let Some(status) = s.failures.take() {
             return (
-                StatusCode::INTERNAL_SERVER_ERROR,
+                status,
                 Json(
-                    serde_json::json!({"code": 20500, "message": "Internal Server Error", "status": 500}),
+                    serde_json::json!({"code": 20500, "message": "Internal Server Error", "status": status.as_u16()}),
                 ),
             );
         }
@@ -158,9 +177,8 @@ pub struct FakeTextMagic {
     pub username: String,
     pub api_key: String,
     sent: Arc<Mutex<Vec<SentSms>>>,
-    /// Answer this many next requests with `fail_status` (429: slow down; 5xx: an outage).
-    fail_next: Arc<AtomicUsize>,
-    fail_status: Arc<Mutex<u16>>,
+    /// 429 (slow down) or 5xx (an outage) on demand.
+    pub failures: Failures,
     ids: Arc<AtomicUsize>,
 }
 
@@ -178,8 +196,7 @@ impl FakeTextMagic {
             username: username.into(),
             api_key: api_key.into(),
             sent: Default::default(),
-            fail_next: Default::default(),
-            fail_status: Arc::new(Mutex::new(500)),
+            failures: Default::default(),
             ids: Arc::new(AtomicUsize::new(49_575_710)),
         };
         let router = Router::new()
@@ -191,12 +208,6 @@ impl FakeTextMagic {
 
     pub fn sent(&self) -> Vec<SentSms> {
         self.sent.lock().unwrap().clone()
-    }
-
-    /// Answer the next `n` requests with HTTP `status`.
-    pub fn fail_next(&self, n: usize, status: u16) {
-        *self.fail_status.lock().unwrap() = status;
-        self.fail_next.store(n, Ordering::SeqCst);
     }
 
     async fn send(
@@ -217,14 +228,12 @@ impl FakeTextMagic {
                 Json(serde_json::json!({"code": 401, "message": "Unauthorized"})),
             );
         }
-        if s.fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            let status = *s.fail_status.lock().unwrap();
+        if let Some(status) = s.failures.take() {
             return (
-                StatusCode::from_u16(status).unwrap(),
-                Json(serde_json::json!({"code": status, "message": "Too Many Requests"})),
+                status,
+                Json(
+                    serde_json::json!({"code": status.as_u16(), "message": status.canonical_reason()}),
+                ),
             );
         }
         let (Some(text), Some(phones)) = (m.text, m.phones) else {
@@ -309,9 +318,8 @@ pub struct FakeRunner {
     pub received: Arc<Notify>,
     pub release: Arc<Notify>,
     in_flight: Arc<Mutex<HashMap<String, usize>>>,
-    /// Answer this many next calls with `fail_status` (a broken or overloaded agent host).
-    fail_next: Arc<AtomicUsize>,
-    fail_status: Arc<Mutex<u16>>,
+    /// A broken or overloaded agent host, on demand.
+    failures: Failures,
     /// Highest number of calls for one person seen at the same time.
     pub max_overlap: Arc<AtomicUsize>,
     sessions: Arc<AtomicUsize>,
@@ -328,8 +336,7 @@ impl FakeRunner {
             received: Default::default(),
             release: Default::default(),
             in_flight: Default::default(),
-            fail_next: Default::default(),
-            fail_status: Arc::new(Mutex::new(500)),
+            failures: Default::default(),
             max_overlap: Default::default(),
             sessions: Default::default(),
         };
@@ -350,8 +357,7 @@ impl FakeRunner {
 
     /// Answer the next `n` calls with HTTP `status`.
     pub fn fail_next(&self, n: usize, status: u16) {
-        *self.fail_status.lock().unwrap() = status;
-        self.fail_next.store(n, Ordering::SeqCst);
+        self.failures.fail_next(n, status);
     }
 
     pub fn set_hold(&self, hold: bool) {
@@ -385,13 +391,9 @@ impl FakeRunner {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
         });
-        if s.fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            let status = *s.fail_status.lock().unwrap();
+        if let Some(status) = s.failures.take() {
             return (
-                StatusCode::from_u16(status).unwrap(),
+                status,
                 Json(serde_json::json!({"error": "agent host says no"})),
             );
         }

@@ -248,6 +248,38 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     }
 }
 
+/// What a fake provider sent, once it has sent at least `n` messages.
+async fn wait_for_sent(
+    what: &str,
+    n: usize,
+    timeout: Duration,
+    sent: impl Fn() -> Vec<SentSms>,
+) -> Vec<SentSms> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let sent = sent();
+        if sent.len() >= n {
+            return sent;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "expected {n} {what} within {timeout:?}, got {}: {sent:?}",
+                sent.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The stack's `SB_*` variables of this process, which a child process given its own
+/// configuration file must not inherit (they would override the file).
+fn stack_env() -> Vec<std::ffi::OsString> {
+    std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| k.to_string_lossy().starts_with("SB_"))
+        .collect()
+}
+
 /// The `switchboard` binary next to the test binaries (`make test` builds it first).
 fn switchboard_bin() -> PathBuf {
     let dir = std::env::current_exe()
@@ -349,38 +381,12 @@ impl TestApp {
 
     /// Wait until the fake TextMagic has sent at least `n` SMS.
     pub async fn wait_for_textmagic(&self, n: usize, timeout: Duration) -> Vec<SentSms> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let sent = self.textmagic.sent();
-            if sent.len() >= n {
-                return sent;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "expected {n} TextMagic SMS within {timeout:?}, got {}: {sent:?}",
-                    sent.len()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_sent("TextMagic SMS", n, timeout, || self.textmagic.sent()).await
     }
 
     /// Wait until the fake Twilio has sent at least `n` SMS.
     pub async fn wait_for_sms(&self, n: usize, timeout: Duration) -> Vec<SentSms> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let sent = self.twilio.sent();
-            if sent.len() >= n {
-                return sent;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "expected {n} SMS within {timeout:?}, got {}: {sent:?}",
-                    sent.len()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_sent("SMS", n, timeout, || self.twilio.sent()).await
     }
 
     /// Wait until every stage has consumed and acked everything (twice in a row, so work that
@@ -507,10 +513,8 @@ impl TestApp {
     pub fn cli(&self, args: &[&std::ffi::OsStr]) -> std::process::Output {
         let mut cmd = std::process::Command::new(switchboard_bin());
         cmd.arg("--config").arg(&self.config_path).args(args);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("SB_") {
-                cmd.env_remove(k);
-            }
+        for k in stack_env() {
+            cmd.env_remove(k);
         }
         cmd.output().expect("run the switchboard CLI")
     }
@@ -519,10 +523,8 @@ impl TestApp {
         let mut cmd = Command::new(switchboard_bin());
         cmd.args(["worker", name]);
         // The file is the whole configuration: drop the stack's SB_* overrides of this process.
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("SB_") {
-                cmd.env_remove(k);
-            }
+        for k in stack_env() {
+            cmd.env_remove(k);
         }
         cmd.env("SB_CONFIG", &self.config_path)
             .env(

@@ -72,3 +72,49 @@ async fn under_main_scope_everyone_shares_the_agents_one_session() {
     assert_eq!(to, [PERSON, OTHER]);
     app.shutdown().await;
 }
+
+/// The upgrade to readable keys (`migrations/20261123000001_readable_scope_keys.sql`): a
+/// session made under the old key is the one the person's next message continues.
+#[tokio::test]
+async fn a_session_made_before_readable_keys_is_continued_after_the_upgrade() {
+    let app = spawn_app().await;
+    let old = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO switchboard.sessions
+            (id, person_type, person_id, agent_identity, agent_name, engine_type, channel,
+             scope_key, engine_session_id)
+         VALUES ($1, 'external', $2, 'reggie', 'reggie_oc', 'openclaw', 'sms', $3, 'eng-old')",
+    )
+    .bind(old)
+    .bind(format!("phone:{PERSON}"))
+    .bind(format!("external:phone:{PERSON}"))
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let upgrade = switchboard_kit::db::MIGRATOR
+        .iter()
+        .find(|m| m.version == 20261123000001)
+        .expect("the readable-keys migration");
+    sqlx::raw_sql(&upgrade.sql).execute(&app.db).await.unwrap();
+    // Run twice, it changes nothing more.
+    sqlx::raw_sql(&upgrade.sql).execute(&app.db).await.unwrap();
+    assert_eq!(
+        scope_keys(&app).await,
+        [format!("reggie_oc:person:external:phone:{PERSON}")]
+    );
+
+    app.send_sms(PERSON, "still me").await;
+    app.wait_for_sms(1, WAIT).await;
+    app.settle().await;
+    let sessions: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM switchboard.sessions")
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(sessions, [old], "no second session");
+    assert_eq!(
+        app.runner.calls()[0].session_id.as_deref(),
+        Some("eng-old"),
+        "the engine session made before the upgrade is resumed"
+    );
+    app.shutdown().await;
+}

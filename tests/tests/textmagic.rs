@@ -58,7 +58,7 @@ async fn a_textmagic_sms_gets_one_reply_through_textmagic_and_its_retry_is_the_s
 #[tokio::test]
 async fn textmagic_answering_429_then_201_sends_exactly_one_sms() {
     let app = spawn_app().await;
-    app.textmagic.fail_next(1, 429);
+    app.textmagic.failures.fail_next(1, 429);
 
     let resp = app
         .send_textmagic_sms(PERSON_DIGITS, "are you there", 7101)

@@ -536,6 +536,25 @@ mod tests {
             "reggie_oc:account-channel:sms:+15555550199:staff:17"
         );
         assert_eq!(key(SessionScope::Main), "reggie_oc:main");
+        // The same person on two channels (texting, then chatting): one session under `person`,
+        // two under `channel` and `account-channel`, one shared by all under `main`.
+        let on = |scope: SessionScope, channel| scope.key("reggie_oc", "staff", "17", channel, "");
+        assert_eq!(
+            on(SessionScope::Person, "sms"),
+            on(SessionScope::Person, "admin_chat")
+        );
+        assert_ne!(
+            on(SessionScope::Channel, "sms"),
+            on(SessionScope::Channel, "admin_chat")
+        );
+        assert_ne!(
+            on(SessionScope::AccountChannel, "sms"),
+            on(SessionScope::AccountChannel, "admin_chat")
+        );
+        assert_eq!(
+            SessionScope::Main.key("reggie_oc", "staff", "17", "sms", ""),
+            SessionScope::Main.key("reggie_oc", "external", "phone:+1", "api", "")
+        );
         let parsed: SessionConfig =
             serde_json::from_value(serde_json::json!({"scope": "account-channel"})).unwrap();
         assert_eq!(parsed.scope, SessionScope::AccountChannel);
