@@ -1,6 +1,7 @@
 //! Test helpers: [`spawn_app`] runs Switchboard against the real NATS and Postgres started by
 //! `make test` (`SB_NATS_URL`, `SB_DATABASE_URL`), on a fresh database and subject prefix, with
 //! Twilio and the agent runner faked as real HTTP servers.
+pub mod chat;
 pub mod fakes;
 pub mod load;
 
@@ -17,6 +18,7 @@ use switchboard_kit::proto::DeadLetter;
 use switchboard_kit::startup::App;
 use tokio::process::{Child, Command};
 
+pub use chat::{CHAT_SECRET, ChatClient, chat_token};
 pub use fakes::{FakeRunner, FakeTextMagic, FakeTwilio, RunnerCall, SentSms};
 
 pub const TWILIO_NUMBER: &str = "+15555550199";
@@ -174,6 +176,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.textmagic.api_key = Secret::new(textmagic.api_key.clone());
     config.textmagic.api_base = textmagic.url.clone();
     config.textmagic.webhook_token = Secret::new(TEXTMAGIC_TOKEN);
+    config.chat.jwt_secret = Secret::new(CHAT_SECRET);
     config.agents = vec![
         AgentConfig {
             name: "reggie_oc".into(),
@@ -215,13 +218,14 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     app.prepare(stages::ALL)
         .await
         .expect("migrations and topology");
-    let routes = switchboard::gateway_routes(&app);
+    let (routes, follower) = switchboard::gateway_routes(&app).expect("gateway");
     let admin_listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", admin_listener.local_addr().unwrap());
     let mut tasks = stages::tasks(
         &app,
         &stages::select(&opts.in_process).expect("known stages"),
     );
+    tasks.push(follower);
     tasks.push(app.serve_listener(listener, routes).expect("serve"));
     tasks.push(
         app.serve_listener(
@@ -535,6 +539,71 @@ impl TestApp {
             .kill_on_drop(true)
             .spawn()
             .expect("start worker process")
+    }
+
+    /// Another gateway replica of this deployment (its own listener, sockets and mailbox
+    /// follower, the same NATS and database); its base URL. It stops with the app.
+    pub async fn second_gateway(&self) -> String {
+        let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (routes, follower) = switchboard::gateway_routes(&self.app).expect("gateway");
+        self.start(vec![
+            follower,
+            self.app.serve_listener(listener, routes).expect("serve"),
+        ]);
+        url
+    }
+
+    /// A new API key for `owner` with `scopes` (`switchboard api-keys create`, as an operator
+    /// runs it); the key as printed.
+    pub fn api_key(&self, owner: &str, scopes: &[&str]) -> String {
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "api-keys".as_ref(),
+            "create".as_ref(),
+            "--owner".as_ref(),
+            owner.as_ref(),
+        ];
+        for scope in scopes {
+            args.push("--scope".as_ref());
+            args.push(scope.as_ref());
+        }
+        let out = self.cli(&args);
+        assert!(
+            out.status.success(),
+            "api-keys create failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// `POST /api/v1/messages` with `key` and `body` (and an Idempotency-Key, if given).
+    pub async fn post_api_message(
+        &self,
+        key: &str,
+        body: serde_json::Value,
+        idempotency_key: Option<&str>,
+    ) -> reqwest::Response {
+        let mut request = reqwest::Client::new()
+            .post(format!("{}/api/v1/messages", self.gateway_url))
+            .bearer_auth(key)
+            .json(&body);
+        if let Some(k) = idempotency_key {
+            request = request.header("Idempotency-Key", k);
+        }
+        request.send().await.expect("gateway reachable")
+    }
+
+    /// `GET /api/v1/messages/<correlation id>` with `key`.
+    pub async fn get_api_message(&self, key: &str, correlation_id: &str) -> reqwest::Response {
+        reqwest::Client::new()
+            .get(format!(
+                "{}/api/v1/messages/{correlation_id}",
+                self.gateway_url
+            ))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("gateway reachable")
     }
 
     /// The process's wiring (database, JetStream, topology, shutdown), to run more tasks in it.

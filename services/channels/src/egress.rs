@@ -2,10 +2,15 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use switchboard_kit::proto::Reply;
 
 /// One part of a reply, ready to send.
 #[derive(Debug, Clone, Copy)]
 pub struct OutboundPart<'a> {
+    /// The reply this part belongs to (its agent, session, the message it answers).
+    pub reply: &'a Reply,
+    /// Which part (0-based).
+    pub index: usize,
     /// The person's address (the inbound message's sender).
     pub to: &'a str,
     /// The address the person wrote to (our number), for providers with several.

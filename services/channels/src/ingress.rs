@@ -90,6 +90,41 @@ pub fn check_provider_id(field: &str, id: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Longest id a client (chat, API) may give its message.
+pub const MAX_CLIENT_ID_CHARS: usize = 40;
+
+/// The channel-wide id of a client's message. Clients pick their own ids, so two people may both
+/// send "1"; prefixed by a digest of the sender it is unique across the channel (the turns table
+/// and the dedupe window key on it) and stays header-safe whatever the sender's address is.
+pub fn client_message_key(sender: &str, client_id: &str) -> String {
+    format!("{}-{client_id}", sender_digest(sender))
+}
+
+/// The client's own id back from [`client_message_key`] (the key itself if it is not one).
+pub fn client_id<'a>(sender: &str, key: &'a str) -> &'a str {
+    key.strip_prefix(sender_digest(sender).as_str())
+        .and_then(|rest| rest.strip_prefix('-'))
+        .unwrap_or(key)
+}
+
+fn sender_digest(sender: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(sender.as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A client's id for its message: like a provider id, at most [`MAX_CLIENT_ID_CHARS`].
+pub fn check_client_id(field: &str, id: &str) -> Result<(), ApiError> {
+    check_provider_id(field, id)?;
+    if id.len() > MAX_CLIENT_ID_CHARS {
+        return Err(ApiError::bad_request(
+            "invalid_field",
+            format!("{field} must be at most {MAX_CLIENT_ID_CHARS} characters"),
+        ));
+    }
+    Ok(())
+}
+
 /// The message text every channel stores: control characters removed (tab and line feed
 /// kept; `\r\n` becomes `\n`), at most `max_chars` characters (else 413, named after `field`).
 pub fn clean_text(field: &str, text: &str, max_chars: usize) -> Result<String, ApiError> {
@@ -148,6 +183,24 @@ mod tests {
         let e = clean_text("text", "123456", 5).unwrap_err();
         assert_eq!(e.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(e.code(), "text_too_long");
+    }
+
+    #[test]
+    fn a_client_id_is_made_unique_by_its_sender_and_given_back_as_it_was() {
+        let a = client_message_key("user-1", "1");
+        let b = client_message_key("user-2", "1");
+        assert_ne!(a, b);
+        assert!(check_provider_id("key", &a).is_ok());
+        assert_eq!(client_id("user-1", &a), "1");
+        assert_eq!(client_id("user-2", &b), "1");
+        assert_eq!(
+            client_id("user-2", &a),
+            a,
+            "another sender's key is not theirs"
+        );
+        let long = "x".repeat(MAX_CLIENT_ID_CHARS);
+        assert!(check_provider_id("key", &client_message_key("any sender", &long)).is_ok());
+        assert!(check_client_id("id", &format!("{long}x")).is_err());
     }
 
     #[test]

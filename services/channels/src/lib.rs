@@ -6,10 +6,13 @@
 //! gateway and the deliver stage know no provider: they mount every webhook of [`ADAPTERS`] and
 //! look senders up by the provider name a reply carries. Adding a channel is one module and one
 //! line in [`ADAPTERS`] (see `docs/adding-a-channel.md`).
+pub mod api;
+pub mod chat;
 pub mod egress;
 pub mod error;
 pub mod form;
 pub mod ingress;
+pub mod mailbox;
 pub mod textmagic;
 pub mod twilio;
 
@@ -20,7 +23,8 @@ use switchboard_kit::config::Config;
 
 pub use egress::{Egress, OutboundPart, SendError, split_message};
 pub use error::ApiError;
-pub use ingress::{Ack, Received, Webhook, WebhookRequest};
+pub use ingress::{Ack, Received, Webhook, WebhookRequest, client_id, client_message_key};
+pub use mailbox::{Mailbox, MailboxEgress, MailboxEntry};
 
 /// Builds a channel's webhook from the configuration.
 pub type MakeWebhook = fn(&Config) -> Arc<dyn Webhook>;
@@ -60,6 +64,13 @@ impl Senders {
                 .filter_map(|a| a.egress.map(|make| (a.provider, make(config))))
                 .collect(),
         )
+    }
+
+    /// Add (or replace) the sender of `provider`: for egresses that need more than the
+    /// configuration (the mailbox needs the database and NATS).
+    pub fn with(mut self, provider: &'static str, egress: Arc<dyn Egress>) -> Self {
+        self.0.insert(provider, egress);
+        self
     }
 
     /// The sender for replies to messages that came in through `provider`.

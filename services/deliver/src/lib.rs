@@ -6,6 +6,7 @@
 //! database is down, the write is retried for most of the lease. The one window left: the
 //! process dies after the provider accepted a part and before the ledger records it (or the
 //! database stays down longer than the lease); that part is sent again when the reply is retried.
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Row};
@@ -18,7 +19,7 @@ use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
 pub use switchboard_channels::Senders;
-use switchboard_channels::{OutboundPart, SendError};
+use switchboard_channels::{Mailbox, MailboxEgress, OutboundPart, SendError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliverError {
@@ -393,6 +394,8 @@ impl Stage for DeliverStage {
         }
         while sent < parts.len() {
             let part = OutboundPart {
+                reply: &reply,
+                index: sent,
                 to: &reply.recipient,
                 from: &reply.reply_from,
                 text: &parts[sent],
@@ -483,10 +486,30 @@ pub const STAGE: Registration = Registration {
     start: task,
 };
 
+/// Providers whose replies go to the mailbox (clients of ours, not a provider's API).
+pub const MAILBOX_PROVIDERS: [&str; 2] = [
+    switchboard_channels::chat::PROVIDER,
+    switchboard_channels::api::PROVIDER,
+];
+
+/// Every sender: the providers' APIs from the configuration, and the mailbox.
+pub fn senders(app: &App) -> Senders {
+    let mailbox = Arc::new(MailboxEgress(Mailbox::new(
+        app.db.clone(),
+        app.nats.clone(),
+        app.topology.mailbox(),
+    )));
+    MAILBOX_PROVIDERS
+        .into_iter()
+        .fold(Senders::from_config(&app.config), |senders, provider| {
+            senders.with(provider, mailbox.clone())
+        })
+}
+
 fn task(app: &App) -> Task {
     let stage = DeliverStage::new(
         DeliveryLedger::new(app.db.clone(), DELIVERY_LEASE),
-        Senders::from_config(&app.config),
+        senders(app),
         app.topology.clone(),
     );
     app.stage_task(stage)

@@ -500,6 +500,7 @@ impl TurnDispatcher {
             recipient: inbound.sender.clone(),
             reply_from: inbound.recipient.clone(),
             person: msg.person,
+            provider_message_id: inbound.provider_message_id.clone(),
         };
         Output::new(
             self.topology.reply(),

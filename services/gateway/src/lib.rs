@@ -2,7 +2,13 @@
 //! publishes them durably, and only then answers the channel.
 //!
 //! It knows no provider: every webhook of `switchboard_channels::ADAPTERS` is mounted on its
-//! route and handled the same way (see [`receive_webhook`]).
+//! route and handled the same way (see [`receive_webhook`]). Chat sockets ([`chat`]) and the
+//! REST API ([`api`]) are the channels whose far end is a client of ours: their replies come
+//! back through the mailbox, which [`hub`] follows.
+pub mod api;
+pub mod chat;
+pub mod hub;
+
 use std::sync::Arc;
 
 use axum::Router;
@@ -11,11 +17,15 @@ use axum::extract::{OriginalUri, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use switchboard_channels::{Received, Webhook, WebhookRequest};
+use switchboard_channels::api::ApiKeys;
+use switchboard_channels::chat::ChatTokens;
+use switchboard_channels::{Mailbox, Received, Webhook, WebhookRequest};
 use switchboard_kit::arrival::ArrivalCounter;
 use switchboard_kit::config::Config;
-use switchboard_kit::proto::InboundMessage;
+use switchboard_kit::proto::{InboundMessage, Person};
 use switchboard_kit::runtime::{Output, Runtime};
+use switchboard_kit::shutdown::Shutdown;
+use switchboard_kit::startup::{App, Task};
 use uuid::Uuid;
 
 pub use switchboard_channels::ApiError;
@@ -26,16 +36,44 @@ pub struct GatewayState {
     pub runtime: Runtime,
     /// Numbers each sender's messages in the order they were accepted.
     pub arrivals: ArrivalCounter,
+    /// Chat token verification; `None` when chat is not configured.
+    pub chat_tokens: Option<Arc<ChatTokens>>,
+    pub api_keys: ApiKeys,
+    pub mailbox: Mailbox,
+    /// The sockets and waiting requests this replica holds.
+    pub hub: Arc<hub::Hub>,
+    pub db: sqlx::PgPool,
+    pub shutdown: Shutdown,
 }
 
 impl GatewayState {
-    pub fn new(config: Arc<Config>, runtime: Runtime) -> Self {
+    /// The gateway's state from `app`; an invalid chat key configuration is an error here, at
+    /// start, not a refusal of every socket later.
+    pub fn new(app: &App) -> anyhow::Result<Self> {
+        let runtime = app.runtime();
         let arrivals = ArrivalCounter::new(runtime.js.clone(), &runtime.topology);
-        Self {
-            config,
-            runtime,
+        let chat_tokens = ChatTokens::from_config(&app.config.chat)?.map(Arc::new);
+        Ok(Self {
+            config: app.config.clone(),
             arrivals,
-        }
+            chat_tokens,
+            api_keys: ApiKeys::new(app.db.clone()),
+            mailbox: Mailbox::new(app.db.clone(), app.nats.clone(), app.topology.mailbox()),
+            hub: Arc::default(),
+            db: app.db.clone(),
+            shutdown: app.shutdown.clone(),
+            runtime,
+        })
+    }
+
+    /// The task that hands the mailbox's announcements to this replica's sockets and waiters.
+    pub fn follower(&self) -> Task {
+        Box::pin(hub::follow(
+            self.hub.clone(),
+            self.mailbox.nats().clone(),
+            self.mailbox.announcements(),
+            self.shutdown.clone(),
+        ))
     }
 }
 
@@ -51,16 +89,21 @@ impl IntoResponse for Refused {
 
 /// Count and log a refusal by channel, provider and reason.
 fn refused(hook: &dyn Webhook, e: ApiError) -> Refused {
+    refused_on(hook.channel(), hook.provider(), e)
+}
+
+/// Count and log a refusal on `channel` through `provider`.
+pub fn refused_on(channel: &'static str, provider: &'static str, e: ApiError) -> Refused {
     metrics::counter!(
         "sb_gateway_rejected_total",
-        "channel" => hook.channel(),
+        "channel" => channel,
         "reason" => e.code(),
-        "provider" => hook.provider()
+        "provider" => provider
     )
     .increment(1);
     tracing::info!(
-        channel = hook.channel(),
-        provider = hook.provider(),
+        channel,
+        provider,
         code = e.code(),
         status = e.status().as_u16(),
         "request rejected"
@@ -84,7 +127,10 @@ pub fn router(state: GatewayState) -> Router {
             ),
         );
     }
-    router.with_state(state)
+    router
+        .merge(chat::routes())
+        .merge(api::routes())
+        .with_state(state)
 }
 
 /// Any channel's webhook: read and authenticate it (the adapter), number the sender's message,
@@ -116,14 +162,8 @@ async fn receive_webhook(
     let received = hook
         .receive(&request)
         .map_err(|e| refused(hook.as_ref(), e))?;
-    let correlation_id = publish(&state, hook.as_ref(), received).await?;
-    metrics::counter!(
-        "sb_gateway_accepted_total",
-        "channel" => hook.channel(),
-        "provider" => hook.provider()
-    )
-    .increment(1);
-    tracing::info!(%correlation_id, provider = hook.provider(), "accepted");
+    let message = Accept::new(hook.channel(), hook.provider(), received);
+    publish(&state, message).await?;
     let ack = hook.ack();
     Ok(([(header::CONTENT_TYPE, ack.content_type)], ack.body).into_response())
 }
@@ -131,7 +171,7 @@ async fn receive_webhook(
 /// The request body, at most `limit` bytes. A request that declares a longer body is refused
 /// before any of it is read; one that sends more than it may (chunked, or lying) is cut off at
 /// the limit. Either way 413, answered as JSON and counted like any refusal.
-async fn read_body(
+pub(crate) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -161,14 +201,43 @@ async fn read_body(
     })
 }
 
+/// A message a channel authenticated and read, ready to be numbered and published.
+pub(crate) struct Accept {
+    pub channel: &'static str,
+    pub provider: &'static str,
+    pub received: Received,
+    /// The agent the sender named (else the channel's default).
+    pub agent: String,
+    /// Who the channel authenticated the sender as (chat, API).
+    pub asserted: Option<Person>,
+    /// The message's id and correlation id (else a new one): an API request retried with its
+    /// Idempotency-Key keeps the id it was first given.
+    pub id: Option<Uuid>,
+}
+
+impl Accept {
+    pub fn new(channel: &'static str, provider: &'static str, received: Received) -> Self {
+        Self {
+            channel,
+            provider,
+            received,
+            agent: String::new(),
+            asserted: None,
+            id: None,
+        }
+    }
+}
+
 /// Number the message among its sender's and publish it; its correlation id once stored.
-async fn publish(
-    state: &GatewayState,
-    hook: &dyn Webhook,
-    received: Received,
-) -> Result<String, Refused> {
-    let channel = hook.channel();
-    let provider = hook.provider();
+pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Uuid, Refused> {
+    let Accept {
+        channel,
+        provider,
+        received,
+        agent,
+        asserted,
+        id,
+    } = message;
     let unavailable = |what: &str, e: &dyn std::fmt::Display| {
         tracing::error!(error = %e, provider, "could not {what}");
         metrics::counter!("sb_gateway_unavailable_total", "channel" => channel).increment(1);
@@ -186,7 +255,7 @@ async fn publish(
         .next(channel, &received.sender, &message_id)
         .await
         .map_err(|e| unavailable("number the inbound message", &e))?;
-    let id = Uuid::now_v7();
+    let id = id.unwrap_or_else(Uuid::now_v7);
     let inbound = InboundMessage {
         id: id.to_string(),
         channel: channel.into(),
@@ -197,10 +266,11 @@ async fn publish(
         provider_message_id: message_id.clone(),
         received_at_ms: switchboard_kit::now_ms(),
         correlation_id: id.to_string(),
-        agent: String::new(),
+        agent,
         media_urls: received.media_urls,
         arrival_seq: arrival.seq,
         arrival_epoch: arrival.epoch,
+        asserted,
     };
     // The arrival number is part of the dedupe id: a retry that got the same number is dropped
     // by JetStream, one that got a new number (another message came in between) must reach the
@@ -216,5 +286,24 @@ async fn publish(
         .publish("gateway", &out)
         .await
         .map_err(|e| unavailable("store the inbound message", &e))?;
-    Ok(inbound.correlation_id)
+    metrics::counter!(
+        "sb_gateway_accepted_total",
+        "channel" => channel,
+        "provider" => provider
+    )
+    .increment(1);
+    tracing::info!(correlation_id = %id, provider, "accepted");
+    Ok(id)
+}
+
+/// 400 unless `agent` is empty (the channel's default) or a configured agent.
+pub(crate) fn check_agent(config: &Config, agent: &str) -> Result<(), ApiError> {
+    if agent.is_empty() || config.agents.iter().any(|a| a.name == agent) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "unknown_agent",
+            format!("no agent is named {agent:?}"),
+        ))
+    }
 }

@@ -1,8 +1,10 @@
 //! Identity resolution: (channel, address) → one canonical person.
 //!
-//! Order: the directory (`contact_points` → `people`), then the operator's configured lookups
-//! (one SQL query per person type against their own tables), else an external person whose id is
-//! the address itself (`phone:+15551234567`).
+//! Order: the directory (`contact_points` → `people`), then, for channels that authenticate
+//! the person themselves (chat: the JWT's `sub` and claims → `user:<sub>`; API: the key's owner
+//! → `api:<owner>`), who the channel says; else the operator's configured lookups (one SQL query
+//! per person type against their own tables), else an external person whose id is the address
+//! itself (`phone:+15551234567`).
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{IdentityConfig, IdentityLookup};
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, MessageReceived, Person};
@@ -51,6 +53,7 @@ impl IdentityResolver {
         &self,
         channel: &str,
         address: &str,
+        asserted: Option<&Person>,
     ) -> Result<Person, IdentityError> {
         let kind = contact_kind(channel);
         let address = match kind {
@@ -76,7 +79,11 @@ impl IdentityResolver {
                 person_type: r.get(1),
                 name: r.get(2),
                 role: r.get(3),
+                email: String::new(),
             });
+        }
+        if let Some(person) = asserted.filter(|p| !p.person_id.is_empty()) {
+            return Ok(person.clone());
         }
         for lookup in self.config.lookups.iter().filter(|l| l.kind == kind) {
             if let Some(p) = self.run_lookup(lookup, &address).await? {
@@ -88,6 +95,7 @@ impl IdentityResolver {
             person_type: "external".into(),
             name: String::new(),
             role: String::new(),
+            email: String::new(),
         })
     }
 
@@ -114,6 +122,7 @@ impl IdentityResolver {
             person_type: lookup.person_type.clone(),
             name: name.unwrap_or_default(),
             role: role.unwrap_or_default(),
+            email: String::new(),
         }))
     }
 }
@@ -141,7 +150,7 @@ impl Stage for IdentifyStage {
     ) -> Result<Vec<Output>, StageError> {
         let person = match self
             .resolver
-            .resolve_identity(&inbound.channel, &inbound.sender)
+            .resolve_identity(&inbound.channel, &inbound.sender, inbound.asserted.as_ref())
             .await
         {
             Ok(p) => p,

@@ -44,6 +44,8 @@ pub struct Config {
     pub admin: AdminConfig,
     pub twilio: TwilioConfig,
     pub textmagic: TextMagicConfig,
+    pub chat: ChatConfig,
+    pub api: ApiConfig,
     pub channels: BTreeMap<String, ChannelConfig>,
     pub agents: Vec<AgentConfig>,
     pub identity: IdentityConfig,
@@ -66,12 +68,15 @@ impl Default for Config {
             admin: AdminConfig::default(),
             twilio: TwilioConfig::default(),
             textmagic: TextMagicConfig::default(),
-            channels: BTreeMap::from([(
-                "sms".to_string(),
-                ChannelConfig {
-                    default_agent: "reggie_oc".into(),
-                },
-            )]),
+            chat: ChatConfig::default(),
+            api: ApiConfig::default(),
+            channels: ["sms", "admin_chat", "header_widget", "api"]
+                .into_iter()
+                .map(|channel| {
+                    let default_agent = "reggie_oc".into();
+                    (channel.to_string(), ChannelConfig { default_agent })
+                })
+                .collect(),
             agents: Vec::new(),
             identity: IdentityConfig::default(),
             runtime: RuntimeConfig::default(),
@@ -151,6 +156,55 @@ pub struct TextMagicConfig {
     pub from_number: String,
     pub api_base: String,
     pub webhook_token: Secret,
+}
+
+/// The chat WebSocket (`GET /ws/chat`): who may connect is said by a JWT the operator's own
+/// login issues.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ChatConfig {
+    /// HS256 shared secret. Exactly one of this and `jwt_public_key` is set to enable chat.
+    pub jwt_secret: Secret,
+    /// Path to an RS256 public key (PEM).
+    pub jwt_public_key: String,
+    /// When set, tokens must carry this `iss`.
+    pub jwt_issuer: String,
+    /// When set, tokens must carry this `aud`.
+    pub jwt_audience: String,
+    /// Replies a reconnecting client is sent at most, oldest first.
+    pub replay_limit: i64,
+    /// A socket that has not been heard from (messages or pongs) within this time is closed.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for ChatConfig {
+    fn default() -> Self {
+        Self {
+            jwt_secret: Secret::default(),
+            jwt_public_key: String::new(),
+            jwt_issuer: String::new(),
+            jwt_audience: String::new(),
+            replay_limit: 200,
+            idle_timeout_ms: 120_000,
+        }
+    }
+}
+
+/// The REST API (`/api/v1/…`, API keys made by `switchboard api-keys create`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ApiConfig {
+    /// Longest time `POST /api/v1/messages` with `"wait": true` holds the request for the reply
+    /// before answering 202 (kept below `gateway.request_timeout_ms`).
+    pub wait_max_ms: u64,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            wait_max_ms: 20_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

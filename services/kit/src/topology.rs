@@ -7,6 +7,7 @@
 //!                                                                                          │
 //!                                         deliver ◄── {p}.reply ──► log-outbound ◄─────────┘
 //!  every stage ──► {p}.events.<name> (public, replayable)      failures ──► {p}.dlq.<stage>
+//!  deliver (chat, API) ──► mailbox table + {p}.mailbox.<channel> (core NATS) ──► gateways ──► sockets
 //! ```
 //!
 //! Beside the streams, the `<P>_ARRIVALS` key-value bucket holds one counter per sender: the
@@ -134,6 +135,12 @@ impl Topology {
     /// `sb.events.<name>`: the public event stream (`message.logged`, `reply.delivered`, ...).
     pub fn event(&self, name: &str) -> String {
         format!("{}.events.{name}", self.prefix)
+    }
+    /// `sb.mailbox`: core NATS (no stream) announcements of replies stored for chat sockets and
+    /// API callers, followed by every gateway as `sb.mailbox.>`. The table is the durable copy;
+    /// see `switchboard_channels::mailbox`.
+    pub fn mailbox(&self) -> String {
+        format!("{}.mailbox", self.prefix)
     }
     /// `sb.dlq.<stage>`: dead letters.
     pub fn dead_letter(&self, stage: &str) -> String {

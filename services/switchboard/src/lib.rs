@@ -1,6 +1,7 @@
 //! Switchboard's processes: every stage wired together (`switchboard up`), one worker's stages
 //! (`switchboard worker <name>`), the gateway alone (`switchboard gateway`), plus the demo
 //! runner and outbox.
+pub mod chat;
 pub mod demo;
 pub mod people;
 pub mod stages;
@@ -8,13 +9,14 @@ pub mod stages;
 use anyhow::Context as _;
 use switchboard_kit::startup::App;
 
-/// The gateway's public routes: every channel's webhook, and the health checks.
-pub fn gateway_routes(app: &App) -> axum::Router {
-    switchboard_gateway::router(switchboard_gateway::GatewayState::new(
-        app.config.clone(),
-        app.runtime(),
-    ))
-    .merge(switchboard_kit::admin::health_router(app.readiness()))
+/// The gateway's public routes (every channel's webhook, the chat socket, the REST API, the
+/// health checks) and the task that hands replies to the sockets and API requests it holds.
+pub fn gateway_routes(app: &App) -> anyhow::Result<(axum::Router, switchboard_kit::startup::Task)> {
+    let state = switchboard_gateway::GatewayState::new(app)?;
+    let follower = state.follower();
+    let routes = switchboard_gateway::router(state)
+        .merge(switchboard_kit::admin::health_router(app.readiness()));
+    Ok((routes, follower))
 }
 
 /// `/healthz`, `/readyz` and `/metrics` on `admin.http_addr`.
@@ -47,10 +49,10 @@ pub async fn run_gateway(config: switchboard_kit::Config) -> anyhow::Result<()> 
     let app = App::connect(config, "gateway").await?;
     app.prepare(stages::ALL).await?;
     app.shutdown.trigger_on_signals();
-    let routes = gateway_routes(&app);
+    let (routes, follower) = gateway_routes(&app)?;
     let serve = app
         .serve_http(&app.config.gateway.http_addr, routes)
         .await?;
     let admin = admin_task(&app).await?;
-    app.run(vec![serve, admin]).await
+    app.run(vec![serve, follower, admin]).await
 }

@@ -60,6 +60,65 @@ enum Command {
         #[command(subcommand)]
         command: SmsCommand,
     },
+    /// API keys for the REST API (stored hashed; a key is printed once, when made).
+    ApiKeys {
+        #[command(subcommand)]
+        command: ApiKeysCommand,
+    },
+    /// The chat socket: make a token (HS256, from chat.jwt_secret) or chat as a user.
+    Chat {
+        #[command(subcommand)]
+        command: ChatCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ApiKeysCommand {
+    /// Make a key for `owner` and print it (once: only its hash is kept).
+    Create {
+        /// Who the key is for; messages sent with it come from the person `api:<owner>`.
+        #[arg(long)]
+        owner: String,
+        /// What the key may do (repeatable): messages:write, messages:read. Default: both.
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+    },
+    /// List keys (never the keys themselves).
+    List,
+    /// Revoke a key by its id: it stops working at once.
+    Revoke { id: uuid::Uuid },
+}
+
+#[derive(Subcommand)]
+enum ChatCommand {
+    /// Print a chat token for `sub`, signed with chat.jwt_secret (for trying chat; in
+    /// production your own login issues them).
+    Token {
+        #[arg(long)]
+        sub: String,
+        #[arg(long, default_value = "")]
+        name: String,
+        #[arg(long, default_value = "")]
+        role: String,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 3600)]
+        ttl: i64,
+    },
+    /// Connect as `sub`, send one message, print the reply.
+    Send {
+        #[arg(long)]
+        sub: String,
+        #[arg(long)]
+        text: String,
+        #[arg(long, default_value = "")]
+        agent: String,
+        /// admin_chat or header_widget.
+        #[arg(long, default_value = "admin_chat")]
+        channel: String,
+        /// Seconds to wait for the reply.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -227,6 +286,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Directory { command } => directory(config, command).await,
         Command::People { command } => people(config, command).await,
         Command::Sms { command } => sms(config, command).await,
+        Command::ApiKeys { command } => api_keys(config, command).await,
+        Command::Chat { command } => chat(config, command).await,
     }
 }
 
@@ -235,7 +296,7 @@ async fn up(config: Config) -> anyhow::Result<()> {
     let app = App::connect(config, "up").await?;
     app.prepare(stages::ALL).await?;
     app.shutdown.trigger_on_signals();
-    let mut routes = switchboard::gateway_routes(&app);
+    let (mut routes, follower) = switchboard::gateway_routes(&app)?;
     if app.config.demo.enabled {
         routes = routes.merge(demo::router(&app.config));
         tracing::info!(
@@ -244,6 +305,7 @@ async fn up(config: Config) -> anyhow::Result<()> {
     }
     let all: Vec<_> = stages::ALL.iter().collect();
     let mut tasks = stages::tasks(&app, &all);
+    tasks.push(follower);
     tasks.push(
         app.serve_http(&app.config.gateway.http_addr, routes)
             .await?,
@@ -340,6 +402,100 @@ async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<
         }
     }
     Ok(())
+}
+
+async fn api_keys(config: Config, command: ApiKeysCommand) -> anyhow::Result<()> {
+    use switchboard_channels::api::{ApiKeys, Scope};
+    let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
+    switchboard_kit::db::migrate(&db).await?;
+    let keys = ApiKeys::new(db);
+    match command {
+        ApiKeysCommand::Create { owner, scopes } => {
+            let scopes: Vec<Scope> = if scopes.is_empty() {
+                Scope::DEFAULT.to_vec()
+            } else {
+                scopes
+                    .iter()
+                    .map(|s| s.parse().map_err(anyhow::Error::msg))
+                    .collect::<anyhow::Result<_>>()?
+            };
+            let (key, info) = keys.create(&owner, &scopes).await?;
+            eprintln!(
+                "API key {} for {} ({}). It is shown once; store it now:",
+                info.id,
+                info.owner,
+                info.scopes.join(", ")
+            );
+            println!("{key}");
+        }
+        ApiKeysCommand::List => {
+            println!(
+                "{:<36}  {:<20} {:<10} {:<30} {:<20} state",
+                "id", "owner", "key", "scopes", "last used"
+            );
+            for k in keys.list().await? {
+                let when = |t: Option<chrono::DateTime<chrono::Utc>>| {
+                    t.map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+                        .unwrap_or_else(|| "never".into())
+                };
+                let state = match k.revoked_at {
+                    Some(t) => format!("revoked {}", t.format("%Y-%m-%d %H:%M")),
+                    None => "active".into(),
+                };
+                println!(
+                    "{:<36}  {:<20} {:<10} {:<30} {:<20} {}",
+                    k.id,
+                    k.owner,
+                    format!("{}…", k.key_prefix),
+                    k.scopes.join(","),
+                    when(k.last_used_at),
+                    state
+                );
+            }
+        }
+        ApiKeysCommand::Revoke { id } => {
+            let k = keys.revoke(id).await?;
+            println!("revoked API key {} of {}", k.id, k.owner);
+        }
+    }
+    Ok(())
+}
+
+async fn chat(config: Config, command: ChatCommand) -> anyhow::Result<()> {
+    match command {
+        ChatCommand::Token {
+            sub,
+            name,
+            role,
+            ttl,
+        } => {
+            println!(
+                "{}",
+                switchboard::chat::token(&config, &sub, &name, &role, ttl)?
+            );
+            Ok(())
+        }
+        ChatCommand::Send {
+            sub,
+            text,
+            agent,
+            channel,
+            wait,
+        } => {
+            let token = switchboard::chat::token(&config, &sub, "", "", 600)?;
+            let reply = switchboard::chat::send(
+                &config,
+                &token,
+                &channel,
+                &agent,
+                &text,
+                Duration::from_secs(wait),
+            )
+            .await?;
+            println!("{}: {}", reply.agent, reply.text);
+            Ok(())
+        }
+    }
 }
 
 async fn people(config: Config, command: PeopleCommand) -> anyhow::Result<()> {

@@ -35,6 +35,7 @@ fn inbound(text: &str) -> InboundMessage {
         media_urls: vec!["https://api.twilio.com/media/ME1".into()],
         arrival_seq: 3,
         arrival_epoch: 1_767_000_000_000,
+        asserted: None,
     }
 }
 
@@ -44,6 +45,7 @@ fn person() -> Person {
         person_type: "staff".into(),
         name: "Dana".into(),
         role: "admin".into(),
+        email: String::new(),
     }
 }
 
@@ -248,6 +250,7 @@ fn write_seeds() {
         recipient: "+14155550100".into(),
         reply_from: "+15555550199".into(),
         person: Some(person()),
+        provider_message_id: "SM0123456789abcdef0123456789abcdef".into(),
     };
     let dead = DeadLetter {
         stage: "dispatch".into(),

@@ -1,0 +1,316 @@
+//! The REST API channel: `POST /api/v1/messages` with an API key, replies by waiting or polling
+//! (through the mailbox). This module holds the key store and the request body; the gateway
+//! serves the routes.
+use base64::Engine;
+use http::StatusCode;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::ApiError;
+use crate::ingress::{check_client_id, clean_text};
+
+/// The provider name API messages and their replies carry.
+pub const PROVIDER: &str = "api";
+/// The logical channel of API messages.
+pub const CHANNEL: &str = "api";
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// Send messages (`POST /api/v1/messages`) and read their replies.
+    MessagesWrite,
+    /// Read replies by correlation id only.
+    MessagesRead,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 2] = [Scope::MessagesWrite, Scope::MessagesRead];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::MessagesWrite => "messages:write",
+            Scope::MessagesRead => "messages:read",
+        }
+    }
+
+    /// Scopes a key gets when none are named.
+    pub const DEFAULT: [Scope; 2] = [Scope::MessagesWrite, Scope::MessagesRead];
+}
+
+impl std::str::FromStr for Scope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Scope::ALL
+            .into_iter()
+            .find(|scope| scope.as_str() == s)
+            .ok_or_else(|| {
+                let known: Vec<_> = Scope::ALL.iter().map(|s| s.as_str()).collect();
+                format!("unknown scope {s:?} (known: {})", known.join(", "))
+            })
+    }
+}
+
+/// A key as the store knows it (never the key itself).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ApiKeyInfo {
+    pub id: Uuid,
+    pub owner: String,
+    pub key_prefix: String,
+    pub scopes: Vec<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub last_used_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The caller a valid key names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiCaller {
+    pub key_id: Uuid,
+    pub owner: String,
+    pub scopes: Vec<String>,
+}
+
+impl ApiCaller {
+    /// 403 unless the key has `scope`.
+    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+        if self.scopes.iter().any(|s| s == scope.as_str()) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(
+                "missing_scope",
+                format!("this API key lacks the {} scope", scope.as_str()),
+            ))
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiKeyError {
+    #[error("owner must be 1 to 100 letters, digits, '-', '_', '.' or '@'")]
+    BadOwner,
+    #[error("no API key {0}")]
+    NotFound(Uuid),
+    #[error("API keys: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// `sb_` and 43 characters of base64url: 256 random bits.
+const KEY_PREFIX: &str = "sb_";
+
+fn hash(key: &str) -> Vec<u8> {
+    Sha256::digest(key.as_bytes()).to_vec()
+}
+
+/// API keys, stored hashed.
+#[derive(Clone)]
+pub struct ApiKeys {
+    db: PgPool,
+}
+
+impl ApiKeys {
+    pub fn new(db: PgPool) -> Self {
+        Self { db }
+    }
+
+    /// Make a key for `owner`; the key itself is returned once and stored only as a hash.
+    pub async fn create(
+        &self,
+        owner: &str,
+        scopes: &[Scope],
+    ) -> Result<(String, ApiKeyInfo), ApiKeyError> {
+        let owner_ok = !owner.is_empty()
+            && owner.len() <= 100
+            && owner
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b));
+        if !owner_ok {
+            return Err(ApiKeyError::BadOwner);
+        }
+        let random: [u8; 32] = rand::random();
+        let key = format!(
+            "{KEY_PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
+        );
+        let mut scopes: Vec<String> = scopes.iter().map(|s| s.as_str().to_string()).collect();
+        scopes.sort();
+        scopes.dedup();
+        let info: ApiKeyInfo = sqlx::query_as(
+            "INSERT INTO switchboard.api_keys (id, owner, key_hash, key_prefix, scopes)
+             VALUES ($1, $2, $3, $4, $5)
+             RETURNING id, owner, key_prefix, scopes, created_at, last_used_at, revoked_at",
+        )
+        .bind(Uuid::now_v7())
+        .bind(owner)
+        .bind(hash(&key))
+        .bind(&key[..KEY_PREFIX.len() + 6])
+        .bind(&scopes)
+        .fetch_one(&self.db)
+        .await?;
+        Ok((key, info))
+    }
+
+    pub async fn list(&self) -> Result<Vec<ApiKeyInfo>, ApiKeyError> {
+        Ok(sqlx::query_as(
+            "SELECT id, owner, key_prefix, scopes, created_at, last_used_at, revoked_at
+               FROM switchboard.api_keys ORDER BY created_at",
+        )
+        .fetch_all(&self.db)
+        .await?)
+    }
+
+    /// Revoke a key: it stops working at once, on every gateway.
+    pub async fn revoke(&self, id: Uuid) -> Result<ApiKeyInfo, ApiKeyError> {
+        sqlx::query_as(
+            "UPDATE switchboard.api_keys SET revoked_at = COALESCE(revoked_at, now())
+              WHERE id = $1
+             RETURNING id, owner, key_prefix, scopes, created_at, last_used_at, revoked_at",
+        )
+        .bind(id)
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or(ApiKeyError::NotFound(id))
+    }
+
+    /// The caller a key names: 401 for a missing, unknown or revoked key. The lookup is by the
+    /// key's hash, so nothing about a stored key leaks through timing.
+    pub async fn authenticate(&self, key: Option<&str>) -> Result<ApiCaller, ApiError> {
+        let unauthorized =
+            |reason: &str| ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", reason);
+        let Some(key) = key.map(str::trim).filter(|k| !k.is_empty()) else {
+            return Err(unauthorized(
+                "an API key is required: Authorization: Bearer <key>",
+            ));
+        };
+        let row: Option<(Uuid, String, Vec<String>)> = sqlx::query_as(
+            "UPDATE switchboard.api_keys SET last_used_at = now()
+              WHERE key_hash = $1 AND revoked_at IS NULL
+             RETURNING id, owner, scopes",
+        )
+        .bind(hash(key))
+        .fetch_optional(&self.db)
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "API key lookup failed");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the key could not be checked; retry",
+            )
+        })?;
+        let (key_id, owner, scopes) =
+            row.ok_or_else(|| unauthorized("the API key is unknown or revoked"))?;
+        Ok(ApiCaller {
+            key_id,
+            owner,
+            scopes,
+        })
+    }
+}
+
+/// `POST /api/v1/messages`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageRequest {
+    #[serde(default)]
+    pub agent: String,
+    pub text: String,
+    /// Hold the request until the reply is there (at most `api.wait_max_ms`).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// A checked API message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiMessage {
+    pub agent: String,
+    pub text: String,
+    pub wait: bool,
+    /// The caller's `Idempotency-Key`: the same key again is the same message.
+    pub idempotency_key: Option<String>,
+}
+
+/// Read a request body (JSON) and its `Idempotency-Key` into a message, or say why not.
+pub fn read_message(
+    body: &[u8],
+    idempotency_key: Option<&str>,
+    max_chars: usize,
+) -> Result<ApiMessage, ApiError> {
+    let request: MessageRequest = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_body",
+            format!("expected JSON {{\"agent\", \"text\", \"wait\"}}: {e}"),
+        )
+    })?;
+    let text = clean_text("text", &request.text, max_chars)?;
+    if text.trim().is_empty() {
+        return Err(ApiError::missing_field("text"));
+    }
+    if let Some(key) = idempotency_key {
+        check_client_id("Idempotency-Key", key)?;
+    }
+    Ok(ApiMessage {
+        agent: request.agent.trim().to_string(),
+        text,
+        wait: request.wait,
+        idempotency_key: idempotency_key.map(str::to_string),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_read_and_print_by_their_names() {
+        for scope in Scope::ALL {
+            assert_eq!(scope.as_str().parse::<Scope>(), Ok(scope));
+        }
+        assert!(
+            "admin"
+                .parse::<Scope>()
+                .unwrap_err()
+                .contains("messages:write")
+        );
+    }
+
+    #[test]
+    fn a_message_body_is_checked_before_anything_is_stored() {
+        let ok = read_message(
+            br#"{"agent":"reggie_oc","text":"hi","wait":true}"#,
+            None,
+            10,
+        );
+        assert_eq!(
+            ok.unwrap(),
+            ApiMessage {
+                agent: "reggie_oc".into(),
+                text: "hi".into(),
+                wait: true,
+                idempotency_key: None
+            }
+        );
+        let code = |body: &[u8], key| read_message(body, key, 10).unwrap_err().code();
+        assert_eq!(code(b"{", None), "invalid_body");
+        assert_eq!(code(br#"{"text":"hi","colour":1}"#, None), "invalid_body");
+        assert_eq!(code(br#"{"text":" "}"#, None), "missing_field");
+        assert_eq!(code(br#"{"text":"12345678901"}"#, None), "text_too_long");
+        assert_eq!(code(br#"{"text":"hi"}"#, Some("a b")), "invalid_field");
+    }
+
+    #[test]
+    fn a_caller_without_the_scope_is_refused() {
+        let caller = ApiCaller {
+            key_id: Uuid::nil(),
+            owner: "crm".into(),
+            scopes: vec!["messages:read".into()],
+        };
+        assert!(caller.require(Scope::MessagesRead).is_ok());
+        let e = caller.require(Scope::MessagesWrite).unwrap_err();
+        assert_eq!(
+            (e.status(), e.code()),
+            (StatusCode::FORBIDDEN, "missing_scope")
+        );
+    }
+}

@@ -1,0 +1,381 @@
+//! The chat channel (admin chat and the header widget): a WebSocket whose user is named by a JWT
+//! that the operator's own login issued. This module holds what is not the socket itself: the
+//! token check and the JSON frames both sides send. The gateway serves the socket; replies go
+//! through the mailbox ([`crate::mailbox`]).
+use http::StatusCode;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::{Deserialize, Serialize};
+use switchboard_kit::config::ChatConfig;
+
+use crate::ApiError;
+use crate::ingress::{check_client_id, clean_text};
+
+/// The provider name chat messages and their replies carry.
+pub const PROVIDER: &str = "chat";
+
+/// The logical channels a chat socket can be (`?channel=`; the first is the default).
+pub const CHANNELS: [&str; 2] = ["admin_chat", "header_widget"];
+
+/// Longest accepted `sub`.
+const MAX_SUBJECT_CHARS: usize = 200;
+
+/// Seconds of clock difference tolerated on `exp` and `nbf`.
+const CLOCK_LEEWAY_S: u64 = 30;
+
+/// The person a valid token names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatUser {
+    pub sub: String,
+    pub name: String,
+    pub role: String,
+    pub email: String,
+}
+
+#[derive(Deserialize)]
+struct Claims {
+    sub: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    email: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChatConfigError {
+    #[error("chat.jwt_secret and chat.jwt_public_key are both set: set one (HS256 or RS256)")]
+    BothKeys,
+    #[error("reading chat.jwt_public_key {path}: {source}")]
+    ReadKey {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("chat.jwt_public_key {path} is not an RSA public key in PEM: {source}")]
+    BadKey {
+        path: String,
+        source: jsonwebtoken::errors::Error,
+    },
+}
+
+/// Verifies chat tokens: one algorithm, fixed by the configuration (so a token cannot choose
+/// its own: `alg: none`, or an HS256 token "signed" with the RS256 public key, are refused).
+pub struct ChatTokens {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl ChatTokens {
+    /// `None` when chat is not configured (no secret, no key): every socket is refused.
+    pub fn from_config(config: &ChatConfig) -> Result<Option<Self>, ChatConfigError> {
+        let (key, algorithm) = match (
+            config.jwt_secret.is_empty(),
+            config.jwt_public_key.is_empty(),
+        ) {
+            (true, true) => return Ok(None),
+            (false, false) => return Err(ChatConfigError::BothKeys),
+            (false, true) => (
+                DecodingKey::from_secret(config.jwt_secret.expose().as_bytes()),
+                Algorithm::HS256,
+            ),
+            (true, false) => {
+                let path = config.jwt_public_key.clone();
+                let pem = std::fs::read(&path).map_err(|source| ChatConfigError::ReadKey {
+                    path: path.clone(),
+                    source,
+                })?;
+                let key = DecodingKey::from_rsa_pem(&pem)
+                    .map_err(|source| ChatConfigError::BadKey { path, source })?;
+                (key, Algorithm::RS256)
+            }
+        };
+        let mut validation = Validation::new(algorithm);
+        validation.leeway = CLOCK_LEEWAY_S;
+        validation.validate_nbf = true;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        if !config.jwt_issuer.is_empty() {
+            validation.set_issuer(&[&config.jwt_issuer]);
+            validation.set_required_spec_claims(&["exp", "sub", "iss"]);
+        }
+        if config.jwt_audience.is_empty() {
+            validation.validate_aud = false;
+        } else {
+            validation.set_audience(&[&config.jwt_audience]);
+        }
+        Ok(Some(Self { key, validation }))
+    }
+
+    /// The user a token names, or 401 with the reason.
+    pub fn verify(&self, token: &str) -> Result<ChatUser, ApiError> {
+        use jsonwebtoken::errors::ErrorKind;
+        let data =
+            jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
+                let reason = match e.kind() {
+                    ErrorKind::ExpiredSignature => "the token has expired",
+                    ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)",
+                    ErrorKind::InvalidSignature => "the token's signature does not verify",
+                    ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+                        "the token's algorithm is not the one configured"
+                    }
+                    ErrorKind::InvalidIssuer => "the token's issuer is not the one configured",
+                    ErrorKind::InvalidAudience => "the token's audience is not the one configured",
+                    ErrorKind::MissingRequiredClaim(_) => "the token lacks a required claim",
+                    _ => "the token is malformed",
+                };
+                unauthorized(reason)
+            })?;
+        let claims = data.claims;
+        if claims.sub.is_empty()
+            || claims.sub.chars().count() > MAX_SUBJECT_CHARS
+            || claims.sub.chars().any(char::is_control)
+        {
+            return Err(unauthorized(
+                "the token's sub must be 1 to 200 characters without control characters",
+            ));
+        }
+        let claim = |c: Option<String>| {
+            c.map(|v| v.chars().filter(|c| !c.is_control()).take(200).collect())
+                .unwrap_or_default()
+        };
+        Ok(ChatUser {
+            sub: claims.sub,
+            name: claim(claims.name),
+            role: claim(claims.role),
+            email: claim(claims.email),
+        })
+    }
+}
+
+fn unauthorized(reason: &str) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "invalid_token", reason)
+}
+
+/// What a client sends.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientFrame {
+    /// A message to an agent. `id` is the client's: sending it again (after a reconnect, say)
+    /// is the same message, answered once.
+    Message {
+        id: String,
+        #[serde(default)]
+        agent: String,
+        text: String,
+    },
+}
+
+/// A client's message, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub id: String,
+    pub agent: String,
+    pub text: String,
+}
+
+/// Read one text frame from a client into a message, or the error to send back.
+pub fn read_frame(frame: &str, max_chars: usize) -> Result<ChatMessage, ApiError> {
+    let frame: ClientFrame = serde_json::from_str(frame).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_frame",
+            format!("expected {{\"type\":\"message\",\"id\",\"text\"}}: {e}"),
+        )
+    })?;
+    let ClientFrame::Message { id, agent, text } = frame;
+    check_client_id("id", &id)?;
+    let text = clean_text("text", &text, max_chars)?;
+    if text.trim().is_empty() {
+        return Err(ApiError::missing_field("text"));
+    }
+    Ok(ChatMessage {
+        id,
+        agent: agent.trim().to_string(),
+        text,
+    })
+}
+
+/// What the server sends.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerFrame {
+    /// The message `id` is stored and will be answered (resending it is harmless).
+    Accepted { id: String, correlation_id: String },
+    /// An agent's reply. `seq` orders replies; a client reconnecting with `?since=<seq>` gets
+    /// every reply after it.
+    Reply {
+        seq: i64,
+        reply_id: String,
+        in_reply_to: String,
+        agent: String,
+        text: String,
+        sent_at: String,
+    },
+    /// Something the client sent was refused (`id` names the message, when known).
+    Error {
+        code: String,
+        message: String,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        id: Option<String>,
+    },
+}
+
+impl ServerFrame {
+    pub fn error(e: &ApiError, id: Option<String>) -> Self {
+        Self::Error {
+            code: e.code().into(),
+            message: e.message().into(),
+            id,
+        }
+    }
+
+    pub fn reply(entry: &crate::MailboxEntry) -> Self {
+        Self::Reply {
+            seq: entry.seq,
+            reply_id: entry.reply_id.to_string(),
+            in_reply_to: entry.in_reply_to.clone(),
+            agent: entry.agent.clone(),
+            text: entry.text.clone(),
+            sent_at: entry.created_at.to_rfc3339(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, Header, encode};
+    use switchboard_kit::config::Secret;
+
+    const SECRET: &str = "chat-secret-for-tests";
+
+    fn tokens(tweak: impl FnOnce(&mut ChatConfig)) -> ChatTokens {
+        let mut config = ChatConfig {
+            jwt_secret: Secret::new(SECRET),
+            ..Default::default()
+        };
+        tweak(&mut config);
+        ChatTokens::from_config(&config).unwrap().unwrap()
+    }
+
+    fn now() -> i64 {
+        chrono::Utc::now().timestamp()
+    }
+
+    fn hs256(claims: serde_json::Value) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    fn reason(e: ApiError) -> String {
+        assert_eq!(e.status(), StatusCode::UNAUTHORIZED);
+        e.message().to_string()
+    }
+
+    #[test]
+    fn a_valid_token_names_its_user_with_their_claims() {
+        let token = hs256(serde_json::json!({
+            "sub": "u-17", "exp": now() + 60, "name": "Ana", "role": "admin",
+            "email": "ana@example.com"
+        }));
+        let user = tokens(|_| {}).verify(&token).unwrap();
+        assert_eq!(
+            user,
+            ChatUser {
+                sub: "u-17".into(),
+                name: "Ana".into(),
+                role: "admin".into(),
+                email: "ana@example.com".into()
+            }
+        );
+    }
+
+    #[test]
+    fn expired_early_unsigned_and_forged_tokens_are_refused_with_the_reason() {
+        let t = tokens(|_| {});
+        let expired = hs256(serde_json::json!({"sub": "u", "exp": now() - 120}));
+        assert!(reason(t.verify(&expired).unwrap_err()).contains("expired"));
+        let early = hs256(serde_json::json!({"sub": "u", "exp": now() + 600, "nbf": now() + 300}));
+        assert!(reason(t.verify(&early).unwrap_err()).contains("not valid yet"));
+        let no_exp = hs256(serde_json::json!({"sub": "u"}));
+        assert!(reason(t.verify(&no_exp).unwrap_err()).contains("required claim"));
+
+        // alg "none": header and claims, no signature.
+        use base64::Engine;
+        let b64 = |v: serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+        };
+        let none = format!(
+            "{}.{}.",
+            b64(serde_json::json!({"alg": "none", "typ": "JWT"})),
+            b64(serde_json::json!({"sub": "admin", "exp": now() + 60}))
+        );
+        assert!(t.verify(&none).is_err());
+
+        let other_secret = encode(
+            &Header::new(Algorithm::HS256),
+            &serde_json::json!({"sub": "u", "exp": now() + 60}),
+            &EncodingKey::from_secret(b"guessed"),
+        )
+        .unwrap();
+        assert!(reason(t.verify(&other_secret).unwrap_err()).contains("signature"));
+
+        let hs512 = encode(
+            &Header::new(Algorithm::HS512),
+            &serde_json::json!({"sub": "u", "exp": now() + 60}),
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap();
+        assert!(reason(t.verify(&hs512).unwrap_err()).contains("algorithm"));
+    }
+
+    #[test]
+    fn issuer_and_audience_are_checked_when_configured() {
+        let t = tokens(|c| {
+            c.jwt_issuer = "https://login.example.com".into();
+            c.jwt_audience = "switchboard".into();
+        });
+        let good = hs256(serde_json::json!({
+            "sub": "u", "exp": now() + 60, "iss": "https://login.example.com", "aud": "switchboard"
+        }));
+        assert!(t.verify(&good).is_ok());
+        let wrong_iss = hs256(serde_json::json!({
+            "sub": "u", "exp": now() + 60, "iss": "https://evil.example", "aud": "switchboard"
+        }));
+        assert!(reason(t.verify(&wrong_iss).unwrap_err()).contains("issuer"));
+        let wrong_aud = hs256(serde_json::json!({
+            "sub": "u", "exp": now() + 60, "iss": "https://login.example.com", "aud": "other"
+        }));
+        assert!(reason(t.verify(&wrong_aud).unwrap_err()).contains("audience"));
+        // Without an audience configured, a token that carries one is still accepted.
+        let any_aud = hs256(serde_json::json!({"sub": "u", "exp": now() + 60, "aud": "x"}));
+        assert!(tokens(|_| {}).verify(&any_aud).is_ok());
+    }
+
+    #[test]
+    fn frames_are_checked_before_anything_is_stored() {
+        let ok = read_frame(r#"{"type":"message","id":"c-1","text":" hi\u0007 "}"#, 10).unwrap();
+        assert_eq!(ok.text, " hi ");
+        assert_eq!(ok.agent, "");
+        let code = |f: &str| read_frame(f, 10).unwrap_err().code();
+        assert_eq!(code("not json"), "invalid_frame");
+        assert_eq!(
+            code(r#"{"type":"shout","id":"1","text":"x"}"#),
+            "invalid_frame"
+        );
+        assert_eq!(
+            code(r#"{"type":"message","id":"a b","text":"x"}"#),
+            "invalid_field"
+        );
+        assert_eq!(
+            code(r#"{"type":"message","id":"1","text":"   "}"#),
+            "missing_field"
+        );
+        assert_eq!(
+            code(r#"{"type":"message","id":"1","text":"12345678901"}"#),
+            "text_too_long"
+        );
+    }
+}

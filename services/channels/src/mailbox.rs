@@ -1,0 +1,193 @@
+//! Replies for channels whose far end is a client of ours (chat sockets, API callers) rather
+//! than a provider's API.
+//!
+//! Sending is writing the reply into `switchboard.mailbox` (once: a part written twice is the
+//! same row) and announcing it on `{p}.mailbox.<channel>` with core NATS. Every gateway replica
+//! listens there and hands the entry to the sockets or waiting requests it holds for that
+//! address; the table is what makes it durable: a client that was away reads what it missed.
+//! The announcement may be lost (no gateway listening, a reconnect): nothing depends on it but
+//! speed.
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::egress::{Egress, OutboundPart, SendError};
+
+/// One reply (part) in a mailbox, as stored, announced and pushed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct MailboxEntry {
+    /// Ascending per database: a client that saw entry `seq` asks for what came after it.
+    pub seq: i64,
+    pub reply_id: Uuid,
+    pub part: i32,
+    pub channel: String,
+    /// The sender address the reply goes back to (chat: the token's `sub`; API: the key owner).
+    pub address: String,
+    pub agent: String,
+    pub correlation_id: String,
+    /// The client's own id of the message answered.
+    pub in_reply_to: String,
+    pub text: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MailboxError {
+    #[error("mailbox: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// The mailbox table and its announcement subject.
+#[derive(Clone)]
+pub struct Mailbox {
+    db: PgPool,
+    nats: async_nats::Client,
+    /// `{p}.mailbox`; entries are announced on `{p}.mailbox.<channel>`.
+    subject: String,
+}
+
+const COLUMNS: &str = "seq, reply_id, part, channel, address, agent, correlation_id, \
+                       in_reply_to, text, created_at";
+
+impl Mailbox {
+    pub fn new(db: PgPool, nats: async_nats::Client, subject: String) -> Self {
+        Self { db, nats, subject }
+    }
+
+    pub fn nats(&self) -> &async_nats::Client {
+        &self.nats
+    }
+
+    /// The subject every entry is announced under (`{p}.mailbox.>`), for gateways to follow.
+    pub fn announcements(&self) -> String {
+        format!("{}.>", self.subject)
+    }
+
+    /// Store a part (idempotent) and announce it. A redelivered reply finds its row and
+    /// announces it again: sockets skip what they already pushed.
+    pub async fn put(
+        &self,
+        part: &OutboundPart<'_>,
+        in_reply_to: &str,
+    ) -> Result<MailboxEntry, MailboxError> {
+        let reply = part.reply;
+        let reply_id: Uuid = reply.id.parse().unwrap_or_default();
+        let session: Option<Uuid> = reply.session_id.parse().ok();
+        let entry: MailboxEntry = sqlx::query_as(&format!(
+            "WITH new AS (
+                INSERT INTO switchboard.mailbox
+                    (reply_id, part, channel, address, agent, session_id, correlation_id,
+                     in_reply_to, text)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                ON CONFLICT (reply_id, part) DO NOTHING
+                RETURNING {COLUMNS})
+             SELECT {COLUMNS} FROM new
+             UNION ALL
+             SELECT {COLUMNS} FROM switchboard.mailbox WHERE reply_id = $1 AND part = $2
+             LIMIT 1"
+        ))
+        .bind(reply_id)
+        .bind(part.index as i32)
+        .bind(&reply.channel)
+        .bind(part.to)
+        .bind(&reply.agent_name)
+        .bind(session)
+        .bind(&reply.correlation_id)
+        .bind(in_reply_to)
+        .bind(part.text)
+        .fetch_one(&self.db)
+        .await?;
+        let subject = format!("{}.{}", self.subject, entry.channel);
+        match serde_json::to_vec(&entry) {
+            Ok(body) => {
+                if let Err(e) = self.nats.publish(subject, body.into()).await {
+                    // Stored is delivered: clients read the table when the push does not come.
+                    tracing::warn!(error = %e, seq = entry.seq, "announcing a mailbox entry failed");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "mailbox entry as JSON"),
+        }
+        Ok(entry)
+    }
+
+    /// Entries for `address` on `channel`: those after `after` when the client says what it saw
+    /// last, else those no socket was handed yet; oldest first, at most `limit`.
+    pub async fn for_address(
+        &self,
+        channel: &str,
+        address: &str,
+        after: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<MailboxEntry>, MailboxError> {
+        let filter = if after.is_some() {
+            "seq > $3"
+        } else {
+            "pushed_at IS NULL AND $3::bigint IS NULL"
+        };
+        Ok(sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM switchboard.mailbox
+              WHERE channel = $1 AND address = $2 AND {filter}
+              ORDER BY seq LIMIT $4"
+        ))
+        .bind(channel)
+        .bind(address)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.db)
+        .await?)
+    }
+
+    /// The replies to one accepted message, in order.
+    pub async fn for_correlation(
+        &self,
+        correlation_id: &str,
+    ) -> Result<Vec<MailboxEntry>, MailboxError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM switchboard.mailbox WHERE correlation_id = $1
+              ORDER BY seq"
+        ))
+        .bind(correlation_id)
+        .fetch_all(&self.db)
+        .await?)
+    }
+
+    /// Note that an entry reached a socket (first time only), so a client connecting later
+    /// without saying what it saw is not sent it again.
+    pub async fn mark_pushed(&self, seq: i64) -> Result<(), MailboxError> {
+        sqlx::query(
+            "UPDATE switchboard.mailbox SET pushed_at = now() WHERE seq = $1 AND pushed_at IS NULL",
+        )
+        .bind(seq)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+}
+
+/// The egress of chat and API replies: the whole reply is one part, put in the mailbox.
+pub struct MailboxEgress(pub Mailbox);
+
+impl Egress for MailboxEgress {
+    fn split(&self, text: &str) -> Vec<String> {
+        if text.trim().is_empty() {
+            Vec::new()
+        } else {
+            vec![text.to_string()]
+        }
+    }
+
+    fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {
+        async move {
+            let in_reply_to = crate::ingress::client_id(part.to, &part.reply.provider_message_id);
+            let entry = self
+                .0
+                .put(&part, in_reply_to)
+                .await
+                .map_err(|e| SendError::Unavailable(e.to_string()))?;
+            Ok(format!("mailbox:{}", entry.seq))
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,228 @@
+//! The REST API: `POST /api/v1/messages` and `GET /api/v1/messages/<correlation id>`, behind
+//! API keys (`Authorization: Bearer <key>`, made by `switchboard api-keys create`).
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use switchboard_channels::api::{self, ApiCaller, Scope};
+use switchboard_channels::{ApiError, MailboxEntry, Received, client_message_key};
+use switchboard_kit::proto::Person;
+use uuid::Uuid;
+
+use crate::{Accept, GatewayState, Refused, check_agent, publish, read_body, refused_on};
+
+pub fn routes() -> Router<GatewayState> {
+    Router::new()
+        .route("/api/v1/messages", post(send_message))
+        .route("/api/v1/messages/{correlation_id}", get(message_status))
+}
+
+/// How often a waiting request reads the mailbox itself, in case the announcement is lost.
+const WAIT_POLL: Duration = Duration::from_secs(1);
+
+fn refuse(e: ApiError) -> Refused {
+    refused_on(api::CHANNEL, api::PROVIDER, e)
+}
+
+async fn caller(state: &GatewayState, headers: &HeaderMap) -> Result<ApiCaller, Refused> {
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    state.api_keys.authenticate(key).await.map_err(refuse)
+}
+
+/// Where a message stands, as both routes answer it.
+#[derive(Debug, Serialize)]
+pub struct MessageStatus {
+    pub correlation_id: String,
+    /// `pending`, `answered` or `failed`.
+    pub status: &'static str,
+    pub replies: Vec<ReplyView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReplyView {
+    pub reply_id: String,
+    pub agent: String,
+    pub text: String,
+    pub sent_at: String,
+}
+
+impl From<&MailboxEntry> for ReplyView {
+    fn from(e: &MailboxEntry) -> Self {
+        Self {
+            reply_id: e.reply_id.to_string(),
+            agent: e.agent.clone(),
+            text: e.text.clone(),
+            sent_at: e.created_at.to_rfc3339(),
+        }
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Refused {
+    tracing::error!(error = %e, "API request could not be served");
+    Refused(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "try again",
+    ))
+}
+
+async fn send_message(
+    State(state): State<GatewayState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refused> {
+    let caller = caller(&state, &headers).await?;
+    caller.require(Scope::MessagesWrite).map_err(refuse)?;
+    let body = read_body(&headers, body, state.config.gateway.max_body_bytes)
+        .await
+        .map_err(refuse)?;
+    let idempotency_key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    let message = api::read_message(&body, idempotency_key, state.config.gateway.max_text_chars)
+        .map_err(refuse)?;
+    check_agent(&state.config, &message.agent).map_err(refuse)?;
+
+    // The request is recorded first: it names who may read the replies, and a retry with the
+    // same Idempotency-Key finds the correlation id the first attempt was given.
+    let correlation_id: String = sqlx::query_scalar(
+        "INSERT INTO switchboard.api_requests (correlation_id, owner, agent, idempotency_key)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (owner, idempotency_key) DO UPDATE SET owner = EXCLUDED.owner
+         RETURNING correlation_id",
+    )
+    .bind(Uuid::now_v7().to_string())
+    .bind(&caller.owner)
+    .bind(&message.agent)
+    .bind(&message.idempotency_key)
+    .fetch_one(&state.db)
+    .await
+    .map_err(unavailable)?;
+    let id: Uuid = correlation_id.parse().map_err(unavailable)?;
+
+    // Registered before publishing, so a fast reply is not missed.
+    let waiter = message.wait.then(|| state.hub.waiter(&correlation_id));
+    let client_id = message
+        .idempotency_key
+        .clone()
+        .unwrap_or_else(|| id.to_string());
+    let received = Received {
+        provider_message_id: client_message_key(&caller.owner, &client_id),
+        sender: caller.owner.clone(),
+        recipient: api::CHANNEL.into(),
+        text: message.text,
+        media_urls: Vec::new(),
+    };
+    let mut accept = Accept::new(api::CHANNEL, api::PROVIDER, received);
+    accept.agent = message.agent;
+    accept.id = Some(id);
+    accept.asserted = Some(Person {
+        person_id: format!("api:{}", caller.owner),
+        person_type: "user".into(),
+        name: caller.owner.clone(),
+        role: String::new(),
+        email: String::new(),
+    });
+    publish(&state, accept).await?;
+
+    if let Some((_registration, mut live)) = waiter {
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(state.config.api.wait_max_ms);
+        let mut poll = tokio::time::interval(WAIT_POLL);
+        loop {
+            tokio::select! {
+                Some(_) = live.recv() => {}
+                _ = poll.tick() => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = state.shutdown.wait() => break,
+            }
+            let status = status_of(&state, &correlation_id).await?;
+            if status.status != "pending" {
+                return Ok((StatusCode::OK, Json(status)).into_response());
+            }
+        }
+    }
+    let status = status_of(&state, &correlation_id).await?;
+    let code = if status.status == "pending" {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    let location = format!("/api/v1/messages/{correlation_id}");
+    Ok((code, [(header::LOCATION, location)], Json(status)).into_response())
+}
+
+async fn message_status(
+    State(state): State<GatewayState>,
+    Path(correlation_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Refused> {
+    let caller = caller(&state, &headers).await?;
+    if caller.require(Scope::MessagesRead).is_err() {
+        caller.require(Scope::MessagesWrite).map_err(refuse)?;
+    }
+    let owner: Option<String> =
+        sqlx::query_scalar("SELECT owner FROM switchboard.api_requests WHERE correlation_id = $1")
+            .bind(&correlation_id)
+            .fetch_optional(&state.db)
+            .await
+            .map_err(unavailable)?;
+    // Another owner's message is as unknown as one that never was.
+    if owner.as_deref() != Some(caller.owner.as_str()) {
+        return Err(Refused(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no message with this correlation id was sent with this key's owner",
+        )));
+    }
+    Ok(Json(status_of(&state, &correlation_id).await?).into_response())
+}
+
+/// Answered once a reply is in the mailbox; failed once its turn or delivery failed for good.
+async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<MessageStatus, Refused> {
+    let replies = state
+        .mailbox
+        .for_correlation(correlation_id)
+        .await
+        .map_err(unavailable)?;
+    if !replies.is_empty() {
+        return Ok(MessageStatus {
+            correlation_id: correlation_id.into(),
+            status: "answered",
+            replies: replies.iter().map(ReplyView::from).collect(),
+            error: None,
+        });
+    }
+    let id: Uuid = correlation_id.parse().unwrap_or_default();
+    let failure: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT COALESCE(d.last_error, t.error)
+           FROM switchboard.turns t
+           LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+          WHERE t.inbound_id = $1 AND (t.status = 'failed' OR d.status = 'failed')",
+    )
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await
+    .map_err(unavailable)?;
+    Ok(MessageStatus {
+        correlation_id: correlation_id.into(),
+        status: if failure.is_some() {
+            "failed"
+        } else {
+            "pending"
+        },
+        replies: Vec::new(),
+        error: failure.flatten(),
+    })
+}

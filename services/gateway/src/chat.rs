@@ -1,0 +1,311 @@
+//! `GET /ws/chat`: the admin chat and header widget socket.
+//!
+//! The token (`Authorization: Bearer` or `?token=`) is checked before the upgrade, so a bad one
+//! gets a plain 401 with the reason. On the socket the client sends
+//! `{"type":"message","id","agent","text"}` and is told `accepted` once the message is stored
+//! (a resend of the same `id` is the same message, answered once); replies arrive as `reply`
+//! frames. A client that reconnects with `?since=<seq of the last reply it saw>` is sent every
+//! reply after it; without `since`, every reply no socket was handed yet.
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ws::{
+    Message, WebSocket, WebSocketUpgrade, rejection::WebSocketUpgradeRejection,
+};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use switchboard_channels::chat::{self, ChatUser, ServerFrame};
+use switchboard_channels::{ApiError, MailboxEntry, Received, client_message_key};
+use switchboard_kit::proto::Person;
+
+use crate::{Accept, GatewayState, Refused, check_agent, publish, refused_on};
+
+pub fn routes() -> Router<GatewayState> {
+    Router::new()
+        .route("/ws/chat", get(connect))
+        .route("/ws/chat/{channel}", get(connect_on))
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct ConnectParams {
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    channel: Option<String>,
+    /// The `seq` of the last reply the client saw.
+    #[serde(default)]
+    since: Option<i64>,
+}
+
+/// How often the socket reads the mailbox itself, for replies whose announcement it missed.
+const CATCH_UP_EVERY: Duration = Duration::from_secs(5);
+/// Replies younger than this may still be joined by ones committed out of `seq` order, so the
+/// catch-up reads from below them.
+const SETTLE: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
+
+async fn connect(
+    state: State<GatewayState>,
+    Query(params): Query<ConnectParams>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, Refused> {
+    let channel = params.channel.clone();
+    open(state, params, channel, headers, ws).await
+}
+
+async fn connect_on(
+    state: State<GatewayState>,
+    axum::extract::Path(channel): axum::extract::Path<String>,
+    Query(params): Query<ConnectParams>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, Refused> {
+    open(state, params, Some(channel), headers, ws).await
+}
+
+async fn open(
+    State(state): State<GatewayState>,
+    params: ConnectParams,
+    channel: Option<String>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, Refused> {
+    let refuse = |e| refused_on("chat", chat::PROVIDER, e);
+    let channel: &'static str = match channel.as_deref() {
+        None | Some("") => chat::CHANNELS[0],
+        Some(c) => chat::CHANNELS
+            .into_iter()
+            .find(|k| *k == c)
+            .ok_or_else(|| {
+                refuse(ApiError::bad_request(
+                    "unknown_channel",
+                    format!("channel must be one of {}", chat::CHANNELS.join(", ")),
+                ))
+            })?,
+    };
+    let Some(tokens) = state.chat_tokens.clone() else {
+        return Err(refuse(ApiError::forbidden(
+            "not_configured",
+            "chat is not configured (chat.jwt_secret or chat.jwt_public_key)",
+        )));
+    };
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let token = bearer.or(params.token.as_deref()).ok_or_else(|| {
+        refuse(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            "a token is required: Authorization: Bearer <jwt> or ?token=<jwt>",
+        ))
+    })?;
+    let user = tokens.verify(token.trim()).map_err(refuse)?;
+    let ws = ws.map_err(|e| {
+        refuse(ApiError::new(
+            StatusCode::UPGRADE_REQUIRED,
+            "websocket_required",
+            e.body_text(),
+        ))
+    })?;
+    let since = params.since;
+    Ok(ws
+        .max_message_size(state.config.gateway.max_body_bytes)
+        .on_upgrade(move |socket| async move {
+            metrics::counter!("sb_gateway_chat_connections_total", "channel" => channel)
+                .increment(1);
+            if let Err(e) = serve(state, socket, channel, user, since).await {
+                tracing::debug!(error = %e, "chat socket ended");
+            }
+        })
+        .into_response())
+}
+
+/// One socket, from the upgrade until either side closes it.
+async fn serve(
+    state: GatewayState,
+    mut socket: WebSocket,
+    channel: &'static str,
+    user: ChatUser,
+    since: Option<i64>,
+) -> anyhow::Result<()> {
+    // Registered before the backlog is read, so a reply stored in between is not missed (it may
+    // come twice: `pushed` drops the second).
+    let (_registration, mut live) = state.hub.socket(channel, &user.sub);
+    let mut pushed = Pushed::default();
+    let limit = state.config.chat.replay_limit;
+    let backlog = state
+        .mailbox
+        .for_address(channel, &user.sub, since, limit)
+        .await?;
+    pushed.floor = since.unwrap_or(0);
+    for entry in &backlog {
+        push(&state, &mut socket, &mut pushed, entry).await?;
+    }
+    if since.is_none() {
+        // From here on, catch-ups read by `seq`, above the replies old enough to be settled
+        // (those were either in the backlog or handed to another socket already).
+        pushed.floor = sqlx::query_scalar::<_, Option<i64>>(
+            "SELECT max(seq) FROM switchboard.mailbox WHERE channel = $1 AND address = $2
+                AND created_at < now() - make_interval(secs => $3)",
+        )
+        .bind(channel)
+        .bind(&user.sub)
+        .bind(SETTLE.num_seconds() as f64)
+        .fetch_one(&state.db)
+        .await?
+        .unwrap_or(0);
+    }
+
+    let idle = Duration::from_millis(state.config.chat.idle_timeout_ms);
+    let mut ping = tokio::time::interval(idle / 3);
+    ping.reset();
+    let mut catch_up = tokio::time::interval(CATCH_UP_EVERY);
+    catch_up.reset();
+    let mut last_heard = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            incoming = socket.recv() => {
+                let Some(incoming) = incoming else { return Ok(()) };
+                last_heard = tokio::time::Instant::now();
+                match incoming? {
+                    Message::Text(text) => {
+                        let answer = receive(&state, channel, &user, text.as_str()).await;
+                        send(&mut socket, &answer).await?;
+                    }
+                    Message::Binary(_) => {
+                        let e = ApiError::bad_request("invalid_frame", "frames are JSON text");
+                        send(&mut socket, &ServerFrame::error(&e, None)).await?;
+                    }
+                    Message::Close(_) => return Ok(()),
+                    Message::Ping(_) | Message::Pong(_) => {}
+                }
+            }
+            Some(entry) = live.recv() => {
+                push(&state, &mut socket, &mut pushed, &entry).await?;
+            }
+            _ = catch_up.tick() => {
+                let missed = state
+                    .mailbox
+                    .for_address(channel, &user.sub, Some(pushed.floor), limit)
+                    .await?;
+                for entry in &missed {
+                    push(&state, &mut socket, &mut pushed, entry).await?;
+                }
+                pushed.settle(&missed);
+            }
+            _ = ping.tick() => {
+                if last_heard.elapsed() > idle {
+                    let _ = socket.send(Message::Close(None)).await;
+                    return Ok(());
+                }
+                socket.send(Message::Ping(Default::default())).await?;
+            }
+            _ = state.shutdown.wait() => {
+                // 1001 "going away": the client reconnects (to another replica) with `since`.
+                let frame = axum::extract::ws::CloseFrame {
+                    code: 1001,
+                    reason: "server shutting down".into(),
+                };
+                let _ = socket.send(Message::Close(Some(frame))).await;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// What a socket was handed, so nothing is pushed twice.
+#[derive(Default)]
+struct Pushed {
+    /// Every entry at or below this was handled; catch-ups read above it.
+    floor: i64,
+    above: BTreeSet<i64>,
+}
+
+impl Pushed {
+    /// Raise the floor past entries old enough that no earlier `seq` can still appear.
+    fn settle(&mut self, seen: &[MailboxEntry]) {
+        let cutoff = chrono::Utc::now() - SETTLE;
+        if let Some(settled) = seen
+            .iter()
+            .filter(|e| e.created_at < cutoff)
+            .map(|e| e.seq)
+            .max()
+        {
+            self.floor = self.floor.max(settled);
+            self.above = self.above.split_off(&(self.floor + 1));
+        }
+    }
+}
+
+async fn push(
+    state: &GatewayState,
+    socket: &mut WebSocket,
+    pushed: &mut Pushed,
+    entry: &MailboxEntry,
+) -> anyhow::Result<()> {
+    if entry.seq <= pushed.floor || !pushed.above.insert(entry.seq) {
+        return Ok(());
+    }
+    send(socket, &ServerFrame::reply(entry)).await?;
+    metrics::counter!("sb_gateway_chat_replies_pushed_total", "channel" => entry.channel.clone())
+        .increment(1);
+    if let Err(e) = state.mailbox.mark_pushed(entry.seq).await {
+        // Only the "not yet pushed" replay for a client without `since` depends on it.
+        tracing::warn!(error = %e, seq = entry.seq, "could not mark a reply pushed");
+    }
+    Ok(())
+}
+
+async fn send(socket: &mut WebSocket, frame: &ServerFrame) -> anyhow::Result<()> {
+    let text = serde_json::to_string(frame)?;
+    socket.send(Message::Text(text.into())).await?;
+    Ok(())
+}
+
+/// A client's frame: stored and `accepted`, or the error it gets.
+async fn receive(
+    state: &GatewayState,
+    channel: &'static str,
+    user: &ChatUser,
+    frame: &str,
+) -> ServerFrame {
+    let refuse = |e: ApiError, id: Option<String>| {
+        let Refused(e) = refused_on(channel, chat::PROVIDER, e);
+        ServerFrame::error(&e, id)
+    };
+    let message = match chat::read_frame(frame, state.config.gateway.max_text_chars) {
+        Ok(m) => m,
+        Err(e) => return refuse(e, None),
+    };
+    if let Err(e) = check_agent(&state.config, &message.agent) {
+        return refuse(e, Some(message.id));
+    }
+    let received = Received {
+        provider_message_id: client_message_key(&user.sub, &message.id),
+        sender: user.sub.clone(),
+        recipient: channel.to_string(),
+        text: message.text,
+        media_urls: Vec::new(),
+    };
+    let mut accept = Accept::new(channel, chat::PROVIDER, received);
+    accept.agent = message.agent;
+    accept.asserted = Some(Person {
+        person_id: format!("user:{}", user.sub),
+        person_type: "user".into(),
+        name: user.name.clone(),
+        role: user.role.clone(),
+        email: user.email.clone(),
+    });
+    match publish(state, accept).await {
+        Ok(correlation_id) => ServerFrame::Accepted {
+            id: message.id,
+            correlation_id: correlation_id.to_string(),
+        },
+        Err(Refused(e)) => ServerFrame::error(&e, Some(message.id)),
+    }
+}

@@ -1,0 +1,348 @@
+//! The chat socket (`GET /ws/chat`): a person named by a JWT chats with an agent; replies come
+//! back on their sockets, on whichever gateway replica holds them, and a client that was away
+//! gets what it missed.
+use std::time::Duration;
+
+use serde_json::json;
+use switchboard_e2e::{ChatClient, TestApp, chat_token, spawn_app, spawn_app_configured};
+use switchboard_kit::config::SessionScope;
+
+const WAIT: Duration = Duration::from_secs(20);
+const QUIET: Duration = Duration::from_millis(1_500);
+/// Well inside a socket's catch-up interval: a reply this fast was pushed.
+const PUSHED: Duration = Duration::from_secs(3);
+
+fn fixture(name: &str) -> String {
+    format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+async fn sessions(app: &TestApp) -> Vec<(String, String)> {
+    sqlx::query_as("SELECT person_id, scope_key FROM switchboard.sessions ORDER BY created_at")
+        .fetch_all(&app.db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_chat_message_is_answered_on_the_socket_and_a_resend_is_the_same_turn() {
+    let app = spawn_app().await;
+    let mut chat = ChatClient::as_user(&app.gateway_url, "ana").await;
+    chat.say("c-1", "hello from the dashboard").await;
+    let frames = chat.until("reply", WAIT).await;
+    assert_eq!(frames[0]["type"], "accepted", "{frames:?}");
+    assert_eq!(frames[0]["id"], "c-1");
+    let reply = frames.last().unwrap();
+    assert_eq!(reply["in_reply_to"], "c-1");
+    assert_eq!(reply["agent"], "reggie_oc");
+    assert_eq!(reply["text"], "echo: hello from the dashboard");
+
+    // The widget lost the acknowledgement and sends the same message again.
+    chat.say("c-1", "hello from the dashboard").await;
+    let again = chat.next_frame(WAIT).await.unwrap();
+    assert_eq!(again["type"], "accepted");
+    assert!(
+        chat.next_frame(QUIET).await.is_none(),
+        "a resend is not answered twice"
+    );
+    app.settle().await;
+    assert_eq!(app.runner.calls().len(), 1, "one turn for one client id");
+
+    // The person is the token's subject, with full (user) standing.
+    let prompt = &app.runner.calls()[0].prompt;
+    assert!(prompt.contains("user:ana"), "{prompt}");
+    assert_eq!(sessions(&app).await[0].0, "user:ana");
+    chat.close().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_people_choosing_the_same_message_id_are_two_messages() {
+    let app = spawn_app().await;
+    let mut ana = ChatClient::as_user(&app.gateway_url, "ana").await;
+    let mut ben = ChatClient::as_user(&app.gateway_url, "ben").await;
+    ana.say("1", "ana here").await;
+    ben.say("1", "ben here").await;
+    assert_eq!(ana.reply(WAIT).await["text"], "echo: ana here");
+    assert_eq!(ben.reply(WAIT).await["text"], "echo: ben here");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_tokens_are_refused_before_the_socket_opens_with_the_reason() {
+    let app = spawn_app().await;
+    let now = chrono::Utc::now().timestamp();
+    let refused = |query: String| {
+        let url = app.gateway_url.clone();
+        async move {
+            match ChatClient::connect(&url, &query).await {
+                Ok(_) => panic!("{query} was accepted"),
+                Err(r) => r,
+            }
+        }
+    };
+    let expired = refused(format!(
+        "token={}",
+        chat_token("ana", json!({"exp": now - 120}))
+    ))
+    .await;
+    assert_eq!(expired.status, 401);
+    assert!(expired.body.contains("expired"), "{}", expired.body);
+
+    let early = refused(format!(
+        "token={}",
+        chat_token("ana", json!({"nbf": now + 300}))
+    ))
+    .await;
+    assert!(early.body.contains("not valid yet"), "{}", early.body);
+
+    // alg "none": claims with no signature, naming an admin.
+    use base64::Engine;
+    let b64 = |v: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let unsigned = format!(
+        "{}.{}.",
+        b64(json!({"alg": "none", "typ": "JWT"})),
+        b64(json!({"sub": "root", "role": "admin", "exp": now + 600}))
+    );
+    assert_eq!(refused(format!("token={unsigned}")).await.status, 401);
+
+    let forged = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &json!({"sub": "ana", "exp": now + 600}),
+        &jsonwebtoken::EncodingKey::from_secret(b"a guess"),
+    )
+    .unwrap();
+    let forged = refused(format!("token={forged}")).await;
+    assert!(forged.body.contains("signature"), "{}", forged.body);
+
+    let missing = refused(String::new()).await;
+    assert_eq!(missing.status, 401);
+    assert!(
+        missing.body.contains("token is required"),
+        "{}",
+        missing.body
+    );
+
+    let channel = refused(format!(
+        "channel=fax&token={}",
+        chat_token("ana", json!({}))
+    ))
+    .await;
+    assert_eq!(channel.status, 400);
+
+    app.assert_nothing_reached_the_pipeline().await;
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains(
+            "sb_gateway_rejected_total{channel=\"chat\",reason=\"invalid_token\",provider=\"chat\"} 5"
+        ),
+        "refusals are counted:\n{metrics}"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn rs256_tokens_verify_with_the_public_key_and_an_hs256_token_keyed_with_it_does_not() {
+    let app = spawn_app_configured(|c| {
+        c.chat.jwt_secret = Default::default();
+        c.chat.jwt_public_key = fixture("chat-test-rsa-public.pem");
+        c.chat.jwt_issuer = "https://login.example.com".into();
+    })
+    .await;
+    let now = chrono::Utc::now().timestamp();
+    let claims = json!({"sub": "ana", "exp": now + 600, "iss": "https://login.example.com"});
+    let private = std::fs::read(fixture("chat-test-rsa-private.pem")).unwrap();
+    let rs256 = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_rsa_pem(&private).unwrap(),
+    )
+    .unwrap();
+    let mut chat = ChatClient::connect(&app.gateway_url, &format!("token={rs256}"))
+        .await
+        .expect("an RS256 token from the configured key is accepted");
+    chat.say("r-1", "signed by the login").await;
+    assert_eq!(chat.reply(WAIT).await["text"], "echo: signed by the login");
+
+    // Algorithm confusion: HS256 with the (public) key file as the shared secret.
+    let public = std::fs::read(fixture("chat-test-rsa-public.pem")).unwrap();
+    let confused = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(&public),
+    )
+    .unwrap();
+    let refusal = ChatClient::connect(&app.gateway_url, &format!("token={confused}"))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(refusal.status, 401);
+    assert!(refusal.body.contains("algorithm"), "{}", refusal.body);
+
+    // The issuer is checked.
+    let other_issuer = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256),
+        &json!({"sub": "ana", "exp": now + 600, "iss": "https://evil.example"}),
+        &jsonwebtoken::EncodingKey::from_rsa_pem(&private).unwrap(),
+    )
+    .unwrap();
+    let refusal = ChatClient::connect(&app.gateway_url, &format!("token={other_issuer}"))
+        .await
+        .err()
+        .expect("refused");
+    assert!(refusal.body.contains("issuer"), "{}", refusal.body);
+    app.shutdown().await;
+}
+
+/// A staff member in the directory by phone and by chat login.
+async fn staff_with_phone_and_login(app: &TestApp, phone: &str, sub: &str) {
+    sqlx::query(
+        "INSERT INTO switchboard.people (person_id, person_type, name, role)
+         VALUES ('17', 'staff', 'Ana', 'nurse')",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO switchboard.contact_points (kind, address, person_id)
+         VALUES ('phone', $1, '17'), ('chat_user', $2, '17')",
+    )
+    .bind(phone)
+    .bind(sub)
+    .execute(&app.db)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_person_texting_and_chatting_is_one_session() {
+    let app = spawn_app().await;
+    staff_with_phone_and_login(&app, "+14155550171", "ana@clinic").await;
+    app.send_sms("+14155550171", "texting first").await;
+    app.wait_for_sms(1, WAIT).await;
+    let mut chat = ChatClient::as_user(&app.gateway_url, "ana@clinic").await;
+    chat.say("m-1", "now from the dashboard").await;
+    assert_eq!(
+        chat.reply(WAIT).await["text"],
+        "echo: now from the dashboard"
+    );
+    app.settle().await;
+
+    assert_eq!(
+        sessions(&app).await,
+        [("17".to_string(), "reggie_oc:person:staff:17".to_string())]
+    );
+    // The chat turn resumed the engine session the SMS turn started.
+    let calls = app.runner.calls();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1].session_id.as_deref(), Some("eng-1"));
+    // Each reply went back on the channel its message came from.
+    assert_eq!(app.twilio.sent().len(), 1);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn under_channel_scope_the_same_person_texting_and_chatting_has_two_sessions() {
+    let app = spawn_app_configured(|c| c.session.scope = SessionScope::Channel).await;
+    staff_with_phone_and_login(&app, "+14155550172", "ana@clinic").await;
+    app.send_sms("+14155550172", "texting first").await;
+    app.wait_for_sms(1, WAIT).await;
+    let mut chat = ChatClient::as_user(&app.gateway_url, "ana@clinic").await;
+    chat.say("m-1", "now from the dashboard").await;
+    chat.reply(WAIT).await;
+    app.settle().await;
+    let keys: Vec<_> = sessions(&app).await.into_iter().map(|(_, k)| k).collect();
+    assert_eq!(
+        keys,
+        [
+            "reggie_oc:channel:sms:staff:17",
+            "reggie_oc:channel:admin_chat:staff:17"
+        ]
+    );
+    assert!(app.runner.calls().iter().all(|c| c.session_id.is_none()));
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_reply_that_came_while_the_client_was_away_is_sent_when_it_reconnects() {
+    let app = spawn_app().await;
+    let mut chat = ChatClient::as_user(&app.gateway_url, "ana").await;
+    chat.say("a-1", "first").await;
+    let first = chat.reply(WAIT).await;
+    let seen = first["seq"].as_i64().unwrap();
+
+    // The runner is slow; the widget's tab closes right after sending.
+    app.runner.set_delay(Duration::from_millis(800));
+    chat.say("a-2", "second").await;
+    chat.until("accepted", WAIT).await;
+    chat.close().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Back, saying which reply it saw last: it gets the one it missed, and only that one.
+    let token = chat_token("ana", json!({}));
+    let mut back = ChatClient::connect(&app.gateway_url, &format!("token={token}&since={seen}"))
+        .await
+        .unwrap();
+    let missed = back.reply(WAIT).await;
+    assert_eq!(missed["in_reply_to"], "a-2");
+    assert_eq!(missed["text"], "echo: second");
+    assert!(back.next_frame(QUIET).await.is_none());
+    back.close().await;
+
+    // A new tab that says nothing gets nothing already handed to a socket...
+    let mut fresh = ChatClient::as_user(&app.gateway_url, "ana").await;
+    assert!(fresh.next_frame(QUIET).await.is_none());
+    fresh.close().await;
+
+    // ...but a reply no socket received is waiting for it.
+    chat = ChatClient::as_user(&app.gateway_url, "ana").await;
+    chat.say("a-3", "third").await;
+    chat.until("accepted", WAIT).await;
+    chat.close().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut later = ChatClient::as_user(&app.gateway_url, "ana").await;
+    assert_eq!(later.reply(WAIT).await["in_reply_to"], "a-3");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_reply_reaches_the_persons_sockets_on_every_gateway_replica() {
+    let app = spawn_app().await;
+    let other_replica = app.second_gateway().await;
+    let mut here = ChatClient::as_user(&app.gateway_url, "ana").await;
+    let mut there = ChatClient::as_user(&other_replica, "ana").await;
+    let mut someone_else = ChatClient::as_user(&other_replica, "ben").await;
+    here.say("x-1", "which tab gets this?").await;
+    assert_eq!(here.reply(WAIT).await["in_reply_to"], "x-1");
+    // Pushed, not found by the socket's own catch-up read (every 5 s).
+    assert_eq!(there.reply(PUSHED).await["in_reply_to"], "x-1");
+    assert!(
+        someone_else.next_frame(QUIET).await.is_none(),
+        "another person's socket gets nothing"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_bad_frame_gets_an_error_frame_and_the_socket_stays_usable() {
+    let app = spawn_app().await;
+    let mut chat = ChatClient::as_user(&app.gateway_url, "ana").await;
+    chat.send_frame(json!({"type": "message", "id": "has space", "text": "x"}))
+        .await;
+    let e = chat.next_frame(WAIT).await.unwrap();
+    assert_eq!(
+        (e["type"].as_str(), e["code"].as_str()),
+        (Some("error"), Some("invalid_field"))
+    );
+    chat.send_frame(json!({"type": "message", "id": "k-1", "agent": "nobody", "text": "x"}))
+        .await;
+    let e = chat.next_frame(WAIT).await.unwrap();
+    assert_eq!(e["code"], "unknown_agent");
+    assert_eq!(e["id"], "k-1");
+    chat.send_frame(json!({"type": "message", "id": "k-2", "agent": "reggie_fd", "text": "hi"}))
+        .await;
+    let reply = chat.reply(WAIT).await;
+    assert_eq!(reply["agent"], "reggie_fd");
+    app.shutdown().await;
+}
