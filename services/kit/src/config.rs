@@ -84,7 +84,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             nats_url: "nats://127.0.0.1:14222".into(),
-            database_url: "postgres://postgres@127.0.0.1:15432/switchboard".into(),
+            database_url: "postgres://switchboard@127.0.0.1:15432/switchboard".into(),
             subject_prefix: "sb".into(),
             log_format: "text".into(),
             gateway: GatewayConfig::default(),
