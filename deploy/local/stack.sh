@@ -46,9 +46,10 @@
 #                         Postgres passwords (default python3)
 #   SB_STACK_NATS_PREFIXES  subject prefixes the NATS user `switchboard` may use,
 #                         space-separated (default '*': any, as tests and harnesses
-#                         invent their own prefixes; 'sb' is the product's default)
+#                         invent their own prefixes; 'sb' is the product's default).
+#                         Read by `up` and kept for the stack's later starts.
 #   SB_STACK_ANALYTICS_PREFIX  the prefix whose public event stream the read-only
-#                         NATS user `analytics` may read (default sb)
+#                         NATS user `analytics` may read (default sb; kept likewise)
 #
 # See deploy/local/README.md for the layout and the durability notes.
 set -euo pipefail
@@ -310,6 +311,8 @@ NATS_PID_FILE=""
 NATS_LOG=""
 CRED_DIR=""
 CRED_FILE=""
+NATS_PREFIXES=""    # SB_STACK_NATS_PREFIXES as of the last up ('' = the default)
+ANALYTICS_PREFIX="" # SB_STACK_ANALYTICS_PREFIX likewise
 
 set_name() {
     NAME="$1"
@@ -337,6 +340,8 @@ load_ports() {
         PG_INSTALL) PG_INSTALL="$value" ;;
         PG_USER) PG_USER="$value" ;;
         PG_FAST) PG_FAST="$value" ;;
+        NATS_PREFIXES) NATS_PREFIXES="$value" ;;
+        ANALYTICS_PREFIX) ANALYTICS_PREFIX="$value" ;;
         esac
     done <"$PORTS_FILE"
     if [ -n "$PG_USER" ]; then
@@ -356,6 +361,8 @@ PG_DIR=${PG_DIR}
 PG_INSTALL=${PG_INSTALL}
 PG_USER=${PG_USER}
 PG_FAST=${PG_FAST}
+NATS_PREFIXES=${NATS_PREFIXES}
+ANALYTICS_PREFIX=${ANALYTICS_PREFIX}
 EOF
     mv "$tmp" "$PORTS_FILE"
 }
@@ -442,6 +449,7 @@ ensure_credentials() {
     secure_cred_dir
     chmod 600 "$CRED_FILE"
     load_credentials
+    nats_authorization >/dev/null # checks the prefixes before anything is stopped
 }
 
 # write_credential_files: pgpass and env for the current ports (after load_credentials).
@@ -583,17 +591,16 @@ nats_quoted_list() {
 }
 
 # nats_authorization: the authorization block for the users of credentials/secrets.
-#   switchboard  the product: its subjects under each prefix of SB_STACK_NATS_PREFIXES
-#                (default '*', any prefix), the JetStream and key-value APIs, reply inboxes.
-#   analytics    read-only: the public event stream of SB_STACK_ANALYTICS_PREFIX (default
-#                sb), live (subscribe <prefix>.events.>) or by sequence (STREAM.MSG.GET /
+#   switchboard  the product: its subjects under each prefix of NATS_PREFIXES
+#                (SB_STACK_NATS_PREFIXES at up; default '*', any prefix), the JetStream and key-value APIs, reply inboxes.
+#   analytics    read-only: the public event stream of ANALYTICS_PREFIX (default sb), live (subscribe <prefix>.events.>) or by sequence (STREAM.MSG.GET /
 #                DIRECT.GET on <PREFIX>_EVENTS); replies on its own inbox prefix
 #                _INBOX_analytics. It may not create consumers: a push consumer's deliver
 #                subject is not checked against its creator's permissions (nats-server
 #                issue 8274), so that would let it publish into the work stream.
 nats_authorization() {
-    local prefixes=() p pub=() sub=() ro="${SB_STACK_ANALYTICS_PREFIX:-sb}" ro_stream
-    read -r -a prefixes <<<"${SB_STACK_NATS_PREFIXES:-*}"
+    local prefixes=() p pub=() sub=() ro="${ANALYTICS_PREFIX:-sb}" ro_stream
+    read -r -a prefixes <<<"${NATS_PREFIXES:-*}"
     [ "${#prefixes[@]}" -gt 0 ] || die "SB_STACK_NATS_PREFIXES is empty"
     for p in "${prefixes[@]}"; do
         [[ "$p" == "*" || "$p" =~ ^[A-Za-z0-9_-]+$ ]] || die "SB_STACK_NATS_PREFIXES: '${p}' is not a subject token (or '*')"
@@ -607,7 +614,7 @@ nats_authorization() {
 # Who may connect: the users below, with the passwords in ${CRED_DIR}/secrets
 # (generated on the stack's first start; 'stack.sh rotate ${NAME}' replaces them).
 # There is no anonymous access and no no_auth_user.
-# credentials: $(cred_fingerprint)
+$(nats_settings_line)
 authorization {
   users = [
     {
@@ -631,9 +638,15 @@ authorization {
 EOF
 }
 
-# nats_creds_current: the config NATS runs with carries the current credentials.
+# nats_settings_line: identifies the credentials and permissions a config was written with.
+nats_settings_line() {
+    printf '# settings: credentials %s, prefixes %s, analytics %s' \
+        "$(cred_fingerprint)" "${NATS_PREFIXES:-*}" "${ANALYTICS_PREFIX:-sb}"
+}
+
+# nats_creds_current: the config NATS runs with has the current credentials and prefixes.
 nats_creds_current() {
-    [ -f "$CRED_FILE" ] && grep -qxF "# credentials: $(cred_fingerprint)" "$NATS_CONF" 2>/dev/null
+    [ -f "$CRED_FILE" ] && grep -qxF "$(nats_settings_line)" "$NATS_CONF" 2>/dev/null
 }
 
 write_nats_conf() {
@@ -1020,6 +1033,8 @@ up_locked() {
     ensure_binaries
     mkdir -p "$SDIR" "$NATS_DIR"
     load_ports || true
+    NATS_PREFIXES="${SB_STACK_NATS_PREFIXES:-${NATS_PREFIXES}}"
+    ANALYTICS_PREFIX="${SB_STACK_ANALYTICS_PREFIX:-${ANALYTICS_PREFIX}}"
     ensure_credentials
 
     # What is already running, on which ports?
@@ -1037,7 +1052,7 @@ up_locked() {
     # A server that runs without the current credentials (a stack from before they
     # existed, or rotated while stopped) is restarted with them.
     if [ "$nats_up" = 1 ] && ! nats_creds_current; then
-        log "NATS of stack '${NAME}' runs without the current credentials; restarting it"
+        log "NATS of stack '${NAME}' runs without the current credentials or prefixes; restarting it"
         stop_nats
         nats_up=0
     fi
@@ -1163,6 +1178,7 @@ cmd_server() {
 load_for_server() {
     load_ports || die "stack '${NAME}' has never been brought up (no ${PORTS_FILE})"
     load_credentials || die "stack '${NAME}' has no credentials yet; run 'stack.sh up ${NAME} ...' first"
+    nats_authorization >/dev/null # checks the prefixes before anything is stopped
 }
 
 restart_locked() {
@@ -1285,6 +1301,7 @@ cmd_rotate() {
 rotate_locked() {
     load_ports || die "stack '${NAME}' has never been brought up (no ${PORTS_FILE})"
     log "generating new credentials for stack '${NAME}' in ${CRED_DIR}/"
+    nats_authorization >/dev/null # checks the prefixes before anything changes
     generate_credentials
     load_credentials
     write_credential_files
