@@ -26,6 +26,8 @@ build:
 run: build
 	@if [ -z "$(EXTERNAL)" ]; then \
 	  eval "$$($(STACK) up run $(RUN_PORTS))"; \
+	  echo 'the stack takes only its own credentials (.stack/run/credentials/); for other commands'; \
+	  echo '(people import, dlq, api-keys, migrate) in another shell: eval "$$($(STACK) env run)"'; \
 	else \
 	  echo "using SB_NATS_URL=$$SB_NATS_URL and SB_DATABASE_URL (no embedded stack)"; \
 	fi; \

@@ -17,6 +17,7 @@
 #   stack.sh destroy <name>
 #   stack.sh restart <name> nats|pg
 #   stack.sh crash   <name> nats|pg
+#   stack.sh rotate  <name>
 #
 # `restart` stops one server of a running stack and starts it again on the same
 # ports and data. `crash` SIGKILLs it instead (Postgres: the postmaster and every
@@ -26,6 +27,13 @@
 # `up` prints the `export ...` lines on stdout (like `env`). Every other message
 # goes to stderr, so `eval "$(deploy/local/stack.sh up test 24222 25432)"` works.
 #
+# Credentials: a stack's first `up` generates random passwords (NATS users
+# `switchboard` and `analytics`, Postgres roles `switchboard` and `postgres`) in
+# <state>/<name>/credentials/ (mode 0700, files 0600); later `up`s reuse them and
+# the printed URLs carry them. Nobody connects without them: NATS has no
+# anonymous user and Postgres takes scram-sha-256 on TCP. `rotate` makes new ones
+# (and restarts the servers of a running stack so they take effect).
+#
 # Environment:
 #   SB_STACK_DIR          root of all state (default: <repo>/.stack)
 #   SB_STACK_FAST=1       Postgres runs with fsync=off, synchronous_commit=off,
@@ -34,7 +42,14 @@
 #   SB_NATS_MONITOR_PORT  NATS HTTP monitoring port (default nats_port+1000)
 #   SB_STACK_PG_USER      system user for Postgres when run as root
 #                         (default switchboard-pg)
-#   SB_PYTHON             python used to run pip and to unzip (default python3)
+#   SB_PYTHON             python used to run pip, to unzip and to hash the
+#                         Postgres passwords (default python3)
+#   SB_STACK_NATS_PREFIXES  subject prefixes the NATS user `switchboard` may use,
+#                         space-separated (default '*': any, as tests and harnesses
+#                         invent their own prefixes; 'sb' is the product's default).
+#                         Read by `up` and kept for the stack's later starts.
+#   SB_STACK_ANALYTICS_PREFIX  the prefix whose public event stream the read-only
+#                         NATS user `analytics` may read (default sb; kept likewise)
 #
 # See deploy/local/README.md for the layout and the durability notes.
 set -euo pipefail
@@ -83,6 +98,7 @@ usage: deploy/local/stack.sh up      <name> <nats_port> <pg_port> [<nats_monitor
        deploy/local/stack.sh destroy <name>
        deploy/local/stack.sh restart <name> nats|pg
        deploy/local/stack.sh crash   <name> nats|pg
+       deploy/local/stack.sh rotate  <name>
 EOF
     exit 2
 }
@@ -293,6 +309,10 @@ NATS_DIR=""
 NATS_CONF=""
 NATS_PID_FILE=""
 NATS_LOG=""
+CRED_DIR=""
+CRED_FILE=""
+NATS_PREFIXES=""    # SB_STACK_NATS_PREFIXES as of the last up ('' = the default)
+ANALYTICS_PREFIX="" # SB_STACK_ANALYTICS_PREFIX likewise
 
 set_name() {
     NAME="$1"
@@ -303,6 +323,8 @@ set_name() {
     NATS_CONF="${NATS_DIR}/nats.conf"
     NATS_PID_FILE="${NATS_DIR}/nats.pid"
     NATS_LOG="${NATS_DIR}/nats.log"
+    CRED_DIR="${SDIR}/credentials"
+    CRED_FILE="${CRED_DIR}/secrets"
 }
 
 # load_ports: read the ports file (KEY=VALUE lines; never executed). Fails if absent.
@@ -318,6 +340,8 @@ load_ports() {
         PG_INSTALL) PG_INSTALL="$value" ;;
         PG_USER) PG_USER="$value" ;;
         PG_FAST) PG_FAST="$value" ;;
+        NATS_PREFIXES) NATS_PREFIXES="$value" ;;
+        ANALYTICS_PREFIX) ANALYTICS_PREFIX="$value" ;;
         esac
     done <"$PORTS_FILE"
     if [ -n "$PG_USER" ]; then
@@ -337,6 +361,8 @@ PG_DIR=${PG_DIR}
 PG_INSTALL=${PG_INSTALL}
 PG_USER=${PG_USER}
 PG_FAST=${PG_FAST}
+NATS_PREFIXES=${NATS_PREFIXES}
+ANALYTICS_PREFIX=${ANALYTICS_PREFIX}
 EOF
     mv "$tmp" "$PORTS_FILE"
 }
@@ -345,9 +371,125 @@ pg_data() { printf '%s/data' "$PG_DIR"; }
 pg_log() { printf '%s/postgres.log' "$PG_DIR"; }
 pg_bin() { printf '%s/%s/bin' "$PG_INSTALL" "$PG_REL_BASE"; }
 
+# ---- credentials ------------------------------------------------------------------
+# <name>/credentials/ (mode 0700) holds, each mode 0600:
+#   secrets   KEY=VALUE lines (never executed): the generated passwords; made once, kept
+#   pgpass    libpq password file for both roles (PGPASSFILE=...), rewritten on every up
+#   env       the export lines `env` prints, rewritten on every up
+NATS_APP_USER=switchboard
+NATS_RO_USER=analytics
+PG_APP_ROLE=switchboard
+NATS_APP_PASSWORD=""
+NATS_RO_PASSWORD=""
+PG_APP_PASSWORD=""
+PG_SUPER_PASSWORD=""
+
+# new_secret: 32 random characters from [A-Za-z0-9] (/dev/urandom; ~190 bits; URL-safe).
+new_secret() {
+    local s=""
+    while [ "${#s}" -lt 32 ]; do
+        s="${s}$(head -c 48 /dev/urandom | base64 -w 0 | tr -d '+/=')"
+    done
+    printf '%s' "${s:0:32}"
+}
+
+# private_write FILE: stdin into FILE, which is never readable by others (temp file + rename).
+private_write() {
+    local tmp="${1}.tmp.$$"
+    (
+        umask 077
+        cat >"$tmp"
+    )
+    chmod 600 "$tmp"
+    mv -f "$tmp" "$1"
+}
+
+secure_cred_dir() {
+    mkdir -p "$CRED_DIR"
+    chmod 700 "$CRED_DIR"
+}
+
+# load_credentials: read the secrets file. Fails if there is none yet.
+load_credentials() {
+    [ -f "$CRED_FILE" ] || return 1
+    local key value
+    while IFS='=' read -r key value; do
+        case "$key" in
+        NATS_PASSWORD) NATS_APP_PASSWORD="$value" ;;
+        NATS_ANALYTICS_PASSWORD) NATS_RO_PASSWORD="$value" ;;
+        PG_PASSWORD) PG_APP_PASSWORD="$value" ;;
+        PG_SUPERUSER_PASSWORD) PG_SUPER_PASSWORD="$value" ;;
+        esac
+    done <"$CRED_FILE"
+    if [ -z "$NATS_APP_PASSWORD" ] || [ -z "$NATS_RO_PASSWORD" ] || [ -z "$PG_APP_PASSWORD" ] ||
+        [ -z "$PG_SUPER_PASSWORD" ]; then
+        die "${CRED_FILE} is incomplete; run 'stack.sh rotate ${NAME}'"
+    fi
+}
+
+# generate_credentials: new random passwords into the secrets file (replacing any).
+generate_credentials() {
+    secure_cred_dir
+    {
+        printf '# Generated by deploy/local/stack.sh for stack %s. Secret: keep it mode 0600.\n' "$NAME"
+        printf '# Rotate with: deploy/local/stack.sh rotate %s\n' "$NAME"
+        printf 'NATS_USER=%s\nNATS_PASSWORD=%s\n' "$NATS_APP_USER" "$(new_secret)"
+        printf 'NATS_ANALYTICS_USER=%s\nNATS_ANALYTICS_PASSWORD=%s\n' "$NATS_RO_USER" "$(new_secret)"
+        printf 'PG_ROLE=%s\nPG_PASSWORD=%s\n' "$PG_APP_ROLE" "$(new_secret)"
+        printf 'PG_SUPERUSER=postgres\nPG_SUPERUSER_PASSWORD=%s\n' "$(new_secret)"
+    } | private_write "$CRED_FILE"
+}
+
+# ensure_credentials: the stack's credentials, generated on its first start, loaded.
+ensure_credentials() {
+    if [ ! -f "$CRED_FILE" ]; then
+        log "generating credentials for stack '${NAME}' in ${CRED_DIR}/"
+        generate_credentials
+    fi
+    secure_cred_dir
+    chmod 600 "$CRED_FILE"
+    load_credentials
+    nats_authorization >/dev/null # checks the prefixes before anything is stopped
+}
+
+# write_credential_files: pgpass and env for the current ports (after load_credentials).
+write_credential_files() {
+    secure_cred_dir
+    {
+        printf '# hostname:port:database:username:password (libpq: PGPASSFILE=this file)\n'
+        printf '127.0.0.1:%s:*:%s:%s\n' "$PG_PORT" "$PG_APP_ROLE" "$PG_APP_PASSWORD"
+        printf '127.0.0.1:%s:*:postgres:%s\n' "$PG_PORT" "$PG_SUPER_PASSWORD"
+    } | private_write "${CRED_DIR}/pgpass"
+    print_env | private_write "${CRED_DIR}/env"
+}
+
+# cred_fingerprint: identifies the current secrets (a hash; recorded where they were applied).
+cred_fingerprint() { sha256sum "$CRED_FILE" | cut -c1-32; }
+
+# scram_verifier: the SCRAM-SHA-256 verifier Postgres stores for the password on stdin, so
+# the password itself never reaches the server (nor its log, should a statement fail).
+scram_verifier() {
+    "$PYTHON" -c 'import base64, hashlib, hmac, os, sys
+pw = sys.stdin.read().encode()
+salt, n = os.urandom(16), 4096
+salted = hashlib.pbkdf2_hmac("sha256", pw, salt, n)
+client = hmac.new(salted, b"Client Key", "sha256").digest()
+server = hmac.new(salted, b"Server Key", "sha256").digest()
+b64 = lambda b: base64.b64encode(b).decode()
+print("SCRAM-SHA-256$%d:%s$%s:%s" % (n, b64(salt), b64(hashlib.sha256(client).digest()), b64(server)))' ||
+        die "could not hash a password with ${PYTHON}"
+}
+
 print_env() {
-    printf 'export SB_NATS_URL=nats://127.0.0.1:%s\n' "$NATS_PORT"
-    printf 'export SB_DATABASE_URL=postgres://postgres@127.0.0.1:%s/switchboard\n' "$PG_PORT"
+    if [ -n "$NATS_APP_PASSWORD" ]; then
+        printf 'export SB_NATS_URL=nats://%s:%s@127.0.0.1:%s\n' "$NATS_APP_USER" "$NATS_APP_PASSWORD" "$NATS_PORT"
+        printf 'export SB_DATABASE_URL=postgres://%s:%s@127.0.0.1:%s/switchboard\n' "$PG_APP_ROLE" "$PG_APP_PASSWORD" "$PG_PORT"
+        printf 'export SB_STACK_CREDENTIALS_DIR=%q\n' "$CRED_DIR"
+    else
+        # A stack from before credentials existed, not yet started again.
+        printf 'export SB_NATS_URL=nats://127.0.0.1:%s\n' "$NATS_PORT"
+        printf 'export SB_DATABASE_URL=postgres://postgres@127.0.0.1:%s/switchboard\n' "$PG_PORT"
+    fi
 }
 
 # ---- where Postgres lives (root fallback to /var/tmp) ----------------------------
@@ -441,14 +583,84 @@ nats_healthy() {
     http_get "http://127.0.0.1:${NATS_MON_PORT}/healthz?js-enabled-only=true" >/dev/null
 }
 
+# nats_quoted_list ITEM...: a NATS config array of quoted strings.
+nats_quoted_list() {
+    local out="" item
+    for item in "$@"; do out="${out:+${out}, }\"${item}\""; done
+    printf '[%s]' "$out"
+}
+
+# nats_authorization: the authorization block for the users of credentials/secrets.
+#   switchboard  the product: its subjects under each prefix of NATS_PREFIXES
+#                (SB_STACK_NATS_PREFIXES at up; default '*', any prefix), the JetStream and key-value APIs, reply inboxes.
+#   analytics    read-only: the public event stream of ANALYTICS_PREFIX (default sb), live (subscribe <prefix>.events.>) or by sequence (STREAM.MSG.GET /
+#                DIRECT.GET on <PREFIX>_EVENTS); replies on its own inbox prefix
+#                _INBOX_analytics. It may not create consumers: a push consumer's deliver
+#                subject is not checked against its creator's permissions (nats-server
+#                issue 8274), so that would let it publish into the work stream.
+nats_authorization() {
+    local prefixes=() p pub=() sub=() ro="${ANALYTICS_PREFIX:-sb}" ro_stream
+    read -r -a prefixes <<<"${NATS_PREFIXES:-*}"
+    [ "${#prefixes[@]}" -gt 0 ] || die "SB_STACK_NATS_PREFIXES is empty"
+    for p in "${prefixes[@]}"; do
+        [[ "$p" == "*" || "$p" =~ ^[A-Za-z0-9_-]+$ ]] || die "SB_STACK_NATS_PREFIXES: '${p}' is not a subject token (or '*')"
+        pub+=("${p}.in.>" "${p}.identified" "${p}.turn.>" "${p}.reply" "${p}.events.>" "${p}.dlq.>")
+    done
+    sub=("${pub[@]}" "_INBOX.>")
+    pub+=('$JS.API.>' '$JS.ACK.>' '$JS.FC.>' '$KV.>' "_INBOX.>")
+    [[ "$ro" =~ ^[A-Za-z0-9_-]+$ ]] || die "SB_STACK_ANALYTICS_PREFIX: '${ro}' is not a subject token"
+    ro_stream="$(printf '%s' "$ro" | tr 'a-z' 'A-Z' | tr -c 'A-Z0-9\n' '_')_EVENTS"
+    cat <<EOF
+# Who may connect: the users below, with the passwords in ${CRED_DIR}/secrets
+# (generated on the stack's first start; 'stack.sh rotate ${NAME}' replaces them).
+# There is no anonymous access and no no_auth_user.
+$(nats_settings_line)
+authorization {
+  users = [
+    {
+      user: "${NATS_APP_USER}"
+      password: "${NATS_APP_PASSWORD}"
+      permissions: {
+        publish: { allow: $(nats_quoted_list "${pub[@]}") }
+        subscribe: { allow: $(nats_quoted_list "${sub[@]}") }
+      }
+    }
+    {
+      user: "${NATS_RO_USER}"
+      password: "${NATS_RO_PASSWORD}"
+      permissions: {
+        publish: { allow: $(nats_quoted_list '$JS.API.INFO' "\$JS.API.STREAM.INFO.${ro_stream}" "\$JS.API.STREAM.MSG.GET.${ro_stream}" "\$JS.API.DIRECT.GET.${ro_stream}" "\$JS.API.DIRECT.GET.${ro_stream}.>") }
+        subscribe: { allow: $(nats_quoted_list "${ro}.events.>" "_INBOX_${NATS_RO_USER}.>") }
+      }
+    }
+  ]
+}
+EOF
+}
+
+# nats_settings_line: identifies the credentials and permissions a config was written with.
+nats_settings_line() {
+    printf '# settings: credentials %s, prefixes %s, analytics %s' \
+        "$(cred_fingerprint)" "${NATS_PREFIXES:-*}" "${ANALYTICS_PREFIX:-sb}"
+}
+
+# nats_creds_current: the config NATS runs with has the current credentials and prefixes.
+nats_creds_current() {
+    [ -f "$CRED_FILE" ] && grep -qxF "$(nats_settings_line)" "$NATS_CONF" 2>/dev/null
+}
+
 write_nats_conf() {
     mkdir -p "$NATS_DIR"
-    cat >"$NATS_CONF" <<EOF
+    chmod 700 "$NATS_DIR" # the config holds the passwords
+    [ -n "$NATS_APP_PASSWORD" ] || die "write_nats_conf: no credentials loaded"
+    nats_authorization >/dev/null # validates the settings (a failure inside $(...) would not stop us)
+    private_write "$NATS_CONF" <<EOF
 # NATS configuration for the local Switchboard stack '${NAME}'.
-# Generated by deploy/local/stack.sh on every 'up'; edits are overwritten.
+# Generated by deploy/local/stack.sh on every start; edits are overwritten.
+# It holds passwords: mode 0600.
 server_name: "switchboard-${NAME}"
 
-# Loopback only, no auth: development and tests.
+# Loopback only.
 listen: "127.0.0.1:${NATS_PORT}"
 # HTTP monitoring (/healthz, /varz, /jsz).
 http: "127.0.0.1:${NATS_MON_PORT}"
@@ -468,6 +680,8 @@ jetstream {
   # dev/test box. Production must use R3 (3-replica) streams and/or:
   # sync_interval: always
 }
+
+$(nats_authorization)
 EOF
 }
 
@@ -538,8 +752,45 @@ pg_ready() {
     "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -t 1 >/dev/null 2>&1
 }
 
+# psql_admin ARGS...: psql as the superuser, over TCP with its password (credentials/pgpass).
 psql_admin() {
-    "$(pg_bin)/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PG_PORT" -U postgres "$@"
+    PGPASSFILE="${CRED_DIR}/pgpass" "$(pg_bin)/psql" -X -q -w -v ON_ERROR_STOP=1 \
+        -h 127.0.0.1 -p "$PG_PORT" -U postgres "$@"
+}
+
+pg_cred_marker() { printf '%s/switchboard-credentials' "$(pg_data)"; }
+
+# pg_credentials_current: the cluster has the passwords of the current secrets file.
+pg_credentials_current() {
+    [ -f "$CRED_FILE" ] && [ -n "$PG_DIR" ] &&
+        [ "$(cat "$(pg_cred_marker)" 2>/dev/null)" = "$(cred_fingerprint)" ]
+}
+
+# pg_apply_credentials: with the server stopped, set the passwords of the roles postgres and
+# switchboard (created if missing) in single-user mode, which needs no authentication, so
+# this works for a new cluster, one from before credentials existed, and after a rotate.
+pg_apply_credentials() {
+    local super_v app_v out
+    pg_credentials_current && return 0
+    log "setting the Postgres passwords (roles postgres and ${PG_APP_ROLE})"
+    super_v="$(printf '%s' "$PG_SUPER_PASSWORD" | scram_verifier)"
+    app_v="$(printf '%s' "$PG_APP_PASSWORD" | scram_verifier)"
+    out="${PG_DIR}/credentials.log"
+    # One statement per line (single-user mode ends a statement at a newline).
+    if ! printf '%s\n' \
+        "ALTER ROLE postgres PASSWORD '${super_v}'" \
+        "DO \$\$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '${PG_APP_ROLE}') THEN CREATE ROLE ${PG_APP_ROLE}; END IF; END\$\$" \
+        "ALTER ROLE ${PG_APP_ROLE} LOGIN CREATEDB NOSUPERUSER NOCREATEROLE NOREPLICATION NOBYPASSRLS PASSWORD '${app_v}'" \
+        "ALTER ROLE ${PG_APP_ROLE} SET search_path = public" |
+        as_pg "$(pg_bin)/postgres" --single -D "$(pg_data)" -c exit_on_error=true postgres >"$out" 2>&1; then
+        tail -n 20 "$out" | sed 's/^/    | /' >&2 || true
+        die "could not set the Postgres passwords (single-user mode; output in ${out})"
+    fi
+    rm -f "$out"
+    cred_fingerprint | private_write "$(pg_cred_marker)"
+    if [ -n "$PG_USER" ]; then
+        chown "${PG_USER}:${PG_GROUP}" "$(pg_cred_marker)"
+    fi
 }
 
 ensure_pg_initdb() {
@@ -562,7 +813,7 @@ ensure_pg_initdb() {
     log "initdb: creating a new Postgres cluster in ${data}"
     tmp="${PG_DIR}/data.initdb"
     rm -rf "$tmp"
-    if ! as_pg "$(pg_bin)/initdb" -D "$tmp" -U postgres --auth=trust -E UTF8 --locale=C \
+    if ! as_pg "$(pg_bin)/initdb" -D "$tmp" -U postgres --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C \
         --no-instructions >"${PG_DIR}/initdb.log" 2>&1; then
         tail -n 40 "${PG_DIR}/initdb.log" >&2 || true
         rm -rf "$tmp"
@@ -589,6 +840,7 @@ write_pg_conf() {
         printf 'port = %s\n' "$PG_PORT"
         printf "unix_socket_directories = '%s'\n" "$sock"
         printf 'max_connections = 300\n'
+        printf "password_encryption = 'scram-sha-256'\n"
         if [ "$PG_FAST" = "1" ]; then
             printf '# SB_STACK_FAST=1: throwaway data, no crash safety.\n'
             printf 'fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n'
@@ -596,10 +848,20 @@ write_pg_conf() {
             printf 'fsync = on\nsynchronous_commit = on\nfull_page_writes = on\n'
         fi
     } >"$conf"
+    # Who may connect: TCP only with a password (scram-sha-256), every role. The Unix
+    # socket (in the data folder, mode 0700: only the server's user and root reach it)
+    # lets the owner in without one.
+    cat >"${data}/pg_hba.conf" <<'EOF'
+# Written by deploy/local/stack.sh on every start. Do not edit; it is rewritten.
+# TYPE  DATABASE  USER  ADDRESS        METHOD
+local   all       all                  trust
+host    all       all   127.0.0.1/32   scram-sha-256
+host    all       all   ::1/128        scram-sha-256
+EOF
     if [ -n "$PG_USER" ]; then
-        chown "${PG_USER}:${PG_GROUP}" "$conf"
+        chown "${PG_USER}:${PG_GROUP}" "$conf" "${data}/pg_hba.conf"
     fi
-    chmod 600 "$conf"
+    chmod 600 "$conf" "${data}/pg_hba.conf"
 }
 
 start_pg() {
@@ -609,6 +871,7 @@ start_pg() {
     fi
     ensure_pg_initdb
     write_pg_conf
+    pg_apply_credentials
     log "starting PostgreSQL ${PG_MAJOR} on 127.0.0.1:${PG_PORT}$([ "$PG_FAST" = 1 ] && echo ' (SB_STACK_FAST: fsync off)')$([ -n "$PG_USER" ] && echo " as user ${PG_USER}")"
     STARTED_PG=1
     if ! as_pg "$(pg_bin)/pg_ctl" start -D "$(pg_data)" -l "$(pg_log)" -w -t "$TIMEOUT" -s >&2; then
@@ -626,14 +889,96 @@ start_pg() {
     log "Postgres is ready, pid $(head -n 1 "$(pg_data)/postmaster.pid" 2>/dev/null || echo '?')"
 }
 
+# ensure_pg_database: pgvector in template1 (pgvector is not a trusted extension, so the
+# role switchboard cannot create it; every database it creates, e.g. a test's, inherits it
+# and the migrations' CREATE EXTENSION IF NOT EXISTS finds it), and the database
+# switchboard owned by the role switchboard.
 ensure_pg_database() {
-    if [ "$(psql_admin -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'switchboard'")" != "1" ]; then
-        log "creating database 'switchboard'"
-        psql_admin -d postgres -c 'CREATE DATABASE switchboard' >&2
+    local owner
+    # The role is named like the product's schema, and search_path starts with "$user": the
+    # unqualified tables sqlx creates (_sqlx_migrations) would land in schema switchboard
+    # once it exists, next to the one already in public. public only, as for postgres.
+    psql_admin -d postgres -c "ALTER ROLE ${PG_APP_ROLE} SET search_path = public" >&2
+    psql_admin -d template1 -c 'SET client_min_messages = warning; CREATE EXTENSION IF NOT EXISTS vector' >&2 ||
+        die "CREATE EXTENSION vector in template1 failed"
+    owner="$(psql_admin -d postgres -tAc "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'switchboard'")"
+    if [ -z "$owner" ]; then
+        log "creating database 'switchboard' (owner ${PG_APP_ROLE})"
+        psql_admin -d postgres -c "CREATE DATABASE switchboard OWNER ${PG_APP_ROLE}" >&2
+    elif [ "$owner" != "$PG_APP_ROLE" ]; then
+        log "giving database 'switchboard' and its objects (owned by ${owner}) to role ${PG_APP_ROLE}"
+        pg_give_objects "$owner"
     fi
     psql_admin -d switchboard -c 'SET client_min_messages = warning; CREATE EXTENSION IF NOT EXISTS vector' >&2 ||
         die "CREATE EXTENSION vector failed"
     log "database 'switchboard' has pgvector $(psql_admin -d switchboard -tAc "SELECT extversion FROM pg_extension WHERE extname = 'vector'")"
+}
+
+# pg_give_objects OLD_OWNER: for a stack from before credentials, when the product connected
+# as postgres: the database switchboard and what the migrations made in it (schemas,
+# tables, views, sequences, functions, types; not extension members) go to the role
+# switchboard, so the product (and later migrations) can use them.
+pg_give_objects() {
+    psql_admin -d switchboard -v old="$1" -v new="$PG_APP_ROLE" >&2 <<'SQL'
+\o /dev/null
+SELECT set_config('sb.old', :'old', false), set_config('sb.new', :'new', false);
+DO $$
+DECLARE
+  old oid := current_setting('sb.old')::regrole;
+  new text := quote_ident(current_setting('sb.new'));
+  r record;
+BEGIN
+  FOR r IN SELECT n.oid, n.nspname FROM pg_namespace n
+           WHERE n.nspowner = old AND n.nspname NOT IN ('public', 'information_schema')
+             AND n.nspname NOT LIKE 'pg\_%'
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_namespace'::regclass
+                             AND d.objid = n.oid AND d.deptype = 'e') LOOP
+    EXECUTE format('ALTER SCHEMA %I OWNER TO %s', r.nspname, new);
+  END LOOP;
+  -- Tables, views, foreign tables; their indexes and owned sequences follow.
+  FOR r IN SELECT c.oid::regclass AS rel, c.relkind FROM pg_class c
+           JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE c.relowner = old AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+             AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+             AND n.nspname NOT LIKE 'pg\_%'
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                             AND d.objid = c.oid AND d.deptype IN ('e', 'a', 'i')) LOOP
+    IF r.relkind = 'S' THEN
+      EXECUTE format('ALTER SEQUENCE %s OWNER TO %s', r.rel, new);
+    ELSIF r.relkind = 'v' THEN
+      EXECUTE format('ALTER VIEW %s OWNER TO %s', r.rel, new);
+    ELSIF r.relkind = 'm' THEN
+      EXECUTE format('ALTER MATERIALIZED VIEW %s OWNER TO %s', r.rel, new);
+    ELSIF r.relkind = 'f' THEN
+      EXECUTE format('ALTER FOREIGN TABLE %s OWNER TO %s', r.rel, new);
+    ELSE
+      EXECUTE format('ALTER TABLE %s OWNER TO %s', r.rel, new);
+    END IF;
+  END LOOP;
+  FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
+           JOIN pg_namespace n ON n.oid = p.pronamespace
+           WHERE p.proowner = old AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+             AND n.nspname NOT LIKE 'pg\_%'
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+                             AND d.objid = p.oid AND d.deptype = 'e') LOOP
+    EXECUTE format('ALTER ROUTINE %s OWNER TO %s', r.fn, new);
+  END LOOP;
+  -- Enums, domains, composite and range types of their own (not a table's row type, not
+  -- an array type: those follow).
+  FOR r IN SELECT t.oid::regtype AS ty FROM pg_type t
+           JOIN pg_namespace n ON n.oid = t.typnamespace
+           WHERE t.typowner = old AND t.typtype IN ('e', 'd', 'c', 'r')
+             AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c')
+             AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+             AND n.nspname NOT LIKE 'pg\_%'
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_type'::regclass
+                             AND d.objid = t.oid AND d.deptype = 'e') LOOP
+    EXECUTE format('ALTER TYPE %s OWNER TO %s', r.ty, new);
+  END LOOP;
+END
+$$;
+SQL
+    psql_admin -d postgres -c "ALTER DATABASE switchboard OWNER TO ${PG_APP_ROLE}" >&2
 }
 
 stop_pg() {
@@ -688,6 +1033,9 @@ up_locked() {
     ensure_binaries
     mkdir -p "$SDIR" "$NATS_DIR"
     load_ports || true
+    NATS_PREFIXES="${SB_STACK_NATS_PREFIXES:-${NATS_PREFIXES}}"
+    ANALYTICS_PREFIX="${SB_STACK_ANALYTICS_PREFIX:-${ANALYTICS_PREFIX}}"
+    ensure_credentials
 
     # What is already running, on which ports?
     if [ -n "$NATS_PORT" ] && nats_running; then nats_up=1; fi
@@ -701,8 +1049,21 @@ up_locked() {
     if [ "$pg_up" = 1 ] && [ "$PG_PORT" != "$want_pg" ]; then
         die "stack '${NAME}' already runs Postgres on ${PG_PORT}; run 'stack.sh down ${NAME}' first to change ports"
     fi
+    # A server that runs without the current credentials (a stack from before they
+    # existed, or rotated while stopped) is restarted with them.
+    if [ "$nats_up" = 1 ] && ! nats_creds_current; then
+        log "NATS of stack '${NAME}' runs without the current credentials or prefixes; restarting it"
+        stop_nats
+        nats_up=0
+    fi
+    if [ "$pg_up" = 1 ] && ! pg_credentials_current; then
+        log "Postgres of stack '${NAME}' runs without the current credentials; restarting it"
+        stop_pg
+        pg_up=0
+    fi
     if [ "$nats_up" = 1 ] && [ "$pg_up" = 1 ] && nats_healthy && pg_ready; then
         log "stack '${NAME}' is already running (NATS ${NATS_PORT}, Postgres ${PG_PORT})"
+        write_credential_files
         print_env
         return 0
     fi
@@ -713,6 +1074,7 @@ up_locked() {
     [ "$pg_up" = 1 ] || PG_FAST="$([ "${SB_STACK_FAST:-0}" = 1 ] && echo 1 || echo 0)"
     resolve_pg_layout
     save_ports
+    write_credential_files
 
     local t0=$SECONDS
     # If anything below fails, stop what this invocation started: no half stacks.
@@ -812,8 +1174,15 @@ cmd_server() {
     with_lock 9 "${ROOT}/.locks/${NAME}.lock" "${action}_locked" "$2"
 }
 
-restart_locked() {
+# load_for_server: what restart and crash need (ports and credentials).
+load_for_server() {
     load_ports || die "stack '${NAME}' has never been brought up (no ${PORTS_FILE})"
+    load_credentials || die "stack '${NAME}' has no credentials yet; run 'stack.sh up ${NAME} ...' first"
+    nats_authorization >/dev/null # checks the prefixes before anything is stopped
+}
+
+restart_locked() {
+    load_for_server
     case "$1" in
     nats)
         stop_nats
@@ -885,7 +1254,7 @@ wait_ports_released() {
 
 crash_locked() {
     local pid i
-    load_ports || die "stack '${NAME}' has never been brought up (no ${PORTS_FILE})"
+    load_for_server
     case "$1" in
     nats)
         pid="$(nats_pid)" || die "NATS of stack '${NAME}' is not running"
@@ -920,10 +1289,39 @@ crash_locked() {
     log "stack '${NAME}': $1 crashed and came back"
 }
 
+# cmd_rotate <name>: new passwords. The servers of a running stack restart with them (clients
+# must reconnect with the new URLs, printed like `env`); a stopped one gets them on its next up.
+cmd_rotate() {
+    [ $# -eq 1 ] || usage
+    set_name "$1"
+    mkdir -p "${ROOT}/.locks"
+    with_lock 9 "${ROOT}/.locks/${NAME}.lock" rotate_locked
+}
+
+rotate_locked() {
+    load_ports || die "stack '${NAME}' has never been brought up (no ${PORTS_FILE})"
+    log "generating new credentials for stack '${NAME}' in ${CRED_DIR}/"
+    nats_authorization >/dev/null # checks the prefixes before anything changes
+    generate_credentials
+    load_credentials
+    write_credential_files
+    if nats_running; then
+        stop_nats
+        start_nats
+    fi
+    if pg_running; then
+        stop_pg
+        start_pg
+    fi
+    log "stack '${NAME}': credentials rotated"
+    print_env
+}
+
 cmd_env() {
     [ $# -eq 1 ] || usage
     set_name "$1"
     load_ports || die "stack '${NAME}' has never been brought up (no ${PORTS_FILE}); run 'stack.sh up ${NAME} <nats_port> <pg_port>'"
+    load_credentials || warn "stack '${NAME}' has no credentials yet (made before they existed); its next 'up' creates them"
     print_env
 }
 
@@ -949,7 +1347,9 @@ cmd_status() {
     echo "stack '${NAME}' (state in ${SDIR})"
     echo "  NATS      127.0.0.1:${NATS_PORT} (monitoring http://127.0.0.1:${NATS_MON_PORT}): ${n}"
     echo "  Postgres  127.0.0.1:${PG_PORT} (data ${PG_DIR}/data$([ "$PG_FAST" = 1 ] && echo ', fsync off')): ${p}"
-    print_env | sed 's/^/  /'
+    load_credentials || true
+    # The passwords stay out of status output (it gets pasted); 'env' prints them.
+    print_env | sed -E 's#(://[^:/@]+):[^@]*@#\1:***@#; s/^/  /'
     return "$rc"
 }
 
@@ -964,6 +1364,7 @@ main() {
     env) cmd_env "$@" ;;
     destroy) cmd_destroy "$@" ;;
     restart | crash) cmd_server "$cmd" "$@" ;;
+    rotate) cmd_rotate "$@" ;;
     -h | --help | help) usage ;;
     *)
         printf 'stack: unknown command %s\n' "$cmd" >&2

@@ -141,6 +141,23 @@ async fn fresh_database(admin_url: &str) -> String {
     format!("{base}/{name}")
 }
 
+/// Write `contents` to `path` readable by its owner only (a worker's configuration holds the
+/// stack's passwords in its URLs); an existing file is replaced, not reused with its mode.
+pub fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(contents.as_bytes())
+}
+
 /// [`spawn_app`] with some configuration changed (all stages in process).
 pub async fn spawn_app_configured(tweak: impl FnOnce(&mut Config) + Send + 'static) -> TestApp {
     spawn_app_with(AppOptions {
@@ -208,9 +225,9 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     (opts.tweak)(&mut config);
 
     let config_path = std::env::temp_dir().join(format!("{}.toml", config.subject_prefix));
-    std::fs::write(
+    write_private(
         &config_path,
-        toml::to_string(&config).expect("config as TOML"),
+        &toml::to_string(&config).expect("config as TOML"),
     )
     .expect("write test config");
 

@@ -30,7 +30,8 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `Debug` shows `nats_url` and `database_url` without their passwords.
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(default)]
 pub struct Config {
     pub nats_url: String,
@@ -57,11 +58,35 @@ pub struct Config {
     pub demo: DemoConfig,
 }
 
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::endpoint::redact_url;
+        f.debug_struct("Config")
+            .field("nats_url", &redact_url(&self.nats_url))
+            .field("database_url", &redact_url(&self.database_url))
+            .field("subject_prefix", &self.subject_prefix)
+            .field("log_format", &self.log_format)
+            .field("gateway", &self.gateway)
+            .field("admin", &self.admin)
+            .field("twilio", &self.twilio)
+            .field("textmagic", &self.textmagic)
+            .field("channels", &self.channels)
+            .field("agents", &self.agents)
+            .field("identity", &self.identity)
+            .field("runtime", &self.runtime)
+            .field("session", &self.session)
+            .field("dispatch", &self.dispatch)
+            .field("stages", &self.stages)
+            .field("demo", &self.demo)
+            .finish()
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
             nats_url: "nats://127.0.0.1:14222".into(),
-            database_url: "postgres://postgres@127.0.0.1:15432/switchboard".into(),
+            database_url: "postgres://switchboard@127.0.0.1:15432/switchboard".into(),
             subject_prefix: "sb".into(),
             log_format: "text".into(),
             gateway: GatewayConfig::default(),

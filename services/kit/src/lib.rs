@@ -5,6 +5,7 @@
 //! - [`arrival`]: per-sender arrival numbers (the order a person wrote in).
 //! - [`proto`]: the protobuf payloads (`proto/switchboard/v1`).
 //! - [`db`]: the Postgres pool and embedded migrations.
+//! - [`endpoint`]: connection URLs: their credentials to the NATS client, redacted in logs.
 //! - [`retry`]: the one retry-delay policy.
 //! - [`net`]: listening sockets, below the ephemeral port range; [`http`]: serving them with
 //!   header and request timeouts and a connection cap.
@@ -20,6 +21,7 @@ pub mod arrival;
 pub mod config;
 pub mod db;
 pub mod dlq;
+pub mod endpoint;
 pub mod http;
 pub mod net;
 pub mod proto;

@@ -32,15 +32,21 @@ impl App {
     pub async fn connect(config: Config, name: &str) -> anyhow::Result<App> {
         // Install the metrics recorder before anything counts.
         let _ = crate::telemetry::metrics();
-        let nats = async_nats::ConnectOptions::new()
-            .name(format!("switchboard-{name}"))
-            .connect(&config.nats_url)
-            .await
-            .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
+        // The URLs may carry passwords: errors and logs name them redacted.
+        let nats = crate::endpoint::nats_connect(
+            &config.nats_url,
+            async_nats::ConnectOptions::new().name(format!("switchboard-{name}")),
+        )
+        .await?;
         let js = jetstream::new(nats.clone());
         let db = crate::db::connect(&config.database_url, config.runtime.pool_size())
             .await
-            .context("connecting to Postgres (database_url)")?;
+            .with_context(|| {
+                format!(
+                    "connecting to Postgres at {}",
+                    crate::endpoint::redact_url(&config.database_url)
+                )
+            })?;
         let topology = Topology::new(&config.subject_prefix, config.runtime.turn_partitions);
         Ok(App {
             config: Arc::new(config),

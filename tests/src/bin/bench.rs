@@ -258,7 +258,8 @@ async fn main() -> anyhow::Result<()> {
     };
     println!(
         "bench: stack '{}' up ({}, Postgres with fsync on)",
-        stack.name, stack.nats_url
+        stack.name,
+        switchboard_kit::endpoint::redact_url(&stack.nats_url)
     );
     let result = run_all(&args, &targets, &stack, &out).await;
     if !args.keep_stack {
@@ -1071,7 +1072,7 @@ impl StatementCounter {
         let listener = switchboard_kit::net::bind("127.0.0.1:0").await?;
         url.set_host(Some("127.0.0.1"))?;
         url.set_port(Some(listener.local_addr()?.port()))
-            .map_err(|()| anyhow::anyhow!("cannot set the port of {database_url}"))?;
+            .map_err(|()| anyhow::anyhow!("cannot set the port of the Postgres URL"))?;
         let statements = Arc::new(AtomicU64::new(0));
         let encrypted = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn({

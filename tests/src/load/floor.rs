@@ -440,7 +440,9 @@ pub async fn run(
     progress: impl Fn(u64) + Send + 'static,
 ) -> anyhow::Result<FloorResult> {
     let database = database_name(&o.database_url)?;
-    let nats = async_nats::connect(&o.nats_url).await?;
+    let nats =
+        switchboard_kit::endpoint::nats_connect(&o.nats_url, async_nats::ConnectOptions::new())
+            .await?;
     let js = jetstream::new(nats);
     // The tables, on a connection of its own that is gone before the counting starts.
     {

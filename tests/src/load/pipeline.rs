@@ -194,7 +194,7 @@ impl Pipeline {
             per_worker(name, &mut c);
             let path = config_dir.join(format!("{name}-{n}.toml"));
             *n += 1;
-            std::fs::write(&path, toml::to_string(&c).context("config as TOML")?)?;
+            crate::write_private(&path, &toml::to_string(&c).context("config as TOML")?)?;
             workers.spawn(name, &path)?;
         }
         let pipeline = Pipeline {

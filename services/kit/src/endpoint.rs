@@ -1,0 +1,248 @@
+//! Connection URLs carry credentials (`nats://user:password@host:port`,
+//! `postgres://user:password@host:port/db`). Only their redacted form ([`redact_url`]) goes
+//! into logs and errors, and NATS gets them as connect options ([`nats_connect`]): async-nats
+//! ignores credentials written in the URL, and it would log the URL at debug level.
+use async_nats::ConnectOptions;
+
+/// `url` without its password: `nats://switchboard:***@127.0.0.1:14222`. A NATS list
+/// (`nats://a:4222,nats://b:4222`) is redacted server by server. A query (libpq takes
+/// `?password=`) is dropped for `?…`. Text that is not a URL is not shown at all.
+pub fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|one| redact_one(one.trim()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn redact_one(raw: &str) -> String {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return "<not a URL>".into();
+    };
+    let had_query = url.query().is_some();
+    url.set_query(None);
+    url.set_fragment(None);
+    if url.password().is_some() {
+        // Cannot fail: the URL has a host (it has credentials).
+        let _ = url.set_password(Some("***"));
+    } else if !url.username().is_empty() && url.scheme().starts_with("nats") {
+        // nats://<token>@host: the user name is the secret.
+        let _ = url.set_username("***");
+    }
+    let mut out = url.to_string();
+    if had_query {
+        out.push_str("?…");
+    }
+    out
+}
+
+/// Where a NATS URL points, and the credentials written into it.
+#[derive(PartialEq, Eq)]
+pub struct NatsTarget {
+    /// The servers, without credentials.
+    pub servers: Vec<String>,
+    pub auth: NatsAuth,
+}
+
+#[derive(PartialEq, Eq)]
+pub enum NatsAuth {
+    None,
+    UserPassword { user: String, password: String },
+    Token(String),
+}
+
+impl std::fmt::Debug for NatsTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let auth = match self.auth {
+            NatsAuth::None => "none",
+            NatsAuth::UserPassword { .. } => "user and password",
+            NatsAuth::Token(_) => "token",
+        };
+        f.debug_struct("NatsTarget")
+            .field("servers", &self.servers)
+            .field("auth", &auth)
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("invalid NATS URL {url}: {reason}")]
+    Invalid { url: String, reason: String },
+    #[error("the servers of {url} name different credentials; use one user for all")]
+    MixedCredentials { url: String },
+}
+
+/// Split a NATS URL (or a comma-separated list of them) into servers and credentials
+/// (percent-decoded). `nats://host` with no scheme is accepted as async-nats does.
+pub fn nats_target(url: &str) -> Result<NatsTarget, EndpointError> {
+    let mut servers = Vec::new();
+    let mut auth = NatsAuth::None;
+    for raw in url.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let with_scheme = if raw.contains("://") {
+            raw.to_string()
+        } else {
+            format!("nats://{raw}")
+        };
+        let invalid = |reason: String| EndpointError::Invalid {
+            url: redact_url(url),
+            reason,
+        };
+        let mut parsed = url::Url::parse(&with_scheme).map_err(|e| invalid(e.to_string()))?;
+        let here = match (parsed.username(), parsed.password()) {
+            ("", None) => NatsAuth::None,
+            (user, Some(password)) => NatsAuth::UserPassword {
+                user: percent_decode(user),
+                password: percent_decode(password),
+            },
+            (token, None) => NatsAuth::Token(percent_decode(token)),
+        };
+        match (&auth, here) {
+            (_, NatsAuth::None) => {}
+            (NatsAuth::None, found) => auth = found,
+            (same, found) if *same == found => {}
+            _ => {
+                return Err(EndpointError::MixedCredentials {
+                    url: redact_url(url),
+                });
+            }
+        }
+        parsed
+            .set_password(None)
+            .and_then(|()| parsed.set_username(""))
+            .map_err(|()| invalid("cannot remove the credentials".into()))?;
+        servers.push(parsed.to_string().trim_end_matches('/').to_string());
+    }
+    if servers.is_empty() {
+        return Err(EndpointError::Invalid {
+            url: redact_url(url),
+            reason: "no server".into(),
+        });
+    }
+    Ok(NatsTarget { servers, auth })
+}
+
+/// `%40` back to `@` (the URL's user and password are percent-encoded; `+` stays `+`).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied(), b.get(i + 2).copied()) {
+            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap() * 16 + hex(l).unwrap()) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Connect to NATS at `url` with `options`, the credentials in the URL included. Errors name
+/// the URL redacted.
+pub async fn nats_connect(
+    url: &str,
+    options: ConnectOptions,
+) -> anyhow::Result<async_nats::Client> {
+    use anyhow::Context as _;
+    let target = nats_target(url)?;
+    let options = match target.auth {
+        NatsAuth::None => options,
+        NatsAuth::UserPassword { user, password } => options.user_and_password(user, password),
+        NatsAuth::Token(token) => options.token(token),
+    };
+    let servers: Vec<async_nats::ServerAddr> = target
+        .servers
+        .iter()
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("invalid NATS URL {}", redact_url(url)))?;
+    options
+        .connect(servers)
+        .await
+        .with_context(|| format!("connecting to NATS at {}", redact_url(url)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redaction_keeps_where_and_who_but_not_the_password() {
+        assert_eq!(
+            redact_url("nats://switchboard:s3cr3tPa55@127.0.0.1:14222"),
+            "nats://switchboard:***@127.0.0.1:14222"
+        );
+        assert_eq!(
+            redact_url("postgres://switchboard:s3cr3tPa55@127.0.0.1:15432/switchboard"),
+            "postgres://switchboard:***@127.0.0.1:15432/switchboard"
+        );
+        // libpq also takes the password as a parameter.
+        let r = redact_url("postgres://u@db:5432/app?sslmode=require&password=s3cr3tPa55");
+        assert_eq!(r, "postgres://u@db:5432/app?…");
+        // A NATS token is the user-name part.
+        assert_eq!(
+            redact_url("nats://s3cr3tPa55@127.0.0.1:4222"),
+            "nats://***@127.0.0.1:4222"
+        );
+        // A server list, each one.
+        let r = redact_url("nats://a:s3cr3tPa55@h1:4222, nats://a:s3cr3tPa55@h2:4222");
+        assert_eq!(r, "nats://a:***@h1:4222,nats://a:***@h2:4222");
+        // Without credentials nothing changes; what does not parse is not shown.
+        assert_eq!(
+            redact_url("nats://127.0.0.1:14222"),
+            "nats://127.0.0.1:14222"
+        );
+        assert_eq!(redact_url("s3cr3tPa55 @ nowhere"), "<not a URL>");
+        for url in [
+            "nats://switchboard:s3cr3tPa55@127.0.0.1:14222",
+            "postgres://switchboard:s3cr3tPa55@127.0.0.1:15432/x?password=s3cr3tPa55",
+            "nats://s3cr3tPa55@h:1",
+            "://s3cr3tPa55@",
+        ] {
+            assert!(!redact_url(url).contains("s3cr3tPa55"), "{url}");
+        }
+    }
+
+    #[test]
+    fn nats_credentials_come_out_of_the_url() {
+        let t = nats_target("nats://switchboard:p%40ss@127.0.0.1:14222").unwrap();
+        assert_eq!(t.servers, vec!["nats://127.0.0.1:14222"]);
+        assert!(
+            t.auth
+                == NatsAuth::UserPassword {
+                    user: "switchboard".into(),
+                    password: "p@ss".into()
+                }
+        );
+        assert!(!format!("{t:?}").contains("p@ss"));
+
+        let t = nats_target("127.0.0.1:4222").unwrap();
+        assert_eq!(t.servers, vec!["nats://127.0.0.1:4222"]);
+        assert!(t.auth == NatsAuth::None);
+
+        let t = nats_target("nats://tok@h1:1,nats://h2:2").unwrap();
+        assert_eq!(t.servers, vec!["nats://h1:1", "nats://h2:2"]);
+        assert!(t.auth == NatsAuth::Token("tok".into()));
+
+        let err = nats_target("nats://a:s3cr3t@h1:1,nats://b:other@h2:2").unwrap_err();
+        assert!(!err.to_string().contains("s3cr3t"), "{err}");
+        assert!(nats_target("").is_err());
+    }
+
+    #[test]
+    fn the_configuration_debug_output_shows_no_connection_password() {
+        let c = crate::Config {
+            nats_url: "nats://switchboard:s3cr3tPa55@127.0.0.1:14222".into(),
+            database_url: "postgres://switchboard:s3cr3tPa55@127.0.0.1:15432/switchboard".into(),
+            ..Default::default()
+        };
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cr3tPa55"), "{shown}");
+        assert!(shown.contains("nats://switchboard:***@127.0.0.1:14222"));
+    }
+}
