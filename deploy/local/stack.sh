@@ -604,7 +604,7 @@ nats_authorization() {
     [ "${#prefixes[@]}" -gt 0 ] || die "SB_STACK_NATS_PREFIXES is empty"
     for p in "${prefixes[@]}"; do
         [[ "$p" == "*" || "$p" =~ ^[A-Za-z0-9_-]+$ ]] || die "SB_STACK_NATS_PREFIXES: '${p}' is not a subject token (or '*')"
-        pub+=("${p}.in.>" "${p}.identified" "${p}.turn.>" "${p}.reply" "${p}.events.>" "${p}.dlq.>")
+        pub+=("${p}.in.>" "${p}.identified" "${p}.turn.>" "${p}.reply" "${p}.events.>" "${p}.dlq.>" "${p}.mailbox.>")
     done
     sub=("${pub[@]}" "_INBOX.>")
     pub+=('$JS.API.>' '$JS.ACK.>' '$JS.FC.>' '$KV.>' "_INBOX.>")
@@ -639,9 +639,12 @@ EOF
 }
 
 # nats_settings_line: identifies the credentials and permissions a config was written with.
+# NATS_PERMISSIONS_VERSION changes whenever the subjects above do, so `up` restarts a NATS that
+# runs with the old ones.
+NATS_PERMISSIONS_VERSION=2
 nats_settings_line() {
-    printf '# settings: credentials %s, prefixes %s, analytics %s' \
-        "$(cred_fingerprint)" "${NATS_PREFIXES:-*}" "${ANALYTICS_PREFIX:-sb}"
+    printf '# settings: credentials %s, prefixes %s, analytics %s, permissions v%s' \
+        "$(cred_fingerprint)" "${NATS_PREFIXES:-*}" "${ANALYTICS_PREFIX:-sb}" "$NATS_PERMISSIONS_VERSION"
 }
 
 # nats_creds_current: the config NATS runs with has the current credentials and prefixes.
