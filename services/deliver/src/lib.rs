@@ -3,7 +3,8 @@
 //! The ledger (`deliveries`) makes redelivered replies harmless: a reply marked `sent` is not
 //! sent again, a reply being sent is leased by one deliverer, and long replies remember how many
 //! parts went out. A part the provider accepted is recorded before anything else happens; if the
-//! database is down, the write is retried for most of the lease.
+//! database is down, the write is retried for most of the lease (past that, the next attempt
+//! finds the part's outcome unknown, as after a crash).
 //!
 //! Providers' send APIs take no idempotency key, so one window is left that the ledger alone
 //! cannot close: a deliverer that dies after the provider accepted a part and before the ledger
