@@ -334,3 +334,47 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
         .collect();
     Json(filtered)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchboard_channels::textmagic::TextMagicSender;
+    use switchboard_channels::twilio::TwilioSender;
+    use switchboard_kit::config::Secret;
+
+    #[tokio::test]
+    async fn the_outbox_lists_what_it_took_as_each_provider_lists_its_messages() {
+        let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let mut config = Config::default();
+        config.twilio.account_sid = "ACdemo".into();
+        config.twilio.auth_token = Secret::new("demo-token");
+        config.twilio.from_number = "+15555550199".into();
+        config.twilio.api_base = format!("{base}/demo/twilio");
+        config.textmagic.username = "demo".into();
+        config.textmagic.api_key = Secret::new("demo-key");
+        config.textmagic.from_number = "447624800500".into();
+        config.textmagic.api_base = format!("{base}/demo/textmagic");
+        let app = router(&config);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let since = Utc::now();
+
+        // What the deliverer asks before sending again a part of unknown outcome.
+        let twilio = TwilioSender::new(config.twilio.clone());
+        let sid = twilio.send_body("+14155550100", "", "hi").await.unwrap();
+        let found = twilio.find_body("+14155550100", "", "hi", since).await;
+        assert_eq!(found, Ok(vec![sid]));
+        let other = twilio.find_body("+14155550100", "", "bye", since).await;
+        assert_eq!(other, Ok(vec![]));
+
+        let textmagic = TextMagicSender::new(config.textmagic.clone());
+        let id = textmagic
+            .send_text("+447860021130", "", "hi")
+            .await
+            .unwrap();
+        let found = textmagic.find_text("+447860021130", "", "hi", since).await;
+        assert_eq!(found, Ok(vec![id]));
+        let other = textmagic.find_text("+447860021131", "", "hi", since).await;
+        assert_eq!(other, Ok(vec![]));
+    }
+}

@@ -721,3 +721,37 @@ impl LoadTwilio {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchboard_channels::twilio::TwilioSender;
+    use switchboard_kit::config::{Secret, TwilioConfig};
+
+    #[tokio::test]
+    async fn the_load_twilio_lists_what_it_took_as_twilio_lists_its_messages() {
+        let fake = LoadTwilio::start("ACload", "load-token").await;
+        let twilio = TwilioSender::new(TwilioConfig {
+            account_sid: "ACload".into(),
+            auth_token: Secret::new("load-token"),
+            from_number: "+15555550199".into(),
+            api_base: fake.url.clone(),
+            ..Default::default()
+        });
+        let since = Utc::now();
+        let sid = twilio
+            .send_body("+14155550100", "", "echo: s1#0")
+            .await
+            .unwrap();
+        let found = twilio
+            .find_body("+14155550100", "", "echo: s1#0", since)
+            .await;
+        assert_eq!(found, Ok(vec![sid]));
+        let other = twilio
+            .find_body("+14155550101", "", "echo: s1#0", since)
+            .await;
+        assert_eq!(other, Ok(vec![]));
+        assert_eq!(fake.stats().lookups, 2);
+        assert_eq!(fake.stats().doubles, 0);
+    }
+}
