@@ -8,6 +8,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for f in &files {
         println!("cargo:rerun-if-changed={root}/{f}");
     }
+    // `sqlx::migrate!` embeds the migrations at compile time but does not ask to be rebuilt
+    // when one is added: without this a new migration is silently left out of the binary.
+    println!("cargo:rerun-if-changed=../../migrations");
     let fds = protox::compile(files, [root])?;
     prost_build::Config::new()
         .enable_type_names()

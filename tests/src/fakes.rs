@@ -4,11 +4,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Form, Path, State};
+use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use tokio::sync::Notify;
 
@@ -41,16 +42,20 @@ impl Failures {
     }
 }
 
-/// One SMS the fake Twilio accepted.
+/// One SMS a fake provider accepted.
 #[derive(Debug, Clone)]
 pub struct SentSms {
     pub sid: String,
     pub to: String,
     pub from: String,
     pub body: String,
+    /// When the provider took it (its log's `date_created` / `messageTime`).
+    pub created: DateTime<Utc>,
 }
 
-/// Twilio's Messages API: Basic auth, form `To`/`From`/`Body`, 201 with a `sid`.
+/// Twilio's Messages API: Basic auth, form `To`/`From`/`Body`, 201 with a `sid`; `GET` lists
+/// what it accepted (`To`, `From`, `DateSent>` filters, most recent first, paged with
+/// `next_page_uri`).
 #[derive(Clone)]
 pub struct FakeTwilio {
     pub url: String,
@@ -58,6 +63,24 @@ pub struct FakeTwilio {
     pub auth_token: String,
     sent: Arc<Mutex<Vec<SentSms>>>,
     failures: Failures,
+    /// Failures of the message list alone (the send API keeps working).
+    pub list_failures: Failures,
+}
+
+/// The query of Twilio's Messages list.
+#[derive(Deserialize)]
+struct TwilioListQuery {
+    #[serde(rename = "To")]
+    to: Option<String>,
+    #[serde(rename = "From")]
+    from: Option<String>,
+    /// `DateSent>=YYYY-MM-DD`: the key is `DateSent>`.
+    #[serde(rename = "DateSent>")]
+    date_sent_after: Option<String>,
+    #[serde(rename = "PageSize")]
+    page_size: Option<usize>,
+    #[serde(rename = "Page")]
+    page: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -80,11 +103,12 @@ impl FakeTwilio {
             auth_token: auth_token.into(),
             sent: Default::default(),
             failures: Default::default(),
+            list_failures: Default::default(),
         };
         let router = Router::new()
             .route(
                 "/2010-04-01/Accounts/{account}/Messages.json",
-                post(Self::create_message),
+                post(Self::create_message).get(Self::list_messages),
             )
             .with_state(this.clone());
         this.url = serve(router).await;
@@ -100,26 +124,134 @@ impl FakeTwilio {
         self.failures.fail_next(n, 500);
     }
 
+    /// Twilio's 401, unless the request carries this account's Basic credentials.
+    fn authenticate(
+        &self,
+        account: &str,
+        headers: &HeaderMap,
+    ) -> Result<(), (StatusCode, Json<serde_json::Value>)> {
+        let expected = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{}", self.account_sid, self.auth_token))
+        );
+        let auth = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if account != self.account_sid || auth != expected {
+            return Err((
+                StatusCode::UNAUTHORIZED,
+                Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn list_messages(
+        State(s): State<FakeTwilio>,
+        Path(account): Path<String>,
+        headers: HeaderMap,
+        Query(q): Query<TwilioListQuery>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        if let Err(refused) = s.authenticate(&account, &headers) {
+            return refused;
+        }
+        if let Some(status) = s.list_failures.take() {
+            return (
+                status,
+                Json(
+                    serde_json::json!({"code": 20500, "message": "Internal Server Error", "status": status.as_u16()}),
+                ),
+            );
+        }
+        let after = match q
+            .date_sent_after
+            .as_deref()
+            .map(|d| d.parse::<chrono::NaiveDate>())
+        {
+            None => None,
+            Some(Ok(day)) => Some(day),
+            Some(Err(_)) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    Json(
+                        serde_json::json!({"code": 20001, "message": "Invalid value for DateSent", "status": 400}),
+                    ),
+                );
+            }
+        };
+        let mut listed: Vec<SentSms> = s
+            .sent()
+            .into_iter()
+            .filter(|m| q.to.as_ref().is_none_or(|t| &m.to == t))
+            .filter(|m| q.from.as_ref().is_none_or(|f| &m.from == f))
+            .filter(|m| after.is_none_or(|d| m.created.date_naive() >= d))
+            .collect();
+        listed.reverse(); // most recent first
+        let (page, page_size) = (
+            q.page.unwrap_or(0),
+            q.page_size.unwrap_or(50).clamp(1, 1000),
+        );
+        let rest = listed.split_off((page * page_size).min(listed.len()));
+        let more = rest.len() > page_size;
+        let on_page: Vec<_> = rest.into_iter().take(page_size).collect();
+        let uri = |page: usize| {
+            let mut query = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in [
+                ("To", &q.to),
+                ("From", &q.from),
+                ("DateSent>", &q.date_sent_after),
+            ] {
+                if let Some(v) = v {
+                    query.append_pair(k, v);
+                }
+            }
+            query.append_pair("PageSize", &page_size.to_string());
+            query.append_pair("Page", &page.to_string());
+            format!(
+                "/2010-04-01/Accounts/{account}/Messages.json?{}",
+                query.finish()
+            )
+        };
+        let rfc2822 = |t: DateTime<Utc>| t.format("%a, %d %b %Y %H:%M:%S %z").to_string();
+        let messages: Vec<_> = on_page
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "sid": m.sid, "account_sid": account, "to": m.to, "from": m.from,
+                    "body": m.body, "status": "sent", "direction": "outbound-api",
+                    "num_segments": "1", "api_version": "2010-04-01",
+                    "date_created": rfc2822(m.created), "date_updated": rfc2822(m.created),
+                    "date_sent": rfc2822(m.created),
+                    "uri": format!("/2010-04-01/Accounts/{account}/Messages/{}.json", m.sid),
+                })
+            })
+            .collect();
+        (
+            StatusCode::OK,
+            Json(serde_json::json!({
+                "messages": messages,
+                "page": page,
+                "page_size": page_size,
+                "uri": uri(page),
+                "first_page_uri": uri(0),
+                "previous_page_uri": (page > 0).then(|| uri(page - 1)),
+                "next_page_uri": more.then(|| uri(page + 1)),
+                "start": page * page_size,
+                "end": page * page_size + on_page.len().saturating_sub(1),
+            })),
+        )
+    }
+
     async fn create_message(
         State(s): State<FakeTwilio>,
         Path(account): Path<String>,
         headers: HeaderMap,
         Form(f): Form<TwilioForm>,
     ) -> (StatusCode, Json<serde_json::Value>) {
-        let expected = format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD
-                .encode(format!("{}:{}", s.account_sid, s.auth_token))
-        );
-        let auth = headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if account != s.account_sid || auth != expected {
-            return (
-                StatusCode::UNAUTHORIZED,
-                Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
-            );
+        if let Err(refused) = s.authenticate(&account, &headers) {
+            return refused;
         }
         if let Some(status) = s.failures.take() {
             return (
@@ -158,6 +290,7 @@ impl FakeTwilio {
             to,
             from: f.from.unwrap_or_default(),
             body,
+            created: Utc::now(),
         };
         s.sent.lock().unwrap().push(sms.clone());
         (
@@ -170,7 +303,8 @@ impl FakeTwilio {
 }
 
 /// TextMagic's v2 Messages API: `X-TM-Username`/`X-TM-Key`, a JSON body of `text`, `phones`
-/// (digits without `+`, comma separated) and `from`; 201 with the message's ids.
+/// (digits without `+`, comma separated) and `from`; 201 with the message's ids. `GET` lists
+/// what it accepted, newest first, by `page` and `limit`.
 #[derive(Clone)]
 pub struct FakeTextMagic {
     pub url: String,
@@ -179,7 +313,16 @@ pub struct FakeTextMagic {
     sent: Arc<Mutex<Vec<SentSms>>>,
     /// 429 (slow down) or 5xx (an outage) on demand.
     pub failures: Failures,
+    /// Failures of the message list alone (the send API keeps working).
+    pub list_failures: Failures,
     ids: Arc<AtomicUsize>,
+}
+
+/// The query of TextMagic's outbound message list.
+#[derive(Deserialize)]
+struct TextMagicListQuery {
+    page: Option<usize>,
+    limit: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -197,10 +340,11 @@ impl FakeTextMagic {
             api_key: api_key.into(),
             sent: Default::default(),
             failures: Default::default(),
+            list_failures: Default::default(),
             ids: Arc::new(AtomicUsize::new(49_575_710)),
         };
         let router = Router::new()
-            .route("/api/v2/messages", post(Self::send))
+            .route("/api/v2/messages", post(Self::send).get(Self::list))
             .with_state(this.clone());
         this.url = serve(router).await;
         this
@@ -210,11 +354,11 @@ impl FakeTextMagic {
         self.sent.lock().unwrap().clone()
     }
 
-    async fn send(
-        State(s): State<FakeTextMagic>,
-        headers: HeaderMap,
-        Json(m): Json<TextMagicMessage>,
-    ) -> (StatusCode, Json<serde_json::Value>) {
+    /// TextMagic's 401, unless the request carries this account's username and key.
+    fn authenticate(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<(), (StatusCode, Json<serde_json::Value>)> {
         let header = |name: &str| {
             headers
                 .get(name)
@@ -222,11 +366,69 @@ impl FakeTextMagic {
                 .unwrap_or("")
                 .to_string()
         };
-        if header("x-tm-username") != s.username || header("x-tm-key") != s.api_key {
-            return (
+        if header("x-tm-username") != self.username || header("x-tm-key") != self.api_key {
+            return Err((
                 StatusCode::UNAUTHORIZED,
                 Json(serde_json::json!({"code": 401, "message": "Unauthorized"})),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn list(
+        State(s): State<FakeTextMagic>,
+        headers: HeaderMap,
+        Query(q): Query<TextMagicListQuery>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        if let Err(refused) = s.authenticate(&headers) {
+            return refused;
+        }
+        if let Some(status) = s.list_failures.take() {
+            return (
+                status,
+                Json(
+                    serde_json::json!({"code": status.as_u16(), "message": status.canonical_reason()}),
+                ),
             );
+        }
+        let (page, limit) = (
+            q.page.unwrap_or(1).max(1),
+            q.limit.unwrap_or(10).clamp(1, 1000),
+        );
+        let mut all = s.sent();
+        all.reverse(); // newest first
+        let page_count = all.len().div_ceil(limit).max(1);
+        let resources: Vec<_> = all
+            .iter()
+            .skip((page - 1) * limit)
+            .take(limit)
+            .map(|m| {
+                serde_json::json!({
+                    "id": m.sid.parse::<u64>().unwrap_or_default(), "contactId": 0,
+                    "sessionId": m.sid.parse::<u64>().unwrap_or_default(),
+                    "receiver": m.to, "sender": m.from,
+                    "messageTime": m.created.format("%Y-%m-%dT%H:%M:%S%z").to_string(),
+                    "status": "d", "text": m.body, "charset": "ISO-8859-1",
+                    "firstName": "", "lastName": "", "country": "GB", "phone": m.to,
+                    "price": 0.049, "partsCount": 1, "deleted": false,
+                })
+            })
+            .collect();
+        (
+            StatusCode::OK,
+            Json(serde_json::json!({
+                "page": page, "limit": limit, "pageCount": page_count, "resources": resources,
+            })),
+        )
+    }
+
+    async fn send(
+        State(s): State<FakeTextMagic>,
+        headers: HeaderMap,
+        Json(m): Json<TextMagicMessage>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        if let Err(refused) = s.authenticate(&headers) {
+            return refused;
         }
         if let Some(status) = s.failures.take() {
             return (
@@ -264,6 +466,7 @@ impl FakeTextMagic {
             to: phones,
             from: m.from.unwrap_or_default(),
             body: text,
+            created: Utc::now(),
         });
         (
             StatusCode::CREATED,

@@ -14,7 +14,7 @@ use sqlx::{Connection, PgPool, Row};
 use switchboard::stages;
 use switchboard_kit::Topology;
 use switchboard_kit::config::{AgentConfig, Config, Secret};
-use switchboard_kit::proto::DeadLetter;
+use switchboard_kit::proto::{DeadLetter, Reply};
 use switchboard_kit::startup::App;
 use tokio::process::{Child, Command};
 
@@ -84,6 +84,20 @@ pub fn sigterm(worker: &Child) {
         .status()
         .expect("send SIGTERM");
     assert!(sent.success(), "SIGTERM to {pid}");
+}
+
+impl AppOptions {
+    /// Every stage in the test process but `stage`, which the test starts itself
+    /// ([`TestApp::start_stage`]) once it has set the scene.
+    pub fn all_but(stage: &str) -> Self {
+        Self {
+            in_process: stages::names()
+                .into_iter()
+                .filter(|s| *s != stage)
+                .collect(),
+            ..Default::default()
+        }
+    }
 }
 
 impl Default for AppOptions {
@@ -621,6 +635,135 @@ impl TestApp {
             .send()
             .await
             .expect("gateway reachable")
+    }
+
+    /// The newest reply dispatch published (on the work stream, whether or not a deliverer
+    /// took it yet) that is not one of `seen`, once there is one.
+    pub async fn wait_for_reply(&self, seen: &[&Reply], timeout: Duration) -> Reply {
+        use prost::Message as _;
+        let deadline = Instant::now() + timeout;
+        let stream = self
+            .js
+            .get_stream(self.topology.work_stream())
+            .await
+            .expect("work stream");
+        loop {
+            if let Ok(raw) = stream
+                .get_last_raw_message_by_subject(&self.topology.reply())
+                .await
+            {
+                let reply = Reply::decode(raw.payload).expect("a reply");
+                if !seen.iter().any(|r| r.id == reply.id) {
+                    return reply;
+                }
+            }
+            assert!(Instant::now() < deadline, "no new reply within {timeout:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Leave `reply`'s ledger row as a deliverer does that dies in the middle of sending its
+    /// first part: it took the reply (recording that the attempt at the part started) with a
+    /// lease of `lease`, handed the part to the provider if `provider_accepted` (through the
+    /// provider's real send API), and died before recording anything more.
+    pub async fn deliverer_dies_sending(
+        &self,
+        reply: &Reply,
+        lease: Duration,
+        provider_accepted: bool,
+    ) {
+        let id: uuid::Uuid = reply.id.parse().expect("reply id");
+        let senders = switchboard_channels::Senders::from_config(&self.config);
+        let sender = senders.get(&reply.provider).expect("the reply's provider");
+        let parts = sender.split(&reply.text);
+        let ledger = switchboard_deliver::DeliveryLedger::new(self.db.clone(), lease);
+        let claim = ledger
+            .claim(reply, id, parts.len())
+            .await
+            .expect("claim the reply");
+        assert!(
+            matches!(
+                claim,
+                switchboard_deliver::Claim::Send {
+                    parts_sent: 0,
+                    attempt: switchboard_deliver::PartAttempt::Started,
+                    ..
+                }
+            ),
+            "the dead deliverer must be the first to take the reply"
+        );
+        if provider_accepted {
+            let part = switchboard_channels::OutboundPart {
+                reply,
+                index: 0,
+                to: &reply.recipient,
+                from: &reply.reply_from,
+                text: &parts[0],
+            };
+            sender
+                .send(part)
+                .await
+                .expect("the provider accepts the part");
+        }
+    }
+
+    /// Deliver `reply` now, as a live deliverer does, outside the deliver stage's consumer (the
+    /// reply stays on the stream for the stage, which then finds it sent).
+    pub async fn deliver_directly(&self, reply: &Reply) {
+        use switchboard_kit::Stage as _;
+        let stage = switchboard_deliver::DeliverStage::new(
+            switchboard_deliver::DeliveryLedger::new(
+                self.db.clone(),
+                switchboard_deliver::DELIVERY_LEASE,
+            ),
+            switchboard_channels::Senders::from_config(&self.config),
+            self.topology.clone(),
+        );
+        let attempt = switchboard_kit::Attempt {
+            subject: self.topology.reply(),
+            delivered: 1,
+            stream_sequence: 1,
+            correlation_id: reply.correlation_id.clone(),
+            ..Default::default()
+        };
+        stage
+            .handle(reply.clone(), &attempt)
+            .await
+            .expect("the reply is delivered");
+    }
+
+    /// The ledger's status and provider ids for `reply` once it is settled (sent or failed).
+    pub async fn wait_for_delivery(
+        &self,
+        reply: &Reply,
+        timeout: Duration,
+    ) -> (String, Vec<String>) {
+        let id: uuid::Uuid = reply.id.parse().expect("reply id");
+        let deadline = Instant::now() + timeout;
+        loop {
+            let row: Option<(String, Vec<String>)> = sqlx::query_as(
+                "SELECT status, provider_message_ids FROM switchboard.deliveries WHERE reply_id = $1",
+            )
+            .bind(id)
+            .fetch_optional(&self.db)
+            .await
+            .expect("read the ledger");
+            if let Some(row) = row.filter(|(status, _)| status != "pending") {
+                return row;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "reply {} not settled within {timeout:?}",
+                reply.id
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Start a stage in this process that was left out of [`AppOptions::in_process`].
+    pub fn start_stage(&self, name: &str) {
+        let stage = stages::select(&[name]).expect("a known stage");
+        self.start(stages::tasks(&self.app, &stage));
     }
 
     /// The process's wiring (database, JetStream, topology, shutdown), to run more tasks in it.

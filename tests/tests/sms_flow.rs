@@ -1,7 +1,9 @@
 //! One SMS in, the agent's reply out: the product's promises on the thinnest real path.
 use std::time::Duration;
 
-use switchboard_e2e::{FakeRunner, TWILIO_NUMBER, spawn_app, spawn_app_configured};
+use switchboard_e2e::{
+    AppOptions, FakeRunner, TWILIO_NUMBER, spawn_app, spawn_app_configured, spawn_app_with,
+};
 
 const PERSON: &str = "+14155550101";
 const WAIT: Duration = Duration::from_secs(20);
@@ -360,6 +362,116 @@ async fn a_known_person_is_resolved_from_the_directory() {
     assert_eq!(
         FakeRunner::said(prompt),
         "[Current User: Nobody | Type: user] hi"
+    );
+    app.shutdown().await;
+}
+
+/// The lease of a deliverer that dies holding a reply: short, so the test need not wait 45 s.
+const DEAD_LEASE: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn a_part_twilio_accepted_before_its_deliverer_died_is_not_sent_again() {
+    let app = spawn_app_with(AppOptions::all_but("deliver")).await;
+    app.send_sms(PERSON, "did you get that").await;
+    let reply = app.wait_for_reply(&[], WAIT).await;
+    // A deliverer takes the reply, Twilio accepts its part, and the deliverer dies before the
+    // ledger says so.
+    app.deliverer_dies_sending(&reply, DEAD_LEASE, true).await;
+    let accepted = app.twilio.sent();
+    assert_eq!(accepted.len(), 1);
+
+    // The reply is redelivered; once the dead deliverer's lease ends a live one takes it,
+    // finds the part in Twilio's message log, and records it instead of sending it again.
+    app.start_stage("deliver");
+    let (status, ids) = app.wait_for_delivery(&reply, WAIT).await;
+    app.settle().await;
+    let sent = app.twilio.sent();
+    assert_eq!(sent.len(), 1, "the person got the reply once: {sent:?}");
+    assert_eq!(sent[0].body, "echo: did you get that");
+    assert_eq!(status, "sent");
+    assert_eq!(
+        ids,
+        vec![accepted[0].sid.clone()],
+        "the ledger has Twilio's id"
+    );
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains(r#"sb_delivery_reconciled_total{provider="twilio",outcome="found"} 1"#),
+        "{metrics}"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_part_that_never_reached_twilio_is_sent_even_when_the_reply_before_was_the_same_text() {
+    let app = spawn_app_with(AppOptions::all_but("deliver")).await;
+    app.send_sms(PERSON, "hello").await;
+    let first = app.wait_for_reply(&[], WAIT).await;
+    app.deliver_directly(&first).await;
+    // The person says the same again, the agent answers the same, and the deliverer of that
+    // answer dies before handing it to Twilio: Twilio's log holds the first answer, moments
+    // old, to the same person with the same text, but not this one.
+    app.send_sms(PERSON, "hello").await;
+    let second = app.wait_for_reply(&[&first], WAIT).await;
+    assert_eq!(second.text, first.text);
+    app.deliverer_dies_sending(&second, DEAD_LEASE, false).await;
+
+    app.start_stage("deliver");
+    let (status, ids) = app.wait_for_delivery(&second, WAIT).await;
+    app.settle().await;
+    let sent = app.twilio.sent();
+    assert_eq!(sent.len(), 2, "both answers reached the person: {sent:?}");
+    assert!(
+        sent.iter()
+            .all(|s| s.to == PERSON && s.body == "echo: hello")
+    );
+    assert_eq!(status, "sent");
+    assert_eq!(
+        ids,
+        vec![sent[1].sid.clone()],
+        "the second answer is its own SMS"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_part_of_unknown_outcome_is_never_sent_blind_and_fails_visibly_if_twilios_log_stays_unreadable()
+ {
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(|c| c.runtime.max_deliver = 3),
+        ..AppOptions::all_but("deliver")
+    })
+    .await;
+    app.send_sms(PERSON, "are you sure").await;
+    let reply = app.wait_for_reply(&[], WAIT).await;
+    app.deliverer_dies_sending(&reply, DEAD_LEASE, true).await;
+    // Twilio takes messages but its message log answers 503 from now on.
+    app.twilio.list_failures.fail_next(1000, 503);
+
+    app.start_stage("deliver");
+    let (status, _) = app.wait_for_delivery(&reply, Duration::from_secs(30)).await;
+    assert_eq!(status, "failed", "the ledger says the reply failed");
+    let letters = app
+        .wait_for_dead_letters("deliver", Duration::from_secs(10))
+        .await;
+    assert_eq!(letters.len(), 1);
+    assert!(
+        letters[0].error.contains("message log") && letters[0].error.contains("503"),
+        "the dead letter says why: {}",
+        letters[0].error
+    );
+    let announced = app
+        .js
+        .get_stream(app.topology.events_stream())
+        .await
+        .unwrap()
+        .get_last_raw_message_by_subject(&app.topology.event("delivery.failed"))
+        .await;
+    assert!(announced.is_ok(), "delivery.failed is announced");
+    assert_eq!(
+        app.twilio.sent().len(),
+        1,
+        "only the dead deliverer's send: nothing was sent blind"
     );
     app.shutdown().await;
 }

@@ -2,7 +2,7 @@
 //! its retries one turn, the reply sent once through its Messages API, whatever it answers.
 use std::time::Duration;
 
-use switchboard_e2e::{TEXTMAGIC_NUMBER, TEXTMAGIC_TOKEN, spawn_app};
+use switchboard_e2e::{AppOptions, TEXTMAGIC_NUMBER, TEXTMAGIC_TOKEN, spawn_app, spawn_app_with};
 
 /// The person's number as TextMagic writes it, and as Switchboard knows it.
 const PERSON_DIGITS: &str = "447860021130";
@@ -178,5 +178,77 @@ async fn a_wrong_token_is_refused_counted_and_publishes_nothing() {
         "{metrics}"
     );
     app.assert_nothing_reached_the_pipeline().await;
+    app.shutdown().await;
+}
+
+/// The lease of a deliverer that dies holding a reply: short, so the test need not wait 45 s.
+const DEAD_LEASE: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn a_part_textmagic_accepted_before_its_deliverer_died_is_not_sent_again() {
+    let app = spawn_app_with(AppOptions::all_but("deliver")).await;
+    app.send_textmagic_sms(PERSON_DIGITS, "did you get that", 7501)
+        .await;
+    let reply = app.wait_for_reply(&[], WAIT).await;
+    // A deliverer takes the reply, TextMagic accepts its part, and the deliverer dies before
+    // the ledger says so.
+    app.deliverer_dies_sending(&reply, DEAD_LEASE, true).await;
+    let accepted = app.textmagic.sent();
+    assert_eq!(accepted.len(), 1);
+    // TextMagic's message list is down for a while: the part waits rather than go out blind.
+    app.textmagic.list_failures.fail_next(2, 503);
+
+    app.start_stage("deliver");
+    let (status, ids) = app.wait_for_delivery(&reply, WAIT).await;
+    app.settle().await;
+    let sent = app.textmagic.sent();
+    assert_eq!(sent.len(), 1, "the person got the reply once: {sent:?}");
+    assert_eq!(sent[0].body, "echo: did you get that");
+    assert_eq!(status, "sent");
+    assert_eq!(
+        ids,
+        vec![accepted[0].sid.clone()],
+        "the ledger has TextMagic's id"
+    );
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains(
+            r#"sb_delivery_reconciled_total{provider="textmagic",outcome="unreadable"} 2"#
+        ) && metrics
+            .contains(r#"sb_delivery_reconciled_total{provider="textmagic",outcome="found"} 1"#),
+        "{metrics}"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_part_that_never_reached_textmagic_is_sent_even_when_someone_else_just_got_the_same_text()
+{
+    let app = spawn_app_with(AppOptions::all_but("deliver")).await;
+    let other = "447860021199";
+    app.send_textmagic_sms(other, "hello", 7601).await;
+    let theirs = app.wait_for_reply(&[], WAIT).await;
+    app.deliver_directly(&theirs).await;
+    // Our person says the same, gets the same answer, and its deliverer dies before handing
+    // it to TextMagic: TextMagic's list holds the same text, moments old, to someone else.
+    app.send_textmagic_sms(PERSON_DIGITS, "hello", 7602).await;
+    let ours = app.wait_for_reply(&[&theirs], WAIT).await;
+    assert_eq!(ours.text, theirs.text);
+    app.deliverer_dies_sending(&ours, DEAD_LEASE, false).await;
+
+    app.start_stage("deliver");
+    let (status, ids) = app.wait_for_delivery(&ours, WAIT).await;
+    app.settle().await;
+    let sent = app.textmagic.sent();
+    let to_person: Vec<_> = sent.iter().filter(|s| s.to == PERSON_DIGITS).collect();
+    assert_eq!(
+        to_person.len(),
+        1,
+        "the person got the answer once: {sent:?}"
+    );
+    assert_eq!(to_person[0].body, "echo: hello");
+    assert_eq!(sent.len(), 2);
+    assert_eq!(status, "sent");
+    assert_eq!(ids, vec![to_person[0].sid.clone()]);
     app.shutdown().await;
 }

@@ -1,6 +1,9 @@
-//! A channel's way out: send one part of a reply, and read the provider's answer.
+//! A channel's way out: send one part of a reply, read the provider's answer, and ask the
+//! provider's own message log whether a part already went out.
+use std::future::Future;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use switchboard_kit::proto::Reply;
 
@@ -43,6 +46,93 @@ pub trait Egress: Send + Sync + 'static {
     fn split(&self, text: &str) -> Vec<String>;
     /// Send one part; the provider's id for it on success.
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>>;
+    /// The provider's ids of the messages its own log holds that match `part` (same recipient,
+    /// our sender, same text) and were created at or after `since` (less [`LOG_CLOCK_SKEW`]),
+    /// oldest first. Asked before sending again a part whose earlier attempt may or may not
+    /// have reached the provider; an error means the log could not be read, and then the part
+    /// must not be sent blind.
+    ///
+    /// The default can read no log: a channel without one never re-sends an uncertain part,
+    /// which ends in `delivery.failed` rather than a double. Every real provider overrides it.
+    fn find_sent<'a>(
+        &'a self,
+        part: OutboundPart<'a>,
+        since: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Vec<String>, SendError>> {
+        let _ = (part, since);
+        Box::pin(async {
+            Err(SendError::Unavailable(
+                "this channel has no message log to ask".into(),
+            ))
+        })
+    }
+}
+
+/// How far a provider's clock may be behind the ledger's when comparing a message's creation
+/// time with the start of an attempt (providers also round their times down to the second).
+pub const LOG_CLOCK_SKEW: Duration = Duration::from_secs(5);
+
+/// At most this many pages of a provider's log are read for one look-up: a log that long for
+/// one recipient in minutes means something is wrong, and the part is not sent blind.
+pub const MAX_LOG_PAGES: usize = 20;
+
+/// The earliest creation time a message of the attempt started at `since` can carry.
+pub(crate) fn not_before(since: DateTime<Utc>) -> DateTime<Utc> {
+    since - chrono::Duration::from_std(LOG_CLOCK_SKEW).expect("a small duration")
+}
+
+/// One page of a provider's log, read: the matching messages on it, and whether to read on.
+pub(crate) struct LogPage {
+    pub matches: Vec<Logged>,
+    /// The next page, if there is one and it can still hold messages new enough.
+    pub next: Option<String>,
+}
+
+/// A matching message in a provider's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Logged {
+    pub id: String,
+    pub created: DateTime<Utc>,
+}
+
+/// Read a provider's log from `first` page on, `fetch` reading one page, until a page says
+/// there is no more to read; the matches oldest first. More than [`MAX_LOG_PAGES`] pages is
+/// an error, since an unread page could hold the part.
+pub(crate) async fn search_log<F, Fut>(
+    provider: &str,
+    first: String,
+    mut fetch: F,
+) -> Result<Vec<String>, SendError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<LogPage, SendError>>,
+{
+    let mut found = Vec::new();
+    let mut next = Some(first);
+    let mut pages = 0;
+    while let Some(page) = next {
+        if pages == MAX_LOG_PAGES {
+            return Err(SendError::Unavailable(format!(
+                "{provider}'s message log has more than {MAX_LOG_PAGES} pages to search"
+            )));
+        }
+        pages += 1;
+        let read = fetch(page).await?;
+        found.extend(read.matches);
+        next = read.next;
+    }
+    found.sort_by_key(|m| m.created);
+    found.dedup_by(|a, b| a.id == b.id);
+    Ok(found.into_iter().map(|m| m.id).collect())
+}
+
+/// Read a provider's log page: the 2xx body as `T`, else the [`SendError`] its status means
+/// (nothing is "rejected" here: a refused look-up is retried like an outage).
+pub(crate) async fn read_log<T: serde::de::DeserializeOwned>(
+    request: reqwest::RequestBuilder,
+    provider: &str,
+) -> Result<T, SendError> {
+    send_request(request, provider, &[]).await
 }
 
 /// Split a reply into bodies of at most `max` characters, preferring to break at whitespace.
@@ -170,6 +260,55 @@ mod tests {
                 "{retried}"
             );
         }
+    }
+
+    fn logged(id: &str, secs: i64) -> Logged {
+        Logged {
+            id: id.into(),
+            created: DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_log_is_read_page_by_page_and_its_matches_come_back_oldest_first() {
+        let mut asked = Vec::new();
+        let found = search_log("Acme", "p1".into(), |page| {
+            asked.push(page.clone());
+            async move {
+                Ok(match page.as_str() {
+                    "p1" => LogPage {
+                        matches: vec![logged("new", 9)],
+                        next: Some("p2".into()),
+                    },
+                    _ => LogPage {
+                        matches: vec![logged("old", 1), logged("new", 9)],
+                        next: None,
+                    },
+                })
+            }
+        })
+        .await;
+        assert_eq!(found, Ok(vec!["old".to_string(), "new".to_string()]));
+        assert_eq!(asked, ["p1", "p2"]);
+    }
+
+    #[tokio::test]
+    async fn a_log_too_long_to_read_or_unreadable_is_an_error_never_an_empty_answer() {
+        let endless = search_log("Acme", "0".into(), |page| async move {
+            Ok(LogPage {
+                matches: vec![],
+                next: Some(format!("{page}+")),
+            })
+        })
+        .await;
+        assert!(
+            matches!(endless, Err(SendError::Unavailable(e)) if e.contains("more than 20 pages"))
+        );
+        let down = search_log("Acme", "0".into(), |_| async {
+            Err::<LogPage, _>(SendError::Unavailable("Acme HTTP 503".into()))
+        })
+        .await;
+        assert_eq!(down, Err(SendError::Unavailable("Acme HTTP 503".into())));
     }
 
     #[test]

@@ -153,6 +153,17 @@ impl Mailbox {
         .await?)
     }
 
+    /// The entry a reply's part was stored as, if it was.
+    pub async fn find(&self, reply_id: Uuid, part: i32) -> Result<Option<i64>, MailboxError> {
+        Ok(sqlx::query_scalar(
+            "SELECT seq FROM switchboard.mailbox WHERE reply_id = $1 AND part = $2",
+        )
+        .bind(reply_id)
+        .bind(part)
+        .fetch_optional(&self.db)
+        .await?)
+    }
+
     /// Note that an entry reached a socket (first time only), so a client connecting later
     /// without saying what it saw is not sent it again.
     pub async fn mark_pushed(&self, seq: i64) -> Result<(), MailboxError> {
@@ -187,6 +198,28 @@ impl Egress for MailboxEgress {
                 .await
                 .map_err(|e| SendError::Unavailable(e.to_string()))?;
             Ok(format!("mailbox:{}", entry.seq))
+        }
+        .boxed()
+    }
+
+    /// The mailbox is its own log: a part is there or it is not (and storing it again would
+    /// find the same row anyway).
+    fn find_sent<'a>(
+        &'a self,
+        part: OutboundPart<'a>,
+        _since: chrono::DateTime<chrono::Utc>,
+    ) -> BoxFuture<'a, Result<Vec<String>, SendError>> {
+        async move {
+            let reply_id: Uuid = part.reply.id.parse().unwrap_or_default();
+            let found = self
+                .0
+                .find(reply_id, part.index as i32)
+                .await
+                .map_err(|e| SendError::Unavailable(e.to_string()))?;
+            Ok(found
+                .map(|seq| format!("mailbox:{seq}"))
+                .into_iter()
+                .collect())
         }
         .boxed()
     }

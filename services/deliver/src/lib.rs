@@ -3,12 +3,38 @@
 //! The ledger (`deliveries`) makes redelivered replies harmless: a reply marked `sent` is not
 //! sent again, a reply being sent is leased by one deliverer, and long replies remember how many
 //! parts went out. A part the provider accepted is recorded before anything else happens; if the
-//! database is down, the write is retried for most of the lease. The one window left: the
-//! process dies after the provider accepted a part and before the ledger records it (or the
-//! database stays down longer than the lease); that part is sent again when the reply is retried.
+//! database is down, the write is retried for most of the lease (past that, the next attempt
+//! finds the part's outcome unknown, as after a crash).
+//!
+//! Providers' send APIs take no idempotency key, so one window is left that the ledger alone
+//! cannot close: a deliverer that dies after the provider accepted a part and before the ledger
+//! recorded it. So the ledger also records, before each send, which part is being attempted and
+//! since when. A claimer that finds an attempt at the part it is to send, with no record of the
+//! outcome, does not know whether that part went out, and asks the provider's own message log
+//! ([`Egress::find_sent`](switchboard_channels::Egress::find_sent)) for a message with the
+//! same recipient, sender and text created since the attempt started (less a few seconds of
+//! clock skew), leaving out the ones this reply's earlier parts or the session's earlier replies
+//! already recorded as theirs:
+//!
+//! - found: the part is recorded as sent with the provider's id, and the reply goes on with the
+//!   next part;
+//! - not found: the part is sent (the recorded start still covers this attempt);
+//! - the log cannot be read (provider down, or slower than a quarter of the lease): the part is
+//!   not sent blind. The attempt fails like a send to a provider that is down and is retried
+//!   with backoff; if the log stays unreadable past the stage's failure budget, the reply ends
+//!   like any other that kept failing: recorded `failed`, announced as `delivery.failed`, and
+//!   dead-lettered with the reason "could not read …'s message log …". The operator then knows
+//!   the part may or may not have reached the person; nothing is silent.
+//!
+//! What is left: a part the provider accepted but does not list the way it was sent (Twilio
+//! lists by the day a message left its queue, so one still queued there may not be listed yet;
+//! a provider that rewrote the text, or sent it from a fallback sender) is not found and is
+//! sent again, as before. Rows written before the attempt was recorded carry no attempt and are
+//! sent again after a crash, as before.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 use switchboard_kit::proto::{DeliveryFailed, Reply, ReplyDelivered};
 use switchboard_kit::retry::{self, Backoff};
@@ -19,7 +45,7 @@ use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
 pub use switchboard_channels::Senders;
-use switchboard_channels::{Mailbox, MailboxEgress, OutboundPart, SendError};
+use switchboard_channels::{Egress, Mailbox, MailboxEgress, OutboundPart, SendError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliverError {
@@ -29,6 +55,32 @@ pub enum DeliverError {
     NoSender(String),
     #[error("delivery ledger: {0}")]
     Database(#[from] sqlx::Error),
+    /// An earlier attempt at the part may have reached the provider, and its log could not
+    /// say: the part is not sent blind.
+    #[error(
+        "could not read {provider}'s message log to learn whether part {part} of {parts} \
+         already went out, so it was not sent again"
+    )]
+    Unconfirmed {
+        provider: String,
+        part: usize,
+        parts: usize,
+        source: SendError,
+    },
+    #[error("the ledger changed under this deliverer (its lease ended); the reply is retried")]
+    LostLease,
+}
+
+/// What the ledger says of the part a claim resumes at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartAttempt {
+    /// The claim itself recorded that the attempt starts now: nobody tried the part before.
+    Started,
+    /// Nobody tried the part yet, and the ledger does not say so: record it before sending.
+    NotStarted,
+    /// An earlier attempt at the part started at this time, and nothing says whether the
+    /// provider took it.
+    Uncertain(DateTime<Utc>),
 }
 
 /// Where a reply stands in the ledger.
@@ -37,6 +89,8 @@ pub enum Claim {
     Send {
         parts_sent: usize,
         ids: Vec<String>,
+        /// Whether the next part was tried before.
+        attempt: PartAttempt,
     },
     AlreadySent(Vec<String>),
     AlreadyFailed(String),
@@ -59,19 +113,23 @@ impl DeliveryLedger {
     pub async fn claim(&self, reply: &Reply, id: Uuid, parts: usize) -> Result<Claim, sqlx::Error> {
         let session: Uuid = reply.session_id.parse().unwrap_or_default();
         // One statement: create the ledger row leased to us, or take the lease of a pending row
-        // whose lease ended. No row back means sent, failed, or leased by someone else.
+        // whose lease ended. No row back means sent, failed, or leased by someone else. A new
+        // row also records that the attempt at its first part starts now, so the common case
+        // costs no extra write; a taken-over row keeps the attempt an earlier claim recorded.
         let leased = sqlx::query(
             "INSERT INTO switchboard.deliveries
                 (reply_id, session_id, channel, provider, recipient, status, parts_total,
-                 leased_until, attempts)
-             VALUES ($1, $2, $3, $4, $5, 'pending', $6, now() + make_interval(secs => $7), 1)
+                 leased_until, attempts, attempt_part, attempt_started_at)
+             VALUES ($1, $2, $3, $4, $5, 'pending', $6, now() + make_interval(secs => $7), 1,
+                     0, now())
              ON CONFLICT (reply_id) DO UPDATE
                 SET leased_until = EXCLUDED.leased_until,
                     attempts = switchboard.deliveries.attempts + 1, updated_at = now()
               WHERE switchboard.deliveries.status = 'pending'
                 AND (switchboard.deliveries.leased_until IS NULL
                      OR switchboard.deliveries.leased_until < now())
-             RETURNING parts_sent, provider_message_ids",
+             RETURNING parts_sent, provider_message_ids, attempts, attempt_part,
+                       attempt_started_at",
         )
         .bind(id)
         .bind(session)
@@ -83,9 +141,21 @@ impl DeliveryLedger {
         .fetch_optional(&self.db)
         .await?;
         if let Some(r) = leased {
+            let parts_sent: i32 = r.get(0);
+            let attempts: i32 = r.get(2);
+            let tried: Option<i32> = r.get(3);
+            let started: Option<DateTime<Utc>> = r.get(4);
+            // Only the claim that inserted the row has `attempts = 1`; any other found the
+            // attempt already there, recorded by someone before it.
+            let attempt = match started {
+                Some(at) if tried == Some(parts_sent) && attempts > 1 => PartAttempt::Uncertain(at),
+                Some(_) if tried == Some(parts_sent) => PartAttempt::Started,
+                _ => PartAttempt::NotStarted,
+            };
             return Ok(Claim::Send {
-                parts_sent: r.get::<i32, _>(0) as usize,
+                parts_sent: parts_sent as usize,
                 ids: r.get(1),
+                attempt,
             });
         }
         self.current(id).await
@@ -143,10 +213,53 @@ impl DeliveryLedger {
         })
     }
 
+    /// Record that the attempt at part `index` (0-based) starts now, before it is handed to the
+    /// provider. False if the reply is no longer where this deliverer left it (another one
+    /// took over and moved on).
+    pub async fn attempt_started(&self, id: Uuid, index: usize) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE switchboard.deliveries
+                SET attempt_part = $2, attempt_started_at = now(), updated_at = now()
+              WHERE reply_id = $1 AND status = 'pending' AND parts_sent = $2",
+        )
+        .bind(id)
+        .bind(index as i32)
+        .execute(&self.db)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Which of `candidates` (provider ids) the replies to the session's turns before `seq`
+    /// recorded as theirs: a message in the provider's log that is one of those is not this
+    /// reply's, however alike their texts.
+    pub async fn recorded_by_earlier_replies(
+        &self,
+        session: Uuid,
+        seq: i64,
+        candidates: &[String],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        // The log is only searched back to the attempt's start, so the last few replies are
+        // the only ones whose messages can be in it.
+        sqlx::query_scalar(
+            "SELECT DISTINCT sent.id
+               FROM switchboard.turns t
+               JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+              CROSS JOIN LATERAL unnest(d.provider_message_ids) AS sent(id)
+              WHERE t.session_id = $1 AND t.seq < $2 AND t.seq >= $2 - 16
+                AND sent.id = ANY($3)",
+        )
+        .bind(session)
+        .bind(seq)
+        .bind(candidates)
+        .fetch_all(&self.db)
+        .await
+    }
+
     /// Record that part `index` (0-based) went out. The last part's write also marks the reply
     /// sent, so a reply of one part costs one write after the send; earlier parts renew the
-    /// lease. Idempotent: written again after a lost answer (the database restarted between
-    /// commit and reply), it changes nothing.
+    /// lease and record that the attempt at the next part starts now (it is sent right after).
+    /// Idempotent: written again after a lost answer (the database restarted between commit
+    /// and reply), it changes nothing.
     pub async fn part_sent(
         &self,
         id: Uuid,
@@ -162,6 +275,8 @@ impl DeliveryLedger {
                     last_error = CASE WHEN $4 THEN NULL ELSE last_error END,
                     leased_until = CASE WHEN $4 THEN NULL
                                         ELSE now() + make_interval(secs => $3) END,
+                    attempt_part = CASE WHEN $4 THEN NULL ELSE $5 + 1 END,
+                    attempt_started_at = CASE WHEN $4 THEN NULL ELSE now() END,
                     updated_at = now()
               WHERE reply_id = $1 AND status = 'pending' AND parts_sent = $5",
         )
@@ -248,14 +363,20 @@ impl DeliveryLedger {
         self.current(id).await
     }
 
-    /// Let another attempt take over at once.
-    pub async fn release(&self, id: Uuid, error: &str) -> Result<(), sqlx::Error> {
+    /// Let another attempt take over at once. `unsent`: the provider refused the part it was
+    /// given (it said slow down), so the part is known not to have gone out and the next
+    /// attempt need not ask the provider's log about it.
+    pub async fn release(&self, id: Uuid, error: &str, unsent: bool) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "UPDATE switchboard.deliveries SET leased_until = NULL, last_error = $2, updated_at = now()
+            "UPDATE switchboard.deliveries
+                SET leased_until = NULL, last_error = $2, updated_at = now(),
+                    attempt_part = CASE WHEN $3 THEN NULL ELSE attempt_part END,
+                    attempt_started_at = CASE WHEN $3 THEN NULL ELSE attempt_started_at END
               WHERE reply_id = $1",
         )
         .bind(id)
         .bind(error)
+        .bind(unsent)
         .execute(&self.db)
         .await?;
         Ok(())
@@ -300,6 +421,87 @@ impl DeliverStage {
             },
         )
         .await
+    }
+
+    /// The provider's id of the message its log holds for this part, sent by an attempt that
+    /// started at `since`; none if the log holds no such message. Messages this reply's
+    /// earlier parts (`own`) or the session's earlier replies recorded are not this part's,
+    /// however alike their texts. Bounded to a quarter of the lease, so the part is still sent
+    /// (if it must be) well inside it.
+    async fn already_sent(
+        &self,
+        sender: &dyn Egress,
+        reply: &Reply,
+        part: OutboundPart<'_>,
+        since: DateTime<Utc>,
+        own: &[String],
+    ) -> Result<Option<String>, SendError> {
+        let budget = self.ledger.lease / 4;
+        let mut found = tokio::time::timeout(budget, sender.find_sent(part, since))
+            .await
+            .map_err(|_| {
+                SendError::Unavailable(format!("the log did not answer within {budget:?}"))
+            })??;
+        found.retain(|sid| !own.contains(sid));
+        if found.is_empty() {
+            return Ok(None);
+        }
+        if let Ok(session) = reply.session_id.parse::<Uuid>() {
+            let theirs = self
+                .ledger
+                .recorded_by_earlier_replies(session, reply.seq, &found)
+                .await
+                .map_err(|e| SendError::Unavailable(format!("delivery ledger: {e}")))?;
+            found.retain(|sid| !theirs.contains(sid));
+        }
+        Ok(found.into_iter().next())
+    }
+
+    /// [`Self::already_sent`] for the next part of `parts` (the ones before it went out as
+    /// `own`), counted and logged: the provider's id if the part went out, none if it must be
+    /// sent. A log that cannot be read releases the reply and fails the attempt: the part is
+    /// not sent blind.
+    async fn look_up(
+        &self,
+        sender: &dyn Egress,
+        reply: &Reply,
+        id: Uuid,
+        parts: &[String],
+        own: &[String],
+        since: DateTime<Utc>,
+    ) -> Result<Option<String>, StageError> {
+        // One id per part sent (the ledger writes both together): the next part's index.
+        let (provider, index) = (&reply.provider, own.len());
+        let part = OutboundPart {
+            reply,
+            index,
+            to: &reply.recipient,
+            from: &reply.reply_from,
+            text: &parts[index],
+        };
+        match self.already_sent(sender, reply, part, since, own).await {
+            Ok(Some(sid)) => {
+                reconciled(provider, "found");
+                tracing::info!(reply_id = %id, part = index, provider_id = %sid, "the provider's log has the part an earlier attempt sent: not sending it again");
+                Ok(Some(sid))
+            }
+            Ok(None) => {
+                reconciled(provider, "not_found");
+                tracing::info!(reply_id = %id, part = index, "the provider's log does not have the part an earlier attempt may have sent: sending it");
+                Ok(None)
+            }
+            Err(source) => {
+                reconciled(provider, "unreadable");
+                tracing::warn!(reply_id = %id, part = index, error = %source, "the provider's log cannot say whether an earlier attempt sent the part: not sending it blind");
+                let _ = self.ledger.release(id, &source.to_string(), false).await;
+                Err(StageError::transient(DeliverError::Unconfirmed {
+                    provider: provider.clone(),
+                    part: index + 1,
+                    parts: parts.len(),
+                    source,
+                }))
+            }
+        }
     }
 
     fn delivered(&self, reply: &Reply, ids: Vec<String>) -> Output {
@@ -360,7 +562,7 @@ impl Stage for DeliverStage {
         let parts = sender.split(&reply.text);
         let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));
         let mut lease_taken = Instant::now();
-        let (mut sent, mut ids) = match self
+        let (mut sent, mut ids, attempt) = match self
             .ledger
             .claim(&reply, id, parts.len())
             .await
@@ -376,7 +578,11 @@ impl Stage for DeliverStage {
                     "another deliverer holds this reply".into(),
                 ));
             }
-            Claim::Send { parts_sent, ids } => (parts_sent, ids),
+            Claim::Send {
+                parts_sent,
+                ids,
+                attempt,
+            } => (parts_sent, ids, attempt),
         };
         if parts.is_empty() {
             let error = "the agent's reply was empty".to_string();
@@ -392,15 +598,41 @@ impl Stage for DeliverStage {
             // release from before the last part's write also set it.
             self.ledger.finish(id, None).await.map_err(transient)?;
         }
+        let part_at = |index: usize| OutboundPart {
+            reply: &reply,
+            index,
+            to: &reply.recipient,
+            from: &reply.reply_from,
+            text: &parts[index],
+        };
+        // The provider's id of the next part when its log shows an earlier attempt sent it.
+        let mut found = None;
+        if sent < parts.len() {
+            match attempt {
+                PartAttempt::Started => {}
+                PartAttempt::NotStarted => {
+                    if !self
+                        .ledger
+                        .attempt_started(id, sent)
+                        .await
+                        .map_err(transient)?
+                    {
+                        return Err(StageError::transient(DeliverError::LostLease));
+                    }
+                }
+                PartAttempt::Uncertain(since) => {
+                    found = self
+                        .look_up(sender.as_ref(), &reply, id, &parts, &ids, since)
+                        .await?;
+                }
+            }
+        }
         while sent < parts.len() {
-            let part = OutboundPart {
-                reply: &reply,
-                index: sent,
-                to: &reply.recipient,
-                from: &reply.reply_from,
-                text: &parts[sent],
+            let outcome = match found.take() {
+                Some(sid) => Ok(sid),
+                None => sender.send(part_at(sent)).await,
             };
-            match sender.send(part).await {
+            match outcome {
                 Ok(sid) => {
                     let last = sent + 1 == parts.len();
                     // Keep a margin before the lease ends, so no other deliverer takes the
@@ -428,12 +660,14 @@ impl Stage for DeliverStage {
                     // Unavailable, or throttled (429): the next attempt may take over at once,
                     // after the stage's backoff. The attempt counts, so a provider that never
                     // lets up ends in `delivery.failed` (recorded by `give_up`), never in a
-                    // reply waiting forever.
-                    if matches!(e, SendError::Throttled { .. }) {
+                    // reply waiting forever. A 429 says the part was refused; any other failure
+                    // (a 5xx, a time-out) leaves it uncertain, for the next attempt to look up.
+                    let throttled = matches!(e, SendError::Throttled { .. });
+                    if throttled {
                         metrics::counter!("sb_delivery_throttled_total", "provider" => provider)
                             .increment(1);
                     }
-                    let _ = self.ledger.release(id, &e.to_string()).await;
+                    let _ = self.ledger.release(id, &e.to_string(), throttled).await;
                     return Err(StageError::transient(e));
                 }
             }
@@ -473,6 +707,13 @@ impl Stage for DeliverStage {
             )),
         }
     }
+}
+
+/// Counts look-ups in a provider's log by what they found: `found` (a double avoided),
+/// `not_found` (the part is sent), `unreadable` (it is not, and the reply is retried).
+fn reconciled(provider: &str, outcome: &'static str) {
+    metrics::counter!("sb_delivery_reconciled_total", "provider" => provider.to_string(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// How long a deliverer holds a reply while sending it (renewed after each part); a crashed

@@ -1,7 +1,8 @@
 //! The demo parts of `switchboard up` (`demo.enabled = true`): an agent runner that answers
 //! without any engine, and an outbox that keeps sent SMS in memory, reached through Twilio's and
-//! TextMagic's send APIs. All speak the real wire formats, so the product path is the same as in
-//! production.
+//! TextMagic's send APIs and listed through their message lists (which the deliverer asks
+//! before sending again a part whose earlier attempt may have gone out). All speak the real
+//! wire formats, so the product path is the same as in production.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -12,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use base64::Engine as _;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use switchboard_channels::textmagic::textmagic_number;
 use switchboard_kit::config::{Config, TextMagicConfig, TwilioConfig};
@@ -25,6 +27,8 @@ pub struct OutboxMessage {
     pub from: String,
     pub body: String,
     pub sent_at: String,
+    #[serde(skip)]
+    created: DateTime<Utc>,
 }
 
 #[derive(Clone)]
@@ -46,9 +50,12 @@ pub fn router(config: &Config) -> Router {
         .route("/demo/runner/run", post(run))
         .route(
             "/demo/twilio/2010-04-01/Accounts/{account}/Messages.json",
-            post(send_sms),
+            post(send_sms).get(list_sms),
         )
-        .route("/demo/textmagic/api/v2/messages", post(send_textmagic))
+        .route(
+            "/demo/textmagic/api/v2/messages",
+            post(send_textmagic).get(list_textmagic),
+        )
         .route("/demo/outbox", get(outbox))
         .with_state(state)
 }
@@ -93,12 +100,12 @@ struct SendForm {
     body: String,
 }
 
-async fn send_sms(
-    State(s): State<DemoState>,
-    Path(account): Path<String>,
-    headers: HeaderMap,
-    Form(form): Form<SendForm>,
-) -> impl IntoResponse {
+/// Twilio's 401 unless the request carries the configured account's Basic credentials.
+fn twilio_auth(
+    s: &DemoState,
+    account: &str,
+    headers: &HeaderMap,
+) -> Result<(), (StatusCode, Json<serde_json::Value>)> {
     let expected = format!(
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode(format!(
@@ -112,18 +119,32 @@ async fn send_sms(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if account != s.twilio.account_sid || auth != expected {
-        return (
+        return Err((
             StatusCode::UNAUTHORIZED,
             Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
-        );
+        ));
     }
+    Ok(())
+}
+
+async fn send_sms(
+    State(s): State<DemoState>,
+    Path(account): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<SendForm>,
+) -> impl IntoResponse {
+    if let Err(refused) = twilio_auth(&s, &account, &headers) {
+        return refused;
+    }
+    let created = Utc::now();
     let msg = OutboxMessage {
         provider: "twilio",
         sid: format!("SM{}", uuid::Uuid::new_v4().simple()),
         to: form.to,
         from: form.from,
         body: form.body,
-        sent_at: chrono::Utc::now().to_rfc3339(),
+        sent_at: created.to_rfc3339(),
+        created,
     };
     tracing::info!(to = %msg.to, chars = msg.body.chars().count(), "demo outbox: SMS sent");
     s.outbox.lock().expect("lock").push(msg.clone());
@@ -136,6 +157,55 @@ async fn send_sms(
 }
 
 #[derive(Deserialize)]
+struct TwilioListQuery {
+    #[serde(rename = "To")]
+    to: Option<String>,
+    #[serde(rename = "From")]
+    from: Option<String>,
+    #[serde(rename = "DateSent>")]
+    date_sent_after: Option<chrono::NaiveDate>,
+}
+
+/// Twilio's Messages list: what the outbox took through Twilio, most recent first, filtered by
+/// `To`, `From` and `DateSent>=`; one page (a demo outbox stays small).
+async fn list_sms(
+    State(s): State<DemoState>,
+    Path(account): Path<String>,
+    headers: HeaderMap,
+    Query(q): Query<TwilioListQuery>,
+) -> impl IntoResponse {
+    if let Err(refused) = twilio_auth(&s, &account, &headers) {
+        return refused;
+    }
+    let rfc2822 = |t: DateTime<Utc>| t.format("%a, %d %b %Y %H:%M:%S %z").to_string();
+    let messages: Vec<_> = s
+        .outbox
+        .lock()
+        .expect("lock")
+        .iter()
+        .rev()
+        .filter(|m| m.provider == "twilio")
+        .filter(|m| q.to.as_ref().is_none_or(|t| &m.to == t))
+        .filter(|m| q.from.as_ref().is_none_or(|f| &m.from == f))
+        .filter(|m| {
+            q.date_sent_after
+                .is_none_or(|d| m.created.date_naive() >= d)
+        })
+        .map(|m| {
+            serde_json::json!({
+                "sid": m.sid, "account_sid": account, "to": m.to, "from": m.from, "body": m.body,
+                "status": "sent", "direction": "outbound-api",
+                "date_created": rfc2822(m.created), "date_sent": rfc2822(m.created),
+            })
+        })
+        .collect();
+    (
+        StatusCode::OK,
+        Json(serde_json::json!({"messages": messages, "page": 0, "next_page_uri": null})),
+    )
+}
+
+#[derive(Deserialize)]
 struct TextMagicMessage {
     text: String,
     phones: String,
@@ -144,11 +214,11 @@ struct TextMagicMessage {
 }
 
 /// TextMagic's `POST /api/v2/messages`: `X-TM-Username`/`X-TM-Key`, JSON, 201 with ids.
-async fn send_textmagic(
-    State(s): State<DemoState>,
-    headers: HeaderMap,
-    Json(m): Json<TextMagicMessage>,
-) -> impl IntoResponse {
+/// TextMagic's 401 unless the request carries the configured username and key.
+fn textmagic_auth(
+    s: &DemoState,
+    headers: &HeaderMap,
+) -> Result<(), (StatusCode, Json<serde_json::Value>)> {
     let header = |name: &str| {
         headers
             .get(name)
@@ -158,12 +228,24 @@ async fn send_textmagic(
     if header("x-tm-username") != s.textmagic.username
         || header("x-tm-key") != s.textmagic.api_key.expose()
     {
-        return (
+        return Err((
             StatusCode::UNAUTHORIZED,
             Json(serde_json::json!({"code": 401, "message": "Unauthorized"})),
-        );
+        ));
+    }
+    Ok(())
+}
+
+async fn send_textmagic(
+    State(s): State<DemoState>,
+    headers: HeaderMap,
+    Json(m): Json<TextMagicMessage>,
+) -> impl IntoResponse {
+    if let Err(refused) = textmagic_auth(&s, &headers) {
+        return refused;
     }
     let mut outbox = s.outbox.lock().expect("lock");
+    let created = Utc::now();
     let id = 49_575_710 + outbox.len();
     let msg = OutboxMessage {
         provider: "textmagic",
@@ -171,7 +253,8 @@ async fn send_textmagic(
         to: m.phones,
         from: m.from,
         body: m.text,
-        sent_at: chrono::Utc::now().to_rfc3339(),
+        sent_at: created.to_rfc3339(),
+        created,
     };
     tracing::info!(to = %msg.to, chars = msg.body.chars().count(), "demo outbox: TextMagic SMS sent");
     outbox.push(msg);
@@ -181,6 +264,56 @@ async fn send_textmagic(
             serde_json::json!({"id": id, "href": format!("/api/v2/sessions/{id}"),
             "type": "message", "sessionId": id, "messageId": id}),
         ),
+    )
+}
+
+#[derive(Deserialize)]
+struct TextMagicListQuery {
+    page: Option<usize>,
+    limit: Option<usize>,
+}
+
+/// TextMagic's outbound message list: what the outbox took through TextMagic, newest first,
+/// by `page` and `limit`.
+async fn list_textmagic(
+    State(s): State<DemoState>,
+    headers: HeaderMap,
+    Query(q): Query<TextMagicListQuery>,
+) -> impl IntoResponse {
+    if let Err(refused) = textmagic_auth(&s, &headers) {
+        return refused;
+    }
+    let (page, limit) = (
+        q.page.unwrap_or(1).max(1),
+        q.limit.unwrap_or(10).clamp(1, 1000),
+    );
+    let sent: Vec<OutboxMessage> = s
+        .outbox
+        .lock()
+        .expect("lock")
+        .iter()
+        .rev()
+        .filter(|m| m.provider == "textmagic")
+        .cloned()
+        .collect();
+    let resources: Vec<_> = sent
+        .iter()
+        .skip((page - 1) * limit)
+        .take(limit)
+        .map(|m| {
+            serde_json::json!({
+                "id": m.sid.parse::<u64>().unwrap_or_default(), "receiver": m.to,
+                "sender": m.from, "text": m.body, "status": "d",
+                "messageTime": m.created.format("%Y-%m-%dT%H:%M:%S%z").to_string(),
+            })
+        })
+        .collect();
+    (
+        StatusCode::OK,
+        Json(serde_json::json!({
+            "page": page, "limit": limit, "pageCount": sent.len().div_ceil(limit).max(1),
+            "resources": resources,
+        })),
     )
 }
 
@@ -200,4 +333,48 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
         })
         .collect();
     Json(filtered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchboard_channels::textmagic::TextMagicSender;
+    use switchboard_channels::twilio::TwilioSender;
+    use switchboard_kit::config::Secret;
+
+    #[tokio::test]
+    async fn the_outbox_lists_what_it_took_as_each_provider_lists_its_messages() {
+        let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let mut config = Config::default();
+        config.twilio.account_sid = "ACdemo".into();
+        config.twilio.auth_token = Secret::new("demo-token");
+        config.twilio.from_number = "+15555550199".into();
+        config.twilio.api_base = format!("{base}/demo/twilio");
+        config.textmagic.username = "demo".into();
+        config.textmagic.api_key = Secret::new("demo-key");
+        config.textmagic.from_number = "447624800500".into();
+        config.textmagic.api_base = format!("{base}/demo/textmagic");
+        let app = router(&config);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let since = Utc::now();
+
+        // What the deliverer asks before sending again a part of unknown outcome.
+        let twilio = TwilioSender::new(config.twilio.clone());
+        let sid = twilio.send_body("+14155550100", "", "hi").await.unwrap();
+        let found = twilio.find_body("+14155550100", "", "hi", since).await;
+        assert_eq!(found, Ok(vec![sid]));
+        let other = twilio.find_body("+14155550100", "", "bye", since).await;
+        assert_eq!(other, Ok(vec![]));
+
+        let textmagic = TextMagicSender::new(config.textmagic.clone());
+        let id = textmagic
+            .send_text("+447860021130", "", "hi")
+            .await
+            .unwrap();
+        let found = textmagic.find_text("+447860021130", "", "hi", since).await;
+        assert_eq!(found, Ok(vec![id]));
+        let other = textmagic.find_text("+447860021131", "", "hi", since).await;
+        assert_eq!(other, Ok(vec![]));
+    }
 }

@@ -5,7 +5,8 @@
 //!   never overlap.
 //! - [`LoadTwilio`]: Twilio's Messages API. It records when each reply first arrived, counts
 //!   replies delivered more than once, checks each person's SMS order, and wakes whoever waits
-//!   for a reply.
+//!   for a reply. Its Messages list serves what it accepted, so a deliverer that finds a part
+//!   of uncertain outcome can look it up as it does at Twilio.
 //!
 //! Both keep counters for the bench and, for the chaos checker, a record of every call and
 //! every send ([`CallRecord`], [`SendRecord`]).
@@ -15,11 +16,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::extract::{Form, State};
+use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
+use chrono::{DateTime, Utc};
 
 use crate::fakes::person_of;
 use serde::Deserialize;
@@ -361,6 +363,19 @@ struct TwilioInner {
     waiters: Mutex<HashMap<String, oneshot::Sender<u64>>>,
     /// Every accepted send, in arrival order (the chaos checker judges these).
     log: Mutex<Vec<SendRecord>>,
+    /// Recipient → what was sent to them, oldest first: the Messages list.
+    listed: Mutex<HashMap<String, Vec<Listed>>>,
+    /// Requests for the Messages list.
+    lookups: AtomicU64,
+}
+
+/// A message as Twilio's Messages list shows it.
+#[derive(Clone)]
+struct Listed {
+    sid: String,
+    from: String,
+    body: String,
+    created: DateTime<Utc>,
 }
 
 /// One message the fake Twilio accepted.
@@ -393,6 +408,8 @@ pub struct TwilioStats {
     pub doubles: u64,
     /// Replies that reached a person before an earlier one of theirs.
     pub order_violations: u64,
+    /// Requests for the Messages list (deliverers looking up a part of uncertain outcome).
+    pub lookups: u64,
     pub evidence: Vec<String>,
 }
 
@@ -408,8 +425,24 @@ pub struct LoadTwilio {
 struct SendForm {
     #[serde(rename = "To")]
     to: String,
+    #[serde(rename = "From", default)]
+    from: String,
     #[serde(rename = "Body")]
     body: String,
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    #[serde(rename = "To")]
+    to: Option<String>,
+    #[serde(rename = "From")]
+    from: Option<String>,
+    #[serde(rename = "DateSent>")]
+    date_sent_after: Option<chrono::NaiveDate>,
+    #[serde(rename = "PageSize")]
+    page_size: Option<usize>,
+    #[serde(rename = "Page")]
+    page: Option<usize>,
 }
 
 impl LoadTwilio {
@@ -430,7 +463,7 @@ impl LoadTwilio {
         let router = Router::new()
             .route(
                 "/2010-04-01/Accounts/{account}/Messages.json",
-                post(Self::create_message),
+                post(Self::create_message).get(Self::list_messages),
             )
             .with_state(this.clone());
         this.url = serve(router).await;
@@ -506,8 +539,93 @@ impl LoadTwilio {
             distinct: self.distinct(),
             doubles: i.doubles.load(Ordering::SeqCst),
             order_violations: i.order_violations.load(Ordering::SeqCst),
+            lookups: i.lookups.load(Ordering::SeqCst),
             evidence: i.evidence.lock().unwrap().clone(),
         }
+    }
+
+    /// Twilio's Messages list, for one recipient (`To` is required here: deliverers always
+    /// name one, and a load run's whole log is too long to list), most recent first.
+    async fn list_messages(
+        State(s): State<LoadTwilio>,
+        Path(account): Path<String>,
+        headers: HeaderMap,
+        Query(q): Query<ListQuery>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        let inner = &s.inner;
+        let auth = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if auth != inner.expected_auth {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
+            );
+        }
+        inner.lookups.fetch_add(1, Ordering::Relaxed);
+        let Some(to) = q.to else {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(
+                    serde_json::json!({"code": 20001, "message": "this fake lists by To only", "status": 400}),
+                ),
+            );
+        };
+        let mut listed: Vec<Listed> = inner
+            .listed
+            .lock()
+            .unwrap()
+            .get(&to)
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| q.from.as_ref().is_none_or(|f| &m.from == f))
+            .filter(|m| {
+                q.date_sent_after
+                    .is_none_or(|d| m.created.date_naive() >= d)
+            })
+            .collect();
+        listed.reverse();
+        let (page, size) = (
+            q.page.unwrap_or(0),
+            q.page_size.unwrap_or(50).clamp(1, 1000),
+        );
+        let rest = listed.split_off((page * size).min(listed.len()));
+        let next = (rest.len() > size).then(|| {
+            let mut query = form_urlencoded::Serializer::new(String::new());
+            query.append_pair("To", &to);
+            if let Some(f) = &q.from {
+                query.append_pair("From", f);
+            }
+            if let Some(d) = q.date_sent_after {
+                query.append_pair("DateSent>", &d.to_string());
+            }
+            query.append_pair("PageSize", &size.to_string());
+            query.append_pair("Page", &(page + 1).to_string());
+            format!(
+                "/2010-04-01/Accounts/{account}/Messages.json?{}",
+                query.finish()
+            )
+        });
+        let rfc2822 = |t: DateTime<Utc>| t.format("%a, %d %b %Y %H:%M:%S %z").to_string();
+        let messages: Vec<_> = rest
+            .iter()
+            .take(size)
+            .map(|m| {
+                serde_json::json!({
+                    "sid": m.sid, "to": to, "from": m.from, "body": m.body, "status": "sent",
+                    "direction": "outbound-api", "date_created": rfc2822(m.created),
+                    "date_sent": rfc2822(m.created),
+                })
+            })
+            .collect();
+        (
+            StatusCode::OK,
+            Json(serde_json::json!({
+                "messages": messages, "page": page, "page_size": size, "next_page_uri": next,
+            })),
+        )
     }
 
     async fn create_message(
@@ -530,6 +648,18 @@ impl LoadTwilio {
         inner.total.fetch_add(1, Ordering::Relaxed);
         let text = f.body.strip_prefix("echo: ").unwrap_or(&f.body).to_string();
         let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
+        inner
+            .listed
+            .lock()
+            .unwrap()
+            .entry(f.to.clone())
+            .or_default()
+            .push(Listed {
+                sid: sid.clone(),
+                from: f.from.clone(),
+                body: f.body.clone(),
+                created: Utc::now(),
+            });
         inner.log.lock().unwrap().push(SendRecord {
             at_us: at,
             to: f.to.clone(),
@@ -589,5 +719,39 @@ impl LoadTwilio {
             StatusCode::CREATED,
             Json(serde_json::json!({"sid": sid, "to": f.to, "status": "queued"})),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchboard_channels::twilio::TwilioSender;
+    use switchboard_kit::config::{Secret, TwilioConfig};
+
+    #[tokio::test]
+    async fn the_load_twilio_lists_what_it_took_as_twilio_lists_its_messages() {
+        let fake = LoadTwilio::start("ACload", "load-token").await;
+        let twilio = TwilioSender::new(TwilioConfig {
+            account_sid: "ACload".into(),
+            auth_token: Secret::new("load-token"),
+            from_number: "+15555550199".into(),
+            api_base: fake.url.clone(),
+            ..Default::default()
+        });
+        let since = Utc::now();
+        let sid = twilio
+            .send_body("+14155550100", "", "echo: s1#0")
+            .await
+            .unwrap();
+        let found = twilio
+            .find_body("+14155550100", "", "echo: s1#0", since)
+            .await;
+        assert_eq!(found, Ok(vec![sid]));
+        let other = twilio
+            .find_body("+14155550101", "", "echo: s1#0", since)
+            .await;
+        assert_eq!(other, Ok(vec![]));
+        assert_eq!(fake.stats().lookups, 2);
+        assert_eq!(fake.stats().doubles, 0);
     }
 }
