@@ -109,6 +109,16 @@ impl ChatClient {
         panic!("no {kind} frame within {timeout:?}; got {seen:?}");
     }
 
+    /// The first frame of one of `kinds` (others skipped).
+    pub async fn until_any(&mut self, kinds: &[&str], timeout: Duration) -> Value {
+        while let Some(frame) = self.next_frame(timeout).await {
+            if kinds.iter().any(|k| frame["type"] == *k) {
+                return frame;
+            }
+        }
+        panic!("no {kinds:?} frame within {timeout:?}");
+    }
+
     /// The next `reply` frame.
     pub async fn reply(&mut self, timeout: Duration) -> Value {
         self.until("reply", timeout)

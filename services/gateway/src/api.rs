@@ -15,7 +15,9 @@ use switchboard_channels::{ApiError, MailboxEntry, Received, client_message_key}
 use switchboard_kit::proto::Person;
 use uuid::Uuid;
 
-use crate::{Accept, GatewayState, Refused, check_agent, publish, read_body, refused_on};
+use crate::{
+    Accept, GatewayState, Published, Refused, check_agent, publish, read_body, refused_on,
+};
 
 pub fn routes() -> Router<GatewayState> {
     Router::new()
@@ -134,7 +136,22 @@ async fn send_message(
         role: String::new(),
         email: String::new(),
     });
-    publish(&state, accept).await?;
+    if let Published::Limited(limited) = publish(&state, accept).await? {
+        // Not taken: the request row goes, so the caller may send the same Idempotency-Key
+        // again once the minute is over.
+        let _ = sqlx::query("DELETE FROM switchboard.api_requests WHERE correlation_id = $1")
+            .bind(&correlation_id)
+            .execute(&state.db)
+            .await;
+        let retry_after = limited.retry_after.as_secs().max(1).to_string();
+        let e = limited.error(state.config.rate_limit.per_sender_per_minute);
+        return Ok((
+            e.status(),
+            [(header::RETRY_AFTER, retry_after)],
+            Json(e.body()),
+        )
+            .into_response());
+    }
 
     if let Some((_registration, mut live)) = waiter {
         let deadline =

@@ -22,7 +22,7 @@ use switchboard_channels::chat::{self, ChatUser, ServerFrame};
 use switchboard_channels::{ApiError, MailboxEntry, Received, client_message_key};
 use switchboard_kit::proto::Person;
 
-use crate::{Accept, GatewayState, Refused, check_agent, publish, refused_on};
+use crate::{Accept, GatewayState, Published, Refused, check_agent, publish, refused_on};
 
 pub fn routes() -> Router<GatewayState> {
     Router::new()
@@ -302,10 +302,15 @@ async fn receive(
         email: user.email.clone(),
     });
     match publish(state, accept).await {
-        Ok(correlation_id) => ServerFrame::Accepted {
+        Ok(Published::Stored(correlation_id)) => ServerFrame::Accepted {
             id: message.id,
             correlation_id: correlation_id.to_string(),
         },
+        // The client is told each time: this message was not taken, it may send it again.
+        Ok(Published::Limited(limited)) => ServerFrame::error(
+            &limited.error(state.config.rate_limit.per_sender_per_minute),
+            Some(message.id),
+        ),
         Err(Refused(e)) => ServerFrame::error(&e, Some(message.id)),
     }
 }

@@ -19,10 +19,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use switchboard_channels::api::ApiKeys;
 use switchboard_channels::chat::ChatTokens;
-use switchboard_channels::{Mailbox, Received, Webhook, WebhookRequest};
-use switchboard_kit::arrival::ArrivalCounter;
+use switchboard_channels::{Mailbox, OutboundPart, Received, Senders, Webhook, WebhookRequest};
+use switchboard_kit::arrival::{Admission, ArrivalCounter};
 use switchboard_kit::config::Config;
-use switchboard_kit::proto::{InboundMessage, Person};
+use switchboard_kit::proto::{DeadLetter, InboundMessage, Person, Reply};
 use switchboard_kit::runtime::{Output, Runtime};
 use switchboard_kit::shutdown::Shutdown;
 use switchboard_kit::startup::{App, Task};
@@ -44,6 +44,8 @@ pub struct GatewayState {
     pub hub: Arc<hub::Hub>,
     pub db: sqlx::PgPool,
     pub shutdown: Shutdown,
+    /// The providers' senders, for the one notice a rate-limited SMS sender gets.
+    pub senders: Senders,
 }
 
 impl GatewayState {
@@ -62,6 +64,7 @@ impl GatewayState {
             hub: Arc::default(),
             db: app.db.clone(),
             shutdown: app.shutdown.clone(),
+            senders: Senders::from_config(&app.config),
             runtime,
         })
     }
@@ -163,7 +166,11 @@ async fn receive_webhook(
         .receive(&request)
         .map_err(|e| refused(hook.as_ref(), e))?;
     let message = Accept::new(hook.channel(), hook.provider(), received);
-    publish(&state, message).await?;
+    if let Published::Limited(limited) = publish(&state, message).await? {
+        // The provider is answered as usual (it must not retry); the message is kept as a dead
+        // letter and the sender told, once a minute.
+        rate_limited(&state, limited).await?;
+    }
     let ack = hook.ack();
     Ok(([(header::CONTENT_TYPE, ack.content_type)], ack.body).into_response())
 }
@@ -228,8 +235,38 @@ impl Accept {
     }
 }
 
+/// What became of an accepted message.
+pub(crate) enum Published {
+    /// Stored; its correlation id.
+    Stored(Uuid),
+    /// Over the sender's rate limit: not stored for answering.
+    Limited(Limited),
+}
+
+pub(crate) struct Limited {
+    pub inbound: InboundMessage,
+    /// The one limited message per sender and minute whose sender is told.
+    pub first: bool,
+    pub retry_after: std::time::Duration,
+}
+
+impl Limited {
+    /// What chat and API callers are told (429).
+    pub fn error(&self, per_minute: u32) -> ApiError {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "more than {per_minute} messages in a minute from this sender; this one was not \
+                 taken: send it again in {} s",
+                self.retry_after.as_secs().max(1)
+            ),
+        )
+    }
+}
+
 /// Number the message among its sender's and publish it; its correlation id once stored.
-pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Uuid, Refused> {
+pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Published, Refused> {
     let Accept {
         channel,
         provider,
@@ -250,11 +287,24 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Uui
         ))
     };
     let message_id = received.provider_message_id;
-    let arrival = state
+    let admission = state
         .arrivals
-        .next(channel, &received.sender, &message_id)
+        .admit(
+            channel,
+            &received.sender,
+            &message_id,
+            state.config.rate_limit.per_sender_per_minute,
+        )
         .await
         .map_err(|e| unavailable("number the inbound message", &e))?;
+    let (arrival, limited) = match admission {
+        Admission::Accepted(arrival) => (arrival, None),
+        // Unnumbered (0): a replayed dead letter is answered without holding anyone's order.
+        Admission::Limited { first, retry_after } => (
+            switchboard_kit::arrival::Arrival { epoch: 0, seq: 0 },
+            Some((first, retry_after)),
+        ),
+    };
     let id = id.unwrap_or_else(Uuid::now_v7);
     let inbound = InboundMessage {
         id: id.to_string(),
@@ -272,6 +322,15 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Uui
         arrival_epoch: arrival.epoch,
         asserted,
     };
+    if let Some((first, retry_after)) = limited {
+        metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel).increment(1);
+        tracing::info!(correlation_id = %id, provider, first, "sender over the rate limit");
+        return Ok(Published::Limited(Limited {
+            inbound,
+            first,
+            retry_after,
+        }));
+    }
     // The arrival number is part of the dedupe id: a retry that got the same number is dropped
     // by JetStream, one that got a new number (another message came in between) must reach the
     // session stage, which maps it to the original turn and moves the sender's cursor past it.
@@ -293,7 +352,74 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Uui
     )
     .increment(1);
     tracing::info!(correlation_id = %id, provider, "accepted");
-    Ok(id)
+    Ok(Published::Stored(id))
+}
+
+/// A rate-limited message acknowledged to its provider: kept as a dead letter (replayable by an
+/// operator, with the reason), and, for the first such message of the minute, the sender told
+/// through the provider's send API. A failure to store the dead letter answers 503, so the
+/// provider retries and nothing acknowledged is lost.
+async fn rate_limited(state: &GatewayState, limited: Limited) -> Result<(), Refused> {
+    let inbound = &limited.inbound;
+    let letter = DeadLetter {
+        stage: "gateway".into(),
+        subject: state.runtime.topology.inbound(&inbound.channel),
+        error: format!(
+            "rate limited: more than {} messages in a minute from this sender (rate_limit.per_sender_per_minute); replay to answer it",
+            state.config.rate_limit.per_sender_per_minute
+        ),
+        delivery_count: 0,
+        payload: prost::Message::encode_to_vec(inbound),
+        message_type: <InboundMessage as prost::Name>::full_name(),
+        correlation_id: inbound.correlation_id.clone(),
+        failed_at_ms: switchboard_kit::now_ms(),
+        stream_sequence: 0,
+    };
+    let out = Output::new(
+        state.runtime.topology.dead_letter("gateway"),
+        format!(
+            "limited:{}:{}",
+            inbound.provider, inbound.provider_message_id
+        ),
+        &letter,
+    )
+    .correlated(inbound.correlation_id.clone());
+    state.runtime.publish("gateway", &out).await.map_err(|e| {
+        tracing::error!(error = %e, "could not store a rate-limited message");
+        Refused(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "message could not be stored; retry",
+        ))
+    })?;
+    if limited.first
+        && let Some(sender) = state.senders.get(&inbound.provider).cloned()
+    {
+        let notice = Reply {
+            id: Uuid::now_v7().to_string(),
+            channel: inbound.channel.clone(),
+            provider: inbound.provider.clone(),
+            recipient: inbound.sender.clone(),
+            reply_from: inbound.recipient.clone(),
+            text: state.config.rate_limit.notice.clone(),
+            correlation_id: inbound.correlation_id.clone(),
+            ..Default::default()
+        };
+        // Told in the background: the provider's answer does not wait for our send.
+        tokio::spawn(async move {
+            let part = OutboundPart {
+                reply: &notice,
+                index: 0,
+                to: &notice.recipient,
+                from: &notice.reply_from,
+                text: &notice.text,
+            };
+            if let Err(e) = sender.send(part).await {
+                tracing::warn!(error = %e, "could not tell a sender they are rate-limited");
+            }
+        });
+    }
+    Ok(())
 }
 
 /// 400 unless `agent` is empty (the channel's default) or a configured agent.

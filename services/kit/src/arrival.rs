@@ -77,6 +77,50 @@ struct CounterValue {
     seq: u64,
     /// Newest first, at most [`RECENT`].
     recent: Vec<(String, u64)>,
+    /// The sender's messages in the current minute, for the per-sender rate limit (kept in the
+    /// same key so limiting costs no extra write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window: Option<RateWindow>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct RateWindow {
+    /// Start of the minute, ms since the Unix epoch.
+    start_ms: i64,
+    count: u32,
+    /// Whether the sender was already told they are limited in this minute.
+    told: bool,
+}
+
+/// The rate limit's window.
+const WINDOW_MS: i64 = 60_000;
+
+/// Whether a sender's message may go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Numbered: publish it.
+    Accepted(Arrival),
+    /// Over `per_minute` in this minute: not numbered. `first` is true for exactly one limited
+    /// message per sender and minute (across gateway replicas): the one whose sender is told.
+    Limited {
+        first: bool,
+        retry_after: std::time::Duration,
+    },
+}
+
+impl CounterValue {
+    /// The window `now_ms` falls in, carried over from this value if it is the same minute.
+    fn window_at(&self, now_ms: i64) -> RateWindow {
+        let start_ms = now_ms - now_ms.rem_euclid(WINDOW_MS);
+        match self.window {
+            Some(w) if w.start_ms == start_ms => w,
+            _ => RateWindow {
+                start_ms,
+                count: 0,
+                told: false,
+            },
+        }
+    }
 }
 
 impl CounterValue {
@@ -109,7 +153,21 @@ impl CounterValue {
         };
         recent.insert(0, (provider_id.to_string(), seq));
         recent.truncate(RECENT);
-        CounterValue { epoch, seq, recent }
+        let mut window = current.map_or(
+            RateWindow {
+                start_ms: now_ms - now_ms.rem_euclid(WINDOW_MS),
+                count: 0,
+                told: false,
+            },
+            |c| c.window_at(now_ms),
+        );
+        window.count = window.count.saturating_add(1);
+        CounterValue {
+            epoch,
+            seq,
+            recent,
+            window: Some(window),
+        }
     }
 }
 
@@ -149,6 +207,21 @@ impl ArrivalCounter {
         sender: &str,
         provider_id: &str,
     ) -> Result<Arrival, ArrivalError> {
+        match self.admit(channel, sender, provider_id, 0).await? {
+            Admission::Accepted(arrival) => Ok(arrival),
+            Admission::Limited { .. } => unreachable!("no limit was asked for"),
+        }
+    }
+
+    /// [`Self::next`], unless the sender already sent `per_minute` messages this minute (0: no
+    /// limit). A retry of a message already numbered keeps its number whatever the count.
+    pub async fn admit(
+        &self,
+        channel: &str,
+        sender: &str,
+        provider_id: &str,
+        per_minute: u32,
+    ) -> Result<Admission, ArrivalError> {
         let store = self.store().await?;
         let key = sender_key(channel, sender);
         for _ in 0..MAX_ATTEMPTS {
@@ -164,18 +237,50 @@ impl ArrivalCounter {
             if let Some(c) = &current
                 && let Some(seq) = c.number_of(provider_id)
             {
-                return Ok(Arrival {
+                return Ok(Admission::Accepted(Arrival {
                     epoch: c.epoch,
                     seq,
-                });
+                }));
             }
-            let next = CounterValue::next(current.as_ref(), provider_id, crate::now_ms());
+            let now_ms = crate::now_ms();
+            if let Some(c) = &current
+                && per_minute > 0
+                && c.window_at(now_ms).count >= per_minute
+            {
+                let mut window = c.window_at(now_ms);
+                let retry_after = std::time::Duration::from_millis(
+                    (window.start_ms + WINDOW_MS - now_ms).max(0) as u64,
+                );
+                if window.told {
+                    return Ok(Admission::Limited {
+                        first: false,
+                        retry_after,
+                    });
+                }
+                // Only the replica whose write lands tells the sender.
+                window.told = true;
+                let told = CounterValue {
+                    window: Some(window),
+                    ..c.clone()
+                };
+                match store.update(key.as_str(), told.encode(), revision).await {
+                    Ok(_) => {
+                        return Ok(Admission::Limited {
+                            first: true,
+                            retry_after,
+                        });
+                    }
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                    Err(e) => return Err(ArrivalError::Write(e.to_string())),
+                }
+            }
+            let next = CounterValue::next(current.as_ref(), provider_id, now_ms);
             match store.update(key.as_str(), next.encode(), revision).await {
                 Ok(_) => {
-                    return Ok(Arrival {
+                    return Ok(Admission::Accepted(Arrival {
                         epoch: next.epoch,
                         seq: next.seq,
-                    });
+                    }));
                 }
                 Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
                 Err(e) => return Err(ArrivalError::Write(e.to_string())),
@@ -242,9 +347,24 @@ mod tests {
             epoch: 5,
             seq: u64::MAX,
             recent: vec![],
+            window: None,
         };
         let next = CounterValue::next(Some(&full), "SMx", 77);
         assert_eq!((next.epoch, next.seq), (77, 1));
+    }
+
+    #[test]
+    fn the_window_counts_a_senders_messages_per_minute_and_a_new_minute_starts_over() {
+        let mut v = CounterValue::next(None, "SM1", 60_000 * 10 + 5);
+        v = CounterValue::next(Some(&v), "SM2", 60_000 * 10 + 59_999);
+        assert_eq!(v.window_at(60_000 * 10 + 59_999).count, 2);
+        assert_eq!(v.window_at(60_000 * 11).count, 0, "a new minute");
+        let later = CounterValue::next(Some(&v), "SM3", 60_000 * 11 + 1);
+        assert_eq!(later.window.unwrap().count, 1);
+        assert!(!later.window.unwrap().told);
+        // A value written before the window existed still reads.
+        let old = br#"{"epoch":1,"seq":3,"recent":[["SM3",3]]}"#;
+        assert_eq!(CounterValue::decode(old).unwrap().window, None);
     }
 
     #[test]

@@ -47,6 +47,7 @@ pub struct Config {
     pub textmagic: TextMagicConfig,
     pub chat: ChatConfig,
     pub api: ApiConfig,
+    pub rate_limit: RateLimitConfig,
     pub channels: BTreeMap<String, ChannelConfig>,
     pub agents: Vec<AgentConfig>,
     pub identity: IdentityConfig,
@@ -95,6 +96,7 @@ impl Default for Config {
             textmagic: TextMagicConfig::default(),
             chat: ChatConfig::default(),
             api: ApiConfig::default(),
+            rate_limit: RateLimitConfig::default(),
             channels: ["sms", "admin_chat", "header_widget", "api"]
                 .into_iter()
                 .map(|channel| {
@@ -211,6 +213,30 @@ impl Default for ChatConfig {
             jwt_audience: String::new(),
             replay_limit: 200,
             idle_timeout_ms: 120_000,
+        }
+    }
+}
+
+/// Per-sender rate limit, on every channel, across gateway replicas.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct RateLimitConfig {
+    /// Messages one sender (one address on one channel) may send in a minute; 0: no limit.
+    /// Over it, a message is not answered: SMS senders are told once a minute (`notice`) and the
+    /// message is dead-lettered (stage `gateway`, replayable); chat gets an error frame, the
+    /// API 429 with `Retry-After`.
+    pub per_sender_per_minute: u32,
+    /// What an SMS sender over the limit is told, once a minute.
+    pub notice: String,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            per_sender_per_minute: 0,
+            notice: "You are sending messages faster than we can answer them. Messages sent in \
+                     the next minute will not be answered; please wait a moment."
+                .into(),
         }
     }
 }
