@@ -240,7 +240,7 @@ pub(crate) enum Published {
     /// Stored; its correlation id.
     Stored(Uuid),
     /// Over the sender's rate limit: not stored for answering.
-    Limited(Limited),
+    Limited(Box<Limited>),
 }
 
 pub(crate) struct Limited {
@@ -325,11 +325,11 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
     if let Some((first, retry_after)) = limited {
         metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel).increment(1);
         tracing::info!(correlation_id = %id, provider, first, "sender over the rate limit");
-        return Ok(Published::Limited(Limited {
+        return Ok(Published::Limited(Box::new(Limited {
             inbound,
             first,
             retry_after,
-        }));
+        })));
     }
     // The arrival number is part of the dedupe id: a retry that got the same number is dropped
     // by JetStream, one that got a new number (another message came in between) must reach the
@@ -359,7 +359,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
 /// operator, with the reason), and, for the first such message of the minute, the sender told
 /// through the provider's send API. A failure to store the dead letter answers 503, so the
 /// provider retries and nothing acknowledged is lost.
-async fn rate_limited(state: &GatewayState, limited: Limited) -> Result<(), Refused> {
+async fn rate_limited(state: &GatewayState, limited: Box<Limited>) -> Result<(), Refused> {
     let inbound = &limited.inbound;
     let letter = DeadLetter {
         stage: "gateway".into(),
