@@ -668,12 +668,11 @@ mod tests {
         );
     }
 
-    /// Every key in the shipped example is one the product reads (a typo there would be
-    /// ignored silently), and the example loads.
-    #[test]
-    fn the_example_configuration_names_only_known_keys() {
+    /// A shipped configuration file: every key in it is one the product reads (a typo there
+    /// would be ignored silently), and it loads over the defaults.
+    fn load_known_keys_only(relative: &str) -> Config {
         use figment::value::{Dict, Value};
-        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../switchboard.toml");
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
         let file: Dict = Figment::from(Toml::file(&example))
             .extract()
             .expect("example parses");
@@ -688,7 +687,7 @@ mod tests {
                     continue;
                 }
                 let Some(k) = known.get(key) else {
-                    panic!("switchboard.toml: unknown key {here}");
+                    panic!("unknown key {here}");
                 };
                 if let (Value::Dict(_, f), Value::Dict(_, k)) = (value, k) {
                     check(&format!("{here}."), f, k);
@@ -696,10 +695,26 @@ mod tests {
             }
         }
         check("", &file, &known);
-        let c: Config = Figment::from(Serialized::defaults(Config::default()))
+        Figment::from(Serialized::defaults(Config::default()))
             .merge(Toml::file(&example))
             .extract()
-            .expect("example loads");
+            .expect("example loads")
+    }
+
+    #[test]
+    fn the_production_example_runs_no_demo_and_holds_no_secret() {
+        let c = load_known_keys_only("../../deploy/switchboard.production.toml");
+        assert!(!c.demo.enabled);
+        assert!(c.twilio.auth_token.is_empty() && c.textmagic.api_key.is_empty());
+        assert!(c.textmagic.webhook_token.is_empty() && c.chat.jwt_secret.is_empty());
+        assert!(c.agents.iter().all(|a| a.token.is_empty()));
+        assert!(c.nats_url.is_empty() && c.database_url.is_empty());
+        assert!(c.api.wait_max_ms < c.gateway.request_timeout_ms);
+    }
+
+    #[test]
+    fn the_example_configuration_names_only_known_keys() {
+        let c = load_known_keys_only("../../switchboard.toml");
         assert_eq!(c.session.arrival_gap_timeout_ms, 120_000);
         assert_eq!(c.dispatch.liveness_ms, 6_000);
         assert!(c.demo.enabled);

@@ -32,6 +32,14 @@ impl App {
     pub async fn connect(config: Config, name: &str) -> anyhow::Result<App> {
         // Install the metrics recorder before anything counts.
         let _ = crate::telemetry::metrics();
+        for (key, value, env) in [
+            ("nats_url", &config.nats_url, "SB_NATS_URL"),
+            ("database_url", &config.database_url, "SB_DATABASE_URL"),
+        ] {
+            if value.trim().is_empty() {
+                anyhow::bail!("{key} is not set: set it in the configuration file or as {env}");
+            }
+        }
         // The URLs may carry passwords: errors and logs name them redacted.
         let nats = crate::endpoint::nats_connect(
             &config.nats_url,
