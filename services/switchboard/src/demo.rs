@@ -1,8 +1,9 @@
 //! The demo parts of `switchboard up` (`demo.enabled = true`): an agent runner that answers
 //! without any engine, and an outbox that keeps sent SMS in memory, reached through Twilio's and
 //! TextMagic's send APIs and listed through their message lists (which the deliverer asks
-//! before sending again a part whose earlier attempt may have gone out). All speak the real
-//! wire formats, so the product path is the same as in production.
+//! before sending again a part whose earlier attempt may have gone out), and a receiver of
+//! signed generic webhook callbacks (`/demo/webhook/<source>`) that files them in the same
+//! outbox. All speak the real wire formats, so the product path is the same as in production.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -15,12 +16,13 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use switchboard_channels::generic;
 use switchboard_channels::textmagic::textmagic_number;
-use switchboard_kit::config::{Config, TextMagicConfig, TwilioConfig};
+use switchboard_kit::config::{Config, TextMagicConfig, TwilioConfig, WebhookSourceConfig};
 
 #[derive(Clone, Serialize)]
 pub struct OutboxMessage {
-    /// Which send API took it: `twilio` or `textmagic`.
+    /// Which send API took it: `twilio`, `textmagic` or `generic` (a webhook callback).
     pub provider: &'static str,
     pub sid: String,
     pub to: String,
@@ -35,6 +37,7 @@ pub struct OutboxMessage {
 struct DemoState {
     twilio: TwilioConfig,
     textmagic: TextMagicConfig,
+    webhooks: std::collections::BTreeMap<String, WebhookSourceConfig>,
     outbox: Arc<Mutex<Vec<OutboxMessage>>>,
     turns: Arc<Mutex<HashMap<String, u32>>>,
 }
@@ -43,6 +46,7 @@ pub fn router(config: &Config) -> Router {
     let state = DemoState {
         twilio: config.twilio.clone(),
         textmagic: config.textmagic.clone(),
+        webhooks: config.webhooks.clone(),
         outbox: Default::default(),
         turns: Default::default(),
     };
@@ -56,6 +60,7 @@ pub fn router(config: &Config) -> Router {
             "/demo/textmagic/api/v2/messages",
             post(send_textmagic).get(list_textmagic),
         )
+        .route("/demo/webhook/{source}", post(receive_callback))
         .route("/demo/outbox", get(outbox))
         .with_state(state)
 }
@@ -315,6 +320,60 @@ async fn list_textmagic(
             "resources": resources,
         })),
     )
+}
+
+#[derive(Deserialize)]
+struct Callback {
+    to: String,
+    text: String,
+}
+
+/// A generic webhook source's callback receiver, as a source would write one: checks the
+/// signature with the source's secret and the timestamp window, drops a delivery it already
+/// took (`X-Switchboard-Delivery`), and files the reply in the outbox.
+async fn receive_callback(
+    State(s): State<DemoState>,
+    Path(source): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> impl IntoResponse {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let Some(config) = s.webhooks.get(&source) else {
+        return (StatusCode::NOT_FOUND, "no such source");
+    };
+    if let Err(e) = generic::webhook::check_signature(
+        config.secret.expose().as_bytes(),
+        config.timestamp_window_s,
+        header(generic::TIMESTAMP_HEADER),
+        header(generic::SIGNATURE_HEADER),
+        &body,
+        Utc::now(),
+    ) {
+        return (StatusCode::UNAUTHORIZED, e.code());
+    }
+    let Ok(callback) = serde_json::from_slice::<Callback>(&body) else {
+        return (StatusCode::BAD_REQUEST, "not a reply callback");
+    };
+    let delivery = header(generic::DELIVERY_HEADER).unwrap_or_default();
+    let mut outbox = s.outbox.lock().expect("lock");
+    if outbox
+        .iter()
+        .any(|m| m.provider == "generic" && m.sid == delivery)
+    {
+        return (StatusCode::OK, "already taken");
+    }
+    let created = Utc::now();
+    tracing::info!(%source, chars = callback.text.chars().count(), "demo outbox: webhook callback received");
+    outbox.push(OutboxMessage {
+        provider: "generic",
+        sid: delivery.to_string(),
+        to: callback.to,
+        from: source,
+        body: callback.text,
+        sent_at: created.to_rfc3339(),
+        created,
+    });
+    (StatusCode::OK, "ok")
 }
 
 #[derive(Deserialize)]
