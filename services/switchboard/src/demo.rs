@@ -436,4 +436,56 @@ mod tests {
         let other = textmagic.find_text("+447860021131", "", "hi", since).await;
         assert_eq!(other, Ok(vec![]));
     }
+
+    #[tokio::test]
+    async fn the_demo_receiver_takes_a_signed_callback_once_and_refuses_a_forged_one() {
+        use switchboard_channels::generic::GenericWebhookSender;
+        use switchboard_channels::{Egress, OutboundPart, SendError};
+        use switchboard_kit::config::WebhookSourceConfig;
+        use switchboard_kit::proto::Reply;
+
+        let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let source = |secret: &str| WebhookSourceConfig {
+            secret: Secret::new(secret),
+            sender_field: "user.id".into(),
+            callback_url: format!("{base}/demo/webhook/demo"),
+            ..Default::default()
+        };
+        let mut config = Config::default();
+        config.webhooks.insert("demo".into(), source("demo-secret"));
+        let app = router(&config);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let reply = Reply {
+            id: "0193-reply".into(),
+            provider_message_id: switchboard_channels::client_message_key("demo:u-1", "evt-1"),
+            ..Default::default()
+        };
+        let part = OutboundPart {
+            reply: &reply,
+            index: 0,
+            to: "demo:u-1",
+            from: "demo",
+            text: "hello back",
+        };
+        let sender = GenericWebhookSender::new(config.webhooks.clone());
+        assert_eq!(sender.send(part).await, Ok("0193-reply:0".to_string()));
+        assert_eq!(sender.send(part).await, Ok("0193-reply:0".to_string()));
+        let mut forged = config.webhooks.clone();
+        forged.insert("demo".into(), source("not-the-secret"));
+        let refused = GenericWebhookSender::new(forged).send(part).await;
+        assert!(matches!(refused, Err(SendError::Unavailable(e)) if e.contains("401")));
+
+        let outbox: Vec<serde_json::Value> = reqwest::get(format!("{base}/demo/outbox"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(outbox.len(), 1, "the redelivery was dropped: {outbox:?}");
+        assert_eq!(outbox[0]["provider"], "generic");
+        assert_eq!(outbox[0]["to"], "u-1");
+        assert_eq!(outbox[0]["body"], "hello back");
+    }
 }
