@@ -19,7 +19,10 @@ use switchboard_kit::startup::App;
 use tokio::process::{Child, Command};
 
 pub use chat::{CHAT_SECRET, ChatClient, chat_token};
-pub use fakes::{FakeRunner, FakeTextMagic, FakeTwilio, RunnerCall, SentSms};
+pub use fakes::{
+    CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeTextMagic, FakeTwilio, RunnerCall,
+    SentSms, webhook_signature,
+};
 
 pub const TWILIO_NUMBER: &str = "+15555550199";
 /// Our TextMagic number, as TextMagic writes numbers (digits, no `+`).
@@ -412,6 +415,30 @@ impl TestApp {
             "text": text,
         });
         self.post_textmagic(TEXTMAGIC_TOKEN, &callback).await
+    }
+
+    /// Post `body` to `/webhooks/generic/<source>` as a source does: JSON, signed with `secret`
+    /// at `timestamp` (unix seconds) by the tests' own HMAC code.
+    pub async fn post_webhook(
+        &self,
+        source: &str,
+        secret: &str,
+        timestamp: i64,
+        body: &[u8],
+    ) -> reqwest::Response {
+        let timestamp = timestamp.to_string();
+        reqwest::Client::new()
+            .post(format!("{}/webhooks/generic/{source}", self.gateway_url))
+            .header("content-type", "application/json")
+            .header("x-switchboard-timestamp", &timestamp)
+            .header(
+                "x-switchboard-signature",
+                webhook_signature(secret, &timestamp, body),
+            )
+            .body(body.to_vec())
+            .send()
+            .await
+            .expect("gateway reachable")
     }
 
     /// Wait until the fake TextMagic has sent at least `n` SMS.

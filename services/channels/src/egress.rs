@@ -177,6 +177,18 @@ pub(crate) async fn send_request<T: serde::de::DeserializeOwned>(
     provider: &str,
     rejected: &[u16],
 ) -> Result<T, SendError> {
+    let body = send_for_status(request, provider, rejected).await?;
+    serde_json::from_str(&body)
+        .map_err(|e| SendError::Unavailable(format!("unreadable {provider} answer: {e}")))
+}
+
+/// [`send_request`] for a far end whose 2xx body means nothing (a callback receiver may answer
+/// with an empty body): the body as text.
+pub(crate) async fn send_for_status(
+    request: reqwest::RequestBuilder,
+    provider: &str,
+    rejected: &[u16],
+) -> Result<String, SendError> {
     let resp = request
         .send()
         .await
@@ -184,9 +196,8 @@ pub(crate) async fn send_request<T: serde::de::DeserializeOwned>(
     let status = resp.status().as_u16();
     let retry_after = retry_after(resp.headers());
     let body = resp.text().await.unwrap_or_default();
-    let body = classify(provider, status, retry_after, &body, rejected)?;
-    serde_json::from_str(body)
-        .map_err(|e| SendError::Unavailable(format!("unreadable {provider} answer: {e}")))
+    classify(provider, status, retry_after, &body, rejected)?;
+    Ok(body)
 }
 
 /// The body of a 2xx answer, or the error its status means (see [`send_request`]).

@@ -13,6 +13,9 @@ pub struct WebhookRequest<'a> {
     pub path: &'a str,
     pub headers: &'a HeaderMap,
     pub body: &'a [u8],
+    /// When the gateway received it: what signed timestamps are checked against (given, not
+    /// read from the clock, so `receive` stays pure and testable).
+    pub now: chrono::DateTime<chrono::Utc>,
 }
 
 impl WebhookRequest<'_> {
@@ -38,6 +41,8 @@ pub struct Received {
     /// The text, UTF-8, control characters removed, within the configured length.
     pub text: String,
     pub media_urls: Vec<String>,
+    /// The agent the message goes to; empty: the channel's default.
+    pub agent: String,
 }
 
 /// What the provider is answered once the message is stored.

@@ -11,6 +11,7 @@ pub mod chat;
 pub mod egress;
 pub mod error;
 pub mod form;
+pub mod generic;
 pub mod ingress;
 pub mod mailbox;
 pub mod textmagic;
@@ -42,7 +43,7 @@ pub struct Adapter {
 }
 
 /// Every channel adapter the product has.
-pub const ADAPTERS: &[Adapter] = &[twilio::ADAPTER, textmagic::ADAPTER];
+pub const ADAPTERS: &[Adapter] = &[twilio::ADAPTER, textmagic::ADAPTER, generic::ADAPTER];
 
 /// Every adapter's webhook, built from `config`.
 pub fn webhooks(config: &Config) -> Vec<Arc<dyn Webhook>> {
@@ -116,7 +117,9 @@ mod tests {
         routes.dedup();
         assert_eq!(routes.len(), n);
         let senders = Senders::from_config(&config);
-        assert!(senders.get("twilio").is_some() && senders.get("textmagic").is_some());
+        for provider in ["twilio", "textmagic", "generic"] {
+            assert!(senders.get(provider).is_some(), "{provider}");
+        }
         assert!(senders.get("carrier-pigeon").is_none());
     }
 }

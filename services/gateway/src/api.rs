@@ -125,9 +125,9 @@ async fn send_message(
         recipient: api::CHANNEL.into(),
         text: message.text,
         media_urls: Vec::new(),
+        agent: message.agent,
     };
     let mut accept = Accept::new(api::CHANNEL, api::PROVIDER, received);
-    accept.agent = message.agent;
     accept.id = Some(id);
     accept.asserted = Some(Person {
         person_id: format!("api:{}", caller.owner),

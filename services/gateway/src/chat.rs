@@ -291,9 +291,9 @@ async fn receive(
         recipient: channel.to_string(),
         text: message.text,
         media_urls: Vec::new(),
+        agent: message.agent,
     };
     let mut accept = Accept::new(channel, chat::PROVIDER, received);
-    accept.agent = message.agent;
     accept.asserted = Some(Person {
         person_id: format!("user:{}", user.sub),
         person_type: "user".into(),

@@ -161,6 +161,7 @@ async fn receive_webhook(
         path: uri.path(),
         headers: &headers,
         body: &body,
+        now: chrono::Utc::now(),
     };
     let received = hook
         .receive(&request)
@@ -213,8 +214,6 @@ pub(crate) struct Accept {
     pub channel: &'static str,
     pub provider: &'static str,
     pub received: Received,
-    /// The agent the sender named (else the channel's default).
-    pub agent: String,
     /// Who the channel authenticated the sender as (chat, API).
     pub asserted: Option<Person>,
     /// The message's id and correlation id (else a new one): an API request retried with its
@@ -228,7 +227,6 @@ impl Accept {
             channel,
             provider,
             received,
-            agent: String::new(),
             asserted: None,
             id: None,
         }
@@ -271,7 +269,6 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         channel,
         provider,
         received,
-        agent,
         asserted,
         id,
     } = message;
@@ -316,7 +313,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         provider_message_id: message_id.clone(),
         received_at_ms: switchboard_kit::now_ms(),
         correlation_id: id.to_string(),
-        agent,
+        agent: received.agent,
         media_urls: received.media_urls,
         arrival_seq: arrival.seq,
         arrival_epoch: arrival.epoch,

@@ -4,7 +4,7 @@
 //! the person themselves (chat: the JWT's `sub` and claims → `user:<sub>`; API: the key's owner
 //! → `api:<owner>`), who the channel says; else the operator's configured lookups (one SQL query
 //! per person type against their own tables), else an external person whose id is the address
-//! itself (`phone:+15551234567`).
+//! itself (`phone:+15551234567`, `webhook:<source>:<sender>`).
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{IdentityConfig, IdentityLookup};
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, MessageReceived, Person};
@@ -35,7 +35,17 @@ pub fn contact_kind(channel: &str) -> &'static str {
         "sms" => "phone",
         "admin_chat" | "header_widget" => "chat_user",
         "api" => "api_key_owner",
+        // Addressed `<source>:<sender>`: a sender id means something only within its source.
+        "webhook" => "webhook_sender",
         _ => "address",
+    }
+}
+
+/// The id prefix of an external person (one nothing but the address identifies) of `kind`.
+fn external_prefix(kind: &str) -> &str {
+    match kind {
+        "webhook_sender" => "webhook",
+        other => other,
     }
 }
 
@@ -91,7 +101,7 @@ impl IdentityResolver {
             }
         }
         Ok(Person {
-            person_id: format!("{kind}:{address}"),
+            person_id: format!("{}:{address}", external_prefix(kind)),
             person_type: "external".into(),
             name: String::new(),
             role: String::new(),

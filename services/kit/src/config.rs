@@ -48,6 +48,8 @@ pub struct Config {
     pub chat: ChatConfig,
     pub api: ApiConfig,
     pub rate_limit: RateLimitConfig,
+    /// `[webhooks.<source>]`: the sources that may post to `/webhooks/generic/<source>`.
+    pub webhooks: BTreeMap<String, WebhookSourceConfig>,
     pub channels: BTreeMap<String, ChannelConfig>,
     pub agents: Vec<AgentConfig>,
     pub identity: IdentityConfig,
@@ -71,6 +73,10 @@ impl std::fmt::Debug for Config {
             .field("admin", &self.admin)
             .field("twilio", &self.twilio)
             .field("textmagic", &self.textmagic)
+            .field("chat", &self.chat)
+            .field("api", &self.api)
+            .field("rate_limit", &self.rate_limit)
+            .field("webhooks", &self.webhooks)
             .field("channels", &self.channels)
             .field("agents", &self.agents)
             .field("identity", &self.identity)
@@ -97,7 +103,8 @@ impl Default for Config {
             chat: ChatConfig::default(),
             api: ApiConfig::default(),
             rate_limit: RateLimitConfig::default(),
-            channels: ["sms", "admin_chat", "header_widget", "api"]
+            webhooks: BTreeMap::new(),
+            channels: ["sms", "admin_chat", "header_widget", "api", "webhook"]
                 .into_iter()
                 .map(|channel| {
                     let default_agent = "reggie_oc".into();
@@ -256,6 +263,66 @@ impl Default for ApiConfig {
             wait_max_ms: 20_000,
         }
     }
+}
+
+/// One source of signed generic webhooks (`[webhooks.<source>]`): it posts JSON to
+/// `/webhooks/generic/<source>` signed with `secret`, and gets replies at `callback_url`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct WebhookSourceConfig {
+    /// HMAC-SHA256 key of both directions. Empty: the source is refused (`unknown_source`).
+    #[serde(default)]
+    pub secret: Secret,
+    /// Dotted path of the sender's id in the body (`user.id`). Required: there is no sensible
+    /// default for who a message is from.
+    pub sender_field: String,
+    /// Dotted path of the message text.
+    #[serde(default = "default_text_field")]
+    pub text_field: String,
+    /// Dotted path of the event id: a resend carries the same one and is the same turn.
+    #[serde(default = "default_id_field")]
+    pub id_field: String,
+    /// The agent this source's messages go to; empty: `channels.webhook.default_agent`.
+    #[serde(default)]
+    pub agent: String,
+    /// Where replies are POSTed; empty: replies are refused (the source only talks to us).
+    #[serde(default)]
+    pub callback_url: String,
+    /// How far a request's timestamp may be from our clock, either way (replay protection).
+    #[serde(default = "default_timestamp_window_s")]
+    pub timestamp_window_s: u64,
+}
+
+fn default_text_field() -> String {
+    "text".into()
+}
+fn default_id_field() -> String {
+    "id".into()
+}
+fn default_timestamp_window_s() -> u64 {
+    300
+}
+
+impl Default for WebhookSourceConfig {
+    fn default() -> Self {
+        Self {
+            secret: Secret::default(),
+            sender_field: String::new(),
+            text_field: default_text_field(),
+            id_field: default_id_field(),
+            agent: String::new(),
+            callback_url: String::new(),
+            timestamp_window_s: default_timestamp_window_s(),
+        }
+    }
+}
+
+/// A webhook source's name: it is a URL path segment and part of sender addresses
+/// (`<source>:<sender>`), so letters, digits, `-` and `_` only.
+pub fn valid_source_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -566,6 +633,27 @@ impl Config {
                 )));
             }
         }
+        for (name, source) in &self.webhooks {
+            let invalid = |why: &str| Err(ConfigError::Invalid(format!("webhooks.{name}: {why}")));
+            if !valid_source_name(name) {
+                return invalid("a source name is 1 to 64 ASCII letters, digits, '-' or '_'");
+            }
+            for (key, path) in [
+                ("sender_field", &source.sender_field),
+                ("text_field", &source.text_field),
+                ("id_field", &source.id_field),
+            ] {
+                if path.is_empty() || path.split('.').any(str::is_empty) {
+                    return invalid(&format!("{key} must be a dotted path like user.id"));
+                }
+            }
+            if !source.agent.is_empty() && self.agent(&source.agent).is_none() {
+                return invalid(&format!("agent {:?} is not configured", source.agent));
+            }
+            if source.timestamp_window_s == 0 {
+                return invalid("timestamp_window_s must be > 0");
+            }
+        }
         if self.runtime.turn_partitions == 0 {
             return Err(ConfigError::Invalid(
                 "runtime.turn_partitions must be > 0".into(),
@@ -686,6 +774,23 @@ mod tests {
                 if matches!(key.as_str(), "channels" | "agents" | "lookups" | "stages") {
                     continue;
                 }
+                // Webhook sources: any names, but each entry's keys are checked.
+                if key == "webhooks" {
+                    let source: Dict =
+                        Figment::from(Serialized::defaults(WebhookSourceConfig::default()))
+                            .extract()
+                            .expect("defaults serialise");
+                    let Value::Dict(_, sources) = value else {
+                        panic!("switchboard.toml: webhooks must be a table");
+                    };
+                    for (name, entry) in sources {
+                        let Value::Dict(_, entry) = entry else {
+                            panic!("switchboard.toml: webhooks.{name} must be a table");
+                        };
+                        check(&format!("{here}.{name}."), entry, &source);
+                    }
+                    continue;
+                }
                 let Some(k) = known.get(key) else {
                     panic!("unknown key {here}");
                 };
@@ -718,5 +823,40 @@ mod tests {
         assert_eq!(c.session.arrival_gap_timeout_ms, 120_000);
         assert_eq!(c.dispatch.liveness_ms, 6_000);
         assert!(c.demo.enabled);
+        let demo = &c.webhooks["demo"];
+        assert!(!demo.secret.is_empty() && !demo.sender_field.is_empty());
+    }
+
+    #[test]
+    fn a_webhook_source_needs_a_sender_field_and_gets_the_documented_defaults() {
+        let parse = |toml: &str| -> Result<Config, ConfigError> {
+            let c: Config = Figment::from(Serialized::defaults(Config::default()))
+                .merge(Toml::string(toml))
+                .extract()
+                .map_err(|e| ConfigError::Load(Box::new(e)))?;
+            c.validate()?;
+            Ok(c)
+        };
+        let c = parse("[webhooks.shop]\nsecret = \"k\"\nsender_field = \"user.id\"\n").unwrap();
+        let shop = &c.webhooks["shop"];
+        assert_eq!(
+            (shop.text_field.as_str(), shop.id_field.as_str()),
+            ("text", "id")
+        );
+        assert_eq!(shop.timestamp_window_s, 300);
+        assert!(shop.agent.is_empty() && shop.callback_url.is_empty());
+        assert_eq!(c.channels["webhook"].default_agent, "reggie_oc");
+        assert!(
+            parse("[webhooks.shop]\nsecret = \"k\"\n").is_err(),
+            "sender_field is required"
+        );
+        for bad in [
+            "[webhooks.\"a.b\"]\nsender_field = \"u\"\n",
+            "[webhooks.shop]\nsender_field = \"user.\"\n",
+            "[webhooks.shop]\nsender_field = \"u\"\nagent = \"nobody\"\n",
+            "[webhooks.shop]\nsender_field = \"u\"\ntimestamp_window_s = 0\n",
+        ] {
+            assert!(matches!(parse(bad), Err(ConfigError::Invalid(_))), "{bad}");
+        }
     }
 }

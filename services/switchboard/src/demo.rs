@@ -1,8 +1,9 @@
 //! The demo parts of `switchboard up` (`demo.enabled = true`): an agent runner that answers
 //! without any engine, and an outbox that keeps sent SMS in memory, reached through Twilio's and
 //! TextMagic's send APIs and listed through their message lists (which the deliverer asks
-//! before sending again a part whose earlier attempt may have gone out). All speak the real
-//! wire formats, so the product path is the same as in production.
+//! before sending again a part whose earlier attempt may have gone out), and a receiver of
+//! signed generic webhook callbacks (`/demo/webhook/<source>`) that files them in the same
+//! outbox. All speak the real wire formats, so the product path is the same as in production.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -15,12 +16,13 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use switchboard_channels::generic;
 use switchboard_channels::textmagic::textmagic_number;
-use switchboard_kit::config::{Config, TextMagicConfig, TwilioConfig};
+use switchboard_kit::config::{Config, TextMagicConfig, TwilioConfig, WebhookSourceConfig};
 
 #[derive(Clone, Serialize)]
 pub struct OutboxMessage {
-    /// Which send API took it: `twilio` or `textmagic`.
+    /// Which send API took it: `twilio`, `textmagic` or `generic` (a webhook callback).
     pub provider: &'static str,
     pub sid: String,
     pub to: String,
@@ -35,6 +37,7 @@ pub struct OutboxMessage {
 struct DemoState {
     twilio: TwilioConfig,
     textmagic: TextMagicConfig,
+    webhooks: std::collections::BTreeMap<String, WebhookSourceConfig>,
     outbox: Arc<Mutex<Vec<OutboxMessage>>>,
     turns: Arc<Mutex<HashMap<String, u32>>>,
 }
@@ -43,6 +46,7 @@ pub fn router(config: &Config) -> Router {
     let state = DemoState {
         twilio: config.twilio.clone(),
         textmagic: config.textmagic.clone(),
+        webhooks: config.webhooks.clone(),
         outbox: Default::default(),
         turns: Default::default(),
     };
@@ -56,6 +60,7 @@ pub fn router(config: &Config) -> Router {
             "/demo/textmagic/api/v2/messages",
             post(send_textmagic).get(list_textmagic),
         )
+        .route("/demo/webhook/{source}", post(receive_callback))
         .route("/demo/outbox", get(outbox))
         .with_state(state)
 }
@@ -318,6 +323,60 @@ async fn list_textmagic(
 }
 
 #[derive(Deserialize)]
+struct Callback {
+    to: String,
+    text: String,
+}
+
+/// A generic webhook source's callback receiver, as a source would write one: checks the
+/// signature with the source's secret and the timestamp window, drops a delivery it already
+/// took (`X-Switchboard-Delivery`), and files the reply in the outbox.
+async fn receive_callback(
+    State(s): State<DemoState>,
+    Path(source): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> impl IntoResponse {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let Some(config) = s.webhooks.get(&source) else {
+        return (StatusCode::NOT_FOUND, "no such source");
+    };
+    if let Err(e) = generic::webhook::check_signature(
+        config.secret.expose().as_bytes(),
+        config.timestamp_window_s,
+        header(generic::TIMESTAMP_HEADER),
+        header(generic::SIGNATURE_HEADER),
+        &body,
+        Utc::now(),
+    ) {
+        return (StatusCode::UNAUTHORIZED, e.code());
+    }
+    let Ok(callback) = serde_json::from_slice::<Callback>(&body) else {
+        return (StatusCode::BAD_REQUEST, "not a reply callback");
+    };
+    let delivery = header(generic::DELIVERY_HEADER).unwrap_or_default();
+    let mut outbox = s.outbox.lock().expect("lock");
+    if outbox
+        .iter()
+        .any(|m| m.provider == "generic" && m.sid == delivery)
+    {
+        return (StatusCode::OK, "already taken");
+    }
+    let created = Utc::now();
+    tracing::info!(%source, chars = callback.text.chars().count(), "demo outbox: webhook callback received");
+    outbox.push(OutboxMessage {
+        provider: "generic",
+        sid: delivery.to_string(),
+        to: callback.to,
+        from: source,
+        body: callback.text,
+        sent_at: created.to_rfc3339(),
+        created,
+    });
+    (StatusCode::OK, "ok")
+}
+
+#[derive(Deserialize)]
 struct OutboxQuery {
     to: Option<String>,
 }
@@ -376,5 +435,57 @@ mod tests {
         assert_eq!(found, Ok(vec![id]));
         let other = textmagic.find_text("+447860021131", "", "hi", since).await;
         assert_eq!(other, Ok(vec![]));
+    }
+
+    #[tokio::test]
+    async fn the_demo_receiver_takes_a_signed_callback_once_and_refuses_a_forged_one() {
+        use switchboard_channels::generic::GenericWebhookSender;
+        use switchboard_channels::{Egress, OutboundPart, SendError};
+        use switchboard_kit::config::WebhookSourceConfig;
+        use switchboard_kit::proto::Reply;
+
+        let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let source = |secret: &str| WebhookSourceConfig {
+            secret: Secret::new(secret),
+            sender_field: "user.id".into(),
+            callback_url: format!("{base}/demo/webhook/demo"),
+            ..Default::default()
+        };
+        let mut config = Config::default();
+        config.webhooks.insert("demo".into(), source("demo-secret"));
+        let app = router(&config);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let reply = Reply {
+            id: "0193-reply".into(),
+            provider_message_id: switchboard_channels::client_message_key("demo:u-1", "evt-1"),
+            ..Default::default()
+        };
+        let part = OutboundPart {
+            reply: &reply,
+            index: 0,
+            to: "demo:u-1",
+            from: "demo",
+            text: "hello back",
+        };
+        let sender = GenericWebhookSender::new(config.webhooks.clone());
+        assert_eq!(sender.send(part).await, Ok("0193-reply:0".to_string()));
+        assert_eq!(sender.send(part).await, Ok("0193-reply:0".to_string()));
+        let mut forged = config.webhooks.clone();
+        forged.insert("demo".into(), source("not-the-secret"));
+        let refused = GenericWebhookSender::new(forged).send(part).await;
+        assert!(matches!(refused, Err(SendError::Unavailable(e)) if e.contains("401")));
+
+        let outbox: Vec<serde_json::Value> = reqwest::get(format!("{base}/demo/outbox"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(outbox.len(), 1, "the redelivery was dropped: {outbox:?}");
+        assert_eq!(outbox[0]["provider"], "generic");
+        assert_eq!(outbox[0]["to"], "u-1");
+        assert_eq!(outbox[0]["body"], "hello back");
     }
 }

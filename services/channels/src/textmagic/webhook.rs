@@ -255,6 +255,7 @@ impl Webhook for TextMagicWebhook {
             recipient: sms.receiver,
             text: sms.text,
             media_urls: Vec::new(),
+            agent: String::new(),
         })
     }
 
@@ -365,6 +366,7 @@ mod tests {
             path: "/webhooks/textmagic/sms/",
             headers: &headers,
             body: b"",
+            now: chrono::Utc::now(),
         };
         assert_eq!(
             unset.receive(&request).unwrap_err().code(),

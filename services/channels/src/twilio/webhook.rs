@@ -161,6 +161,7 @@ impl Webhook for TwilioWebhook {
             recipient: sms.recipient,
             text: sms.text,
             media_urls: sms.media_urls,
+            agent: String::new(),
         })
     }
 
