@@ -329,7 +329,7 @@ async fn api(
 }
 
 #[tokio::test]
-async fn over_the_api_a_key_with_identity_write_links_lists_and_unlinks() {
+async fn over_the_api_a_key_with_identity_write_links_lists_unlinks_and_merges() {
     let app = spawn_app().await;
     staff_member(&app).await;
     let writer = app.api_key("ops-console", &["identity:write"]);
@@ -428,6 +428,32 @@ async fn over_the_api_a_key_with_identity_write_links_lists_and_unlinks() {
         .collect();
     assert_eq!(actions, [json!("unlink"), json!("link")]);
     assert_eq!(listing["audit"][0]["reason"], "phone returned");
+
+    // A merge: the phone becomes Dana's in the directory itself.
+    let merge = json!({"from": NEW_PHONE_ID, "to": "staff-7", "reason": "one person"});
+    let (status, body) = api(
+        &app,
+        reqwest::Method::POST,
+        "/api/v1/identity/merges",
+        &writer,
+        Some(merge.clone()),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["audit"]["action"], "merge");
+    assert_eq!(body["audit"]["moved"], json!(["phone:+14155550199"]));
+    let (status, body) = api(
+        &app,
+        reqwest::Method::POST,
+        "/api/v1/identity/merges",
+        &plain,
+        Some(merge),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (403, &json!("missing_scope"))
+    );
     app.shutdown().await;
 }
 

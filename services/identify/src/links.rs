@@ -353,19 +353,22 @@ impl IdentityLinks {
                 moved.push(format!("{kind}:{address}"));
             }
         }
-        if new_link {
+        let relabelled = if new_link {
             insert_link(&mut tx, &request, &from, &to, LinkAction::Merge).await?;
+            0
         } else {
+            // A link made earlier becomes this merge's.
             sqlx::query(
                 "UPDATE switchboard.identity_links SET action = 'merge'
-                  WHERE from_person_id = $1 AND to_person_id = $2",
+                  WHERE from_person_id = $1 AND to_person_id = $2 AND action <> 'merge'",
             )
             .bind(&from)
             .bind(&to)
             .execute(&mut *tx)
-            .await?;
-        }
-        if !new_link && moved.is_empty() && added + copied == 0 {
+            .await?
+            .rows_affected()
+        };
+        if !new_link && moved.is_empty() && added + copied + relabelled == 0 {
             return Ok(Outcome::Unchanged);
         }
         let entry = audit(&mut tx, LinkAction::Merge, &from, &to, &request, &moved).await?;
