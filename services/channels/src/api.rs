@@ -23,19 +23,31 @@ pub enum Scope {
     MessagesWrite,
     /// Read replies by correlation id only.
     MessagesRead,
+    /// Read identity links and their audit trail.
+    IdentityRead,
+    /// Link, unlink and merge person ids (and read them).
+    IdentityWrite,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 2] = [Scope::MessagesWrite, Scope::MessagesRead];
+    pub const ALL: [Scope; 4] = [
+        Scope::MessagesWrite,
+        Scope::MessagesRead,
+        Scope::IdentityRead,
+        Scope::IdentityWrite,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::MessagesWrite => "messages:write",
             Scope::MessagesRead => "messages:read",
+            Scope::IdentityRead => "identity:read",
+            Scope::IdentityWrite => "identity:write",
         }
     }
 
-    /// Scopes a key gets when none are named.
+    /// Scopes a key gets when none are named. Not the identity scopes: moving whose messages
+    /// go where is granted only by name.
     pub const DEFAULT: [Scope; 2] = [Scope::MessagesWrite, Scope::MessagesRead];
 }
 

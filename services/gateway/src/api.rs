@@ -28,11 +28,14 @@ pub fn routes() -> Router<GatewayState> {
 /// How often a waiting request reads the mailbox itself, in case the announcement is lost.
 const WAIT_POLL: Duration = Duration::from_secs(1);
 
-fn refuse(e: ApiError) -> Refused {
+pub(crate) fn refuse(e: ApiError) -> Refused {
     refused_on(api::CHANNEL, api::PROVIDER, e)
 }
 
-async fn caller(state: &GatewayState, headers: &HeaderMap) -> Result<ApiCaller, Refused> {
+pub(crate) async fn caller(
+    state: &GatewayState,
+    headers: &HeaderMap,
+) -> Result<ApiCaller, Refused> {
     let key = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -70,7 +73,7 @@ impl From<&MailboxEntry> for ReplyView {
     }
 }
 
-fn unavailable(e: impl std::fmt::Display) -> Refused {
+pub(crate) fn unavailable(e: impl std::fmt::Display) -> Refused {
     tracing::error!(error = %e, "API request could not be served");
     Refused(ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod chat;
 pub mod hub;
+pub mod identity_api;
 
 use std::sync::Arc;
 
@@ -133,6 +134,7 @@ pub fn router(state: GatewayState) -> Router {
     router
         .merge(chat::routes())
         .merge(api::routes())
+        .merge(identity_api::routes())
         .with_state(state)
 }
 

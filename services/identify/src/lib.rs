@@ -5,6 +5,16 @@
 //! → `api:<owner>`), who the channel says; else the operator's configured lookups (one SQL query
 //! per person type against their own tables), else an external person whose id is the address
 //! itself (`phone:+15551234567`, `webhook:<source>:<sender>`).
+//!
+//! Then the identity links an operator made ([`links`]) are followed to the canonical person.
+//! The message becomes that person's: the directory's type, name and role for them; for a
+//! canonical id the directory does not know (`user:ana`, whom only her chat token names), the
+//! type its id's shape says (as identify would give it: `user:` and `api:` are users, an
+//! address is external, `<lookup type>:` is that type) with the sender's own name and role.
+//! The type matters: it is part of the session key, so a linked phone shares the session of
+//! `user:ana`'s own chat messages only if both say `user`.
+pub mod links;
+
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{IdentityConfig, IdentityLookup};
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, MessageReceived, Person};
@@ -49,17 +59,93 @@ fn external_prefix(kind: &str) -> &str {
     }
 }
 
+/// The person type an id's shape says, for ids identify makes itself or a configured lookup
+/// gives; `None` for any other id (only the directory knows those).
+pub fn id_type<'a>(person_id: &str, config: &'a IdentityConfig) -> Option<&'a str> {
+    let (prefix, rest) = person_id.split_once(':')?;
+    if rest.is_empty() {
+        return None;
+    }
+    match prefix {
+        "user" | "api" => Some("user"),
+        "phone" | "chat_user" | "api_key_owner" | "address" | "webhook" => Some("external"),
+        _ => config
+            .lookups
+            .iter()
+            .find(|l| l.person_type == prefix)
+            .map(|l| l.person_type.as_str()),
+    }
+}
+
+/// The contact point (kind, address) an id identify made from an address stands for.
+pub fn contact_of(person_id: &str) -> Option<(&'static str, String)> {
+    let (prefix, rest) = person_id.split_once(':')?;
+    let kind = match prefix {
+        "phone" => "phone",
+        "chat_user" | "user" => "chat_user",
+        "api_key_owner" | "api" => "api_key_owner",
+        "address" => "address",
+        "webhook" => "webhook_sender",
+        _ => return None,
+    };
+    (!rest.is_empty()).then(|| (kind, rest.to_string()))
+}
+
 pub struct IdentityResolver {
     db: PgPool,
     config: IdentityConfig,
+    links: links::IdentityLinks,
 }
 
 impl IdentityResolver {
     pub fn new(db: PgPool, config: IdentityConfig) -> Self {
-        Self { db, config }
+        let links = links::IdentityLinks::new(db.clone(), config.clone());
+        Self { db, config, links }
     }
 
+    /// The canonical person a message from `address` on `channel` belongs to.
     pub async fn resolve_identity(
+        &self,
+        channel: &str,
+        address: &str,
+        asserted: Option<&Person>,
+    ) -> Result<Person, IdentityError> {
+        let person = self.resolve_address(channel, address, asserted).await?;
+        self.follow_links(person).await
+    }
+
+    async fn follow_links(&self, person: Person) -> Result<Person, IdentityError> {
+        let canonical = self.links.canonical(&person.person_id).await?;
+        if canonical == person.person_id {
+            return Ok(person);
+        }
+        let known: Option<(String, String, String)> = sqlx::query_as(
+            "SELECT person_type, name, role FROM switchboard.people WHERE person_id = $1",
+        )
+        .bind(&canonical)
+        .fetch_optional(&self.db)
+        .await?;
+        Ok(match known {
+            Some((person_type, name, role)) => Person {
+                person_id: canonical,
+                person_type,
+                name,
+                role,
+                email: String::new(),
+            },
+            None => Person {
+                person_type: id_type(&canonical, &self.config)
+                    .unwrap_or(&person.person_type)
+                    .to_string(),
+                person_id: canonical,
+                ..person
+            },
+        })
+    }
+
+    /// The person the directory, the channel or a lookup says `address` is (links not
+    /// followed).
+    pub async fn resolve_address(
         &self,
         channel: &str,
         address: &str,
@@ -203,4 +289,42 @@ pub const STAGE: Registration = Registration {
 fn task(app: &App) -> Task {
     let resolver = IdentityResolver::new(app.db.clone(), app.config.identity.clone());
     app.stage_task(IdentifyStage::new(resolver, app.topology.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchboard_kit::config::IdentityLookup;
+
+    #[test]
+    fn an_ids_shape_says_its_type_as_identify_would_give_it() {
+        let config = IdentityConfig {
+            lookups: vec![IdentityLookup {
+                person_type: "staff".into(),
+                kind: "phone".into(),
+                sql: String::new(),
+            }],
+            ..IdentityConfig::default()
+        };
+        assert_eq!(id_type("user:ana", &config), Some("user"));
+        assert_eq!(id_type("api:crm", &config), Some("user"));
+        assert_eq!(id_type("phone:+14155550100", &config), Some("external"));
+        assert_eq!(id_type("staff:17", &config), Some("staff"));
+        // Bare or unknown ids are the directory's to know.
+        assert_eq!(id_type("staff-7", &config), None);
+        assert_eq!(id_type("nurse:3", &config), None);
+        assert_eq!(id_type("user:", &config), None);
+    }
+
+    #[test]
+    fn an_id_made_from_an_address_names_its_contact_point() {
+        assert_eq!(
+            contact_of("phone:+14155550100"),
+            Some(("phone", "+14155550100".into()))
+        );
+        assert_eq!(contact_of("user:ana"), Some(("chat_user", "ana".into())));
+        assert_eq!(contact_of("api:crm"), Some(("api_key_owner", "crm".into())));
+        assert_eq!(contact_of("staff-7"), None);
+        assert_eq!(contact_of("staff:17"), None);
+    }
 }

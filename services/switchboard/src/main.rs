@@ -50,7 +50,7 @@ enum Command {
         #[command(subcommand)]
         command: DirectoryCommand,
     },
-    /// Import the directory from a CSV file.
+    /// Import the directory from a CSV file; link, unlink and merge person ids.
     People {
         #[command(subcommand)]
         command: PeopleCommand,
@@ -79,7 +79,9 @@ enum ApiKeysCommand {
         /// Who the key is for; messages sent with it come from the person `api:<owner>`.
         #[arg(long)]
         owner: String,
-        /// What the key may do (repeatable): messages:write, messages:read. Default: both.
+        /// What the key may do (repeatable): messages:write, messages:read, identity:read,
+        /// identity:write. Default: messages:write and messages:read (identity scopes are only
+        /// ever granted by name).
         #[arg(long = "scope")]
         scopes: Vec<String>,
     },
@@ -130,6 +132,37 @@ enum PeopleCommand {
         /// The CSV file, with a header row.
         path: std::path::PathBuf,
     },
+    /// Treat messages from person `from` as person `to`'s from now on (they share `to`'s
+    /// session). Refused for a person linked to itself, a cycle, or a `from` already linked.
+    Link(LinkArgs),
+    /// Remove the link `from → to`: new messages from `from` are its own again.
+    Unlink(LinkArgs),
+    /// Link `from` to `to` and move `from`'s contact points (and the address its id names) to
+    /// `to`. Unlinking afterwards does not move them back.
+    Merge(LinkArgs),
+    /// The links in force and the audit trail of every link, unlink and merge, newest first.
+    Links {
+        /// Only those from or to this person.
+        #[arg(long)]
+        person: Option<String>,
+        /// At most this many audit entries.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+}
+
+#[derive(clap::Args)]
+struct LinkArgs {
+    /// The person id whose messages are redirected (`phone:+14155550100`, `user:ana`, …).
+    from: String,
+    /// The canonical person id.
+    to: String,
+    /// Why (kept in the audit trail).
+    #[arg(long)]
+    reason: String,
+    /// Who does it (default: the OS user).
+    #[arg(long)]
+    by: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -499,7 +532,97 @@ async fn chat(config: Config, command: ChatCommand) -> anyhow::Result<()> {
 }
 
 async fn people(config: Config, command: PeopleCommand) -> anyhow::Result<()> {
-    let PeopleCommand::Import { path } = command;
+    use switchboard_identify::links::{IdentityLinks, LinkAction, Outcome, Request};
+    let action = match command {
+        PeopleCommand::Import { path } => return import_people(config, path).await,
+        PeopleCommand::Links { person, limit } => {
+            let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
+            switchboard_kit::db::migrate(&db).await?;
+            let store = IdentityLinks::new(db, config.identity.clone());
+            let links = store.links(person.as_deref()).await?;
+            println!("links ({}):", links.len());
+            for l in links {
+                println!(
+                    "  {} → {}  ({} by {} at {}: {})",
+                    l.from_person_id,
+                    l.to_person_id,
+                    l.action.as_str(),
+                    l.linked_by,
+                    l.created_at.to_rfc3339(),
+                    l.reason
+                );
+            }
+            println!("audit, newest first:");
+            for a in store.audit(person.as_deref(), limit).await? {
+                let moved = if a.moved.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [moved {}]", a.moved.join(", "))
+                };
+                println!(
+                    "  {}  {:<6} {} → {}  by {}: {}{moved}",
+                    a.at.to_rfc3339(),
+                    a.action.as_str(),
+                    a.from_person_id,
+                    a.to_person_id,
+                    a.actor,
+                    a.reason
+                );
+            }
+            return Ok(());
+        }
+        PeopleCommand::Link(args) => (LinkAction::Link, args),
+        PeopleCommand::Unlink(args) => (LinkAction::Unlink, args),
+        PeopleCommand::Merge(args) => (LinkAction::Merge, args),
+    };
+    let (action, args) = action;
+    let actor = args.by.clone().unwrap_or_else(os_user);
+    let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
+    switchboard_kit::db::migrate(&db).await?;
+    let store = IdentityLinks::new(db, config.identity.clone());
+    let request = Request {
+        from: &args.from,
+        to: &args.to,
+        actor: &actor,
+        reason: &args.reason,
+    };
+    let outcome = match action {
+        LinkAction::Link => store.link(request).await?,
+        LinkAction::Unlink => store.unlink(request).await?,
+        LinkAction::Merge => store.merge(request).await?,
+    };
+    match outcome {
+        Outcome::Recorded(a) => {
+            let verb = match a.action {
+                LinkAction::Link => "linked",
+                LinkAction::Unlink => "unlinked",
+                LinkAction::Merge => "merged",
+            };
+            println!(
+                "{verb} {} → {} (by {}: {})",
+                a.from_person_id, a.to_person_id, a.actor, a.reason
+            );
+            if !a.moved.is_empty() {
+                println!("moved to {}: {}", a.to_person_id, a.moved.join(", "));
+            }
+        }
+        Outcome::Unchanged => println!(
+            "{} → {}: already so; nothing changed, nothing recorded",
+            args.from, args.to
+        ),
+    }
+    Ok(())
+}
+
+/// Who runs the CLI, for the audit trail.
+fn os_user() -> String {
+    ["USER", "LOGNAME", "USERNAME"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+async fn import_people(config: Config, path: std::path::PathBuf) -> anyhow::Result<()> {
     let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let rows = switchboard::people::read_rows(file, &config.identity.default_region)
         .with_context(|| format!("reading {}", path.display()))?;
