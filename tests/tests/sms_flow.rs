@@ -321,6 +321,34 @@ async fn bad_requests_get_clear_errors() {
         .finish();
     let resp = app.post_twilio(body, Some(&sig)).await;
     assert_eq!(resp.status(), 400);
+
+    // A channel that does not exist is named in the 400; a known one at a wrong path is 404.
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("{}/webhooks/fax/inbound", app.gateway_url))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "unknown_channel");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"fax\""),
+        "{err}"
+    );
+    let resp = client
+        .post(format!("{}/webhooks/twilio/voice", app.gateway_url))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let err: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "not_found");
     app.shutdown().await;
 }
 

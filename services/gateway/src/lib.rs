@@ -132,10 +132,41 @@ pub fn router(state: GatewayState) -> Router {
         );
     }
     router
+        .route("/webhooks/{*rest}", axum::routing::any(unknown_webhook))
         .merge(chat::routes())
         .merge(api::routes())
         .merge(identity_api::routes())
         .with_state(state)
+}
+
+/// A webhook path no adapter serves: 400 naming the unknown channel, or 404 when the channel is
+/// known but the path is not one of its routes (a provider configured with a wrong URL).
+async fn unknown_webhook(OriginalUri(uri): OriginalUri) -> Refused {
+    let first = uri
+        .path()
+        .trim_start_matches("/webhooks/")
+        .split('/')
+        .next()
+        .unwrap_or("");
+    let known: Vec<&str> = switchboard_channels::ADAPTERS
+        .iter()
+        .filter(|a| a.webhook.is_some())
+        .map(|a| a.provider)
+        .collect();
+    let e = if known.contains(&first) {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{first} posts to another path; see the channel's documentation"),
+        )
+    } else {
+        let shown: String = first.chars().filter(|c| !c.is_control()).take(40).collect();
+        ApiError::bad_request(
+            "unknown_channel",
+            format!("no channel {shown:?}; webhooks: {}", known.join(", ")),
+        )
+    };
+    refused_on("unknown", "unknown", e)
 }
 
 /// Any channel's webhook: read and authenticate it (the adapter), number the sender's message,
