@@ -599,6 +599,40 @@ impl TestApp {
             .expect("start worker process")
     }
 
+    /// A gateway replica as its own process (`switchboard gateway`, on this app's
+    /// configuration with its own ports); its base URL once it answers `/healthz`.
+    pub async fn spawn_gateway_process(&self) -> (Child, String) {
+        let port = || switchboard_kit::net::free_port("127.0.0.1").expect("a free port");
+        let (http, admin) = (port(), port());
+        let mut cmd = Command::new(switchboard_bin());
+        cmd.arg("gateway");
+        for k in stack_env() {
+            cmd.env_remove(k);
+        }
+        let child = cmd
+            .env("SB_CONFIG", &self.config_path)
+            .env("SB_GATEWAY__HTTP_ADDR", format!("127.0.0.1:{http}"))
+            .env("SB_ADMIN__HTTP_ADDR", format!("127.0.0.1:{admin}"))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start a gateway process");
+        let url = format!("http://127.0.0.1:{http}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reqwest::get(format!("{url}/healthz")).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the gateway process did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (child, url)
+    }
+
     /// Another gateway replica of this deployment (its own listener, sockets and mailbox
     /// follower, the same NATS and database); its base URL. It stops with the app.
     pub async fn second_gateway(&self) -> String {

@@ -325,6 +325,23 @@ async fn a_reply_reaches_the_persons_sockets_on_every_gateway_replica() {
 }
 
 #[tokio::test]
+async fn with_two_gateway_processes_a_reply_reaches_the_socket_the_other_one_holds() {
+    let app = spawn_app().await;
+    let (_process, other) = app.spawn_gateway_process().await;
+    // The message goes in through the test's gateway; the only socket waiting for the reply is
+    // held by the other process.
+    let mut sender = ChatClient::as_user(&app.gateway_url, "ana").await;
+    let mut elsewhere = ChatClient::as_user(&other, "ana").await;
+    sender.say("p-1", "across processes").await;
+    sender.until("accepted", WAIT).await;
+    sender.close().await;
+    let reply = elsewhere.reply(PUSHED).await;
+    assert_eq!(reply["in_reply_to"], "p-1");
+    assert_eq!(reply["text"], "echo: across processes");
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_bad_frame_gets_an_error_frame_and_the_socket_stays_usable() {
     let app = spawn_app().await;
     let mut chat = ChatClient::as_user(&app.gateway_url, "ana").await;

@@ -352,13 +352,118 @@ pub fn work_payloads(data: &[u8]) {
 pub type Check = fn(&[u8]);
 
 /// The fuzz targets by name, for the seed replay.
-pub const TARGETS: [(&str, Check); 5] = [
+pub const TARGETS: [(&str, Check); 6] = [
     ("twilio_webhook", twilio_webhook),
     ("textmagic_webhook", textmagic_webhook),
     ("twilio_signature", twilio_signature),
     ("phone_normalize", phone_normalize),
     ("work_payloads", work_payloads),
+    ("client_input", client_input),
 ];
+
+/// The refusals the client-facing parsers may give, with their statuses.
+const CLIENT_CODES: &[(&str, u16)] = &[
+    ("invalid_frame", 400),
+    ("invalid_body", 400),
+    ("invalid_field", 400),
+    ("missing_field", 400),
+    ("malformed_json", 400),
+    ("text_too_long", 413),
+];
+
+/// Text that may reach the pipeline: within the limit, no control characters but tab and LF.
+fn assert_clean_text(text: &str, max_chars: usize) {
+    assert!(text.chars().count() <= max_chars, "text over the limit");
+    assert!(
+        text.chars()
+            .all(|c| c == '\n' || c == '\t' || !c.is_control()),
+        "a control character reaches the pipeline"
+    );
+    assert!(
+        !text.trim().is_empty() || text.is_empty(),
+        "blank text accepted"
+    );
+}
+
+fn assert_client_id(id: &str) {
+    assert!(!id.is_empty() && id.len() <= 40, "id {id:?} length");
+    assert!(
+        id.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+        "id {id:?} is not header-safe"
+    );
+}
+
+fn assert_client_refusal(e: &switchboard_channels::ApiError) {
+    let status = e.status().as_u16();
+    assert!(
+        CLIENT_CODES.contains(&(e.code(), status)),
+        "unexpected rejection {} {status}",
+        e.code()
+    );
+}
+
+/// What clients of ours send, before anything is stored: a chat frame, a REST API message body
+/// with its Idempotency-Key, a signed generic webhook's event (after its signature).
+///
+/// Input: one flag byte, then the body. Bits 0-1: which parser (0 chat, 1 API, else webhook);
+/// bit 2: a 16-character text limit instead of 4096. For the API, the body is split at its
+/// first NUL: before it the Idempotency-Key, after it the JSON.
+pub fn client_input(data: &[u8]) {
+    use switchboard_channels::{api, chat, generic};
+    let Some((&flags, body)) = data.split_first() else {
+        return;
+    };
+    let max = if flags & 4 != 0 { 16 } else { 4096 };
+    match flags & 3 {
+        0 => {
+            let Ok(frame) = std::str::from_utf8(body) else {
+                return;
+            };
+            match chat::read_frame(frame, max) {
+                Ok(m) => {
+                    assert_client_id(&m.id);
+                    assert_clean_text(&m.text, max);
+                    assert!(!m.text.trim().is_empty());
+                }
+                Err(e) => assert_client_refusal(&e),
+            }
+        }
+        1 => {
+            let (key, json) = match body.iter().position(|&b| b == 0) {
+                Some(at) => (std::str::from_utf8(&body[..at]).ok(), &body[at + 1..]),
+                None => (None, body),
+            };
+            match api::read_message(json, key, max) {
+                Ok(m) => {
+                    assert_clean_text(&m.text, max);
+                    assert!(!m.text.trim().is_empty());
+                    if let Some(k) = &m.idempotency_key {
+                        assert_client_id(k);
+                    }
+                }
+                Err(e) => assert_client_refusal(&e),
+            }
+        }
+        _ => {
+            let source = switchboard_kit::config::WebhookSourceConfig {
+                sender_field: "user.id".into(),
+                ..Default::default()
+            };
+            let parsed =
+                generic::webhook::parse_generic_event(body, Some("application/json"), &source, max);
+            match parsed {
+                Ok(event) => {
+                    assert_client_id(&event.id);
+                    assert_clean_text(&event.text, max);
+                    assert!(!event.sender.is_empty() && event.sender == event.sender.trim());
+                    assert!(!event.sender.chars().any(char::is_control));
+                }
+                Err(e) => assert_client_refusal(&e),
+            }
+        }
+    }
+}
 
 fn inputs(fuzz_dir: &Path, target: &str) -> Vec<Vec<u8>> {
     let mut out = Vec::new();

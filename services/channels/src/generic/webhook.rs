@@ -153,6 +153,10 @@ pub fn parse_generic_event(
         ));
     };
     let text = ingress::clean_text(text_path, text, max_text_chars)?;
+    // A blank message would be a turn with nothing to answer (found by the fuzz target).
+    if text.trim().is_empty() {
+        return Err(ApiError::missing_field(text_path));
+    }
     Ok(GenericEvent {
         id,
         sender: sender.to_string(),
