@@ -1,12 +1,14 @@
 //! Property: whatever many people text at once (including text that forges identity lines or
 //! the prompt's fence markers), nothing of one person ends up in another's session or prompt.
 //!
-//! Each case runs on the real stack (fresh database and subjects): 3 to 6 senders with random
-//! numbers written in various formats, some of them known to the directory, each sending 1 to 3
-//! messages, all at once. Then:
+//! Each case runs on the real stack (fresh database and subjects): 3 to 6 senders, each texting
+//! from a random number written in various formats or chatting over the WebSocket with a token
+//! of their own, some of them known to the directory, each sending 1 to 3 messages, all at once.
+//! Then:
 //! - every runner call's prompt carries in its header the resolved identity of exactly one
 //!   sender, and inside its fence exactly one text that sender wrote;
-//! - every text reaches the runner once, and its reply goes back to the number that wrote it;
+//! - every text reaches the runner once, and its reply goes back to the number (or the socket)
+//!   that wrote it;
 //! - every log row, inbound and outbound, is in a session of the person who wrote it (or is
 //!   answered), with that person's text.
 //!
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use switchboard_e2e::{FakeRunner, TestApp, spawn_app};
+use switchboard_e2e::{ChatClient, FakeRunner, TestApp, spawn_app};
 
 /// Text that tries to pass for Switchboard's own lines.
 const FORGERIES: &[&str] = &[
@@ -40,9 +42,18 @@ struct Sender {
     e164: String,
     /// How the number is written in `From`.
     written: String,
-    /// Known to the directory as (name, role), else an external contact.
+    /// Known to the directory as (name, role), else an external contact (or, chatting, the
+    /// user the token names).
     staff: Option<(String, String)>,
     texts: Vec<String>,
+    /// Chats (token `sub` = [`Sender::sub`]) instead of texting.
+    chat: bool,
+}
+
+impl Sender {
+    fn sub(&self) -> String {
+        format!("chat-{}", &self.e164[1..])
+    }
 }
 
 fn text() -> impl Strategy<Value = String> {
@@ -62,15 +73,17 @@ fn senders() -> impl Strategy<Value = Vec<Sender>> {
             proptest::collection::vec(0usize..4, n),
             proptest::collection::vec(proptest::option::of((0usize..3, any::<bool>())), n),
             proptest::collection::vec(proptest::collection::vec(text(), 1..=3), n),
+            proptest::collection::vec(any::<bool>(), n),
         )
-            .prop_map(|(lines, formats, staff, texts)| {
+            .prop_map(|(lines, formats, staff, texts, chats)| {
                 lines
                     .into_iter()
                     .zip(formats)
                     .zip(staff)
                     .zip(texts)
+                    .zip(chats)
                     .enumerate()
-                    .map(|(i, (((line, format), staff), texts))| {
+                    .map(|(i, ((((line, format), staff), texts), chat))| {
                         let e164 = format!("+1415555{line:04}");
                         let written = match format {
                             0 => e164.clone(),
@@ -83,11 +96,21 @@ fn senders() -> impl Strategy<Value = Vec<Sender>> {
                             let role = if admin { "admin" } else { "agent" };
                             (format!("{} {i}", names[name]), role.to_string())
                         });
+                        // A chat message must say something (a blank one is refused).
+                        let texts = if chat {
+                            texts
+                                .into_iter()
+                                .map(|t| if t.trim().is_empty() { t + "." } else { t })
+                                .collect()
+                        } else {
+                            texts
+                        };
                         Sender {
                             e164,
                             written,
                             staff,
                             texts,
+                            chat,
                         }
                     })
                     .collect()
@@ -98,6 +121,7 @@ fn senders() -> impl Strategy<Value = Vec<Sender>> {
 fn person_id(i: usize, s: &Sender) -> String {
     match &s.staff {
         Some(_) => format!("staff-{i}"),
+        None if s.chat => format!("user:{}", s.sub()),
         None => format!("phone:{}", s.e164),
     }
 }
@@ -107,6 +131,10 @@ fn identity_line(i: usize, s: &Sender) -> String {
     match &s.staff {
         Some((name, role)) => format!(
             "Person: {name} | id {} | type staff | role {role}",
+            person_id(i, s)
+        ),
+        None if s.chat => format!(
+            "Person: (unknown) | id {} | type user | role (none)",
             person_id(i, s)
         ),
         None => format!(
@@ -137,11 +165,17 @@ async fn run_case(app: &TestApp, senders: &[Sender]) -> Result<(), TestCaseError
             .execute(&app.db)
             .await
             .unwrap();
+            let (kind, address) = if s.chat {
+                ("chat_user", s.sub())
+            } else {
+                ("phone", s.e164.clone())
+            };
             sqlx::query(
                 "INSERT INTO switchboard.contact_points (kind, address, person_id)
-                 VALUES ('phone', $1, $2)",
+                 VALUES ($1, $2, $3)",
             )
-            .bind(&s.e164)
+            .bind(kind)
+            .bind(address)
             .bind(person_id(i, s))
             .execute(&app.db)
             .await
@@ -149,9 +183,18 @@ async fn run_case(app: &TestApp, senders: &[Sender]) -> Result<(), TestCaseError
         }
     }
 
-    // Everyone at once.
+    // Everyone at once: the chatters' messages go out on their sockets, then every SMS.
+    let mut sockets = BTreeMap::new();
+    for (i, s) in senders.iter().enumerate().filter(|(_, s)| s.chat) {
+        let mut socket = ChatClient::as_user(&app.gateway_url, &s.sub()).await;
+        for (n, t) in s.texts.iter().enumerate() {
+            socket.say(&format!("m{n}"), t).await;
+        }
+        sockets.insert(i, socket);
+    }
     let sends = senders
         .iter()
+        .filter(|s| !s.chat)
         .flat_map(|s| s.texts.iter().map(move |t| app.send_sms(&s.written, t)));
     for resp in futures::future::join_all(sends).await {
         check(resp.status() == 200, || {
@@ -159,8 +202,31 @@ async fn run_case(app: &TestApp, senders: &[Sender]) -> Result<(), TestCaseError
         })?;
     }
     let total: usize = senders.iter().map(|s| s.texts.len()).sum();
+    let total_sms: usize = senders
+        .iter()
+        .filter(|s| !s.chat)
+        .map(|s| s.texts.len())
+        .sum();
+    // Each chatter's socket: every frame it gets (accepted, replies; never an error).
+    let mut chat_replies: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for (i, socket) in sockets.iter_mut() {
+        let want = senders[*i].texts.len();
+        let mut replies = Vec::new();
+        while replies.len() < want {
+            let Some(frame) = socket.next_frame(Duration::from_secs(30)).await else {
+                break;
+            };
+            check(frame["type"] != "error", || {
+                format!("sender {i} got an error frame: {frame}")
+            })?;
+            if frame["type"] == "reply" {
+                replies.push(frame["text"].as_str().unwrap_or("").to_string());
+            }
+        }
+        chat_replies.insert(*i, replies);
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while app.twilio.sent().len() < total && Instant::now() < deadline {
+    while app.twilio.sent().len() < total_sms && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     app.settle().await;
@@ -220,11 +286,32 @@ async fn run_case(app: &TestApp, senders: &[Sender]) -> Result<(), TestCaseError
         format!("texts never prompted: {unseen:?}")
     })?;
 
-    // Replies: each to the number that wrote the text it answers.
+    // Replies: each to the number (or socket) that wrote the text it answers.
     let sent = app.twilio.sent();
-    check(sent.len() == total, || {
-        format!("{} replies for {total} messages: {sent:?}", sent.len())
+    check(sent.len() == total_sms, || {
+        format!("{} SMS replies for {total_sms} texts: {sent:?}", sent.len())
     })?;
+    for (i, replies) in &chat_replies {
+        let mut mine: Vec<String> = senders[*i]
+            .texts
+            .iter()
+            .map(|t| format!("echo: {t}"))
+            .collect();
+        check(replies.len() == mine.len(), || {
+            format!(
+                "chatter {i} got {} replies for {} messages",
+                replies.len(),
+                mine.len()
+            )
+        })?;
+        for reply in replies {
+            let pos = mine.iter().position(|t| t == reply);
+            check(pos.is_some(), || {
+                format!("chatter {i} got a reply to someone else's text: {reply:?}")
+            })?;
+            mine.remove(pos.unwrap());
+        }
+    }
     let mut unanswered: Vec<Vec<String>> = senders
         .iter()
         // The deliverer trims the end of each SMS part.
