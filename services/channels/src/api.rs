@@ -27,14 +27,17 @@ pub enum Scope {
     IdentityRead,
     /// Link, unlink and merge person ids (and read them).
     IdentityWrite,
+    /// Send messages an agent starts to people (`POST /api/v1/outbound`).
+    OutboundWrite,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 4] = [
+    pub const ALL: [Scope; 5] = [
         Scope::MessagesWrite,
         Scope::MessagesRead,
         Scope::IdentityRead,
         Scope::IdentityWrite,
+        Scope::OutboundWrite,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -43,11 +46,12 @@ impl Scope {
             Scope::MessagesRead => "messages:read",
             Scope::IdentityRead => "identity:read",
             Scope::IdentityWrite => "identity:write",
+            Scope::OutboundWrite => "outbound:write",
         }
     }
 
-    /// Scopes a key gets when none are named. Not the identity scopes: moving whose messages
-    /// go where is granted only by name.
+    /// Scopes a key gets when none are named. Not the identity scopes (moving whose messages
+    /// go where) nor `outbound:write` (writing to anyone first): granted only by name.
     pub const DEFAULT: [Scope; 2] = [Scope::MessagesWrite, Scope::MessagesRead];
 }
 

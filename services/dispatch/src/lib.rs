@@ -75,6 +75,8 @@ struct StoredReply {
     engine_session_id: String,
     processing_ms: i64,
     tool_calls_count: i64,
+    /// The agent started this message (no runner call): the session's engine session stays.
+    agent_started: bool,
 }
 
 /// A runner call's lease outlives the agent's timeout by this much, so only a call that is
@@ -379,6 +381,7 @@ impl TurnDispatcher {
             engine_session_id: row.get(4),
             processing_ms: row.get::<Option<i64>, _>(5).unwrap_or(0),
             tool_calls_count: row.get::<Option<i64>, _>(6).unwrap_or(0),
+            agent_started: false,
         })
     }
 
@@ -397,7 +400,8 @@ impl TurnDispatcher {
         // dispatcher stalled) and was taken over is not committed, whoever finishes first.
         let moved = sqlx::query(
             "UPDATE switchboard.sessions
-                SET last_seq = $2, engine_session_id = $3, updated_at = now(), status = 'idle',
+                SET last_seq = $2, updated_at = now(), status = 'idle',
+                    engine_session_id = CASE WHEN $6 THEN engine_session_id ELSE $3 END,
                     running_call = NULL, running_by = NULL, running_until = NULL
               WHERE id = $1 AND last_seq = $4 AND running_call = $5",
         )
@@ -406,6 +410,7 @@ impl TurnDispatcher {
         .bind(&reply.engine_session_id)
         .bind(after)
         .bind(call)
+        .bind(reply.agent_started)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -591,6 +596,27 @@ impl TurnDispatcher {
             }
         };
 
+        // A message the agent started is already its own answer: no runner call, the text is
+        // committed as the turn's reply, in the turn's place (after the replies before it).
+        if let Some(text) = turn
+            .message
+            .as_ref()
+            .and_then(|m| m.inbound.as_ref())
+            .map(|i| i.outbound_text.as_str())
+            .filter(|t| !t.is_empty())
+        {
+            let stored = StoredReply {
+                reply_id: Uuid::now_v7(),
+                text: text.to_string(),
+                // The engine session goes on as it was.
+                engine_session_id: engine_session.unwrap_or_default(),
+                processing_ms: 0,
+                tool_calls_count: 0,
+                agent_started: true,
+            };
+            return self.settle(turn, session, after, call, stored).await;
+        }
+
         let prompt = prompt::build_prompt(turn);
         let correlation = turn
             .message
@@ -627,7 +653,21 @@ impl TurnDispatcher {
             engine_session_id: resp.session_id,
             processing_ms,
             tool_calls_count: resp.tool_calls_count,
+            agent_started: false,
         };
+        self.settle(turn, session, after, call, stored).await
+    }
+
+    /// Commit the turn's answer (compare-and-set on the cursor and the call slot) and return
+    /// the reply to publish: this one, or the one another call of the turn committed.
+    async fn settle(
+        &self,
+        turn: &Turn,
+        session: Uuid,
+        after: i64,
+        call: Uuid,
+        stored: StoredReply,
+    ) -> Result<Output, DispatchError> {
         // The agent has answered: a database hiccup must not make it answer again, so the
         // commit is tried again for a while before the turn fails (and is run again).
         let committed = match retry::until(

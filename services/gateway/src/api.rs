@@ -189,7 +189,9 @@ async fn message_status(
     headers: HeaderMap,
 ) -> Result<Response, Refused> {
     let caller = caller(&state, &headers).await?;
-    if caller.require(Scope::MessagesRead).is_err() {
+    // Whoever may send a message may follow it (agent-started ones included).
+    if caller.require(Scope::MessagesRead).is_err() && caller.require(Scope::OutboundWrite).is_err()
+    {
         caller.require(Scope::MessagesWrite).map_err(refuse)?;
     }
     let owner: Option<String> =
@@ -209,7 +211,8 @@ async fn message_status(
     Ok(Json(status_of(&state, &correlation_id).await?).into_response())
 }
 
-/// Answered once a reply is in the mailbox; failed once its turn or delivery failed for good.
+/// Answered once a reply is in the mailbox (or, sent by a provider, in the delivery ledger as
+/// sent); failed once its turn or delivery failed for good.
 async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<MessageStatus, Refused> {
     let replies = state
         .mailbox
@@ -225,6 +228,32 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
         });
     }
     let id: Uuid = correlation_id.parse().unwrap_or_default();
+    // A reply sent through a provider (an agent-started SMS) has no mailbox entry: answered
+    // once the delivery ledger says it went out.
+    let delivered: Option<(Uuid, String, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT t.reply_id, s.agent_name, t.reply_text, d.updated_at
+               FROM switchboard.turns t
+               JOIN switchboard.sessions s ON s.id = t.session_id
+               JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+              WHERE t.inbound_id = $1 AND d.status = 'sent'",
+    )
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await
+    .map_err(unavailable)?;
+    if let Some((reply_id, agent, text, sent_at)) = delivered {
+        return Ok(MessageStatus {
+            correlation_id: correlation_id.into(),
+            status: "answered",
+            replies: vec![ReplyView {
+                reply_id: reply_id.to_string(),
+                agent,
+                text,
+                sent_at: sent_at.to_rfc3339(),
+            }],
+            error: None,
+        });
+    }
     let failure: Option<Option<String>> = sqlx::query_scalar(
         "SELECT COALESCE(d.last_error, t.error)
            FROM switchboard.turns t

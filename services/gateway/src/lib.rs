@@ -9,6 +9,7 @@ pub mod api;
 pub mod chat;
 pub mod hub;
 pub mod identity_api;
+pub mod outbound_api;
 
 use std::sync::Arc;
 
@@ -136,6 +137,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(chat::routes())
         .merge(api::routes())
         .merge(identity_api::routes())
+        .merge(outbound_api::routes())
         .with_state(state)
 }
 
@@ -351,6 +353,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         arrival_seq: arrival.seq,
         arrival_epoch: arrival.epoch,
         asserted,
+        outbound_text: String::new(),
     };
     if let Some((first, retry_after)) = limited {
         metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel).increment(1);

@@ -265,16 +265,23 @@ impl Stage for IdentifyStage {
         };
         let correlation = inbound.correlation_id.clone();
         let id = inbound.id.clone();
+        // A message the agent started was not received from anyone: no `message.received`.
+        let agent_started = !inbound.outbound_text.is_empty();
         let identified = IdentifiedMessage {
             inbound: Some(inbound),
             person: Some(person),
         };
-        Ok(vec![
+        let mut out = vec![
             Output::new(self.topology.identified(), id.clone(), &identified)
                 .correlated(correlation.clone()),
-            Output::new(self.topology.event("message.received"), id, &received)
-                .correlated(correlation),
-        ])
+        ];
+        if !agent_started {
+            out.push(
+                Output::new(self.topology.event("message.received"), id, &received)
+                    .correlated(correlation),
+            );
+        }
+        Ok(out)
     }
 }
 

@@ -41,6 +41,9 @@ pub struct LogEntry {
     pub tool_calls_count: Option<i64>,
     pub correlation_id: String,
     pub external_id: Option<String>,
+    /// The row's `metadata` (a JSON object). Inbound rows keep where the message came from
+    /// (`provider`, `sender`, `recipient`): an agent-started message goes back the same way.
+    pub metadata: serde_json::Value,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,10 +101,16 @@ impl MessageLog {
         sqlx::query(
             "INSERT INTO switchboard.messages
                 (id, session_id, person_id, agent_name, agent_identity, direction, channel, message,
-                 processing_ms, tool_calls_count, correlation_id, external_id)
-             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
-                                  $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],
-                                  $11::text[], $12::text[])
+                 processing_ms, tool_calls_count, correlation_id, external_id, metadata)
+             SELECT id, session_id, person_id, agent_name, agent_identity, direction, channel,
+                    message, processing_ms, tool_calls_count, correlation_id, external_id,
+                    metadata::jsonb
+               FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
+                           $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],
+                           $11::text[], $12::text[], $13::text[])
+                    AS u(id, session_id, person_id, agent_name, agent_identity, direction,
+                         channel, message, processing_ms, tool_calls_count, correlation_id,
+                         external_id, metadata)
              ON CONFLICT DO NOTHING",
         )
         .bind(entries.iter().map(|e| e.id).collect::<Vec<_>>())
@@ -126,6 +135,7 @@ impl MessageLog {
                 .map(|e| e.external_id.clone())
                 .collect::<Vec<_>>(),
         )
+        .bind(col(|e| e.metadata.to_string()))
         .execute(&self.db)
         .await?;
         Ok(())
@@ -201,9 +211,36 @@ impl BatchStage for LogInbound {
     const SPEC: StageSpec = StageSpec::new("log-inbound", Source::Work("turn.>"));
 
     async fn handle_batch(&self, turns: Vec<Turn>, _attempts: &[Attempt]) -> Vec<Outcome> {
-        let entries = turns.iter().map(inbound_entry).collect();
-        self.log.record_batch(&self.topology, entries).await
+        // A turn the agent started holds nothing the person said: no inbound row (its reply is
+        // logged as outbound, like any reply).
+        let person_said: Vec<&Turn> = turns.iter().filter(|t| !agent_started(t)).collect();
+        let mut logged = self
+            .log
+            .record_batch(
+                &self.topology,
+                person_said.iter().map(|t| inbound_entry(t)).collect(),
+            )
+            .await
+            .into_iter();
+        turns
+            .iter()
+            .map(|t| {
+                if agent_started(t) {
+                    Ok(Vec::new())
+                } else {
+                    logged.next().expect("one outcome per entry")
+                }
+            })
+            .collect()
     }
+}
+
+/// Whether the turn is a message the agent started rather than one the person sent.
+pub fn agent_started(turn: &Turn) -> bool {
+    turn.message
+        .as_ref()
+        .and_then(|m| m.inbound.as_ref())
+        .is_some_and(|i| !i.outbound_text.is_empty())
 }
 
 fn inbound_entry(turn: &Turn) -> Result<LogEntry, LogError> {
@@ -226,6 +263,11 @@ fn inbound_entry(turn: &Turn) -> Result<LogEntry, LogError> {
         tool_calls_count: None,
         correlation_id: inbound.correlation_id.clone(),
         external_id: Some(inbound.provider_message_id.clone()).filter(|s| !s.is_empty()),
+        metadata: serde_json::json!({
+            "provider": inbound.provider,
+            "sender": inbound.sender,
+            "recipient": inbound.recipient,
+        }),
     })
 }
 
@@ -269,6 +311,7 @@ fn outbound_entry(reply: &Reply) -> Result<LogEntry, LogError> {
         tool_calls_count: Some(reply.tool_calls_count),
         correlation_id: reply.correlation_id.clone(),
         external_id: None,
+        metadata: serde_json::json!({}),
     })
 }
 
@@ -295,3 +338,52 @@ pub const OUTBOUND: Registration = Registration {
         ))
     },
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person};
+
+    fn turn(outbound_text: &str) -> Turn {
+        Turn {
+            session_id: Uuid::now_v7().to_string(),
+            seq: 1,
+            message: Some(IdentifiedMessage {
+                inbound: Some(InboundMessage {
+                    id: Uuid::now_v7().to_string(),
+                    channel: "sms".into(),
+                    provider: "twilio".into(),
+                    sender: "+14155550100".into(),
+                    recipient: "+15555550199".into(),
+                    text: if outbound_text.is_empty() { "hi" } else { "" }.into(),
+                    outbound_text: outbound_text.into(),
+                    ..Default::default()
+                }),
+                person: Some(Person {
+                    person_id: "phone:+14155550100".into(),
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_inbound_row_keeps_the_way_back_to_the_person() {
+        let entry = inbound_entry(&turn("")).unwrap();
+        assert_eq!(
+            entry.metadata,
+            serde_json::json!({
+                "provider": "twilio",
+                "sender": "+14155550100",
+                "recipient": "+15555550199",
+            })
+        );
+    }
+
+    #[test]
+    fn only_a_turn_the_agent_started_is_agent_started() {
+        assert!(!agent_started(&turn("")));
+        assert!(agent_started(&turn("Your appointment is at 3pm.")));
+    }
+}

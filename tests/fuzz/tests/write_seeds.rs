@@ -36,6 +36,7 @@ fn inbound(text: &str) -> InboundMessage {
         arrival_seq: 3,
         arrival_epoch: 1_767_000_000_000,
         asserted: None,
+        outbound_text: String::new(),
     }
 }
 
