@@ -141,7 +141,7 @@ impl Hop {
     }
     fn filter(self, p: &str) -> String {
         match self {
-            Hop::Identify => format!("{p}.in"),
+            Hop::Identify => format!("{p}.in.sms"),
             Hop::Session => format!("{p}.identified"),
             Hop::LogInbound | Hop::Dispatch => format!("{p}.turn.>"),
             Hop::LogOutbound | Hop::Deliver => format!("{p}.reply"),
@@ -467,7 +467,7 @@ pub async fn run(
     js.create_or_update_stream(stream::Config {
         name: format!("{upper}_WORK"),
         subjects: vec![
-            format!("{p}.in"),
+            format!("{p}.in.sms"),
             format!("{p}.identified"),
             format!("{p}.turn.>"),
             format!("{p}.reply"),
@@ -582,7 +582,7 @@ pub async fn run(
                 if counted.await.is_err()
                     || floor
                         .publish(
-                            format!("{p}.in"),
+                            format!("{p}.in.sms"),
                             format!("g/{turn}"),
                             encode(session, turn, 0),
                         )
