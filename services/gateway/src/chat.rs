@@ -41,8 +41,6 @@ pub struct ConnectParams {
     since: Option<i64>,
 }
 
-/// How often the socket reads the mailbox itself, for replies whose announcement it missed.
-const CATCH_UP_EVERY: Duration = Duration::from_secs(5);
 /// Replies younger than this may still be joined by ones committed out of `seq` order, so the
 /// catch-up reads from below them.
 const SETTLE: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
@@ -164,7 +162,9 @@ async fn serve(
     let idle = Duration::from_millis(state.config.chat.idle_timeout_ms);
     let mut ping = tokio::time::interval(idle / 3);
     ping.reset();
-    let mut catch_up = tokio::time::interval(CATCH_UP_EVERY);
+    let mut catch_up = tokio::time::interval(Duration::from_millis(
+        state.config.chat.catch_up_ms.max(100),
+    ));
     catch_up.reset();
     let mut last_heard = tokio::time::Instant::now();
     loop {

@@ -209,6 +209,8 @@ pub struct ChatConfig {
     pub replay_limit: i64,
     /// A socket that has not been heard from (messages or pongs) within this time is closed.
     pub idle_timeout_ms: u64,
+    /// How often a socket reads the mailbox itself, for replies whose announcement it missed.
+    pub catch_up_ms: u64,
 }
 
 impl Default for ChatConfig {
@@ -220,6 +222,7 @@ impl Default for ChatConfig {
             jwt_audience: String::new(),
             replay_limit: 200,
             idle_timeout_ms: 120_000,
+            catch_up_ms: 5_000,
         }
     }
 }
