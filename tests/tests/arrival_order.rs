@@ -3,16 +3,20 @@
 use std::time::Duration;
 
 use switchboard_e2e::{FakeRunner, TestApp, spawn_app, spawn_app_configured};
-use switchboard_kit::arrival::{Arrival, ArrivalCounter};
+use switchboard_kit::arrival::{Admission, Arrival, ArrivalCounter};
 use switchboard_kit::proto::InboundMessage;
 use switchboard_kit::runtime::{Output, Runtime};
 
 /// Number a message the way the gateway does (same counter, same bucket).
 async fn number(app: &TestApp, from: &str, sid: &str) -> Arrival {
-    ArrivalCounter::new(app.js.clone(), &app.topology)
-        .next("sms", from, sid)
+    let admission = ArrivalCounter::new(app.js.clone(), &app.topology)
+        .admit("sms", from, sid, 0)
         .await
-        .expect("arrival counter")
+        .expect("arrival counter");
+    let Admission::Accepted(arrival) = admission else {
+        panic!("no limit was set, yet {admission:?}");
+    };
+    arrival
 }
 
 /// Publish a numbered SMS to the inbound subject exactly as the gateway would, but at a moment

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::ApiError;
-use crate::ingress::{check_client_id, clean_text};
+use crate::ingress::{check_client_id, message_text};
 
 /// The provider name API messages and their replies carry.
 pub const PROVIDER: &str = "api";
@@ -91,14 +91,22 @@ pub struct ApiCaller {
 impl ApiCaller {
     /// 403 unless the key has `scope`.
     pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
-        if self.scopes.iter().any(|s| s == scope.as_str()) {
-            Ok(())
-        } else {
-            Err(ApiError::forbidden(
-                "missing_scope",
-                format!("this API key lacks the {} scope", scope.as_str()),
-            ))
+        self.require_any(&[scope])
+    }
+
+    /// 403 unless the key has one of `scopes`.
+    pub fn require_any(&self, scopes: &[Scope]) -> Result<(), ApiError> {
+        if scopes
+            .iter()
+            .any(|scope| self.scopes.iter().any(|s| s == scope.as_str()))
+        {
+            return Ok(());
         }
+        let names: Vec<_> = scopes.iter().map(|s| s.as_str()).collect();
+        Err(ApiError::forbidden(
+            "missing_scope",
+            format!("this API key lacks the {} scope", names.join(" or ")),
+        ))
     }
 }
 
@@ -259,19 +267,21 @@ pub fn read_message(
             format!("expected JSON {{\"agent\", \"text\", \"wait\"}}: {e}"),
         )
     })?;
-    let text = clean_text("text", &request.text, max_chars)?;
-    if text.trim().is_empty() {
-        return Err(ApiError::missing_field("text"));
-    }
-    if let Some(key) = idempotency_key {
-        check_client_id("Idempotency-Key", key)?;
-    }
+    let text = message_text("text", &request.text, max_chars)?;
     Ok(ApiMessage {
         agent: request.agent.trim().to_string(),
         text,
         wait: request.wait,
-        idempotency_key: idempotency_key.map(str::to_string),
+        idempotency_key: checked_idempotency_key(idempotency_key)?,
     })
+}
+
+/// An `Idempotency-Key` header's value, checked like a client message id (the same key again
+/// is the same message).
+pub fn checked_idempotency_key(value: Option<&str>) -> Result<Option<String>, ApiError> {
+    value
+        .map(|key| check_client_id("Idempotency-Key", key).map(|()| key.to_string()))
+        .transpose()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use switchboard_kit::config::ChatConfig;
 
 use crate::ApiError;
-use crate::ingress::{check_client_id, clean_text};
+use crate::ingress::{check_client_id, message_text};
 
 /// The provider name chat messages and their replies carry.
 pub const PROVIDER: &str = "chat";
@@ -182,10 +182,7 @@ pub fn read_frame(frame: &str, max_chars: usize) -> Result<ChatMessage, ApiError
     })?;
     let ClientFrame::Message { id, agent, text } = frame;
     check_client_id("id", &id)?;
-    let text = clean_text("text", &text, max_chars)?;
-    if text.trim().is_empty() {
-        return Err(ApiError::missing_field("text"));
-    }
+    let text = message_text("text", &text, max_chars)?;
     Ok(ChatMessage {
         id,
         agent: agent.trim().to_string(),

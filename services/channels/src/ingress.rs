@@ -147,6 +147,17 @@ pub fn clean_text(field: &str, text: &str, max_chars: usize) -> Result<String, A
     Ok(cleaned)
 }
 
+/// The text of a message a client of ours sent (chat, API, generic webhook, an agent-started
+/// message): [`clean_text`], and not blank, since a blank message would be a turn with nothing
+/// to answer. (SMS keeps `clean_text` alone: an MMS may carry only media.)
+pub fn message_text(field: &str, text: &str, max_chars: usize) -> Result<String, ApiError> {
+    let cleaned = clean_text(field, text, max_chars)?;
+    if cleaned.trim().is_empty() {
+        return Err(ApiError::missing_field(field));
+    }
+    Ok(cleaned)
+}
+
 /// The media type of a `Content-Type` value, lowercased, without parameters.
 pub fn media_type(content_type: &str) -> String {
     content_type

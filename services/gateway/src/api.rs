@@ -32,15 +32,30 @@ pub(crate) fn refuse(e: ApiError) -> Refused {
     refused_on(api::CHANNEL, api::PROVIDER, e)
 }
 
+/// The credential of `Authorization: Bearer <credential>` (API keys, chat tokens).
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// The `Idempotency-Key` header (a value that is not text reads as one that fails the check).
+pub(crate) fn idempotency_header(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+}
+
 pub(crate) async fn caller(
     state: &GatewayState,
     headers: &HeaderMap,
 ) -> Result<ApiCaller, Refused> {
-    let key = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    state.api_keys.authenticate(key).await.map_err(refuse)
+    state
+        .api_keys
+        .authenticate(bearer(headers))
+        .await
+        .map_err(refuse)
 }
 
 /// Where a message stands, as both routes answer it.
@@ -92,11 +107,12 @@ async fn send_message(
     let body = read_body(&headers, body, state.config.gateway.max_body_bytes)
         .await
         .map_err(refuse)?;
-    let idempotency_key = headers
-        .get("idempotency-key")
-        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
-    let message = api::read_message(&body, idempotency_key, state.config.gateway.max_text_chars)
-        .map_err(refuse)?;
+    let message = api::read_message(
+        &body,
+        idempotency_header(&headers),
+        state.config.gateway.max_text_chars,
+    )
+    .map_err(refuse)?;
     check_agent(&state.config, &message.agent).map_err(refuse)?;
 
     // The request is recorded first: it names who may read the replies, and a retry with the
@@ -190,10 +206,13 @@ async fn message_status(
 ) -> Result<Response, Refused> {
     let caller = caller(&state, &headers).await?;
     // Whoever may send a message may follow it (agent-started ones included).
-    if caller.require(Scope::MessagesRead).is_err() && caller.require(Scope::OutboundWrite).is_err()
-    {
-        caller.require(Scope::MessagesWrite).map_err(refuse)?;
-    }
+    caller
+        .require_any(&[
+            Scope::MessagesRead,
+            Scope::MessagesWrite,
+            Scope::OutboundWrite,
+        ])
+        .map_err(refuse)?;
     let owner: Option<String> =
         sqlx::query_scalar("SELECT owner FROM switchboard.api_requests WHERE correlation_id = $1")
             .bind(&correlation_id)

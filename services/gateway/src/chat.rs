@@ -14,7 +14,7 @@ use axum::extract::ws::{
     Message, WebSocket, WebSocketUpgrade, rejection::WebSocketUpgradeRejection,
 };
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
@@ -91,17 +91,15 @@ async fn open(
             "chat is not configured (chat.jwt_secret or chat.jwt_public_key)",
         )));
     };
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let token = bearer.or(params.token.as_deref()).ok_or_else(|| {
-        refuse(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_token",
-            "a token is required: Authorization: Bearer <jwt> or ?token=<jwt>",
-        ))
-    })?;
+    let token = crate::api::bearer(&headers)
+        .or(params.token.as_deref())
+        .ok_or_else(|| {
+            refuse(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_token",
+                "a token is required: Authorization: Bearer <jwt> or ?token=<jwt>",
+            ))
+        })?;
     let user = tokens.verify(token.trim()).map_err(refuse)?;
     let ws = ws.map_err(|e| {
         refuse(ApiError::new(

@@ -42,6 +42,7 @@ impl Drop for Registration {
         let registry = if self.waiter {
             &self.hub.waiters
         } else {
+            metrics::gauge!("sb_gateway_chat_sockets").decrement(1.0);
             &self.hub.sockets
         };
         let mut map = registry.lock().expect("hub lock");
@@ -89,6 +90,7 @@ impl Hub {
         channel: &str,
         address: &str,
     ) -> (Registration, mpsc::Receiver<MailboxEntry>) {
+        metrics::gauge!("sb_gateway_chat_sockets").increment(1.0);
         self.register(socket_key(channel, address), false, SOCKET_QUEUE)
     }
 
@@ -113,16 +115,6 @@ impl Hub {
         send(&self.sockets, &socket_key(&entry.channel, &entry.address));
         send(&self.waiters, &entry.correlation_id);
     }
-
-    /// Sockets open on this replica.
-    pub fn sockets_open(&self) -> usize {
-        self.sockets
-            .lock()
-            .expect("hub lock")
-            .values()
-            .map(Vec::len)
-            .sum()
-    }
 }
 
 /// Follow the mailbox's announcements until shutdown.
@@ -145,6 +137,5 @@ pub async fn follow(
             Ok(entry) => hub.route(&entry),
             Err(e) => tracing::warn!(error = %e, "unreadable mailbox announcement"),
         }
-        metrics::gauge!("sb_gateway_chat_sockets").set(hub.sockets_open() as f64);
     }
 }

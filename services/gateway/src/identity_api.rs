@@ -197,9 +197,9 @@ async fn list(
     headers: HeaderMap,
 ) -> Result<Response, Refused> {
     let caller = caller(&state, &headers).await?;
-    if caller.require(Scope::IdentityRead).is_err() {
-        caller.require(Scope::IdentityWrite).map_err(refuse)?;
-    }
+    caller
+        .require_any(&[Scope::IdentityRead, Scope::IdentityWrite])
+        .map_err(refuse)?;
     let store = store(&state);
     let person = query.person.as_deref().filter(|p| !p.is_empty());
     let links = store.links(person).await.map_err(refused)?;

@@ -205,7 +205,7 @@ async fn receive_webhook(
     if let Published::Limited(limited) = publish(&state, message).await? {
         // The provider is answered as usual (it must not retry); the message is kept as a dead
         // letter and the sender told, once a minute.
-        rate_limited(&state, limited).await?;
+        rate_limited(&state, hook.channel(), limited).await?;
     }
     let ack = hook.ack();
     Ok(([(header::CONTENT_TYPE, ack.content_type)], ack.body).into_response())
@@ -298,6 +298,23 @@ impl Limited {
     }
 }
 
+/// 503: the message could not be stored. Providers retry on it; a retry of the same message id
+/// gets the same number and is deduplicated downstream.
+fn not_stored(
+    channel: &'static str,
+    provider: &str,
+    what: &str,
+    e: &dyn std::fmt::Display,
+) -> Refused {
+    tracing::error!(error = %e, provider, "could not {what}");
+    metrics::counter!("sb_gateway_unavailable_total", "channel" => channel).increment(1);
+    Refused(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "message could not be stored; retry",
+    ))
+}
+
 /// Number the message among its sender's and publish it; its correlation id once stored.
 pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Published, Refused> {
     let Accept {
@@ -307,17 +324,8 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         asserted,
         id,
     } = message;
-    let unavailable = |what: &str, e: &dyn std::fmt::Display| {
-        tracing::error!(error = %e, provider, "could not {what}");
-        metrics::counter!("sb_gateway_unavailable_total", "channel" => channel).increment(1);
-        // Providers retry on errors; a retry of the same message id gets the same number and
-        // is deduplicated downstream.
-        Refused(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "message could not be stored; retry",
-        ))
-    };
+    let unavailable =
+        |what: &str, e: &dyn std::fmt::Display| not_stored(channel, provider, what, e);
     let message_id = received.provider_message_id;
     let admission = state
         .arrivals
@@ -392,7 +400,11 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
 /// operator, with the reason), and, for the first such message of the minute, the sender told
 /// through the provider's send API. A failure to store the dead letter answers 503, so the
 /// provider retries and nothing acknowledged is lost.
-async fn rate_limited(state: &GatewayState, limited: Box<Limited>) -> Result<(), Refused> {
+async fn rate_limited(
+    state: &GatewayState,
+    channel: &'static str,
+    limited: Box<Limited>,
+) -> Result<(), Refused> {
     let inbound = &limited.inbound;
     let letter = DeadLetter {
         stage: "gateway".into(),
@@ -418,12 +430,12 @@ async fn rate_limited(state: &GatewayState, limited: Box<Limited>) -> Result<(),
     )
     .correlated(inbound.correlation_id.clone());
     state.runtime.publish("gateway", &out).await.map_err(|e| {
-        tracing::error!(error = %e, "could not store a rate-limited message");
-        Refused(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "message could not be stored; retry",
-        ))
+        not_stored(
+            channel,
+            &inbound.provider,
+            "store a rate-limited message",
+            &e,
+        )
     })?;
     if limited.first
         && let Some(sender) = state.senders.get(&inbound.provider).cloned()

@@ -21,13 +21,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::{Deserialize, Serialize};
 use switchboard_channels::ApiError;
-use switchboard_channels::api::Scope;
-use switchboard_channels::ingress::{check_client_id, clean_text};
+use switchboard_channels::api::{self, Scope};
+use switchboard_channels::ingress::message_text;
 use switchboard_kit::proto::{InboundMessage, Person};
 use switchboard_kit::runtime::Output;
 use uuid::Uuid;
 
-use crate::api::{caller, refuse, unavailable};
+use crate::api::{caller, idempotency_header, refuse, unavailable};
 use crate::{GatewayState, Refused, check_agent, read_body};
 
 pub fn routes() -> Router<GatewayState> {
@@ -89,10 +89,7 @@ async fn send_outbound(
         ))
     })?;
     let text =
-        clean_text("text", &request.text, state.config.gateway.max_text_chars).map_err(refuse)?;
-    if text.trim().is_empty() {
-        return Err(refuse(ApiError::missing_field("text")));
-    }
+        message_text("text", &request.text, state.config.gateway.max_text_chars).map_err(refuse)?;
     let person_id = request.person_id.trim();
     if person_id.is_empty() {
         return Err(refuse(ApiError::missing_field("person_id")));
@@ -108,14 +105,8 @@ async fn send_outbound(
         .as_deref()
         .map(str::trim)
         .filter(|c| !c.is_empty());
-    let idempotency_key = match headers.get("idempotency-key") {
-        Some(v) => {
-            let key = v.to_str().unwrap_or("\u{fffd}");
-            check_client_id("Idempotency-Key", key).map_err(refuse)?;
-            Some(key.to_string())
-        }
-        None => None,
-    };
+    let idempotency_key =
+        api::checked_idempotency_key(idempotency_header(&headers)).map_err(refuse)?;
 
     // The latest message the person sent (on the named channel), with where it came from.
     // An unknown person and one who never wrote are answered alike: nothing more is revealed.

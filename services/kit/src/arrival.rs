@@ -200,21 +200,9 @@ impl ArrivalCounter {
     }
 
     /// The arrival of the message `provider_id` from `sender` on `channel`: the sender's next
-    /// number, or the same number again for a retry of the latest message.
-    pub async fn next(
-        &self,
-        channel: &str,
-        sender: &str,
-        provider_id: &str,
-    ) -> Result<Arrival, ArrivalError> {
-        match self.admit(channel, sender, provider_id, 0).await? {
-            Admission::Accepted(arrival) => Ok(arrival),
-            Admission::Limited { .. } => unreachable!("no limit was asked for"),
-        }
-    }
-
-    /// [`Self::next`], unless the sender already sent `per_minute` messages this minute (0: no
-    /// limit). A retry of a message already numbered keeps its number whatever the count.
+    /// number, or the same number again for a retry of one of the latest messages (whatever the
+    /// count); [`Admission::Limited`] when the sender already sent `per_minute` messages this
+    /// minute (0: no limit).
     pub async fn admit(
         &self,
         channel: &str,

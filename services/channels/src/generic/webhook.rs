@@ -152,11 +152,7 @@ pub fn parse_generic_event(
             format!("{text_path} must be a string"),
         ));
     };
-    let text = ingress::clean_text(text_path, text, max_text_chars)?;
-    // A blank message would be a turn with nothing to answer (found by the fuzz target).
-    if text.trim().is_empty() {
-        return Err(ApiError::missing_field(text_path));
-    }
+    let text = ingress::message_text(text_path, text, max_text_chars)?;
     Ok(GenericEvent {
         id,
         sender: sender.to_string(),
