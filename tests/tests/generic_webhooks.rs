@@ -352,3 +352,38 @@ async fn the_same_sender_id_through_two_sources_is_two_people_unless_the_directo
     assert_eq!(linked, ["17", "17"]);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_callback_answered_410_is_given_up_at_once_and_recorded_failed() {
+    let (app, shop, _crm) = app_with_sources().await;
+    // The receiver says the addressee is gone: sending again cannot help.
+    shop.failures.fail_next(1, 410);
+    let resp = app
+        .post_webhook(
+            "shop",
+            SHOP_SECRET,
+            now(),
+            &event("evt-410", "u-6", "hello?"),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let deadline = std::time::Instant::now() + WAIT;
+    let (status, error) = loop {
+        let row: Option<(String, Option<String>)> =
+            sqlx::query_as("SELECT status, last_error FROM switchboard.deliveries")
+                .fetch_optional(&app.db)
+                .await
+                .unwrap();
+        match row {
+            Some((status, error)) if status != "pending" => break (status, error),
+            _ if std::time::Instant::now() > deadline => panic!("no settled delivery: {row:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    app.settle().await;
+    assert_eq!(status, "failed");
+    assert!(error.is_some_and(|e| e.contains("410")));
+    assert_eq!(shop.requests().len(), 1, "not retried");
+    assert!(shop.accepted().is_empty());
+    app.shutdown().await;
+}

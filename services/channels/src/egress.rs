@@ -135,6 +135,15 @@ pub(crate) async fn read_log<T: serde::de::DeserializeOwned>(
     send_request(request, provider, &[]).await
 }
 
+/// A reply as one part (channels with no length limit of their own); none when it is blank.
+pub fn whole_message(text: &str) -> Vec<String> {
+    if text.trim().is_empty() {
+        Vec::new()
+    } else {
+        vec![text.to_string()]
+    }
+}
+
 /// Split a reply into bodies of at most `max` characters, preferring to break at whitespace.
 pub fn split_message(text: &str, max: usize) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();

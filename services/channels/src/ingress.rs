@@ -115,7 +115,7 @@ pub fn client_id<'a>(sender: &str, key: &'a str) -> &'a str {
 fn sender_digest(sender: &str) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(sender.as_bytes());
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(&digest[..8])
 }
 
 /// A client's id for its message: like a provider id, at most [`MAX_CLIENT_ID_CHARS`].

@@ -182,11 +182,7 @@ pub struct MailboxEgress(pub Mailbox);
 
 impl Egress for MailboxEgress {
     fn split(&self, text: &str) -> Vec<String> {
-        if text.trim().is_empty() {
-            Vec::new()
-        } else {
-            vec![text.to_string()]
-        }
+        crate::egress::whole_message(text)
     }
 
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {

@@ -58,7 +58,7 @@ pub fn sender_key(channel: &str, sender: &str) -> String {
         .chain_update([0u8])
         .chain_update(sender.as_bytes())
         .finalize();
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(&digest[..16]);
     let channel: String = channel
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })

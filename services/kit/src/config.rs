@@ -305,6 +305,14 @@ fn default_timestamp_window_s() -> u64 {
     300
 }
 
+impl WebhookSourceConfig {
+    /// The HMAC key of both directions; `None` for a source without a secret, which can neither
+    /// be verified nor sign, so it is refused everywhere (and at load).
+    pub fn signing_key(&self) -> Option<&[u8]> {
+        Some(self.secret.expose().as_bytes()).filter(|k| !k.is_empty())
+    }
+}
+
 impl Default for WebhookSourceConfig {
     fn default() -> Self {
         Self {
@@ -656,6 +664,12 @@ impl Config {
             if source.timestamp_window_s == 0 {
                 return invalid("timestamp_window_s must be > 0");
             }
+            if source.signing_key().is_none() {
+                return invalid(&format!(
+                    "secret is required (or SB_WEBHOOKS__{}__SECRET)",
+                    name.to_ascii_uppercase()
+                ));
+            }
         }
         if self.runtime.turn_partitions == 0 {
             return Err(ConfigError::Invalid(
@@ -854,10 +868,12 @@ mod tests {
             "sender_field is required"
         );
         for bad in [
-            "[webhooks.\"a.b\"]\nsender_field = \"u\"\n",
-            "[webhooks.shop]\nsender_field = \"user.\"\n",
-            "[webhooks.shop]\nsender_field = \"u\"\nagent = \"nobody\"\n",
-            "[webhooks.shop]\nsender_field = \"u\"\ntimestamp_window_s = 0\n",
+            "[webhooks.\"a.b\"]\nsecret = \"k\"\nsender_field = \"u\"\n",
+            "[webhooks.shop]\nsecret = \"k\"\nsender_field = \"user.\"\n",
+            "[webhooks.shop]\nsecret = \"k\"\nsender_field = \"u\"\nagent = \"nobody\"\n",
+            "[webhooks.shop]\nsecret = \"k\"\nsender_field = \"u\"\ntimestamp_window_s = 0\n",
+            // Without a secret nothing could be verified or signed.
+            "[webhooks.shop]\nsender_field = \"u\"\n",
         ] {
             assert!(matches!(parse(bad), Err(ConfigError::Invalid(_))), "{bad}");
         }

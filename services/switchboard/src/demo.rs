@@ -338,11 +338,15 @@ async fn receive_callback(
     body: axum::body::Bytes,
 ) -> impl IntoResponse {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let Some(config) = s.webhooks.get(&source) else {
-        return (StatusCode::NOT_FOUND, "no such source");
+    let Some((config, key)) = s
+        .webhooks
+        .get(&source)
+        .and_then(|c| Some((c, c.signing_key()?)))
+    else {
+        return (StatusCode::NOT_FOUND, "no such source with a secret");
     };
     if let Err(e) = generic::webhook::check_signature(
-        config.secret.expose().as_bytes(),
+        key,
         config.timestamp_window_s,
         header(generic::TIMESTAMP_HEADER),
         header(generic::SIGNATURE_HEADER),

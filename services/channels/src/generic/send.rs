@@ -52,9 +52,9 @@ impl GenericWebhookSender {
         if source.callback_url.is_empty() {
             return Err(SendError::Rejected("no callback_url".into()));
         }
-        if source.secret.is_empty() {
+        let Some(key) = source.signing_key() else {
             return Err(SendError::Rejected("no secret to sign the callback".into()));
-        }
+        };
         let reply = part.reply;
         let delivery = format!("{}:{}", reply.id, part.index);
         let callback = Callback {
@@ -75,7 +75,7 @@ impl GenericWebhookSender {
             .map_err(|e| SendError::Unavailable(format!("callback as JSON: {e}")))?;
         // Signed at each attempt: a retry an hour later must still be inside the window.
         let timestamp = Utc::now().timestamp().to_string();
-        let signature = super::sign(source.secret.expose().as_bytes(), &timestamp, &body);
+        let signature = super::sign(key, &timestamp, &body);
         let request = self
             .http
             .post(&source.callback_url)
@@ -94,11 +94,7 @@ impl GenericWebhookSender {
 impl Egress for GenericWebhookSender {
     /// One part: a callback body has no length limit of its own.
     fn split(&self, text: &str) -> Vec<String> {
-        if text.trim().is_empty() {
-            Vec::new()
-        } else {
-            vec![text.to_string()]
-        }
+        egress::whole_message(text)
     }
 
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {

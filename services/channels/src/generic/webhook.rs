@@ -196,7 +196,11 @@ impl Webhook for GenericWebhook {
 
     fn receive(&self, request: &WebhookRequest<'_>) -> Result<Received, ApiError> {
         let name = request.path.strip_prefix(PATH_PREFIX).unwrap_or_default();
-        let Some(source) = self.sources.get(name).filter(|s| !s.secret.is_empty()) else {
+        let Some((source, key)) = self
+            .sources
+            .get(name)
+            .and_then(|s| Some((s, s.signing_key()?)))
+        else {
             // One answer for "not configured" and "no secret": an empty secret must never
             // verify anything, and callers need not learn which it is.
             let shown: String = name.chars().take(64).collect();
@@ -206,7 +210,7 @@ impl Webhook for GenericWebhook {
             ));
         };
         check_signature(
-            source.secret.expose().as_bytes(),
+            key,
             source.timestamp_window_s,
             request.header(TIMESTAMP_HEADER),
             request.header(SIGNATURE_HEADER),
