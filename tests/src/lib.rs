@@ -675,8 +675,19 @@ impl TestApp {
         body: serde_json::Value,
         idempotency_key: Option<&str>,
     ) -> reqwest::Response {
+        self.post_api("messages", key, body, idempotency_key).await
+    }
+
+    /// `POST /api/v1/<route>` with `key` and `body` (and an Idempotency-Key, if given).
+    pub async fn post_api(
+        &self,
+        route: &str,
+        key: &str,
+        body: serde_json::Value,
+        idempotency_key: Option<&str>,
+    ) -> reqwest::Response {
         let mut request = reqwest::Client::new()
-            .post(format!("{}/api/v1/messages", self.gateway_url))
+            .post(format!("{}/api/v1/{route}", self.gateway_url))
             .bearer_auth(key)
             .json(&body);
         if let Some(k) = idempotency_key {

@@ -17,14 +17,7 @@ async fn post_outbound(
     body: Value,
     idempotency_key: Option<&str>,
 ) -> (u16, Value) {
-    let mut request = reqwest::Client::new()
-        .post(format!("{}/api/v1/outbound", app.gateway_url))
-        .bearer_auth(key)
-        .json(&body);
-    if let Some(k) = idempotency_key {
-        request = request.header("Idempotency-Key", k);
-    }
-    let response = request.send().await.expect("gateway reachable");
+    let response = app.post_api("outbound", key, body, idempotency_key).await;
     let status = response.status().as_u16();
     (status, response.json().await.expect("a JSON answer"))
 }
@@ -47,6 +40,8 @@ async fn settled_status(app: &TestApp, key: &str, correlation_id: &str) -> Value
 async fn texted_once(app: &TestApp) {
     assert_eq!(app.send_sms(PHONE, "hi there").await.status(), 200);
     app.wait_for_sms(1, WAIT).await;
+    // The way back is read from the inbound log row, written beside the reply, not before it.
+    app.settle().await;
 }
 
 #[tokio::test]
@@ -251,5 +246,19 @@ async fn only_keys_granted_outbound_may_start_messages_and_only_to_known_people_
     app.settle().await;
     let sent: Vec<String> = app.twilio.sent().into_iter().map(|s| s.body).collect();
     assert_eq!(sent, ["echo: hi there", "hello"]);
+
+    // A key is the caller's own per route: the same one on /messages and on /outbound is two
+    // requests, each answered.
+    let both = app.api_key("ops", &["messages:write", "outbound:write"]);
+    let api = app
+        .post_api_message(&both, json!({"text": "status?"}), Some("k-1"))
+        .await;
+    assert_eq!(api.status(), 202);
+    let api: Value = api.json().await.unwrap();
+    let (status, out) = post_outbound(&app, &both, message.clone(), Some("k-1")).await;
+    assert_eq!(status, 202, "{out}");
+    assert_ne!(api["correlation_id"], out["correlation_id"]);
+    let sent = app.wait_for_sms(3, WAIT).await;
+    assert_eq!(sent[2].body, "hello");
     app.shutdown().await;
 }

@@ -598,13 +598,7 @@ impl TurnDispatcher {
 
         // A message the agent started is already its own answer: no runner call, the text is
         // committed as the turn's reply, in the turn's place (after the replies before it).
-        if let Some(text) = turn
-            .message
-            .as_ref()
-            .and_then(|m| m.inbound.as_ref())
-            .map(|i| i.outbound_text.as_str())
-            .filter(|t| !t.is_empty())
-        {
+        if let Some(text) = turn.agent_started_text() {
             let stored = StoredReply {
                 reply_id: Uuid::now_v7(),
                 text: text.to_string(),

@@ -97,6 +97,44 @@ pub(crate) fn unavailable(e: impl std::fmt::Display) -> Refused {
     ))
 }
 
+/// The API route a request was sent to: an Idempotency-Key is the caller's own per route, so
+/// the same key on `/messages` and on `/outbound` is two requests.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RequestKind {
+    Message,
+    Outbound,
+}
+
+/// Record an accepted API request and give it its correlation id: a new one, or, for a key
+/// this owner already used on this route, the one the first request was given. The row also
+/// says who may read the message's status.
+pub(crate) async fn record_request(
+    state: &GatewayState,
+    owner: &str,
+    agent: &str,
+    kind: RequestKind,
+    idempotency_key: Option<&str>,
+) -> Result<Uuid, Refused> {
+    let scope = match kind {
+        RequestKind::Message => "messages",
+        RequestKind::Outbound => "outbound",
+    };
+    let correlation_id: String = sqlx::query_scalar(
+        "INSERT INTO switchboard.api_requests (correlation_id, owner, agent, idempotency_key)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (owner, idempotency_key) DO UPDATE SET owner = EXCLUDED.owner
+         RETURNING correlation_id",
+    )
+    .bind(Uuid::now_v7().to_string())
+    .bind(owner)
+    .bind(agent)
+    .bind(idempotency_key.map(|k| format!("{scope}/{k}")))
+    .fetch_one(&state.db)
+    .await
+    .map_err(unavailable)?;
+    correlation_id.parse().map_err(unavailable)
+}
+
 async fn send_message(
     State(state): State<GatewayState>,
     headers: HeaderMap,
@@ -115,22 +153,15 @@ async fn send_message(
     .map_err(refuse)?;
     check_agent(&state.config, &message.agent).map_err(refuse)?;
 
-    // The request is recorded first: it names who may read the replies, and a retry with the
-    // same Idempotency-Key finds the correlation id the first attempt was given.
-    let correlation_id: String = sqlx::query_scalar(
-        "INSERT INTO switchboard.api_requests (correlation_id, owner, agent, idempotency_key)
-         VALUES ($1, $2, $3, $4)
-         ON CONFLICT (owner, idempotency_key) DO UPDATE SET owner = EXCLUDED.owner
-         RETURNING correlation_id",
+    let id = record_request(
+        &state,
+        &caller.owner,
+        &message.agent,
+        RequestKind::Message,
+        message.idempotency_key.as_deref(),
     )
-    .bind(Uuid::now_v7().to_string())
-    .bind(&caller.owner)
-    .bind(&message.agent)
-    .bind(&message.idempotency_key)
-    .fetch_one(&state.db)
-    .await
-    .map_err(unavailable)?;
-    let id: Uuid = correlation_id.parse().map_err(unavailable)?;
+    .await?;
+    let correlation_id = id.to_string();
 
     // Registered before publishing, so a fast reply is not missed.
     let waiter = message.wait.then(|| state.hub.waiter(&correlation_id));

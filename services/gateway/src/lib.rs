@@ -11,6 +11,7 @@ pub mod hub;
 pub mod identity_api;
 pub mod outbound_api;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::Router;
@@ -205,7 +206,7 @@ async fn receive_webhook(
     if let Published::Limited(limited) = publish(&state, message).await? {
         // The provider is answered as usual (it must not retry); the message is kept as a dead
         // letter and the sender told, once a minute.
-        rate_limited(&state, hook.channel(), limited).await?;
+        rate_limited(&state, limited).await?;
     }
     let ack = hook.ack();
     Ok(([(header::CONTENT_TYPE, ack.content_type)], ack.body).into_response())
@@ -246,24 +247,33 @@ pub(crate) async fn read_body(
 
 /// A message a channel authenticated and read, ready to be numbered and published.
 pub(crate) struct Accept {
-    pub channel: &'static str,
-    pub provider: &'static str,
+    pub channel: Cow<'static, str>,
+    pub provider: Cow<'static, str>,
     pub received: Received,
     /// Who the channel authenticated the sender as (chat, API).
     pub asserted: Option<Person>,
     /// The message's id and correlation id (else a new one): an API request retried with its
     /// Idempotency-Key keeps the id it was first given.
     pub id: Option<Uuid>,
+    /// Set for a message the agent starts (`POST /api/v1/outbound`): its text, sent as the
+    /// turn's reply. Such a message is not the person's, so it is not numbered among theirs
+    /// (it holds no one's order) nor counted against their rate limit.
+    pub outbound_text: String,
 }
 
 impl Accept {
-    pub fn new(channel: &'static str, provider: &'static str, received: Received) -> Self {
+    pub fn new(
+        channel: impl Into<Cow<'static, str>>,
+        provider: impl Into<Cow<'static, str>>,
+        received: Received,
+    ) -> Self {
         Self {
-            channel,
-            provider,
+            channel: channel.into(),
+            provider: provider.into(),
             received,
             asserted: None,
             id: None,
+            outbound_text: String::new(),
         }
     }
 }
@@ -301,13 +311,13 @@ impl Limited {
 /// 503: the message could not be stored. Providers retry on it; a retry of the same message id
 /// gets the same number and is deduplicated downstream.
 fn not_stored(
-    channel: &'static str,
+    channel: &Cow<'static, str>,
     provider: &str,
     what: &str,
     e: &dyn std::fmt::Display,
 ) -> Refused {
     tracing::error!(error = %e, provider, "could not {what}");
-    metrics::counter!("sb_gateway_unavailable_total", "channel" => channel).increment(1);
+    metrics::counter!("sb_gateway_unavailable_total", "channel" => channel.clone()).increment(1);
     Refused(ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "unavailable",
@@ -323,33 +333,37 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         received,
         asserted,
         id,
+        outbound_text,
     } = message;
     let unavailable =
-        |what: &str, e: &dyn std::fmt::Display| not_stored(channel, provider, what, e);
+        |what: &str, e: &dyn std::fmt::Display| not_stored(&channel, &provider, what, e);
     let message_id = received.provider_message_id;
-    let admission = state
-        .arrivals
-        .admit(
-            channel,
-            &received.sender,
-            &message_id,
-            state.config.rate_limit.per_sender_per_minute,
-        )
-        .await
-        .map_err(|e| unavailable("number the inbound message", &e))?;
-    let (arrival, limited) = match admission {
-        Admission::Accepted(arrival) => (arrival, None),
-        // Unnumbered (0): a replayed dead letter is answered without holding anyone's order.
-        Admission::Limited { first, retry_after } => (
-            switchboard_kit::arrival::Arrival { epoch: 0, seq: 0 },
-            Some((first, retry_after)),
-        ),
+    // Unnumbered (0) for an agent-started or a rate-limited message (whose replayed dead letter
+    // is answered without holding anyone's order).
+    let unnumbered = switchboard_kit::arrival::Arrival { epoch: 0, seq: 0 };
+    let (arrival, limited) = if !outbound_text.is_empty() {
+        (unnumbered, None)
+    } else {
+        match state
+            .arrivals
+            .admit(
+                &channel,
+                &received.sender,
+                &message_id,
+                state.config.rate_limit.per_sender_per_minute,
+            )
+            .await
+            .map_err(|e| unavailable("number the inbound message", &e))?
+        {
+            Admission::Accepted(arrival) => (arrival, None),
+            Admission::Limited { first, retry_after } => (unnumbered, Some((first, retry_after))),
+        }
     };
     let id = id.unwrap_or_else(Uuid::now_v7);
     let inbound = InboundMessage {
         id: id.to_string(),
-        channel: channel.into(),
-        provider: provider.into(),
+        channel: channel.to_string(),
+        provider: provider.to_string(),
         sender: received.sender,
         recipient: received.recipient,
         text: received.text,
@@ -361,11 +375,12 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         arrival_seq: arrival.seq,
         arrival_epoch: arrival.epoch,
         asserted,
-        outbound_text: String::new(),
+        outbound_text,
     };
     if let Some((first, retry_after)) = limited {
-        metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel).increment(1);
-        tracing::info!(correlation_id = %id, provider, first, "sender over the rate limit");
+        metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel.clone())
+            .increment(1);
+        tracing::info!(correlation_id = %id, %provider, first, "sender over the rate limit");
         return Ok(Published::Limited(Box::new(Limited {
             inbound,
             first,
@@ -375,9 +390,15 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
     // The arrival number is part of the dedupe id: a retry that got the same number is dropped
     // by JetStream, one that got a new number (another message came in between) must reach the
     // session stage, which maps it to the original turn and moves the sender's cursor past it.
+    // A message without a provider id (an agent-started one) is known by its own id.
+    let key = if message_id.is_empty() {
+        &inbound.id
+    } else {
+        &message_id
+    };
     let out = Output::new(
-        state.runtime.topology.inbound(channel),
-        format!("{provider}:{message_id}:{}.{}", arrival.epoch, arrival.seq),
+        state.runtime.topology.inbound(&channel),
+        format!("{provider}:{key}:{}.{}", arrival.epoch, arrival.seq),
         &inbound,
     )
     .correlated(inbound.correlation_id.clone());
@@ -389,10 +410,10 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
     metrics::counter!(
         "sb_gateway_accepted_total",
         "channel" => channel,
-        "provider" => provider
+        "provider" => provider.clone()
     )
     .increment(1);
-    tracing::info!(correlation_id = %id, provider, "accepted");
+    tracing::info!(correlation_id = %id, %provider, "accepted");
     Ok(Published::Stored(id))
 }
 
@@ -400,11 +421,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
 /// operator, with the reason), and, for the first such message of the minute, the sender told
 /// through the provider's send API. A failure to store the dead letter answers 503, so the
 /// provider retries and nothing acknowledged is lost.
-async fn rate_limited(
-    state: &GatewayState,
-    channel: &'static str,
-    limited: Box<Limited>,
-) -> Result<(), Refused> {
+async fn rate_limited(state: &GatewayState, limited: Box<Limited>) -> Result<(), Refused> {
     let inbound = &limited.inbound;
     let letter = DeadLetter {
         stage: "gateway".into(),
@@ -431,7 +448,7 @@ async fn rate_limited(
     .correlated(inbound.correlation_id.clone());
     state.runtime.publish("gateway", &out).await.map_err(|e| {
         not_stored(
-            channel,
+            &Cow::Owned(inbound.channel.clone()),
             &inbound.provider,
             "store a rate-limited message",
             &e,

@@ -21,14 +21,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::{Deserialize, Serialize};
 use switchboard_channels::ApiError;
+use switchboard_channels::Received;
 use switchboard_channels::api::{self, Scope};
 use switchboard_channels::ingress::message_text;
-use switchboard_kit::proto::{InboundMessage, Person};
-use switchboard_kit::runtime::Output;
-use uuid::Uuid;
+use switchboard_kit::proto::Person;
 
-use crate::api::{caller, idempotency_header, refuse, unavailable};
-use crate::{GatewayState, Refused, check_agent, read_body};
+use crate::api::{RequestKind, caller, idempotency_header, record_request, refuse, unavailable};
+use crate::{Accept, GatewayState, Refused, check_agent, publish, read_body};
 
 pub fn routes() -> Router<GatewayState> {
     Router::new().route("/api/v1/outbound", post(send_outbound))
@@ -138,22 +137,15 @@ async fn send_outbound(
         return Err(no_channel(channel));
     };
 
-    // Recorded first, as API messages are: it names who may read the status, and the same
-    // Idempotency-Key again finds the correlation id the first request was given.
-    let correlation_id: String = sqlx::query_scalar(
-        "INSERT INTO switchboard.api_requests (correlation_id, owner, agent, idempotency_key)
-         VALUES ($1, $2, $3, $4)
-         ON CONFLICT (owner, idempotency_key) DO UPDATE SET owner = EXCLUDED.owner
-         RETURNING correlation_id",
+    let id = record_request(
+        &state,
+        &caller.owner,
+        &agent,
+        RequestKind::Outbound,
+        idempotency_key.as_deref(),
     )
-    .bind(Uuid::now_v7().to_string())
-    .bind(&caller.owner)
-    .bind(&agent)
-    .bind(&idempotency_key)
-    .fetch_one(&state.db)
-    .await
-    .map_err(unavailable)?;
-    let id: Uuid = correlation_id.parse().map_err(unavailable)?;
+    .await?;
+    let correlation_id = id.to_string();
 
     // A repeated request whose message already has its turn is that message, wherever the
     // person has written since.
@@ -166,45 +158,27 @@ async fn send_outbound(
     let channel = match placed {
         Some(placed) => placed,
         None => {
-            let inbound = InboundMessage {
-                id: id.to_string(),
-                channel: channel.clone(),
-                provider,
+            let received = Received {
+                // None: the session keys the turn by the message id (the correlation id).
+                provider_message_id: String::new(),
                 // From the person's address, so it is theirs: same person, same session.
                 sender,
                 recipient: recipient.unwrap_or_default(),
                 text: String::new(),
-                // None: the session keys the turn by the message id (the correlation id).
-                provider_message_id: String::new(),
-                received_at_ms: switchboard_kit::now_ms(),
-                correlation_id: id.to_string(),
-                agent,
                 media_urls: Vec::new(),
-                arrival_seq: 0,
-                arrival_epoch: 0,
-                // For channels whose people only the channel vouches for (chat users the
-                // directory does not know): the person the log says it is.
-                asserted: Some(Person {
-                    person_id: person_id.to_string(),
-                    person_type,
-                    ..Default::default()
-                }),
-                outbound_text: text,
+                agent,
             };
-            let out = Output::new(
-                state.runtime.topology.inbound(&channel),
-                format!("outbound:{id}"),
-                &inbound,
-            )
-            .correlated(id.to_string());
-            state
-                .runtime
-                .publish("gateway", &out)
-                .await
-                .map_err(unavailable)?;
-            metrics::counter!("sb_gateway_outbound_total", "channel" => channel.clone())
-                .increment(1);
-            tracing::info!(correlation_id = %id, channel = %channel, "agent-started message accepted");
+            let mut accept = Accept::new(channel.clone(), provider, received);
+            accept.id = Some(id);
+            accept.outbound_text = text;
+            // For channels whose people only the channel vouches for (chat users the directory
+            // does not know): the person the log says it is.
+            accept.asserted = Some(Person {
+                person_id: person_id.to_string(),
+                person_type,
+                ..Default::default()
+            });
+            publish(&state, accept).await?;
             channel
         }
     };

@@ -237,10 +237,7 @@ impl BatchStage for LogInbound {
 
 /// Whether the turn is a message the agent started rather than one the person sent.
 pub fn agent_started(turn: &Turn) -> bool {
-    turn.message
-        .as_ref()
-        .and_then(|m| m.inbound.as_ref())
-        .is_some_and(|i| !i.outbound_text.is_empty())
+    turn.agent_started_text().is_some()
 }
 
 fn inbound_entry(turn: &Turn) -> Result<LogEntry, LogError> {
