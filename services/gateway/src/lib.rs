@@ -311,13 +311,13 @@ impl Limited {
 /// 503: the message could not be stored. Providers retry on it; a retry of the same message id
 /// gets the same number and is deduplicated downstream.
 fn not_stored(
-    channel: &Cow<'static, str>,
+    channel: Cow<'static, str>,
     provider: &str,
     what: &str,
     e: &dyn std::fmt::Display,
 ) -> Refused {
     tracing::error!(error = %e, provider, "could not {what}");
-    metrics::counter!("sb_gateway_unavailable_total", "channel" => channel.clone()).increment(1);
+    metrics::counter!("sb_gateway_unavailable_total", "channel" => channel).increment(1);
     Refused(ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "unavailable",
@@ -336,7 +336,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         outbound_text,
     } = message;
     let unavailable =
-        |what: &str, e: &dyn std::fmt::Display| not_stored(&channel, &provider, what, e);
+        |what: &str, e: &dyn std::fmt::Display| not_stored(channel.clone(), &provider, what, e);
     let message_id = received.provider_message_id;
     // Unnumbered (0) for an agent-started or a rate-limited message (whose replayed dead letter
     // is answered without holding anyone's order).
@@ -448,7 +448,7 @@ async fn rate_limited(state: &GatewayState, limited: Box<Limited>) -> Result<(),
     .correlated(inbound.correlation_id.clone());
     state.runtime.publish("gateway", &out).await.map_err(|e| {
         not_stored(
-            &Cow::Owned(inbound.channel.clone()),
+            inbound.channel.clone().into(),
             &inbound.provider,
             "store a rate-limited message",
             &e,
