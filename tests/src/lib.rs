@@ -734,18 +734,20 @@ impl TestApp {
         }
     }
 
-    /// Leave `reply`'s ledger row as a deliverer does that dies in the middle of sending its
-    /// first part: it took the reply (recording that the attempt at the part started) with a
-    /// lease of `lease`, handed the part to the provider if `provider_accepted` (through the
-    /// provider's real send API), and died before recording anything more.
+    /// Leave `reply`'s ledger row as a deliverer does that dies in the middle of sending part
+    /// `sent_before` (0-based): it took the reply with a lease of `lease`, sent and recorded
+    /// the parts before it (recording each time that the attempt at the next one started),
+    /// handed that part to the provider if `provider_accepted` (through the provider's real
+    /// send API), and died before recording anything more.
     pub async fn deliverer_dies_sending(
         &self,
         reply: &Reply,
         lease: Duration,
+        sent_before: usize,
         provider_accepted: bool,
     ) {
         let id: uuid::Uuid = reply.id.parse().expect("reply id");
-        let senders = switchboard_channels::Senders::from_config(&self.config);
+        let senders = switchboard_deliver::senders(&self.app);
         let sender = senders.get(&reply.provider).expect("the reply's provider");
         let parts = sender.split(&reply.text);
         let ledger = switchboard_deliver::DeliveryLedger::new(self.db.clone(), lease);
@@ -764,16 +766,20 @@ impl TestApp {
             ),
             "the dead deliverer must be the first to take the reply"
         );
+        let send = |index: usize| {
+            let part = switchboard_channels::OutboundPart::new(reply, index, &parts[index]);
+            sender.send(part)
+        };
+        for index in 0..sent_before {
+            let sid = send(index).await.expect("the provider accepts the part");
+            let until = Instant::now() + lease;
+            ledger
+                .record_part_sent(id, &sid, index, false, until)
+                .await
+                .expect("record the part");
+        }
         if provider_accepted {
-            let part = switchboard_channels::OutboundPart {
-                reply,
-                index: 0,
-                to: &reply.recipient,
-                from: &reply.reply_from,
-                text: &parts[0],
-            };
-            sender
-                .send(part)
+            send(sent_before)
                 .await
                 .expect("the provider accepts the part");
         }
@@ -788,7 +794,7 @@ impl TestApp {
                 self.db.clone(),
                 switchboard_deliver::DELIVERY_LEASE,
             ),
-            switchboard_channels::Senders::from_config(&self.config),
+            switchboard_deliver::senders(&self.app),
             self.topology.clone(),
         );
         let attempt = switchboard_kit::Attempt {

@@ -404,7 +404,8 @@ async fn a_part_twilio_accepted_before_its_deliverer_died_is_not_sent_again() {
     let reply = app.wait_for_reply(&[], WAIT).await;
     // A deliverer takes the reply, Twilio accepts its part, and the deliverer dies before the
     // ledger says so.
-    app.deliverer_dies_sending(&reply, DEAD_LEASE, true).await;
+    app.deliverer_dies_sending(&reply, DEAD_LEASE, 0, true)
+        .await;
     let accepted = app.twilio.sent();
     assert_eq!(accepted.len(), 1);
 
@@ -431,6 +432,44 @@ async fn a_part_twilio_accepted_before_its_deliverer_died_is_not_sent_again() {
 }
 
 #[tokio::test]
+async fn a_long_reply_whose_deliverer_died_after_its_second_part_reached_twilio_is_sent_once() {
+    let app = spawn_app_with(AppOptions::all_but("deliver")).await;
+    // A reply of two SMS parts (Twilio takes 1,600 characters a message).
+    let long = "word ".repeat(400);
+    app.send_sms(PERSON, long.trim_end()).await;
+    let reply = app.wait_for_reply(&[], WAIT).await;
+    // The deliverer sent and recorded part 1, Twilio accepted part 2, and it died before the
+    // ledger said so.
+    app.deliverer_dies_sending(&reply, DEAD_LEASE, 1, true)
+        .await;
+    let accepted = app.twilio.sent();
+    assert_eq!(accepted.len(), 2);
+
+    app.start_stage("deliver");
+    let (status, ids) = app.wait_for_delivery(&reply, WAIT).await;
+    app.settle().await;
+    let sent = app.twilio.sent();
+    assert_eq!(
+        sent.len(),
+        2,
+        "each part reached the person once: {sent}",
+        sent = sent.len()
+    );
+    assert_eq!(status, "sent");
+    let accepted_ids: Vec<_> = accepted.iter().map(|s| s.sid.clone()).collect();
+    assert_eq!(
+        ids, accepted_ids,
+        "the ledger has both of Twilio's ids, in order"
+    );
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains(r#"sb_delivery_reconciled_total{provider="twilio",outcome="found"} 1"#),
+        "{metrics}"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_part_that_never_reached_twilio_is_sent_even_when_the_reply_before_was_the_same_text() {
     let app = spawn_app_with(AppOptions::all_but("deliver")).await;
     app.send_sms(PERSON, "hello").await;
@@ -442,7 +481,8 @@ async fn a_part_that_never_reached_twilio_is_sent_even_when_the_reply_before_was
     app.send_sms(PERSON, "hello").await;
     let second = app.wait_for_reply(&[&first], WAIT).await;
     assert_eq!(second.text, first.text);
-    app.deliverer_dies_sending(&second, DEAD_LEASE, false).await;
+    app.deliverer_dies_sending(&second, DEAD_LEASE, 0, false)
+        .await;
 
     app.start_stage("deliver");
     let (status, ids) = app.wait_for_delivery(&second, WAIT).await;
@@ -472,7 +512,8 @@ async fn a_part_of_unknown_outcome_is_never_sent_blind_and_fails_visibly_if_twil
     .await;
     app.send_sms(PERSON, "are you sure").await;
     let reply = app.wait_for_reply(&[], WAIT).await;
-    app.deliverer_dies_sending(&reply, DEAD_LEASE, true).await;
+    app.deliverer_dies_sending(&reply, DEAD_LEASE, 0, true)
+        .await;
     // Twilio takes messages but its message log answers 503 from now on.
     app.twilio.list_failures.fail_next(1000, 503);
 

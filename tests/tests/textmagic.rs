@@ -192,7 +192,8 @@ async fn a_part_textmagic_accepted_before_its_deliverer_died_is_not_sent_again()
     let reply = app.wait_for_reply(&[], WAIT).await;
     // A deliverer takes the reply, TextMagic accepts its part, and the deliverer dies before
     // the ledger says so.
-    app.deliverer_dies_sending(&reply, DEAD_LEASE, true).await;
+    app.deliverer_dies_sending(&reply, DEAD_LEASE, 0, true)
+        .await;
     let accepted = app.textmagic.sent();
     assert_eq!(accepted.len(), 1);
     // TextMagic's message list is down for a while: the part waits rather than go out blind.
@@ -234,7 +235,8 @@ async fn a_part_that_never_reached_textmagic_is_sent_even_when_someone_else_just
     app.send_textmagic_sms(PERSON_DIGITS, "hello", 7602).await;
     let ours = app.wait_for_reply(&[&theirs], WAIT).await;
     assert_eq!(ours.text, theirs.text);
-    app.deliverer_dies_sending(&ours, DEAD_LEASE, false).await;
+    app.deliverer_dies_sending(&ours, DEAD_LEASE, 0, false)
+        .await;
 
     app.start_stage("deliver");
     let (status, ids) = app.wait_for_delivery(&ours, WAIT).await;

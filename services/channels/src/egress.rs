@@ -14,11 +14,23 @@ pub struct OutboundPart<'a> {
     pub reply: &'a Reply,
     /// Which part (0-based).
     pub index: usize,
-    /// The person's address (the inbound message's sender).
-    pub to: &'a str,
-    /// The address the person wrote to (our number), for providers with several.
-    pub from: &'a str,
     pub text: &'a str,
+}
+
+impl<'a> OutboundPart<'a> {
+    pub fn new(reply: &'a Reply, index: usize, text: &'a str) -> Self {
+        Self { reply, index, text }
+    }
+
+    /// The person's address (the inbound message's sender).
+    pub fn to(&self) -> &'a str {
+        &self.reply.recipient
+    }
+
+    /// The address the person wrote to (our number), for providers with several.
+    pub fn from(&self) -> &'a str {
+        &self.reply.reply_from
+    }
 }
 
 /// How a send went wrong, as the provider's answer says.
@@ -50,22 +62,14 @@ pub trait Egress: Send + Sync + 'static {
     /// our sender, same text) and were created at or after `since` (less [`LOG_CLOCK_SKEW`]),
     /// oldest first. Asked before sending again a part whose earlier attempt may or may not
     /// have reached the provider; an error means the log could not be read, and then the part
-    /// must not be sent blind.
-    ///
-    /// The default can read no log: a channel without one never re-sends an uncertain part,
-    /// which ends in `delivery.failed` rather than a double. Every real provider overrides it.
+    /// must not be sent blind. Every channel answers it its own way (a provider's message list,
+    /// the mailbox table, a receiver that dedupes by delivery id): there is no default, so a new
+    /// channel has to decide.
     fn find_sent<'a>(
         &'a self,
         part: OutboundPart<'a>,
         since: DateTime<Utc>,
-    ) -> BoxFuture<'a, Result<Vec<String>, SendError>> {
-        let _ = (part, since);
-        Box::pin(async {
-            Err(SendError::Unavailable(
-                "this channel has no message log to ask".into(),
-            ))
-        })
-    }
+    ) -> BoxFuture<'a, Result<Vec<String>, SendError>>;
 }
 
 /// How far a provider's clock may be behind the ledger's when comparing a message's creation

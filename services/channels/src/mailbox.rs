@@ -91,7 +91,7 @@ impl Mailbox {
         .bind(reply_id)
         .bind(part.index as i32)
         .bind(&reply.channel)
-        .bind(part.to)
+        .bind(part.to())
         .bind(&reply.agent_name)
         .bind(session)
         .bind(&reply.correlation_id)
@@ -187,7 +187,7 @@ impl Egress for MailboxEgress {
 
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {
         async move {
-            let in_reply_to = crate::ingress::client_id(part.to, &part.reply.provider_message_id);
+            let in_reply_to = crate::ingress::client_id(part.to(), &part.reply.provider_message_id);
             let entry = self
                 .0
                 .put(&part, in_reply_to)

@@ -457,28 +457,21 @@ impl DeliverStage {
         Ok(found.into_iter().next())
     }
 
-    /// [`Self::already_sent`] for the next part of `parts` (the ones before it went out as
-    /// `own`), counted and logged: the provider's id if the part went out, none if it must be
-    /// sent. A log that cannot be read releases the reply and fails the attempt: the part is
-    /// not sent blind.
+    /// [`Self::already_sent`] for `part`, the next of `parts_total` (the ones before it went
+    /// out as `own`), counted and logged: the provider's id if the part went out, none if it
+    /// must be sent. A log that cannot be read releases the reply and fails the attempt: the
+    /// part is not sent blind.
     async fn look_up(
         &self,
         sender: &dyn Egress,
-        reply: &Reply,
+        part: OutboundPart<'_>,
         id: Uuid,
-        parts: &[String],
+        parts_total: usize,
         own: &[String],
         since: DateTime<Utc>,
     ) -> Result<Option<String>, StageError> {
-        // One id per part sent (the ledger writes both together): the next part's index.
-        let (provider, index) = (&reply.provider, own.len());
-        let part = OutboundPart {
-            reply,
-            index,
-            to: &reply.recipient,
-            from: &reply.reply_from,
-            text: &parts[index],
-        };
+        let (reply, index) = (part.reply, part.index);
+        let provider = &reply.provider;
         match self.already_sent(sender, reply, part, since, own).await {
             Ok(Some(sid)) => {
                 reconciled(provider, "found");
@@ -497,7 +490,7 @@ impl DeliverStage {
                 Err(StageError::transient(DeliverError::Unconfirmed {
                     provider: provider.clone(),
                     part: index + 1,
-                    parts: parts.len(),
+                    parts: parts_total,
                     source,
                 }))
             }
@@ -598,13 +591,7 @@ impl Stage for DeliverStage {
             // release from before the last part's write also set it.
             self.ledger.finish(id, None).await.map_err(transient)?;
         }
-        let part_at = |index: usize| OutboundPart {
-            reply: &reply,
-            index,
-            to: &reply.recipient,
-            from: &reply.reply_from,
-            text: &parts[index],
-        };
+        let part_at = |index: usize| OutboundPart::new(&reply, index, &parts[index]);
         // The provider's id of the next part when its log shows an earlier attempt sent it.
         let mut found = None;
         if sent < parts.len() {
@@ -622,7 +609,7 @@ impl Stage for DeliverStage {
                 }
                 PartAttempt::Uncertain(since) => {
                     found = self
-                        .look_up(sender.as_ref(), &reply, id, &parts, &ids, since)
+                        .look_up(sender.as_ref(), part_at(sent), id, parts.len(), &ids, since)
                         .await?;
                 }
             }

@@ -469,13 +469,7 @@ async fn rate_limited(state: &GatewayState, limited: Box<Limited>) -> Result<(),
         };
         // Told in the background: the provider's answer does not wait for our send.
         tokio::spawn(async move {
-            let part = OutboundPart {
-                reply: &notice,
-                index: 0,
-                to: &notice.recipient,
-                from: &notice.reply_from,
-                text: &notice.text,
-            };
+            let part = OutboundPart::new(&notice, 0, &notice.text);
             if let Err(e) = sender.send(part).await {
                 tracing::warn!(error = %e, "could not tell a sender they are rate-limited");
             }

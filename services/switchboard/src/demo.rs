@@ -464,15 +464,11 @@ mod tests {
         let reply = Reply {
             id: "0193-reply".into(),
             provider_message_id: switchboard_channels::client_message_key("demo:u-1", "evt-1"),
+            recipient: "demo:u-1".into(),
+            reply_from: "demo".into(),
             ..Default::default()
         };
-        let part = OutboundPart {
-            reply: &reply,
-            index: 0,
-            to: "demo:u-1",
-            from: "demo",
-            text: "hello back",
-        };
+        let part = OutboundPart::new(&reply, 0, "hello back");
         let sender = GenericWebhookSender::new(config.webhooks.clone());
         assert_eq!(sender.send(part).await, Ok("0193-reply:0".to_string()));
         assert_eq!(sender.send(part).await, Ok("0193-reply:0".to_string()));

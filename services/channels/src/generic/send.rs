@@ -45,7 +45,7 @@ impl GenericWebhookSender {
     /// POST one part to its source's callback URL; the delivery id on a 2xx.
     async fn post(&self, part: OutboundPart<'_>) -> Result<String, SendError> {
         // The inbound recipient, which is where a reply comes from, is the source's name.
-        let name = part.from;
+        let name = part.from();
         let source = self.sources.get(name).ok_or_else(|| {
             SendError::Rejected(format!("no webhook source {name:?} is configured"))
         })?;
@@ -61,12 +61,8 @@ impl GenericWebhookSender {
             kind: "reply",
             reply_id: &reply.id,
             part: part.index,
-            to: part
-                .to
-                .strip_prefix(name)
-                .and_then(|rest| rest.strip_prefix(':'))
-                .unwrap_or(part.to),
-            in_reply_to: ingress::client_id(part.to, &reply.provider_message_id),
+            to: super::webhook::sender_in(name, part.to()),
+            in_reply_to: ingress::client_id(part.to(), &reply.provider_message_id),
             correlation_id: &reply.correlation_id,
             agent: &reply.agent_name,
             text: part.text,

@@ -166,6 +166,14 @@ pub fn sender_address(source: &str, sender: &str) -> String {
     format!("{source}:{sender}")
 }
 
+/// The sender's id in the source's own terms, back from [`sender_address`].
+pub fn sender_in<'a>(source: &str, address: &'a str) -> &'a str {
+    address
+        .strip_prefix(source)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .unwrap_or(address)
+}
+
 /// `POST /webhooks/generic/{source}`: one webhook for every configured source.
 pub struct GenericWebhook {
     sources: BTreeMap<String, WebhookSourceConfig>,

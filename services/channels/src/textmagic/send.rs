@@ -225,7 +225,7 @@ impl Egress for TextMagicSender {
     }
 
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {
-        self.send_text(part.to, part.from, part.text).boxed()
+        self.send_text(part.to(), part.from(), part.text).boxed()
     }
 
     fn find_sent<'a>(
@@ -233,7 +233,8 @@ impl Egress for TextMagicSender {
         part: OutboundPart<'a>,
         since: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Vec<String>, SendError>> {
-        self.find_text(part.to, part.from, part.text, since).boxed()
+        self.find_text(part.to(), part.from(), part.text, since)
+            .boxed()
     }
 }
 

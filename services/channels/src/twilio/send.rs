@@ -177,7 +177,7 @@ impl Egress for TwilioSender {
     }
 
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {
-        self.send_body(part.to, part.from, part.text).boxed()
+        self.send_body(part.to(), part.from(), part.text).boxed()
     }
 
     fn find_sent<'a>(
@@ -185,7 +185,8 @@ impl Egress for TwilioSender {
         part: OutboundPart<'a>,
         since: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Vec<String>, SendError>> {
-        self.find_body(part.to, part.from, part.text, since).boxed()
+        self.find_body(part.to(), part.from(), part.text, since)
+            .boxed()
     }
 }
 
