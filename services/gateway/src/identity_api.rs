@@ -98,14 +98,18 @@ async fn writer(state: &GatewayState, headers: &HeaderMap) -> Result<ApiCaller, 
     Ok(caller)
 }
 
-/// 201 with the audit entry when something changed, else 200.
-fn answer(outcome: Outcome) -> Response {
+/// `recorded` with the audit entry when something changed (201 for a link or merge made; 200
+/// for an unlink, which creates nothing), else 200 `unchanged`.
+fn answer(action: LinkAction, outcome: Outcome) -> Response {
     match outcome {
-        Outcome::Recorded(entry) => (
-            StatusCode::CREATED,
-            Json(serde_json::json!({"status": "recorded", "audit": entry})),
-        )
-            .into_response(),
+        Outcome::Recorded(entry) => {
+            let status = match action {
+                LinkAction::Unlink => StatusCode::OK,
+                LinkAction::Link | LinkAction::Merge => StatusCode::CREATED,
+            };
+            let body = serde_json::json!({"status": "recorded", "audit": entry});
+            (status, Json(body)).into_response()
+        }
         Outcome::Unchanged => Json(serde_json::json!({"status": "unchanged"})).into_response(),
     }
 }
@@ -141,12 +145,8 @@ async fn act(
         actor: &actor,
         reason: &body.reason,
     };
-    let store = store(&state);
-    let outcome = match action {
-        LinkAction::Merge => store.merge(request).await,
-        _ => store.link(request).await,
-    };
-    Ok(answer(outcome.map_err(refused)?))
+    let outcome = store(&state).apply(action, request).await;
+    Ok(answer(action, outcome.map_err(refused)?))
 }
 
 async fn link(
@@ -173,22 +173,14 @@ async fn unlink(
 ) -> Result<Response, Refused> {
     let caller = writer(&state, &headers).await?;
     let actor = format!("api:{}", caller.owner);
-    let outcome = store(&state)
-        .unlink(Request {
-            from: &from,
-            to: &to,
-            actor: &actor,
-            reason: &query.reason,
-        })
-        .await
-        .map_err(refused)?;
-    Ok(match outcome {
-        // Removing a link is no creation: 200.
-        Outcome::Recorded(entry) => {
-            Json(serde_json::json!({"status": "recorded", "audit": entry})).into_response()
-        }
-        Outcome::Unchanged => Json(serde_json::json!({"status": "unchanged"})).into_response(),
-    })
+    let request = Request {
+        from: &from,
+        to: &to,
+        actor: &actor,
+        reason: &query.reason,
+    };
+    let outcome = store(&state).apply(LinkAction::Unlink, request).await;
+    Ok(answer(LinkAction::Unlink, outcome.map_err(refused)?))
 }
 
 async fn list(

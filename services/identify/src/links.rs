@@ -253,18 +253,42 @@ impl IdentityLinks {
         }
     }
 
+    /// Do `action` (one entry point for the CLI and the API).
+    pub async fn apply(
+        &self,
+        action: LinkAction,
+        request: Request<'_>,
+    ) -> Result<Outcome, LinkError> {
+        match action {
+            LinkAction::Link => self.link(request).await,
+            LinkAction::Unlink => self.unlink(request).await,
+            LinkAction::Merge => self.merge(request).await,
+        }
+    }
+
     /// Link `from` to `to`.
     pub async fn link(&self, request: Request<'_>) -> Result<Outcome, LinkError> {
-        let (from, to) = self.ids(&request)?;
         let mut tx = self.begin().await?;
-        self.check_person(&mut tx, &from).await?;
-        self.check_person(&mut tx, &to).await?;
-        if !check_link(&all_links(&mut tx).await?, &from, &to)? {
+        let outcome = self.link_in(&mut tx, request).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// [`Self::link`] within `tx`, which [`Self::begin`] opened (for a writer that records
+    /// more in the same transaction).
+    pub(crate) async fn link_in(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        request: Request<'_>,
+    ) -> Result<Outcome, LinkError> {
+        let (from, to) = self.ids(&request)?;
+        self.check_person(tx, &from).await?;
+        self.check_person(tx, &to).await?;
+        if !check_link(&all_links(tx).await?, &from, &to)? {
             return Ok(Outcome::Unchanged);
         }
-        insert_link(&mut tx, &request, &from, &to, LinkAction::Link).await?;
-        let entry = audit(&mut tx, LinkAction::Link, &from, &to, &request, &[]).await?;
-        tx.commit().await?;
+        insert_link(tx, &request, &from, &to, LinkAction::Link).await?;
+        let entry = audit(tx, LinkAction::Link, &from, &to, &request, &[]).await?;
         Ok(Outcome::Recorded(entry))
     }
 
@@ -454,7 +478,8 @@ impl IdentityLinks {
         Ok((self.person_id(request.from)?, self.person_id(request.to)?))
     }
 
-    async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    /// A transaction holding the one lock every writer of links takes.
+    pub(crate) async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let mut tx = self.db.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(WRITE_LOCK)

@@ -586,12 +586,7 @@ async fn people(config: Config, command: PeopleCommand) -> anyhow::Result<()> {
         actor: &actor,
         reason: &args.reason,
     };
-    let outcome = match action {
-        LinkAction::Link => store.link(request).await?,
-        LinkAction::Unlink => store.unlink(request).await?,
-        LinkAction::Merge => store.merge(request).await?,
-    };
-    match outcome {
+    match store.apply(action, request).await? {
         Outcome::Recorded(a) => {
             let verb = match a.action {
                 LinkAction::Link => "linked",
