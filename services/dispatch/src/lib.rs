@@ -75,8 +75,8 @@ struct StoredReply {
     engine_session_id: String,
     processing_ms: i64,
     tool_calls_count: i64,
-    /// The agent started this message (no runner call): the session's engine session stays.
-    agent_started: bool,
+    /// Given without the agent (no runner call): the session's engine session stays.
+    without_agent: bool,
 }
 
 /// A runner call's lease outlives the agent's timeout by this much, so only a call that is
@@ -381,7 +381,7 @@ impl TurnDispatcher {
             engine_session_id: row.get(4),
             processing_ms: row.get::<Option<i64>, _>(5).unwrap_or(0),
             tool_calls_count: row.get::<Option<i64>, _>(6).unwrap_or(0),
-            agent_started: false,
+            without_agent: false,
         })
     }
 
@@ -410,7 +410,7 @@ impl TurnDispatcher {
         .bind(&reply.engine_session_id)
         .bind(after)
         .bind(call)
-        .bind(reply.agent_started)
+        .bind(reply.without_agent)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -596,9 +596,10 @@ impl TurnDispatcher {
             }
         };
 
-        // A message the agent started is already its own answer: no runner call, the text is
-        // committed as the turn's reply, in the turn's place (after the replies before it).
-        if let Some(text) = turn.agent_started_text() {
+        // A message the agent started, or one Switchboard answered itself, has its answer: no
+        // runner call, the text is committed as the turn's reply, in the turn's place (after
+        // the replies before it).
+        if let Some(text) = turn.given_answer() {
             let stored = StoredReply {
                 reply_id: Uuid::now_v7(),
                 text: text.to_string(),
@@ -606,7 +607,7 @@ impl TurnDispatcher {
                 engine_session_id: engine_session.unwrap_or_default(),
                 processing_ms: 0,
                 tool_calls_count: 0,
-                agent_started: true,
+                without_agent: true,
             };
             return self.settle(turn, session, after, call, stored).await;
         }
@@ -647,7 +648,7 @@ impl TurnDispatcher {
             engine_session_id: resp.session_id,
             processing_ms,
             tool_calls_count: resp.tool_calls_count,
-            agent_started: false,
+            without_agent: false,
         };
         self.settle(turn, session, after, call, stored).await
     }

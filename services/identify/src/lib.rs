@@ -14,6 +14,7 @@
 //! The type matters: it is part of the session key, so a linked phone shares the session of
 //! `user:ana`'s own chat messages only if both say `user`.
 pub mod links;
+pub mod proof;
 
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{IdentityConfig, IdentityLookup};
@@ -91,6 +92,7 @@ pub fn contact_of(person_id: &str) -> Option<(&'static str, String)> {
     (!rest.is_empty()).then(|| (kind, rest.to_string()))
 }
 
+#[derive(Clone)]
 pub struct IdentityResolver {
     db: PgPool,
     config: IdentityConfig,
@@ -226,12 +228,36 @@ impl IdentityResolver {
 /// The identify stage: `sb.in.<channel>` → `sb.identified` (+ `message.received` event).
 pub struct IdentifyStage {
     resolver: IdentityResolver,
+    /// Links people prove by code ([`proof`]); none when switched off.
+    proofs: Option<proof::LinkProofs>,
     topology: Topology,
 }
 
 impl IdentifyStage {
-    pub fn new(resolver: IdentityResolver, topology: Topology) -> Self {
-        Self { resolver, topology }
+    pub fn new(
+        resolver: IdentityResolver,
+        proofs: Option<proof::LinkProofs>,
+        topology: Topology,
+    ) -> Self {
+        Self {
+            resolver,
+            proofs,
+            topology,
+        }
+    }
+
+    async fn resolve(&self, inbound: &InboundMessage) -> Result<Person, StageError> {
+        match self
+            .resolver
+            .resolve_identity(&inbound.channel, &inbound.sender, inbound.asserted.as_ref())
+            .await
+        {
+            Ok(p) => Ok(p),
+            Err(e @ (IdentityError::InvalidPhone(_) | IdentityError::EmptyAddress)) => {
+                Err(StageError::permanent(e))
+            }
+            Err(e) => Err(StageError::transient(e)),
+        }
     }
 }
 
@@ -241,20 +267,39 @@ impl Stage for IdentifyStage {
 
     async fn handle(
         &self,
-        inbound: InboundMessage,
+        mut inbound: InboundMessage,
         _attempt: &Attempt,
     ) -> Result<Vec<Output>, StageError> {
-        let person = match self
-            .resolver
-            .resolve_identity(&inbound.channel, &inbound.sender, inbound.asserted.as_ref())
-            .await
+        let mut person = self.resolve(&inbound).await?;
+        // A message the agent started was not received from anyone: no `message.received`,
+        // and nothing in it to read as a request.
+        let agent_started = !inbound.outbound_text.is_empty();
+        let mut code_message = None;
+        if let Some(proofs) = self.proofs.as_ref().filter(|_| !agent_started)
+            && let Some(ask) = proof::parse(&inbound.text)
+            && let Some(answer) = proofs
+                .answer(&self.resolver, &inbound, &person, ask)
+                .await
+                .map_err(StageError::transient)?
         {
-            Ok(p) => p,
-            Err(e @ (IdentityError::InvalidPhone(_) | IdentityError::EmptyAddress)) => {
-                return Err(StageError::permanent(e));
+            if answer.outcome == proof::ProofOutcome::Linked {
+                // The message is the linked person's already.
+                person = self.resolve(&inbound).await?;
             }
-            Err(e) => return Err(StageError::transient(e)),
-        };
+            if let Some(code) = &answer.code {
+                let message = proofs.code_inbound(code, &inbound);
+                code_message = Some(
+                    Output::new(
+                        self.topology.inbound(&message.channel),
+                        format!("link-code:{}", code.id),
+                        &message,
+                    )
+                    .correlated(message.correlation_id.clone()),
+                );
+            }
+            // Switchboard answers it, in its turn, without the agent.
+            inbound.outbound_text = answer.text;
+        }
         tracing::debug!(person_id = %person.person_id, "identified");
         let received = MessageReceived {
             message_id: inbound.id.clone(),
@@ -265,8 +310,6 @@ impl Stage for IdentifyStage {
         };
         let correlation = inbound.correlation_id.clone();
         let id = inbound.id.clone();
-        // A message the agent started was not received from anyone: no `message.received`.
-        let agent_started = !inbound.outbound_text.is_empty();
         let identified = IdentifiedMessage {
             inbound: Some(inbound),
             person: Some(person),
@@ -281,11 +324,11 @@ impl Stage for IdentifyStage {
                     .correlated(correlation),
             );
         }
+        out.extend(code_message);
         Ok(out)
     }
 }
 
-/// The identify stage as a task of `app`.
 /// The identify stage, as the product lists it.
 pub const STAGE: Registration = Registration {
     spec: IdentifyStage::SPEC,
@@ -294,8 +337,18 @@ pub const STAGE: Registration = Registration {
 };
 
 fn task(app: &App) -> Task {
-    let resolver = IdentityResolver::new(app.db.clone(), app.config.identity.clone());
-    app.stage_task(IdentifyStage::new(resolver, app.topology.clone()))
+    let identity = &app.config.identity;
+    let resolver = IdentityResolver::new(app.db.clone(), identity.clone());
+    let proofs = identity.proof.enabled.then(|| {
+        proof::LinkProofs::new(
+            app.db.clone(),
+            links::IdentityLinks::new(app.db.clone(), identity.clone()),
+            identity.proof.clone(),
+            identity.default_region.clone(),
+            app.config.proof_sms_sender(),
+        )
+    });
+    app.stage_task(IdentifyStage::new(resolver, proofs, app.topology.clone()))
 }
 
 #[cfg(test)]

@@ -4,13 +4,21 @@
 include!(concat!(env!("OUT_DIR"), "/switchboard.v1.rs"));
 
 impl Turn {
-    /// The text an agent started this turn with (`POST /api/v1/outbound`), if it is such a
-    /// turn rather than a message the person sent.
-    pub fn agent_started_text(&self) -> Option<&str> {
-        self.message
-            .as_ref()
-            .and_then(|m| m.inbound.as_ref())
+    /// The turn's answer when it was given without the agent (`outbound_text`: a message the
+    /// agent started, or one Switchboard answered itself).
+    pub fn given_answer(&self) -> Option<&str> {
+        self.inbound()
             .map(|i| i.outbound_text.as_str())
             .filter(|t| !t.is_empty())
+    }
+
+    /// Whether the turn holds something the person said (not so for a message the agent
+    /// started).
+    pub fn person_said_something(&self) -> bool {
+        self.inbound().is_some_and(|i| !i.text.is_empty())
+    }
+
+    fn inbound(&self) -> Option<&InboundMessage> {
+        self.message.as_ref().and_then(|m| m.inbound.as_ref())
     }
 }

@@ -213,7 +213,7 @@ impl BatchStage for LogInbound {
     async fn handle_batch(&self, turns: Vec<Turn>, _attempts: &[Attempt]) -> Vec<Outcome> {
         // A turn the agent started holds nothing the person said: no inbound row (its reply is
         // logged as outbound, like any reply).
-        let person_said: Vec<&Turn> = turns.iter().filter(|t| !agent_started(t)).collect();
+        let person_said: Vec<&Turn> = turns.iter().filter(|t| t.person_said_something()).collect();
         let mut logged = self
             .log
             .record_batch(
@@ -225,19 +225,14 @@ impl BatchStage for LogInbound {
         turns
             .iter()
             .map(|t| {
-                if agent_started(t) {
-                    Ok(Vec::new())
-                } else {
+                if t.person_said_something() {
                     logged.next().expect("one outcome per entry")
+                } else {
+                    Ok(Vec::new())
                 }
             })
             .collect()
     }
-}
-
-/// Whether the turn is a message the agent started rather than one the person sent.
-pub fn agent_started(turn: &Turn) -> bool {
-    turn.agent_started_text().is_some()
 }
 
 fn inbound_entry(turn: &Turn) -> Result<LogEntry, LogError> {
@@ -379,8 +374,15 @@ mod tests {
     }
 
     #[test]
-    fn only_a_turn_the_agent_started_is_agent_started() {
-        assert!(!agent_started(&turn("")));
-        assert!(agent_started(&turn("Your appointment is at 3pm.")));
+    fn a_turn_the_agent_started_has_nothing_the_person_said() {
+        assert!(turn("").person_said_something());
+        assert!(!turn("Your appointment is at 3pm.").person_said_something());
+        let mut answered = turn("");
+        let inbound = answered.message.as_mut().unwrap().inbound.as_mut().unwrap();
+        inbound.outbound_text = "I sent a code to +14155550100.".into();
+        assert!(
+            answered.person_said_something(),
+            "a message Switchboard answered itself is logged both ways"
+        );
     }
 }

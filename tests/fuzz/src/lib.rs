@@ -409,6 +409,21 @@ fn assert_client_refusal(e: &switchboard_channels::ApiError) {
 /// Input: one flag byte, then the body. Bits 0-1: which parser (0 chat, 1 API, else webhook);
 /// bit 2: a 16-character text limit instead of 4096. For the API, the body is split at its
 /// first NUL: before it the Idempotency-Key, after it the JSON.
+/// What identify reads in a chat message as a request to link a phone or as a code is a number
+/// to normalise (no blanks) or exactly six ASCII digits.
+fn assert_link_proof_reading(text: &str) {
+    use switchboard_identify::proof::{Ask, CODE_DIGITS, parse};
+    match parse(text) {
+        Some(Ask::LinkPhone(number)) => {
+            assert!(!number.is_empty() && !number.contains(char::is_whitespace));
+        }
+        Some(Ask::Code(code)) => {
+            assert!(code.len() == CODE_DIGITS && code.bytes().all(|b| b.is_ascii_digit()));
+        }
+        None => {}
+    }
+}
+
 pub fn client_input(data: &[u8]) {
     use switchboard_channels::{api, chat, generic};
     let Some((&flags, body)) = data.split_first() else {
@@ -425,6 +440,7 @@ pub fn client_input(data: &[u8]) {
                     assert_client_id(&m.id);
                     assert_clean_text(&m.text, max);
                     assert!(!m.text.trim().is_empty());
+                    assert_link_proof_reading(&m.text);
                 }
                 Err(e) => assert_client_refusal(&e),
             }

@@ -1,0 +1,718 @@
+//! Links a person proves: "link my phone +61…" in chat (or through the API) texts a one-time
+//! code to that number; the code texted back from it, or typed where it was asked for, within
+//! its lifetime records the link, with its audit row. Nothing links on a claim alone.
+//!
+//! Identify answers these messages itself: the answer becomes the message's `outbound_text`,
+//! so the turn is answered without the agent, in its place among the session's replies, on the
+//! channel the person used (and logged both ways). The code goes out as a message Switchboard
+//! starts to the claimed number (an `InboundMessage` on `in.sms` with the code as its
+//! `outbound_text`), through the delivery ledger like any reply.
+//!
+//! Which way the link goes: a number nobody's directory or lookup knows (`phone:+61…`) becomes
+//! the claimant's; a number the directory gives someone makes the claimant (when identify made
+//! their id from a channel: `user:ana`) that person, since whoever holds the phone can already
+//! text as them. A number that is someone else's and a claimant the directory knows are left
+//! to an operator (`switchboard people link`).
+//!
+//! Limits: a code lives `code_ttl_s`; a claim survives `max_wrong_codes` wrong codes; a person
+//! may ask for, and a number be sent, `codes_per_hour` codes an hour. Every decision is written
+//! with what it did in one transaction, keyed by the message, so a redelivered message gets the
+//! same answer and neither a second code nor a second wrong try.
+use sqlx::{PgPool, Postgres, Transaction};
+use switchboard_kit::config::{LinkProofConfig, SmsSender};
+use switchboard_kit::proto::{InboundMessage, Person};
+use uuid::Uuid;
+
+use crate::links::{IdentityLinks, LinkError, Request};
+use crate::{IdentityError, IdentityResolver, contact_of, normalize_phone};
+
+/// Digits in a code.
+pub const CODE_DIGITS: usize = 6;
+
+/// What a message asks of the proof flow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    /// "link my phone +61 412 345 678": text a code to this number (as typed).
+    LinkPhone(String),
+    /// Six digits ("123456", "123 456", "code 123-456"): a code, if a claim waits for one.
+    Code(String),
+}
+
+/// Read `text` as a request to link a phone or as a code; `None` for anything else (the agent
+/// answers it).
+pub fn parse(text: &str) -> Option<Ask> {
+    let text = text.trim();
+    let text = text.strip_prefix('/').unwrap_or(text);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let is = |i: usize, any: &[&str]| {
+        words
+            .get(i)
+            .is_some_and(|w| any.iter().any(|a| w.eq_ignore_ascii_case(a)))
+    };
+    let mut at = 0;
+    if is(at, &["link"]) {
+        at += 1;
+        if is(at, &["my"]) {
+            at += 1;
+        }
+        if is(at, &["phone", "mobile", "number"]) {
+            at += 1;
+            if is(at, &["number"]) {
+                at += 1;
+            }
+            let number = words[at..].concat();
+            return (!number.is_empty()).then_some(Ask::LinkPhone(number));
+        }
+    }
+    if is(at, &["code"]) {
+        at += 1;
+    }
+    let digits: String = words[at..].concat().replace('-', "");
+    (digits.len() == CODE_DIGITS && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then_some(Ask::Code(digits))
+}
+
+/// What came of a message that asked for a code or gave one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofOutcome {
+    CodeSent,
+    NotAPhone,
+    AlreadyYours,
+    /// The number is someone else's (or the link would break the links' rules).
+    Taken,
+    TooManyCodes,
+    NoSmsProvider,
+    Linked,
+    WrongCode,
+    /// A wrong code that was a claim's last try.
+    UsedUp,
+    Expired,
+}
+
+impl ProofOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProofOutcome::CodeSent => "code_sent",
+            ProofOutcome::NotAPhone => "not_a_phone",
+            ProofOutcome::AlreadyYours => "already_yours",
+            ProofOutcome::Taken => "taken",
+            ProofOutcome::TooManyCodes => "too_many_codes",
+            ProofOutcome::NoSmsProvider => "no_sms_provider",
+            ProofOutcome::Linked => "linked",
+            ProofOutcome::WrongCode => "wrong_code",
+            ProofOutcome::UsedUp => "used_up",
+            ProofOutcome::Expired => "expired",
+        }
+    }
+}
+
+/// The code to text, as a message Switchboard starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeMessage {
+    /// The claim's id, also the message's.
+    pub id: Uuid,
+    pub phone: String,
+    pub text: String,
+}
+
+/// What Switchboard answers the person, and the code to text, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub outcome: ProofOutcome,
+    pub text: String,
+    pub code: Option<CodeMessage>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProofError {
+    #[error("link proofs: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("link proofs: {0}")]
+    Link(#[from] LinkError),
+    #[error("stored proof answer {0:?} is of no known outcome")]
+    Corrupt(String),
+}
+
+/// A claim waiting for its code (or settled).
+#[derive(Debug, sqlx::FromRow)]
+struct Claim {
+    id: Uuid,
+    claimant_id: String,
+    claimant_name: String,
+    phone: String,
+    code: String,
+    live: bool,
+}
+
+/// Which way a proved link goes.
+enum Plan {
+    AlreadyYours,
+    Taken,
+    Link { from: String, to: String },
+}
+
+pub struct LinkProofs {
+    db: PgPool,
+    links: IdentityLinks,
+    config: LinkProofConfig,
+    default_region: String,
+    /// Who texts the codes; none: no SMS provider is set up.
+    sms: Option<SmsSender>,
+    /// Proofs wait for each other here, not on the links' lock: a waiter there holds a pool
+    /// connection, and the holder reads through the pool ([`Self::plan`]).
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl LinkProofs {
+    pub fn new(
+        db: PgPool,
+        links: IdentityLinks,
+        config: LinkProofConfig,
+        default_region: String,
+        sms: Option<SmsSender>,
+    ) -> Self {
+        Self {
+            db,
+            links,
+            config,
+            default_region,
+            sms,
+            one_at_a_time: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Switchboard's answer to `inbound` (from `person`, resolved and links followed) when it
+    /// asks for a code or gives one; `None` when it is the agent's to answer (a code nobody
+    /// waits for, a number asked for from the phone itself).
+    pub async fn answer(
+        &self,
+        resolver: &IdentityResolver,
+        inbound: &InboundMessage,
+        person: &Person,
+        ask: Ask,
+    ) -> Result<Option<Answer>, ProofError> {
+        let Ok(message) = inbound.id.parse::<Uuid>() else {
+            return Ok(None);
+        };
+        let from_phone = crate::contact_kind(&inbound.channel) == "phone";
+        // Whose claims a code is for: the number it was texted from, or the person who asked.
+        let waiting_for = match (&ask, from_phone) {
+            // A phone cannot vouch for another number by asking from itself.
+            (Ask::LinkPhone(_), true) => return Ok(None),
+            (Ask::LinkPhone(_), false) => None,
+            (Ask::Code(_), true) => Some(Waiting::Phone(
+                normalize_phone(&inbound.sender, &self.default_region)
+                    .map_err(IdentityError::from)?,
+            )),
+            (Ask::Code(_), false) => Some(Waiting::Claimant(person.person_id.clone())),
+        };
+        if let Some(w) = &waiting_for
+            && !self.any_recent_claim(w).await?
+        {
+            return Ok(None);
+        }
+        // One writer of links and claims at a time: a proof checks and links in one go.
+        let _turn = self.one_at_a_time.lock().await;
+        let mut tx = self.links.begin().await?;
+        if let Some(stored) = self.stored_answer(&mut tx, message).await? {
+            return Ok(Some(stored));
+        }
+        let answer = match (ask, waiting_for) {
+            (Ask::LinkPhone(number), _) => Some(
+                self.request(&mut tx, resolver, message, person, &number)
+                    .await?,
+            ),
+            (Ask::Code(code), Some(waiting)) => {
+                self.confirm(&mut tx, resolver, &waiting, &code, &inbound.channel)
+                    .await?
+            }
+            (Ask::Code(_), None) => None,
+        };
+        let Some(answer) = answer else {
+            return Ok(None);
+        };
+        sqlx::query(
+            "INSERT INTO switchboard.link_proof_answers (message_id, claim_id, outcome, answer)
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(message)
+        .bind(answer.code.as_ref().map(|c| c.id))
+        .bind(answer.outcome.as_str())
+        .bind(&answer.text)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        metrics::counter!("sb_identity_link_proofs_total", "outcome" => answer.outcome.as_str())
+            .increment(1);
+        tracing::info!(outcome = answer.outcome.as_str(), "link proof");
+        Ok(Some(answer))
+    }
+
+    /// The message Switchboard starts to text `code`, answering `asked` (whose agent sends it).
+    pub fn code_inbound(&self, code: &CodeMessage, asked: &InboundMessage) -> InboundMessage {
+        let sms = self.sms.clone().unwrap_or_else(|| SmsSender {
+            provider: String::new(),
+            from: String::new(),
+        });
+        InboundMessage {
+            id: code.id.to_string(),
+            channel: "sms".into(),
+            provider: sms.provider,
+            sender: code.phone.clone(),
+            recipient: sms.from,
+            // Not the clock: a redelivered request must rebuild the same message.
+            received_at_ms: asked.received_at_ms,
+            correlation_id: code.id.to_string(),
+            agent: asked.agent.clone(),
+            outbound_text: code.text.clone(),
+            ..Default::default()
+        }
+    }
+
+    async fn any_recent_claim(&self, waiting: &Waiting) -> Result<bool, sqlx::Error> {
+        let (column, value) = waiting.column();
+        sqlx::query_scalar(&format!(
+            "SELECT EXISTS (SELECT 1 FROM switchboard.link_claims
+                             WHERE {column} = $1 AND status = 'pending'
+                               AND created_at > now() - interval '1 day')"
+        ))
+        .bind(value)
+        .fetch_one(&self.db)
+        .await
+    }
+
+    async fn stored_answer(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        message: Uuid,
+    ) -> Result<Option<Answer>, ProofError> {
+        let row: Option<(Option<Uuid>, String, String)> = sqlx::query_as(
+            "SELECT claim_id, outcome, answer FROM switchboard.link_proof_answers
+              WHERE message_id = $1",
+        )
+        .bind(message)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some((claim, outcome, text)) = row else {
+            return Ok(None);
+        };
+        let outcome = ALL_OUTCOMES
+            .into_iter()
+            .find(|o| o.as_str() == outcome)
+            .ok_or(ProofError::Corrupt(outcome))?;
+        let code = match claim {
+            Some(id) => {
+                let claim: Claim = sqlx::query_as(&format!("{CLAIMS} WHERE id = $1"))
+                    .bind(id)
+                    .fetch_one(&mut **tx)
+                    .await?;
+                Some(self.code_message(&claim))
+            }
+            None => None,
+        };
+        Ok(Some(Answer {
+            outcome,
+            text,
+            code,
+        }))
+    }
+
+    async fn request(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        resolver: &IdentityResolver,
+        message: Uuid,
+        person: &Person,
+        number: &str,
+    ) -> Result<Answer, ProofError> {
+        let Ok(phone) = normalize_phone(number, &self.default_region) else {
+            return Ok(said(
+                ProofOutcome::NotAPhone,
+                format!(
+                    "{number} is not a phone number I can text. Write it with its country code, \
+                     e.g. +61 412 345 678."
+                ),
+            ));
+        };
+        if self.sms.is_none() {
+            return Ok(said(
+                ProofOutcome::NoSmsProvider,
+                "Linking a phone needs an SMS provider, and none is set up here. An operator \
+                 can link it (switchboard people link)."
+                    .into(),
+            ));
+        }
+        match self.plan(resolver, &phone, &person.person_id).await? {
+            Plan::AlreadyYours => return Ok(already_yours(&phone)),
+            Plan::Taken => return Ok(taken(&phone)),
+            Plan::Link { .. } => {}
+        }
+        let (by_person, to_phone): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE claimant_id = $1), count(*) FILTER (WHERE phone = $2)
+               FROM switchboard.link_claims
+              WHERE (claimant_id = $1 OR phone = $2) AND created_at > now() - interval '1 hour'",
+        )
+        .bind(&person.person_id)
+        .bind(&phone)
+        .fetch_one(&mut **tx)
+        .await?;
+        if by_person.max(to_phone) >= i64::from(self.config.codes_per_hour) {
+            return Ok(said(
+                ProofOutcome::TooManyCodes,
+                "Too many codes were asked for in the last hour. Try again later.".into(),
+            ));
+        }
+        // A new code replaces the one asked for before.
+        sqlx::query(
+            "UPDATE switchboard.link_claims SET status = 'superseded', settled_at = now()
+              WHERE claimant_id = $1 AND phone = $2 AND status = 'pending'",
+        )
+        .bind(&person.person_id)
+        .bind(&phone)
+        .execute(&mut **tx)
+        .await?;
+        let claim: Claim = sqlx::query_as(
+            "INSERT INTO switchboard.link_claims
+                 (id, requested_by, claimant_id, claimant_name, phone, code, expires_at)
+             VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+             RETURNING id, claimant_id, claimant_name, phone, code, true AS live",
+        )
+        .bind(Uuid::now_v7())
+        .bind(message)
+        .bind(&person.person_id)
+        .bind(&person.name)
+        .bind(&phone)
+        .bind(new_code())
+        .bind(self.config.code_ttl_s as f64)
+        .fetch_one(&mut **tx)
+        .await?;
+        Ok(Answer {
+            outcome: ProofOutcome::CodeSent,
+            text: format!(
+                "I sent a code to {phone}. Text it back from that phone, or type it here, \
+                 within {}.",
+                self.lifetime()
+            ),
+            code: Some(self.code_message(&claim)),
+        })
+    }
+
+    async fn confirm(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        resolver: &IdentityResolver,
+        waiting: &Waiting,
+        code: &str,
+        channel: &str,
+    ) -> Result<Option<Answer>, ProofError> {
+        let (column, value) = waiting.column();
+        let claims: Vec<Claim> = sqlx::query_as(&format!(
+            "{CLAIMS} WHERE {column} = $1 AND status = 'pending'
+                        AND created_at > now() - interval '1 day'
+              ORDER BY created_at DESC FOR UPDATE"
+        ))
+        .bind(value)
+        .fetch_all(&mut **tx)
+        .await?;
+        let live: Vec<&Claim> = claims.iter().filter(|c| c.live).collect();
+        if live.is_empty() {
+            return Ok(claims.first().map(|c| {
+                said(
+                    ProofOutcome::Expired,
+                    format!(
+                        "That code has expired. Ask for a new one: link my phone {}",
+                        c.phone
+                    ),
+                )
+            }));
+        }
+        // Six digits compared as text: the tries a claim allows bound guessing, not timing.
+        let Some(claim) = live.iter().find(|c| c.code == code) else {
+            return self.wrong_code(tx, &live).await.map(Some);
+        };
+        let answer = match self
+            .plan(resolver, &claim.phone, &claim.claimant_id)
+            .await?
+        {
+            Plan::AlreadyYours => already_yours(&claim.phone),
+            Plan::Taken => taken(&claim.phone),
+            Plan::Link { from, to } => {
+                let how = if matches!(waiting, Waiting::Phone(_)) {
+                    "texted back from it".to_string()
+                } else {
+                    format!("typed on {channel}")
+                };
+                let reason = format!("proved: a code sent to {} was {how}", claim.phone);
+                let request = Request {
+                    from: &from,
+                    to: &to,
+                    actor: &claim.claimant_id,
+                    reason: &reason,
+                };
+                match self.links.link_in(tx, request).await {
+                    Ok(_) => {
+                        let who = if claim.claimant_name.is_empty() {
+                            &claim.claimant_id
+                        } else {
+                            &claim.claimant_name
+                        };
+                        said(
+                            ProofOutcome::Linked,
+                            format!(
+                                "Linked: {} and {who} are one person here now, and the \
+                                 conversation goes on across both.",
+                                claim.phone
+                            ),
+                        )
+                    }
+                    Err(LinkError::Database(e)) => return Err(e.into()),
+                    // A cycle or a chain too long: as good as someone else's.
+                    Err(e) => {
+                        tracing::info!(error = %e, "a proved link breaks the links' rules");
+                        taken(&claim.phone)
+                    }
+                }
+            }
+        };
+        let status = if answer.outcome == ProofOutcome::Taken {
+            "used_up"
+        } else {
+            "linked"
+        };
+        sqlx::query(
+            "UPDATE switchboard.link_claims SET status = $2, settled_at = now() WHERE id = $1",
+        )
+        .bind(claim.id)
+        .bind(status)
+        .execute(&mut **tx)
+        .await?;
+        Ok(Some(answer))
+    }
+
+    /// A wrong code counts against every live claim it could have been for.
+    async fn wrong_code(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        live: &[&Claim],
+    ) -> Result<Answer, ProofError> {
+        let ids: Vec<Uuid> = live.iter().map(|c| c.id).collect();
+        let left: Vec<(i32, String)> = sqlx::query_as(
+            "UPDATE switchboard.link_claims
+                SET wrong_codes = wrong_codes + 1,
+                    status = CASE WHEN wrong_codes + 1 > $2 THEN 'used_up' ELSE status END,
+                    settled_at = CASE WHEN wrong_codes + 1 > $2 THEN now() END
+              WHERE id = ANY($1)
+              RETURNING $2 - wrong_codes, phone",
+        )
+        .bind(&ids)
+        .bind(self.config.max_wrong_codes as i32)
+        .fetch_all(&mut **tx)
+        .await?;
+        let (tries, phone) = left.into_iter().max().unwrap_or_default();
+        Ok(if tries >= 0 {
+            said(
+                ProofOutcome::WrongCode,
+                format!(
+                    "That code is not right. {} more {} before it stops working.",
+                    tries + 1,
+                    if tries == 0 { "try" } else { "tries" }
+                ),
+            )
+        } else {
+            said(
+                ProofOutcome::UsedUp,
+                format!(
+                    "That code is not right, and that was the last try. Ask for a new one: \
+                     link my phone {phone}"
+                ),
+            )
+        })
+    }
+
+    /// Which way linking `phone` and `claimant` goes, as things stand.
+    async fn plan(
+        &self,
+        resolver: &IdentityResolver,
+        phone: &str,
+        claimant: &str,
+    ) -> Result<Plan, ProofError> {
+        let phone_id = resolver
+            .resolve_address("sms", phone, None)
+            .await?
+            .person_id;
+        let phone_person = self.links.canonical(&phone_id).await?;
+        let claimant = self.links.canonical(claimant).await?;
+        if phone_person == claimant {
+            return Ok(Plan::AlreadyYours);
+        }
+        if phone_id == phone_person && phone_id.starts_with("phone:") {
+            return Ok(Plan::Link {
+                from: phone_id,
+                to: claimant,
+            });
+        }
+        let in_directory: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM switchboard.people WHERE person_id = $1)",
+        )
+        .bind(&claimant)
+        .fetch_one(&self.db)
+        .await?;
+        Ok(if contact_of(&claimant).is_some() && !in_directory {
+            Plan::Link {
+                from: claimant,
+                to: phone_person,
+            }
+        } else {
+            Plan::Taken
+        })
+    }
+
+    fn code_message(&self, claim: &Claim) -> CodeMessage {
+        let who = if claim.claimant_name.is_empty() {
+            &claim.claimant_id
+        } else {
+            &claim.claimant_name
+        };
+        CodeMessage {
+            id: claim.id,
+            phone: claim.phone.clone(),
+            text: format!(
+                "{} is your code to link this phone to {who}. Text it back to this number, or \
+                 type it where you asked for it, within {}. If you did not ask for it, ignore \
+                 this message.",
+                claim.code,
+                self.lifetime()
+            ),
+        }
+    }
+
+    fn lifetime(&self) -> String {
+        let s = self.config.code_ttl_s;
+        match s {
+            1 => "a second".into(),
+            60 => "a minute".into(),
+            s if s % 60 == 0 => format!("{} minutes", s / 60),
+            s => format!("{s} seconds"),
+        }
+    }
+}
+
+/// Whose claims a code may be for.
+enum Waiting {
+    /// Texted from this number (E.164).
+    Phone(String),
+    /// Typed by this person, where they asked.
+    Claimant(String),
+}
+
+impl Waiting {
+    fn column(&self) -> (&'static str, &str) {
+        match self {
+            Waiting::Phone(p) => ("phone", p),
+            Waiting::Claimant(c) => ("claimant_id", c),
+        }
+    }
+}
+
+const CLAIMS: &str = "SELECT id, claimant_id, claimant_name, phone, code,
+                             expires_at > now() AS live
+                        FROM switchboard.link_claims";
+
+const ALL_OUTCOMES: [ProofOutcome; 10] = [
+    ProofOutcome::CodeSent,
+    ProofOutcome::NotAPhone,
+    ProofOutcome::AlreadyYours,
+    ProofOutcome::Taken,
+    ProofOutcome::TooManyCodes,
+    ProofOutcome::NoSmsProvider,
+    ProofOutcome::Linked,
+    ProofOutcome::WrongCode,
+    ProofOutcome::UsedUp,
+    ProofOutcome::Expired,
+];
+
+fn said(outcome: ProofOutcome, text: String) -> Answer {
+    Answer {
+        outcome,
+        text,
+        code: None,
+    }
+}
+
+fn already_yours(phone: &str) -> Answer {
+    said(
+        ProofOutcome::AlreadyYours,
+        format!("{phone} is already linked to you."),
+    )
+}
+
+fn taken(phone: &str) -> Answer {
+    said(
+        ProofOutcome::Taken,
+        format!(
+            "{phone} belongs to someone else here, so it cannot be linked by code. An operator \
+             can link it (switchboard people link)."
+        ),
+    )
+}
+
+/// A fresh code: uuid's v4 bytes come from the operating system's CSPRNG (getrandom); the
+/// modulo's bias over 122 random bits is nil.
+fn new_code() -> String {
+    let n = Uuid::new_v4().as_u128() % 10u128.pow(CODE_DIGITS as u32);
+    format!("{n:0width$}", width = CODE_DIGITS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asking_to_link_a_phone_is_read_in_the_ways_people_write_it() {
+        let phone = |s: &str| Some(Ask::LinkPhone(s.into()));
+        assert_eq!(
+            parse("link my phone +61 412 345 678"),
+            phone("+61412345678")
+        );
+        assert_eq!(
+            parse("Link my phone number 0412-345-678"),
+            phone("0412-345-678")
+        );
+        assert_eq!(parse("/link phone +14155550100"), phone("+14155550100"));
+        assert_eq!(
+            parse("  LINK MY MOBILE (415) 555 0100 "),
+            phone("(415)5550100")
+        );
+        assert_eq!(parse("link my phone"), None);
+        assert_eq!(parse("please link my phone +14155550100"), None);
+        assert_eq!(parse("link me up"), None);
+    }
+
+    #[test]
+    fn six_digits_are_a_code_and_nothing_else_is() {
+        let code = |s: &str| Some(Ask::Code(s.into()));
+        assert_eq!(parse("123456"), code("123456"));
+        assert_eq!(parse(" 123 456 "), code("123456"));
+        assert_eq!(parse("code 123-456"), code("123456"));
+        assert_eq!(parse("link code 000042"), code("000042"));
+        assert_eq!(parse("12345"), None);
+        assert_eq!(parse("1234567"), None);
+        assert_eq!(parse("12345a"), None);
+        assert_eq!(parse("my code is 123456"), None);
+        assert_eq!(parse("١٢٣٤٥٦"), None, "only ASCII digits");
+        assert_eq!(parse(""), None);
+    }
+
+    #[test]
+    fn codes_are_six_digits_and_vary() {
+        let codes: std::collections::HashSet<String> = (0..200).map(|_| new_code()).collect();
+        assert!(
+            codes
+                .iter()
+                .all(|c| c.len() == CODE_DIGITS && c.bytes().all(|b| b.is_ascii_digit()))
+        );
+        assert!(codes.len() > 190, "{} distinct of 200", codes.len());
+    }
+}

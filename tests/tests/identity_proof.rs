@@ -1,0 +1,362 @@
+//! Links a person proves: "link my phone +1…" in chat texts a one-time code to that number; the
+//! code texted back (or typed in chat) within its lifetime records the link, with its audit
+//! row. Wrong, used-up and expired codes link nothing; codes asked for are limited.
+use std::time::Duration;
+
+use serde_json::json;
+use switchboard_e2e::{ChatClient, FakeRunner, TestApp, chat_token, spawn_app_configured};
+use switchboard_kit::config::Config;
+
+const WAIT: Duration = Duration::from_secs(20);
+const PHONE: &str = "+14155550199";
+const PHONE_ID: &str = "phone:+14155550199";
+const STAFF_PHONE: &str = "+14155550181";
+
+async fn app_with(tweak: impl FnOnce(&mut Config) + Send + 'static) -> TestApp {
+    spawn_app_configured(tweak).await
+}
+
+/// Ana at the admin dashboard, her name in her token.
+async fn ana(app: &TestApp) -> ChatClient {
+    let token = chat_token("ana", json!({"name": "Ana Ortiz"}));
+    ChatClient::connect(&app.gateway_url, &format!("token={token}"))
+        .await
+        .expect("the gateway accepts a valid token")
+}
+
+/// What the chat answered `text` (sent with client id `id`).
+async fn ask(chat: &mut ChatClient, id: &str, text: &str) -> String {
+    chat.say(id, text).await;
+    chat.reply(WAIT).await["text"]
+        .as_str()
+        .expect("a reply has text")
+        .to_string()
+}
+
+/// The six-digit code in an SMS.
+fn code_in(body: &str) -> String {
+    body.split(|c: char| !c.is_ascii_digit())
+        .find(|w| w.len() == 6)
+        .unwrap_or_else(|| panic!("no code in {body:?}"))
+        .to_string()
+}
+
+/// A six-digit code that is not `code`.
+fn wrong(code: &str) -> String {
+    if code == "000000" { "111111" } else { "000000" }.into()
+}
+
+/// The SMS texted to the phone so far (the fake Twilio's record), `n` of them awaited.
+async fn texts_to_phone(app: &TestApp, n: usize) -> Vec<String> {
+    app.wait_for_sms(n, WAIT)
+        .await
+        .into_iter()
+        .filter(|s| s.to == PHONE)
+        .map(|s| s.body)
+        .collect()
+}
+
+async fn links(app: &TestApp) -> Vec<(String, String)> {
+    sqlx::query_as("SELECT from_person_id, to_person_id FROM switchboard.identity_links")
+        .fetch_all(&app.db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_phone_proved_by_the_code_texted_back_continues_the_chat_session() {
+    let app = app_with(|_| {}).await;
+    let mut chat = ana(&app).await;
+    ask(&mut chat, "m-1", "from the dashboard").await;
+
+    let answer = ask(&mut chat, "m-2", "link my phone +1 (415) 555-0199").await;
+    assert!(answer.contains("I sent a code to +14155550199"), "{answer}");
+    assert_eq!(app.runner.calls().len(), 1, "the agent is not asked");
+    let sms = texts_to_phone(&app, 1).await;
+    assert!(sms[0].contains("link this phone to Ana Ortiz"), "{sms:?}");
+    let code = code_in(&sms[0]);
+    assert!(
+        links(&app).await.is_empty(),
+        "nothing links on the claim alone"
+    );
+
+    app.send_sms(PHONE, &code).await;
+    let sms = texts_to_phone(&app, 2).await;
+    assert!(
+        sms[1].starts_with("Linked: +14155550199 and Ana Ortiz are one person"),
+        "{sms:?}"
+    );
+    assert_eq!(links(&app).await, [(PHONE_ID.into(), "user:ana".into())]);
+    let (actor, reason): (String, String) = sqlx::query_as(
+        "SELECT actor, reason FROM switchboard.identity_link_audit
+          WHERE action = 'link' AND from_person_id = $1 AND to_person_id = 'user:ana'",
+    )
+    .bind(PHONE_ID)
+    .fetch_one(&app.db)
+    .await
+    .expect("the link has its audit row");
+    assert_eq!(actor, "user:ana");
+    assert_eq!(
+        reason,
+        "proved: a code sent to +14155550199 was texted back from it"
+    );
+
+    // The phone is Ana now: her session, her engine session resumed.
+    app.send_sms(PHONE, "on my way, from my phone").await;
+    texts_to_phone(&app, 3).await;
+    let calls = app.runner.calls();
+    assert_eq!(
+        calls.len(),
+        2,
+        "only the people's own messages reach the agent"
+    );
+    assert_eq!(
+        FakeRunner::said(&calls[1].prompt),
+        "on my way, from my phone"
+    );
+    assert_eq!(calls[1].session_id.as_deref(), Some("eng-1"));
+
+    // Both sides of the exchange are in the log, in Ana's session.
+    app.settle().await;
+    let rows = app.log_rows().await;
+    let logged = |direction: &str, text: &str| {
+        rows.iter()
+            .any(|r| r.direction == direction && r.message.starts_with(text))
+    };
+    assert!(logged("inbound", "link my phone +1 (415) 555-0199"));
+    assert!(logged("outbound", "I sent a code to +14155550199"));
+    assert!(logged("inbound", &code));
+    assert!(logged("outbound", "Linked: +14155550199"));
+    chat.close().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_code_typed_in_chat_makes_the_chat_user_the_staff_member_whose_phone_it_is() {
+    let app = app_with(|_| {}).await;
+    let out = app.cli(&[
+        "directory".as_ref(),
+        "add".as_ref(),
+        "--id".as_ref(),
+        "staff-7".as_ref(),
+        "--type".as_ref(),
+        "staff".as_ref(),
+        "--name".as_ref(),
+        "Dana Reyes".as_ref(),
+        "--phone".as_ref(),
+        STAFF_PHONE.as_ref(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let token = chat_token("dana", json!({"name": "Dana"}));
+    let mut chat = ChatClient::connect(&app.gateway_url, &format!("token={token}"))
+        .await
+        .unwrap();
+    let answer = ask(&mut chat, "m-1", "link my phone 415 555 0181").await;
+    assert!(answer.contains("I sent a code to +14155550181"), "{answer}");
+    let sms = app.wait_for_sms(1, WAIT).await;
+    assert_eq!(sms[0].to, STAFF_PHONE);
+    let code = code_in(&sms[0].body);
+
+    let answer = ask(&mut chat, "m-2", &format!("code {code}")).await;
+    assert!(
+        answer.starts_with("Linked: +14155550181 and Dana"),
+        "{answer}"
+    );
+    assert_eq!(links(&app).await, [("user:dana".into(), "staff-7".into())]);
+
+    ask(&mut chat, "m-3", "which ward am I on today?").await;
+    let calls = app.runner.calls();
+    assert_eq!(calls.len(), 1);
+    assert!(
+        calls[0].prompt.contains("Dana Reyes"),
+        "the agent is told she is the staff member: {}",
+        calls[0].prompt
+    );
+    app.settle().await;
+    let row = app
+        .log_rows()
+        .await
+        .into_iter()
+        .find(|r| r.message == "which ward am I on today?")
+        .unwrap();
+    assert_eq!(row.person_id, "staff-7");
+    chat.close().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn wrong_codes_link_nothing_and_the_last_wrong_try_ends_the_claim() {
+    let app = app_with(|c| c.identity.proof.max_wrong_codes = 1).await;
+    let mut chat = ana(&app).await;
+    ask(&mut chat, "m-1", &format!("link my phone {PHONE}")).await;
+    let code = code_in(&texts_to_phone(&app, 1).await[0]);
+
+    app.send_sms(PHONE, &wrong(&code)).await;
+    let sms = texts_to_phone(&app, 2).await;
+    assert_eq!(
+        sms[1],
+        "That code is not right. 1 more try before it stops working."
+    );
+    app.send_sms(PHONE, &wrong(&code)).await;
+    let sms = texts_to_phone(&app, 3).await;
+    assert!(sms[2].contains("that was the last try"), "{sms:?}");
+
+    // The right code is too late: the claim is over, and six digits are just a message.
+    app.send_sms(PHONE, &code).await;
+    texts_to_phone(&app, 4).await;
+    assert!(links(&app).await.is_empty());
+    let calls = app.runner.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(FakeRunner::said(&calls[0].prompt), code);
+    assert!(
+        app.metrics()
+            .await
+            .contains("sb_identity_link_proofs_total{outcome=\"used_up\"} 1")
+    );
+    chat.close().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_expired_code_links_nothing() {
+    let app = app_with(|c| c.identity.proof.code_ttl_s = 1).await;
+    let mut chat = ana(&app).await;
+    let answer = ask(&mut chat, "m-1", &format!("link my phone {PHONE}")).await;
+    assert!(answer.contains("within a second"), "{answer}");
+    let code = code_in(&texts_to_phone(&app, 1).await[0]);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    let answer = ask(&mut chat, "m-2", &code).await;
+    assert_eq!(
+        answer,
+        "That code has expired. Ask for a new one: link my phone +14155550199"
+    );
+    assert!(links(&app).await.is_empty());
+    chat.close().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn codes_are_limited_per_hour_and_a_number_someone_else_holds_is_not_linked_by_code() {
+    let app = app_with(|c| c.identity.proof.codes_per_hour = 2).await;
+    let mut chat = ana(&app).await;
+    for (i, id) in ["m-1", "m-2"].into_iter().enumerate() {
+        let answer = ask(&mut chat, id, &format!("link my phone {PHONE}")).await;
+        assert!(answer.starts_with("I sent a code"), "{answer}");
+        texts_to_phone(&app, i + 1).await;
+    }
+    let answer = ask(&mut chat, "m-3", &format!("link my phone {PHONE}")).await;
+    assert_eq!(
+        answer,
+        "Too many codes were asked for in the last hour. Try again later."
+    );
+    // Only the newest code counts: asking again replaced the first.
+    let sms = texts_to_phone(&app, 2).await;
+    let (first, second) = (code_in(&sms[0]), code_in(&sms[1]));
+    if first != second {
+        let answer = ask(&mut chat, "m-4", &first).await;
+        assert!(answer.starts_with("That code is not right"), "{answer}");
+    }
+    let answer = ask(&mut chat, "m-5", &second).await;
+    assert!(answer.starts_with("Linked"), "{answer}");
+
+    // Bo is in the directory as staff-8; the number is Ana's now.
+    for args in [
+        &["directory", "add", "--id", "staff-8", "--type", "staff"][..],
+        &[
+            "people",
+            "link",
+            "user:bo",
+            "staff-8",
+            "--reason",
+            "Bo's login",
+        ][..],
+    ] {
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+        assert!(app.cli(&args).status.success());
+    }
+    let token = chat_token("bo", json!({}));
+    let mut bo = ChatClient::connect(&app.gateway_url, &format!("token={token}"))
+        .await
+        .unwrap();
+    let answer = ask(&mut bo, "b-1", &format!("link my phone {PHONE}")).await;
+    assert!(
+        answer.starts_with("+14155550199 belongs to someone else here"),
+        "{answer}"
+    );
+    let bo_claims: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchboard.link_claims WHERE claimant_id = 'staff-8'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(bo_claims, 0, "no code was sent");
+    assert!(app.runner.calls().is_empty());
+    bo.close().await;
+    chat.close().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_handled_twice_sends_one_code_and_answers_the_same() {
+    use switchboard_identify::{IdentifyStage, IdentityResolver, links::IdentityLinks, proof};
+    use switchboard_kit::proto::{InboundMessage, Person};
+    use switchboard_kit::{Attempt, Stage as _};
+
+    let app = app_with(|_| {}).await;
+    let config = &app.config;
+    let stage = IdentifyStage::new(
+        IdentityResolver::new(app.db.clone(), config.identity.clone()),
+        Some(proof::LinkProofs::new(
+            app.db.clone(),
+            IdentityLinks::new(app.db.clone(), config.identity.clone()),
+            config.identity.proof.clone(),
+            config.identity.default_region.clone(),
+            config.proof_sms_sender(),
+        )),
+        app.topology.clone(),
+    );
+    let asked = InboundMessage {
+        id: uuid::Uuid::now_v7().to_string(),
+        channel: "admin_chat".into(),
+        provider: "chat".into(),
+        sender: "ana".into(),
+        text: format!("link my phone {PHONE}"),
+        correlation_id: "c-1".into(),
+        asserted: Some(Person {
+            person_id: "user:ana".into(),
+            person_type: "user".into(),
+            name: "Ana Ortiz".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let attempt = |delivered| Attempt {
+        subject: app.topology.inbound("admin_chat"),
+        delivered,
+        stream_sequence: 1,
+        correlation_id: "c-1".into(),
+        waits: 0,
+        waited: Duration::ZERO,
+    };
+    // As after a crash between the handler and the ack: the same message, delivered again.
+    let first = stage.handle(asked.clone(), &attempt(1)).await.unwrap();
+    let again = stage.handle(asked, &attempt(2)).await.unwrap();
+    let published = |out: &[switchboard_kit::Output]| {
+        out.iter()
+            .map(|o| (o.subject.clone(), o.dedupe_id.clone(), o.payload.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(published(&first), published(&again));
+    let code_messages: Vec<_> = first
+        .iter()
+        .filter(|o| o.subject == app.topology.inbound("sms"))
+        .collect();
+    assert_eq!(code_messages.len(), 1, "one code message, to the phone");
+    let claims: i64 = sqlx::query_scalar("SELECT count(*) FROM switchboard.link_claims")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(claims, 1);
+    app.shutdown().await;
+}
