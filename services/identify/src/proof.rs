@@ -29,6 +29,9 @@ use crate::{IdentityError, IdentityResolver, contact_of, normalize_phone};
 /// Digits in a code.
 pub const CODE_DIGITS: usize = 6;
 
+/// The longest text read as a request or a code ("link my phone number +61 412 345 678" is 36).
+const MAX_ASK_LEN: usize = 80;
+
 /// What a message asks of the proof flow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ask {
@@ -42,6 +45,10 @@ pub enum Ask {
 /// answers it).
 pub fn parse(text: &str) -> Option<Ask> {
     let text = text.trim();
+    // Every message passes here: a long one is no request, and is not split into words.
+    if text.len() > MAX_ASK_LEN {
+        return None;
+    }
     let text = text.strip_prefix('/').unwrap_or(text);
     let words: Vec<&str> = text.split_whitespace().collect();
     let is = |i: usize, any: &[&str]| {
@@ -688,6 +695,8 @@ mod tests {
         assert_eq!(parse("link my phone"), None);
         assert_eq!(parse("please link my phone +14155550100"), None);
         assert_eq!(parse("link me up"), None);
+        let long = format!("link my phone +61 412 345 678 {}", "please ".repeat(10));
+        assert_eq!(parse(&long), None);
     }
 
     #[test]
