@@ -1,14 +1,17 @@
-//! A bounded chaos run inside `make test`: 600 turns across 60 sessions while worker processes
-//! are SIGKILLed on a seeded schedule (every kind at least twice) and NATS and Postgres are each
-//! SIGKILLed once and come back by crash recovery, on a stack of its own (`chaos-small`, ports
-//! 28222/29432, Postgres durable) so that the crashes do not disturb other tests. `make chaos`
-//! is the full run. `SB_CHAOS_SEED` repeats a run's kill schedule.
+//! A bounded chaos run inside `make test`: 600 turns across 60 sessions, mixed as the full run
+//! mixes them (24 people on Twilio, 12 each on TextMagic, chat and the API), while worker
+//! processes are SIGKILLed on a seeded schedule (every kind at least twice) and NATS and
+//! Postgres are each SIGKILLed once and come back by crash recovery, on a stack of its own
+//! (`chaos-small`, ports 28222/29432, or the two of `SB_CHAOS_SMALL_PORTS=<nats>,<pg>`;
+//! Postgres durable) so that the crashes do not disturb other tests. `make chaos` is the full
+//! run. `SB_CHAOS_SEED` repeats a run's kill schedule.
 //!
 //! The verdict is the full run's (see `switchboard_e2e::load::chaos_check`): nothing accepted is
-//! lost (turn, inbound log row, SMS, outbound log row), every reply reaches its sender, no two
-//! turns of one person overlap, every runner call and every SMS comes in the person's order, no
-//! reply is sent twice unless its sender was killed before the ledger recorded it, no dead
-//! letter, and the pipeline settles.
+//! lost on any channel (turn, inbound log row, reply at the provider or in the mailbox and at
+//! the chat or API client, outbound log row), every reply reaches its sender on their channel,
+//! no two turns of one person overlap, every runner call and every reply comes in the person's
+//! order, no reply is delivered twice, no dead letter, and the pipeline settles.
+use switchboard_e2e::load::channels::Channel;
 use switchboard_e2e::load::chaos::{self, ChaosOptions, MIN_KILLS_PER_KIND, WORKER_KINDS};
 use switchboard_e2e::load::stack::repo_dir;
 
@@ -23,6 +26,13 @@ async fn workers_nats_and_postgres_killed_lose_nothing_and_keep_every_persons_or
     {
         options.seed = seed;
     }
+    if let Some((nats, pg)) = std::env::var("SB_CHAOS_SMALL_PORTS")
+        .ok()
+        .and_then(|p| p.split_once(',').map(|(n, p)| (n.parse(), p.parse())))
+        .and_then(|(n, p)| Some((n.ok()?, p.ok()?)))
+    {
+        (options.nats_port, options.pg_port) = (nats, pg);
+    }
     let report = chaos::run(options).await.expect("the chaos run completes");
     report.print();
     for kind in WORKER_KINDS {
@@ -31,6 +41,18 @@ async fn workers_nats_and_postgres_killed_lose_nothing_and_keep_every_persons_or
     }
     assert_eq!(report.crashes_of("nats"), 1, "NATS was SIGKILLed once");
     assert_eq!(report.crashes_of("pg"), 1, "Postgres was SIGKILLed once");
+    for channel in Channel::ALL {
+        let tally = report
+            .verdict
+            .channels
+            .get(&channel)
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            tally.accepted >= 100,
+            "{channel:?} carried its share of the load: {tally:?}"
+        );
+    }
     let failures = report.failures();
     assert!(
         failures.is_empty(),

@@ -45,7 +45,7 @@ use switchboard_e2e::load::bench_verdict::{
     self, Check, Findings, FloorMeasured, MachineSeen, Measured, Outcome, Overhead,
     ScenarioMeasured, Targets,
 };
-use switchboard_e2e::load::fakes::{LoadRunner, LoadTwilio, RunnerStats, TwilioStats};
+use switchboard_e2e::load::fakes::{LoadRunner, LoadTwilio, RunnerStats, SendStats};
 use switchboard_e2e::load::floor::{self, FloorOptions, FloorResult};
 use switchboard_e2e::load::loadgen::{LoadGen, LoadStats, round_robin};
 use switchboard_e2e::load::pipeline::{self, Knobs, Pipeline};
@@ -183,7 +183,7 @@ struct ScenarioDetail {
     knobs: Knobs,
     gateway: LoadStats,
     runner: RunnerStats,
-    twilio: TwilioStats,
+    twilio: SendStats,
     /// Request sent → Twilio received, minus runner time (includes ingest).
     overhead_from_sent: Overhead,
     throughput_per_s: Vec<f64>,

@@ -1,10 +1,11 @@
-//! The chaos run: SMS from many senders while worker processes are SIGKILLed on a seeded
-//! schedule (and started again right away, as an orchestrator would), and NATS and Postgres are
+//! The chaos run: messages from many senders, mixed over Twilio, TextMagic, chat and the API
+//! ([`Mix::CHAOS`]), while worker processes are SIGKILLed on a seeded schedule (and started again right away, as an orchestrator would), and NATS and Postgres are
 //! each SIGKILLed once and come back by crash recovery (Postgres with `fsync`,
 //! `synchronous_commit` and `full_page_writes` on, as in production).
 //!
 //! Afterwards the run collects its [`Evidence`] (every accepted message, every runner call,
-//! every SMS, the database's turns, log rows and ledger, every kill and crash, the dead letters),
+//! every SMS, every mailbox entry and every reply the chat and API clients got, the database's
+//! turns, log rows and ledger, every kill and crash, the dead letters),
 //! writes it to `chaos-evidence.json`, and [`judge`] gives the verdict: see
 //! [`super::chaos_check`] for what fails a run.
 use std::collections::BTreeMap;
@@ -20,11 +21,12 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use sqlx::Row as _;
 
+use super::channels::{self, Channel, LoadClients, Mix};
 use super::chaos_check::{
-    AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, ServerCrash, TurnRow, Verdict,
-    judge,
+    AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, MailboxRow, ServerCrash, TurnRow,
+    Verdict, judge,
 };
-use super::fakes::{LoadRunner, LoadTwilio, RunnerStats, TwilioStats};
+use super::fakes::{LoadRunner, LoadTextMagic, LoadTwilio, RunnerStats, SendStats};
 use super::loadgen::{LoadGen, LoadStats, in_groups};
 use super::pipeline::{self, Knobs, Pipeline};
 use super::stack::Stack;
@@ -43,6 +45,8 @@ pub struct ChaosOptions {
     pub pg_port: u16,
     pub sessions: usize,
     pub per_session: u32,
+    /// Which channel each session writes on.
+    pub mix: Mix,
     /// Messages per second offered to the gateway.
     pub rate: f64,
     /// Senders whose messages interleave; one sender's messages come `group / rate` s apart.
@@ -75,6 +79,7 @@ impl ChaosOptions {
             pg_port: 19432,
             sessions: 2_000,
             per_session: 10,
+            mix: Mix::CHAOS,
             rate: 400.0,
             group: 50,
             seed: rand::rng().random(),
@@ -107,6 +112,7 @@ impl ChaosOptions {
             pg_port: 29432,
             sessions: 60,
             per_session: 10,
+            mix: Mix::CHAOS,
             rate: 30.0,
             group: 10,
             seed: rand::rng().random(),
@@ -229,7 +235,8 @@ pub struct ChaosReport {
     /// Worker processes that exited by themselves (and were restarted), by worker.
     pub self_exits: BTreeMap<String, u32>,
     pub runner: RunnerStats,
-    pub twilio: TwilioStats,
+    pub twilio: SendStats,
+    pub textmagic: SendStats,
     pub verdict: Verdict,
     pub events: Vec<Event>,
 }
@@ -288,8 +295,18 @@ impl ChaosReport {
             "  runner: {} calls for {} turns ({} re-runs after a dispatcher died, never beside the first call)",
             v.runner_calls, v.distinct_turns_called, v.reruns
         );
+        for (channel, t) in &v.channels {
+            println!(
+                "  {:<10} {:>6} accepted, {:>6} answered, {} lost, {} doubled",
+                format!("{}:", channel.name()),
+                t.accepted,
+                t.answered,
+                t.lost,
+                t.doubled
+            );
+        }
         println!(
-            "  Twilio: {} sends for {} replies; {} sent again ({} in the documented window)",
+            "  SMS (Twilio, TextMagic): {} sends for {} replies; {} sent again ({} explained by a deliverer's kill)",
             v.sends,
             v.distinct_replies_sent,
             v.doubles.len(),
@@ -350,9 +367,14 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let started = Instant::now();
     let runner = LoadRunner::start(o.runner_delay).await;
     let twilio = LoadTwilio::start(pipeline::ACCOUNT_SID, pipeline::AUTH_TOKEN).await;
-    let config = pipeline::config_for_run(stack, "chaos", &runner.url, &twilio, &o.knobs).await?;
+    let textmagic = LoadTextMagic::start("load-textmagic", "load-textmagic-key").await;
+    let mut config =
+        pipeline::config_for_run(stack, "chaos", &runner.url, &twilio, &o.knobs).await?;
+    channels::configure(&mut config, &textmagic);
     let order = pipeline::layout(&o.replicas);
     let mut pipeline = Pipeline::start(&o.dir, config, &order, |_, _| {}).await?;
+    let clients =
+        LoadClients::start(pipeline.gateway.clone(), &pipeline.db, o.mix, o.sessions).await?;
     let events: Arc<Mutex<Vec<Event>>> = Default::default();
     let event = {
         let events = events.clone();
@@ -367,9 +389,14 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     };
     let total = o.sessions as u64 * o.per_session as u64;
 
-    // The load: every message is retried (same MessageSid) until the gateway accepts it.
-    let load = LoadGen::new(pipeline.gateway.clone(), twilio.clone(), 256)
+    // The load: every message is retried (same ids) until the gateway accepts it.
+    let load = LoadGen::mixed(Arc::new(clients), twilio.clone(), 256)
         .with_retry_for(Duration::from_secs(90));
+    let replies = Replies {
+        twilio: &twilio,
+        textmagic: &textmagic,
+        clients: load.clients(),
+    };
     let load_task = {
         let load = load.clone();
         let (sessions, per, rate, group) = (o.sessions, o.per_session, o.rate, o.group);
@@ -444,7 +471,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         for label in pipeline.workers.restart_exited()? {
             event(format!("{label} exited by itself; restarted"));
         }
-        bar.set_position(twilio.distinct());
+        bar.set_position(replies.pushed());
         bar.set_message(format!(
             "accepted {} | kills {} | server crashes {}",
             load.accepted_count(),
@@ -466,18 +493,16 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     } else {
         Instant::now() + o.drain_timeout
     };
-    let want: Vec<String> = accepted
+    let want: Vec<(Channel, String)> = accepted
         .iter()
-        .map(|a| message_text(a.sender, a.index))
+        .map(|a| (a.channel, message_text(a.sender, a.index)))
         .collect();
     while Instant::now() < drain_deadline {
         for label in pipeline.workers.restart_exited()? {
             event(format!("{label} exited by itself; restarted"));
         }
-        let have = want
-            .iter()
-            .filter(|t| !twilio.arrivals_of(t).is_empty())
-            .count();
+        let answered = replies.answered(&pipeline.db).await;
+        let have = want.iter().filter(|w| answered.contains(w)).count();
         bar.set_position(have as u64);
         if have == want.len() {
             break;
@@ -487,9 +512,20 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let settled = pipeline.settle(Duration::from_secs(30)).await;
     bar.finish_and_clear();
     event(format!("drained (settled: {settled})"));
+    let client_replies = replies.at_clients(&accepted).await;
+    load.clients().close();
 
-    let evidence =
-        collect_evidence(&pipeline, &load, &runner, &twilio, kills, crashes, settled).await?;
+    let evidence = collect_evidence(
+        &pipeline,
+        &load,
+        &runner,
+        &replies,
+        client_replies,
+        kills,
+        crashes,
+        settled,
+    )
+    .await?;
     std::fs::write(
         o.dir.join("chaos-evidence.json"),
         serde_json::to_string(&evidence)?,
@@ -502,6 +538,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         accepted: evidence.accepted.len() as u64,
         runner: runner.stats(),
         twilio: twilio.stats(),
+        textmagic: textmagic.stats(),
         verdict: judge(&evidence),
         kills: evidence.kills,
         crashes: evidence.crashes,
@@ -522,13 +559,81 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     Ok(r)
 }
 
-/// Everything the verdict needs, from the fakes, the load generator, the database and the
-/// dead-letter stream.
+/// Where the replies of a run arrive: the SMS fakes, the chat clients' sockets, the mailbox
+/// (API replies, read back by their callers at the end).
+struct Replies<'a> {
+    twilio: &'a LoadTwilio,
+    textmagic: &'a LoadTextMagic,
+    clients: &'a LoadClients,
+}
+
+impl Replies<'_> {
+    /// Replies that reached a person's phone or socket so far (for the progress bar).
+    fn pushed(&self) -> u64 {
+        self.twilio.distinct()
+            + self.textmagic.distinct()
+            + self.clients.chat_replies().len() as u64
+    }
+
+    /// The messages answered so far, by channel and text: SMS at the fakes, chat at the
+    /// clients, API in the mailbox (its callers read them back once the run is drained).
+    async fn answered(&self, db: &sqlx::PgPool) -> std::collections::HashSet<(Channel, String)> {
+        let sms = |channel, sends: Vec<super::fakes::SendRecord>| {
+            sends.into_iter().map(move |s| (channel, s.text))
+        };
+        let mut answered: std::collections::HashSet<(Channel, String)> =
+            sms(Channel::Twilio, self.twilio.sends())
+                .chain(sms(Channel::TextMagic, self.textmagic.sends()))
+                .chain(
+                    self.clients
+                        .chat_replies()
+                        .into_iter()
+                        .map(|r| (Channel::Chat, r.text)),
+                )
+                .collect();
+        // The database may be down (a crash): then API replies count as not there yet.
+        if let Ok(texts) = sqlx::query_scalar::<_, String>(
+            "SELECT text FROM switchboard.mailbox WHERE channel = $1",
+        )
+        .bind(switchboard_channels::api::CHANNEL)
+        .fetch_all(db)
+        .await
+        {
+            answered.extend(texts.into_iter().map(|t| {
+                let t = t.strip_prefix("echo: ").unwrap_or(&t).to_string();
+                (Channel::Api, t)
+            }));
+        }
+        answered
+    }
+
+    /// Every reply the chat clients were pushed, and what `GET /api/v1/messages/<id>` shows
+    /// each API caller for its accepted messages.
+    async fn at_clients(
+        &self,
+        accepted: &[super::loadgen::Accepted],
+    ) -> Vec<channels::ClientReply> {
+        let mut seen = std::collections::HashSet::new();
+        let api: Vec<(usize, String)> = accepted
+            .iter()
+            .filter(|a| a.channel == Channel::Api && seen.insert(a.sid.clone()))
+            .map(|a| (a.sender, a.correlation_id.clone()))
+            .collect();
+        let mut got = self.clients.chat_replies();
+        got.extend(self.clients.api_replies(&api).await);
+        got
+    }
+}
+
+/// Everything the verdict needs, from the fakes, the clients, the load generator, the
+/// database and the dead-letter stream.
+#[allow(clippy::too_many_arguments)]
 async fn collect_evidence(
     pipeline: &Pipeline,
     load: &LoadGen,
     runner: &LoadRunner,
-    twilio: &LoadTwilio,
+    replies: &Replies<'_>,
+    client_replies: Vec<channels::ClientReply>,
     kills: Vec<Kill>,
     crashes: Vec<ServerCrash>,
     settled: bool,
@@ -539,9 +644,11 @@ async fn collect_evidence(
         .into_iter()
         .filter(|a| seen.insert(a.sid.clone()))
         .map(|a| AcceptedMessage {
+            channel: a.channel,
             sender: a.sender,
             index: a.index,
             sid: a.sid,
+            correlation_id: a.correlation_id,
             accepted_us: a.accepted_us,
         })
         .collect();
@@ -572,6 +679,24 @@ async fn collect_evidence(
     )
     .fetch_all(db)
     .await?;
+    let mailbox = sqlx::query(
+        "SELECT seq, reply_id::text, part, channel, address, text FROM switchboard.mailbox",
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|row| {
+        let text: String = row.get(5);
+        MailboxRow {
+            seq: row.get(0),
+            reply_id: row.get(1),
+            part: row.get(2),
+            channel: row.get(3),
+            address: row.get(4),
+            text: text.strip_prefix("echo: ").unwrap_or(&text).to_string(),
+        }
+    })
+    .collect();
     let ledger = sqlx::query(
         "SELECT reply_id::text, status, provider_message_ids FROM switchboard.deliveries",
     )
@@ -603,7 +728,9 @@ async fn collect_evidence(
         never_accepted: load.stats().gave_up,
         accepted,
         runner_calls: runner.calls(),
-        sends: twilio.sends(),
+        sends: [replies.twilio.sends(), replies.textmagic.sends()].concat(),
+        mailbox,
+        client_replies,
         turns,
         inbound_logged,
         outbound_logged,

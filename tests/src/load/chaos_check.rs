@@ -1,40 +1,67 @@
 //! The chaos run's verdict, as a pure function of what the run recorded.
 //!
-//! A run collects its [`Evidence`] (what the load generator got accepted, every call the fake
-//! runner received, every SMS the fake Twilio accepted, the database's turns, log rows and
-//! delivery ledger, every kill and server crash, the dead letters) and writes it next to its
-//! report; [`judge`] turns it into a [`Verdict`]. Keeping the two apart lets the checker itself be
+//! A run collects its [`Evidence`] (what the load generator got accepted on each channel, every
+//! call the fake runner received, every SMS the fake Twilio and TextMagic accepted, the chat and
+//! API replies in the mailbox table and those their clients got, the database's turns, log rows
+//! and delivery ledger, every kill and server crash, the dead letters) and writes it next to its
+//! report; [`judge`] turns it into a [`Verdict`], with a tally per channel ([`ChannelTally`]). Keeping the two apart lets the checker itself be
 //! tested on recorded evidence: each kind of broken promise must make it fail, with the evidence.
 //!
 //! What fails a run (each a kind of [`Finding`]):
 //! - a message the gateway never accepted, an accepted one with no turn or no inbound log row;
-//! - a reply never sent, a reply sent to anyone but the person who wrote, a reply without
-//!   exactly one outbound log row;
+//! - a reply never sent (SMS: not at the fake provider; chat and API: not in the mailbox), a
+//!   chat or API reply in the mailbox that its client never got (pushed on the socket, or read
+//!   back with `GET /api/v1/messages/<id>`), a reply sent to anyone but the person who wrote or
+//!   on another channel than theirs, a reply without exactly one outbound log row;
 //! - a runner call (first or repeated) for a turn of a person after a call for a later turn of
 //!   theirs, by the session's turn number or by the person's own order; an SMS (first or
-//!   re-sent) after a later reply of the same person;
+//!   re-sent; a mailbox entry, by `seq`) after a later reply of the same person;
 //! - two different turns of one person at the runner at once; a turn called again while an
 //!   earlier call of it still ran;
-//! - a reply sent twice outside the documented window: the re-send is explained only when the
-//!   deliver process that made the previous send (its `User-Agent` names it) was SIGKILLed
-//!   within its lease of that send and before the re-send, and the ledger never recorded the
-//!   previous send;
+//! - a reply delivered twice: an SMS sent again (the provider-log look-up closed the window a
+//!   killed deliverer used to leave, so even a re-send the window explains fails; the report
+//!   says which were explained: the deliver process that made the previous send, named by its
+//!   `User-Agent`, SIGKILLed within its lease of that send and before the re-send, the ledger
+//!   never recording the previous send), a reply stored in the mailbox as two entries, a reply
+//!   its client was handed twice;
 //! - any dead letter, a dead-letter list that could not be read, a pipeline that did not settle.
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::channels::{Channel, ClientReply};
 use super::fakes::{CallRecord, SendRecord};
-use super::{parse_text, sender_phone};
+use super::parse_text;
 
 /// One message the gateway accepted (answered 200).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct AcceptedMessage {
+    /// The channel it came in on (evidence of Twilio-only runs has none).
+    #[serde(default)]
+    pub channel: Channel,
     pub sender: usize,
     pub index: u32,
-    /// The provider message id (`MessageSid`).
+    /// The id the product keeps for it (`turns.provider_message_id`): Twilio's `MessageSid`,
+    /// TextMagic's `id`, the key of a chat client id or an API `Idempotency-Key`.
     pub sid: String,
+    /// The correlation id the gateway answered with (chat and API).
+    #[serde(default)]
+    pub correlation_id: String,
     pub accepted_us: u64,
+}
+
+/// A row of `switchboard.mailbox`: a chat or API reply (part), stored once per (reply, part).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct MailboxRow {
+    pub seq: i64,
+    pub reply_id: String,
+    pub part: i32,
+    /// `admin_chat` or `api`.
+    pub channel: String,
+    /// The chat `sub` or API key owner it is for.
+    pub address: String,
+    /// The reply less the runner's `echo: ` (so the message text it answers).
+    pub text: String,
 }
 
 /// A row of `switchboard.turns`.
@@ -91,7 +118,14 @@ pub struct Evidence {
     pub never_accepted: u64,
     pub accepted: Vec<AcceptedMessage>,
     pub runner_calls: Vec<CallRecord>,
+    /// Every SMS the fake Twilio and TextMagic accepted.
     pub sends: Vec<SendRecord>,
+    /// Every chat and API reply stored in the mailbox.
+    #[serde(default)]
+    pub mailbox: Vec<MailboxRow>,
+    /// Every chat reply pushed to a client's socket, and every API reply its caller read back.
+    #[serde(default)]
+    pub client_replies: Vec<ClientReply>,
     pub turns: Vec<TurnRow>,
     /// `external_id` of every inbound log row.
     pub inbound_logged: Vec<String>,
@@ -115,15 +149,19 @@ pub enum Kind {
     NoInboundLogRow,
     InboundLoggedTwice,
     ReplyNeverSent,
+    ReplyNotReceived,
     ReplyToWrongNumber,
     NoOutboundLogRow,
     OutboundLoggedTwice,
     WrongPersonInPrompt,
     RunnerOrder,
-    SmsOrder,
+    ReplyOrder,
     OverlappingTurns,
     TurnRunBesideItself,
     DoubleOutsideWindow,
+    DoubleInWindow,
+    StoredTwice,
+    ReceivedTwice,
     DeadLetter,
     DeadLettersUnreadable,
     NotSettled,
@@ -138,15 +176,24 @@ impl Kind {
             Kind::NoInboundLogRow => "accepted messages with no inbound log row",
             Kind::InboundLoggedTwice => "accepted messages logged inbound more than once",
             Kind::ReplyNeverSent => "accepted messages whose reply was never sent",
-            Kind::ReplyToWrongNumber => "replies sent to someone other than the sender",
+            Kind::ReplyNotReceived => "replies in the mailbox their client never got",
+            Kind::ReplyToWrongNumber => {
+                "replies sent to someone other than the sender, or on another channel"
+            }
             Kind::NoOutboundLogRow => "replies with no outbound log row",
             Kind::OutboundLoggedTwice => "replies logged outbound more than once",
             Kind::WrongPersonInPrompt => "runner calls whose prompt names another person",
             Kind::RunnerOrder => "runner calls out of the person's order",
-            Kind::SmsOrder => "SMS out of the person's order",
+            Kind::ReplyOrder => "replies out of the person's order",
             Kind::OverlappingTurns => "turns of one person at the runner at once",
             Kind::TurnRunBesideItself => "turns called again while an earlier call of them ran",
             Kind::DoubleOutsideWindow => "replies sent again outside the documented window",
+            Kind::DoubleInWindow => {
+                "replies sent again by a deliverer killed before the ledger recorded the send \
+                 (the provider's log should have shown it)"
+            }
+            Kind::StoredTwice => "replies stored in the mailbox as more than one entry",
+            Kind::ReceivedTwice => "replies a client was handed more than once",
             Kind::DeadLetter => "dead letters",
             Kind::DeadLettersUnreadable => "dead-letter list unreadable",
             Kind::NotSettled => "pipeline did not settle",
@@ -179,8 +226,21 @@ pub struct Double {
     pub ledger_recorded_previous: bool,
 }
 
+/// One channel's messages: how many were accepted, answered (the reply reached its far end:
+/// the provider, or the chat or API client), lost (accepted, never answered), and doubled
+/// (replies delivered more than once).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ChannelTally {
+    pub accepted: u64,
+    pub answered: u64,
+    pub lost: u64,
+    pub doubled: u64,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Verdict {
+    /// Per channel the run drove.
+    pub channels: BTreeMap<Channel, ChannelTally>,
     /// Every finding, by kind.
     pub findings: BTreeMap<Kind, Vec<Finding>>,
     /// Every reply sent more than once (explained or not), in the order of the re-sends.
@@ -238,11 +298,6 @@ fn secs(us: u64) -> String {
     format!("{:.3}s", us as f64 / 1e6)
 }
 
-/// The person id the identify stage gives an unknown phone number.
-pub fn expected_person(sender: usize) -> String {
-    format!("phone:{}", sender_phone(sender))
-}
-
 /// Judge a run by its evidence.
 pub fn judge(e: &Evidence) -> Verdict {
     let mut v = Verdict {
@@ -269,6 +324,7 @@ pub fn judge(e: &Evidence) -> Verdict {
             accepted.push(a);
         }
     }
+    let channel_of = channels_of(e);
     let turn_of: HashMap<&str, &TurnRow> = e
         .turns
         .iter()
@@ -293,16 +349,64 @@ pub fn judge(e: &Evidence) -> Verdict {
         let t = text.strip_prefix("echo: ").unwrap_or(text);
         *outbound_rows.entry(t).or_default() += 1;
     }
+    // Where each reply arrived, by the message text it answers.
     let mut sends_of: HashMap<&str, Vec<&SendRecord>> = HashMap::new();
     for s in &e.sends {
         sends_of.entry(s.text.as_str()).or_default().push(s);
     }
     v.distinct_replies_sent = sends_of.len() as u64;
+    let mut stored_of: HashMap<&str, Vec<&MailboxRow>> = HashMap::new();
+    for m in &e.mailbox {
+        stored_of.entry(m.text.as_str()).or_default().push(m);
+    }
+    let mut received_of: HashMap<&str, Vec<&ClientReply>> = HashMap::new();
+    for r in &e.client_replies {
+        received_of.entry(r.text.as_str()).or_default().push(r);
+    }
 
-    // Every accepted message: a turn, one inbound row, a reply, one outbound row.
+    // Every accepted message: a turn, one inbound row, a reply that reached its far end, one
+    // outbound row.
     for a in &accepted {
         let text = super::message_text(a.sender, a.index);
         let turn = turn_of.get(a.sid.as_str());
+        let status = turn.map_or("missing", |t| t.status.as_str());
+        let lost = match a.channel.mailbox_channel() {
+            None => (!sends_of.contains_key(text.as_str())).then(|| {
+                (
+                    Kind::ReplyNeverSent,
+                    format!("no {} SMS reply", a.channel.name()),
+                )
+            }),
+            Some(_) if !stored_of.contains_key(text.as_str()) => Some((
+                Kind::ReplyNeverSent,
+                format!("no {} reply in the mailbox", a.channel.name()),
+            )),
+            Some(_) => (!received_of.contains_key(text.as_str())).then(|| {
+                (
+                    Kind::ReplyNotReceived,
+                    format!(
+                        "its reply is in the mailbox; the {} client never got it",
+                        a.channel.name()
+                    ),
+                )
+            }),
+        };
+        let tally = v.channels.entry(a.channel).or_default();
+        tally.accepted += 1;
+        match &lost {
+            Some(_) => tally.lost += 1,
+            None => tally.answered += 1,
+        }
+        if let Some((kind, what)) = lost {
+            v.add(
+                kind,
+                format!(
+                    "{text} ({}) accepted at {}: {what} (turn {status})",
+                    a.sid,
+                    secs(a.accepted_us)
+                ),
+            );
+        }
         if turn.is_none() {
             v.add(
                 Kind::NoTurn,
@@ -324,17 +428,6 @@ pub fn judge(e: &Evidence) -> Verdict {
                 format!("{text} ({}) has {n} inbound log rows", a.sid),
             ),
         }
-        if !sends_of.contains_key(text.as_str()) {
-            let status = turn.map_or("missing", |t| t.status.as_str());
-            v.add(
-                Kind::ReplyNeverSent,
-                format!(
-                    "{text} ({}) accepted at {}: no SMS reply (turn {status})",
-                    a.sid,
-                    secs(a.accepted_us)
-                ),
-            );
-        }
         if turn.is_some_and(|t| t.status == "done") {
             match outbound_rows.get(text.as_str()).copied().unwrap_or(0) {
                 0 => v.add(
@@ -350,60 +443,81 @@ pub fn judge(e: &Evidence) -> Verdict {
         }
     }
 
-    judge_runner_calls(e, &mut v);
+    judge_runner_calls(e, &channel_of, &mut v);
 
-    // Every send: to the sender, in the sender's order (re-sends included).
-    let mut per_recipient: HashMap<&str, (u32, i64, &str)> = HashMap::new();
-    for s in &e.sends {
-        let Some((sender, index)) = parse_text(&s.text) else {
+    // Every reply delivered, SMS in the order the providers took them, mailbox entries by
+    // `seq`: to the sender, on the sender's channel, in the sender's order (re-sends included).
+    let mut stored: Vec<&MailboxRow> = e.mailbox.iter().collect();
+    stored.sort_by_key(|m| m.seq);
+    let delivered = e
+        .sends
+        .iter()
+        .map(|s| Delivered {
+            channel: DeliveredOn::Provider(s.channel),
+            to: &s.to,
+            text: &s.text,
+            when: format!("at {}", secs(s.at_us)),
+        })
+        .chain(stored.iter().map(|m| Delivered {
+            channel: DeliveredOn::Mailbox(&m.channel),
+            to: &m.address,
+            text: &m.text,
+            when: format!("as mailbox entry {}", m.seq),
+        }));
+    let mut per_recipient: HashMap<(DeliveredOn, &str), (u32, i64, &str)> = HashMap::new();
+    for d in delivered {
+        let Some((sender, index)) = parse_text(d.text) else {
             v.add(
                 Kind::ReplyToWrongNumber,
                 format!(
-                    "an SMS to {} at {} answers no message of the run: {:?}",
-                    s.to,
-                    secs(s.at_us),
-                    s.text
+                    "a reply to {} ({}) {} answers no message of the run: {:?}",
+                    d.to,
+                    d.channel.describe(),
+                    d.when,
+                    d.text
                 ),
             );
             continue;
         };
-        let owner = sender_phone(sender);
-        if s.to != owner {
+        let channel = channel_of.get(&sender).copied().unwrap_or_default();
+        let owner = channel.address(sender);
+        if d.to != owner || !d.channel.is(channel) {
             v.add(
                 Kind::ReplyToWrongNumber,
                 format!(
-                    "the reply to {} (from {owner}) went to {} at {}",
-                    s.text,
-                    s.to,
-                    secs(s.at_us)
+                    "the reply to {} (from {owner} by {}) went to {} by {} {}",
+                    d.text,
+                    channel.name(),
+                    d.to,
+                    d.channel.describe(),
+                    d.when
                 ),
             );
             continue;
         }
-        let seq = seq_of_text(&s.text).unwrap_or(-1);
-        if let Some((max_index, max_seq, max_text)) = per_recipient.get(s.to.as_str()).copied()
+        let seq = seq_of_text(d.text).unwrap_or(-1);
+        let key = (d.channel, d.to);
+        if let Some((max_index, max_seq, max_text)) = per_recipient.get(&key).copied()
             && (index < max_index || (seq >= 0 && seq < max_seq))
         {
             v.add(
-                Kind::SmsOrder,
+                Kind::ReplyOrder,
                 format!(
-                    "{} got {} (turn {seq}) at {} after {max_text} (turn {max_seq})",
-                    s.to,
-                    s.text,
-                    secs(s.at_us)
+                    "{} got {} (turn {seq}) {} after {max_text} (turn {max_seq})",
+                    d.to, d.text, d.when
                 ),
             );
         }
-        let entry = per_recipient
-            .entry(s.to.as_str())
-            .or_insert((index, seq, s.text.as_str()));
+        let entry = per_recipient.entry(key).or_insert((index, seq, d.text));
         if (index, seq) > (entry.0, entry.1) {
-            *entry = (index, seq, s.text.as_str());
+            *entry = (index, seq, d.text);
         }
     }
 
-    // Every re-send: explained only by a kill of the process that made the previous send,
-    // between the two sends, with the previous send absent from the ledger.
+    // Every SMS re-send is a double. It is explained (the report says so) only by a kill of
+    // the process that made the previous send, between the two sends, with the previous send
+    // absent from the ledger; since deliverers look such a send up in the provider's log, even
+    // an explained one is a finding.
     for (text, sends) in &sends_of {
         if sends.len() < 2 {
             continue;
@@ -418,6 +532,10 @@ pub fn judge(e: &Evidence) -> Verdict {
             .and_then(|r| ledger.get(r))
             .map(|l| l.provider_message_ids.iter().map(String::as_str).collect())
             .unwrap_or_default();
+        if let Some((sender, _)) = parse_text(text) {
+            let channel = channel_of.get(&sender).copied().unwrap_or_default();
+            v.channels.entry(channel).or_default().doubled += 1;
+        }
         for pair in sends.windows(2) {
             let (prev, next) = (pair[0], pair[1]);
             let ledger_recorded_previous = recorded.contains(prev.sid.as_str());
@@ -448,27 +566,89 @@ pub fn judge(e: &Evidence) -> Verdict {
                 explained_by: kill,
                 ledger_recorded_previous,
             };
-            if d.explained_by.is_none() {
-                v.add(
-                    Kind::DoubleOutsideWindow,
+            let (kind, why) = match &d.explained_by {
+                Some(k) => (
+                    Kind::DoubleInWindow,
                     format!(
-                        "the reply to {text} was sent at {} by pid {:?} and again at {} by pid {:?}; {}",
-                        secs(d.previous_at_us),
-                        d.previous_pid,
-                        secs(d.resent_at_us),
-                        d.resent_pid,
-                        if ledger_recorded_previous {
-                            "the ledger had recorded the first send"
-                        } else {
-                            "no kill of the first sender in between"
-                        }
+                        "its sender {} was killed at {} before the ledger recorded it, and the \
+                         provider's log was not asked or did not show it",
+                        k.target,
+                        secs(k.at_us)
                     ),
-                );
-            }
+                ),
+                None if ledger_recorded_previous => (
+                    Kind::DoubleOutsideWindow,
+                    "the ledger had recorded the first send".into(),
+                ),
+                None => (
+                    Kind::DoubleOutsideWindow,
+                    "no kill of the first sender in between".into(),
+                ),
+            };
+            v.add(
+                kind,
+                format!(
+                    "the reply to {text} was sent at {} by pid {:?} and again at {} by pid {:?}; {why}",
+                    secs(d.previous_at_us),
+                    d.previous_pid,
+                    secs(d.resent_at_us),
+                    d.resent_pid,
+                ),
+            );
             v.doubles.push(d);
         }
     }
     v.doubles.sort_by_key(|d| d.resent_at_us);
+
+    // A chat or API reply is one mailbox entry (per part) and reaches its client once.
+    let mut stored_twice: Vec<(&str, Vec<&MailboxRow>)> = stored_of
+        .iter()
+        .filter(|(_, rows)| rows.len() > 1)
+        .map(|(t, rows)| (*t, rows.clone()))
+        .collect();
+    stored_twice.sort_by_key(|(_, rows)| rows.iter().map(|r| r.seq).min());
+    for (text, rows) in stored_twice {
+        let entries: Vec<String> = rows
+            .iter()
+            .map(|r| format!("#{} (reply {} part {})", r.seq, r.reply_id, r.part))
+            .collect();
+        if let Some((sender, _)) = parse_text(text) {
+            let channel = channel_of.get(&sender).copied().unwrap_or_default();
+            v.channels.entry(channel).or_default().doubled += 1;
+        }
+        v.add(
+            Kind::StoredTwice,
+            format!(
+                "the reply to {text} is in the mailbox {} times: {}",
+                rows.len(),
+                entries.join(", ")
+            ),
+        );
+    }
+    let mut handed: BTreeMap<(Channel, &str), Vec<&ClientReply>> = BTreeMap::new();
+    for r in &e.client_replies {
+        handed.entry((r.channel, &r.reply_id)).or_default().push(r);
+    }
+    for ((channel, reply_id), got) in handed {
+        if got.len() > 1 {
+            v.channels.entry(channel).or_default().doubled += 1;
+            let when: Vec<String> = got
+                .iter()
+                .map(|r| format!("#{} at {}", r.seq, secs(r.at_us)))
+                .collect();
+            v.add(
+                Kind::ReceivedTwice,
+                format!(
+                    "the {} client of {} got reply {reply_id} ({}) {} times: {}",
+                    channel.name(),
+                    channel.address(got[0].sender),
+                    got[0].text,
+                    got.len(),
+                    when.join(", ")
+                ),
+            );
+        }
+    }
 
     for d in &e.dead_letters {
         v.add(
@@ -503,8 +683,44 @@ pub fn judge(e: &Evidence) -> Verdict {
     v
 }
 
+/// Each sender's channel, from what the gateway accepted.
+fn channels_of(e: &Evidence) -> HashMap<usize, Channel> {
+    e.accepted.iter().map(|a| (a.sender, a.channel)).collect()
+}
+
+/// Where a reply was delivered: a provider's send API or the mailbox (by its `channel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum DeliveredOn<'a> {
+    Provider(Channel),
+    Mailbox(&'a str),
+}
+
+impl DeliveredOn<'_> {
+    fn is(self, channel: Channel) -> bool {
+        match self {
+            DeliveredOn::Provider(c) => c == channel,
+            DeliveredOn::Mailbox(name) => channel.mailbox_channel() == Some(name),
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            DeliveredOn::Provider(c) => c.name().to_string(),
+            DeliveredOn::Mailbox(name) => format!("the {name} mailbox"),
+        }
+    }
+}
+
+/// One reply delivered, as the order and recipient checks see it.
+struct Delivered<'a> {
+    channel: DeliveredOn<'a>,
+    to: &'a str,
+    text: &'a str,
+    when: String,
+}
+
 /// Order, overlap and identity at the runner, over every call (re-runs included).
-fn judge_runner_calls(e: &Evidence, v: &mut Verdict) {
+fn judge_runner_calls(e: &Evidence, channel_of: &HashMap<usize, Channel>, v: &mut Verdict) {
     let mut by_sender: BTreeMap<usize, Vec<&CallRecord>> = BTreeMap::new();
     for c in &e.runner_calls {
         match parse_text(&c.text) {
@@ -522,7 +738,11 @@ fn judge_runner_calls(e: &Evidence, v: &mut Verdict) {
     let mut distinct = 0u64;
     for (sender, mut calls) in by_sender {
         calls.sort_by_key(|c| c.start_us);
-        let person = expected_person(sender);
+        let person = channel_of
+            .get(&sender)
+            .copied()
+            .unwrap_or_default()
+            .person(sender);
         let mut seen: HashSet<&str> = HashSet::new();
         let mut max: Option<(u32, i64, &str)> = None;
         for (i, c) in calls.iter().enumerate() {
@@ -586,29 +806,41 @@ fn judge_runner_calls(e: &Evidence, v: &mut Verdict) {
 #[cfg(test)]
 mod tests {
     //! Each broken promise, recorded as a run would record it, must fail the verdict with its
-    //! evidence; a clean run, with the re-sends and re-runs the documented window allows, passes.
+    //! evidence; a clean run, with the re-runs a killed dispatcher allows, passes.
     use super::*;
-    use crate::load::message_text;
+    use crate::load::{message_text, sender_phone};
 
     const DELIVER_PID: u32 = 4242;
 
-    /// A clean run: two people, two messages each, each answered once, in order.
+    /// The people of [`clean_run`], by sender number: two on Twilio, one on each other channel.
+    const PEOPLE: [Channel; 5] = [
+        Channel::Twilio,
+        Channel::Twilio,
+        Channel::TextMagic,
+        Channel::Chat,
+        Channel::Api,
+    ];
+
+    /// A clean run: five people, two messages each, each answered once, in order (senders 0
+    /// and 1 on Twilio come first, so `sends[0..4]` and `ledger[0..4]` are theirs).
     fn clean_run() -> Evidence {
         let mut e = Evidence {
             settled: true,
             ..Default::default()
         };
         let mut t = 1_000_000;
-        for sender in 0..2usize {
+        for (sender, channel) in PEOPLE.into_iter().enumerate() {
             for index in 0..2u32 {
                 let text = message_text(sender, index);
                 let sid = format!("SM{sender}x{index}");
                 let reply_id = format!("reply-{sender}-{index}");
                 let provider_sid = format!("SMout{sender}x{index}");
                 e.accepted.push(AcceptedMessage {
+                    channel,
                     sender,
                     index,
                     sid: sid.clone(),
+                    correlation_id: String::new(),
                     accepted_us: t,
                 });
                 e.turns.push(TurnRow {
@@ -621,19 +853,41 @@ mod tests {
                 e.runner_calls.push(CallRecord {
                     start_us: t + 1_000,
                     end_us: Some(t + 21_000),
-                    person: expected_person(sender),
+                    person: channel.person(sender),
                     text: text.clone(),
                     seq: Some(index as i64 + 1),
                     idempotency_key: format!("turn-{sender}-{index}"),
                 });
                 e.outbound_logged.push(format!("echo: {text}"));
-                e.sends.push(SendRecord {
-                    at_us: t + 30_000,
-                    to: sender_phone(sender),
-                    text: text.clone(),
-                    sid: provider_sid.clone(),
-                    sender_pid: Some(DELIVER_PID),
-                });
+                match channel.mailbox_channel() {
+                    None => e.sends.push(SendRecord {
+                        channel,
+                        at_us: t + 30_000,
+                        to: channel.address(sender),
+                        text: text.clone(),
+                        sid: provider_sid.clone(),
+                        sender_pid: Some(DELIVER_PID),
+                    }),
+                    Some(mailbox) => {
+                        let seq = e.mailbox.len() as i64 + 1;
+                        e.mailbox.push(MailboxRow {
+                            seq,
+                            reply_id: reply_id.clone(),
+                            part: 0,
+                            channel: mailbox.into(),
+                            address: channel.address(sender),
+                            text: text.clone(),
+                        });
+                        e.client_replies.push(ClientReply {
+                            channel,
+                            sender,
+                            seq,
+                            reply_id: reply_id.clone(),
+                            text: text.clone(),
+                            at_us: t + 40_000,
+                        });
+                    }
+                }
                 e.ledger.push(LedgerRow {
                     reply_id,
                     status: "sent".into(),
@@ -678,11 +932,21 @@ mod tests {
     }
 
     #[test]
-    fn a_clean_run_passes() {
+    fn a_clean_run_passes_with_every_channel_answered() {
         let v = judge(&clean_run());
         assert!(v.passed(), "{:?}", v.failures());
-        assert_eq!(v.distinct_turns_called, 4);
-        assert_eq!(v.distinct_replies_sent, 4);
+        assert_eq!(v.distinct_turns_called, 10);
+        assert_eq!(v.distinct_replies_sent, 6, "Twilio's 4 and TextMagic's 2");
+        let answered = |accepted| ChannelTally {
+            accepted,
+            answered: accepted,
+            lost: 0,
+            doubled: 0,
+        };
+        assert_eq!(v.channels[&Channel::Twilio], answered(4));
+        for c in [Channel::TextMagic, Channel::Chat, Channel::Api] {
+            assert_eq!(v.channels[&c], answered(2), "{c:?}");
+        }
     }
 
     #[test]
@@ -714,7 +978,7 @@ mod tests {
     }
 
     #[test]
-    fn a_double_whose_sender_was_killed_before_the_ledger_recorded_it_is_in_the_window() {
+    fn a_double_whose_sender_was_killed_before_the_ledger_recorded_it_is_explained_and_fails() {
         let mut e = clean_run();
         // The ledger never recorded the first send; its sender was killed right after it.
         let first_sid = e.sends[3].sid.clone();
@@ -723,12 +987,16 @@ mod tests {
         resend(&mut e, 46_000_000, DELIVER_PID + 1);
         kill_deliverer(&mut e.kills, e.sends[3].at_us + 500, DELIVER_PID);
         let v = judge(&e);
-        assert!(v.passed(), "{:?}", v.failures());
+        // The provider's log says the first send went out: the re-send is still a double.
+        let f = only_kind(&v, Kind::DoubleInWindow);
+        assert!(f.evidence.contains("s1#1"), "{}", f.evidence);
         assert_eq!(v.doubles_in_window(), 1);
         assert_eq!(
             v.doubles[0].explained_by.as_ref().map(|k| k.pid),
             Some(DELIVER_PID)
         );
+        assert_eq!(v.channels[&Channel::Twilio].doubled, 1);
+        assert_eq!(v.channels[&Channel::Twilio].lost, 0);
     }
 
     #[test]
@@ -739,8 +1007,138 @@ mod tests {
         resend(&mut e, 46_000_000, DELIVER_PID + 1);
         kill_deliverer(&mut e.kills, e.sends[3].at_us - 30_000, DELIVER_PID);
         let v = judge(&e);
-        assert!(v.passed(), "{:?}", v.failures());
+        only_kind(&v, Kind::DoubleInWindow);
         assert_eq!(v.doubles_in_window(), 1);
+    }
+
+    #[test]
+    fn a_textmagic_reply_sent_twice_is_a_textmagic_double() {
+        let mut e = clean_run();
+        // The person's last reply, so the re-send is out of no order.
+        let mut again = e.sends.iter().find(|s| s.text == "s2#1").unwrap().clone();
+        assert_eq!(again.channel, Channel::TextMagic);
+        again.at_us += 3_000_000;
+        again.sid = "60000099".into();
+        e.sends.push(again);
+        let v = judge(&e);
+        let f = only_kind(&v, Kind::DoubleOutsideWindow);
+        assert!(f.evidence.contains("s2#1"), "{}", f.evidence);
+        assert_eq!(v.channels[&Channel::TextMagic].doubled, 1);
+        assert_eq!(v.channels[&Channel::Twilio].doubled, 0);
+    }
+
+    #[test]
+    fn a_chat_or_api_reply_missing_from_the_mailbox_is_lost() {
+        for (channel, text) in [(Channel::Chat, "s3#1"), (Channel::Api, "s4#0")] {
+            let mut e = clean_run();
+            e.mailbox.retain(|m| m.text != text);
+            e.client_replies.retain(|r| r.text != text);
+            let v = judge(&e);
+            let f = only_kind(&v, Kind::ReplyNeverSent);
+            assert!(
+                f.evidence.contains(text) && f.evidence.contains("mailbox"),
+                "{}",
+                f.evidence
+            );
+            assert_eq!(v.channels[&channel].lost, 1, "{channel:?}");
+            assert_eq!(v.channels[&channel].answered, 1, "{channel:?}");
+        }
+    }
+
+    #[test]
+    fn a_reply_in_the_mailbox_its_client_never_got_is_lost() {
+        let mut e = clean_run();
+        e.client_replies.retain(|r| r.text != "s3#0");
+        let v = judge(&e);
+        let f = only_kind(&v, Kind::ReplyNotReceived);
+        assert!(
+            f.evidence.contains("s3#0") && f.evidence.contains("chat"),
+            "{}",
+            f.evidence
+        );
+        assert_eq!(v.channels[&Channel::Chat].lost, 1);
+    }
+
+    #[test]
+    fn one_reply_stored_as_two_mailbox_entries_is_a_double() {
+        let mut e = clean_run();
+        let mut again = e.mailbox.iter().find(|m| m.text == "s4#1").unwrap().clone();
+        again.seq = 99;
+        again.reply_id = "reply-again".into();
+        e.mailbox.push(again);
+        let v = judge(&e);
+        let f = only_kind(&v, Kind::StoredTwice);
+        assert!(
+            f.evidence.contains("s4#1") && f.evidence.contains("#99"),
+            "{}",
+            f.evidence
+        );
+        assert_eq!(v.channels[&Channel::Api].doubled, 1);
+    }
+
+    #[test]
+    fn a_reply_pushed_twice_to_a_chat_client_is_a_double() {
+        let mut e = clean_run();
+        let mut again = e
+            .client_replies
+            .iter()
+            .find(|r| r.text == "s3#0")
+            .unwrap()
+            .clone();
+        again.at_us += 5_000_000;
+        e.client_replies.push(again);
+        let v = judge(&e);
+        let f = only_kind(&v, Kind::ReceivedTwice);
+        assert!(f.evidence.contains("load-3"), "{}", f.evidence);
+        assert_eq!(v.channels[&Channel::Chat].doubled, 1);
+    }
+
+    #[test]
+    fn a_reply_on_another_channel_or_to_another_client_fails() {
+        let mut e = clean_run();
+        // The chat person's reply went out by SMS.
+        let chat = e.mailbox.iter().position(|m| m.text == "s3#0").unwrap();
+        let row = e.mailbox.remove(chat);
+        e.sends.push(SendRecord {
+            channel: Channel::Twilio,
+            at_us: 9_000_000,
+            to: sender_phone(3),
+            text: row.text,
+            sid: "SMwrong".into(),
+            sender_pid: Some(DELIVER_PID),
+        });
+        // The API person's reply was stored for someone else.
+        e.mailbox
+            .iter_mut()
+            .find(|m| m.text == "s4#1")
+            .unwrap()
+            .address = "load-9".into();
+        let v = judge(&e);
+        assert_eq!(v.count(Kind::ReplyToWrongNumber), 2, "{:?}", v.findings);
+        assert_eq!(
+            v.count(Kind::ReplyNeverSent),
+            1,
+            "s3#0 is not in the mailbox"
+        );
+        assert!(
+            v.findings[&Kind::ReplyToWrongNumber]
+                .iter()
+                .any(|f| f.evidence.contains("load-9"))
+        );
+    }
+
+    #[test]
+    fn mailbox_entries_out_of_the_persons_order_fail() {
+        let mut e = clean_run();
+        for m in e.mailbox.iter_mut().filter(|m| m.address == "load-3") {
+            m.seq = 100 - m.seq;
+        }
+        let f = only_kind(&judge(&e), Kind::ReplyOrder);
+        assert!(
+            f.evidence.contains("s3#0") && f.evidence.contains("after s3#1"),
+            "{}",
+            f.evidence
+        );
     }
 
     #[test]
@@ -775,16 +1173,18 @@ mod tests {
     #[test]
     fn an_out_of_order_resend_fails() {
         let mut e = clean_run();
-        // s0#0 is sent again after s0#1 went out (its sender was killed: the double itself is
-        // in the window, the order is not).
+        // s0#0 is sent again after s0#1 went out (its sender was killed: the double is in the
+        // window, and wrong anyway; so is the order).
         e.ledger[0].provider_message_ids = vec![];
         let mut again = e.sends[0].clone();
         again.at_us = e.sends[1].at_us + 1_000;
         again.sid = "SMagain".into();
         e.sends.push(again);
         kill_deliverer(&mut e.kills, e.sends[0].at_us + 10, DELIVER_PID);
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::SmsOrder);
+        let mut v = judge(&e);
+        assert_eq!(v.count(Kind::DoubleInWindow), 1);
+        v.findings.remove(&Kind::DoubleInWindow);
+        let f = only_kind(&v, Kind::ReplyOrder);
         assert!(
             f.evidence.contains("s0#0") && f.evidence.contains("after s0#1"),
             "{}",
@@ -910,9 +1310,23 @@ mod tests {
     }
 
     #[test]
+    fn a_chat_prompt_must_name_the_chat_user() {
+        let mut e = clean_run();
+        let call = e
+            .runner_calls
+            .iter_mut()
+            .find(|c| c.text == "s3#1")
+            .unwrap();
+        // The same sender number as a phone is someone else.
+        call.person = Channel::Twilio.person(3);
+        let f = only_kind(&judge(&e), Kind::WrongPersonInPrompt);
+        assert!(f.evidence.contains("user:load-3"), "{}", f.evidence);
+    }
+
+    #[test]
     fn a_prompt_naming_another_person_fails() {
         let mut e = clean_run();
-        e.runner_calls[2].person = expected_person(0);
+        e.runner_calls[2].person = Channel::Twilio.person(0);
         let f = only_kind(&judge(&e), Kind::WrongPersonInPrompt);
         assert!(f.evidence.contains("s1#0"));
     }

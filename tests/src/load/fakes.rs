@@ -7,6 +7,8 @@
 //!   replies delivered more than once, checks each person's SMS order, and wakes whoever waits
 //!   for a reply. Its Messages list serves what it accepted, so a deliverer that finds a part
 //!   of uncertain outcome can look it up as it does at Twilio.
+//! - [`LoadTextMagic`]: TextMagic's v2 Messages API, recording the same, with its outbound list
+//!   (the whole account's, newest first, as TextMagic lists it).
 //!
 //! Both keep counters for the bench and, for the chaos checker, a record of every call and
 //! every send ([`CallRecord`], [`SendRecord`]).
@@ -27,6 +29,7 @@ use crate::fakes::person_of;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
+use super::channels::Channel;
 use super::{now_us, parse_text};
 
 /// Example lines kept per kind of finding (the text before the first `:`), so that a flood of
@@ -345,11 +348,12 @@ impl LoadRunner {
     }
 }
 
-// ---- Twilio -------------------------------------------------------------------------------
+// ---- Twilio and TextMagic ----------------------------------------------------------------
 
+/// What a fake SMS provider records of every send it accepts: when each reply first arrived,
+/// replies delivered more than once, each person's order, and whoever waits for a reply.
 #[derive(Default)]
-struct TwilioInner {
-    expected_auth: String,
+struct SendLog {
     /// Message text → arrival times, µs (more than one: delivered more than once).
     arrivals: Mutex<HashMap<String, Vec<u64>>>,
     /// Recipient → highest message index delivered so far.
@@ -363,10 +367,167 @@ struct TwilioInner {
     waiters: Mutex<HashMap<String, oneshot::Sender<u64>>>,
     /// Every accepted send, in arrival order (the chaos checker judges these).
     log: Mutex<Vec<SendRecord>>,
+    /// Requests for the provider's message list.
+    lookups: AtomicU64,
+}
+
+impl SendLog {
+    /// Record one accepted send of `body` to `to`, made by the process `headers` name.
+    fn record(
+        &self,
+        channel: Channel,
+        at: u64,
+        to: &str,
+        body: &str,
+        sid: &str,
+        headers: &HeaderMap,
+    ) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let text = body.strip_prefix("echo: ").unwrap_or(body).to_string();
+        self.log.lock().unwrap().push(SendRecord {
+            channel,
+            at_us: at,
+            to: to.to_string(),
+            text: text.clone(),
+            sid: sid.to_string(),
+            sender_pid: headers
+                .get("user-agent")
+                .and_then(|v| v.to_str().ok())
+                .and_then(pid_of_user_agent),
+        });
+        let first = {
+            let mut arrivals = self.arrivals.lock().unwrap();
+            let e = arrivals.entry(text.clone()).or_default();
+            e.push(at);
+            e.len() == 1
+        };
+        if !first {
+            self.doubles.fetch_add(1, Ordering::Relaxed);
+            note(
+                &self.evidence,
+                format!(
+                    "double: reply to {text:?} delivered again to {to}, at {:.3}s",
+                    at as f64 / 1e6
+                ),
+            );
+            return;
+        }
+        self.sequence
+            .lock()
+            .unwrap()
+            .entry(to.to_string())
+            .or_default()
+            .push(text.clone());
+        if let Some((_, index)) = parse_text(&text) {
+            let mut per = self.per_recipient.lock().unwrap();
+            let max = per.entry(to.to_string()).or_insert(index);
+            if *max > index {
+                self.order_violations.fetch_add(1, Ordering::Relaxed);
+                note(
+                    &self.evidence,
+                    format!(
+                        "sms order: {to} got #{index} after #{}, at {:.3}s",
+                        *max,
+                        at as f64 / 1e6
+                    ),
+                );
+            }
+            *max = (*max).max(index);
+        }
+        if let Some(w) = self.waiters.lock().unwrap().remove(&text) {
+            let _ = w.send(at);
+        }
+    }
+
+    fn stats(&self) -> SendStats {
+        SendStats {
+            total: self.total.load(Ordering::SeqCst),
+            distinct: self.arrivals.lock().unwrap().len() as u64,
+            doubles: self.doubles.load(Ordering::SeqCst),
+            order_violations: self.order_violations.load(Ordering::SeqCst),
+            lookups: self.lookups.load(Ordering::SeqCst),
+            evidence: self.evidence.lock().unwrap().clone(),
+        }
+    }
+}
+
+/// The read side every fake SMS provider shares (its [`SendLog`]).
+macro_rules! send_log_readers {
+    () => {
+        /// A receiver that fires (with the arrival time, µs) when the reply to `text` arrives.
+        pub fn wait_for(&self, text: &str) -> oneshot::Receiver<u64> {
+            let (tx, rx) = oneshot::channel();
+            self.sends_log()
+                .waiters
+                .lock()
+                .unwrap()
+                .insert(text.to_string(), tx);
+            rx
+        }
+
+        /// When the reply to `text` arrived, µs (once per delivery).
+        pub fn arrivals_of(&self, text: &str) -> Vec<u64> {
+            self.sends_log()
+                .arrivals
+                .lock()
+                .unwrap()
+                .get(text)
+                .cloned()
+                .unwrap_or_default()
+        }
+
+        /// First-arrival times of every reply, µs, sorted.
+        pub fn arrival_times(&self) -> Vec<u64> {
+            let mut v: Vec<u64> = self
+                .sends_log()
+                .arrivals
+                .lock()
+                .unwrap()
+                .values()
+                .filter_map(|t| t.first().copied())
+                .collect();
+            v.sort_unstable();
+            v
+        }
+
+        /// Replies delivered more than once: text → arrival times, µs.
+        pub fn doubled(&self) -> Vec<(String, Vec<u64>)> {
+            self.sends_log()
+                .arrivals
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, t)| t.len() > 1)
+                .map(|(k, t)| (k.clone(), t.clone()))
+                .collect()
+        }
+
+        /// Each recipient's replies in the order they first arrived.
+        pub fn sequences(&self) -> HashMap<String, Vec<String>> {
+            self.sends_log().sequence.lock().unwrap().clone()
+        }
+
+        /// Every accepted send so far, in arrival order.
+        pub fn sends(&self) -> Vec<SendRecord> {
+            self.sends_log().log.lock().unwrap().clone()
+        }
+
+        pub fn distinct(&self) -> u64 {
+            self.sends_log().arrivals.lock().unwrap().len() as u64
+        }
+
+        pub fn stats(&self) -> SendStats {
+            self.sends_log().stats()
+        }
+    };
+}
+
+#[derive(Default)]
+struct TwilioInner {
+    expected_auth: String,
+    sends: SendLog,
     /// Recipient → what was sent to them, oldest first: the Messages list.
     listed: Mutex<HashMap<String, Vec<Listed>>>,
-    /// Requests for the Messages list.
-    lookups: AtomicU64,
 }
 
 /// A message as Twilio's Messages list shows it.
@@ -378,15 +539,19 @@ struct Listed {
     created: DateTime<Utc>,
 }
 
-/// One message the fake Twilio accepted.
+/// One message a fake SMS provider accepted.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct SendRecord {
+    /// The provider (evidence of runs before TextMagic was driven holds Twilio's only).
+    #[serde(default)]
+    pub channel: Channel,
     pub at_us: u64,
-    /// The `To` number of the request.
+    /// The recipient as the request named it (Twilio: `To`, E.164; TextMagic: `phones`,
+    /// digits).
     pub to: String,
     /// The body less the runner's `echo: ` (so the message text it answers).
     pub text: String,
-    /// The sid this fake answered with.
+    /// The id this fake answered with.
     pub sid: String,
     /// The sending process, from the deliverer's `User-Agent` (`… (<host>:<pid>)`).
     pub sender_pid: Option<u32>,
@@ -397,9 +562,9 @@ pub fn pid_of_user_agent(ua: &str) -> Option<u32> {
     ua.rsplit_once(':')?.1.strip_suffix(')')?.parse().ok()
 }
 
-/// What the fake Twilio saw.
+/// What a fake SMS provider saw.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct TwilioStats {
+pub struct SendStats {
     /// Every accepted send request.
     pub total: u64,
     /// Distinct replies.
@@ -408,7 +573,7 @@ pub struct TwilioStats {
     pub doubles: u64,
     /// Replies that reached a person before an earlier one of theirs.
     pub order_violations: u64,
-    /// Requests for the Messages list (deliverers looking up a part of uncertain outcome).
+    /// Requests for the message list (deliverers looking up a part of uncertain outcome).
     pub lookups: u64,
     pub evidence: Vec<String>,
 }
@@ -470,79 +635,11 @@ impl LoadTwilio {
         this
     }
 
-    /// A receiver that fires (with the arrival time, µs) when the reply to `text` arrives.
-    pub fn wait_for(&self, text: &str) -> oneshot::Receiver<u64> {
-        let (tx, rx) = oneshot::channel();
-        self.inner
-            .waiters
-            .lock()
-            .unwrap()
-            .insert(text.to_string(), tx);
-        rx
+    fn sends_log(&self) -> &SendLog {
+        &self.inner.sends
     }
 
-    /// When the reply to `text` arrived, µs (once per delivery).
-    pub fn arrivals_of(&self, text: &str) -> Vec<u64> {
-        self.inner
-            .arrivals
-            .lock()
-            .unwrap()
-            .get(text)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    /// First-arrival times of every reply, µs, sorted.
-    pub fn arrival_times(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self
-            .inner
-            .arrivals
-            .lock()
-            .unwrap()
-            .values()
-            .filter_map(|t| t.first().copied())
-            .collect();
-        v.sort_unstable();
-        v
-    }
-
-    /// Replies delivered more than once: text → arrival times, µs.
-    pub fn doubled(&self) -> Vec<(String, Vec<u64>)> {
-        self.inner
-            .arrivals
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, t)| t.len() > 1)
-            .map(|(k, t)| (k.clone(), t.clone()))
-            .collect()
-    }
-
-    /// Each recipient's replies in the order they first arrived.
-    pub fn sequences(&self) -> HashMap<String, Vec<String>> {
-        self.inner.sequence.lock().unwrap().clone()
-    }
-
-    /// Every accepted send so far, in arrival order.
-    pub fn sends(&self) -> Vec<SendRecord> {
-        self.inner.log.lock().unwrap().clone()
-    }
-
-    pub fn distinct(&self) -> u64 {
-        self.inner.arrivals.lock().unwrap().len() as u64
-    }
-
-    pub fn stats(&self) -> TwilioStats {
-        let i = &self.inner;
-        TwilioStats {
-            total: i.total.load(Ordering::SeqCst),
-            distinct: self.distinct(),
-            doubles: i.doubles.load(Ordering::SeqCst),
-            order_violations: i.order_violations.load(Ordering::SeqCst),
-            lookups: i.lookups.load(Ordering::SeqCst),
-            evidence: i.evidence.lock().unwrap().clone(),
-        }
-    }
+    send_log_readers!();
 
     /// Twilio's Messages list, for one recipient (`To` is required here: deliverers always
     /// name one, and a load run's whole log is too long to list), most recent first.
@@ -563,7 +660,7 @@ impl LoadTwilio {
                 Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
             );
         }
-        inner.lookups.fetch_add(1, Ordering::Relaxed);
+        inner.sends.lookups.fetch_add(1, Ordering::Relaxed);
         let Some(to) = q.to else {
             return (
                 StatusCode::BAD_REQUEST,
@@ -645,9 +742,8 @@ impl LoadTwilio {
                 Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
             );
         }
-        inner.total.fetch_add(1, Ordering::Relaxed);
-        let text = f.body.strip_prefix("echo: ").unwrap_or(&f.body).to_string();
         let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
+        // Listed before it is recorded, as Twilio lists a message once it took it.
         inner
             .listed
             .lock()
@@ -660,61 +756,9 @@ impl LoadTwilio {
                 body: f.body.clone(),
                 created: Utc::now(),
             });
-        inner.log.lock().unwrap().push(SendRecord {
-            at_us: at,
-            to: f.to.clone(),
-            text: text.clone(),
-            sid: sid.clone(),
-            sender_pid: headers
-                .get("user-agent")
-                .and_then(|v| v.to_str().ok())
-                .and_then(pid_of_user_agent),
-        });
-        let first = {
-            let mut arrivals = inner.arrivals.lock().unwrap();
-            let e = arrivals.entry(text.clone()).or_default();
-            e.push(at);
-            e.len() == 1
-        };
-        if first {
-            inner
-                .sequence
-                .lock()
-                .unwrap()
-                .entry(f.to.clone())
-                .or_default()
-                .push(text.clone());
-            if let Some((_, index)) = parse_text(&text) {
-                let mut per = inner.per_recipient.lock().unwrap();
-                let max = per.entry(f.to.clone()).or_insert(index);
-                if *max > index {
-                    inner.order_violations.fetch_add(1, Ordering::Relaxed);
-                    note(
-                        &inner.evidence,
-                        format!(
-                            "sms order: {} got #{index} after #{}, at {:.3}s",
-                            f.to,
-                            *max,
-                            at as f64 / 1e6
-                        ),
-                    );
-                }
-                *max = (*max).max(index);
-            }
-            if let Some(w) = inner.waiters.lock().unwrap().remove(&text) {
-                let _ = w.send(at);
-            }
-        } else {
-            inner.doubles.fetch_add(1, Ordering::Relaxed);
-            note(
-                &inner.evidence,
-                format!(
-                    "double: reply to {text:?} delivered again to {}, at {:.3}s",
-                    f.to,
-                    at as f64 / 1e6
-                ),
-            );
-        }
+        inner
+            .sends
+            .record(Channel::Twilio, at, &f.to, &f.body, &sid, &headers);
         (
             StatusCode::CREATED,
             Json(serde_json::json!({"sid": sid, "to": f.to, "status": "queued"})),
@@ -722,11 +766,210 @@ impl LoadTwilio {
     }
 }
 
+/// TextMagic's v2 Messages API as a deliverer uses it: `POST /api/v2/messages` (JSON `text`,
+/// `phones` as digits, `from`; `X-TM-Username`/`X-TM-Key`) answers 201 with the message's id;
+/// `GET` on it lists the account's outbound messages, newest first, by `page` and `limit` (the
+/// list has no filter by recipient: a deliverer pages back until it passes the attempt).
+#[derive(Clone)]
+pub struct LoadTextMagic {
+    pub url: String,
+    pub username: String,
+    pub api_key: String,
+    inner: Arc<TextMagicInner>,
+}
+
+#[derive(Default)]
+struct TextMagicInner {
+    sends: SendLog,
+    /// Every message taken, oldest first: the outbound list.
+    listed: Mutex<Vec<TextMagicListed>>,
+    ids: AtomicU64,
+}
+
+struct TextMagicListed {
+    id: u64,
+    receiver: String,
+    sender: String,
+    text: String,
+    created: DateTime<Utc>,
+}
+
+#[derive(Deserialize)]
+struct TextMagicSend {
+    text: String,
+    phones: String,
+    #[serde(default)]
+    from: String,
+}
+
+#[derive(Deserialize)]
+struct TextMagicPage {
+    page: Option<usize>,
+    limit: Option<usize>,
+}
+
+impl LoadTextMagic {
+    pub async fn start(username: &str, api_key: &str) -> Self {
+        let mut this = Self {
+            url: String::new(),
+            username: username.into(),
+            api_key: api_key.into(),
+            inner: Arc::new(TextMagicInner {
+                ids: AtomicU64::new(60_000_000),
+                ..Default::default()
+            }),
+        };
+        let router = Router::new()
+            .route("/api/v2/messages", post(Self::send).get(Self::list))
+            .with_state(this.clone());
+        this.url = serve(router).await;
+        this
+    }
+
+    fn sends_log(&self) -> &SendLog {
+        &self.inner.sends
+    }
+
+    send_log_readers!();
+
+    fn refused(&self, headers: &HeaderMap) -> Option<(StatusCode, Json<serde_json::Value>)> {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        (header("x-tm-username") != Some(self.username.as_str())
+            || header("x-tm-key") != Some(self.api_key.as_str()))
+        .then(|| {
+            (
+                StatusCode::UNAUTHORIZED,
+                Json(serde_json::json!({"code": 401, "message": "Unauthorized"})),
+            )
+        })
+    }
+
+    async fn send(
+        State(s): State<LoadTextMagic>,
+        headers: HeaderMap,
+        Json(m): Json<TextMagicSend>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        let at = now_us();
+        if let Some(refused) = s.refused(&headers) {
+            return refused;
+        }
+        if m.phones.is_empty() || !m.phones.bytes().all(|b| b.is_ascii_digit()) {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(
+                    serde_json::json!({"code": 400, "message": "Validation Failed",
+                    "errors": {"fields": {"phones": ["Invalid phone number format."]}}}),
+                ),
+            );
+        }
+        let inner = &s.inner;
+        let id = inner.ids.fetch_add(1, Ordering::SeqCst);
+        inner.listed.lock().unwrap().push(TextMagicListed {
+            id,
+            receiver: m.phones.clone(),
+            sender: m.from.clone(),
+            text: m.text.clone(),
+            created: Utc::now(),
+        });
+        inner.sends.record(
+            Channel::TextMagic,
+            at,
+            &m.phones,
+            &m.text,
+            &id.to_string(),
+            &headers,
+        );
+        (
+            StatusCode::CREATED,
+            Json(serde_json::json!({
+                "id": id, "href": format!("/api/v2/messages/{id}"), "type": "message",
+                "sessionId": id, "bulkId": null, "messageId": id, "scheduleId": null,
+            })),
+        )
+    }
+
+    async fn list(
+        State(s): State<LoadTextMagic>,
+        headers: HeaderMap,
+        Query(q): Query<TextMagicPage>,
+    ) -> (StatusCode, Json<serde_json::Value>) {
+        if let Some(refused) = s.refused(&headers) {
+            return refused;
+        }
+        let inner = &s.inner;
+        inner.sends.lookups.fetch_add(1, Ordering::Relaxed);
+        let (page, limit) = (
+            q.page.unwrap_or(1).max(1),
+            q.limit.unwrap_or(10).clamp(1, 100),
+        );
+        let listed = inner.listed.lock().unwrap();
+        let page_count = listed.len().div_ceil(limit).max(1);
+        let resources: Vec<_> = listed
+            .iter()
+            .rev()
+            .skip((page - 1) * limit)
+            .take(limit)
+            .map(|m| {
+                serde_json::json!({
+                    "id": m.id, "receiver": m.receiver, "sender": m.sender, "text": m.text,
+                    "messageTime": m.created.format("%Y-%m-%dT%H:%M:%S%z").to_string(),
+                    "status": "d", "charset": "ISO-8859-1", "partsCount": 1, "deleted": false,
+                })
+            })
+            .collect();
+        (
+            StatusCode::OK,
+            Json(serde_json::json!({
+                "page": page, "limit": limit, "pageCount": page_count, "resources": resources,
+            })),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchboard_channels::textmagic::TextMagicSender;
     use switchboard_channels::twilio::TwilioSender;
-    use switchboard_kit::config::{Secret, TwilioConfig};
+    use switchboard_kit::config::{Secret, TextMagicConfig, TwilioConfig};
+
+    #[tokio::test]
+    async fn the_load_textmagic_records_sends_and_lists_them_as_textmagic_does() {
+        let fake = LoadTextMagic::start("load-user", "load-key").await;
+        let textmagic = TextMagicSender::new(TextMagicConfig {
+            username: "load-user".into(),
+            api_key: Secret::new("load-key"),
+            from_number: "15555550198".into(),
+            api_base: fake.url.clone(),
+            ..Default::default()
+        });
+        let since = Utc::now();
+        let id = textmagic
+            .send_text("+14155550100", "", "echo: s1#0")
+            .await
+            .unwrap();
+        // Others' messages come after it, more than one page of them.
+        for i in 0..150 {
+            textmagic
+                .send_text("+14155550101", "", &format!("echo: s2#{i}"))
+                .await
+                .unwrap();
+        }
+        let found = textmagic
+            .find_text("+14155550100", "", "echo: s1#0", since)
+            .await;
+        assert_eq!(found, Ok(vec![id.clone()]));
+        let sends = fake.sends();
+        assert_eq!(sends.len(), 151);
+        assert_eq!(sends[0].channel, Channel::TextMagic);
+        assert_eq!(
+            (sends[0].to.as_str(), sends[0].text.as_str()),
+            ("14155550100", "s1#0")
+        );
+        assert_eq!(sends[0].sid, id);
+        assert!(fake.stats().lookups >= 2, "the look-up read two pages");
+        assert_eq!(fake.stats().doubles, 0);
+    }
 
     #[tokio::test]
     async fn the_load_twilio_lists_what_it_took_as_twilio_lists_its_messages() {

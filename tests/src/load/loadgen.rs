@@ -1,31 +1,39 @@
-//! The load generator: many senders posting signed SMS through the gateway.
+//! The load generator: many senders handing messages to the gateway, each on its channel
+//! ([`LoadClients`]: Twilio, TextMagic, chat, API).
 //!
 //! Each sender's messages are posted one after another (the next only once the gateway accepted
 //! the previous one), so a sender's arrival order is well defined and can be checked at the
-//! runner and at Twilio. A message the gateway did not accept (error, 5xx, gateway down) is
-//! posted again with the same `MessageSid`, as Twilio retries.
+//! runner and where the replies arrive. A message the gateway did not accept (error, 5xx,
+//! gateway down) is posted again with the same ids (`MessageSid`, TextMagic id, chat client id,
+//! `Idempotency-Key`), as providers and clients retry.
 //!
 //! - Open loop ([`LoadGen::open_loop`]): messages go out at a target rate whatever happens
 //!   downstream, round-robin over the senders.
 //! - Closed loop ([`LoadGen::closed_loop`]): every sender has one turn in flight: it sends, waits
 //!   for its reply at Twilio, and sends the next. Throughput is then what the pipeline sustains.
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc};
 
+use super::channels::{Channel, LoadClients, Posted};
 use super::fakes::LoadTwilio;
 use super::pipeline::GatewayClient;
-use super::{message_text, now_us, sender_phone};
+use super::{message_text, now_us};
 
 /// One message the gateway accepted (answered 200).
 #[derive(Debug, Clone)]
 pub struct Accepted {
+    pub channel: Channel,
     pub sender: usize,
     pub index: u32,
+    /// The id the product keeps for the message (Twilio's `MessageSid`, TextMagic's `id`, the
+    /// key of a chat client id or an `Idempotency-Key`).
     pub sid: String,
+    /// The correlation id the gateway answered with (chat and API say it).
+    pub correlation_id: String,
     /// When the first attempt was sent, µs.
     pub sent_us: u64,
     /// When the 200 came back, µs.
@@ -36,7 +44,7 @@ pub struct Accepted {
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct LoadStats {
     pub accepted: u64,
-    /// Posts answered with something other than 200 (e.g. 503 while NATS restarts).
+    /// Posts answered with something other than success (e.g. 503 while NATS restarts).
     pub rejected: u64,
     /// Posts that failed at the HTTP level (gateway down, connection reset).
     pub errors: u64,
@@ -47,13 +55,13 @@ pub struct LoadStats {
     /// Open loop: messages scheduled but still queued behind their sender's earlier ones when
     /// the run ended, so never sent (the offered rate was not reached).
     pub not_sent: u64,
-    pub statuses: HashMap<u16, u64>,
+    /// Refusals by status (HTTP) or chat error code.
+    pub statuses: BTreeMap<String, u64>,
 }
 
 pub struct LoadGen {
-    gateway: GatewayClient,
+    clients: Arc<LoadClients>,
     twilio: LoadTwilio,
-    tag: String,
     posts: Arc<Semaphore>,
     /// How long one message is retried before it is given up.
     pub retry_for: Duration,
@@ -66,12 +74,20 @@ pub struct LoadGen {
 }
 
 impl LoadGen {
-    /// `max_posts`: HTTP posts in flight at most.
+    /// Twilio senders only; `max_posts`: HTTP posts in flight at most.
     pub fn new(gateway: GatewayClient, twilio: LoadTwilio, max_posts: usize) -> Arc<Self> {
-        Arc::new(Self {
-            gateway,
+        Self::mixed(
+            Arc::new(LoadClients::twilio_only(gateway)),
             twilio,
-            tag: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
+            max_posts,
+        )
+    }
+
+    /// Senders on the channels `clients` gives them.
+    pub fn mixed(clients: Arc<LoadClients>, twilio: LoadTwilio, max_posts: usize) -> Arc<Self> {
+        Arc::new(Self {
+            clients,
+            twilio,
             posts: Arc::new(Semaphore::new(max_posts.max(1))),
             retry_for: Duration::from_secs(120),
             accepted: Mutex::new(Vec::new()),
@@ -86,6 +102,10 @@ impl LoadGen {
         let mut this = Arc::try_unwrap(self).unwrap_or_else(|_| panic!("configure before use"));
         this.retry_for = d;
         Arc::new(this)
+    }
+
+    pub fn clients(&self) -> &LoadClients {
+        &self.clients
     }
 
     pub fn accepted_count(&self) -> u64 {
@@ -110,15 +130,8 @@ impl LoadGen {
         self.stop.store(true, Ordering::SeqCst);
     }
 
-    fn sid(&self, sender: usize, index: u32) -> String {
-        format!("SM{}{sender:06}x{index:06}", self.tag)
-    }
-
     /// Post one message until the gateway accepts it (or `retry_for` runs out).
     pub async fn send(&self, sender: usize, index: u32) -> Option<Accepted> {
-        let phone = sender_phone(sender);
-        let text = message_text(sender, index);
-        let sid = self.sid(sender, index);
         let sent_us = now_us();
         let give_up = Instant::now() + self.retry_for;
         let mut attempts = 0;
@@ -127,14 +140,19 @@ impl LoadGen {
             attempts += 1;
             let result = {
                 let _permit = self.posts.acquire().await.expect("never closed");
-                self.gateway.post_sms(&phone, &text, &sid).await
+                self.clients.post(sender, index).await
             };
             match result {
-                Ok(status) if status.is_success() => {
+                Posted::Accepted {
+                    provider_id,
+                    correlation_id,
+                } => {
                     let a = Accepted {
+                        channel: self.clients.channel_of(sender),
                         sender,
                         index,
-                        sid,
+                        sid: provider_id,
+                        correlation_id,
                         sent_us,
                         accepted_us: now_us(),
                         attempts,
@@ -144,12 +162,12 @@ impl LoadGen {
                     self.stats.lock().unwrap().accepted += 1;
                     return Some(a);
                 }
-                Ok(status) => {
+                Posted::Refused(status) => {
                     let mut s = self.stats.lock().unwrap();
                     s.rejected += 1;
-                    *s.statuses.entry(status.as_u16()).or_default() += 1;
+                    *s.statuses.entry(status).or_default() += 1;
                 }
-                Err(_) => self.stats.lock().unwrap().errors += 1,
+                Posted::Failed => self.stats.lock().unwrap().errors += 1,
             }
             if Instant::now() >= give_up {
                 self.stats.lock().unwrap().gave_up += 1;

@@ -18,6 +18,7 @@
 //! - [`chaos`]: the chaos run (load, seeded kills, server crashes) and its evidence;
 //!   [`chaos_check`]: the verdict on that evidence.
 pub mod bench_verdict;
+pub mod channels;
 pub mod chaos;
 pub mod chaos_check;
 pub mod fakes;
