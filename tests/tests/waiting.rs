@@ -125,3 +125,127 @@ async fn a_turn_parked_when_its_dispatcher_stops_is_handed_back_and_answered_by_
     next.kill().await.ok();
     app.shutdown().await;
 }
+
+/// How long `first` waits to be redelivered after it failed.
+const FIRST_RETRY: Duration = Duration::from_secs(3);
+
+/// A stage of the test's own, on the public events: the message `first` fails its first
+/// delivery (as under a database outage); every other message waits for `first` to be handled,
+/// a little in its slot, then parked, like a reply waiting for the one before it.
+struct WaitsForFirst {
+    first_failed: std::sync::Mutex<Option<std::time::Instant>>,
+    first_done: std::sync::atomic::AtomicBool,
+    /// Runs of waiting handlers before `first` was handled: of messages pulled for the first
+    /// time, and of parked ones run again.
+    fresh_runs: std::sync::atomic::AtomicUsize,
+    resumed_runs: std::sync::atomic::AtomicUsize,
+    done: std::sync::atomic::AtomicUsize,
+}
+
+impl switchboard_kit::Stage for WaitsForFirst {
+    type Input = switchboard_kit::proto::MessageReceived;
+    const SPEC: switchboard_kit::StageSpec =
+        switchboard_kit::StageSpec::new("test-waits", switchboard_kit::Source::Events("test.wait"))
+            .concurrency(4)
+            .batch(1)
+            .retry(switchboard_kit::retry::Backoff::new(
+                FIRST_RETRY,
+                FIRST_RETRY,
+            ));
+
+    async fn handle(
+        &self,
+        m: switchboard_kit::proto::MessageReceived,
+        attempt: &switchboard_kit::Attempt,
+    ) -> switchboard_kit::Outcome {
+        use std::sync::atomic::Ordering::SeqCst;
+        if m.message_id == "first" {
+            let mut failed = self.first_failed.lock().unwrap();
+            if failed.is_none() {
+                *failed = Some(std::time::Instant::now());
+                return Err(switchboard_kit::StageError::transient(anyhow::anyhow!(
+                    "the database is down"
+                )));
+            }
+            self.first_done.store(true, SeqCst);
+        } else {
+            if !self.first_done.load(SeqCst) {
+                let runs = if attempt.waits == 0 {
+                    &self.fresh_runs
+                } else {
+                    &self.resumed_runs
+                };
+                runs.fetch_add(1, SeqCst);
+            }
+            switchboard_kit::Hold {
+                poll: Duration::from_millis(5),
+                hold: Duration::from_millis(20),
+                retry: Duration::from_millis(10),
+            }
+            .until(
+                || "first".to_string(),
+                || async { Ok(self.first_done.load(SeqCst)) },
+            )
+            .await?;
+        }
+        self.done.fetch_add(1, SeqCst);
+        Ok(vec![])
+    }
+}
+
+#[tokio::test]
+async fn messages_waiting_for_one_that_failed_do_not_keep_it_from_a_handler_slot() {
+    use std::sync::atomic::Ordering::SeqCst;
+    // More than get pulled before `first` is due again: a backlog, as after an outage.
+    const WAITERS: usize = 600;
+    let app = spawn_app_with(AppOptions::default()).await;
+    let stage = std::sync::Arc::new(WaitsForFirst {
+        first_failed: Default::default(),
+        first_done: false.into(),
+        fresh_runs: 0.into(),
+        resumed_runs: 0.into(),
+        done: 0.into(),
+    });
+    let spec = <WaitsForFirst as switchboard_kit::Stage>::SPEC;
+    app.topology
+        .apply(&app.js, &app.config.runtime, &[spec])
+        .await
+        .expect("the stage's consumer");
+    let subject = app.topology.event("test.wait");
+    for id in std::iter::once("first".to_string()).chain((0..WAITERS).map(|i| format!("w{i}"))) {
+        let m = switchboard_kit::proto::MessageReceived {
+            message_id: id,
+            ..Default::default()
+        };
+        app.js
+            .publish(subject.clone(), prost::Message::encode_to_vec(&m).into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    app.start(vec![app.app().shared_stage_task(stage.clone())]);
+
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while stage.done.load(SeqCst) < WAITERS + 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        stage.done.load(SeqCst),
+        WAITERS + 1,
+        "every message handled"
+    );
+    // While messages wait, new ones still get at least the half of the slots parked ones may
+    // not take: the pull loop is never starved, so the message they all wait for (`first`,
+    // redelivered into the backlog) gets pulled. When parked messages queued ahead of the pull
+    // loop every time, new ones got one slot in (parked + 1), and after an outage the pipeline
+    // stalled.
+    let fresh = stage.fresh_runs.load(SeqCst);
+    let resumed = stage.resumed_runs.load(SeqCst);
+    assert!(
+        fresh * 100 >= (fresh + resumed) * 35,
+        "new messages got {fresh} of {} handler runs while others waited",
+        fresh + resumed
+    );
+    app.shutdown().await;
+}

@@ -389,11 +389,14 @@ pub struct DeliverStage {
     topology: Topology,
 }
 
-/// How long a reply waits in place for the previous reply of its session before it goes back to
-/// the stream; long enough to outlast the previous reply's retries (with their backoff) over the
-/// reply's own deliveries.
-const ORDER_HOLD: Duration = Duration::from_secs(20);
+/// How long a reply waits in its handler slot for the previous reply of its session before it
+/// is parked (slot given back; waits cost no delivery, so this need not outlast the previous
+/// reply's retries). Short: while a backlog of later replies waits after an outage, their slots
+/// are what the earlier replies need.
+const ORDER_HOLD: Duration = Duration::from_secs(1);
 const ORDER_POLL: Duration = Duration::from_millis(50);
+/// How long a parked reply sleeps before it looks again.
+const ORDER_RETRY: Duration = Duration::from_millis(250);
 
 impl DeliverStage {
     pub fn new(ledger: DeliveryLedger, senders: Senders, topology: Topology) -> Self {
@@ -409,7 +412,7 @@ impl DeliverStage {
         let hold = Hold {
             poll: ORDER_POLL,
             hold: ORDER_HOLD,
-            retry: Duration::from_secs(1),
+            retry: ORDER_RETRY,
         };
         hold.until(
             || format!("reply {seq} waits for the reply to turn {}", seq - 1),

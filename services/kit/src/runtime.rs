@@ -8,9 +8,10 @@
 //! Waiting is not failing. A handler that must wait for another worker (a predecessor not done,
 //! a lease held) answers [`StageError::Defer`]; the runtime parks the message in this process:
 //! it gives the handler slot back, keeps the message from being redelivered with progress acks,
-//! and runs the handler again after the delay. So only handler errors and crashes count
-//! toward `max_deliver` (JetStream's delivery count); a wait ends in a dead letter only after
-//! `runtime.max_wait_ms` of waiting in a running process, "waited too long for …".
+//! and runs the handler again after the delay, taking at most half the slots when it does (so
+//! new messages, among them the ones waited for, always get pulled). Only handler errors and
+//! crashes count toward `max_deliver` (JetStream's delivery count); a wait ends in a dead letter
+//! only after `runtime.max_wait_ms` of waiting in a running process, "waited too long for …".
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -329,6 +330,12 @@ impl Runtime {
         }
         let lag = tokio::spawn(report_lag(consumer.clone(), name));
         let sem = Arc::new(Semaphore::new(opts.concurrency));
+        // Parked messages take a slot again through this gate first, so at most half the slots
+        // (and half the places in the slot queue) are theirs: the pull loop always gets its
+        // turn. Without it, thousands of parked messages (after a database outage: every later
+        // reply waiting for an earlier one that failed) queued ahead of the pull loop each time,
+        // and the redelivered messages they waited for were never pulled.
+        let resume = Arc::new(Semaphore::new((opts.concurrency / 2).max(1)));
         let mut tasks = JoinSet::new();
         let this = Arc::new(self);
         tracing::info!(
@@ -395,7 +402,9 @@ impl Runtime {
                 let opts = opts.clone();
                 let slots = Slots {
                     held: Some(permit),
+                    resumed: None,
                     semaphore: sem.clone(),
+                    resume: resume.clone(),
                     shutdown: shutdown.clone(),
                     ack_wait,
                 };
@@ -788,7 +797,11 @@ fn is_pool_timeout(e: &anyhow::Error) -> bool {
 /// the message waits.
 struct Slots {
     held: Option<OwnedSemaphorePermit>,
+    /// A parked message's place among those resumed (see `resume`), held with its slot.
+    resumed: Option<OwnedSemaphorePermit>,
     semaphore: Arc<Semaphore>,
+    /// How many parked messages may hold or wait for a slot at once (half the slots).
+    resume: Arc<Semaphore>,
     shutdown: Shutdown,
     ack_wait: Duration,
 }
@@ -799,7 +812,9 @@ impl Slots {
     fn unheld(&self) -> Slots {
         Slots {
             held: None,
+            resumed: None,
             semaphore: self.semaphore.clone(),
+            resume: self.resume.clone(),
             shutdown: self.shutdown.clone(),
             ack_wait: self.ack_wait,
         }
@@ -810,6 +825,7 @@ impl Slots {
     /// to the stream (JetStream counts that as a delivery).
     async fn park(&mut self, msg: &jetstream::Message, delay: Duration) -> bool {
         self.held = None;
+        self.resumed = None;
         // The handler may have run for up to a third of `ack_wait` since its last progress ack.
         let _ = msg.ack_with(AckKind::Progress).await;
         let this = [msg];
@@ -817,9 +833,16 @@ impl Slots {
             _ = with_progress(&this, self.ack_wait, tokio::time::sleep(delay)) => true,
             _ = self.shutdown.wait() => false,
         };
+        // Progress acks go on while it queues: with every slot busy the wait can be long.
+        let slot = async {
+            let resumed = self.resume.clone().acquire_owned().await;
+            let held = self.semaphore.clone().acquire_owned().await;
+            (resumed, held)
+        };
         let resumed = slept
             && tokio::select! {
-                p = self.semaphore.clone().acquire_owned() => {
+                (r, p) = with_progress(&this, self.ack_wait, slot) => {
+                    self.resumed = Some(r.expect("semaphore never closed"));
                     self.held = Some(p.expect("semaphore never closed"));
                     true
                 }
