@@ -179,6 +179,58 @@ async fn a_phone_linked_to_a_staff_member_continues_her_session_and_the_audit_sa
 }
 
 #[tokio::test]
+async fn a_chain_of_links_is_followed_to_its_end_phone_to_chat_login_to_staff_member() {
+    let app = spawn_app().await;
+    staff_member(&app).await;
+    text(&app, STAFF_PHONE, "shift starts at 7", 1).await;
+    // Two links made separately: the chat login is Dana's, then a phone is the chat login's.
+    ok(
+        &app,
+        &[
+            "people",
+            "link",
+            "user:ana",
+            "staff-7",
+            "--reason",
+            "ana is Dana's dashboard login",
+        ],
+    );
+    ok(
+        &app,
+        &[
+            "people",
+            "link",
+            NEW_PHONE_ID,
+            "user:ana",
+            "--reason",
+            "ana's phone",
+        ],
+    );
+
+    text(&app, NEW_PHONE, "two links away", 2).await;
+    let calls = app.runner.calls();
+    assert_eq!(FakeRunner::said(&calls[1].prompt), "two links away");
+    // Dana's engine session, resumed, and the agent is told it is Dana: not ana's, not the
+    // phone's own.
+    assert_eq!(calls[1].session_id.as_deref(), Some("eng-1"));
+    assert!(
+        calls[1].prompt.contains("Dana Reyes"),
+        "{}",
+        calls[1].prompt
+    );
+    let (person, session) = logged_as(&app, "two links away").await;
+    assert_eq!(person, "staff-7");
+    assert_eq!(session, logged_as(&app, "shift starts at 7").await.1);
+    assert_eq!(
+        sessions(&app).await,
+        [("staff-7".into(), "reggie_oc:person:staff:staff-7".into())]
+    );
+    // The reply went to the phone that wrote.
+    assert_eq!(app.twilio.sent()[1].to, NEW_PHONE);
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn after_unlink_the_phone_is_its_own_person_again_in_a_new_session() {
     let app = spawn_app().await;
     staff_member(&app).await;
