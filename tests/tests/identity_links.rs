@@ -587,3 +587,51 @@ async fn self_links_cycles_and_unknown_links_are_refused_with_the_reason() {
     assert_eq!(links, 1);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn two_operators_linking_two_ids_to_each_other_at_once_make_one_link_not_a_cycle() {
+    let app = spawn_app().await;
+    let key = app.api_key("ops-console", &["identity:write"]);
+    let link = |from: String, to: String| {
+        let key = key.clone();
+        let app = &app;
+        async move {
+            let body = json!({"from": from, "to": to, "reason": "same person"});
+            api(
+                app,
+                reqwest::Method::POST,
+                "/api/v1/identity/links",
+                &key,
+                Some(body),
+            )
+            .await
+        }
+    };
+    // A race lost once is luck; several rounds give the interleaving a chance to happen.
+    for round in 0..10 {
+        let (a, b) = (format!("user:a{round}"), format!("user:b{round}"));
+        let (ab, ba) = tokio::join!(link(a.clone(), b.clone()), link(b.clone(), a.clone()));
+        let mut answers = [ab, ba];
+        answers.sort_by_key(|(status, _)| *status);
+        let [(made, _), (refused, why)] = &answers;
+        assert_eq!(
+            (*made, *refused),
+            (201, 400),
+            "round {round}: one is made, the other refused: {answers:?}"
+        );
+        assert_eq!(why["error"]["code"], "cycle", "round {round}: {why}");
+        let links: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM switchboard.identity_links
+              WHERE from_person_id IN ($1, $2)",
+        )
+        .bind(&a)
+        .bind(&b)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        assert_eq!(links, 1, "round {round}: {a} and {b} hold one link");
+    }
+    // Only what was made is recorded.
+    assert_eq!(audit_rows(&app).await.len(), 10);
+    app.shutdown().await;
+}
