@@ -323,11 +323,24 @@ async fn a_merge_moves_the_phone_to_the_other_person_and_outlives_the_link() {
             .unwrap();
     assert_eq!(moved, ["phone:+14155550199"]);
 
-    // The contact point moved: with no link left at all, the phone is still Dana's.
-    sqlx::query("DELETE FROM switchboard.identity_links")
-        .execute(&app.db)
-        .await
-        .unwrap();
+    // The contact point moved: with the merge's link undone, the phone is still Dana's.
+    let out = ok(
+        &app,
+        &[
+            "people",
+            "unlink",
+            NEW_PHONE_ID,
+            "staff-7",
+            "--reason",
+            "link no longer needed",
+        ],
+    );
+    assert!(
+        out.contains("unlinked phone:+14155550199 → staff-7"),
+        "{out}"
+    );
+    let listing = ok(&app, &["people", "links"]);
+    assert!(listing.contains("links (0):"), "{listing}");
     text(&app, NEW_PHONE, "from my other phone", 2).await;
     assert_eq!(app.runner.calls()[1].session_id.as_deref(), Some("eng-1"));
     assert_eq!(logged_as(&app, "from my other phone").await.0, "staff-7");
