@@ -646,6 +646,21 @@ impl TestApp {
         url
     }
 
+    /// A gateway replica of this deployment that hears no mailbox announcement: its follower
+    /// (the core-NATS subscription to `{p}.mailbox.>`) never runs, as when that subscription is
+    /// down. What reaches its sockets and waiting requests, they read from the mailbox table
+    /// themselves. Its base URL; it stops with the app.
+    pub async fn gateway_missing_announcements(&self) -> String {
+        let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (routes, _follower_never_started) =
+            switchboard::gateway_routes(&self.app).expect("gateway");
+        self.start(vec![
+            self.app.serve_listener(listener, routes).expect("serve"),
+        ]);
+        url
+    }
+
     /// A new API key for `owner` with `scopes` (`switchboard api-keys create`, as an operator
     /// runs it); the key as printed.
     pub fn api_key(&self, owner: &str, scopes: &[&str]) -> String {
