@@ -64,17 +64,29 @@ impl std::fmt::Debug for NatsTarget {
     }
 }
 
+/// What is wrong with a NATS URL, or connecting to it; every URL in here is redacted.
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
+    #[error("nats_url is not set: set it in the configuration file or as SB_NATS_URL")]
+    NoUrl,
     #[error("invalid NATS URL {url}: {reason}")]
     Invalid { url: String, reason: String },
     #[error("the servers of {url} name different credentials; use one user for all")]
     MixedCredentials { url: String },
+    #[error("connecting to NATS at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
 }
 
 /// Split a NATS URL (or a comma-separated list of them) into servers and credentials
 /// (percent-decoded). `nats://host` with no scheme is accepted as async-nats does.
 pub fn nats_target(url: &str) -> Result<NatsTarget, EndpointError> {
+    if url.trim().is_empty() {
+        return Err(EndpointError::NoUrl);
+    }
     let mut servers = Vec::new();
     let mut auth = NatsAuth::None;
     for raw in url.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -147,8 +159,7 @@ fn percent_decode(s: &str) -> String {
 pub async fn nats_connect(
     url: &str,
     options: ConnectOptions,
-) -> anyhow::Result<async_nats::Client> {
-    use anyhow::Context as _;
+) -> Result<async_nats::Client, EndpointError> {
     let target = nats_target(url)?;
     let options = match target.auth {
         NatsAuth::None => options,
@@ -160,11 +171,17 @@ pub async fn nats_connect(
         .iter()
         .map(|s| s.parse())
         .collect::<Result<_, _>>()
-        .with_context(|| format!("invalid NATS URL {}", redact_url(url)))?;
+        .map_err(|e: std::io::Error| EndpointError::Invalid {
+            url: redact_url(url),
+            reason: e.to_string(),
+        })?;
     options
         .connect(servers)
         .await
-        .with_context(|| format!("connecting to NATS at {}", redact_url(url)))
+        .map_err(|source| EndpointError::Connect {
+            url: redact_url(url),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -206,6 +223,34 @@ mod tests {
         ] {
             assert!(!redact_url(url).contains("s3cr3tPa55"), "{url}");
         }
+    }
+
+    #[tokio::test]
+    async fn connecting_names_the_setting_or_the_url_without_its_password() {
+        for url in ["", " "] {
+            let e = nats_connect(url, ConnectOptions::new()).await.unwrap_err();
+            assert!(matches!(e, EndpointError::NoUrl), "{e:?}");
+            let shown = e.to_string();
+            assert!(
+                shown.contains("nats_url") && shown.contains("SB_NATS_URL"),
+                "{shown}"
+            );
+        }
+        // Nothing listens on port 1: refused at once.
+        let e = nats_connect(
+            "nats://switchboard:s3cr3tPa55@127.0.0.1:1",
+            ConnectOptions::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, EndpointError::Connect { .. }), "{e:?}");
+        let debug = format!("{e:?}");
+        let chain = format!("{:#} {debug}", anyhow::Error::from(e));
+        assert!(
+            chain.contains("nats://switchboard:***@127.0.0.1:1"),
+            "{chain}"
+        );
+        assert!(!chain.contains("s3cr3tPa55"), "{chain}");
     }
 
     #[test]
