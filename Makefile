@@ -12,6 +12,10 @@ PID_FILE    := .stack/switchboard.pid
 # With SB_NATS_URL and SB_DATABASE_URL set, those servers are used and no stack is started.
 EXTERNAL := $(and $(SB_NATS_URL),$(SB_DATABASE_URL))
 
+# A connection URL on stdin, printed without its secret, as the product logs it:
+# nats://user:***@host, and nats://***@host for a token (the user name is the secret there).
+REDACT_URL := sed -E -e 's|(://[^:/@]*):[^@/]*@|\1:***@|g' -e t -e 's|://[^:@/]*@|://***@|g'
+
 .PHONY: help run stop test check build clean-stack
 
 help:
@@ -29,7 +33,7 @@ run: build
 	  echo 'the stack takes only its own credentials (.stack/run/credentials/); for other commands'; \
 	  echo '(people import, dlq, api-keys, migrate) in another shell: eval "$$($(STACK) env run)"'; \
 	else \
-	  echo "using SB_NATS_URL=$$SB_NATS_URL and SB_DATABASE_URL (no embedded stack)"; \
+	  echo "using SB_NATS_URL=$$(printf '%s' "$$SB_NATS_URL" | $(REDACT_URL)) and SB_DATABASE_URL (no embedded stack)"; \
 	fi; \
 	echo "switchboard is starting; in another terminal try:"; \
 	echo "  target/debug/switchboard sms send --from +14155550100 --text 'Hello Reggie'"; \

@@ -362,8 +362,20 @@ impl TestApp {
         body: impl Into<reqwest::Body>,
         signature: Option<&str>,
     ) -> reqwest::Response {
+        self.post_twilio_to(&self.gateway_url, body, signature)
+            .await
+    }
+
+    /// [`TestApp::post_twilio`] to the gateway replica at `gateway_url` (Twilio signs the
+    /// public URL, which every replica shares).
+    pub async fn post_twilio_to(
+        &self,
+        gateway_url: &str,
+        body: impl Into<reqwest::Body>,
+        signature: Option<&str>,
+    ) -> reqwest::Response {
         let mut req = reqwest::Client::new()
-            .post(format!("{}/webhooks/twilio/sms", self.gateway_url))
+            .post(format!("{gateway_url}/webhooks/twilio/sms"))
             .header("content-type", "application/x-www-form-urlencoded")
             .body(body);
         if let Some(s) = signature {
@@ -383,8 +395,24 @@ impl TestApp {
     }
 
     pub async fn send_sms(&self, from: &str, text: &str) -> reqwest::Response {
+        self.send_sms_to(&self.gateway_url, from, text).await
+    }
+
+    /// A correctly signed SMS posted to the gateway replica at `gateway_url`.
+    pub async fn send_sms_to(
+        &self,
+        gateway_url: &str,
+        from: &str,
+        text: &str,
+    ) -> reqwest::Response {
         let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
-        self.send_sms_with_sid(from, text, &sid).await
+        let params = self.sms_params(from, text, &sid);
+        let signature = self.sign(&params);
+        let body = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(&params)
+            .finish();
+        self.post_twilio_to(gateway_url, body, Some(&signature))
+            .await
     }
 
     /// Post a TextMagic inbound-message callback (JSON, as TextMagic's v2 sends it) to the URL
@@ -646,6 +674,21 @@ impl TestApp {
         url
     }
 
+    /// A gateway replica of this deployment that hears no mailbox announcement: its follower
+    /// (the core-NATS subscription to `{p}.mailbox.>`) never runs, as when that subscription is
+    /// down. What reaches its sockets and waiting requests, they read from the mailbox table
+    /// themselves. Its base URL; it stops with the app.
+    pub async fn gateway_missing_announcements(&self) -> String {
+        let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (routes, _follower_never_started) =
+            switchboard::gateway_routes(&self.app).expect("gateway");
+        self.start(vec![
+            self.app.serve_listener(listener, routes).expect("serve"),
+        ]);
+        url
+    }
+
     /// A new API key for `owner` with `scopes` (`switchboard api-keys create`, as an operator
     /// runs it); the key as printed.
     pub fn api_key(&self, owner: &str, scopes: &[&str]) -> String {
@@ -686,8 +729,21 @@ impl TestApp {
         body: serde_json::Value,
         idempotency_key: Option<&str>,
     ) -> reqwest::Response {
+        self.post_api_to(&self.gateway_url, route, key, body, idempotency_key)
+            .await
+    }
+
+    /// [`TestApp::post_api`] to the gateway replica at `gateway_url`.
+    pub async fn post_api_to(
+        &self,
+        gateway_url: &str,
+        route: &str,
+        key: &str,
+        body: serde_json::Value,
+        idempotency_key: Option<&str>,
+    ) -> reqwest::Response {
         let mut request = reqwest::Client::new()
-            .post(format!("{}/api/v1/{route}", self.gateway_url))
+            .post(format!("{gateway_url}/api/v1/{route}"))
             .bearer_auth(key)
             .json(&body);
         if let Some(k) = idempotency_key {

@@ -344,6 +344,24 @@ async fn with_two_gateway_processes_a_reply_reaches_the_socket_the_other_one_hol
 }
 
 #[tokio::test]
+async fn a_live_socket_gets_a_reply_whose_announcement_its_gateway_missed() {
+    // Catch-ups every 300 ms, so the table read shows within the test's patience.
+    let app = spawn_app_configured(|c| c.chat.catch_up_ms = 300).await;
+    let deaf = app.gateway_missing_announcements().await;
+    // Connected (and its backlog read) before the message exists: only a read of the table
+    // while the socket is open can bring the reply.
+    let mut chat = ChatClient::as_user(&deaf, "ana").await;
+    chat.say("l-1", "anyone there?").await;
+    chat.until("accepted", WAIT).await;
+    let reply = chat.reply(WAIT).await;
+    assert_eq!(reply["in_reply_to"], "l-1");
+    assert_eq!(reply["text"], "echo: anyone there?");
+    // Once: later catch-ups read it again and do not push it again.
+    assert!(chat.next_frame(QUIET).await.is_none());
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_bad_frame_gets_an_error_frame_and_the_socket_stays_usable() {
     let app = spawn_app().await;
     let mut chat = ChatClient::as_user(&app.gateway_url, "ana").await;

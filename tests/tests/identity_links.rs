@@ -179,6 +179,58 @@ async fn a_phone_linked_to_a_staff_member_continues_her_session_and_the_audit_sa
 }
 
 #[tokio::test]
+async fn a_chain_of_links_is_followed_to_its_end_phone_to_chat_login_to_staff_member() {
+    let app = spawn_app().await;
+    staff_member(&app).await;
+    text(&app, STAFF_PHONE, "shift starts at 7", 1).await;
+    // Two links made separately: the chat login is Dana's, then a phone is the chat login's.
+    ok(
+        &app,
+        &[
+            "people",
+            "link",
+            "user:ana",
+            "staff-7",
+            "--reason",
+            "ana is Dana's dashboard login",
+        ],
+    );
+    ok(
+        &app,
+        &[
+            "people",
+            "link",
+            NEW_PHONE_ID,
+            "user:ana",
+            "--reason",
+            "ana's phone",
+        ],
+    );
+
+    text(&app, NEW_PHONE, "two links away", 2).await;
+    let calls = app.runner.calls();
+    assert_eq!(FakeRunner::said(&calls[1].prompt), "two links away");
+    // Dana's engine session, resumed, and the agent is told it is Dana: not ana's, not the
+    // phone's own.
+    assert_eq!(calls[1].session_id.as_deref(), Some("eng-1"));
+    assert!(
+        calls[1].prompt.contains("Dana Reyes"),
+        "{}",
+        calls[1].prompt
+    );
+    let (person, session) = logged_as(&app, "two links away").await;
+    assert_eq!(person, "staff-7");
+    assert_eq!(session, logged_as(&app, "shift starts at 7").await.1);
+    assert_eq!(
+        sessions(&app).await,
+        [("staff-7".into(), "reggie_oc:person:staff:staff-7".into())]
+    );
+    // The reply went to the phone that wrote.
+    assert_eq!(app.twilio.sent()[1].to, NEW_PHONE);
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn after_unlink_the_phone_is_its_own_person_again_in_a_new_session() {
     let app = spawn_app().await;
     staff_member(&app).await;
@@ -228,8 +280,8 @@ async fn after_unlink_the_phone_is_its_own_person_again_in_a_new_session() {
     let audit = audit_rows(&app).await;
     let actions: Vec<_> = audit.iter().map(|a| a.0.as_str()).collect();
     assert_eq!(actions, ["unlink", "link"]);
-    let os_user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    assert_eq!(audit[0].3, os_user);
+    // The CLI ran with this process's environment, so the product's rule gives the same name.
+    assert_eq!(audit[0].3, switchboard::os_user());
     assert_eq!(audit[0].4, "spare phone returned");
     app.shutdown().await;
 }
@@ -271,11 +323,24 @@ async fn a_merge_moves_the_phone_to_the_other_person_and_outlives_the_link() {
             .unwrap();
     assert_eq!(moved, ["phone:+14155550199"]);
 
-    // The contact point moved: with no link left at all, the phone is still Dana's.
-    sqlx::query("DELETE FROM switchboard.identity_links")
-        .execute(&app.db)
-        .await
-        .unwrap();
+    // The contact point moved: with the merge's link undone, the phone is still Dana's.
+    let out = ok(
+        &app,
+        &[
+            "people",
+            "unlink",
+            NEW_PHONE_ID,
+            "staff-7",
+            "--reason",
+            "link no longer needed",
+        ],
+    );
+    assert!(
+        out.contains("unlinked phone:+14155550199 → staff-7"),
+        "{out}"
+    );
+    let listing = ok(&app, &["people", "links"]);
+    assert!(listing.contains("links (0):"), "{listing}");
     text(&app, NEW_PHONE, "from my other phone", 2).await;
     assert_eq!(app.runner.calls()[1].session_id.as_deref(), Some("eng-1"));
     assert_eq!(logged_as(&app, "from my other phone").await.0, "staff-7");
@@ -533,5 +598,53 @@ async fn self_links_cycles_and_unknown_links_are_refused_with_the_reason() {
         .await
         .unwrap();
     assert_eq!(links, 1);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_operators_linking_two_ids_to_each_other_at_once_make_one_link_not_a_cycle() {
+    let app = spawn_app().await;
+    let key = app.api_key("ops-console", &["identity:write"]);
+    let link = |from: String, to: String| {
+        let key = key.clone();
+        let app = &app;
+        async move {
+            let body = json!({"from": from, "to": to, "reason": "same person"});
+            api(
+                app,
+                reqwest::Method::POST,
+                "/api/v1/identity/links",
+                &key,
+                Some(body),
+            )
+            .await
+        }
+    };
+    // A race lost once is luck; several rounds give the interleaving a chance to happen.
+    for round in 0..10 {
+        let (a, b) = (format!("user:a{round}"), format!("user:b{round}"));
+        let (ab, ba) = tokio::join!(link(a.clone(), b.clone()), link(b.clone(), a.clone()));
+        let mut answers = [ab, ba];
+        answers.sort_by_key(|(status, _)| *status);
+        let [(made, _), (refused, why)] = &answers;
+        assert_eq!(
+            (*made, *refused),
+            (201, 400),
+            "round {round}: one is made, the other refused: {answers:?}"
+        );
+        assert_eq!(why["error"]["code"], "cycle", "round {round}: {why}");
+        let links: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM switchboard.identity_links
+              WHERE from_person_id IN ($1, $2)",
+        )
+        .bind(&a)
+        .bind(&b)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        assert_eq!(links, 1, "round {round}: {a} and {b} hold one link");
+    }
+    // Only what was made is recorded.
+    assert_eq!(audit_rows(&app).await.len(), 10);
     app.shutdown().await;
 }

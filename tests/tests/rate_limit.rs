@@ -143,3 +143,104 @@ async fn chat_and_api_callers_over_the_limit_are_refused_with_429_and_when_to_re
     assert!(app.dead_letters("gateway").await.is_empty());
     app.shutdown().await;
 }
+
+/// Wait, if need be, for a clock minute with at least 30 s left: the limit counts per clock
+/// minute, and a test that straddled two would be allowed twice as many.
+async fn early_in_a_minute() {
+    let into = chrono::Utc::now().timestamp() % 60;
+    if into > 30 {
+        tokio::time::sleep(Duration::from_secs((61 - into) as u64)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_limit_and_the_one_notice_hold_across_gateway_replicas() {
+    let app = limited_app().await;
+    // A second gateway process: its own arrival-counter client, the same NATS and database.
+    let (_replica, other) = app.spawn_gateway_process().await;
+    let replicas = [app.gateway_url.clone(), other];
+    let key = app.api_key("crm", &[]);
+    // One chat login with a socket on each replica.
+    let mut sockets = [
+        ChatClient::as_user(&replicas[0], "ana").await,
+        ChatClient::as_user(&replicas[1], "ana").await,
+    ];
+    early_in_a_minute().await;
+
+    // SMS: six messages from one number, every other one through the other replica.
+    for i in 0..6 {
+        let answer = app
+            .send_sms_to(&replicas[i % 2], "+14155550184", &format!("split {i}"))
+            .await;
+        assert_eq!(answer.status(), 200, "the provider is always answered");
+    }
+    // API: six calls with one key, split the same way.
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let r = app
+            .post_api_to(
+                &replicas[i % 2],
+                "messages",
+                &key,
+                json!({"text": "hi"}),
+                None,
+            )
+            .await;
+        statuses.push((
+            r.status().as_u16(),
+            r.headers().get("retry-after").is_some(),
+        ));
+    }
+    // Chat: four messages, alternating between the sockets.
+    let mut frames = Vec::new();
+    for i in 0..4 {
+        let socket = &mut sockets[i % 2];
+        socket.say(&format!("c{i}"), "hi").await;
+        frames.push(socket.until_any(&["accepted", "error"], WAIT).await);
+    }
+
+    // Three answered of six, wherever they came in; the sender told once, by one replica.
+    app.wait_for_sms(4, WAIT).await;
+    app.settle().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let to_sender: Vec<String> = app
+        .twilio
+        .sent()
+        .into_iter()
+        .filter(|s| s.to == "+14155550184")
+        .map(|s| s.body)
+        .collect();
+    let notices = to_sender.iter().filter(|b| *b == NOTICE).count();
+    assert_eq!(notices, 1, "told once: {to_sender:?}");
+    assert_eq!(
+        to_sender.len() - notices,
+        3,
+        "three answered: {to_sender:?}"
+    );
+    let letters = app.dead_letters("gateway").await;
+    assert_eq!(
+        letters.len(),
+        3,
+        "each unanswered text is kept: {letters:?}"
+    );
+
+    // An API caller is answered on every call: three taken, three refused with when to retry.
+    let taken = statuses.iter().filter(|(s, _)| *s == 202).count();
+    assert_eq!(taken, 3, "{statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .filter(|(s, _)| *s != 202)
+            .all(|r| *r == (429, true)),
+        "{statuses:?}"
+    );
+    // The chatter likewise: the fourth message, on whichever replica, is refused.
+    let kinds: Vec<&str> = frames.iter().map(|f| f["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["accepted", "accepted", "accepted", "error"],
+        "{frames:?}"
+    );
+    assert_eq!(frames[3]["code"], "rate_limited");
+    app.shutdown().await;
+}

@@ -3,7 +3,8 @@
 //! refuses TCP logins without the password (the product's role included, the superuser too),
 //! the product's role is no superuser, each NATS user can do only what it is for (the
 //! read-only `analytics` user reads the public events and cannot publish into the work
-//! subjects), and the files that hold the secrets are readable by their owner only.
+//! subjects, create consumers or read other clients' replies), the files that hold the secrets
+//! are readable by their owner only, and `stack.sh status` shows no password.
 //!
 //! The stack's `up`/`env` print `SB_STACK_CREDENTIALS_DIR`; against servers of your own
 //! (`SB_NATS_URL`/`SB_DATABASE_URL` set by hand, no stack) there is nothing to check here.
@@ -141,17 +142,7 @@ async fn each_nats_user_can_do_only_what_it_is_for() {
     );
 
     // analytics: reads the public events of prefix `sb`, live...
-    let analytics_url = format!(
-        "nats://{}:{}@{}",
-        s.secrets["NATS_ANALYTICS_USER"],
-        s.secrets["NATS_ANALYTICS_PASSWORD"],
-        nats_server(&s).trim_start_matches("nats://")
-    );
-    let (analytics, mut analytics_events) = watched_client(
-        &analytics_url,
-        async_nats::ConnectOptions::new().custom_inbox_prefix("_INBOX_analytics"),
-    )
-    .await;
+    let (analytics, mut analytics_events) = analytics_client(&s).await;
     let mut events = analytics
         .subscribe(format!("sb.events.credentials-test-{tag}"))
         .await
@@ -187,6 +178,114 @@ async fn each_nats_user_can_do_only_what_it_is_for() {
         v.as_deref().is_some_and(|v| v.contains("Subscription")),
         "analytics may read the work subjects: {v:?}"
     );
+}
+
+/// analytics, connected as its comment in `stack.sh` says it must (its own inbox prefix).
+async fn analytics_client(
+    s: &StackUnderTest,
+) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
+    let url = format!(
+        "nats://{}:{}@{}",
+        s.secrets["NATS_ANALYTICS_USER"],
+        s.secrets["NATS_ANALYTICS_PASSWORD"],
+        nats_server(s).trim_start_matches("nats://")
+    );
+    watched_client(
+        &url,
+        async_nats::ConnectOptions::new().custom_inbox_prefix("_INBOX_analytics"),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn analytics_reads_the_events_by_sequence_but_creates_no_consumer_and_sees_no_other_replies()
+{
+    let Some(s) = stack() else { return };
+    let (analytics, mut events) = analytics_client(&s).await;
+    // The stack's analytics prefix is `sb` (SB_STACK_ANALYTICS_PREFIX unset under `make test`).
+    let topology = switchboard_kit::Topology::new("sb", 1);
+    let (work, public) = (topology.work_stream(), topology.events_stream());
+
+    // What it is for: asking about the event stream, answered on its own inbox (the stream
+    // may not exist on a test stack; the answer says so, and no permission is violated).
+    let answer = tokio::time::timeout(
+        BOUND,
+        analytics.request(format!("$JS.API.STREAM.INFO.{public}"), "".into()),
+    )
+    .await
+    .expect("answered in time")
+    .expect("the JetStream API answers analytics");
+    assert!(!answer.payload.is_empty());
+    assert_eq!(violation(&mut events).await, None);
+
+    // No consumer on the work stream (it would read every person's messages), nor on the
+    // event stream (a push consumer's deliver subject is not checked against its creator's
+    // rights, nats-server issue 8274), in any of the API's forms.
+    for subject in [
+        format!("$JS.API.CONSUMER.CREATE.{work}"),
+        format!("$JS.API.CONSUMER.CREATE.{work}.reader.sb.in.>"),
+        format!("$JS.API.CONSUMER.DURABLE.CREATE.{work}.reader"),
+        format!("$JS.API.CONSUMER.CREATE.{public}"),
+        format!("$JS.API.CONSUMER.DURABLE.CREATE.{public}.reader"),
+    ] {
+        analytics
+            .publish(subject.clone(), "{}".into())
+            .await
+            .unwrap();
+        analytics.flush().await.unwrap();
+        let v = violation(&mut events).await;
+        assert!(
+            v.as_deref().is_some_and(|v| v.contains("Publish")),
+            "analytics may publish {subject}: {v:?}"
+        );
+    }
+
+    // Nor the shared reply inboxes, where the product's JetStream and key-value answers (and
+    // anyone else's replies) go.
+    let _others = analytics.subscribe("_INBOX.>").await.unwrap();
+    analytics.flush().await.unwrap();
+    let v = violation(&mut events).await;
+    assert!(
+        v.as_deref().is_some_and(|v| v.contains("Subscription")),
+        "analytics may read other clients' replies: {v:?}"
+    );
+}
+
+#[tokio::test]
+async fn stack_status_shows_the_urls_without_any_password() {
+    let Some(s) = stack() else { return };
+    // <root>/<name>/credentials
+    let stack_dir = s.credentials.parent().expect("<stack>/credentials");
+    let name = stack_dir.file_name().unwrap().to_str().unwrap();
+    let root = stack_dir.parent().expect("the stacks' root");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let out = std::process::Command::new(repo.join("deploy/local/stack.sh"))
+        .args(["status", name])
+        .env("SB_STACK_DIR", root)
+        .output()
+        .expect("run stack.sh status");
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the stack is up: {shown}");
+    assert!(
+        shown.contains("SB_NATS_URL=nats://switchboard:***@"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("SB_DATABASE_URL=postgres://switchboard:***@"),
+        "{shown}"
+    );
+    for (key, secret) in &s.secrets {
+        if key.contains("PASSWORD") {
+            assert!(
+                !shown.contains(secret.as_str()),
+                "status shows {key}: {shown}"
+            );
+        }
+    }
 }
 
 async fn pg_refused(url: &str) -> String {

@@ -6,7 +6,10 @@ use async_nats::ConnectOptions;
 
 /// `url` without its password: `nats://switchboard:***@127.0.0.1:14222`. A NATS list
 /// (`nats://a:4222,nats://b:4222`) is redacted server by server. A query (libpq takes
-/// `?password=`) is dropped for `?…`. Text that is not a URL is not shown at all.
+/// `?password=`) is dropped for `?…`. A NATS token (`nats://TOKEN@host`, `tls://TOKEN@host`,
+/// `ws[s]://…`) is the user-name part, so it goes too. A server without a scheme is read as
+/// NATS reads it (`user:pass@host:4222` is `nats://user:pass@host:4222`). Text that is not a
+/// URL is not shown at all.
 pub fn redact_url(url: &str) -> String {
     url.split(',')
         .map(|one| redact_one(one.trim()))
@@ -14,8 +17,19 @@ pub fn redact_url(url: &str) -> String {
         .join(",")
 }
 
+/// The schemes of NATS servers (async-nats' `ServerAddr`): in these a user name without a
+/// password is a token.
+const NATS_SCHEMES: &[&str] = &["nats", "tls", "ws", "wss"];
+
 fn redact_one(raw: &str) -> String {
-    let Ok(mut url) = url::Url::parse(raw) else {
+    // Without `://`, `user:pass@host` would parse as the scheme `user` and a path holding the
+    // password.
+    let with_scheme = if raw.contains("://") {
+        raw.to_string()
+    } else {
+        format!("nats://{raw}")
+    };
+    let Ok(mut url) = url::Url::parse(&with_scheme) else {
         return "<not a URL>".into();
     };
     let had_query = url.query().is_some();
@@ -24,7 +38,7 @@ fn redact_one(raw: &str) -> String {
     if url.password().is_some() {
         // Cannot fail: the URL has a host (it has credentials).
         let _ = url.set_password(Some("***"));
-    } else if !url.username().is_empty() && url.scheme().starts_with("nats") {
+    } else if !url.username().is_empty() && NATS_SCHEMES.contains(&url.scheme()) {
         // nats://<token>@host: the user name is the secret.
         let _ = url.set_username("***");
     }
@@ -64,17 +78,29 @@ impl std::fmt::Debug for NatsTarget {
     }
 }
 
+/// What is wrong with a NATS URL, or connecting to it; every URL in here is redacted.
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
+    #[error("nats_url is not set: set it in the configuration file or as SB_NATS_URL")]
+    NoUrl,
     #[error("invalid NATS URL {url}: {reason}")]
     Invalid { url: String, reason: String },
     #[error("the servers of {url} name different credentials; use one user for all")]
     MixedCredentials { url: String },
+    #[error("connecting to NATS at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
 }
 
 /// Split a NATS URL (or a comma-separated list of them) into servers and credentials
 /// (percent-decoded). `nats://host` with no scheme is accepted as async-nats does.
 pub fn nats_target(url: &str) -> Result<NatsTarget, EndpointError> {
+    if url.trim().is_empty() {
+        return Err(EndpointError::NoUrl);
+    }
     let mut servers = Vec::new();
     let mut auth = NatsAuth::None;
     for raw in url.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -91,10 +117,10 @@ pub fn nats_target(url: &str) -> Result<NatsTarget, EndpointError> {
         let here = match (parsed.username(), parsed.password()) {
             ("", None) => NatsAuth::None,
             (user, Some(password)) => NatsAuth::UserPassword {
-                user: percent_decode(user),
-                password: percent_decode(password),
+                user: decoded(user),
+                password: decoded(password),
             },
-            (token, None) => NatsAuth::Token(percent_decode(token)),
+            (token, None) => NatsAuth::Token(decoded(token)),
         };
         match (&auth, here) {
             (_, NatsAuth::None) => {}
@@ -122,24 +148,10 @@ pub fn nats_target(url: &str) -> Result<NatsTarget, EndpointError> {
 }
 
 /// `%40` back to `@` (the URL's user and password are percent-encoded; `+` stays `+`).
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied(), b.get(i + 2).copied()) {
-            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
-                out.push((hex(h).unwrap() * 16 + hex(l).unwrap()) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+fn decoded(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// Connect to NATS at `url` with `options`, the credentials in the URL included. Errors name
@@ -147,8 +159,7 @@ fn percent_decode(s: &str) -> String {
 pub async fn nats_connect(
     url: &str,
     options: ConnectOptions,
-) -> anyhow::Result<async_nats::Client> {
-    use anyhow::Context as _;
+) -> Result<async_nats::Client, EndpointError> {
     let target = nats_target(url)?;
     let options = match target.auth {
         NatsAuth::None => options,
@@ -160,11 +171,17 @@ pub async fn nats_connect(
         .iter()
         .map(|s| s.parse())
         .collect::<Result<_, _>>()
-        .with_context(|| format!("invalid NATS URL {}", redact_url(url)))?;
+        .map_err(|e: std::io::Error| EndpointError::Invalid {
+            url: redact_url(url),
+            reason: e.to_string(),
+        })?;
     options
         .connect(servers)
         .await
-        .with_context(|| format!("connecting to NATS at {}", redact_url(url)))
+        .map_err(|source| EndpointError::Connect {
+            url: redact_url(url),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -203,9 +220,83 @@ mod tests {
             "postgres://switchboard:s3cr3tPa55@127.0.0.1:15432/x?password=s3cr3tPa55",
             "nats://s3cr3tPa55@h:1",
             "://s3cr3tPa55@",
+            "switchboard:s3cr3tPa55@127.0.0.1:4222",
+            "s3cr3tPa55@127.0.0.1:4222",
         ] {
             assert!(!redact_url(url).contains("s3cr3tPa55"), "{url}");
         }
+    }
+
+    #[test]
+    fn a_token_is_redacted_in_every_nats_scheme_and_without_one() {
+        for scheme in ["nats", "tls", "ws", "wss"] {
+            let shown = redact_url(&format!("{scheme}://s3cr3tT0ken@nats.example.com:4222"));
+            // ws and wss are special schemes to the url crate: they gain a `/` path.
+            assert_eq!(
+                shown.trim_end_matches('/'),
+                format!("{scheme}://***@nats.example.com:4222")
+            );
+        }
+        // NATS reads a server without a scheme as nats://…; so does the redaction.
+        assert_eq!(
+            redact_url("s3cr3tT0ken@127.0.0.1:4222"),
+            "nats://***@127.0.0.1:4222"
+        );
+        assert_eq!(
+            redact_url("switchboard:s3cr3tPa55@127.0.0.1:4222"),
+            "nats://switchboard:***@127.0.0.1:4222"
+        );
+        // A Postgres role is no secret: only its password is.
+        assert_eq!(
+            redact_url("postgres://switchboard@db:5432/switchboard"),
+            "postgres://switchboard@db:5432/switchboard"
+        );
+        let t = nats_target("tls://s3cr3tT0ken@nats.example.com:4222").unwrap();
+        assert!(t.auth == NatsAuth::Token("s3cr3tT0ken".into()));
+        assert_eq!(t.servers, vec!["tls://nats.example.com:4222"]);
+    }
+
+    #[test]
+    fn credentials_are_percent_decoded_and_only_there() {
+        let t = nats_target("nats://sw%3Aitch:p%40ss%2Fw%25rd+x@h:1").unwrap();
+        assert!(
+            t.auth
+                == NatsAuth::UserPassword {
+                    user: "sw:itch".into(),
+                    password: "p@ss/w%rd+x".into()
+                }
+        );
+        // Not valid UTF-8 once decoded: replaced, not refused.
+        let t = nats_target("nats://tok%FF@h:1").unwrap();
+        assert!(t.auth == NatsAuth::Token("tok\u{fffd}".into()));
+    }
+
+    #[tokio::test]
+    async fn connecting_names_the_setting_or_the_url_without_its_password() {
+        for url in ["", " "] {
+            let e = nats_connect(url, ConnectOptions::new()).await.unwrap_err();
+            assert!(matches!(e, EndpointError::NoUrl), "{e:?}");
+            let shown = e.to_string();
+            assert!(
+                shown.contains("nats_url") && shown.contains("SB_NATS_URL"),
+                "{shown}"
+            );
+        }
+        // Nothing listens on port 1: refused at once.
+        let e = nats_connect(
+            "nats://switchboard:s3cr3tPa55@127.0.0.1:1",
+            ConnectOptions::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, EndpointError::Connect { .. }), "{e:?}");
+        let debug = format!("{e:?}");
+        let chain = format!("{:#} {debug}", anyhow::Error::from(e));
+        assert!(
+            chain.contains("nats://switchboard:***@127.0.0.1:1"),
+            "{chain}"
+        );
+        assert!(!chain.contains("s3cr3tPa55"), "{chain}");
     }
 
     #[test]

@@ -32,29 +32,15 @@ impl App {
     pub async fn connect(config: Config, name: &str) -> anyhow::Result<App> {
         // Install the metrics recorder before anything counts.
         let _ = crate::telemetry::metrics();
-        for (key, value, env) in [
-            ("nats_url", &config.nats_url, "SB_NATS_URL"),
-            ("database_url", &config.database_url, "SB_DATABASE_URL"),
-        ] {
-            if value.trim().is_empty() {
-                anyhow::bail!("{key} is not set: set it in the configuration file or as {env}");
-            }
-        }
-        // The URLs may carry passwords: errors and logs name them redacted.
+        // The URLs may carry passwords: both connects name them redacted in their errors, and
+        // an empty one by its setting.
         let nats = crate::endpoint::nats_connect(
             &config.nats_url,
             async_nats::ConnectOptions::new().name(format!("switchboard-{name}")),
         )
         .await?;
         let js = jetstream::new(nats.clone());
-        let db = crate::db::connect(&config.database_url, config.runtime.pool_size())
-            .await
-            .with_context(|| {
-                format!(
-                    "connecting to Postgres at {}",
-                    crate::endpoint::redact_url(&config.database_url)
-                )
-            })?;
+        let db = crate::db::connect(&config.database_url, config.runtime.pool_size()).await?;
         let topology = Topology::new(&config.subject_prefix, config.runtime.turn_partitions);
         Ok(App {
             config: Arc::new(config),

@@ -9,6 +9,15 @@ pub mod stages;
 use anyhow::Context as _;
 use switchboard_kit::startup::App;
 
+/// Who runs the CLI, for the audit trail of identity links when `--by` is not given: the first
+/// of `USER`, `LOGNAME`, `USERNAME` that is set (cron and some shells set only one of them).
+pub fn os_user() -> String {
+    ["USER", "LOGNAME", "USERNAME"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "unknown".into())
+}
+
 /// The gateway's public routes (every channel's webhook, the chat socket, the REST API, the
 /// health checks) and the task that hands replies to the sockets and API requests it holds.
 pub fn gateway_routes(app: &App) -> anyhow::Result<(axum::Router, switchboard_kit::startup::Task)> {

@@ -576,7 +576,7 @@ async fn people(config: Config, command: PeopleCommand) -> anyhow::Result<()> {
         PeopleCommand::Merge(args) => (LinkAction::Merge, args),
     };
     let (action, args) = action;
-    let actor = args.by.clone().unwrap_or_else(os_user);
+    let actor = args.by.clone().unwrap_or_else(switchboard::os_user);
     let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
     switchboard_kit::db::migrate(&db).await?;
     let store = IdentityLinks::new(db, config.identity.clone());
@@ -607,14 +607,6 @@ async fn people(config: Config, command: PeopleCommand) -> anyhow::Result<()> {
         ),
     }
     Ok(())
-}
-
-/// Who runs the CLI, for the audit trail.
-fn os_user() -> String {
-    ["USER", "LOGNAME", "USERNAME"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-        .unwrap_or_else(|| "unknown".into())
 }
 
 async fn import_people(config: Config, path: std::path::PathBuf) -> anyhow::Result<()> {
