@@ -12,10 +12,11 @@ impl Turn {
             .filter(|t| !t.is_empty())
     }
 
-    /// Whether the turn holds something the person said (not so for a message the agent
-    /// started).
+    /// Whether the turn is a message the person sent (not one the agent started: that has an
+    /// answer and no text; a blank SMS with only a picture has neither, and is the person's).
     pub fn person_said_something(&self) -> bool {
-        self.inbound().is_some_and(|i| !i.text.is_empty())
+        self.inbound()
+            .is_some_and(|i| !i.text.is_empty() || i.outbound_text.is_empty())
     }
 
     fn inbound(&self) -> Option<&InboundMessage> {

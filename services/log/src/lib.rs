@@ -384,5 +384,12 @@ mod tests {
             answered.person_said_something(),
             "a message Switchboard answered itself is logged both ways"
         );
+        let mut blank = turn("");
+        let inbound = blank.message.as_mut().unwrap().inbound.as_mut().unwrap();
+        inbound.text.clear();
+        assert!(
+            blank.person_said_something(),
+            "a blank SMS (a picture alone) is the person's"
+        );
     }
 }
