@@ -30,13 +30,18 @@ pub fn bind_std(addr: &str) -> io::Result<std::net::TcpListener> {
     if resolved.port() != 0 {
         return std::net::TcpListener::bind(resolved);
     }
-    let span = FREE_PORTS.end - FREE_PORTS.start;
+    bind_in(resolved, FREE_PORTS)
+}
+
+/// Bind a free port of `ports` on `addr`'s host.
+fn bind_in(resolved: SocketAddr, ports: Range<u16>) -> io::Result<std::net::TcpListener> {
+    let span = ports.end - ports.start;
     // Start somewhere different in each process and call, so concurrent callers rarely probe
     // the same ports in the same order.
     let start = (std::process::id() as u64 ^ now_nanos()) % span as u64;
     let mut last = None;
     for i in 0..span {
-        let port = FREE_PORTS.start + ((start + i as u64) % span as u64) as u16;
+        let port = ports.start + ((start + i as u64) % span as u64) as u16;
         match std::net::TcpListener::bind(SocketAddr::new(resolved.ip(), port)) {
             Ok(l) => return Ok(l),
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => last = Some(e),
@@ -50,6 +55,16 @@ pub fn bind_std(addr: &str) -> io::Result<std::net::TcpListener> {
 /// taken before then, which that process reports).
 pub fn free_port(host: &str) -> io::Result<u16> {
     Ok(bind_std(&format!("{host}:0"))?.local_addr()?.port())
+}
+
+/// [`free_port`] from `ports` instead: for a process that must get its port back after a
+/// restart, away from [`FREE_PORTS`], where anyone's "any free port" may take it meanwhile.
+pub fn free_port_in(host: &str, ports: Range<u16>) -> io::Result<u16> {
+    let resolved = format!("{host}:0")
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, host.to_string()))?;
+    Ok(bind_in(resolved, ports)?.local_addr()?.port())
 }
 
 fn now_nanos() -> u64 {

@@ -71,9 +71,14 @@ impl Default for Knobs {
     }
 }
 
-/// A free loopback port (bound, read, released).
+/// Ports the load runs' processes take: a killed gateway is started again on its port, so it
+/// must not be where every test's "any free port" probes (`net::FREE_PORTS`); a test binding
+/// there during the restart once took the chaos run's gateway port.
+pub const LOAD_PORTS: std::ops::Range<u16> = 30000..32000;
+
+/// A free loopback port of [`LOAD_PORTS`] (bound, read, released).
 pub fn free_port() -> u16 {
-    switchboard_kit::net::free_port("127.0.0.1").expect("a free port")
+    switchboard_kit::net::free_port_in("127.0.0.1", LOAD_PORTS).expect("a free port")
 }
 
 /// The configuration of one run on `stack`: a fresh database and a subject prefix of its own
