@@ -75,8 +75,6 @@ struct StoredReply {
     engine_session_id: String,
     processing_ms: i64,
     tool_calls_count: i64,
-    /// Given without the agent (no runner call): the session's engine session stays.
-    without_agent: bool,
 }
 
 /// A runner call's lease outlives the agent's timeout by this much, so only a call that is
@@ -381,12 +379,12 @@ impl TurnDispatcher {
             engine_session_id: row.get(4),
             processing_ms: row.get::<Option<i64>, _>(5).unwrap_or(0),
             tool_calls_count: row.get::<Option<i64>, _>(6).unwrap_or(0),
-            without_agent: false,
         })
     }
 
     /// Move the cursor from `after` to `seq` and store the reply, only if the cursor is still at
-    /// `after`. Returns false if another dispatcher got there first.
+    /// `after`. Returns false if another dispatcher got there first. A reply given without the
+    /// agent (`keeps_engine_session`) leaves the session's engine session as it was.
     async fn commit(
         &self,
         session: Uuid,
@@ -394,6 +392,7 @@ impl TurnDispatcher {
         after: i64,
         call: Uuid,
         reply: &StoredReply,
+        keeps_engine_session: bool,
     ) -> Result<bool, DispatchError> {
         let mut tx = self.db.begin().await?;
         // Only the call holding the session's slot may commit: a call whose lease lapsed (its
@@ -410,7 +409,7 @@ impl TurnDispatcher {
         .bind(&reply.engine_session_id)
         .bind(after)
         .bind(call)
-        .bind(reply.without_agent)
+        .bind(keeps_engine_session)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -607,7 +606,6 @@ impl TurnDispatcher {
                 engine_session_id: engine_session.unwrap_or_default(),
                 processing_ms: 0,
                 tool_calls_count: 0,
-                without_agent: true,
             };
             return self.settle(turn, session, after, call, stored).await;
         }
@@ -648,7 +646,6 @@ impl TurnDispatcher {
             engine_session_id: resp.session_id,
             processing_ms,
             tool_calls_count: resp.tool_calls_count,
-            without_agent: false,
         };
         self.settle(turn, session, after, call, stored).await
     }
@@ -665,11 +662,21 @@ impl TurnDispatcher {
     ) -> Result<Output, DispatchError> {
         // The agent has answered: a database hiccup must not make it answer again, so the
         // commit is tried again for a while before the turn fails (and is run again).
+        let keeps_engine_session = turn.given_answer().is_some();
         let committed = match retry::until(
             Instant::now() + COMMIT_RETRY_FOR,
             Backoff::new(Duration::from_millis(50), Duration::from_secs(2)),
             "storing the agent's reply",
-            || self.commit(session, turn.seq, after, call, &stored),
+            || {
+                self.commit(
+                    session,
+                    turn.seq,
+                    after,
+                    call,
+                    &stored,
+                    keeps_engine_session,
+                )
+            },
         )
         .await
         {

@@ -92,7 +92,6 @@ pub fn contact_of(person_id: &str) -> Option<(&'static str, String)> {
     (!rest.is_empty()).then(|| (kind, rest.to_string()))
 }
 
-#[derive(Clone)]
 pub struct IdentityResolver {
     db: PgPool,
     config: IdentityConfig,
@@ -273,7 +272,7 @@ impl Stage for IdentifyStage {
         let mut person = self.resolve(&inbound).await?;
         // A message the agent started was not received from anyone: no `message.received`,
         // and nothing in it to read as a request.
-        let agent_started = !inbound.outbound_text.is_empty();
+        let agent_started = inbound.is_agent_started();
         let mut code_message = None;
         if let Some(proofs) = self.proofs.as_ref().filter(|_| !agent_started)
             && let Some(ask) = proof::parse(&inbound.text)

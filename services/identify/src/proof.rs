@@ -153,6 +153,17 @@ struct Claim {
     live: bool,
 }
 
+impl Claim {
+    /// The claimant as people read them: their name, else their id.
+    fn who(&self) -> &str {
+        if self.claimant_name.is_empty() {
+            &self.claimant_id
+        } else {
+            &self.claimant_name
+        }
+    }
+}
+
 /// Which way a proved link goes.
 enum Plan {
     AlreadyYours,
@@ -259,10 +270,8 @@ impl LinkProofs {
 
     /// The message Switchboard starts to text `code`, answering `asked` (whose agent sends it).
     pub fn code_inbound(&self, code: &CodeMessage, asked: &InboundMessage) -> InboundMessage {
-        let sms = self.sms.clone().unwrap_or_else(|| SmsSender {
-            provider: String::new(),
-            from: String::new(),
-        });
+        // No provider (switched off since the code was asked for): deliver refuses it visibly.
+        let sms = self.sms.clone().unwrap_or_default();
         InboundMessage {
             id: code.id.to_string(),
             channel: "sms".into(),
@@ -459,21 +468,15 @@ impl LinkProofs {
                     reason: &reason,
                 };
                 match self.links.link_in(tx, request).await {
-                    Ok(_) => {
-                        let who = if claim.claimant_name.is_empty() {
-                            &claim.claimant_id
-                        } else {
-                            &claim.claimant_name
-                        };
-                        said(
-                            ProofOutcome::Linked,
-                            format!(
-                                "Linked: {} and {who} are one person here now, and the \
-                                 conversation goes on across both.",
-                                claim.phone
-                            ),
-                        )
-                    }
+                    Ok(_) => said(
+                        ProofOutcome::Linked,
+                        format!(
+                            "Linked: {} and {} are one person here now, and the conversation \
+                             goes on across both.",
+                            claim.phone,
+                            claim.who()
+                        ),
+                    ),
                     Err(LinkError::Database(e)) => return Err(e.into()),
                     // A cycle or a chain too long: as good as someone else's.
                     Err(e) => {
@@ -577,11 +580,7 @@ impl LinkProofs {
     }
 
     fn code_message(&self, claim: &Claim) -> CodeMessage {
-        let who = if claim.claimant_name.is_empty() {
-            &claim.claimant_id
-        } else {
-            &claim.claimant_name
-        };
+        let who = claim.who();
         CodeMessage {
             id: claim.id,
             phone: claim.phone.clone(),

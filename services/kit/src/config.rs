@@ -420,7 +420,7 @@ impl Default for LinkProofConfig {
 
 /// Who sends an SMS Switchboard starts itself: the provider and the number it is sent from
 /// (empty when the provider picks it, as a Twilio Messaging Service does).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SmsSender {
     pub provider: String,
     pub from: String,

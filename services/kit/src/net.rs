@@ -21,16 +21,20 @@ pub async fn bind(addr: &str) -> io::Result<tokio::net::TcpListener> {
 
 /// [`bind`] for blocking code.
 pub fn bind_std(addr: &str) -> io::Result<std::net::TcpListener> {
-    let resolved: SocketAddr = addr.to_socket_addrs()?.next().ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("no address in {addr:?}"),
-        )
-    })?;
+    let resolved = resolve(addr)?;
     if resolved.port() != 0 {
         return std::net::TcpListener::bind(resolved);
     }
     bind_in(resolved, FREE_PORTS)
+}
+
+fn resolve(addr: &str) -> io::Result<SocketAddr> {
+    addr.to_socket_addrs()?.next().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no address in {addr:?}"),
+        )
+    })
 }
 
 /// Bind a free port of `ports` on `addr`'s host.
@@ -60,11 +64,9 @@ pub fn free_port(host: &str) -> io::Result<u16> {
 /// [`free_port`] from `ports` instead: for a process that must get its port back after a
 /// restart, away from [`FREE_PORTS`], where anyone's "any free port" may take it meanwhile.
 pub fn free_port_in(host: &str, ports: Range<u16>) -> io::Result<u16> {
-    let resolved = format!("{host}:0")
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, host.to_string()))?;
-    Ok(bind_in(resolved, ports)?.local_addr()?.port())
+    Ok(bind_in(resolve(&format!("{host}:0"))?, ports)?
+        .local_addr()?
+        .port())
 }
 
 fn now_nanos() -> u64 {

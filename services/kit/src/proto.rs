@@ -3,6 +3,15 @@
 
 include!(concat!(env!("OUT_DIR"), "/switchboard.v1.rs"));
 
+impl InboundMessage {
+    /// A message the agent started (`POST /api/v1/outbound`, or a code Switchboard texts): its
+    /// answer is given and the person said nothing. Not one the person sent, so it is not
+    /// numbered among theirs, not announced as received, and not logged inbound.
+    pub fn is_agent_started(&self) -> bool {
+        self.text.is_empty() && !self.outbound_text.is_empty()
+    }
+}
+
 impl Turn {
     /// The turn's answer when it was given without the agent (`outbound_text`: a message the
     /// agent started, or one Switchboard answered itself).
@@ -12,11 +21,10 @@ impl Turn {
             .filter(|t| !t.is_empty())
     }
 
-    /// Whether the turn is a message the person sent (not one the agent started: that has an
-    /// answer and no text; a blank SMS with only a picture has neither, and is the person's).
+    /// Whether the turn is a message the person sent (a blank SMS with only a picture is), not
+    /// one the agent started.
     pub fn person_said_something(&self) -> bool {
-        self.inbound()
-            .is_some_and(|i| !i.text.is_empty() || i.outbound_text.is_empty())
+        self.inbound().is_some_and(|i| !i.is_agent_started())
     }
 
     fn inbound(&self) -> Option<&InboundMessage> {
