@@ -250,6 +250,17 @@ async fn codes_are_limited_per_hour_and_a_number_someone_else_holds_is_not_linke
         answer,
         "Too many codes were asked for in the last hour. Try again later."
     );
+    // The number is limited too, whoever asks: nobody can have it texted over and over.
+    let token = chat_token("carl", json!({}));
+    let mut carl = ChatClient::connect(&app.gateway_url, &format!("token={token}"))
+        .await
+        .unwrap();
+    let answer = ask(&mut carl, "c-1", &format!("link my phone {PHONE}")).await;
+    assert_eq!(
+        answer,
+        "Too many codes were asked for in the last hour. Try again later."
+    );
+    carl.close().await;
     // Only the newest code counts: asking again replaced the first.
     let sms = texts_to_phone(&app, 2).await;
     let (first, second) = (code_in(&sms[0]), code_in(&sms[1]));
