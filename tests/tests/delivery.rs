@@ -89,9 +89,9 @@ async fn replies_of_one_session_go_out_in_turn_order() {
     let session = uuid::Uuid::now_v7();
     sqlx::query(
         "INSERT INTO switchboard.sessions (id, person_type, person_id, agent_identity, agent_name,
-            engine_type, channel, scope_key, next_seq, last_seq)
+            engine_type, channel, scope_key, next_seq, last_seq, memory_key)
          VALUES ($1, 'external', 'phone:+14155550601', 'reggie', 'reggie_oc', 'openclaw', 'sms',
-            'external:phone:+14155550601', 3, 2)",
+            'external:phone:+14155550601', 3, 2, 'reggie:external:phone:+14155550601')",
     )
     .bind(session)
     .execute(&app.db)

@@ -82,8 +82,9 @@ async fn a_session_made_before_readable_keys_is_continued_after_the_upgrade() {
     sqlx::query(
         "INSERT INTO switchboard.sessions
             (id, person_type, person_id, agent_identity, agent_name, engine_type, channel,
-             scope_key, engine_session_id)
-         VALUES ($1, 'external', $2, 'reggie', 'reggie_oc', 'openclaw', 'sms', $3, 'eng-old')",
+             scope_key, engine_session_id, memory_key)
+         VALUES ($1, 'external', $2, 'reggie', 'reggie_oc', 'openclaw', 'sms', $3, 'eng-old',
+                 'reggie:' || $3)",
     )
     .bind(old)
     .bind(format!("phone:{PERSON}"))

@@ -26,3 +26,83 @@ impl DeliveryStatus {
         matches!(self, DeliveryStatus::Sent | DeliveryStatus::Failed)
     }
 }
+
+/// A session (`switchboard.sessions.status`): `running` while a runner call holds it, `waiting`
+/// while its turns wait for the agent's runner to come back, `terminated` when it takes no more
+/// turns, `idle` otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum SessionStatus {
+    Idle,
+    Running,
+    Waiting,
+    Terminated,
+}
+
+impl SessionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Idle => "idle",
+            SessionStatus::Running => "running",
+            SessionStatus::Waiting => "waiting",
+            SessionStatus::Terminated => "terminated",
+        }
+    }
+}
+
+/// Why a session started a fresh engine session (`switchboard.turns.reset`,
+/// `sessions.pending_reset`, the `session.reset` event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum ResetReason {
+    /// The person asked: `/new` or `/reset`.
+    Command,
+    /// The session had been idle longer than the agent's `idle_reset_s`.
+    Idle,
+    /// The agent's daily reset time passed since the person's last message.
+    Daily,
+    /// An operator asked, through the sessions API.
+    Api,
+}
+
+impl ResetReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::Command => "command",
+            ResetReason::Idle => "idle",
+            ResetReason::Daily => "daily",
+            ResetReason::Api => "api",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "command" => ResetReason::Command,
+            "idle" => ResetReason::Idle,
+            "daily" => ResetReason::Daily,
+            "api" => ResetReason::Api,
+            _ => return None,
+        })
+    }
+}
+
+/// An entry of a session's journal (`switchboard.session_events.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum SessionEventKind {
+    /// A message of the person's took its place in the session.
+    MessageIn,
+    /// A runner call for a turn began (one entry per call: a retried turn shows twice).
+    TurnStarted,
+    /// The turn's reply was stored.
+    Reply,
+    /// The session started a fresh engine session.
+    Reset,
+    /// An operator asked for a reset; the next turn applies it.
+    ResetRequested,
+    /// A turn was given up on.
+    Failure,
+}

@@ -172,13 +172,18 @@ impl SessionStore {
             .id
             .parse()
             .map_err(|_| SessionError::Incomplete("valid message id"))?;
-        let scope_key = self.scope.key(
-            &agent.name,
-            &person.person_type,
-            &person.person_id,
-            &inbound.channel,
-            &inbound.recipient,
-        );
+        let key_for = |name: &str| {
+            self.scope.key(
+                name,
+                &person.person_type,
+                &person.person_id,
+                &inbound.channel,
+                &inbound.recipient,
+            )
+        };
+        let scope_key = key_for(&agent.name);
+        // The person + agent identity: shared by the identity's engine variants (summary).
+        let memory_key = key_for(&agent.identity);
         // Without a provider id, the message id is the dedupe key.
         let provider_id = if inbound.provider_message_id.is_empty() {
             inbound.id.clone()
@@ -194,8 +199,9 @@ impl SessionStore {
         // Find or create the session, and lock it while this message takes its place.
         let session_id: Uuid = sqlx::query_scalar(
             "INSERT INTO switchboard.sessions
-                (id, person_type, person_id, agent_identity, agent_name, engine_type, channel, scope_key)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                (id, person_type, person_id, agent_identity, agent_name, engine_type, channel, scope_key,
+                 memory_key)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (scope_key, agent_name) DO UPDATE SET updated_at = now()
              RETURNING id",
         )
@@ -207,6 +213,7 @@ impl SessionStore {
         .bind(&agent.engine)
         .bind(&inbound.channel)
         .bind(&scope_key)
+        .bind(&memory_key)
         .fetch_one(&mut *tx)
         .await?;
 
