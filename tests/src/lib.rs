@@ -220,6 +220,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
             token: Secret::new("runner-token"),
             timeout_s: 10,
             concurrency: 16,
+            ..Default::default()
         },
         AgentConfig {
             name: "reggie_fd".into(),
@@ -229,6 +230,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
             token: Secret::default(),
             timeout_s: 10,
             concurrency: 16,
+            ..Default::default()
         },
     ];
     config.runtime.ack_wait_ms = 2_000;

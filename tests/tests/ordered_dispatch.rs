@@ -78,6 +78,7 @@ fn turn_for(session_id: &str, seq: i64, inbound_id: &str, text: &str) -> Turn {
                 ..Default::default()
             }),
         }),
+        reset: String::new(),
     }
 }
 
@@ -112,9 +113,8 @@ async fn one_turn_two_dispatchers(
     let make = || {
         let d = Arc::new(TurnDispatcher::new(
             app.db.clone(),
-            &app.config.agents,
             app.topology.clone(),
-            app.config.dispatch.clone(),
+            &app.config,
         ));
         let watching = d.clone();
         tokio::spawn(async move { watching.watch_sessions().await });

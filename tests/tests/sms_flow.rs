@@ -384,7 +384,7 @@ async fn a_known_person_is_resolved_from_the_directory() {
     let prompt = &app.runner.calls()[0].prompt;
     let head = &prompt[..prompt.find("<<<").unwrap()];
     assert!(
-        head.contains("Person: Dana | id staff-7 | type staff | role admin"),
+        head.contains("Current user: Dana | id staff-7 | type staff | role admin"),
         "{prompt}"
     );
     assert_eq!(

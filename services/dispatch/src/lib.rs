@@ -21,11 +21,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
-use switchboard_kit::config::{AgentConfig, DispatchConfig};
-use switchboard_kit::proto::{Reply, Turn};
+use switchboard_kit::config::{AgentConfig, Config, DispatchConfig, PromptConfig, ResetNotices};
+use switchboard_kit::proto::{Reply, SessionReset, Turn};
 use switchboard_kit::retry::{self, Backoff};
 use switchboard_kit::startup::{App, Task};
+use switchboard_kit::status::ResetReason;
 use switchboard_kit::status::TurnStatus;
 use switchboard_kit::{Attempt, Output, Stage, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
@@ -75,6 +77,40 @@ struct StoredReply {
     engine_session_id: String,
     processing_ms: i64,
     tool_calls_count: i64,
+    /// The fresh engine session the turn started (the reply tells the person).
+    reset: Option<ResetReason>,
+}
+
+/// The engine session a session goes on with after a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NextEngineSession {
+    /// As it was: the turn was answered without the agent.
+    Keep,
+    /// The one the runner answered with.
+    Answered,
+    /// None: the turn only reset the session (`/new` alone); the next turn starts one.
+    Cleared,
+}
+
+impl NextEngineSession {
+    fn as_str(self) -> &'static str {
+        match self {
+            NextEngineSession::Keep => "keep",
+            NextEngineSession::Answered => "answered",
+            NextEngineSession::Cleared => "cleared",
+        }
+    }
+}
+
+/// What taking a session's call slot tells the turn about its session.
+struct Lease {
+    /// The engine session to resume (`None`: a new one).
+    engine_session: Option<String>,
+    /// A reset asked for outside the conversation, and when (it is cleared only if unchanged).
+    pending_reset: Option<(ResetReason, Option<DateTime<Utc>>)>,
+    workspace: Option<String>,
+    /// The identity's summary and when it was written.
+    summary: Option<(String, DateTime<Utc>)>,
 }
 
 /// A runner call's lease outlives the agent's timeout by this much, so only a call that is
@@ -133,6 +169,61 @@ impl Drop for WaitingTurn<'_> {
     }
 }
 
+/// An entry of a session's journal (`switchboard.session_events`), written in the transaction
+/// of the change it records; its key makes it once-only.
+struct Journal {
+    session: Uuid,
+    key: String,
+    kind: &'static str,
+    seq: i64,
+    detail: serde_json::Value,
+}
+
+impl Journal {
+    fn new(
+        session: Uuid,
+        key: String,
+        kind: &'static str,
+        seq: i64,
+        detail: serde_json::Value,
+    ) -> Self {
+        Self {
+            session,
+            key,
+            kind,
+            seq,
+            detail,
+        }
+    }
+
+    async fn write(
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        entries: &[Journal],
+    ) -> Result<(), sqlx::Error> {
+        let ids: Vec<Uuid> = entries.iter().map(|_| Uuid::now_v7()).collect();
+        let sessions: Vec<Uuid> = entries.iter().map(|e| e.session).collect();
+        let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        let kinds: Vec<&str> = entries.iter().map(|e| e.kind).collect();
+        let seqs: Vec<i64> = entries.iter().map(|e| e.seq).collect();
+        let details: Vec<&serde_json::Value> = entries.iter().map(|e| &e.detail).collect();
+        sqlx::query(
+            "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[],
+                                  $6::jsonb[])
+             ON CONFLICT (key) DO NOTHING",
+        )
+        .bind(ids)
+        .bind(sessions)
+        .bind(keys)
+        .bind(kinds)
+        .bind(seqs)
+        .bind(details)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+}
+
 pub struct TurnDispatcher {
     /// This process, as the holder of runner-call leases.
     id: Uuid,
@@ -151,17 +242,15 @@ pub struct TurnDispatcher {
     runner: RunnerClient,
     topology: Topology,
     config: DispatchConfig,
+    prompt: PromptConfig,
+    notices: ResetNotices,
     wakers: Wakers,
 }
 
 impl TurnDispatcher {
-    pub fn new(
-        db: PgPool,
-        agents: &[AgentConfig],
-        topology: Topology,
-        config: DispatchConfig,
-    ) -> Self {
-        let agents = agents
+    pub fn new(db: PgPool, topology: Topology, config: &Config) -> Self {
+        let agents = config
+            .agents
             .iter()
             .map(|a| {
                 let sem = Arc::new(Semaphore::new(a.concurrency.max(1)));
@@ -188,7 +277,9 @@ impl TurnDispatcher {
             agents,
             runner: RunnerClient::new(),
             topology,
-            config,
+            config: config.dispatch.clone(),
+            prompt: config.prompt.clone(),
+            notices: config.session.reset_notices.clone(),
             wakers: Wakers::default(),
         }
     }
@@ -299,36 +390,65 @@ impl TurnDispatcher {
             .await;
     }
 
-    /// Take the session's call slot for the turn after `after` (as call `call`), if the cursor
-    /// is still at `after` and no live lease is held by another call. Returns the engine
-    /// session to resume (`Some(None)`: a new one) when the slot was taken.
+    /// Take the session's call slot for turn `seq` after `after` (as call `call`), if the
+    /// cursor is still at `after` and no live lease is held by another call. `None`: not
+    /// taken. The journal records the call's start in the same statement.
     async fn lease_call(
         &self,
         session: Uuid,
+        seq: i64,
         after: i64,
         call: Uuid,
         timeout: Duration,
-    ) -> Result<Option<Option<String>>, DispatchError> {
+    ) -> Result<Option<Lease>, DispatchError> {
         self.ensure_alive().await?;
         let _admitted = self.checks.acquire().await.expect("never closed");
-        let leased: Option<(Option<String>,)> = sqlx::query_as(
-            "UPDATE switchboard.sessions s
-                SET running_call = $3, running_by = $4, status = 'running',
-                    running_until = now() + $5 * interval '1 millisecond'
-              WHERE s.id = $1 AND s.last_seq = $2
-                AND (s.running_call IS NULL OR s.running_until < now()
-                     OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
-                                     WHERE d.id = s.running_by AND d.alive_until > now()))
-             RETURNING s.engine_session_id",
+        type Row = (
+            Option<String>,
+            Option<ResetReason>,
+            Option<DateTime<Utc>>,
+            Option<String>,
+            Option<String>,
+            Option<DateTime<Utc>>,
+        );
+        let leased: Option<Row> = sqlx::query_as(
+            "WITH leased AS (
+                UPDATE switchboard.sessions s
+                   SET running_call = $3, running_by = $4, status = 'running',
+                       running_until = now() + $5 * interval '1 millisecond'
+                 WHERE s.id = $1 AND s.last_seq = $2
+                   AND (s.running_call IS NULL OR s.running_until < now()
+                        OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
+                                        WHERE d.id = s.running_by AND d.alive_until > now()))
+                RETURNING s.id, s.engine_session_id, s.pending_reset, s.pending_reset_at,
+                          s.workspace_path, s.memory_key),
+             started AS (
+                INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
+                SELECT $6, id, 'turn_started:' || $3::text, 'turn_started', $7,
+                       jsonb_build_object('call', $3::text, 'resumes', engine_session_id)
+                  FROM leased
+                ON CONFLICT (key) DO NOTHING)
+             SELECT l.engine_session_id, l.pending_reset, l.pending_reset_at, l.workspace_path,
+                    m.summary, m.updated_at
+               FROM leased l LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key",
         )
         .bind(session)
         .bind(after)
         .bind(call)
         .bind(self.id)
         .bind(timeout.as_millis() as f64)
+        .bind(Uuid::now_v7())
+        .bind(seq)
         .fetch_optional(&self.db)
         .await?;
-        Ok(leased.map(|(engine_session,)| engine_session))
+        Ok(leased.map(
+            |(engine_session, pending, pending_at, workspace, summary, written)| Lease {
+                engine_session,
+                pending_reset: pending.map(|r| (r, pending_at)),
+                workspace,
+                summary: summary.zip(written),
+            },
+        ))
     }
 
     /// Give the call slot back (the call failed, or another dispatcher committed the turn).
@@ -359,7 +479,8 @@ impl TurnDispatcher {
     async fn stored_reply(&self, session: Uuid, seq: i64) -> Result<StoredReply, DispatchError> {
         let _admitted = self.checks.acquire().await.expect("never closed");
         let row = sqlx::query(
-            "SELECT status, error, reply_id, reply_text, engine_session_id, processing_ms, tool_calls_count
+            "SELECT status, error, reply_id, reply_text, engine_session_id, processing_ms,
+                    tool_calls_count, reset
                FROM switchboard.turns WHERE session_id = $1 AND seq = $2",
         )
         .bind(session)
@@ -379,48 +500,68 @@ impl TurnDispatcher {
             engine_session_id: row.get(4),
             processing_ms: row.get::<Option<i64>, _>(5).unwrap_or(0),
             tool_calls_count: row.get::<Option<i64>, _>(6).unwrap_or(0),
+            reset: row.get(7),
         })
     }
 
     /// Move the cursor from `after` to `seq` and store the reply, only if the cursor is still at
-    /// `after`. Returns false if another dispatcher got there first. A reply given without the
-    /// agent (`keeps_engine_session`) leaves the session's engine session as it was.
+    /// `after` and this call holds the session's slot. Returns false if another dispatcher got
+    /// there first. `next` says which engine session the session goes on with; a pending reset
+    /// this turn applied (`consumed`: when it was asked for) is cleared unless a newer one came
+    /// meanwhile. The journal records the reply (and the reset) in the same transaction.
     async fn commit(
         &self,
         session: Uuid,
         seq: i64,
         after: i64,
         call: Uuid,
-        reply: &StoredReply,
-        keeps_engine_session: bool,
+        settlement: &Settlement,
     ) -> Result<bool, DispatchError> {
+        let Settlement {
+            reply,
+            next,
+            consumed,
+        } = settlement;
         let mut tx = self.db.begin().await?;
         // Only the call holding the session's slot may commit: a call whose lease lapsed (its
         // dispatcher stalled) and was taken over is not committed, whoever finishes first.
-        let moved = sqlx::query(
-            "UPDATE switchboard.sessions
+        let previous: Option<(Option<String>,)> = sqlx::query_as(
+            "WITH before AS (
+                SELECT engine_session_id FROM switchboard.sessions
+                 WHERE id = $1 AND last_seq = $4 AND running_call = $5 FOR UPDATE)
+             UPDATE switchboard.sessions s
                 SET last_seq = $2, updated_at = now(), status = 'idle',
-                    engine_session_id = CASE WHEN $6 THEN engine_session_id ELSE $3 END,
+                    engine_session_id = CASE $6 WHEN 'keep' THEN s.engine_session_id
+                                                WHEN 'cleared' THEN NULL ELSE $3 END,
+                    resets = s.resets + $7,
+                    pending_reset = CASE WHEN $8 AND s.pending_reset_at IS NOT DISTINCT FROM $9
+                                         THEN NULL ELSE s.pending_reset END,
+                    pending_reset_at = CASE WHEN $8 AND s.pending_reset_at IS NOT DISTINCT FROM $9
+                                            THEN NULL ELSE s.pending_reset_at END,
                     running_call = NULL, running_by = NULL, running_until = NULL
-              WHERE id = $1 AND last_seq = $4 AND running_call = $5",
+               FROM before
+              WHERE s.id = $1
+             RETURNING before.engine_session_id",
         )
         .bind(session)
         .bind(seq)
         .bind(&reply.engine_session_id)
         .bind(after)
         .bind(call)
-        .bind(keeps_engine_session)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if moved == 0 {
+        .bind(next.as_str())
+        .bind(i32::from(reply.reset.is_some()))
+        .bind(consumed.is_some())
+        .bind(consumed.flatten())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((previous,)) = previous else {
             return Ok(false);
-        }
+        };
         // A done turn keeps its first reply (a replayed failed turn can be run by two copies).
         let stored = sqlx::query(
             "UPDATE switchboard.turns
                 SET status = 'done', error = NULL, reply_id = $3, reply_text = $4, engine_session_id = $5,
-                    processing_ms = $6, tool_calls_count = $7, completed_at = now()
+                    processing_ms = $6, tool_calls_count = $7, completed_at = now(), reset = $8
               WHERE session_id = $1 AND seq = $2 AND status <> 'done'",
         )
         .bind(session)
@@ -430,12 +571,38 @@ impl TurnDispatcher {
         .bind(&reply.engine_session_id)
         .bind(reply.processing_ms)
         .bind(reply.tool_calls_count)
+        .bind(reply.reset)
         .execute(&mut *tx)
         .await?
         .rows_affected();
         if stored == 0 {
             return Ok(false);
         }
+        let mut entries = vec![Journal::new(
+            session,
+            format!("reply:{session}:{seq}"),
+            "reply",
+            seq,
+            serde_json::json!({
+                "reply_id": reply.reply_id,
+                "engine_session_id": reply.engine_session_id,
+                "processing_ms": reply.processing_ms,
+                "tool_calls_count": reply.tool_calls_count,
+            }),
+        )];
+        if let Some(reason) = reply.reset {
+            entries.push(Journal::new(
+                session,
+                format!("reset:{session}:{seq}"),
+                "reset",
+                seq,
+                serde_json::json!({
+                    "reason": reason.as_str(),
+                    "previous_engine_session_id": previous,
+                }),
+            ));
+        }
+        Journal::write(&mut tx, &entries).await?;
         tx.commit().await?;
         self.wakers.wake(session);
         Ok(true)
@@ -443,17 +610,21 @@ impl TurnDispatcher {
 
     /// Give up on a turn so that the session's later turns are not blocked behind it forever.
     /// False: a live dispatcher still holds the session's call lease (the turn may yet be
-    /// answered), so nothing changed.
+    /// answered), so nothing changed. A reset the turn would have started is left pending
+    /// for the next turn: the person is still told, and the engine session still starts over.
     async fn mark_failed(
         &self,
         session: Uuid,
         seq: i64,
+        reset: Option<ResetReason>,
         error: &str,
     ) -> Result<bool, DispatchError> {
         let mut tx = self.db.begin().await?;
         let moved = sqlx::query(
             "UPDATE switchboard.sessions s SET last_seq = $2, status = 'idle', updated_at = now(),
-                    running_call = NULL, running_by = NULL, running_until = NULL
+                    running_call = NULL, running_by = NULL, running_until = NULL,
+                    pending_reset = COALESCE($3, s.pending_reset),
+                    pending_reset_at = CASE WHEN $3 IS NULL THEN s.pending_reset_at ELSE now() END
               WHERE s.id = $1 AND s.last_seq = $2 - 1
                 AND (s.running_call IS NULL OR s.running_until < now()
                      OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
@@ -461,6 +632,7 @@ impl TurnDispatcher {
         )
         .bind(session)
         .bind(seq)
+        .bind(reset)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -474,6 +646,14 @@ impl TurnDispatcher {
             .bind(error)
             .execute(&mut *tx)
             .await?;
+            let entry = Journal::new(
+                session,
+                format!("failure:{session}:{seq}"),
+                "failure",
+                seq,
+                serde_json::json!({ "error": error }),
+            );
+            Journal::write(&mut tx, &[entry]).await?;
             tx.commit().await?;
             self.wakers.wake(session);
             return Ok(true);
@@ -482,6 +662,42 @@ impl TurnDispatcher {
         // Not moved: either the cursor is already past this turn (done, or failed before), or
         // a live call lease holds it.
         Ok(self.cursor(session).await? >= seq)
+    }
+
+    /// The turn's reply, and the `session.reset` event when it started a fresh engine session.
+    fn outputs(&self, turn: &Turn, session: Uuid, stored: &StoredReply) -> Vec<Output> {
+        let mut out = vec![self.reply_output(turn, session, stored)];
+        if let Some(reason) = stored.reset {
+            let person = turn
+                .message
+                .as_ref()
+                .and_then(|m| m.person.clone())
+                .unwrap_or_default();
+            let event = SessionReset {
+                session_id: session.to_string(),
+                person_id: person.person_id,
+                agent_name: turn.agent_name.clone(),
+                agent_identity: turn.agent_identity.clone(),
+                reason: reason.as_str().to_string(),
+                seq: turn.seq,
+                reset_at_ms: switchboard_kit::now_ms(),
+            };
+            let correlation = turn
+                .message
+                .as_ref()
+                .and_then(|m| m.inbound.as_ref())
+                .map(|i| i.correlation_id.clone())
+                .unwrap_or_default();
+            out.push(
+                Output::new(
+                    self.topology.event("session.reset"),
+                    format!("{session}:{}", turn.seq),
+                    &event,
+                )
+                .correlated(correlation),
+            );
+        }
+        out
     }
 
     fn reply_output(&self, turn: &Turn, session: Uuid, stored: &StoredReply) -> Output {
@@ -514,8 +730,12 @@ impl TurnDispatcher {
         .correlated(inbound.correlation_id)
     }
 
-    /// Run one turn. Returns the reply to publish.
-    async fn dispatch_turn(&self, turn: &Turn, attempt: &Attempt) -> Result<Output, DispatchError> {
+    /// Run one turn. Returns the reply (and events) to publish.
+    async fn dispatch_turn(
+        &self,
+        turn: &Turn,
+        attempt: &Attempt,
+    ) -> Result<Vec<Output>, DispatchError> {
         let session: Uuid = turn
             .session_id
             .parse()
@@ -537,14 +757,14 @@ impl TurnDispatcher {
         // one before the checks below.)
         let fast = match slots.clone().try_acquire_owned() {
             Ok(slot) => self
-                .lease_call(session, turn.seq - 1, call, call_timeout)
+                .lease_call(session, turn.seq, turn.seq - 1, call, call_timeout)
                 .await?
-                .map(|engine_session| (slot, engine_session)),
+                .map(|lease| (slot, lease)),
             Err(_) => None,
         };
-        let (engine_session, after) = if let Some((slot, engine_session)) = fast {
+        let (lease, after) = if let Some((slot, lease)) = fast {
             _slot = slot;
-            (engine_session, turn.seq - 1)
+            (lease, turn.seq - 1)
         } else {
             // Woken by this process moving the session on, or by the session watch.
             let waiting = self.wakers.wait_on(session);
@@ -558,7 +778,7 @@ impl TurnDispatcher {
                 if turn.seq <= last {
                     match self.stored_reply(session, turn.seq).await {
                         // Already done (by us before a crash, or by another replica): same answer.
-                        Ok(stored) => return Ok(self.reply_output(turn, session, &stored)),
+                        Ok(stored) => return Ok(self.outputs(turn, session, &stored)),
                         // It failed for good, and nothing ran after it: run it again in place.
                         Err(DispatchError::FailedEarlier { .. }) if turn.seq == last => {
                             ready = Some(last);
@@ -575,11 +795,12 @@ impl TurnDispatcher {
                         .acquire_owned()
                         .await
                         .expect("semaphore never closed");
-                    if let Some(engine_session) =
-                        self.lease_call(session, after, call, call_timeout).await?
+                    if let Some(lease) = self
+                        .lease_call(session, turn.seq, after, call, call_timeout)
+                        .await?
                     {
                         _slot = slot;
-                        break (engine_session, after);
+                        break (lease, after);
                     }
                 }
                 if Instant::now() >= deadline {
@@ -595,22 +816,73 @@ impl TurnDispatcher {
             }
         };
 
+        // The turn's own reset (decided when it was opened), else one asked for outside the
+        // conversation. A message the agent started does not take an operator's reset: the
+        // person's next message does, and is told.
+        let given = turn.given_answer();
+        let own_reset = ResetReason::parse(&turn.reset);
+        let (reset, consumed) = match (given, own_reset, &lease.pending_reset) {
+            (Some(_), own, _) => (own, None),
+            (None, own, Some((pending, at))) => (own.or(Some(*pending)), Some(*at)),
+            (None, own, None) => (own, None),
+        };
+        let notice = |text: &str| match reset {
+            Some(r) => format!("{}\n\n{text}", self.notices.for_reason(r)),
+            None => text.to_string(),
+        };
+        let settlement = |text: String, engine_session_id: String, next| Settlement {
+            reply: StoredReply {
+                reply_id: Uuid::now_v7(),
+                text,
+                engine_session_id,
+                processing_ms: 0,
+                tool_calls_count: 0,
+                reset,
+            },
+            next,
+            // A pending reset applied here is cleared unless a newer one came meanwhile.
+            consumed,
+        };
+
         // A message the agent started, or one Switchboard answered itself, has its answer: no
         // runner call, the text is committed as the turn's reply, in the turn's place (after
         // the replies before it).
-        if let Some(text) = turn.given_answer() {
-            let stored = StoredReply {
-                reply_id: Uuid::now_v7(),
-                text: text.to_string(),
-                // The engine session goes on as it was.
-                engine_session_id: engine_session.unwrap_or_default(),
-                processing_ms: 0,
-                tool_calls_count: 0,
+        if let Some(text) = given {
+            let next = if reset.is_some() {
+                NextEngineSession::Cleared
+            } else {
+                NextEngineSession::Keep
             };
-            return self.settle(turn, session, after, call, stored).await;
+            let s = settlement(notice(text), String::new(), next);
+            return self.settle(turn, session, after, call, s).await;
+        }
+        // `/new` alone: the reset is the whole turn; the next message starts the engine
+        // session.
+        if own_reset == Some(ResetReason::Command)
+            && prompt::person_text(turn, &self.prompt).is_empty()
+        {
+            let text = self.notices.for_reason(ResetReason::Command).to_string();
+            let s = settlement(text, String::new(), NextEngineSession::Cleared);
+            return self.settle(turn, session, after, call, s).await;
         }
 
-        let prompt = prompt::build_prompt(turn);
+        if let (Some(folder), Some((summary, _))) = (&lease.workspace, &lease.summary)
+            && let Err(e) =
+                switchboard_kit::workspace::refresh_summary(std::path::Path::new(folder), summary)
+                    .await
+        {
+            // The prompt carries the summary anyway.
+            tracing::warn!(%session, error = %e, "could not write summary.md in the workspace");
+        }
+        let prompt = prompt::build_prompt(
+            turn,
+            &prompt::PromptContext {
+                config: &self.prompt,
+                summary: lease.summary.as_ref().map(|(s, at)| (s.as_str(), *at)),
+                reset,
+                now: Utc::now(),
+            },
+        );
         let correlation = turn
             .message
             .as_ref()
@@ -620,8 +892,13 @@ impl TurnDispatcher {
         let request = RunRequest {
             agent: &agent.name,
             prompt: &prompt,
-            session_id: engine_session.as_deref(),
+            session_id: if reset.is_some() {
+                None
+            } else {
+                lease.engine_session.as_deref()
+            },
             correlation_id: correlation,
+            workspace: lease.workspace.as_deref(),
         };
         let key = format!("turn:{session}:{}", turn.seq);
         let started = Instant::now();
@@ -640,43 +917,33 @@ impl TurnDispatcher {
         } else {
             started.elapsed().as_millis() as i64
         };
-        let stored = StoredReply {
-            reply_id: Uuid::now_v7(),
-            text: resp.text,
-            engine_session_id: resp.session_id,
-            processing_ms,
-            tool_calls_count: resp.tool_calls_count,
-        };
-        self.settle(turn, session, after, call, stored).await
+        let mut s = settlement(
+            notice(&resp.text),
+            resp.session_id,
+            NextEngineSession::Answered,
+        );
+        s.reply.processing_ms = processing_ms;
+        s.reply.tool_calls_count = resp.tool_calls_count;
+        self.settle(turn, session, after, call, s).await
     }
 
     /// Commit the turn's answer (compare-and-set on the cursor and the call slot) and return
-    /// the reply to publish: this one, or the one another call of the turn committed.
+    /// what to publish: this reply, or the one another call of the turn committed.
     async fn settle(
         &self,
         turn: &Turn,
         session: Uuid,
         after: i64,
         call: Uuid,
-        stored: StoredReply,
-    ) -> Result<Output, DispatchError> {
+        settlement: Settlement,
+    ) -> Result<Vec<Output>, DispatchError> {
         // The agent has answered: a database hiccup must not make it answer again, so the
         // commit is tried again for a while before the turn fails (and is run again).
-        let keeps_engine_session = turn.given_answer().is_some();
         let committed = match retry::until(
             Instant::now() + COMMIT_RETRY_FOR,
             Backoff::new(Duration::from_millis(50), Duration::from_secs(2)),
             "storing the agent's reply",
-            || {
-                self.commit(
-                    session,
-                    turn.seq,
-                    after,
-                    call,
-                    &stored,
-                    keeps_engine_session,
-                )
-            },
+            || self.commit(session, turn.seq, after, call, &settlement),
         )
         .await
         {
@@ -689,14 +956,14 @@ impl TurnDispatcher {
             }
         };
         if committed {
-            return Ok(self.reply_output(turn, session, &stored));
+            return Ok(self.outputs(turn, session, &settlement.reply));
         }
         self.release_call(session, call).await?;
         match self.stored_reply(session, turn.seq).await {
             // Another call of this turn committed while we ran it: its answer stands.
             Ok(stored) => {
                 tracing::warn!(%session, seq = turn.seq, "turn committed elsewhere; re-emitting that reply");
-                Ok(self.reply_output(turn, session, &stored))
+                Ok(self.outputs(turn, session, &stored))
             }
             // Another call of this turn holds the slot and is still running: its answer will
             // stand; come back for it.
@@ -708,6 +975,14 @@ impl TurnDispatcher {
     }
 }
 
+/// A turn's answer, ready to commit.
+struct Settlement {
+    reply: StoredReply,
+    next: NextEngineSession,
+    /// The pending reset this turn applied: when it was asked for.
+    consumed: Option<Option<DateTime<Utc>>>,
+}
+
 impl Stage for TurnDispatcher {
     type Input = Turn;
     /// Each turn mostly waits on a runner: many at once per process (agents' own
@@ -716,7 +991,7 @@ impl Stage for TurnDispatcher {
 
     async fn handle(&self, turn: Turn, attempt: &Attempt) -> Result<Vec<Output>, StageError> {
         match self.dispatch_turn(&turn, attempt).await {
-            Ok(out) => Ok(vec![out]),
+            Ok(out) => Ok(out),
             Err(e @ (DispatchError::NotYet { .. } | DispatchError::Superseded { .. })) => {
                 Err(StageError::Defer(
                     Duration::from_millis(self.config.hold_poll_ms),
@@ -740,7 +1015,8 @@ impl Stage for TurnDispatcher {
         let Ok(session) = turn.session_id.parse::<Uuid>() else {
             return Ok(Vec::new());
         };
-        match self.mark_failed(session, turn.seq, reason).await {
+        let reset = ResetReason::parse(&turn.reset);
+        match self.mark_failed(session, turn.seq, reset, reason).await {
             Ok(true) | Err(DispatchError::UnknownSession(_)) => Ok(Vec::new()),
             // Its predecessor is not settled yet, or a live call holds the session: the turn
             // may still be answered; give up once that is over.
@@ -763,12 +1039,7 @@ pub const STAGE: Registration = Registration {
 
 fn task(app: &App) -> Task {
     let c = &app.config;
-    let stage = Arc::new(TurnDispatcher::new(
-        app.db.clone(),
-        &c.agents,
-        app.topology.clone(),
-        c.dispatch.clone(),
-    ));
+    let stage = Arc::new(TurnDispatcher::new(app.db.clone(), app.topology.clone(), c));
     let run = app.shared_stage_task(stage.clone());
     // Heartbeat until the stage has drained (in-flight calls still hold their leases).
     Box::pin(async move {

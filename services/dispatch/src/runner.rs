@@ -10,6 +10,9 @@ pub struct RunRequest<'a> {
     pub prompt: &'a str,
     pub session_id: Option<&'a str>,
     pub correlation_id: &'a str,
+    /// The session's folder, on storage the agent host mounts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

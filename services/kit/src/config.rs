@@ -56,6 +56,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     pub session: SessionConfig,
     pub dispatch: DispatchConfig,
+    pub workspace: WorkspaceConfig,
+    pub prompt: PromptConfig,
     /// `[stages.<name>]`: per-stage overrides of the runtime knobs (see [`crate::stage`]).
     pub stages: BTreeMap<String, crate::stage::StageOverrides>,
     pub demo: DemoConfig,
@@ -83,6 +85,8 @@ impl std::fmt::Debug for Config {
             .field("runtime", &self.runtime)
             .field("session", &self.session)
             .field("dispatch", &self.dispatch)
+            .field("workspace", &self.workspace)
+            .field("prompt", &self.prompt)
             .field("stages", &self.stages)
             .field("demo", &self.demo)
             .finish()
@@ -116,6 +120,8 @@ impl Default for Config {
             runtime: RuntimeConfig::default(),
             session: SessionConfig::default(),
             dispatch: DispatchConfig::default(),
+            workspace: WorkspaceConfig::default(),
+            prompt: PromptConfig::default(),
             stages: BTreeMap::new(),
             demo: DemoConfig::default(),
         }
@@ -358,6 +364,37 @@ pub struct AgentConfig {
     /// Turns of this agent run at once across one dispatcher.
     #[serde(default = "default_agent_concurrency")]
     pub concurrency: usize,
+    /// A message after a gap longer than this starts a fresh engine session (0: never).
+    #[serde(default)]
+    pub idle_reset_s: u64,
+    /// A message after this local time passed since the person's last one starts a fresh
+    /// engine session, e.g. `"04:00"` (empty: never).
+    #[serde(default)]
+    pub daily_reset: String,
+    /// The IANA time zone `daily_reset` is read in, e.g. `"Europe/London"`.
+    #[serde(default = "default_time_zone")]
+    pub time_zone: String,
+    /// `/new` and `/reset` start a fresh engine session (false: they go to the agent as text).
+    #[serde(default = "default_true")]
+    pub reset_commands: bool,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            identity: String::new(),
+            engine: String::new(),
+            runner_url: String::new(),
+            token: Secret::default(),
+            timeout_s: default_agent_timeout(),
+            concurrency: default_agent_concurrency(),
+            idle_reset_s: 0,
+            daily_reset: String::new(),
+            time_zone: default_time_zone(),
+            reset_commands: true,
+        }
+    }
 }
 
 fn default_agent_timeout() -> u64 {
@@ -365,6 +402,12 @@ fn default_agent_timeout() -> u64 {
 }
 fn default_agent_concurrency() -> usize {
     16
+}
+fn default_time_zone() -> String {
+    "UTC".into()
+}
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -533,6 +576,60 @@ pub struct SessionConfig {
     /// between numbering and publishing it and the provider never retried); a crashed worker's
     /// message comes back after `runtime.ack_wait_ms`, so keep this well above that.
     pub arrival_gap_timeout_ms: u64,
+    /// What the person is told, ahead of the next reply, when their session started over.
+    pub reset_notices: ResetNotices,
+}
+
+/// `[session.reset_notices]`: one text per reason a session starts a fresh engine session. A
+/// reset is never silent: the next reply starts with its text.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ResetNotices {
+    /// The person sent `/new` or `/reset`.
+    pub command: String,
+    /// The session had been idle longer than the agent's `idle_reset_s`.
+    pub idle: String,
+    /// The agent's daily reset time passed.
+    pub daily: String,
+    /// An operator reset it (sessions API).
+    pub api: String,
+}
+
+impl Default for ResetNotices {
+    fn default() -> Self {
+        Self {
+            command: "New conversation started.".into(),
+            idle: "(We're starting a new conversation: the last one had been quiet for a while.)"
+                .into(),
+            daily: "(We're starting a new conversation: conversations start fresh each day.)"
+                .into(),
+            api: "(We're starting a new conversation: this one was reset by an operator.)".into(),
+        }
+    }
+}
+
+impl ResetNotices {
+    pub fn for_reason(&self, reason: crate::status::ResetReason) -> &str {
+        use crate::status::ResetReason::*;
+        match reason {
+            Command => &self.command,
+            Idle => &self.idle,
+            Daily => &self.daily,
+            Api => &self.api,
+        }
+    }
+}
+
+/// `[workspace]`: a folder per session on storage the agent hosts mount (`summary.md`,
+/// `attachments/`, `exports/`, `context/`), its path sent to the runner with each turn.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct WorkspaceConfig {
+    /// Where session folders are made (empty: no workspaces).
+    pub root: String,
+    /// The engine variants of one identity (`reggie_oc`, `reggie_fd`) share one person's
+    /// folder (the first session's); false gives each session its own.
+    pub separate_variants: bool,
 }
 
 /// What one session of an agent spans (`session.scope`).
@@ -582,6 +679,7 @@ impl Default for SessionConfig {
             arrival_hold_ms: 250,
             arrival_retry_max_ms: 5_000,
             arrival_gap_timeout_ms: 120_000,
+            reset_notices: ResetNotices::default(),
         }
     }
 }
@@ -609,6 +707,61 @@ impl Default for DispatchConfig {
             hold_timeout_ms: 20_000,
             liveness_ms: 6_000,
         }
+    }
+}
+
+/// `[prompt]`: the envelope dispatch builds around each message.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct PromptConfig {
+    /// What the agent may do for each person type (`[prompt.authority]`: `user`, `staff`,
+    /// `participant`, `external`; another type gets `external`'s).
+    pub authority: BTreeMap<String, String>,
+    /// The summary is cut to this many characters, with a marker saying so.
+    pub max_summary_chars: usize,
+    /// The person's message is cut to this many characters, with a marker saying so.
+    pub max_message_chars: usize,
+}
+
+impl Default for PromptConfig {
+    fn default() -> Self {
+        let authority = [
+            (
+                "user",
+                "Full: the person's own account and everything they are entitled to; act on their requests.",
+            ),
+            (
+                "staff",
+                "Standard: operations within their role; ask before anything irreversible.",
+            ),
+            (
+                "participant",
+                "Limited: their own participation only; share nothing about other people.",
+            ),
+            (
+                "external",
+                "Minimal: an unverified contact; general information only, nothing about any person or account.",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Self {
+            authority,
+            max_summary_chars: 4_000,
+            max_message_chars: 8_000,
+        }
+    }
+}
+
+impl PromptConfig {
+    /// The authority text for a person type (unknown types get the least: `external`'s).
+    pub fn authority_for(&self, person_type: &str) -> &str {
+        self.authority
+            .get(person_type)
+            .or_else(|| self.authority.get("external"))
+            .map(String::as_str)
+            .unwrap_or("Minimal.")
     }
 }
 
@@ -703,6 +856,8 @@ impl Config {
                     a.name
                 )));
             }
+            crate::lifecycle::ResetPolicy::of(a)
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
             if !seen.insert(a.name.as_str()) {
                 return Err(ConfigError::Invalid(format!(
                     "agent {} listed twice",
@@ -867,7 +1022,10 @@ mod tests {
             for (key, value) in file {
                 let here = format!("{path}{key}");
                 // Maps and lists of the operator's own entries: any names allowed.
-                if matches!(key.as_str(), "channels" | "agents" | "lookups" | "stages") {
+                if matches!(
+                    key.as_str(),
+                    "channels" | "agents" | "lookups" | "stages" | "authority"
+                ) {
                     continue;
                 }
                 // Webhook sources: any names, but each entry's keys are checked.

@@ -23,6 +23,7 @@ pub mod db;
 pub mod dlq;
 pub mod endpoint;
 pub mod http;
+pub mod lifecycle;
 pub mod net;
 pub mod proto;
 pub mod retry;
@@ -33,6 +34,7 @@ pub mod startup;
 pub mod status;
 pub mod telemetry;
 pub mod topology;
+pub mod workspace;
 
 pub use config::Config;
 pub use runtime::{Attempt, BatchStage, Hold, Outcome, Output, Stage, StageError};

@@ -11,10 +11,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
-use switchboard_kit::config::{AgentConfig, ChannelConfig, SessionScope};
+use switchboard_kit::config::{AgentConfig, ChannelConfig, SessionScope, WorkspaceConfig};
+use switchboard_kit::lifecycle::{ResetPolicy, reset_command};
 use switchboard_kit::proto::{IdentifiedMessage, SessionCreated, Turn};
 use switchboard_kit::startup::{App, Task};
+use switchboard_kit::status::ResetReason;
+use switchboard_kit::workspace;
 use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
@@ -27,6 +31,10 @@ pub enum SessionError {
     UnknownAgent(String),
     #[error("channel {0:?} has no default agent and the message names none")]
     NoAgent(String),
+    #[error(transparent)]
+    Policy(#[from] switchboard_kit::lifecycle::PolicyError),
+    #[error("session folder {0}: {1}")]
+    Workspace(String, #[source] std::io::Error),
     #[error("session store: {0}")]
     Database(#[from] sqlx::Error),
 }
@@ -34,7 +42,8 @@ pub enum SessionError {
 impl SessionError {
     fn into_stage(self) -> StageError {
         match self {
-            SessionError::Database(_) => StageError::transient(self),
+            // A full or unmounted disk may come back.
+            SessionError::Database(_) | SessionError::Workspace(..) => StageError::transient(self),
             _ => StageError::permanent(self),
         }
     }
@@ -91,21 +100,34 @@ pub struct OpenedTurn {
     pub seq: i64,
     pub inbound_id: Uuid,
     pub scope_key: String,
+    /// The fresh engine session the turn starts with, if any.
+    pub reset: Option<ResetReason>,
 }
 
 pub struct SessionStore {
     db: PgPool,
     scope: SessionScope,
+    workspace: WorkspaceConfig,
 }
 
 impl SessionStore {
-    /// Sessions of the default scope (one per person and agent).
+    /// Sessions of the default scope (one per person and agent), without workspaces.
     pub fn new(db: PgPool) -> Self {
         Self::scoped(db, SessionScope::Person)
     }
 
     pub fn scoped(db: PgPool, scope: SessionScope) -> Self {
-        Self { db, scope }
+        Self {
+            db,
+            scope,
+            workspace: WorkspaceConfig::default(),
+        }
+    }
+
+    /// Give each session a folder under `workspace.root`.
+    pub fn with_workspaces(mut self, workspace: WorkspaceConfig) -> Self {
+        self.workspace = workspace;
+        self
     }
 
     /// Whether the message may be placed now (read-only; used while a message waits).
@@ -191,19 +213,26 @@ impl SessionStore {
             inbound.provider_message_id.clone()
         };
 
+        let policy = ResetPolicy::of(agent).map_err(SessionError::Policy)?;
+        let person_spoke = !inbound.is_agent_started();
+        let received = DateTime::from_timestamp_millis(inbound.received_at_ms)
+            .filter(|_| inbound.received_at_ms > 0)
+            .unwrap_or_else(Utc::now);
+
         let mut tx = self.db.begin().await?;
         if !take_arrival(&mut tx, inbound, overdue).await? {
             tx.rollback().await?;
             return Ok(Opened::Waiting);
         }
         // Find or create the session, and lock it while this message takes its place.
-        let session_id: Uuid = sqlx::query_scalar(
+        let (session_id, last_message_at, workspace): (Uuid, Option<DateTime<Utc>>, Option<String>) =
+            sqlx::query_as(
             "INSERT INTO switchboard.sessions
                 (id, person_type, person_id, agent_identity, agent_name, engine_type, channel, scope_key,
                  memory_key)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (scope_key, agent_name) DO UPDATE SET updated_at = now()
-             RETURNING id",
+             RETURNING id, last_message_at, workspace_path",
         )
         .bind(Uuid::now_v7())
         .bind(&person.person_type)
@@ -219,7 +248,7 @@ impl SessionStore {
 
         // A retry of a message we already placed keeps its original turn.
         if let Some(r) = sqlx::query(
-            "SELECT session_id, seq, inbound_id FROM switchboard.turns
+            "SELECT session_id, seq, inbound_id, reset FROM switchboard.turns
               WHERE channel = $1 AND provider_message_id = $2",
         )
         .bind(&inbound.channel)
@@ -233,25 +262,61 @@ impl SessionStore {
                 seq: r.get(1),
                 inbound_id: r.get(2),
                 scope_key,
+                reset: r.get(3),
             }));
         }
 
+        // Only the person's own messages reset a session or count as its activity; a message
+        // the agent starts goes on in the session as it is.
+        let reset = if !person_spoke {
+            None
+        } else if policy.commands && reset_command(&inbound.text).is_some() {
+            Some(ResetReason::Command)
+        } else {
+            policy.due(last_message_at, received)
+        };
+        if workspace.is_none() && !self.workspace.root.is_empty() {
+            self.make_workspace(&mut tx, session_id, &memory_key)
+                .await?;
+        }
+
         let seq: i64 = sqlx::query_scalar(
-            "UPDATE switchboard.sessions SET next_seq = next_seq + 1, updated_at = now()
+            "UPDATE switchboard.sessions SET next_seq = next_seq + 1, updated_at = now(),
+                    last_message_at = CASE WHEN $2 THEN GREATEST(last_message_at, $3)
+                                           ELSE last_message_at END
               WHERE id = $1 RETURNING next_seq - 1",
         )
         .bind(session_id)
+        .bind(person_spoke)
+        .bind(received)
         .fetch_one(&mut *tx)
         .await?;
+        let entry = serde_json::json!({
+            "message_id": inbound.id,
+            "channel": inbound.channel,
+            "provider": inbound.provider,
+            "agent_started": !person_spoke,
+            "reset": reset.map(ResetReason::as_str),
+        });
+        // The turn and its journal entry in one statement.
         sqlx::query(
-            "INSERT INTO switchboard.turns (session_id, seq, inbound_id, channel, provider_message_id)
-             VALUES ($1, $2, $3, $4, $5)",
+            "WITH turn AS (
+                INSERT INTO switchboard.turns
+                    (session_id, seq, inbound_id, channel, provider_message_id, reset)
+                VALUES ($1, $2, $3, $4, $5, $6)
+                RETURNING session_id, seq)
+             INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
+             SELECT $7, session_id, 'message_in:' || session_id || ':' || seq, 'message_in', seq, $8
+               FROM turn",
         )
         .bind(session_id)
         .bind(seq)
         .bind(inbound_id)
         .bind(&inbound.channel)
         .bind(&provider_id)
+        .bind(reset)
+        .bind(Uuid::now_v7())
+        .bind(entry)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -260,7 +325,47 @@ impl SessionStore {
             seq,
             inbound_id,
             scope_key,
+            reset,
         }))
+    }
+
+    /// Give the session its folder (made on disk before the row says so): the folder of a
+    /// sibling engine variant of the same identity when variants share, else its own, named
+    /// by the session id.
+    async fn make_workspace(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        session_id: Uuid,
+        memory_key: &str,
+    ) -> Result<(), SessionError> {
+        let sibling: Option<String> = if self.workspace.separate_variants {
+            None
+        } else {
+            sqlx::query_scalar(
+                "SELECT workspace_path FROM switchboard.sessions
+                  WHERE memory_key = $1 AND id <> $2 AND workspace_path IS NOT NULL
+                  ORDER BY created_at LIMIT 1",
+            )
+            .bind(memory_key)
+            .bind(session_id)
+            .fetch_optional(&mut **tx)
+            .await?
+        };
+        let path = sibling.unwrap_or_else(|| {
+            std::path::Path::new(&self.workspace.root)
+                .join(session_id.to_string())
+                .to_string_lossy()
+                .into_owned()
+        });
+        workspace::prepare(std::path::Path::new(&path))
+            .await
+            .map_err(|e| SessionError::Workspace(path.clone(), e))?;
+        sqlx::query("UPDATE switchboard.sessions SET workspace_path = $2 WHERE id = $1")
+            .bind(session_id)
+            .bind(&path)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
 }
 
@@ -504,6 +609,10 @@ impl Stage for SessionStage {
             agent_identity: agent.identity.clone(),
             scope_key: opened.scope_key.clone(),
             message: Some(msg),
+            reset: opened
+                .reset
+                .map(|r| r.as_str().to_string())
+                .unwrap_or_default(),
         };
         let key = format!("{}:{}", opened.session_id, opened.seq);
         let mut out = vec![
@@ -559,7 +668,8 @@ pub const STAGE: Registration = Registration {
 fn task(app: &App) -> Task {
     let c = &app.config;
     let stage = SessionStage::new(
-        SessionStore::scoped(app.db.clone(), app.config.session.scope),
+        SessionStore::scoped(app.db.clone(), app.config.session.scope)
+            .with_workspaces(app.config.workspace.clone()),
         c.agents.clone(),
         c.channels.clone(),
         app.topology.clone(),
@@ -581,6 +691,7 @@ mod tests {
             token: Default::default(),
             timeout_s: 10,
             concurrency: 1,
+            ..Default::default()
         }
     }
 

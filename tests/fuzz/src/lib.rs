@@ -307,7 +307,16 @@ pub fn work_payloads(data: &[u8]) {
     round_trip::<Reply>(data);
     round_trip::<DeadLetter>(data);
     if let Some(turn) = round_trip::<Turn>(data) {
-        let prompt = switchboard_dispatch::prompt::build_prompt(&turn);
+        use switchboard_dispatch::prompt::{PromptContext, build_prompt, person_text};
+        let config = switchboard_kit::config::PromptConfig::default();
+        let now = chrono::DateTime::from_timestamp_millis(1_795_000_000_000).unwrap();
+        let ctx = PromptContext {
+            config: &config,
+            summary: None,
+            reset: None,
+            now,
+        };
+        let prompt = build_prompt(&turn, &ctx);
         let msg = turn.message.clone().unwrap_or_default();
         let inbound = msg.inbound.unwrap_or_default();
         let person = msg.person.unwrap_or_default();
@@ -329,15 +338,33 @@ pub fn work_payloads(data: &[u8]) {
                 switchboard_dispatch::prompt::fenced_text(&prompt).expect("the prompt has a fence");
             let compact: String = inbound.id.chars().filter(char::is_ascii_hexdigit).collect();
             let marker = format!("MSG-{}", &compact[compact.len() - 16..]);
-            // Inside the fence: exactly the person's text, a guessed marker neutralised.
-            assert_eq!(fenced, inbound.text.replace(&marker, "MSG-REDACTED"));
+            // Inside the fence: exactly the person's text (less a `/new` the turn applied, cut
+            // at the cap), a guessed marker neutralised.
+            let expected = person_text(&turn, &config).replace(&marker, "MSG-REDACTED");
+            assert_eq!(fenced, expected);
+            if turn.reset.is_empty() && inbound.text.chars().count() <= config.max_message_chars {
+                assert_eq!(fenced, inbound.text.replace(&marker, "MSG-REDACTED"));
+            }
+            // A summary written from the person's words cannot move the fence either.
+            let with_summary = build_prompt(
+                &turn,
+                &PromptContext {
+                    summary: Some((&inbound.text, now)),
+                    ..ctx.clone()
+                },
+            );
+            assert_eq!(
+                switchboard_dispatch::prompt::fenced_text(&with_summary),
+                Some(expected.as_str()),
+                "the summary moved the fence"
+            );
             // Before it: nothing the text can change.
             let head = |p: &str| p[..p.find("<<<MSG-").unwrap()].to_string();
             let mut silent = turn.clone();
             if let Some(i) = silent.message.as_mut().and_then(|m| m.inbound.as_mut()) {
                 i.text.clear();
             }
-            let silent_prompt = switchboard_dispatch::prompt::build_prompt(&silent);
+            let silent_prompt = build_prompt(&silent, &ctx);
             assert_eq!(
                 head(&prompt),
                 head(&silent_prompt),

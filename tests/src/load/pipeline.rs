@@ -135,6 +135,7 @@ pub fn config(s: &Setup<'_>) -> Config {
         token: Secret::new("runner-token"),
         timeout_s: k.runner_timeout_s,
         concurrency: k.agent_concurrency,
+        ..Default::default()
     }];
     c.runtime.batch = k.batch;
     c.runtime.concurrency = k.concurrency;
