@@ -631,6 +631,8 @@ pub struct RunnerCall {
     pub session_id: Option<String>,
     pub idempotency_key: String,
     pub authorization: Option<String>,
+    /// The session's folder, when workspaces are on.
+    pub workspace: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -640,6 +642,8 @@ struct RunBody {
     session_id: Option<String>,
     #[allow(dead_code)]
     correlation_id: String,
+    #[serde(default)]
+    workspace: Option<String>,
 }
 
 /// An agent host's runner: `POST /run`, answers `{"text","session_id",...}`. Like a real runner
@@ -727,6 +731,7 @@ impl FakeRunner {
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
+            workspace: body.workspace.clone(),
         });
         if let Some(status) = s.failures.take() {
             return (
