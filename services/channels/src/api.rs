@@ -29,15 +29,22 @@ pub enum Scope {
     IdentityWrite,
     /// Send messages an agent starts to people (`POST /api/v1/outbound`).
     OutboundWrite,
+    /// Read sessions, their conversations, journals and exports (`GET /api/v1/sessions…`).
+    SessionsRead,
+    /// Ask for a session's reset (`POST /api/v1/sessions/<id>/reset`); reads need
+    /// `sessions:read` as well.
+    SessionsWrite,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 5] = [
+    pub const ALL: [Scope; 7] = [
         Scope::MessagesWrite,
         Scope::MessagesRead,
         Scope::IdentityRead,
         Scope::IdentityWrite,
         Scope::OutboundWrite,
+        Scope::SessionsRead,
+        Scope::SessionsWrite,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,11 +54,14 @@ impl Scope {
             Scope::IdentityRead => "identity:read",
             Scope::IdentityWrite => "identity:write",
             Scope::OutboundWrite => "outbound:write",
+            Scope::SessionsRead => "sessions:read",
+            Scope::SessionsWrite => "sessions:write",
         }
     }
 
     /// Scopes a key gets when none are named. Not the identity scopes (moving whose messages
-    /// go where) nor `outbound:write` (writing to anyone first): granted only by name.
+    /// go where), `outbound:write` (writing to anyone first) nor the sessions scopes (every
+    /// person's conversations): granted only by name.
     pub const DEFAULT: [Scope; 2] = [Scope::MessagesWrite, Scope::MessagesRead];
 }
 
@@ -293,6 +303,9 @@ mod tests {
         for scope in Scope::ALL {
             assert_eq!(scope.as_str().parse::<Scope>(), Ok(scope));
         }
+        // Every person's conversations: never a key's without an operator naming them.
+        assert!(!Scope::DEFAULT.contains(&Scope::SessionsRead));
+        assert!(!Scope::DEFAULT.contains(&Scope::SessionsWrite));
         assert!(
             "admin"
                 .parse::<Scope>()

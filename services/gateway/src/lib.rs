@@ -10,6 +10,7 @@ pub mod chat;
 pub mod hub;
 pub mod identity_api;
 pub mod outbound_api;
+pub mod sessions_api;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -139,6 +140,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(api::routes())
         .merge(identity_api::routes())
         .merge(outbound_api::routes())
+        .merge(sessions_api::routes())
         .with_state(state)
 }
 

@@ -80,8 +80,8 @@ enum ApiKeysCommand {
         #[arg(long)]
         owner: String,
         /// What the key may do (repeatable): messages:write, messages:read, identity:read,
-        /// identity:write. Default: messages:write and messages:read (identity scopes are only
-        /// ever granted by name).
+        /// identity:write, outbound:write, sessions:read, sessions:write. Default:
+        /// messages:write and messages:read (the others are only ever granted by name).
         #[arg(long = "scope")]
         scopes: Vec<String>,
     },
