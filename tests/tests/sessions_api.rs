@@ -516,6 +516,29 @@ async fn a_reset_asked_for_through_the_api_is_pending_for_the_next_turn_and_is_i
     assert_eq!(events.last().unwrap()["kind"], "reset_requested");
     assert!(events.last().unwrap()["at"].is_string());
 
+    // Dana's next message applies it: a fresh engine session, and she is told.
+    texts(&app, DANA, &["is it ready?"]).await;
+    let calls = app.runner.calls();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0].session_id, None);
+    assert_eq!(calls[1].session_id, None, "the reset was not applied");
+    let told = app.twilio.sent().last().unwrap().body.clone();
+    assert!(told.contains("reset by an operator"), "{told}");
+    let (_, session) = get(&app, Some(&reader), &format!("/api/v1/sessions/{id}"), &[]).await;
+    assert_eq!(session["pending_reset"], Value::Null, "{session}");
+    assert_eq!(session["resets"], 1);
+    let kinds: Vec<Value> = journal(&app)
+        .await
+        .iter()
+        .map(|e| e["kind"].clone())
+        .collect();
+    let requested_at = kinds.iter().rposition(|k| k == "reset_requested").unwrap();
+    let applied_at = kinds
+        .iter()
+        .position(|k| k == "reset")
+        .expect("a reset entry");
+    assert!(applied_at > requested_at, "{kinds:?}");
+
     // A session that takes no more turns takes no reset.
     sqlx::query(
         "UPDATE switchboard.sessions SET status = 'terminated', pending_reset = NULL WHERE id = $1",
