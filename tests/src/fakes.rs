@@ -664,6 +664,9 @@ pub struct FakeRunner {
     /// Highest number of calls for one person seen at the same time.
     pub max_overlap: Arc<AtomicUsize>,
     sessions: Arc<AtomicUsize>,
+    /// The agent host is down: every call gets 503 (counted in `refused`, not in `calls`).
+    down: Arc<std::sync::atomic::AtomicBool>,
+    pub refused: Arc<AtomicUsize>,
 }
 
 impl FakeRunner {
@@ -680,6 +683,8 @@ impl FakeRunner {
             failures: Default::default(),
             max_overlap: Default::default(),
             sessions: Default::default(),
+            down: Default::default(),
+            refused: Default::default(),
         };
         let router = Router::new()
             .route("/run", post(Self::run))
@@ -699,6 +704,11 @@ impl FakeRunner {
     /// Answer the next `n` calls with HTTP `status`.
     pub fn fail_next(&self, n: usize, status: u16) {
         self.failures.fail_next(n, status);
+    }
+
+    /// Take the agent host down (every call 503) or bring it back.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
     }
 
     pub fn set_hold(&self, hold: bool) {
@@ -722,6 +732,13 @@ impl FakeRunner {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
+        if s.down.load(Ordering::SeqCst) {
+            s.refused.fetch_add(1, Ordering::SeqCst);
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"error": "agent host is down"})),
+            );
+        }
         s.calls.lock().unwrap().push(RunnerCall {
             agent: body.agent.clone(),
             prompt: body.prompt.clone(),

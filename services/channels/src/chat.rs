@@ -206,6 +206,16 @@ pub enum ServerFrame {
         text: String,
         sent_at: String,
     },
+    /// Switchboard telling the person something while their message waits (the agent's host
+    /// is down: it will be answered shortly). Not the answer: a `reply` follows.
+    Notice {
+        seq: i64,
+        reply_id: String,
+        in_reply_to: String,
+        agent: String,
+        text: String,
+        sent_at: String,
+    },
     /// Something the client sent was refused (`id` names the message, when known).
     Error {
         code: String,
@@ -225,6 +235,16 @@ impl ServerFrame {
     }
 
     pub fn reply(entry: &crate::MailboxEntry) -> Self {
+        if entry.is_notice() {
+            return Self::Notice {
+                seq: entry.seq,
+                reply_id: entry.reply_id.to_string(),
+                in_reply_to: entry.in_reply_to.clone(),
+                agent: entry.agent.clone(),
+                text: entry.text.clone(),
+                sent_at: entry.created_at.to_rfc3339(),
+            };
+        }
         Self::Reply {
             seq: entry.seq,
             reply_id: entry.reply_id.to_string(),

@@ -31,6 +31,20 @@ pub struct MailboxEntry {
     pub in_reply_to: String,
     pub text: String,
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// `reply` (the turn's answer) or `notice` (told while the turn waits).
+    #[serde(default = "reply_kind")]
+    pub kind: String,
+}
+
+fn reply_kind() -> String {
+    "reply".into()
+}
+
+impl MailboxEntry {
+    /// Something Switchboard told the person while their turn waited, not the answer.
+    pub fn is_notice(&self) -> bool {
+        self.kind == "notice"
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +63,7 @@ pub struct Mailbox {
 }
 
 const COLUMNS: &str = "seq, reply_id, part, channel, address, agent, correlation_id, \
-                       in_reply_to, text, created_at";
+                       in_reply_to, text, created_at, kind";
 
 impl Mailbox {
     pub fn new(db: PgPool, nats: async_nats::Client, subject: String) -> Self {
@@ -79,8 +93,8 @@ impl Mailbox {
             "WITH new AS (
                 INSERT INTO switchboard.mailbox
                     (reply_id, part, channel, address, agent, session_id, correlation_id,
-                     in_reply_to, text)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                     in_reply_to, text, kind)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
                 ON CONFLICT (reply_id, part) DO NOTHING
                 RETURNING {COLUMNS})
              SELECT {COLUMNS} FROM new
@@ -97,6 +111,11 @@ impl Mailbox {
         .bind(&reply.correlation_id)
         .bind(in_reply_to)
         .bind(part.text)
+        .bind(if reply.kind == "notice" {
+            "notice"
+        } else {
+            "reply"
+        })
         .fetch_one(&self.db)
         .await?;
         let subject = format!("{}.{}", self.subject, entry.channel);

@@ -14,6 +14,7 @@
 //! redelivered to another replica while the first one still calls the runner (NATS restarted,
 //! progress acks lost) waits for that call instead of running beside it; a crashed
 //! dispatcher's lease ends with its heartbeat.
+pub mod breaker;
 pub mod prompt;
 pub mod runner;
 
@@ -54,6 +55,13 @@ pub enum DispatchError {
     NotYet { seq: i64, next: i64 },
     #[error("another call of turn {seq} holds the session; its answer will stand")]
     Superseded { seq: i64 },
+    /// The agent's runner is down: the turn waits for it (`notice`: what to tell the person,
+    /// when they are to be told).
+    #[error("the agent's runner is down; the turn waits for it")]
+    RunnerDown {
+        after: Duration,
+        notice: Vec<Output>,
+    },
     #[error(transparent)]
     Runner(#[from] RunnerError),
     #[error("session store: {0}")]
@@ -245,6 +253,7 @@ pub struct TurnDispatcher {
     prompt: PromptConfig,
     notices: ResetNotices,
     wakers: Wakers,
+    breakers: breaker::Breakers,
 }
 
 impl TurnDispatcher {
@@ -281,6 +290,19 @@ impl TurnDispatcher {
             prompt: config.prompt.clone(),
             notices: config.session.reset_notices.clone(),
             wakers: Wakers::default(),
+            breakers: breaker::Breakers::new(
+                config.dispatch.breaker_failures,
+                Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
+                Duration::from_millis(config.dispatch.breaker_probe_max_ms),
+                // A probe is one runner call: it reports within the agent's timeout.
+                config
+                    .agents
+                    .iter()
+                    .map(|a| Duration::from_secs(a.timeout_s))
+                    .max()
+                    .unwrap_or_default()
+                    + CALL_DEADLINE_MARGIN,
+            ),
         }
     }
 
@@ -538,6 +560,7 @@ impl TurnDispatcher {
                                          THEN NULL ELSE s.pending_reset END,
                     pending_reset_at = CASE WHEN $8 AND s.pending_reset_at IS NOT DISTINCT FROM $9
                                             THEN NULL ELSE s.pending_reset_at END,
+                    waiting_since = NULL, waiting_notice = NULL,
                     running_call = NULL, running_by = NULL, running_until = NULL
                FROM before
               WHERE s.id = $1
@@ -701,9 +724,19 @@ impl TurnDispatcher {
     }
 
     fn reply_output(&self, turn: &Turn, session: Uuid, stored: &StoredReply) -> Output {
+        let reply = self.reply_message(turn, session, stored);
+        Output::new(
+            self.topology.reply(),
+            format!("{session}:{}", turn.seq),
+            &reply,
+        )
+        .correlated(reply.correlation_id.clone())
+    }
+
+    fn reply_message(&self, turn: &Turn, session: Uuid, stored: &StoredReply) -> Reply {
         let msg = turn.message.clone().unwrap_or_default();
         let inbound = msg.inbound.unwrap_or_default();
-        let reply = Reply {
+        Reply {
             id: stored.reply_id.to_string(),
             session_id: session.to_string(),
             seq: turn.seq,
@@ -721,13 +754,8 @@ impl TurnDispatcher {
             reply_from: inbound.recipient.clone(),
             person: msg.person,
             provider_message_id: inbound.provider_message_id.clone(),
-        };
-        Output::new(
-            self.topology.reply(),
-            format!("{session}:{}", turn.seq),
-            &reply,
-        )
-        .correlated(inbound.correlation_id)
+            kind: String::new(),
+        }
     }
 
     /// Run one turn. Returns the reply (and events) to publish.
@@ -900,12 +928,37 @@ impl TurnDispatcher {
             correlation_id: correlation,
             workspace: lease.workspace.as_deref(),
         };
+        // While the runner is down, only the breaker's probe calls it; the rest wait.
+        if let breaker::Admission::Wait(after) =
+            self.breakers.admit(&agent.runner_url, Instant::now())
+        {
+            return Err(self
+                .wait_for_runner(turn, session, call, after, attempt)
+                .await);
+        }
         let key = format!("turn:{session}:{}", turn.seq);
         let started = Instant::now();
         let resp = match self.runner.run(agent, &request, &key).await {
-            Ok(resp) => resp,
-            Err(e) => {
+            Ok(resp) => {
+                self.breakers.succeeded(&agent.runner_url);
+                resp
+            }
+            Err(e) if e.is_transient() => {
+                if self.breakers.failed(&agent.runner_url, Instant::now()) {
+                    let after = Duration::from_millis(self.config.breaker_probe_ms.max(10));
+                    return Err(self
+                        .wait_for_runner(turn, session, call, after, attempt)
+                        .await);
+                }
                 // Best effort: a lease left behind only delays this turn's retry until it ends.
+                if let Err(db) = self.release_call(session, call).await {
+                    tracing::warn!(%session, error = %db, "could not release the call slot");
+                }
+                return Err(e.into());
+            }
+            Err(e) => {
+                // It answered: up, and the turn's own problem.
+                self.breakers.succeeded(&agent.runner_url);
                 if let Err(db) = self.release_call(session, call).await {
                     tracing::warn!(%session, error = %db, "could not release the call slot");
                 }
@@ -925,6 +978,82 @@ impl TurnDispatcher {
         s.reply.processing_ms = processing_ms;
         s.reply.tool_calls_count = resp.tool_calls_count;
         self.settle(turn, session, after, call, s).await
+    }
+
+    /// The turn waits for its agent's runner to come back: the call slot is given back, the
+    /// session says `waiting`, and the person is told, once per outage (the notice's id is
+    /// kept until the session's next answer, so telling again is the same message).
+    async fn wait_for_runner(
+        &self,
+        turn: &Turn,
+        session: Uuid,
+        call: Uuid,
+        after: Duration,
+        attempt: &Attempt,
+    ) -> DispatchError {
+        let fresh = Uuid::now_v7();
+        let marked: Result<Option<(Uuid, bool)>, sqlx::Error> = async {
+            let mut tx = self.db.begin().await?;
+            let marked: Option<(Uuid, bool)> = sqlx::query_as(
+                "UPDATE switchboard.sessions
+                    SET running_call = NULL, running_by = NULL, running_until = NULL,
+                        status = 'waiting', waiting_since = COALESCE(waiting_since, now()),
+                        waiting_notice = COALESCE(waiting_notice, $3)
+                  WHERE id = $1 AND running_call = $2
+                 RETURNING waiting_notice, waiting_notice = $3",
+            )
+            .bind(session)
+            .bind(call)
+            .bind(fresh)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some((notice, true)) = marked {
+                let entry = Journal::new(
+                    session,
+                    format!("waiting:{session}:{notice}"),
+                    "waiting",
+                    turn.seq,
+                    serde_json::json!({ "notice_id": notice }),
+                );
+                Journal::write(&mut tx, &[entry]).await?;
+            }
+            tx.commit().await?;
+            Ok(marked)
+        }
+        .await;
+        self.wakers.wake(session);
+        let notice = match marked {
+            // Told when the outage began for this session, or again after a redelivery (the
+            // first telling may not have been published): the same notice either way.
+            Ok(Some((notice, first))) if first || attempt.waits == 0 => {
+                vec![self.notice_output(turn, session, notice)]
+            }
+            Ok(_) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "could not mark the session waiting");
+                Vec::new()
+            }
+        };
+        metrics::counter!("sb_dispatch_turns_waiting_for_runner_total").increment(1);
+        DispatchError::RunnerDown { after, notice }
+    }
+
+    fn notice_output(&self, turn: &Turn, session: Uuid, notice: Uuid) -> Output {
+        let stored = StoredReply {
+            reply_id: notice,
+            text: self.config.runner_down_notice.clone(),
+            engine_session_id: String::new(),
+            processing_ms: 0,
+            tool_calls_count: 0,
+            reset: None,
+        };
+        let reply = Reply {
+            kind: "notice".into(),
+            ..self.reply_message(turn, session, &stored)
+        };
+        // Its own dedupe id: the turn's answer comes later under the turn's.
+        Output::new(self.topology.reply(), format!("notice:{notice}"), &reply)
+            .correlated(reply.correlation_id.clone())
     }
 
     /// Commit the turn's answer (compare-and-set on the cursor and the call slot) and return
@@ -992,11 +1121,27 @@ impl Stage for TurnDispatcher {
     async fn handle(&self, turn: Turn, attempt: &Attempt) -> Result<Vec<Output>, StageError> {
         match self.dispatch_turn(&turn, attempt).await {
             Ok(out) => Ok(out),
+            Err(DispatchError::RunnerDown { after, notice }) => Err(StageError::Outage {
+                after,
+                why: "the agent's runner is down".into(),
+                outputs: notice,
+            }),
             Err(e @ (DispatchError::NotYet { .. } | DispatchError::Superseded { .. })) => {
-                Err(StageError::Defer(
-                    Duration::from_millis(self.config.hold_poll_ms),
-                    e.to_string(),
-                ))
+                let after = Duration::from_millis(self.config.hold_poll_ms);
+                // Behind a turn that waits for a down runner, a turn waits as long as it does.
+                let runner_down = self
+                    .agents
+                    .get(&turn.agent_name)
+                    .is_some_and(|(a, _)| self.breakers.is_down(&a.runner_url));
+                if runner_down {
+                    Err(StageError::Outage {
+                        after,
+                        why: e.to_string(),
+                        outputs: Vec::new(),
+                    })
+                } else {
+                    Err(StageError::Defer(after, e.to_string()))
+                }
             }
             Err(e) if e.is_transient() => Err(StageError::transient(e)),
             Err(e) => Err(StageError::permanent(e)),

@@ -65,6 +65,9 @@ pub struct MessageStatus {
     /// `pending`, `answered` or `failed`.
     pub status: &'static str,
     pub replies: Vec<ReplyView>,
+    /// What the person was told while the message waited (the agent's host was down).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notices: Vec<ReplyView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -264,16 +267,20 @@ async fn message_status(
 /// Answered once a reply is in the mailbox (or, sent by a provider, in the delivery ledger as
 /// sent); failed once its turn or delivery failed for good.
 async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<MessageStatus, Refused> {
-    let replies = state
+    let (notices, replies): (Vec<_>, Vec<_>) = state
         .mailbox
         .for_correlation(correlation_id)
         .await
-        .map_err(unavailable)?;
+        .map_err(unavailable)?
+        .into_iter()
+        .partition(MailboxEntry::is_notice);
+    let notices: Vec<ReplyView> = notices.iter().map(ReplyView::from).collect();
     if !replies.is_empty() {
         return Ok(MessageStatus {
             correlation_id: correlation_id.into(),
             status: "answered",
             replies: replies.iter().map(ReplyView::from).collect(),
+            notices,
             error: None,
         });
     }
@@ -301,6 +308,7 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
                 text,
                 sent_at: sent_at.to_rfc3339(),
             }],
+            notices,
             error: None,
         });
     }
@@ -322,6 +330,7 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
             "pending"
         },
         replies: Vec::new(),
+        notices,
         error: failure.flatten(),
     })
 }

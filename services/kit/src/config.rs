@@ -698,6 +698,15 @@ pub struct DispatchConfig {
     /// long after its last heartbeat; it heartbeats every third of it. After a dispatcher
     /// dies, its sessions wait at most this long.
     pub liveness_ms: u64,
+    /// A runner whose calls failed this many times in a row (unreachable, timed out, 5xx) is
+    /// taken as down: its turns wait for it without using up their failure budget.
+    pub breaker_failures: u32,
+    /// While a runner is down, one call tries it this often (doubling up to
+    /// `breaker_probe_max_ms`); the first that succeeds lets the waiting turns run, in order.
+    pub breaker_probe_ms: u64,
+    pub breaker_probe_max_ms: u64,
+    /// What a person whose turn waits for a down runner is told, once per outage.
+    pub runner_down_notice: String,
 }
 
 impl Default for DispatchConfig {
@@ -706,6 +715,12 @@ impl Default for DispatchConfig {
             hold_poll_ms: 100,
             hold_timeout_ms: 20_000,
             liveness_ms: 6_000,
+            breaker_failures: 3,
+            breaker_probe_ms: 1_000,
+            breaker_probe_max_ms: 15_000,
+            runner_down_notice: "Your message is safe with us: the assistant is briefly \
+                                 unavailable and will answer shortly."
+                .into(),
         }
     }
 }

@@ -99,6 +99,17 @@ pub enum StageError {
     /// message is parked in this process; the wait does not count as a failure.
     #[error("deferred: {1}")]
     Defer(Duration, String),
+    /// Waiting out an outage of something outside Switchboard (the agent's runner is down):
+    /// parked like [`StageError::Defer`], but for as long as the outage lasts (not bounded by
+    /// `runtime.max_wait_ms`: how old a message may get is the stage's own rule), and
+    /// `outputs` (a notice to the person, say) are published first; if that fails the message
+    /// goes back to the stream, and its redelivery (`Attempt::waits` 0) makes them again.
+    #[error("waiting out an outage: {why}")]
+    Outage {
+        after: Duration,
+        why: String,
+        outputs: Vec<Output>,
+    },
 }
 
 impl StageError {
@@ -639,6 +650,25 @@ impl Runtime {
                         }
                         return;
                     }
+                    Err(StageError::Outage {
+                        after,
+                        why,
+                        outputs,
+                    }) => {
+                        if let Err(e) = self.publish_all(name, &outputs).await {
+                            // Back to the stream: the redelivery makes them again.
+                            tracing::warn!(error = %e, "publishing an outage's outputs failed; will retry");
+                            self.retry(name, &msg, &attempt, opts).await;
+                            return;
+                        }
+                        tracing::debug!(%why, "waiting out an outage");
+                        count(name, "waiting_outage", 1);
+                        if !slots.park(&msg, after).await {
+                            return;
+                        }
+                        attempt.waits += 1;
+                        attempt.waited = first_run.elapsed();
+                    }
                     Err(StageError::Defer(after, why)) => {
                         let waited = first_run.elapsed();
                         if waited >= opts.max_wait {
@@ -700,7 +730,14 @@ impl Runtime {
                 Ok(outputs) => break outputs,
                 // The step must wait (a live call may still answer the turn): the decision to
                 // give up stands, so wait here and run the step again, not the handler.
-                Err(StageError::Defer(after, wait_why)) => {
+                Err(
+                    StageError::Defer(after, wait_why)
+                    | StageError::Outage {
+                        after,
+                        why: wait_why,
+                        ..
+                    },
+                ) => {
                     tracing::debug!(why = %wait_why, "give-up step waiting");
                     if !slots.park(msg, after).await {
                         return;

@@ -105,4 +105,6 @@ pub enum SessionEventKind {
     ResetRequested,
     /// A turn was given up on.
     Failure,
+    /// The agent's runner is down: the session's turns wait for it (once per outage).
+    Waiting,
 }

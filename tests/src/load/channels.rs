@@ -632,6 +632,10 @@ impl ChatUser {
                                 at_us: now_us(),
                             });
                         }
+                        // Told while the message waited (runner down): not the answer.
+                        Ok(ServerFrame::Notice { seq, .. }) => {
+                            *last_seq = (*last_seq).max(seq);
+                        }
                         Ok(ServerFrame::Error { id: None, .. }) | Err(_) => {}
                     }
                 }

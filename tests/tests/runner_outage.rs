@@ -1,0 +1,189 @@
+//! An agent host that goes down: its turns wait for it, durably and without using up their
+//! failure budget; each person is told once that the agent will answer shortly; when it is
+//! back, every turn is answered, each session's in order.
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use switchboard_e2e::{TestApp, spawn_app_configured};
+use switchboard_kit::config::Config;
+
+const PERSON: &str = "+14155550181";
+const OTHER: &str = "+14155550182";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn outage_settings(c: &mut Config) {
+    // A wait for the runner must neither use up deliveries nor end at the wait limit.
+    c.runtime.max_deliver = 3;
+    c.runtime.max_wait_ms = 5_000;
+    c.dispatch.breaker_failures = 2;
+    c.dispatch.breaker_probe_ms = 300;
+    c.dispatch.breaker_probe_max_ms = 2_000;
+}
+
+async fn session_row(app: &TestApp, person: &str) -> (String, Option<uuid::Uuid>) {
+    sqlx::query_as("SELECT status, waiting_notice FROM switchboard.sessions WHERE person_id = $1")
+        .bind(format!("phone:{person}"))
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+fn bodies_to(app: &TestApp, to: &str) -> Vec<String> {
+    app.twilio
+        .sent()
+        .into_iter()
+        .filter(|m| m.to == to)
+        .map(|m| m.body)
+        .collect()
+}
+
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_runner_down_for_30_s_loses_nothing_tells_each_person_once_and_answers_in_order_after() {
+    let app = spawn_app_configured(outage_settings).await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    app.send_sms(PERSON, "before").await;
+    app.wait_for_sms(1, WAIT).await;
+
+    app.runner.set_down(true);
+    let down_at = Instant::now();
+    for text in ["one", "two", "three"] {
+        assert_eq!(app.send_sms(PERSON, text).await.status(), 200);
+    }
+    app.send_sms(OTHER, "hello?").await;
+    // Each person hears from us once, and only that.
+    until("both notices", || {
+        bodies_to(&app, PERSON).len() == 2 && bodies_to(&app, OTHER).len() == 1
+    })
+    .await;
+    assert_eq!(bodies_to(&app, PERSON), ["echo: before", notice.as_str()]);
+    assert_eq!(bodies_to(&app, OTHER), [notice.as_str()]);
+
+    // Down for 30 s: far past the wait limit and the delivery budget's retries.
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(down_at.elapsed())).await;
+    assert_eq!(bodies_to(&app, PERSON).len(), 2, "told more than once");
+    assert_eq!(bodies_to(&app, OTHER).len(), 1, "told more than once");
+    assert!(
+        app.dead_letters("dispatch").await.is_empty(),
+        "a waiting turn was given up"
+    );
+    assert_eq!(session_row(&app, PERSON).await.0, "waiting");
+    let probes = app.runner.refused.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        probes >= 3,
+        "the runner was not probed while down ({probes} calls)"
+    );
+    assert!(
+        probes < 200,
+        "the down runner was hammered: {probes} calls in 30 s"
+    );
+
+    app.runner.set_down(false);
+    until("every answer", || {
+        bodies_to(&app, PERSON).len() == 5 && bodies_to(&app, OTHER).len() == 2
+    })
+    .await;
+    assert_eq!(
+        bodies_to(&app, PERSON),
+        [
+            "echo: before",
+            notice.as_str(),
+            "echo: one",
+            "echo: two",
+            "echo: three"
+        ]
+    );
+    assert_eq!(bodies_to(&app, OTHER), [notice.as_str(), "echo: hello?"]);
+    app.settle().await;
+    // The agent ran each turn once, in order, resuming one engine session.
+    let person_calls: Vec<_> = app
+        .runner
+        .calls()
+        .into_iter()
+        .filter(|c| switchboard_e2e::fakes::person_of(&c.prompt) == format!("phone:{PERSON}"))
+        .collect();
+    let said: Vec<String> = person_calls
+        .iter()
+        .map(|c| switchboard_e2e::fakes::FakeRunner::said(&c.prompt))
+        .collect();
+    assert_eq!(said, ["before", "one", "two", "three"]);
+    assert!(
+        person_calls[1..]
+            .iter()
+            .all(|c| c.session_id.as_deref() == Some("eng-1"))
+    );
+    assert_eq!(session_row(&app, PERSON).await, ("idle".to_string(), None));
+    // The notice is in the conversation's log, and in the journal once.
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchboard.session_events e
+           JOIN switchboard.sessions s ON s.id = e.session_id
+          WHERE s.person_id = $1 AND e.kind = 'waiting'",
+    )
+    .bind(format!("phone:{PERSON}"))
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(waiting, 1);
+    let logged: Vec<String> = app
+        .log_rows()
+        .await
+        .into_iter()
+        .filter(|r| r.direction == "outbound" && r.person_id == format!("phone:{PERSON}"))
+        .map(|r| r.message)
+        .collect();
+    assert!(logged.contains(&notice), "{logged:?}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_api_caller_waiting_for_an_answer_is_not_answered_by_the_notice() {
+    let app = spawn_app_configured(|c| {
+        outage_settings(c);
+        c.api.wait_max_ms = 3_000;
+    })
+    .await;
+    let key = app.api_key("ops", &[]);
+    app.runner.set_down(true);
+    let response = app
+        .post_api_message(
+            &key,
+            json!({"agent": "reggie_oc", "text": "status?", "wait": true}),
+            None,
+        )
+        .await;
+    assert_eq!(response.status(), 202, "pending, not answered");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["status"], "pending");
+    assert_eq!(body["replies"], json!([]));
+    assert_eq!(
+        body["notices"][0]["text"],
+        json!(app.config.dispatch.runner_down_notice)
+    );
+    let correlation = body["correlation_id"].as_str().unwrap().to_string();
+
+    app.runner.set_down(false);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let body: Value = app
+            .get_api_message(&key, &correlation)
+            .await
+            .json()
+            .await
+            .unwrap();
+        if body["status"] == "answered" {
+            assert_eq!(body["replies"][0]["text"], "echo: status?");
+            assert_eq!(body["notices"].as_array().map(Vec::len), Some(1));
+            break;
+        }
+        assert!(Instant::now() < deadline, "never answered: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    app.shutdown().await;
+}
