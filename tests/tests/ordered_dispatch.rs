@@ -337,14 +337,15 @@ async fn a_failed_turn_lets_the_next_one_through() {
 #[tokio::test]
 async fn a_runner_that_keeps_failing_is_retried_then_dead_lettered_with_the_count() {
     let app = spawn_app_configured(|c| c.runtime.max_deliver = 3).await;
-    app.runner.fail_next(usize::MAX, 503);
+    // The engine fails on this turn every time (a down runner, 503, would be waited for).
+    app.runner.fail_next(usize::MAX, 500);
     assert_eq!(app.send_sms("+14155550403", "anyone?").await.status(), 200);
     let letters = app
         .wait_for_dead_letters("dispatch", Duration::from_secs(20))
         .await;
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].delivery_count, 3);
-    assert!(letters[0].error.contains("503"), "{}", letters[0].error);
+    assert!(letters[0].error.contains("500"), "{}", letters[0].error);
     // Retried with a delay between attempts (transient), not dropped after the first.
     assert_eq!(app.runner.calls().len(), 3);
     assert!(app.twilio.sent().is_empty());

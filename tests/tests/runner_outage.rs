@@ -187,3 +187,59 @@ async fn an_api_caller_waiting_for_an_answer_is_not_answered_by_the_notice() {
     }
     app.shutdown().await;
 }
+
+/// Messages that waited out a long outage: by default answered with their age in the prompt;
+/// with `stale_turns = expire`, not run, dead-lettered as expired and the person told.
+#[tokio::test]
+async fn after_a_long_outage_a_stale_message_is_answered_knowing_its_age_or_expired_and_told() {
+    // Turns older than 2 s are stale; the outage lasts longer.
+    let answer = spawn_app_configured(|c| {
+        outage_settings(c);
+        c.dispatch.max_turn_age_s = 2;
+    })
+    .await;
+    answer.runner.set_down(true);
+    answer.send_sms(PERSON, "is my order shipped?").await;
+    answer.wait_for_sms(1, WAIT).await; // the notice
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    answer.runner.set_down(false);
+    let sent = answer.wait_for_sms(2, WAIT).await;
+    assert_eq!(sent[1].body, "echo: is my order shipped?");
+    let prompt = &answer.runner.calls()[0].prompt;
+    assert!(
+        prompt.contains("longer than turns are meant to wait"),
+        "{prompt}"
+    );
+    answer.shutdown().await;
+
+    let expire = spawn_app_configured(|c| {
+        outage_settings(c);
+        c.dispatch.max_turn_age_s = 2;
+        c.dispatch.stale_turns = switchboard_kit::config::StaleTurns::Expire;
+    })
+    .await;
+    expire.runner.set_down(true);
+    expire.send_sms(PERSON, "is my order shipped?").await;
+    expire.wait_for_sms(1, WAIT).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    expire.runner.set_down(false);
+    let letters = expire.wait_for_dead_letters("dispatch", WAIT).await;
+    assert!(
+        letters[0].error.starts_with("expired: "),
+        "{}",
+        letters[0].error
+    );
+    let sent = expire.wait_for_sms(2, WAIT).await;
+    assert!(
+        sent[1].body.starts_with("Sorry: your message sent ")
+            && sent[1].body.contains("was not answered"),
+        "{}",
+        sent[1].body
+    );
+    // The agent never saw it, and the session goes on: the next message is answered.
+    assert!(expire.runner.calls().is_empty());
+    expire.send_sms(PERSON, "hello again").await;
+    let sent = expire.wait_for_sms(3, WAIT).await;
+    assert_eq!(sent[2].body, "echo: hello again");
+    expire.shutdown().await;
+}

@@ -122,6 +122,20 @@ impl Breakers {
         !matches!(next, State::Closed { .. })
     }
 
+    /// The caller was let through as a probe but made no call (its turn needed none): the
+    /// next caller probes.
+    pub fn probe_unused(&self, runner: &str, now: Instant) {
+        let mut runners = self.runners.lock().unwrap();
+        if let Some(state) = runners.get_mut(runner)
+            && let State::Probing { probes, .. } = *state
+        {
+            *state = State::Open {
+                probe_at: now,
+                probes,
+            };
+        }
+    }
+
     /// Whether the runner is taken as down now.
     pub fn is_down(&self, runner: &str) -> bool {
         self.runners

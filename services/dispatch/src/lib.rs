@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
-use switchboard_kit::config::{AgentConfig, Config, DispatchConfig, PromptConfig, ResetNotices};
+use switchboard_kit::config::{
+    AgentConfig, Config, DispatchConfig, PromptConfig, ResetNotices, StaleTurns,
+};
 use switchboard_kit::proto::{Reply, SessionReset, Turn};
 use switchboard_kit::retry::{self, Backoff};
 use switchboard_kit::startup::{App, Task};
@@ -55,6 +57,12 @@ pub enum DispatchError {
     NotYet { seq: i64, next: i64 },
     #[error("another call of turn {seq} holds the session; its answer will stand")]
     Superseded { seq: i64 },
+    /// Too old when it could first run, and `stale_turns = expire`: not run.
+    #[error("{EXPIRED}: the message waited {} before it could run (dispatch.max_turn_age_s is {max_s})", prompt::for_how_long(*waited))]
+    Expired {
+        waited: chrono::Duration,
+        max_s: u64,
+    },
     /// The agent's runner is down: the turn waits for it (`notice`: what to tell the person,
     /// when they are to be told).
     #[error("the agent's runner is down; the turn waits for it")]
@@ -77,6 +85,9 @@ impl DispatchError {
         }
     }
 }
+
+/// How an expired turn's dead letter begins (the give-up step tells the person).
+const EXPIRED: &str = "expired";
 
 /// A turn's stored outcome.
 struct StoredReply {
@@ -902,13 +913,31 @@ impl TurnDispatcher {
             // The prompt carries the summary anyway.
             tracing::warn!(%session, error = %e, "could not write summary.md in the workspace");
         }
+        // While the runner is down, only the breaker's probe calls it; the rest wait.
+        if let breaker::Admission::Wait(after) =
+            self.breakers.admit(&agent.runner_url, Instant::now())
+        {
+            return Err(self
+                .wait_for_runner(turn, session, call, after, attempt)
+                .await);
+        }
+        // The turn can run now: is it older than turns may get?
+        let now = Utc::now();
+        let stale = turn_age(turn, now).filter(|age| {
+            self.config.max_turn_age_s > 0
+                && *age > chrono::Duration::seconds(self.config.max_turn_age_s as i64)
+        });
+        if stale.is_some() {
+            metrics::counter!("sb_dispatch_stale_turns_total").increment(1);
+        }
         let prompt = prompt::build_prompt(
             turn,
             &prompt::PromptContext {
                 config: &self.prompt,
                 summary: lease.summary.as_ref().map(|(s, at)| (s.as_str(), *at)),
                 reset,
-                now: Utc::now(),
+                now,
+                stale: stale.is_some(),
             },
         );
         let correlation = turn
@@ -928,13 +957,18 @@ impl TurnDispatcher {
             correlation_id: correlation,
             workspace: lease.workspace.as_deref(),
         };
-        // While the runner is down, only the breaker's probe calls it; the rest wait.
-        if let breaker::Admission::Wait(after) =
-            self.breakers.admit(&agent.runner_url, Instant::now())
+        if let Some(waited) = stale
+            && self.config.stale_turns == StaleTurns::Expire
         {
-            return Err(self
-                .wait_for_runner(turn, session, call, after, attempt)
-                .await);
+            self.breakers
+                .probe_unused(&agent.runner_url, Instant::now());
+            if let Err(db) = self.release_call(session, call).await {
+                tracing::warn!(%session, error = %db, "could not release the call slot");
+            }
+            return Err(DispatchError::Expired {
+                waited,
+                max_s: self.config.max_turn_age_s,
+            });
         }
         let key = format!("turn:{session}:{}", turn.seq);
         let started = Instant::now();
@@ -943,7 +977,7 @@ impl TurnDispatcher {
                 self.breakers.succeeded(&agent.runner_url);
                 resp
             }
-            Err(e) if e.is_transient() => {
+            Err(e) if e.means_runner_down() => {
                 if self.breakers.failed(&agent.runner_url, Instant::now()) {
                     let after = Duration::from_millis(self.config.breaker_probe_ms.max(10));
                     return Err(self
@@ -957,8 +991,11 @@ impl TurnDispatcher {
                 return Err(e.into());
             }
             Err(e) => {
-                // It answered: up, and the turn's own problem.
-                self.breakers.succeeded(&agent.runner_url);
+                // The turn's own problem (an engine error, a timeout); an answer says the
+                // runner is up.
+                if !matches!(e, RunnerError::Unavailable(_)) {
+                    self.breakers.succeeded(&agent.runner_url);
+                }
                 if let Err(db) = self.release_call(session, call).await {
                     tracing::warn!(%session, error = %db, "could not release the call slot");
                 }
@@ -1026,7 +1063,8 @@ impl TurnDispatcher {
             // Told when the outage began for this session, or again after a redelivery (the
             // first telling may not have been published): the same notice either way.
             Ok(Some((notice, first))) if first || attempt.waits == 0 => {
-                vec![self.notice_output(turn, session, notice)]
+                let text = self.config.runner_down_notice.clone();
+                vec![self.notice_output(turn, session, notice, text)]
             }
             Ok(_) => Vec::new(),
             Err(e) => {
@@ -1038,10 +1076,45 @@ impl TurnDispatcher {
         DispatchError::RunnerDown { after, notice }
     }
 
-    fn notice_output(&self, turn: &Turn, session: Uuid, notice: Uuid) -> Output {
+    /// Record that the turn expired and tell the person (the notice's id is kept in the
+    /// journal entry, so a repeated give-up tells the same message).
+    async fn expired(
+        &self,
+        turn: &Turn,
+        session: Uuid,
+        reason: &str,
+    ) -> Result<Vec<Output>, DispatchError> {
+        let notice: String = sqlx::query_scalar(
+            "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
+             VALUES ($1, $2, $3, 'expired', $4,
+                     jsonb_build_object('notice_id', $5::text, 'reason', $6::text))
+             ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key
+             RETURNING detail->>'notice_id'",
+        )
+        .bind(Uuid::now_v7())
+        .bind(session)
+        .bind(format!("expired:{session}:{}", turn.seq))
+        .bind(turn.seq)
+        .bind(Uuid::now_v7().to_string())
+        .bind(reason)
+        .fetch_one(&self.db)
+        .await?;
+        let notice: Uuid = notice.parse().unwrap_or_else(|_| Uuid::now_v7());
+        let sent = turn
+            .message
+            .as_ref()
+            .and_then(|m| m.inbound.as_ref())
+            .and_then(|i| DateTime::from_timestamp_millis(i.received_at_ms))
+            .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
+            .unwrap_or_else(|| "earlier".into());
+        let text = self.config.expired_notice.replace("{sent}", &sent);
+        Ok(vec![self.notice_output(turn, session, notice, text)])
+    }
+
+    fn notice_output(&self, turn: &Turn, session: Uuid, notice: Uuid, text: String) -> Output {
         let stored = StoredReply {
             reply_id: notice,
-            text: self.config.runner_down_notice.clone(),
+            text,
             engine_session_id: String::new(),
             processing_ms: 0,
             tool_calls_count: 0,
@@ -1104,6 +1177,15 @@ impl TurnDispatcher {
     }
 }
 
+/// How long ago the turn's message was received (`None`: it does not say).
+fn turn_age(turn: &Turn, now: DateTime<Utc>) -> Option<chrono::Duration> {
+    let received = turn.message.as_ref()?.inbound.as_ref()?.received_at_ms;
+    if received <= 0 {
+        return None;
+    }
+    Some(now.signed_duration_since(DateTime::from_timestamp_millis(received)?))
+}
+
 /// A turn's answer, ready to commit.
 struct Settlement {
     reply: StoredReply,
@@ -1162,6 +1244,11 @@ impl Stage for TurnDispatcher {
         };
         let reset = ResetReason::parse(&turn.reset);
         match self.mark_failed(session, turn.seq, reset, reason).await {
+            // An expired turn is not silent: the person is told, in the turn's place.
+            Ok(true) if reason.starts_with(EXPIRED) => self
+                .expired(turn, session, reason)
+                .await
+                .map_err(StageError::transient),
             Ok(true) | Err(DispatchError::UnknownSession(_)) => Ok(Vec::new()),
             // Its predecessor is not settled yet, or a live call holds the session: the turn
             // may still be answered; give up once that is over.

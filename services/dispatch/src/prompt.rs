@@ -27,6 +27,8 @@ pub struct PromptContext<'a> {
     pub reset: Option<ResetReason>,
     /// When the turn is built (how long the message waited is measured to it).
     pub now: DateTime<Utc>,
+    /// The message is older than turns are meant to get (`dispatch.max_turn_age_s`).
+    pub stale: bool,
 }
 
 fn fence_marker(message_id: &str) -> String {
@@ -68,7 +70,7 @@ pub fn person_text<'a>(turn: &'a Turn, config: &PromptConfig) -> Cow<'a, str> {
 }
 
 /// "3 min", "2 h 5 min", "1 d 4 h".
-fn for_how_long(d: chrono::Duration) -> String {
+pub fn for_how_long(d: chrono::Duration) -> String {
     let m = d.num_minutes();
     match m {
         ..=59 => format!("{m} min"),
@@ -117,7 +119,14 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
     let sent_line = match sent {
         Some(sent) if inbound.received_at_ms > 0 => {
             let waited = ctx.now.signed_duration_since(sent);
-            if waited > chrono::Duration::minutes(1) {
+            if ctx.stale {
+                format!(
+                    "Sent: {} (it waited {} before this turn, longer than turns are meant to \
+                     wait: what it asks may be out of date; answer with that in mind)\n",
+                    at(sent),
+                    for_how_long(waited)
+                )
+            } else if waited > chrono::Duration::minutes(1) {
                 format!(
                     "Sent: {} (it waited {} before this turn; answer with that in mind)\n",
                     at(sent),
@@ -203,6 +212,7 @@ mod tests {
             summary: None,
             reset: None,
             now: DateTime::from_timestamp_millis(1_795_000_010_000).unwrap(),
+            stale: false,
         }
     }
 

@@ -38,6 +38,18 @@ pub enum RunnerError {
 }
 
 impl RunnerError {
+    /// Whether it says the runner itself is down (unreachable, or answering 503/429), as
+    /// opposed to this turn failing on it (an engine error, a timeout): the circuit breaker
+    /// counts only these. A runner behind a proxy that answers 502/504 for a dead upstream
+    /// looks like failing turns, not a down runner.
+    pub fn means_runner_down(&self) -> bool {
+        match self {
+            RunnerError::Unavailable(e) => e.is_connect(),
+            RunnerError::Failing { status, .. } => matches!(status, 503 | 429),
+            _ => false,
+        }
+    }
+
     /// Whether trying again later can help.
     pub fn is_transient(&self) -> bool {
         matches!(

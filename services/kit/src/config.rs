@@ -707,6 +707,25 @@ pub struct DispatchConfig {
     pub breaker_probe_max_ms: u64,
     /// What a person whose turn waits for a down runner is told, once per outage.
     pub runner_down_notice: String,
+    /// A turn older than this (since its message was received) when it can first run is
+    /// stale (0: never): see `stale_turns`.
+    pub max_turn_age_s: u64,
+    /// What happens to a stale turn: `answer` (run it; the prompt says how old it is) or
+    /// `expire` (not run: dead-lettered as expired and the person told).
+    pub stale_turns: StaleTurns,
+    /// What a person whose message expired is told (`{sent}`: when they sent it).
+    pub expired_notice: String,
+}
+
+/// `dispatch.stale_turns`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StaleTurns {
+    /// Run it, with its age in the prompt.
+    #[default]
+    Answer,
+    /// Do not run it: dead-letter it as expired and tell the person.
+    Expire,
 }
 
 impl Default for DispatchConfig {
@@ -720,6 +739,12 @@ impl Default for DispatchConfig {
             breaker_probe_max_ms: 15_000,
             runner_down_notice: "Your message is safe with us: the assistant is briefly \
                                  unavailable and will answer shortly."
+                .into(),
+            max_turn_age_s: 3_600,
+            stale_turns: StaleTurns::Answer,
+            expired_notice: "Sorry: your message sent {sent} waited too long while the \
+                             assistant was unavailable and was not answered. Please send it \
+                             again if it still matters."
                 .into(),
         }
     }

@@ -595,6 +595,9 @@ impl Runtime {
                 return;
             }
             let first_run = ran.as_ref().map_or_else(Instant::now, |(t, _)| *t);
+            // Time parked waiting out an outage: it does not count toward `max_wait` (a turn
+            // that waited for a down runner may still wait for its predecessor after).
+            let mut outage = Duration::ZERO;
             loop {
                 let outcome = match ran.take() {
                     Some((_, outcome)) => outcome,
@@ -663,14 +666,16 @@ impl Runtime {
                         }
                         tracing::debug!(%why, "waiting out an outage");
                         count(name, "waiting_outage", 1);
+                        let parked = Instant::now();
                         if !slots.park(&msg, after).await {
                             return;
                         }
+                        outage += parked.elapsed();
                         attempt.waits += 1;
                         attempt.waited = first_run.elapsed();
                     }
                     Err(StageError::Defer(after, why)) => {
-                        let waited = first_run.elapsed();
+                        let waited = first_run.elapsed().saturating_sub(outage);
                         if waited >= opts.max_wait {
                             let why = format!(
                                 "waited too long for {why}: {:.0} s (max {:.0} s)",

@@ -107,4 +107,6 @@ pub enum SessionEventKind {
     Failure,
     /// The agent's runner is down: the session's turns wait for it (once per outage).
     Waiting,
+    /// A turn was too old when it could first run and was not run (`stale_turns = expire`).
+    Expired,
 }

@@ -315,6 +315,7 @@ pub fn work_payloads(data: &[u8]) {
             summary: None,
             reset: None,
             now,
+            stale: false,
         };
         let prompt = build_prompt(&turn, &ctx);
         let msg = turn.message.clone().unwrap_or_default();
