@@ -172,6 +172,16 @@ impl Mailbox {
         .await?)
     }
 
+    /// The parts of one reply, in order.
+    pub async fn for_reply(&self, reply_id: Uuid) -> Result<Vec<MailboxEntry>, MailboxError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM switchboard.mailbox WHERE reply_id = $1 ORDER BY seq"
+        ))
+        .bind(reply_id)
+        .fetch_all(&self.db)
+        .await?)
+    }
+
     /// The entry a reply's part was stored as, if it was.
     pub async fn find(&self, reply_id: Uuid, part: i32) -> Result<Option<i64>, MailboxError> {
         Ok(sqlx::query_scalar(

@@ -188,7 +188,8 @@ impl DeliveryLedger {
     }
 
     /// Whether the reply to the turn before `seq` is settled (sent or failed for good), so this
-    /// one may go out after it. Turns that failed have no reply and do not hold anything up.
+    /// one may go out after it. Turns that failed have no reply and do not hold anything up;
+    /// turns answered by a later turn's call (joined into it) are passed over.
     pub async fn predecessor_settled(&self, session: Uuid, seq: i64) -> Result<bool, sqlx::Error> {
         if seq <= 1 {
             return Ok(true);
@@ -197,7 +198,9 @@ impl DeliveryLedger {
             "SELECT t.status, d.status
                FROM switchboard.turns t
                LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
-              WHERE t.session_id = $1 AND t.seq = $2 - 1",
+              WHERE t.session_id = $1 AND t.seq < $2
+                AND NOT (t.status = 'done' AND t.reply_id IS NULL)
+              ORDER BY t.seq DESC LIMIT 1",
         )
         .bind(session)
         .bind(seq)

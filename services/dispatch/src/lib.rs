@@ -57,6 +57,9 @@ pub enum DispatchError {
     NotYet { seq: i64, next: i64 },
     #[error("another call of turn {seq} holds the session; its answer will stand")]
     Superseded { seq: i64 },
+    /// The turn's message was answered by turn `into`'s runner call (queue mode collect).
+    #[error("turn {seq} was answered together with turn {into}")]
+    JoinedInto { seq: i64, into: i64 },
     /// Too old when it could first run, and `stale_turns = expire`: not run.
     #[error("{EXPIRED}: the message waited {} before it could run (dispatch.max_turn_age_s is {max_s})", prompt::for_how_long(*waited))]
     Expired {
@@ -98,6 +101,8 @@ struct StoredReply {
     tool_calls_count: i64,
     /// The fresh engine session the turn started (the reply tells the person).
     reset: Option<ResetReason>,
+    /// The inbound messages a joined call answered, in order (empty: this turn's alone).
+    answers: Vec<String>,
 }
 
 /// The engine session a session goes on with after a turn.
@@ -513,8 +518,12 @@ impl TurnDispatcher {
         let _admitted = self.checks.acquire().await.expect("never closed");
         let row = sqlx::query(
             "SELECT status, error, reply_id, reply_text, engine_session_id, processing_ms,
-                    tool_calls_count, reset
-               FROM switchboard.turns WHERE session_id = $1 AND seq = $2",
+                    tool_calls_count, reset, joined_into,
+                    (SELECT array_agg(j.inbound_id::text ORDER BY j.seq)
+                       FROM switchboard.turns j
+                      WHERE j.session_id = t.session_id AND j.joined_into = t.seq
+                        AND j.status = 'done' AND j.seq < t.seq)
+               FROM switchboard.turns t WHERE session_id = $1 AND seq = $2",
         )
         .bind(session)
         .bind(seq)
@@ -527,8 +536,27 @@ impl TurnDispatcher {
                 error: row.get::<Option<String>, _>(1).unwrap_or_default(),
             });
         }
+        let reply_id: Option<Uuid> = row.get(2);
+        let Some(reply_id) = reply_id else {
+            return Err(DispatchError::JoinedInto {
+                seq,
+                into: row.get::<Option<i64>, _>(8).unwrap_or(seq),
+            });
+        };
+        let mut answers: Vec<String> = row.get::<Option<Vec<String>>, _>(9).unwrap_or_default();
+        if !answers.is_empty() {
+            let own: Option<String> = sqlx::query_scalar(
+                "SELECT inbound_id::text FROM switchboard.turns WHERE session_id = $1 AND seq = $2",
+            )
+            .bind(session)
+            .bind(seq)
+            .fetch_optional(&self.db)
+            .await?;
+            answers.extend(own);
+        }
         Ok(StoredReply {
-            reply_id: row.get(2),
+            answers,
+            reply_id,
             text: row.get(3),
             engine_session_id: row.get(4),
             processing_ms: row.get::<Option<i64>, _>(5).unwrap_or(0),
@@ -554,6 +582,7 @@ impl TurnDispatcher {
             reply,
             next,
             consumed,
+            ..
         } = settlement;
         let mut tx = self.db.begin().await?;
         // Only the call holding the session's slot may commit: a call whose lease lapsed (its
@@ -591,6 +620,19 @@ impl TurnDispatcher {
         let Some((previous,)) = previous else {
             return Ok(false);
         };
+        let first = settlement.first;
+        if first < seq {
+            sqlx::query(
+                "UPDATE switchboard.turns
+                    SET status = 'done', error = NULL, joined_into = $3, completed_at = now()
+                  WHERE session_id = $1 AND seq >= $2 AND seq < $3 AND status <> 'done'",
+            )
+            .bind(session)
+            .bind(first)
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
+        }
         // A done turn keeps its first reply (a replayed failed turn can be run by two copies).
         let stored = sqlx::query(
             "UPDATE switchboard.turns
@@ -622,6 +664,7 @@ impl TurnDispatcher {
                 "engine_session_id": reply.engine_session_id,
                 "processing_ms": reply.processing_ms,
                 "tool_calls_count": reply.tool_calls_count,
+                "joined": (first..=seq).collect::<Vec<i64>>(),
             }),
         )];
         if let Some(reason) = reply.reset {
@@ -766,6 +809,7 @@ impl TurnDispatcher {
             person: msg.person,
             provider_message_id: inbound.provider_message_id.clone(),
             kind: String::new(),
+            answers: stored.answers.clone(),
         }
     }
 
@@ -818,6 +862,8 @@ impl TurnDispatcher {
                     match self.stored_reply(session, turn.seq).await {
                         // Already done (by us before a crash, or by another replica): same answer.
                         Ok(stored) => return Ok(self.outputs(turn, session, &stored)),
+                        // Answered by a later turn's call: its reply is that turn's to send.
+                        Err(DispatchError::JoinedInto { .. }) => return Ok(Vec::new()),
                         // It failed for good, and nothing ran after it: run it again in place.
                         Err(DispatchError::FailedEarlier { .. }) if turn.seq == last => {
                             ready = Some(last);
@@ -877,8 +923,10 @@ impl TurnDispatcher {
                 processing_ms: 0,
                 tool_calls_count: 0,
                 reset,
+                answers: Vec::new(),
             },
             next,
+            first: turn.seq,
             // A pending reset applied here is cleared unless a newer one came meanwhile.
             consumed,
         };
@@ -930,8 +978,18 @@ impl TurnDispatcher {
         if stale.is_some() {
             metrics::counter!("sb_dispatch_stale_turns_total").increment(1);
         }
-        let prompt = prompt::build_prompt(
-            turn,
+        // Messages that arrived while the previous turn ran join this call (collect,
+        // interrupt); the reply is committed at the last of them.
+        let mut group = vec![turn.clone()];
+        if agent.queue_mode.joins() && stale.is_none() {
+            group.extend(self.joinable(session, turn).await?);
+        }
+        let last = group.last().expect("the turn itself").clone();
+        if group.len() > 1 {
+            metrics::counter!("sb_dispatch_joined_messages_total").increment(group.len() as u64);
+        }
+        let prompt = prompt::build_joined_prompt(
+            &group,
             &prompt::PromptContext {
                 config: &self.prompt,
                 summary: lease.summary.as_ref().map(|(s, at)| (s.as_str(), *at)),
@@ -970,7 +1028,11 @@ impl TurnDispatcher {
                 max_s: self.config.max_turn_age_s,
             });
         }
-        let key = format!("turn:{session}:{}", turn.seq);
+        let key = if group.len() > 1 {
+            format!("turn:{session}:{}-{}", turn.seq, last.seq)
+        } else {
+            format!("turn:{session}:{}", turn.seq)
+        };
         let started = Instant::now();
         let resp = match self.runner.run(agent, &request, &key).await {
             Ok(resp) => {
@@ -1014,7 +1076,89 @@ impl TurnDispatcher {
         );
         s.reply.processing_ms = processing_ms;
         s.reply.tool_calls_count = resp.tool_calls_count;
-        self.settle(turn, session, after, call, s).await
+        if group.len() > 1 {
+            s.reply.answers = group
+                .iter()
+                .filter_map(|t| t.message.as_ref()?.inbound.as_ref().map(|i| i.id.clone()))
+                .collect();
+        }
+        self.settle(&last, session, after, call, s).await
+    }
+
+    /// The session's messages waiting right after `head` that one call may answer with it: the
+    /// group planned by an earlier attempt at `head` (so a retry makes the same call, under
+    /// the same Idempotency-Key), else the open turns that follow it without a gap, up to
+    /// `dispatch.collect_max`, stopping at one that must stand alone (answered without the
+    /// agent, or starting a fresh engine session). The plan is recorded before the call.
+    async fn joinable(&self, session: Uuid, head: &Turn) -> Result<Vec<Turn>, DispatchError> {
+        let planned: Option<i64> = sqlx::query_scalar(
+            "SELECT joined_into FROM switchboard.turns WHERE session_id = $1 AND seq = $2",
+        )
+        .bind(session)
+        .bind(head.seq)
+        .fetch_optional(&self.db)
+        .await?
+        .flatten();
+        let rows: Vec<(i64, Option<Vec<u8>>, Option<ResetReason>)> = match planned {
+            Some(last) if last > head.seq => {
+                sqlx::query_as(
+                    "SELECT seq, payload, reset FROM switchboard.turns
+                      WHERE session_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq",
+                )
+                .bind(session)
+                .bind(head.seq)
+                .bind(last)
+                .fetch_all(&self.db)
+                .await?
+            }
+            _ => {
+                sqlx::query_as(
+                    "SELECT seq, payload, reset FROM switchboard.turns
+                      WHERE session_id = $1 AND seq > $2 AND status = 'open'
+                      ORDER BY seq LIMIT $3",
+                )
+                .bind(session)
+                .bind(head.seq)
+                .bind(self.config.collect_max.saturating_sub(1).max(1) as i64)
+                .fetch_all(&self.db)
+                .await?
+            }
+        };
+        let mut joined = Vec::new();
+        for (next, (seq, payload, reset)) in (head.seq + 1..).zip(rows) {
+            let message = payload.and_then(|p| {
+                <switchboard_kit::proto::IdentifiedMessage as prost::Message>::decode(p.as_slice())
+                    .ok()
+            });
+            let Some(message) = message else { break };
+            let turn = Turn {
+                session_id: head.session_id.clone(),
+                seq,
+                agent_name: head.agent_name.clone(),
+                agent_identity: head.agent_identity.clone(),
+                scope_key: head.scope_key.clone(),
+                message: Some(message),
+                reset: String::new(),
+            };
+            if seq != next || reset.is_some() || turn.given_answer().is_some() {
+                break;
+            }
+            joined.push(turn);
+        }
+        if planned.is_none()
+            && let Some(last) = joined.last()
+        {
+            sqlx::query(
+                "UPDATE switchboard.turns SET joined_into = $3
+                  WHERE session_id = $1 AND seq >= $2 AND seq <= $3 AND status = 'open'",
+            )
+            .bind(session)
+            .bind(head.seq)
+            .bind(last.seq)
+            .execute(&self.db)
+            .await?;
+        }
+        Ok(joined)
     }
 
     /// The turn waits for its agent's runner to come back: the call slot is given back, the
@@ -1119,6 +1263,7 @@ impl TurnDispatcher {
             processing_ms: 0,
             tool_calls_count: 0,
             reset: None,
+            answers: Vec::new(),
         };
         let reply = Reply {
             kind: "notice".into(),
@@ -1167,6 +1312,7 @@ impl TurnDispatcher {
                 tracing::warn!(%session, seq = turn.seq, "turn committed elsewhere; re-emitting that reply");
                 Ok(self.outputs(turn, session, &stored))
             }
+            Err(DispatchError::JoinedInto { .. }) => Ok(Vec::new()),
             // Another call of this turn holds the slot and is still running: its answer will
             // stand; come back for it.
             Err(DispatchError::FailedEarlier { .. }) => {
@@ -1192,6 +1338,9 @@ struct Settlement {
     next: NextEngineSession,
     /// The pending reset this turn applied: when it was asked for.
     consumed: Option<Option<DateTime<Utc>>>,
+    /// The first turn the call answered (earlier than the committed one when it joined
+    /// several: those are done, joined into it).
+    first: i64,
 }
 
 impl Stage for TurnDispatcher {

@@ -267,13 +267,30 @@ async fn message_status(
 /// Answered once a reply is in the mailbox (or, sent by a provider, in the delivery ledger as
 /// sent); failed once its turn or delivery failed for good.
 async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<MessageStatus, Refused> {
-    let (notices, replies): (Vec<_>, Vec<_>) = state
+    let mut entries = state
         .mailbox
         .for_correlation(correlation_id)
         .await
+        .map_err(unavailable)?;
+    // A message answered together with later ones (queue mode collect): the answer is the
+    // reply of the turn it was joined into.
+    if !entries.iter().any(|e| !e.is_notice()) {
+        let joined: Option<Uuid> = sqlx::query_scalar(
+            "SELECT m.reply_id FROM switchboard.turns t
+               JOIN switchboard.turns m ON m.session_id = t.session_id AND m.seq = t.joined_into
+              WHERE t.inbound_id = $1 AND t.status = 'done' AND t.reply_id IS NULL",
+        )
+        .bind(correlation_id.parse::<Uuid>().unwrap_or_default())
+        .fetch_optional(&state.db)
+        .await
         .map_err(unavailable)?
-        .into_iter()
-        .partition(MailboxEntry::is_notice);
+        .flatten();
+        if let Some(reply) = joined {
+            entries.extend(state.mailbox.for_reply(reply).await.map_err(unavailable)?);
+        }
+    }
+    let (notices, replies): (Vec<_>, Vec<_>) =
+        entries.into_iter().partition(MailboxEntry::is_notice);
     let notices: Vec<ReplyView> = notices.iter().map(ReplyView::from).collect();
     if !replies.is_empty() {
         return Ok(MessageStatus {

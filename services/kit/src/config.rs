@@ -377,6 +377,37 @@ pub struct AgentConfig {
     /// `/new` and `/reset` start a fresh engine session (false: they go to the agent as text).
     #[serde(default = "default_true")]
     pub reset_commands: bool,
+    /// What happens to messages that arrive while one of the session's turns runs.
+    #[serde(default)]
+    pub queue_mode: QueueMode,
+}
+
+/// `[[agents]] queue_mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueMode {
+    /// Each message is its own turn, in order.
+    #[default]
+    Followup,
+    /// Messages that arrived while a turn ran are joined into the next turn, in order.
+    Collect,
+    /// A new message cancels the running call at the runner; the next turn carries both.
+    Interrupt,
+}
+
+impl QueueMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueMode::Followup => "followup",
+            QueueMode::Collect => "collect",
+            QueueMode::Interrupt => "interrupt",
+        }
+    }
+
+    /// Whether the session's waiting messages are joined into one runner call.
+    pub fn joins(self) -> bool {
+        self != QueueMode::Followup
+    }
 }
 
 impl Default for AgentConfig {
@@ -393,6 +424,7 @@ impl Default for AgentConfig {
             daily_reset: String::new(),
             time_zone: default_time_zone(),
             reset_commands: true,
+            queue_mode: QueueMode::Followup,
         }
     }
 }
@@ -715,6 +747,8 @@ pub struct DispatchConfig {
     pub stale_turns: StaleTurns,
     /// What a person whose message expired is told (`{sent}`: when they sent it).
     pub expired_notice: String,
+    /// Most messages one runner call joins (`collect`, `interrupt`); the rest go in the next.
+    pub collect_max: usize,
 }
 
 /// `dispatch.stale_turns`.
@@ -741,6 +775,7 @@ impl Default for DispatchConfig {
                                  unavailable and will answer shortly."
                 .into(),
             max_turn_age_s: 3_600,
+            collect_max: 20,
             stale_turns: StaleTurns::Answer,
             expired_notice: "Sorry: your message sent {sent} waited too long while the \
                              assistant was unavailable and was not answered. Please send it \

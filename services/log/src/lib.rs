@@ -303,8 +303,21 @@ fn outbound_entry(reply: &Reply) -> Result<LogEntry, LogError> {
         tool_calls_count: Some(reply.tool_calls_count),
         correlation_id: reply.correlation_id.clone(),
         external_id: None,
-        metadata: serde_json::json!({}),
+        metadata: outbound_metadata(reply),
     })
+}
+
+/// What an outbound row keeps beyond its text: a notice says so, and a reply to several
+/// messages (joined into one runner call) names them all, in order.
+fn outbound_metadata(reply: &Reply) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    if !reply.kind.is_empty() {
+        m.insert("kind".into(), reply.kind.clone().into());
+    }
+    if !reply.answers.is_empty() {
+        m.insert("answers".into(), reply.answers.clone().into());
+    }
+    m.into()
 }
 
 /// The inbound log stage, as the product lists it.

@@ -302,8 +302,8 @@ impl SessionStore {
         sqlx::query(
             "WITH turn AS (
                 INSERT INTO switchboard.turns
-                    (session_id, seq, inbound_id, channel, provider_message_id, reset)
-                VALUES ($1, $2, $3, $4, $5, $6)
+                    (session_id, seq, inbound_id, channel, provider_message_id, reset, payload)
+                VALUES ($1, $2, $3, $4, $5, $6, $9)
                 RETURNING session_id, seq)
              INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
              SELECT $7, session_id, 'message_in:' || session_id || ':' || seq, 'message_in', seq, $8
@@ -317,6 +317,13 @@ impl SessionStore {
         .bind(reset)
         .bind(Uuid::now_v7())
         .bind(entry)
+        // An agent that joins waiting messages reads them from here.
+        .bind(
+            agent
+                .queue_mode
+                .joins()
+                .then(|| prost::Message::encode_to_vec(msg)),
+        )
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
