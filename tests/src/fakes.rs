@@ -667,6 +667,10 @@ pub struct FakeRunner {
     /// The agent host is down: every call gets 503 (counted in `refused`, not in `calls`).
     down: Arc<std::sync::atomic::AtomicBool>,
     pub refused: Arc<AtomicUsize>,
+    /// Calls in progress by Idempotency-Key, for `DELETE /run/<key>`.
+    running: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+    /// Keys whose call was cancelled (a later POST with one answers `cancelled`).
+    pub cancelled: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeRunner {
@@ -685,9 +689,12 @@ impl FakeRunner {
             sessions: Default::default(),
             down: Default::default(),
             refused: Default::default(),
+            running: Default::default(),
+            cancelled: Default::default(),
         };
         let router = Router::new()
             .route("/run", post(Self::run))
+            .route("/run/{key}", axum::routing::delete(Self::cancel))
             .with_state(this.clone());
         this.url = serve(router).await;
         this
@@ -713,6 +720,20 @@ impl FakeRunner {
 
     pub fn set_hold(&self, hold: bool) {
         *self.hold.lock().unwrap() = hold;
+    }
+
+    /// `DELETE /run/<key>`: cancel the call running under that key, as a runner kills the
+    /// engine's process group.
+    async fn cancel(State(s): State<FakeRunner>, Path(key): Path<String>) -> StatusCode {
+        let running = s.running.lock().unwrap().get(&key).cloned();
+        match running {
+            Some(call) => {
+                s.cancelled.lock().unwrap().push(key);
+                call.notify_one();
+                StatusCode::ACCEPTED
+            }
+            None => StatusCode::NOT_FOUND,
+        }
     }
 
     /// The person's text inside a prompt's fence.
@@ -763,11 +784,34 @@ impl FakeRunner {
             *n += 1;
             s.max_overlap.fetch_max(*n, Ordering::SeqCst);
         }
+        let cancelled = || {
+            (
+                StatusCode::CONFLICT,
+                Json(serde_json::json!({"error": {"code": "cancelled", "message": "cancelled"}})),
+            )
+        };
+        if s.cancelled.lock().unwrap().contains(&key) {
+            *s.in_flight.lock().unwrap().get_mut(&person).unwrap() -= 1;
+            return cancelled();
+        }
+        let cancel = Arc::new(Notify::new());
+        s.running
+            .lock()
+            .unwrap()
+            .insert(key.clone(), cancel.clone());
         s.received.notify_one();
         let hold = *s.hold.lock().unwrap();
         if hold {
-            s.release.notified().await;
+            tokio::select! {
+                _ = s.release.notified() => {}
+                _ = cancel.notified() => {
+                    s.running.lock().unwrap().remove(&key);
+                    *s.in_flight.lock().unwrap().get_mut(&person).unwrap() -= 1;
+                    return cancelled();
+                }
+            }
         }
+        s.running.lock().unwrap().remove(&key);
         let delay = *s.delay.lock().unwrap();
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;

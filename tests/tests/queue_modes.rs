@@ -132,3 +132,62 @@ async fn followup_answers_each_message_sent_while_a_turn_ran_in_its_own_turn() {
     assert_eq!(app.runner.calls().len(), 6);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn interrupt_cancels_the_running_call_and_the_next_turn_carries_both_messages() {
+    let app = spawn_app_configured(|c| c.agents[0].queue_mode = QueueMode::Interrupt).await;
+    app.runner.set_hold(true);
+    app.send_sms(PERSON, "book me a table for two").await;
+    tokio::time::timeout(WAIT, app.runner.received.notified())
+        .await
+        .expect("the first call reached the runner");
+    // The first call stays held; the next ones are answered at once.
+    app.runner.set_hold(false);
+    app.send_sms(PERSON, "actually, make it four").await;
+    let sent = app.wait_for_sms(1, WAIT).await;
+    app.settle().await;
+
+    // The running call was cancelled at the runner, by its key.
+    let cancelled = app.runner.cancelled.lock().unwrap().clone();
+    assert_eq!(cancelled.len(), 1, "{cancelled:?}");
+    assert!(cancelled[0].ends_with(":1"), "{cancelled:?}");
+    // The call that answered carries both messages, in order, under a key of its own.
+    let calls = app.runner.calls();
+    assert_eq!(
+        calls.len(),
+        2,
+        "the cancelled call and the one that answered"
+    );
+    let answered = &calls[1];
+    assert!(
+        answered.idempotency_key.ends_with(":1-2~1"),
+        "{}",
+        answered.idempotency_key
+    );
+    let p = &answered.prompt;
+    let (a, b) = (
+        p.find("book me a table for two")
+            .expect("the first message"),
+        p.find("actually, make it four")
+            .expect("the second message"),
+    );
+    assert!(a < b, "{p}");
+    // One answer for both, nothing lost: both turns done, both messages logged.
+    assert_eq!(sent.len(), 1);
+    assert_eq!(app.twilio.sent().len(), 1);
+    let open: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM switchboard.turns WHERE status <> 'done'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(open, 0);
+    assert_eq!(
+        app.log_rows()
+            .await
+            .iter()
+            .filter(|r| r.direction == "inbound")
+            .count(),
+        2
+    );
+    app.shutdown().await;
+}

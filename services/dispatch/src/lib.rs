@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 use switchboard_kit::config::{
-    AgentConfig, Config, DispatchConfig, PromptConfig, ResetNotices, StaleTurns,
+    AgentConfig, Config, DispatchConfig, PromptConfig, QueueMode, ResetNotices, StaleTurns,
 };
 use switchboard_kit::proto::{Reply, SessionReset, Turn};
 use switchboard_kit::retry::{self, Backoff};
@@ -57,6 +57,10 @@ pub enum DispatchError {
     NotYet { seq: i64, next: i64 },
     #[error("another call of turn {seq} holds the session; its answer will stand")]
     Superseded { seq: i64 },
+    /// The turn's call was cancelled by a newer message (queue mode interrupt): it runs again,
+    /// joined with it.
+    #[error("turn {seq}'s call was interrupted by a newer message")]
+    Interrupted { seq: i64 },
     /// The turn's message was answered by turn `into`'s runner call (queue mode collect).
     #[error("turn {seq} was answered together with turn {into}")]
     JoinedInto { seq: i64, into: i64 },
@@ -453,7 +457,8 @@ impl TurnDispatcher {
             "WITH leased AS (
                 UPDATE switchboard.sessions s
                    SET running_call = $3, running_by = $4, status = 'running',
-                       running_until = now() + $5 * interval '1 millisecond'
+                       running_until = now() + $5 * interval '1 millisecond',
+                       running_key = NULL, running_last = NULL, running_interrupted = false
                  WHERE s.id = $1 AND s.last_seq = $2
                    AND (s.running_call IS NULL OR s.running_until < now()
                         OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
@@ -851,6 +856,7 @@ impl TurnDispatcher {
         } else {
             // Woken by this process moving the session on, or by the session watch.
             let waiting = self.wakers.wait_on(session);
+            let mut interrupt_tried = false;
             loop {
                 // Registered before the check, so a wake between the check and the wait counts.
                 let woken = waiting.notify().notified();
@@ -887,6 +893,10 @@ impl TurnDispatcher {
                         _slot = slot;
                         break (lease, after);
                     }
+                }
+                if agent.queue_mode == QueueMode::Interrupt && !interrupt_tried {
+                    interrupt_tried = true;
+                    self.interrupt_running_call(session, turn, agent).await;
                 }
                 if Instant::now() >= deadline {
                     return Err(DispatchError::NotYet {
@@ -981,8 +991,11 @@ impl TurnDispatcher {
         // Messages that arrived while the previous turn ran join this call (collect,
         // interrupt); the reply is committed at the last of them.
         let mut group = vec![turn.clone()];
+        let mut interrupts = 0;
         if agent.queue_mode.joins() && stale.is_none() {
-            group.extend(self.joinable(session, turn).await?);
+            let (joined, cancelled) = self.joinable(session, turn).await?;
+            group.extend(joined);
+            interrupts = cancelled;
         }
         let last = group.last().expect("the turn itself").clone();
         if group.len() > 1 {
@@ -1014,6 +1027,7 @@ impl TurnDispatcher {
             },
             correlation_id: correlation,
             workspace: lease.workspace.as_deref(),
+            queue_mode: agent.queue_mode.as_str(),
         };
         if let Some(waited) = stale
             && self.config.stale_turns == StaleTurns::Expire
@@ -1028,11 +1042,28 @@ impl TurnDispatcher {
                 max_s: self.config.max_turn_age_s,
             });
         }
-        let key = if group.len() > 1 {
+        let mut key = if group.len() > 1 {
             format!("turn:{session}:{}-{}", turn.seq, last.seq)
         } else {
             format!("turn:{session}:{}", turn.seq)
         };
+        // A call cancelled at the runner keeps its answer (`cancelled`) under its key.
+        if interrupts > 0 {
+            key.push_str(&format!("~{interrupts}"));
+        }
+        if agent.queue_mode == QueueMode::Interrupt {
+            // What a message arriving now cancels.
+            sqlx::query(
+                "UPDATE switchboard.sessions SET running_key = $3, running_last = $4
+                  WHERE id = $1 AND running_call = $2",
+            )
+            .bind(session)
+            .bind(call)
+            .bind(&key)
+            .bind(last.seq)
+            .execute(&self.db)
+            .await?;
+        }
         let started = Instant::now();
         let resp = match self.runner.run(agent, &request, &key).await {
             Ok(resp) => {
@@ -1051,6 +1082,12 @@ impl TurnDispatcher {
                     tracing::warn!(%session, error = %db, "could not release the call slot");
                 }
                 return Err(e.into());
+            }
+            Err(RunnerError::Cancelled) => {
+                // Interrupted by a newer message: run again at once, joined with it.
+                self.breakers.succeeded(&agent.runner_url);
+                self.interrupted(session, call, turn.seq).await?;
+                return Err(DispatchError::Interrupted { seq: turn.seq });
             }
             Err(e) => {
                 // The turn's own problem (an engine error, a timeout); an answer says the
@@ -1085,20 +1122,87 @@ impl TurnDispatcher {
         self.settle(&last, session, after, call, s).await
     }
 
+    /// The turn's call was cancelled at the runner: forget the group it planned (the next call
+    /// joins what is waiting now), count the cancellation (the next call's key differs) and
+    /// give the call slot back.
+    async fn interrupted(&self, session: Uuid, call: Uuid, head: i64) -> Result<(), DispatchError> {
+        let mut tx = self.db.begin().await?;
+        sqlx::query(
+            "UPDATE switchboard.turns
+                SET joined_into = NULL,
+                    interrupts = interrupts + CASE WHEN seq = $2 THEN 1 ELSE 0 END
+              WHERE session_id = $1 AND seq >= $2 AND status = 'open'",
+        )
+        .bind(session)
+        .bind(head)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE switchboard.sessions
+                SET running_call = NULL, running_by = NULL, running_until = NULL, status = 'idle',
+                    running_key = NULL, running_last = NULL, running_interrupted = false
+              WHERE id = $1 AND running_call = $2",
+        )
+        .bind(session)
+        .bind(call)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.wakers.wake(session);
+        metrics::counter!("sb_dispatch_calls_interrupted_total").increment(1);
+        Ok(())
+    }
+
+    /// Queue mode interrupt: a message that could join the next call cancels the session's
+    /// running call at the runner, once per call, unless that call already carries it.
+    async fn interrupt_running_call(&self, session: Uuid, turn: &Turn, agent: &AgentConfig) {
+        if turn.given_answer().is_some() || !turn.reset.is_empty() {
+            return;
+        }
+        let key: Result<Option<String>, sqlx::Error> = sqlx::query_scalar(
+            "UPDATE switchboard.sessions SET running_interrupted = true
+              WHERE id = $1 AND running_call IS NOT NULL AND running_key IS NOT NULL
+                AND NOT running_interrupted AND running_last < $2 AND running_until > now()
+             RETURNING running_key",
+        )
+        .bind(session)
+        .bind(turn.seq)
+        .fetch_optional(&self.db)
+        .await;
+        match key {
+            Ok(Some(key)) => match self.runner.cancel(agent, &key).await {
+                Ok(status) => {
+                    tracing::debug!(%session, status, "asked the runner to cancel the running call")
+                }
+                Err(e) => tracing::warn!(%session, error = %e, "could not cancel the running call"),
+            },
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "could not look for a call to interrupt")
+            }
+        }
+    }
+
     /// The session's messages waiting right after `head` that one call may answer with it: the
     /// group planned by an earlier attempt at `head` (so a retry makes the same call, under
     /// the same Idempotency-Key), else the open turns that follow it without a gap, up to
     /// `dispatch.collect_max`, stopping at one that must stand alone (answered without the
     /// agent, or starting a fresh engine session). The plan is recorded before the call.
-    async fn joinable(&self, session: Uuid, head: &Turn) -> Result<Vec<Turn>, DispatchError> {
-        let planned: Option<i64> = sqlx::query_scalar(
-            "SELECT joined_into FROM switchboard.turns WHERE session_id = $1 AND seq = $2",
+    /// Also returns how many of `head`'s calls were cancelled (interrupt).
+    async fn joinable(
+        &self,
+        session: Uuid,
+        head: &Turn,
+    ) -> Result<(Vec<Turn>, i32), DispatchError> {
+        let (planned, interrupts): (Option<i64>, i32) = sqlx::query_as(
+            "SELECT joined_into, interrupts FROM switchboard.turns
+              WHERE session_id = $1 AND seq = $2",
         )
         .bind(session)
         .bind(head.seq)
         .fetch_optional(&self.db)
         .await?
-        .flatten();
+        .unwrap_or((None, 0));
         let rows: Vec<(i64, Option<Vec<u8>>, Option<ResetReason>)> = match planned {
             Some(last) if last > head.seq => {
                 sqlx::query_as(
@@ -1158,7 +1262,7 @@ impl TurnDispatcher {
             .execute(&self.db)
             .await?;
         }
-        Ok(joined)
+        Ok((joined, interrupts))
     }
 
     /// The turn waits for its agent's runner to come back: the call slot is given back, the
@@ -1357,6 +1461,9 @@ impl Stage for TurnDispatcher {
                 why: "the agent's runner is down".into(),
                 outputs: notice,
             }),
+            Err(e @ DispatchError::Interrupted { .. }) => {
+                Err(StageError::Defer(Duration::from_millis(10), e.to_string()))
+            }
             Err(e @ (DispatchError::NotYet { .. } | DispatchError::Superseded { .. })) => {
                 let after = Duration::from_millis(self.config.hold_poll_ms);
                 // Behind a turn that waits for a down runner, a turn waits as long as it does.

@@ -13,6 +13,8 @@ pub struct RunRequest<'a> {
     /// The session's folder, on storage the agent host mounts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workspace: Option<&'a str>,
+    /// The agent's queue mode (`followup`, `collect`, `interrupt`).
+    pub queue_mode: &'a str,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -35,6 +37,9 @@ pub enum RunnerError {
     Rejected { status: u16, body: String },
     #[error("runner answered something that is not a run response: {0}")]
     BadResponse(String),
+    /// The call was cancelled at the runner (`DELETE /run/<key>`: queue mode interrupt).
+    #[error("the runner call was cancelled")]
+    Cancelled,
 }
 
 impl RunnerError {
@@ -57,6 +62,11 @@ impl RunnerError {
             RunnerError::Unavailable(_) | RunnerError::Failing { .. }
         )
     }
+}
+
+/// A runner's `{"error": {"code": "cancelled"}}`.
+fn is_cancelled(body: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body).is_ok_and(|v| v["error"]["code"] == "cancelled")
 }
 
 #[derive(Clone)]
@@ -117,10 +127,37 @@ impl RunnerClient {
             .take(500)
             .collect();
         let status = status.as_u16();
+        if status == 409 && is_cancelled(&body) {
+            return Err(RunnerError::Cancelled);
+        }
         if status >= 500 || status == 408 || status == 429 {
             Err(RunnerError::Failing { status, body })
         } else {
             Err(RunnerError::Rejected { status, body })
         }
+    }
+
+    /// Cancel the call running under `idempotency_key` (`DELETE {runner_url}/run/<key>`): its
+    /// process group is killed and the call answers `cancelled`. Whether there was one to
+    /// cancel is the runner's business; an unreachable runner is an error.
+    pub async fn cancel(
+        &self,
+        agent: &AgentConfig,
+        idempotency_key: &str,
+    ) -> Result<u16, RunnerError> {
+        let url = format!(
+            "{}/run/{}",
+            agent.runner_url.trim_end_matches('/'),
+            percent_encoding::utf8_percent_encode(
+                idempotency_key,
+                percent_encoding::NON_ALPHANUMERIC
+            )
+        );
+        let mut req = self.http.delete(url).timeout(Duration::from_secs(10));
+        if !agent.token.is_empty() {
+            req = req.bearer_auth(agent.token.expose());
+        }
+        let resp = req.send().await.map_err(RunnerError::Unavailable)?;
+        Ok(resp.status().as_u16())
     }
 }
