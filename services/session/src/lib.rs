@@ -124,8 +124,14 @@ impl SessionStore {
         }
     }
 
-    /// Give each session a folder under `workspace.root`.
-    pub fn with_workspaces(mut self, workspace: WorkspaceConfig) -> Self {
+    /// Give each session a folder under `workspace.root` (a relative root is taken from the
+    /// working directory: the runner gets absolute paths).
+    pub fn with_workspaces(mut self, mut workspace: WorkspaceConfig) -> Self {
+        if !workspace.root.is_empty()
+            && let Ok(root) = std::path::absolute(&workspace.root)
+        {
+            workspace.root = root.to_string_lossy().into_owned();
+        }
         self.workspace = workspace;
         self
     }
