@@ -17,6 +17,7 @@
 pub mod breaker;
 pub mod prompt;
 pub mod runner;
+pub mod schedule;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -1529,12 +1530,21 @@ fn task(app: &App) -> Task {
     let c = &app.config;
     let stage = Arc::new(TurnDispatcher::new(app.db.clone(), app.topology.clone(), c));
     let run = app.shared_stage_task(stage.clone());
+    let scheduler = schedule::Scheduler::new(
+        app.db.clone(),
+        app.runtime(),
+        app.topology.clone(),
+        &c.schedules,
+        Duration::from_millis(c.dispatch.schedule_tick_ms),
+        Duration::from_secs(c.dispatch.schedule_lateness_s),
+    );
     // Heartbeat until the stage has drained (in-flight calls still hold their leases).
     Box::pin(async move {
         let result = tokio::select! {
             r = run => r,
             _ = stage.keep_alive() => unreachable!("keep_alive never returns"),
             _ = stage.watch_sessions() => unreachable!("watch_sessions never returns"),
+            _ = scheduler.run() => unreachable!("the scheduler never returns"),
         };
         stage.retire().await;
         result

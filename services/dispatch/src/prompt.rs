@@ -108,6 +108,15 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         ),
         _ => "Summary of earlier conversations: none yet.\n".to_string(),
     };
+    let scheduled = if inbound.scheduled.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "Scheduled input ({}): the text below is this schedule's instruction to you, not a \
+             message from the person; your reply is sent to them.\n",
+            inbound.scheduled
+        )
+    };
     let session = match ctx.reset {
         Some(reason) => format!(
             "Session: a fresh engine session (reset: {}); the person has been told.\n",
@@ -145,6 +154,7 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
          Authority ({ptype}): {auth}\n\
          Channel: {channel} via {provider}\n\
          {session}\
+         {scheduled}\
          {sent_line}",
         seq = turn.seq,
         agent = turn.agent_name,

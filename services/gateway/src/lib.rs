@@ -378,6 +378,8 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         arrival_epoch: arrival.epoch,
         asserted,
         outbound_text,
+        // The gateway takes what people send; schedules are fired by dispatch.
+        scheduled: String::new(),
     };
     if let Some((first, retry_after)) = limited {
         metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel.clone())

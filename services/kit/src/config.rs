@@ -58,6 +58,8 @@ pub struct Config {
     pub dispatch: DispatchConfig,
     pub workspace: WorkspaceConfig,
     pub prompt: PromptConfig,
+    /// `[[schedules]]`: inputs agents get on a timetable.
+    pub schedules: Vec<ScheduleConfig>,
     /// `[stages.<name>]`: per-stage overrides of the runtime knobs (see [`crate::stage`]).
     pub stages: BTreeMap<String, crate::stage::StageOverrides>,
     pub demo: DemoConfig,
@@ -87,6 +89,7 @@ impl std::fmt::Debug for Config {
             .field("dispatch", &self.dispatch)
             .field("workspace", &self.workspace)
             .field("prompt", &self.prompt)
+            .field("schedules", &self.schedules)
             .field("stages", &self.stages)
             .field("demo", &self.demo)
             .finish()
@@ -122,6 +125,7 @@ impl Default for Config {
             dispatch: DispatchConfig::default(),
             workspace: WorkspaceConfig::default(),
             prompt: PromptConfig::default(),
+            schedules: Vec::new(),
             stages: BTreeMap::new(),
             demo: DemoConfig::default(),
         }
@@ -749,6 +753,11 @@ pub struct DispatchConfig {
     pub expired_notice: String,
     /// Most messages one runner call joins (`collect`, `interrupt`); the rest go in the next.
     pub collect_max: usize,
+    /// How often each dispatcher looks for a `[[schedules]]` time that has come.
+    pub schedule_tick_ms: u64,
+    /// A schedule time missed by more than this (every dispatcher was down) is skipped, not
+    /// fired late.
+    pub schedule_lateness_s: u64,
 }
 
 /// `dispatch.stale_turns`.
@@ -776,12 +785,65 @@ impl Default for DispatchConfig {
                 .into(),
             max_turn_age_s: 3_600,
             collect_max: 20,
+            schedule_tick_ms: 1_000,
+            schedule_lateness_s: 300,
             stale_turns: StaleTurns::Answer,
             expired_notice: "Sorry: your message sent {sent} waited too long while the \
                              assistant was unavailable and was not answered. Please send it \
                              again if it still matters."
                 .into(),
         }
+    }
+}
+
+/// `[[schedules]]`: an input an agent gets on a timetable, for one person or for everyone a
+/// directory query names. At each time the cron pattern gives (in `time_zone`), `text` opens a
+/// turn of the person's session with `agent`, once across all dispatch replicas, and the
+/// agent's reply goes out on the channel the person last wrote on.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ScheduleConfig {
+    /// Names the schedule in the log and in its firing record (letters, digits, `-`, `_`).
+    pub name: String,
+    pub agent: String,
+    /// One person, by canonical id (e.g. `staff-7`, `phone:+14155550100`)...
+    pub person: String,
+    /// ...or a directory query: SQL returning a `person_id` column, e.g.
+    /// `SELECT person_id FROM switchboard.people WHERE person_type = 'staff'`. Run read-only.
+    pub people: String,
+    /// POSIX cron (`minute hour day month weekday`), optionally with seconds first.
+    pub cron: String,
+    pub time_zone: String,
+    /// What the agent is given at that time.
+    pub text: String,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            agent: String::new(),
+            person: String::new(),
+            people: String::new(),
+            cron: String::new(),
+            time_zone: "UTC".into(),
+            text: String::new(),
+        }
+    }
+}
+
+impl ScheduleConfig {
+    /// The parsed pattern and zone, or why not.
+    pub fn timetable(&self) -> Result<(croner::Cron, chrono_tz::Tz), String> {
+        let cron = croner::parser::CronParser::new()
+            .parse(&self.cron)
+            .map_err(|e| format!("cron {:?}: {e}", self.cron))?;
+        let zone = self
+            .time_zone
+            .trim()
+            .parse()
+            .map_err(|_| format!("time_zone {:?} is not an IANA time zone", self.time_zone))?;
+        Ok((cron, zone))
     }
 }
 
@@ -980,6 +1042,30 @@ impl Config {
                     .into(),
             ));
         }
+        let mut names = std::collections::HashSet::new();
+        for s in &self.schedules {
+            let invalid = |why: String| {
+                Err(ConfigError::Invalid(format!(
+                    "schedules {:?}: {why}",
+                    s.name
+                )))
+            };
+            if !valid_source_name(&s.name) || !names.insert(s.name.as_str()) {
+                return invalid("each needs a unique name of letters, digits, '-' or '_'".into());
+            }
+            if self.agent(&s.agent).is_none() {
+                return invalid(format!("agent {:?} is not configured", s.agent));
+            }
+            if s.person.trim().is_empty() == s.people.trim().is_empty() {
+                return invalid("give either person or people (a query), not both".into());
+            }
+            if s.text.trim().is_empty() {
+                return invalid("text is empty".into());
+            }
+            if let Err(why) = s.timetable() {
+                return invalid(why);
+            }
+        }
         if self.runtime.turn_partitions == 0 {
             return Err(ConfigError::Invalid(
                 "runtime.turn_partitions must be > 0".into(),
@@ -1099,7 +1185,7 @@ mod tests {
                 // Maps and lists of the operator's own entries: any names allowed.
                 if matches!(
                     key.as_str(),
-                    "channels" | "agents" | "lookups" | "stages" | "authority"
+                    "channels" | "agents" | "lookups" | "stages" | "authority" | "schedules"
                 ) {
                     continue;
                 }

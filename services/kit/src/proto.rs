@@ -10,6 +10,11 @@ impl InboundMessage {
     pub fn is_agent_started(&self) -> bool {
         self.text.is_empty() && !self.outbound_text.is_empty()
     }
+
+    /// Words the person wrote: not a message the agent started, nor a scheduled input.
+    pub fn is_from_person(&self) -> bool {
+        !self.is_agent_started() && self.scheduled.is_empty()
+    }
 }
 
 impl Turn {

@@ -255,11 +255,19 @@ fn inbound_entry(turn: &Turn) -> Result<LogEntry, LogError> {
         tool_calls_count: None,
         correlation_id: inbound.correlation_id.clone(),
         external_id: Some(inbound.provider_message_id.clone()).filter(|s| !s.is_empty()),
-        metadata: serde_json::json!({
-            "provider": inbound.provider,
-            "sender": inbound.sender,
-            "recipient": inbound.recipient,
-        }),
+        metadata: {
+            let mut m = serde_json::json!({
+                "provider": inbound.provider,
+                "sender": inbound.sender,
+                "recipient": inbound.recipient,
+            });
+            // A scheduled input is logged inbound (the agent answered it), marked as not the
+            // person's words.
+            if !inbound.scheduled.is_empty() {
+                m["scheduled"] = inbound.scheduled.clone().into();
+            }
+            m
+        },
     })
 }
 

@@ -220,7 +220,7 @@ impl SessionStore {
         };
 
         let policy = ResetPolicy::of(agent).map_err(SessionError::Policy)?;
-        let person_spoke = !inbound.is_agent_started();
+        let person_spoke = inbound.is_from_person();
         let received = DateTime::from_timestamp_millis(inbound.received_at_ms)
             .filter(|_| inbound.received_at_ms > 0)
             .unwrap_or_else(Utc::now);

@@ -1,0 +1,313 @@
+//! Scheduled inputs (`[[schedules]]`): at each time a schedule's cron pattern gives, in its
+//! time zone, its text opens a turn of each target person's session with its agent; the reply
+//! goes out on the channel the person last wrote on.
+//!
+//! Every dispatch replica runs the scheduler; a time fires once across them: each message is
+//! published with a Nats-Msg-Id and a provider id made of (schedule, time, person), so copies
+//! from other replicas are dropped by JetStream and by the session stage, and the firing is
+//! recorded (`schedule_fires`) so no replica fires it again later. A time missed by more than
+//! `dispatch.schedule_lateness_s` (every replica was down) is skipped rather than fired late.
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Timelike, Utc};
+use sqlx::PgPool;
+use switchboard_kit::config::ScheduleConfig;
+use switchboard_kit::proto::{InboundMessage, Person};
+use switchboard_kit::runtime::Runtime;
+use switchboard_kit::{Output, Topology};
+use uuid::Uuid;
+
+/// The time a schedule is due at, if one came within `lateness` before `now` (inclusive).
+pub fn due(
+    cron: &croner::Cron,
+    zone: chrono_tz::Tz,
+    now: DateTime<Utc>,
+    lateness: Duration,
+) -> Option<DateTime<Utc>> {
+    // Whole seconds: croner keeps the start time's fraction, and a time must be the same at
+    // every tick and on every replica.
+    let now = now.with_nanosecond(0)?;
+    let at = cron
+        .find_previous_occurrence(&now.with_timezone(&zone), true)
+        .ok()?
+        .with_timezone(&Utc)
+        .with_nanosecond(0)?;
+    let late = now.signed_duration_since(at).to_std().ok()?;
+    (late <= lateness).then_some(at)
+}
+
+struct Entry {
+    config: ScheduleConfig,
+    cron: croner::Cron,
+    zone: chrono_tz::Tz,
+}
+
+/// Where a person's replies go: their latest message's channel, provider and addresses.
+#[derive(sqlx::FromRow)]
+struct Route {
+    channel: String,
+    provider: String,
+    sender: String,
+    recipient: Option<String>,
+    person_type: String,
+}
+
+pub struct Scheduler {
+    db: PgPool,
+    runtime: Runtime,
+    topology: Topology,
+    entries: Vec<Entry>,
+    tick: Duration,
+    lateness: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("schedule store: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("publishing a scheduled input: {0}")]
+    Publish(#[source] anyhow::Error),
+}
+
+impl Scheduler {
+    /// The configured schedules (validated with the configuration; one that does not parse
+    /// here is left out with a warning).
+    pub fn new(
+        db: PgPool,
+        runtime: Runtime,
+        topology: Topology,
+        schedules: &[ScheduleConfig],
+        tick: Duration,
+        lateness: Duration,
+    ) -> Self {
+        let entries = schedules
+            .iter()
+            .filter_map(|c| match c.timetable() {
+                Ok((cron, zone)) => Some(Entry {
+                    config: c.clone(),
+                    cron,
+                    zone,
+                }),
+                Err(why) => {
+                    tracing::warn!(schedule = %c.name, %why, "schedule left out");
+                    None
+                }
+            })
+            .collect();
+        Self {
+            db,
+            runtime,
+            topology,
+            entries,
+            tick: tick.max(Duration::from_millis(50)),
+            lateness,
+        }
+    }
+
+    /// Fire schedules as their times come, for as long as the future runs.
+    pub async fn run(&self) {
+        if self.entries.is_empty() {
+            return std::future::pending().await;
+        }
+        let mut fired: HashSet<(String, DateTime<Utc>)> = HashSet::new();
+        loop {
+            let now = Utc::now();
+            for entry in &self.entries {
+                let Some(at) = due(&entry.cron, entry.zone, now, self.lateness) else {
+                    continue;
+                };
+                let key = (entry.config.name.clone(), at);
+                if fired.contains(&key) {
+                    continue;
+                }
+                match self.fire(entry, at).await {
+                    Ok(()) => {
+                        fired.insert(key);
+                    }
+                    // Tried again on the next tick.
+                    Err(e) => {
+                        tracing::warn!(schedule = %entry.config.name, error = %e, "schedule did not fire")
+                    }
+                }
+            }
+            // Forget what can no longer be due.
+            fired.retain(|(_, at)| {
+                now.signed_duration_since(*at)
+                    .to_std()
+                    .is_ok_and(|d| d <= self.lateness * 2)
+            });
+            tokio::time::sleep(self.tick).await;
+        }
+    }
+
+    /// Fire `entry` for `at`, unless a replica already did.
+    async fn fire(&self, entry: &Entry, at: DateTime<Utc>) -> Result<(), ScheduleError> {
+        let name = &entry.config.name;
+        let done: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM switchboard.schedule_fires
+                             WHERE schedule = $1 AND fire_at = $2)",
+        )
+        .bind(name)
+        .bind(at)
+        .fetch_one(&self.db)
+        .await?;
+        if done {
+            return Ok(());
+        }
+        let people = self.targets(&entry.config).await?;
+        let mut sent = 0;
+        for person in &people {
+            let Some(route) = self.route(person).await? else {
+                // Nobody to reach: they never wrote on any channel.
+                tracing::warn!(schedule = %name, person, "no channel to reach this person on; skipped");
+                metrics::counter!("sb_schedule_unreachable_total").increment(1);
+                continue;
+            };
+            self.publish(entry, at, person, route).await?;
+            sent += 1;
+        }
+        sqlx::query(
+            "INSERT INTO switchboard.schedule_fires (schedule, fire_at, people)
+             VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        )
+        .bind(name)
+        .bind(at)
+        .bind(sent)
+        .execute(&self.db)
+        .await?;
+        metrics::counter!("sb_schedule_inputs_total").increment(sent as u64);
+        tracing::info!(schedule = %name, at = %at, people = sent, "schedule fired");
+        Ok(())
+    }
+
+    /// The person, or the people the directory query names (read-only).
+    async fn targets(&self, config: &ScheduleConfig) -> Result<Vec<String>, ScheduleError> {
+        if !config.person.trim().is_empty() {
+            return Ok(vec![config.person.trim().to_string()]);
+        }
+        let mut tx = self.db.begin().await?;
+        sqlx::query("SET TRANSACTION READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let people: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT person_id::text FROM ({}) AS targets",
+            config.people
+        ))
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.rollback().await?;
+        Ok(people)
+    }
+
+    async fn route(&self, person: &str) -> Result<Option<Route>, ScheduleError> {
+        Ok(sqlx::query_as(
+            "SELECT m.channel, m.metadata->>'provider' AS provider,
+                    m.metadata->>'sender' AS sender, m.metadata->>'recipient' AS recipient,
+                    s.person_type
+               FROM switchboard.messages m
+               JOIN switchboard.sessions s ON s.id = m.session_id
+              WHERE m.person_id = $1 AND m.direction = 'inbound'
+                AND m.metadata ? 'sender' AND m.metadata ? 'provider'
+              ORDER BY m.id DESC
+              LIMIT 1",
+        )
+        .bind(person)
+        .fetch_optional(&self.db)
+        .await?)
+    }
+
+    async fn publish(
+        &self,
+        entry: &Entry,
+        at: DateTime<Utc>,
+        person: &str,
+        route: Route,
+    ) -> Result<(), ScheduleError> {
+        let id = Uuid::now_v7().to_string();
+        // The same for every replica: JetStream and the session stage keep one.
+        let key = format!("schedule:{}:{}:{person}", entry.config.name, at.timestamp());
+        let message = InboundMessage {
+            id: id.clone(),
+            channel: route.channel.clone(),
+            provider: route.provider,
+            sender: route.sender,
+            recipient: route.recipient.unwrap_or_default(),
+            text: entry.config.text.clone(),
+            provider_message_id: key.clone(),
+            received_at_ms: switchboard_kit::now_ms(),
+            correlation_id: id.clone(),
+            agent: entry.config.agent.clone(),
+            asserted: Some(Person {
+                person_id: person.to_string(),
+                person_type: route.person_type,
+                ..Default::default()
+            }),
+            scheduled: entry.config.name.clone(),
+            ..Default::default()
+        };
+        let output =
+            Output::new(self.topology.inbound(&route.channel), key, &message).correlated(id);
+        self.runtime
+            .publish("schedule", &output)
+            .await
+            .map_err(ScheduleError::Publish)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    #[test]
+    fn a_schedule_is_due_from_its_time_until_it_is_too_late() {
+        // 09:00 on weekdays in Sydney is 22:00 UTC the day before (UTC+11 in November).
+        let cron = croner::Cron::from_str("0 9 * * 1-5").unwrap();
+        let zone: chrono_tz::Tz = "Australia/Sydney".parse().unwrap();
+        let late = Duration::from_secs(300);
+        // Tuesday 24 Nov 2026, 09:00 Sydney.
+        assert_eq!(
+            due(&cron, zone, utc("2026-11-23T22:00:00Z"), late),
+            Some(utc("2026-11-23T22:00:00Z"))
+        );
+        assert_eq!(
+            due(&cron, zone, utc("2026-11-23T22:04:59Z"), late),
+            Some(utc("2026-11-23T22:00:00Z"))
+        );
+        assert_eq!(due(&cron, zone, utc("2026-11-23T22:05:01Z"), late), None);
+        assert_eq!(due(&cron, zone, utc("2026-11-23T21:59:59Z"), late), None);
+        // Saturday 28 Nov, 09:00 Sydney: not a weekday.
+        assert_eq!(due(&cron, zone, utc("2026-11-27T22:01:00Z"), late), None);
+    }
+
+    #[test]
+    fn a_time_is_the_same_whatever_fraction_of_a_second_it_is_looked_at() {
+        let cron = croner::Cron::from_str("5 10 0 * * *").unwrap();
+        let at = |s: &str| due(&cron, chrono_tz::UTC, utc(s), Duration::from_secs(300));
+        assert_eq!(
+            at("2026-11-23T00:10:05.250Z"),
+            Some(utc("2026-11-23T00:10:05Z"))
+        );
+        assert_eq!(
+            at("2026-11-23T00:10:09.999Z"),
+            Some(utc("2026-11-23T00:10:05Z"))
+        );
+    }
+
+    #[test]
+    fn seconds_may_be_given_first() {
+        let cron = croner::Cron::from_str("30 0 12 * * *").unwrap();
+        let at = due(
+            &cron,
+            chrono_tz::UTC,
+            utc("2026-11-23T12:00:31Z"),
+            Duration::from_secs(5),
+        );
+        assert_eq!(at, Some(utc("2026-11-23T12:00:30Z")));
+    }
+}
