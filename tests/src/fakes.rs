@@ -65,6 +65,8 @@ pub struct FakeTwilio {
     failures: Failures,
     /// Failures of the message list alone (the send API keeps working).
     pub list_failures: Failures,
+    /// MMS media by path, as Twilio serves it (Basic auth required).
+    media: Arc<Mutex<HashMap<String, (String, Vec<u8>)>>>,
 }
 
 /// The query of Twilio's Messages list.
@@ -104,11 +106,16 @@ impl FakeTwilio {
             sent: Default::default(),
             failures: Default::default(),
             list_failures: Default::default(),
+            media: Default::default(),
         };
         let router = Router::new()
             .route(
                 "/2010-04-01/Accounts/{account}/Messages.json",
                 post(Self::create_message).get(Self::list_messages),
+            )
+            .route(
+                "/2010-04-01/Accounts/{account}/Messages/{message}/Media/{media}",
+                axum::routing::get(Self::get_media),
             )
             .with_state(this.clone());
         this.url = serve(router).await;
@@ -122,6 +129,39 @@ impl FakeTwilio {
     /// Answer the next `n` requests with 500 (a Twilio outage).
     pub fn fail_next(&self, n: usize) {
         self.failures.fail_next(n, 500);
+    }
+
+    /// A picture a person sent by MMS: its `MediaUrl` (Twilio's media URL form).
+    pub fn add_media(&self, content_type: &str, bytes: Vec<u8>) -> String {
+        let path = format!(
+            "/2010-04-01/Accounts/{}/Messages/MM{}/Media/ME{}",
+            self.account_sid,
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        self.media
+            .lock()
+            .unwrap()
+            .insert(path.clone(), (content_type.into(), bytes));
+        format!("{}{path}", self.url)
+    }
+
+    async fn get_media(
+        State(s): State<FakeTwilio>,
+        Path((account, message, media)): Path<(String, String, String)>,
+        headers: HeaderMap,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        if let Err(refused) = s.authenticate(&account, &headers) {
+            return refused.into_response();
+        }
+        let path = format!("/2010-04-01/Accounts/{account}/Messages/{message}/Media/{media}");
+        match s.media.lock().unwrap().get(&path).cloned() {
+            Some((content_type, bytes)) => {
+                ([(axum::http::header::CONTENT_TYPE, content_type)], bytes).into_response()
+            }
+            None => StatusCode::NOT_FOUND.into_response(),
+        }
     }
 
     /// Twilio's 401, unless the request carries this account's Basic credentials.

@@ -14,6 +14,7 @@
 //! redelivered to another replica while the first one still calls the runner (NATS restarted,
 //! progress acks lost) waits for that call instead of running beside it; a crashed
 //! dispatcher's lease ends with its heartbeat.
+pub mod attachments;
 pub mod breaker;
 pub mod prompt;
 pub mod runner;
@@ -275,6 +276,7 @@ pub struct TurnDispatcher {
     notices: ResetNotices,
     wakers: Wakers,
     breakers: breaker::Breakers,
+    media: attachments::MediaFetcher,
 }
 
 impl TurnDispatcher {
@@ -311,6 +313,12 @@ impl TurnDispatcher {
             prompt: config.prompt.clone(),
             notices: config.session.reset_notices.clone(),
             wakers: Wakers::default(),
+            media: attachments::MediaFetcher::new(
+                &config.twilio.api_base,
+                &config.twilio.account_sid,
+                config.twilio.auth_token.clone(),
+                config.workspace.max_attachment_bytes,
+            ),
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
@@ -1002,9 +1010,13 @@ impl TurnDispatcher {
         if group.len() > 1 {
             metrics::counter!("sb_dispatch_joined_messages_total").increment(group.len() as u64);
         }
+        let attachments = self
+            .keep_attachments(&group, lease.workspace.as_deref())
+            .await;
         let prompt = prompt::build_joined_prompt(
             &group,
             &prompt::PromptContext {
+                attachments: &attachments,
                 config: &self.prompt,
                 summary: lease.summary.as_ref().map(|(s, at)| (s.as_str(), *at)),
                 reset,
@@ -1121,6 +1133,38 @@ impl TurnDispatcher {
                 .collect();
         }
         self.settle(&last, session, after, call, s).await
+    }
+
+    /// Keep what the messages carry besides text in the session's workspace; the prompt's
+    /// lines for it.
+    async fn keep_attachments(&self, group: &[Turn], workspace: Option<&str>) -> Vec<String> {
+        let mut lines = Vec::new();
+        for turn in group {
+            let Some(inbound) = turn.message.as_ref().and_then(|m| m.inbound.as_ref()) else {
+                continue;
+            };
+            if inbound.media_urls.is_empty() {
+                continue;
+            }
+            match workspace {
+                Some(folder) => {
+                    let kept = self
+                        .media
+                        .keep(
+                            std::path::Path::new(folder),
+                            &inbound.id,
+                            &inbound.media_urls,
+                        )
+                        .await;
+                    lines.extend(kept.iter().map(attachments::Fetched::describe));
+                }
+                None => lines.push(format!(
+                    "{} attachment(s) not kept: no workspace is configured",
+                    inbound.media_urls.len()
+                )),
+            }
+        }
+        lines
     }
 
     /// The turn's call was cancelled at the runner: forget the group it planned (the next call

@@ -29,6 +29,8 @@ pub struct PromptContext<'a> {
     pub now: DateTime<Utc>,
     /// The message is older than turns are meant to get (`dispatch.max_turn_age_s`).
     pub stale: bool,
+    /// What the person sent besides text (kept in the workspace, or why not), one line each.
+    pub attachments: &'a [String],
 }
 
 fn fence_marker(message_id: &str) -> String {
@@ -108,6 +110,11 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         ),
         _ => "Summary of earlier conversations: none yet.\n".to_string(),
     };
+    let attachments: String = ctx
+        .attachments
+        .iter()
+        .map(|a| format!("Attachment: {a}\n"))
+        .collect();
     let scheduled = if inbound.scheduled.is_empty() {
         String::new()
     } else {
@@ -153,6 +160,7 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
          Current user: {name} | id {pid} | type {ptype} | role {role}\n\
          Authority ({ptype}): {auth}\n\
          Channel: {channel} via {provider}\n\
+         {attachments}\
          {session}\
          {scheduled}\
          {sent_line}",
@@ -273,6 +281,7 @@ mod tests {
             reset: None,
             now: DateTime::from_timestamp_millis(1_795_000_010_000).unwrap(),
             stale: false,
+            attachments: &[],
         }
     }
 

@@ -658,7 +658,7 @@ impl ResetNotices {
 
 /// `[workspace]`: a folder per session on storage the agent hosts mount (`summary.md`,
 /// `attachments/`, `exports/`, `context/`), its path sent to the runner with each turn.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default)]
 pub struct WorkspaceConfig {
     /// Where session folders are made (empty: no workspaces).
@@ -666,6 +666,8 @@ pub struct WorkspaceConfig {
     /// The engine variants of one identity (`reggie_oc`, `reggie_fd`) share one person's
     /// folder (the first session's); false gives each session its own.
     pub separate_variants: bool,
+    /// Media a person sends (MMS) larger than this is not kept in `attachments/`.
+    pub max_attachment_bytes: u64,
 }
 
 /// What one session of an agent spans (`session.scope`).
@@ -844,6 +846,16 @@ impl ScheduleConfig {
             .parse()
             .map_err(|_| format!("time_zone {:?} is not an IANA time zone", self.time_zone))?;
         Ok((cron, zone))
+    }
+}
+
+impl Default for WorkspaceConfig {
+    fn default() -> Self {
+        Self {
+            root: String::new(),
+            separate_variants: false,
+            max_attachment_bytes: 10 * 1024 * 1024,
+        }
     }
 }
 

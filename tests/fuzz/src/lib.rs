@@ -316,6 +316,7 @@ pub fn work_payloads(data: &[u8]) {
             reset: None,
             now,
             stale: false,
+            attachments: &[],
         };
         let prompt = build_prompt(&turn, &ctx);
         let msg = turn.message.clone().unwrap_or_default();

@@ -1,0 +1,238 @@
+//! Media a person sent (Twilio MMS `MediaUrlN`) kept in the session's workspace
+//! (`attachments/`), so the agent can open them, and listed in the prompt.
+//!
+//! Fetched with the Twilio account's credentials (its media URLs require them when "HTTP auth
+//! on media" is on) and only from the Twilio API's own origin (`twilio.api_base`): a URL in a
+//! message is never fetched blindly. Each file is capped (`workspace.max_attachment_bytes`);
+//! one over the cap is not kept and the prompt says so. Fetched at the turn's first run; a
+//! file already there (a retried turn) is not fetched again.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use switchboard_kit::config::Secret;
+
+/// What became of one media URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched {
+    /// Kept as `file` (a name in `attachments/`).
+    Kept {
+        file: String,
+        content_type: String,
+        bytes: u64,
+    },
+    /// Larger than the cap: not kept.
+    TooLarge { limit: u64 },
+    /// Not from the provider's API, or it could not be fetched.
+    NotKept { why: String },
+}
+
+impl Fetched {
+    /// The prompt's line for it.
+    pub fn describe(&self) -> String {
+        match self {
+            Fetched::Kept {
+                file,
+                content_type,
+                bytes,
+            } => format!("attachments/{file} ({content_type}, {})", size(*bytes)),
+            Fetched::TooLarge { limit } => {
+                format!("an attachment larger than {} (not kept)", size(*limit))
+            }
+            Fetched::NotKept { why } => format!("an attachment that could not be kept ({why})"),
+        }
+    }
+}
+
+fn size(bytes: u64) -> String {
+    match bytes {
+        0..1_024 => format!("{bytes} B"),
+        1_024..1_048_576 => format!("{} KB", bytes / 1_024),
+        _ => format!("{:.1} MB", bytes as f64 / 1_048_576.0),
+    }
+}
+
+/// A file extension for a content type (what an agent's tools go by).
+fn extension(content_type: &str) -> &'static str {
+    match content_type.split(';').next().unwrap_or("").trim() {
+        "image/jpeg" => "jpg",
+        "image/png" => "png",
+        "image/gif" => "gif",
+        "image/webp" => "webp",
+        "image/heic" => "heic",
+        "video/mp4" => "mp4",
+        "video/3gpp" => "3gp",
+        "audio/mpeg" => "mp3",
+        "audio/ogg" => "ogg",
+        "audio/amr" => "amr",
+        "application/pdf" => "pdf",
+        "text/plain" => "txt",
+        "text/vcard" | "text/x-vcard" => "vcf",
+        _ => "bin",
+    }
+}
+
+pub struct MediaFetcher {
+    http: reqwest::Client,
+    /// `scheme://host:port` of the Twilio API: the only origin fetched from.
+    origin: Option<url::Url>,
+    account_sid: String,
+    auth_token: Secret,
+    max_bytes: u64,
+}
+
+impl MediaFetcher {
+    pub fn new(api_base: &str, account_sid: &str, auth_token: Secret, max_bytes: u64) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("HTTP client"),
+            origin: url::Url::parse(api_base).ok(),
+            account_sid: account_sid.to_string(),
+            auth_token,
+            max_bytes,
+        }
+    }
+
+    /// Keep each of `urls` in `folder/attachments/` as `<message id>-<n>.<ext>`.
+    pub async fn keep(&self, folder: &Path, message_id: &str, urls: &[String]) -> Vec<Fetched> {
+        let mut out = Vec::with_capacity(urls.len());
+        for (n, url) in urls.iter().enumerate() {
+            let stem = format!("{message_id}-{n}");
+            out.push(match self.keep_one(folder, &stem, url).await {
+                Ok(f) => f,
+                Err(why) => {
+                    tracing::warn!(%message_id, n, %why, "attachment not kept");
+                    Fetched::NotKept { why }
+                }
+            });
+        }
+        out
+    }
+
+    async fn keep_one(&self, folder: &Path, stem: &str, url: &str) -> Result<Fetched, String> {
+        let dir = folder.join("attachments");
+        if let Some(kept) = already_kept(&dir, stem).await {
+            return Ok(kept);
+        }
+        let parsed = url::Url::parse(url).map_err(|_| "not a URL".to_string())?;
+        let same_origin = self
+            .origin
+            .as_ref()
+            .is_some_and(|o| o.origin() == parsed.origin());
+        if !same_origin {
+            return Err("not from the provider's media API".into());
+        }
+        let mut req = self.http.get(parsed);
+        if !self.account_sid.is_empty() {
+            req = req.basic_auth(&self.account_sid, Some(self.auth_token.expose()));
+        }
+        let mut resp = req.send().await.map_err(|e| format!("fetch failed: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("the provider answered {}", resp.status().as_u16()));
+        }
+        if resp.content_length().is_some_and(|n| n > self.max_bytes) {
+            return Ok(Fetched::TooLarge {
+                limit: self.max_bytes,
+            });
+        }
+        let content_type = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/octet-stream")
+            .to_string();
+        let mut body = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| format!("fetch failed: {e}"))?
+        {
+            if (body.len() + chunk.len()) as u64 > self.max_bytes {
+                return Ok(Fetched::TooLarge {
+                    limit: self.max_bytes,
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let file = format!("{stem}.{}", extension(&content_type));
+        write_atomically(&dir, &file, &body)
+            .await
+            .map_err(|e| format!("could not write it: {e}"))?;
+        Ok(Fetched::Kept {
+            file,
+            content_type,
+            bytes: body.len() as u64,
+        })
+    }
+}
+
+/// A file kept by an earlier run of the same turn.
+async fn already_kept(dir: &Path, stem: &str) -> Option<Fetched> {
+    let mut entries = tokio::fs::read_dir(dir).await.ok()?;
+    while let Ok(Some(e)) = entries.next_entry().await {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name
+            .strip_prefix(stem)
+            .is_some_and(|rest| rest.starts_with('.'))
+        {
+            let bytes = e.metadata().await.ok()?.len();
+            let content_type = match name.rsplit('.').next() {
+                Some("jpg") => "image/jpeg",
+                Some("png") => "image/png",
+                Some("gif") => "image/gif",
+                Some("pdf") => "application/pdf",
+                Some("txt") => "text/plain",
+                _ => "application/octet-stream",
+            };
+            return Some(Fetched::Kept {
+                file: name,
+                content_type: content_type.into(),
+                bytes,
+            });
+        }
+    }
+    None
+}
+
+async fn write_atomically(dir: &Path, file: &str, body: &[u8]) -> std::io::Result<()> {
+    tokio::fs::create_dir_all(dir).await?;
+    let tmp: PathBuf = dir.join(format!(".{file}.part"));
+    tokio::fs::write(&tmp, body).await?;
+    tokio::fs::rename(&tmp, dir.join(file)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_types_read_the_way_a_person_would_say_them() {
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(20_480), "20 KB");
+        assert_eq!(size(3 * 1_048_576 + 524_288), "3.5 MB");
+        assert_eq!(extension("image/jpeg"), "jpg");
+        assert_eq!(extension("text/plain; charset=utf-8"), "txt");
+        assert_eq!(extension("application/x-unknown"), "bin");
+    }
+
+    #[tokio::test]
+    async fn a_url_from_anywhere_but_the_providers_api_is_not_fetched() {
+        let f = MediaFetcher::new("https://api.twilio.com", "AC1", Secret::new("t"), 1_000);
+        let dir = std::env::temp_dir().join(format!("sb-att-{}", uuid::Uuid::new_v4()));
+        let got = f
+            .keep(
+                &dir,
+                "m",
+                &["http://169.254.169.254/latest/meta-data".into()],
+            )
+            .await;
+        assert_eq!(
+            got,
+            [Fetched::NotKept {
+                why: "not from the provider's media API".into()
+            }]
+        );
+    }
+}
