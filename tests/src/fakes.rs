@@ -66,8 +66,11 @@ pub struct FakeTwilio {
     /// Failures of the message list alone (the send API keeps working).
     pub list_failures: Failures,
     /// MMS media by path, as Twilio serves it (Basic auth required).
-    media: Arc<Mutex<HashMap<String, (String, Vec<u8>)>>>,
+    media: Arc<Mutex<HashMap<String, Media>>>,
 }
+
+/// A media file: its content type and bytes.
+type Media = (String, Vec<u8>);
 
 /// The query of Twilio's Messages list.
 #[derive(Deserialize)]
