@@ -1,0 +1,282 @@
+//! The runner as Switchboard's dispatch calls it, with small shell scripts as engines.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use switchboard_runner::config::{AgentConfig, EngineConfig, PromptVia};
+use switchboard_runner::{Runner, RunnerConfig};
+
+struct Host {
+    dir: PathBuf,
+    url: String,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Host {
+    /// A runner on a fresh state folder with one agent `reggie_oc` whose engine is `script`.
+    async fn start(script: &str, timeout_s: u64) -> Host {
+        let dir = std::env::temp_dir().join(format!("sb-runner-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let engine = dir.join("engine.sh");
+        std::fs::write(&engine, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(&engine)
+            .status()
+            .unwrap();
+        Self::serve(dir, timeout_s).await
+    }
+
+    fn config(dir: &Path, timeout_s: u64) -> RunnerConfig {
+        let engine = EngineConfig {
+            command: vec![
+                dir.join("engine.sh").to_string_lossy().into_owned(),
+                "{session_id}".into(),
+                "{prompt}".into(),
+            ],
+            prompt_via: PromptVia::Arg,
+            text_path: "/payloads/0/text".into(),
+            session_id_path: "/meta/agentMeta/sessionId".into(),
+            timeout_s: Some(timeout_s),
+            env: BTreeMap::from([("HOST_DIR".to_string(), dir.to_string_lossy().into_owned())]),
+            ..Default::default()
+        };
+        RunnerConfig {
+            token: Some("runner-secret".into()),
+            state_dir: dir.join("state"),
+            core_memory_dir: dir.to_path_buf(),
+            max_output_bytes: 4096,
+            engines: BTreeMap::from([("script".to_string(), engine)]),
+            agents: BTreeMap::from([(
+                "reggie_oc".to_string(),
+                AgentConfig {
+                    engine: "script".into(),
+                    identity: "reggie".into(),
+                },
+            )]),
+            ..Default::default()
+        }
+    }
+
+    async fn serve(dir: PathBuf, timeout_s: u64) -> Host {
+        let router = Runner::new(Self::config(&dir, timeout_s)).unwrap().router();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        Host { dir, url, server }
+    }
+
+    /// The runner process stops and starts again on the same folder.
+    async fn restart(self, timeout_s: u64) -> Host {
+        self.server.abort();
+        Self::serve(self.dir.clone(), timeout_s).await
+    }
+
+    async fn run(&self, key: &str, session: Option<&str>, prompt: &str) -> (u16, Value) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/run", self.url))
+            .bearer_auth("runner-secret")
+            .header("Idempotency-Key", key)
+            .json(&json!({"agent": "reggie_oc", "prompt": prompt, "session_id": session, "correlation_id": "c"}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    fn runs(&self) -> usize {
+        std::fs::read_to_string(self.dir.join("runs"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+}
+
+/// Whether a process is running (a killed one may linger as a zombie until it is reaped).
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+        .ok()
+        .and_then(|stat| stat.rsplit(") ").next().map(|rest| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Counts its runs, keeps the prompt it saw, answers like `openclaw agent --json`.
+const ECHO: &str = r#"echo run >> "$HOST_DIR/runs"
+printf '%s' "$2" > "$HOST_DIR/prompt"
+echo "some log line"
+printf '{"payloads":[{"text":"done"}],"meta":{"agentMeta":{"sessionId":"%s"}}}\n' "$1""#;
+
+#[tokio::test]
+async fn a_turn_returns_the_engines_text_and_session_id_and_a_resumed_session_is_passed_through() {
+    let host = Host::start(ECHO, 10).await;
+    let (status, body) = host.run("turn:s:1", None, "hello").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["text"], "done");
+    let session = body["session_id"].as_str().unwrap().to_string();
+    assert!(!session.is_empty());
+    let (_, body) = host.run("turn:s:2", Some(&session), "again").await;
+    assert_eq!(
+        body["session_id"],
+        json!(session),
+        "the engine was told to resume it"
+    );
+}
+
+#[tokio::test]
+async fn the_identitys_core_memory_is_prepended_to_the_prompt() {
+    let host = Host::start(ECHO, 10).await;
+    std::fs::write(
+        host.dir.join("coreMEM-reggie.md"),
+        "Reggie answers in one line.",
+    )
+    .unwrap();
+    host.run("turn:s:1", None, "what's up?").await;
+    let seen = std::fs::read_to_string(host.dir.join("prompt")).unwrap();
+    assert_eq!(seen, "Reggie answers in one line.\n\n---\n\nwhat's up?");
+}
+
+#[tokio::test]
+async fn the_same_idempotency_key_runs_the_engine_once_also_at_once_and_across_a_restart() {
+    let host = Host::start(&format!("sleep 0.3\n{ECHO}"), 10).await;
+    let (a, b) = tokio::join!(
+        host.run("turn:s:1", None, "hi"),
+        host.run("turn:s:1", None, "hi")
+    );
+    assert_eq!((a.0, b.0), (200, 200));
+    assert_eq!(a.1, b.1, "the waiting call got the running call's answer");
+    assert_eq!(host.runs(), 1);
+    let host = host.restart(10).await;
+    let (status, again) = host.run("turn:s:1", None, "hi").await;
+    assert_eq!(status, 200);
+    assert_eq!(again, a.1, "answered from disk after the restart");
+    assert_eq!(host.runs(), 1, "the engine ran again");
+}
+
+#[tokio::test]
+async fn two_calls_for_one_engine_session_never_overlap() {
+    let host = Host::start(
+        &format!(
+            "echo start >> \"$HOST_DIR/trace\"\nsleep 0.3\necho end >> \"$HOST_DIR/trace\"\n{ECHO}"
+        ),
+        10,
+    )
+    .await;
+    let (a, b) = tokio::join!(
+        host.run("turn:s:1", Some("eng-1"), "one"),
+        host.run("turn:s:2", Some("eng-1"), "two")
+    );
+    assert_eq!((a.0, b.0), (200, 200));
+    let trace = std::fs::read_to_string(host.dir.join("trace")).unwrap();
+    assert_eq!(trace, "start\nend\nstart\nend\n");
+}
+
+#[tokio::test]
+async fn a_hung_engine_is_killed_at_the_timeout_children_and_all() {
+    let host = Host::start(
+        r#"sleep 300 &
+echo $! > "$HOST_DIR/child"
+sleep 300"#,
+        1,
+    )
+    .await;
+    let (status, body) = host.run("turn:s:1", None, "hi").await;
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(body["error"]["code"], "engine_timeout");
+    let child = std::fs::read_to_string(host.dir.join("child")).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!alive(&child), "the engine's child outlived the timeout");
+}
+
+#[tokio::test]
+async fn a_cancelled_call_answers_cancelled_and_so_does_its_retry() {
+    let host = Host::start(
+        r#"sleep 300 &
+echo $! > "$HOST_DIR/child"
+sleep 300"#,
+        60,
+    )
+    .await;
+    let running = host.run("turn:s:1", None, "hi");
+    let cancel = async {
+        while !host.dir.join("child").exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        reqwest::Client::new()
+            .delete(format!("{}/run/turn:s:1", host.url))
+            .bearer_auth("runner-secret")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let ((status, body), cancelled) = tokio::join!(running, cancel);
+    assert_eq!(cancelled, 202);
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (409, json!("cancelled"))
+    );
+    let (status, _) = host.run("turn:s:1", None, "hi").await;
+    assert_eq!(status, 409, "a cancelled key stays cancelled");
+    let child = std::fs::read_to_string(host.dir.join("child")).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!alive(&child), "the engine's child outlived the cancel");
+}
+
+#[tokio::test]
+async fn bad_calls_get_clear_errors() {
+    let host = Host::start(ECHO, 10).await;
+    let post = |auth: Option<&str>, key: Option<&str>, body: Value| {
+        let mut r = reqwest::Client::new()
+            .post(format!("{}/run", host.url))
+            .json(&body);
+        if let Some(a) = auth {
+            r = r.bearer_auth(a);
+        }
+        if let Some(k) = key {
+            r = r.header("Idempotency-Key", k);
+        }
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    let ok = json!({"agent": "reggie_oc", "prompt": "hi", "session_id": null});
+    assert_eq!(post(None, Some("k"), ok.clone()).await, 401);
+    assert_eq!(post(Some("wrong"), Some("k"), ok.clone()).await, 401);
+    assert_eq!(post(Some("runner-secret"), None, ok.clone()).await, 400);
+    assert_eq!(
+        post(
+            Some("runner-secret"),
+            Some("k"),
+            json!({"agent": "nobody", "prompt": "hi"})
+        )
+        .await,
+        404
+    );
+    assert_eq!(host.runs(), 0);
+}
+
+#[tokio::test]
+async fn an_engine_that_fails_or_floods_its_output_fails_the_turn_clearly() {
+    let host = Host::start("echo 'model quota exceeded' >&2\nexit 3", 10).await;
+    let (status, body) = host.run("turn:s:1", None, "hi").await;
+    assert_eq!(status, 502);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("model quota exceeded"),
+        "{body}"
+    );
+
+    let host = Host::start("head -c 100000 /dev/zero | tr '\\0' 'x'", 10).await;
+    let (status, body) = host.run("turn:s:1", None, "hi").await;
+    assert_eq!(status, 502);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cut at 4096 bytes"),
+        "{body}"
+    );
+}

@@ -1,0 +1,122 @@
+//! Switchboard with the real runner service (`services/runner`) in front of an engine: the
+//! contract dispatch relies on, end to end.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use switchboard_e2e::{AppOptions, spawn_app_with};
+use switchboard_kit::config::Secret;
+use switchboard_runner::config::{AgentConfig, EngineConfig, PromptVia};
+use switchboard_runner::{Runner, RunnerConfig};
+
+const PERSON: &str = "+14155550197";
+const WAIT: Duration = Duration::from_secs(40);
+
+/// An engine that takes a while: it notes when it starts and ends, and answers like
+/// `openclaw agent --json`.
+const SLOW_ENGINE: &str = r#"#!/bin/sh
+echo start >> "$HOST_DIR/runs"
+sleep 3
+echo end >> "$HOST_DIR/runs"
+printf '{"payloads":[{"text":"done after a while"}],"meta":{"agentMeta":{"sessionId":"%s"}}}\n' "$1""#;
+
+fn runner_config(dir: &Path) -> RunnerConfig {
+    RunnerConfig {
+        token: Some("runner-token".into()),
+        state_dir: dir.join("state"),
+        core_memory_dir: dir.to_path_buf(),
+        engines: BTreeMap::from([(
+            "script".to_string(),
+            EngineConfig {
+                command: vec![
+                    dir.join("engine.sh").to_string_lossy().into_owned(),
+                    "{session_id}".into(),
+                    "{prompt}".into(),
+                ],
+                prompt_via: PromptVia::Arg,
+                text_path: "/payloads/0/text".into(),
+                session_id_path: "/meta/agentMeta/sessionId".into(),
+                env: BTreeMap::from([("HOST_DIR".into(), dir.to_string_lossy().into_owned())]),
+                ..Default::default()
+            },
+        )]),
+        agents: BTreeMap::from([(
+            "reggie_oc".to_string(),
+            AgentConfig {
+                engine: "script".into(),
+                identity: "reggie".into(),
+            },
+        )]),
+        ..Default::default()
+    }
+}
+
+async fn serve_runner(dir: &Path, addr: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
+    let router = Runner::new(runner_config(dir)).unwrap().router();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    })
+}
+
+fn lines(dir: &Path, what: &str) -> usize {
+    std::fs::read_to_string(dir.join("runs"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| *l == what)
+        .count()
+}
+
+async fn until(what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_dispatcher_killed_during_a_runner_call_retries_it_and_the_engine_runs_once_even_across_a_runner_restart()
+ {
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("sb-host-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("engine.sh"), SLOW_ENGINE).unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(dir.join("engine.sh"))
+        .status()
+        .unwrap();
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = probe.local_addr().unwrap();
+    drop(probe);
+    let server = serve_runner(&dir, addr).await;
+
+    let url = format!("http://{addr}");
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(move |c| {
+            c.agents[0].runner_url = url;
+            c.agents[0].token = Secret::new("runner-token");
+        }),
+        ..AppOptions::dispatch_as_processes()
+    })
+    .await;
+    let mut first = app.spawn_worker("dispatch");
+    app.send_sms(PERSON, "hello").await;
+    until("the engine to start", || lines(&dir, "start") == 1).await;
+    // The dispatcher dies mid-call; the engine goes on and its outcome is kept.
+    first.kill().await.unwrap();
+    until("the engine to finish", || lines(&dir, "end") == 1).await;
+    // The agent host restarts too.
+    server.abort();
+    let _ = server.await;
+    let _server = serve_runner(&dir, addr).await;
+
+    let _second = app.spawn_worker("dispatch");
+    let sent = app.wait_for_sms(1, WAIT).await;
+    assert_eq!(sent[0].body, "done after a while");
+    app.settle().await;
+    assert_eq!(lines(&dir, "start"), 1, "the engine ran twice for one turn");
+    assert_eq!(app.twilio.sent().len(), 1);
+    app.shutdown().await;
+}
