@@ -22,6 +22,12 @@ pub struct RunnerConfig {
     pub max_output_bytes: usize,
     /// Default timeout of a run; an engine may set its own.
     pub timeout_s: u64,
+    /// Runs at once on this host; a call beyond it is answered 429 (Switchboard waits and
+    /// tries again, without using up the turn's failure budget).
+    pub max_running: usize,
+    /// Kept outcomes older than this are removed (at start and every hour). Keep it longer
+    /// than any turn can take to be retried.
+    pub keep_results_days: u64,
     pub engines: BTreeMap<String, EngineConfig>,
     pub agents: BTreeMap<String, AgentConfig>,
 }
@@ -36,6 +42,8 @@ impl Default for RunnerConfig {
             max_prompt_bytes: 1024 * 1024,
             max_output_bytes: 4 * 1024 * 1024,
             timeout_s: 600,
+            max_running: 64,
+            keep_results_days: 7,
             engines: BTreeMap::new(),
             agents: BTreeMap::new(),
         }

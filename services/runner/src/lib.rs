@@ -195,11 +195,25 @@ async fn run(
             );
         }
     }
-    // In progress: wait for that run. Otherwise this call runs it.
+    // In progress: wait for that run. Otherwise this call runs it, if the host has room.
     let joined = {
         let mut running = runner.running.lock().unwrap();
         if let Some(r) = running.get(&key) {
             Err(r.done.clone())
+        } else if running.len() >= runner.config.max_running {
+            drop(running);
+            metrics::counter!("sb_runner_busy_total").increment(1);
+            let mut busy = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "busy",
+                format!(
+                    "{} runs in progress; try again shortly",
+                    runner.config.max_running
+                ),
+            );
+            busy.headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+            return busy;
         } else {
             let (tx, rx) = watch::channel(None);
             let pgid = Arc::new(Mutex::new(None));
@@ -368,11 +382,29 @@ async fn cancel(
     }
 }
 
+impl Runner {
+    /// Remove old kept outcomes now and every hour, for as long as the future runs.
+    pub async fn prune_forever(&self) {
+        let age = std::time::Duration::from_secs(self.config.keep_results_days.max(1) * 86_400);
+        loop {
+            match self.store.prune(age) {
+                Ok(n) if n > 0 => tracing::info!(removed = n, "old outcomes removed"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "could not prune old outcomes"),
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(3_600)).await;
+        }
+    }
+}
+
 /// Serve until ctrl-c / SIGTERM.
 pub async fn serve(config: RunnerConfig) -> anyhow::Result<()> {
     let listen = config.listen.clone();
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-    let router = Runner::new(config)?.router().route(
+    let runner = Runner::new(config)?;
+    let pruner = runner.clone();
+    tokio::spawn(async move { pruner.prune_forever().await });
+    let router = runner.router().route(
         "/metrics",
         get(move || std::future::ready(prometheus.render())),
     );

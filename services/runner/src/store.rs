@@ -45,6 +45,24 @@ impl ResultStore {
         }
     }
 
+    /// Remove outcomes written longer than `age` ago; how many went.
+    pub fn prune(&self, age: std::time::Duration) -> std::io::Result<usize> {
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|e| e > age);
+            if old && std::fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     pub fn put(&self, key: &str, outcome: &Outcome) -> std::io::Result<()> {
         let path = self.path(key);
         let tmp = path.with_extension("part");

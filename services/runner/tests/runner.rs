@@ -280,3 +280,51 @@ async fn an_engine_that_fails_or_floods_its_output_fails_the_turn_clearly() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn a_host_at_its_limit_of_runs_answers_busy_and_runs_nothing_more() {
+    let dir = std::env::temp_dir().join(format!("sb-runner-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("engine.sh"),
+        format!("#!/bin/sh\nsleep 1\n{ECHO}\n"),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(dir.join("engine.sh"))
+        .status()
+        .unwrap();
+    let mut config = Host::config(&dir, 10);
+    config.max_running = 1;
+    let router = Runner::new(config).unwrap().router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let host = Host {
+        dir,
+        url,
+        server: tokio::spawn(async {}),
+    };
+    let (a, b) = tokio::join!(host.run("turn:s:1", Some("e1"), "one"), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        host.run("turn:t:1", Some("e2"), "two").await
+    });
+    assert_eq!(a.0, 200);
+    assert_eq!((b.0, b.1["error"]["code"].clone()), (429, json!("busy")));
+    assert_eq!(host.runs(), 1);
+}
+
+#[test]
+fn kept_outcomes_older_than_the_retention_are_removed() {
+    let dir = std::env::temp_dir().join(format!("sb-store-{}", uuid::Uuid::new_v4().simple()));
+    let store = switchboard_runner::store::ResultStore::open(&dir).unwrap();
+    store
+        .put("k", &switchboard_runner::store::Outcome::Cancelled)
+        .unwrap();
+    assert_eq!(store.prune(Duration::from_secs(3_600)).unwrap(), 0);
+    assert!(store.get("k").unwrap().is_some());
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(store.prune(Duration::from_millis(10)).unwrap(), 1);
+    assert!(store.get("k").unwrap().is_none());
+}
