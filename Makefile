@@ -21,7 +21,7 @@ REDACT_URL := sed -E -e 's|(://[^:/@]*):[^@/]*@|\1:***@|g' -e t -e 's|://[^:@/]*
 help:
 	@echo "make run    - start NATS + Postgres (embedded), build, run everything (switchboard up)"
 	@echo "make stop   - stop what make run started"
-	@echo "make test   - start a separate test stack, run every test, stop it"
+	@echo "make test   - start a separate test stack, install the pinned OpenClaw, run every test, stop it"
 	@echo "make check  - cargo fmt --check and clippy -D warnings"
 
 build:
@@ -54,6 +54,7 @@ test:
 	  eval "$$(SB_STACK_FAST=1 $(STACK) up test $(TEST_PORTS))"; \
 	  trap '$(STACK) down test' EXIT; \
 	fi; \
+	deploy/local/openclaw.sh install >/dev/null; \
 	$(CARGO) build --workspace --bins --tests; \
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 	  $(CARGO) nextest run --workspace --no-fail-fast; \
