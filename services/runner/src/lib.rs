@@ -94,6 +94,17 @@ impl Runner {
             .with_state(self)
     }
 
+    /// The 401 for a call without the configured bearer token.
+    fn refusal(&self, headers: &HeaderMap) -> Option<Response> {
+        (!self.authorized(headers)).then(|| {
+            error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid bearer token is required",
+            )
+        })
+    }
+
     fn authorized(&self, headers: &HeaderMap) -> bool {
         let Some(token) = self.config.token.as_deref().filter(|t| !t.is_empty()) else {
             return true;
@@ -136,12 +147,8 @@ async fn run(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if !runner.authorized(&headers) {
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid bearer token is required",
-        );
+    if let Some(refused) = runner.refusal(&headers) {
+        return refused;
     }
     let Some(key) = headers
         .get("idempotency-key")
@@ -341,12 +348,8 @@ async fn cancel(
     headers: HeaderMap,
     Path(key): Path<String>,
 ) -> Response {
-    if !runner.authorized(&headers) {
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid bearer token is required",
-        );
+    if let Some(refused) = runner.refusal(&headers) {
+        return refused;
     }
     let running = runner
         .running
