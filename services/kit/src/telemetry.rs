@@ -5,11 +5,14 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 /// Install the log subscriber once per process. `RUST_LOG` overrides the default `info` level.
-/// Message bodies are only logged at `debug`.
+/// Message bodies are only logged at `debug`. Logs go to stderr: stdout is what the CLI's
+/// commands print (an API key, a JSON listing) and must stay parseable at any log level.
 pub fn init(format: &str) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,async_nats=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = if format == "json" {
         builder.json().try_init()
     } else {

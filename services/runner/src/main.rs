@@ -16,6 +16,7 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
     let config = switchboard_runner::RunnerConfig::load(&args.config)?;
