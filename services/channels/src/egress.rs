@@ -76,13 +76,20 @@ pub trait Egress: Send + Sync + 'static {
 /// time with the start of an attempt (providers also round their times down to the second).
 pub const LOG_CLOCK_SKEW: Duration = Duration::from_secs(5);
 
-/// At most this many pages of a provider's log are read for one look-up: a log that long for
-/// one recipient in minutes means something is wrong, and the part is not sent blind.
+/// At most this many pages of a log filtered by recipient (Twilio's) are read for one look-up:
+/// a log that long for one recipient in minutes means something is wrong, and the part is not
+/// sent blind.
 pub const MAX_LOG_PAGES: usize = 20;
 
 /// The earliest creation time a message of the attempt started at `since` can carry.
 pub(crate) fn not_before(since: DateTime<Utc>) -> DateTime<Utc> {
     since - chrono::Duration::from_std(LOG_CLOCK_SKEW).expect("a small duration")
+}
+
+/// The latest creation time a message of the attempt started at `since` can carry: the
+/// request ended (or was cut off) within [`crate::REQUEST_TIMEOUT`], plus the clock skew.
+pub(crate) fn not_after(since: DateTime<Utc>) -> DateTime<Utc> {
+    since + chrono::Duration::from_std(crate::REQUEST_TIMEOUT + LOG_CLOCK_SKEW).expect("small")
 }
 
 /// One page of a provider's log, read: the matching messages on it, and whether to read on.
@@ -100,11 +107,12 @@ pub(crate) struct Logged {
 }
 
 /// Read a provider's log from `first` page on, `fetch` reading one page, until a page says
-/// there is no more to read; the matches oldest first. More than [`MAX_LOG_PAGES`] pages is
-/// an error, since an unread page could hold the part.
+/// there is no more to read; the matches oldest first. More than `max_pages` pages is an
+/// error, since an unread page could hold the part.
 pub(crate) async fn search_log<F, Fut>(
     provider: &str,
     first: String,
+    max_pages: usize,
     mut fetch: F,
 ) -> Result<Vec<String>, SendError>
 where
@@ -115,9 +123,9 @@ where
     let mut next = Some(first);
     let mut pages = 0;
     while let Some(page) = next {
-        if pages == MAX_LOG_PAGES {
+        if pages == max_pages {
             return Err(SendError::Unavailable(format!(
-                "{provider}'s message log has more than {MAX_LOG_PAGES} pages to search"
+                "{provider}'s message log has more than {max_pages} pages to search"
             )));
         }
         pages += 1;
@@ -296,7 +304,7 @@ mod tests {
     #[tokio::test]
     async fn a_log_is_read_page_by_page_and_its_matches_come_back_oldest_first() {
         let mut asked = Vec::new();
-        let found = search_log("Acme", "p1".into(), |page| {
+        let found = search_log("Acme", "p1".into(), MAX_LOG_PAGES, |page| {
             asked.push(page.clone());
             async move {
                 Ok(match page.as_str() {
@@ -318,7 +326,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_log_too_long_to_read_or_unreadable_is_an_error_never_an_empty_answer() {
-        let endless = search_log("Acme", "0".into(), |page| async move {
+        let endless = search_log("Acme", "0".into(), MAX_LOG_PAGES, |page| async move {
             Ok(LogPage {
                 matches: vec![],
                 next: Some(format!("{page}+")),
@@ -328,7 +336,7 @@ mod tests {
         assert!(
             matches!(endless, Err(SendError::Unavailable(e)) if e.contains("more than 20 pages"))
         );
-        let down = search_log("Acme", "0".into(), |_| async {
+        let down = search_log("Acme", "0".into(), MAX_LOG_PAGES, |_| async {
             Err::<LogPage, _>(SendError::Unavailable("Acme HTTP 503".into()))
         })
         .await;

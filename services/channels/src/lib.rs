@@ -90,12 +90,17 @@ pub fn user_agent() -> String {
     )
 }
 
+/// The longest a request to a provider's API may take, connecting included: a send that started
+/// at `t` reached the provider by `t + REQUEST_TIMEOUT` or not at all (a provider's log is
+/// searched up to then, [`egress::not_after`]).
+pub(crate) const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// An HTTP client for a provider's API: our user agent, bounded connect and request times.
 pub(crate) fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .user_agent(user_agent())
         .connect_timeout(std::time::Duration::from_secs(5))
-        .timeout(std::time::Duration::from_secs(30))
+        .timeout(REQUEST_TIMEOUT)
         .build()
         .expect("HTTP client")
 }

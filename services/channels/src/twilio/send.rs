@@ -153,20 +153,25 @@ impl TwilioSender {
         }
         let first = reqwest::Url::parse_with_params(&self.messages_url(), &query)
             .map_err(|e| SendError::Unavailable(format!("Twilio list URL: {e}")))?;
-        egress::search_log("Twilio", first.to_string(), |url| async move {
-            // `next_page_uri` is relative to the API's base.
-            let url = if url.starts_with('/') {
-                format!("{}{url}", self.base())
-            } else {
-                url
-            };
-            let request = self.http.get(url).basic_auth(
-                &self.config.account_sid,
-                Some(self.config.auth_token.expose()),
-            );
-            let page: MessagePage = egress::read_log(request, "Twilio").await?;
-            page.read(to, from, body, not_before)
-        })
+        egress::search_log(
+            "Twilio",
+            first.to_string(),
+            egress::MAX_LOG_PAGES,
+            |url| async move {
+                // `next_page_uri` is relative to the API's base.
+                let url = if url.starts_with('/') {
+                    format!("{}{url}", self.base())
+                } else {
+                    url
+                };
+                let request = self.http.get(url).basic_auth(
+                    &self.config.account_sid,
+                    Some(self.config.auth_token.expose()),
+                );
+                let page: MessagePage = egress::read_log(request, "Twilio").await?;
+                page.read(to, from, body, not_before)
+            },
+        )
         .await
     }
 }
