@@ -145,7 +145,7 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(AppOptions::default()).await
 }
 
-async fn fresh_database(admin_url: &str) -> String {
+pub async fn fresh_database(admin_url: &str) -> String {
     let name = format!("sbt_{}", uuid::Uuid::new_v4().simple());
     let mut conn = sqlx::PgConnection::connect(admin_url)
         .await

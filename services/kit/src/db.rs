@@ -38,10 +38,58 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
         })
 }
 
+/// The schema the migrations put the product's tables in.
+pub const SCHEMA: &str = "switchboard";
+
 /// Apply pending migrations; safe to run from several processes at once (sqlx takes a lock).
+///
+/// sqlx keeps its ledger (`_sqlx_migrations`) in the first schema of the search path that
+/// exists. Postgres's default path is `"$user", public`: for a role named `switchboard`, as
+/// deployments name it, that is `public` on the first start and the product's own schema on
+/// every start after the first migration made it, where sqlx finds no ledger and runs
+/// migration 1 again, which fails (sqlx#3523). So the migrations run on a connection whose path
+/// leaves out the product's schema when it comes first; the pool's other connections keep the
+/// operator's path (every query names its schema).
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
-    MIGRATOR.run(pool).await?;
+    let mut conn = pool.acquire().await.map_err(migrate_error)?;
+    let path: Vec<String> = sqlx::query_scalar("SELECT unnest(current_schemas(false))::text")
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(migrate_error)?;
+    if path.first().map(String::as_str) != Some(SCHEMA) {
+        MIGRATOR.run(&mut *conn).await?;
+        return Ok(());
+    }
+    let rest: Vec<String> = path[1..].iter().map(|s| quote_ident(s)).collect();
+    let rest = if rest.is_empty() {
+        "public".to_string()
+    } else {
+        rest.join(", ")
+    };
+    sqlx::query(&format!("SET search_path TO {rest}"))
+        .execute(&mut *conn)
+        .await
+        .map_err(migrate_error)?;
+    let ran = MIGRATOR.run(&mut *conn).await;
+    // The connection goes back to the pool: with the operator's path again, or not at all.
+    if sqlx::query("RESET search_path")
+        .execute(&mut *conn)
+        .await
+        .is_err()
+    {
+        conn.detach();
+    }
+    ran?;
     Ok(())
+}
+
+fn migrate_error(e: sqlx::Error) -> DbError {
+    DbError::Migrate(sqlx::migrate::MigrateError::Execute(e))
+}
+
+/// `name` as a Postgres identifier, quoted.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 #[cfg(test)]
