@@ -1,5 +1,5 @@
-//! Media a person sent (Twilio MMS `MediaUrlN`) kept in the session's workspace
-//! (`attachments/`), so the agent can open them, and listed in the prompt.
+//! Media a person sent (Twilio MMS `MediaUrlN`, chat uploads) kept in the session's
+//! workspace (`attachments/`), so the agent can open them, and listed in the prompt.
 //!
 //! Fetched with the Twilio account's credentials (its media URLs require them when "HTTP auth
 //! on media" is on) and only from the Twilio API's own origin (`twilio.api_base`): a URL in a
@@ -165,6 +165,103 @@ impl MediaFetcher {
             content_type,
             bytes: body.len() as u64,
         })
+    }
+}
+
+/// Files chat users uploaded (`POST /chat/uploads`, stored by the gateway in
+/// `switchboard.chat_uploads`), copied into `attachments/` as `<message id>-<n>-<name>` when
+/// their message's turn runs. Only the sender's own uploads are copied (the gateway checked
+/// that already; this holds even for a message that reached the pipeline another way), the
+/// same cap as media applies, and a file already there (a retried turn) is not read again.
+pub struct Uploads {
+    db: sqlx::PgPool,
+    max_bytes: u64,
+}
+
+#[derive(sqlx::FromRow)]
+struct UploadRow {
+    id: uuid::Uuid,
+    name: String,
+    content_type: String,
+    bytes: i64,
+}
+
+impl Uploads {
+    pub fn new(db: sqlx::PgPool, max_bytes: u64) -> Self {
+        Self { db, max_bytes }
+    }
+
+    /// Keep each of `ids` (uploads of `owner`) in `folder/attachments/`, numbered from
+    /// `first`. A database error is returned (the turn is tried again), not swallowed: the
+    /// file would otherwise be missing from a turn that could have had it.
+    pub async fn keep(
+        &self,
+        folder: &Path,
+        message_id: &str,
+        owner: &str,
+        ids: &[String],
+        first: usize,
+    ) -> Result<Vec<Fetched>, sqlx::Error> {
+        let parsed: Vec<Option<uuid::Uuid>> = ids.iter().map(|i| i.parse().ok()).collect();
+        let wanted: Vec<uuid::Uuid> = parsed.iter().flatten().copied().collect();
+        let rows: Vec<UploadRow> = sqlx::query_as(
+            "SELECT id, name, content_type, bytes FROM switchboard.chat_uploads
+              WHERE id = ANY($1) AND owner = $2",
+        )
+        .bind(&wanted)
+        .bind(owner)
+        .fetch_all(&self.db)
+        .await?;
+        let dir = folder.join("attachments");
+        let mut out = Vec::with_capacity(ids.len());
+        for (n, id) in parsed.iter().enumerate() {
+            let Some(row) = id.and_then(|id| rows.iter().find(|r| r.id == id)) else {
+                out.push(Fetched::NotKept {
+                    why: "not an upload of this person's, or deleted after its retention".into(),
+                });
+                continue;
+            };
+            let bytes = row.bytes.max(0) as u64;
+            if bytes > self.max_bytes {
+                out.push(Fetched::TooLarge {
+                    limit: self.max_bytes,
+                });
+                continue;
+            }
+            let file = format!("{message_id}-{}-{}", first + n, row.name);
+            let kept = Fetched::Kept {
+                file: file.clone(),
+                content_type: row.content_type.clone(),
+                bytes,
+            };
+            let there = tokio::fs::metadata(dir.join(&file))
+                .await
+                .is_ok_and(|m| m.len() == bytes);
+            if !there {
+                let data: Option<Vec<u8>> = sqlx::query_scalar(
+                    "SELECT data FROM switchboard.chat_uploads WHERE id = $1 AND owner = $2",
+                )
+                .bind(row.id)
+                .bind(owner)
+                .fetch_optional(&self.db)
+                .await?;
+                let Some(data) = data else {
+                    out.push(Fetched::NotKept {
+                        why: "deleted after its retention".into(),
+                    });
+                    continue;
+                };
+                if let Err(e) = write_atomically(&dir, &file, &data).await {
+                    tracing::warn!(%message_id, n, error = %e, "upload not kept");
+                    out.push(Fetched::NotKept {
+                        why: format!("could not write it: {e}"),
+                    });
+                    continue;
+                }
+            }
+            out.push(kept);
+        }
+        Ok(out)
     }
 }
 

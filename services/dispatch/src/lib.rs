@@ -277,6 +277,7 @@ pub struct TurnDispatcher {
     wakers: Wakers,
     breakers: breaker::Breakers,
     media: attachments::MediaFetcher,
+    uploads: attachments::Uploads,
 }
 
 impl TurnDispatcher {
@@ -300,6 +301,7 @@ impl TurnDispatcher {
                 .saturating_sub(2)
                 .max(1),
         );
+        let uploads = attachments::Uploads::new(db.clone(), config.workspace.max_attachment_bytes);
         Self {
             id: Uuid::new_v4(),
             last_beat: Default::default(),
@@ -319,6 +321,7 @@ impl TurnDispatcher {
                 config.twilio.auth_token.clone(),
                 config.workspace.max_attachment_bytes,
             ),
+            uploads,
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
@@ -1012,7 +1015,7 @@ impl TurnDispatcher {
         }
         let attachments = self
             .keep_attachments(&group, lease.workspace.as_deref())
-            .await;
+            .await?;
         let prompt = prompt::build_joined_prompt(
             &group,
             &prompt::PromptContext {
@@ -1137,34 +1140,48 @@ impl TurnDispatcher {
 
     /// Keep what the messages carry besides text in the session's workspace; the prompt's
     /// lines for it.
-    async fn keep_attachments(&self, group: &[Turn], workspace: Option<&str>) -> Vec<String> {
+    async fn keep_attachments(
+        &self,
+        group: &[Turn],
+        workspace: Option<&str>,
+    ) -> Result<Vec<String>, DispatchError> {
         let mut lines = Vec::new();
         for turn in group {
             let Some(inbound) = turn.message.as_ref().and_then(|m| m.inbound.as_ref()) else {
                 continue;
             };
-            if inbound.media_urls.is_empty() {
+            let count = inbound.media_urls.len() + inbound.uploads.len();
+            if count == 0 {
                 continue;
             }
-            match workspace {
-                Some(folder) => {
-                    let kept = self
-                        .media
-                        .keep(
-                            std::path::Path::new(folder),
-                            &inbound.id,
-                            &inbound.media_urls,
-                        )
-                        .await;
-                    lines.extend(kept.iter().map(attachments::Fetched::describe));
-                }
-                None => lines.push(format!(
-                    "{} attachment(s) not kept: no workspace is configured",
-                    inbound.media_urls.len()
-                )),
+            let Some(folder) = workspace.map(std::path::Path::new) else {
+                lines.push(format!(
+                    "{count} attachment(s) not kept: no workspace is configured"
+                ));
+                continue;
+            };
+            if !inbound.media_urls.is_empty() {
+                let kept = self
+                    .media
+                    .keep(folder, &inbound.id, &inbound.media_urls)
+                    .await;
+                lines.extend(kept.iter().map(attachments::Fetched::describe));
+            }
+            if !inbound.uploads.is_empty() {
+                let kept = self
+                    .uploads
+                    .keep(
+                        folder,
+                        &inbound.id,
+                        &inbound.sender,
+                        &inbound.uploads,
+                        inbound.media_urls.len(),
+                    )
+                    .await?;
+                lines.extend(kept.iter().map(attachments::Fetched::describe));
             }
         }
-        lines
+        Ok(lines)
     }
 
     /// The turn's call was cancelled at the runner: forget the group it planned (the next call

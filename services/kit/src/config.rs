@@ -221,6 +221,13 @@ pub struct ChatConfig {
     pub idle_timeout_ms: u64,
     /// How often a socket reads the mailbox itself, for replies whose announcement it missed.
     pub catch_up_ms: u64,
+    /// Uploads (`POST /chat/uploads`) are kept this long for a message to name them; older
+    /// ones are deleted (a turn that runs later says the file is gone).
+    pub upload_retention_s: u64,
+    /// Most uploads one message may name.
+    pub max_uploads_per_message: usize,
+    /// Most bytes of uploads one person may have stored at once (within the retention).
+    pub upload_quota_bytes: u64,
 }
 
 impl Default for ChatConfig {
@@ -233,6 +240,9 @@ impl Default for ChatConfig {
             replay_limit: 200,
             idle_timeout_ms: 120_000,
             catch_up_ms: 5_000,
+            upload_retention_s: 86_400,
+            max_uploads_per_message: 10,
+            upload_quota_bytes: 100 * 1024 * 1024,
         }
     }
 }
@@ -666,7 +676,8 @@ pub struct WorkspaceConfig {
     /// The engine variants of one identity (`reggie_oc`, `reggie_fd`) share one person's
     /// folder (the first session's); false gives each session its own.
     pub separate_variants: bool,
-    /// Media a person sends (MMS) larger than this is not kept in `attachments/`.
+    /// Media a person sends (MMS) larger than this is not kept in `attachments/`; a chat
+    /// upload larger than this is refused (413).
     pub max_attachment_bytes: u64,
 }
 
