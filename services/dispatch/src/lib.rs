@@ -807,13 +807,23 @@ impl TurnDispatcher {
     fn reply_message(&self, turn: &Turn, session: Uuid, stored: &StoredReply) -> Reply {
         let msg = turn.message.clone().unwrap_or_default();
         let inbound = msg.inbound.unwrap_or_default();
+        // A heartbeat's "nothing to report" is logged, not sent; what it reports goes without
+        // the token. Derived from the stored answer, so a redelivered turn says the same.
+        let (text, kind) = if inbound.heartbeat {
+            match schedule::heartbeat_report(&stored.text) {
+                Some(report) => (report.to_string(), String::new()),
+                None => (stored.text.clone(), schedule::HEARTBEAT_OK_KIND.to_string()),
+            }
+        } else {
+            (stored.text.clone(), String::new())
+        };
         Reply {
             id: stored.reply_id.to_string(),
             session_id: session.to_string(),
             seq: turn.seq,
             agent_name: turn.agent_name.clone(),
             agent_identity: turn.agent_identity.clone(),
-            text: stored.text.clone(),
+            text,
             engine_session_id: stored.engine_session_id.clone(),
             processing_ms: stored.processing_ms,
             tool_calls_count: stored.tool_calls_count,
@@ -825,7 +835,7 @@ impl TurnDispatcher {
             reply_from: inbound.recipient.clone(),
             person: msg.person,
             provider_message_id: inbound.provider_message_id.clone(),
-            kind: String::new(),
+            kind,
             answers: stored.answers.clone(),
         }
     }

@@ -401,6 +401,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         // The gateway takes what people send; schedules are fired by dispatch.
         scheduled: String::new(),
         uploads,
+        heartbeat: false,
     };
     if let Some((first, retry_after)) = limited {
         metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel.clone())
