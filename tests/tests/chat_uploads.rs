@@ -200,3 +200,44 @@ async fn uploads_are_deleted_after_their_retention() {
     app.shutdown().await;
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switchboard_chat_send_with_a_file_uploads_it_and_names_it() {
+    let (root, root_text) = workspace_root();
+    let app = spawn_app_configured(move |c| c.workspace.root = root_text).await;
+    let notes = root.with_extension("notes.txt");
+    std::fs::write(&notes, b"call Dana on Monday").unwrap();
+    let out = tokio::task::block_in_place(|| {
+        app.cli(&[
+            "chat".as_ref(),
+            "send".as_ref(),
+            "--sub".as_ref(),
+            "ana".as_ref(),
+            "--file".as_ref(),
+            notes.as_os_str(),
+            "--text".as_ref(),
+            "read this".as_ref(),
+            "--wait".as_ref(),
+            "20".as_ref(),
+        ])
+    });
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("echo: read this"), "{stdout}");
+    let calls = app.runner.calls();
+    let file = notes.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        calls[0]
+            .prompt
+            .contains(&format!("-0-{file} (text/plain, 19 B)")),
+        "{}",
+        calls[0].prompt
+    );
+    app.shutdown().await;
+    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_file(&notes);
+}
