@@ -7,6 +7,8 @@ use std::time::Duration;
 use serde_json::json;
 use switchboard_e2e::chat::{ChatClient, chat_token, upload};
 use switchboard_e2e::spawn_app_configured;
+use switchboard_kit::proto::{InboundMessage, Person};
+use switchboard_kit::runtime::{Output, Runtime};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -240,4 +242,113 @@ async fn switchboard_chat_send_with_a_file_uploads_it_and_names_it() {
     app.shutdown().await;
     let _ = std::fs::remove_dir_all(&root);
     let _ = std::fs::remove_file(&notes);
+}
+
+#[tokio::test]
+async fn dispatch_copies_only_the_senders_own_uploads_whatever_reaches_it() {
+    // A message that did not come through the gateway's check (say, a dead letter edited and
+    // replayed) naming someone else's upload: dispatch does not copy it either.
+    let (root, root_text) = workspace_root();
+    let app = spawn_app_configured(move |c| c.workspace.root = root_text).await;
+    let bob = chat_token("bob", json!({}));
+    let secret = upload(
+        &app.gateway_url,
+        &bob,
+        "payslip.pdf",
+        "application/pdf",
+        b"bob's payslip".to_vec(),
+    )
+    .await;
+    let id = uuid::Uuid::now_v7().to_string();
+    let inbound = InboundMessage {
+        id: id.clone(),
+        channel: "admin_chat".into(),
+        provider: "chat".into(),
+        sender: "ana".into(),
+        recipient: "admin_chat".into(),
+        text: "show me this".into(),
+        provider_message_id: "ana:forged-1".into(),
+        received_at_ms: switchboard_kit::now_ms(),
+        correlation_id: id,
+        asserted: Some(Person {
+            person_id: "user:ana".into(),
+            person_type: "user".into(),
+            ..Default::default()
+        }),
+        uploads: vec![secret.id()],
+        ..Default::default()
+    };
+    let rt = Runtime::new(
+        app.js.clone(),
+        app.topology.clone(),
+        app.config.runtime.clone(),
+    );
+    let out = Output::new(app.topology.inbound("admin_chat"), "forged-1", &inbound);
+    rt.publish("gateway", &out).await.expect("publish inbound");
+    let deadline = std::time::Instant::now() + WAIT;
+    while app.runner.calls().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the turn never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let call = &app.runner.calls()[0];
+    assert!(
+        call.prompt
+            .contains("an attachment that could not be kept (not an upload of this person's"),
+        "{}",
+        call.prompt
+    );
+    let folder = std::path::PathBuf::from(call.workspace.clone().expect("a workspace"));
+    let kept = std::fs::read_dir(folder.join("attachments")).map_or(0, |d| d.count());
+    assert_eq!(kept, 0, "nothing of Bob's in Ana's workspace");
+    app.shutdown().await;
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[tokio::test]
+async fn a_retried_turn_finds_the_file_it_kept_and_does_not_read_it_again() {
+    let (root, root_text) = workspace_root();
+    let app = spawn_app_configured(move |c| {
+        c.workspace.root = root_text;
+        // The retry comes well after the first call, so the test can act in between.
+        c.runtime.retry_base_ms = 2_000;
+        c.runtime.retry_max_ms = 2_000;
+    })
+    .await;
+    let ana = chat_token("ana", json!({}));
+    let stored = upload(
+        &app.gateway_url,
+        &ana,
+        "a.txt",
+        "text/plain",
+        b"hello".to_vec(),
+    )
+    .await;
+    app.runner.fail_next(1, 500);
+    let mut client = ChatClient::as_user(&app.gateway_url, "ana").await;
+    client
+        .say_with_files("m-1", "read it", &[&stored.id()])
+        .await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while app.runner.calls().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the turn never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The first call failed with the file kept; the stored upload goes before the retry.
+    sqlx::query("DELETE FROM switchboard.chat_uploads")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    client.reply(WAIT).await;
+    let calls = app.runner.calls();
+    assert_eq!(calls.len(), 2, "one failed call, one retry");
+    for call in &calls {
+        assert!(
+            call.prompt.contains("-0-a.txt (text/plain, 5 B)"),
+            "{}",
+            call.prompt
+        );
+    }
+    client.close().await;
+    app.shutdown().await;
+    let _ = std::fs::remove_dir_all(&root);
 }

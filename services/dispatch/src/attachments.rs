@@ -215,7 +215,21 @@ impl Uploads {
         let dir = folder.join("attachments");
         let mut out = Vec::with_capacity(ids.len());
         for (n, id) in parsed.iter().enumerate() {
-            let Some(row) = id.and_then(|id| rows.iter().find(|r| r.id == id)) else {
+            let row = id.and_then(|id| rows.iter().find(|r| r.id == id));
+            let stem = format!("{message_id}-{}-", first + n);
+            // Kept by an earlier run of this turn: not read again (the upload may be gone by
+            // now, its retention over).
+            if let Some((file, bytes)) = kept_with_prefix(&dir, &stem).await {
+                let content_type =
+                    row.map_or_else(|| type_of(&file).to_string(), |r| r.content_type.clone());
+                out.push(Fetched::Kept {
+                    file,
+                    content_type,
+                    bytes,
+                });
+                continue;
+            }
+            let Some(row) = row else {
                 out.push(Fetched::NotKept {
                     why: "not an upload of this person's, or deleted after its retention".into(),
                 });
@@ -228,40 +242,58 @@ impl Uploads {
                 });
                 continue;
             }
-            let file = format!("{message_id}-{}-{}", first + n, row.name);
-            let kept = Fetched::Kept {
-                file: file.clone(),
+            let data: Option<Vec<u8>> = sqlx::query_scalar(
+                "SELECT data FROM switchboard.chat_uploads WHERE id = $1 AND owner = $2",
+            )
+            .bind(row.id)
+            .bind(owner)
+            .fetch_optional(&self.db)
+            .await?;
+            let Some(data) = data else {
+                out.push(Fetched::NotKept {
+                    why: "deleted after its retention".into(),
+                });
+                continue;
+            };
+            let file = format!("{stem}{}", row.name);
+            if let Err(e) = write_atomically(&dir, &file, &data).await {
+                tracing::warn!(%message_id, n, error = %e, "upload not kept");
+                out.push(Fetched::NotKept {
+                    why: format!("could not write it: {e}"),
+                });
+                continue;
+            }
+            out.push(Fetched::Kept {
+                file,
                 content_type: row.content_type.clone(),
                 bytes,
-            };
-            let there = tokio::fs::metadata(dir.join(&file))
-                .await
-                .is_ok_and(|m| m.len() == bytes);
-            if !there {
-                let data: Option<Vec<u8>> = sqlx::query_scalar(
-                    "SELECT data FROM switchboard.chat_uploads WHERE id = $1 AND owner = $2",
-                )
-                .bind(row.id)
-                .bind(owner)
-                .fetch_optional(&self.db)
-                .await?;
-                let Some(data) = data else {
-                    out.push(Fetched::NotKept {
-                        why: "deleted after its retention".into(),
-                    });
-                    continue;
-                };
-                if let Err(e) = write_atomically(&dir, &file, &data).await {
-                    tracing::warn!(%message_id, n, error = %e, "upload not kept");
-                    out.push(Fetched::NotKept {
-                        why: format!("could not write it: {e}"),
-                    });
-                    continue;
-                }
-            }
-            out.push(kept);
+            });
         }
         Ok(out)
+    }
+}
+
+/// A file in `dir` whose name starts with `prefix` (not one being written): its name and size.
+async fn kept_with_prefix(dir: &Path, prefix: &str) -> Option<(String, u64)> {
+    let mut entries = tokio::fs::read_dir(dir).await.ok()?;
+    while let Ok(Some(e)) = entries.next_entry().await {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) {
+            return Some((name, e.metadata().await.ok()?.len()));
+        }
+    }
+    None
+}
+
+/// A media type for a kept file, by its extension.
+fn type_of(file: &str) -> &'static str {
+    match file.rsplit('.').next() {
+        Some("jpg") => "image/jpeg",
+        Some("png") => "image/png",
+        Some("gif") => "image/gif",
+        Some("pdf") => "application/pdf",
+        Some("txt") => "text/plain",
+        _ => "application/octet-stream",
     }
 }
 
@@ -275,14 +307,7 @@ async fn already_kept(dir: &Path, stem: &str) -> Option<Fetched> {
             .is_some_and(|rest| rest.starts_with('.'))
         {
             let bytes = e.metadata().await.ok()?.len();
-            let content_type = match name.rsplit('.').next() {
-                Some("jpg") => "image/jpeg",
-                Some("png") => "image/png",
-                Some("gif") => "image/gif",
-                Some("pdf") => "application/pdf",
-                Some("txt") => "text/plain",
-                _ => "application/octet-stream",
-            };
+            let content_type = type_of(&name);
             return Some(Fetched::Kept {
                 file: name,
                 content_type: content_type.into(),
