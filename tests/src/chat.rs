@@ -79,6 +79,12 @@ impl ChatClient {
             .await;
     }
 
+    /// Send a message naming files uploaded before (their upload ids).
+    pub async fn say_with_files(&mut self, id: &str, text: &str, uploads: &[&str]) {
+        self.send_frame(json!({"type": "message", "id": id, "text": text, "attachments": uploads}))
+            .await;
+    }
+
     /// The next JSON frame within `timeout` (pings skipped); `None` if none came.
     pub async fn next_frame(&mut self, timeout: Duration) -> Option<Value> {
         let deadline = tokio::time::Instant::now() + timeout;
@@ -129,5 +135,46 @@ impl ChatClient {
 
     pub async fn close(mut self) {
         let _ = self.socket.close(None).await;
+    }
+}
+
+/// What the gateway answered an upload: its status and JSON body (the upload, or the error).
+#[derive(Debug)]
+pub struct UploadAnswer {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl UploadAnswer {
+    /// The upload id a message names (panics with the answer when there is none).
+    pub fn id(&self) -> String {
+        self.body["upload_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no upload id in {self:?}"))
+            .to_string()
+    }
+}
+
+/// Upload `data` as a chat widget does before naming it in a message: `POST /chat/uploads`
+/// with the user's token, the file as the body, its type and name.
+pub async fn upload(
+    gateway_url: &str,
+    token: &str,
+    name: &str,
+    content_type: &str,
+    data: Vec<u8>,
+) -> UploadAnswer {
+    let response = reqwest::Client::new()
+        .post(format!("{gateway_url}/chat/uploads"))
+        .query(&[("name", name)])
+        .bearer_auth(token)
+        .header("content-type", content_type)
+        .body(data)
+        .send()
+        .await
+        .expect("the gateway answers an upload");
+    UploadAnswer {
+        status: response.status().as_u16(),
+        body: response.json().await.unwrap_or_default(),
     }
 }

@@ -714,6 +714,8 @@ pub struct FakeRunner {
     running: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
     /// Keys whose call was cancelled (a later POST with one answers `cancelled`).
     pub cancelled: Arc<Mutex<Vec<String>>>,
+    /// Fixed answers by what the prompt contains (the first that matches), instead of the echo.
+    answers: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl FakeRunner {
@@ -734,6 +736,7 @@ impl FakeRunner {
             refused: Default::default(),
             running: Default::default(),
             cancelled: Default::default(),
+            answers: Default::default(),
         };
         let router = Router::new()
             .route("/run", post(Self::run))
@@ -759,6 +762,15 @@ impl FakeRunner {
     /// Take the agent host down (every call 503) or bring it back.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Answer a call whose prompt contains `needle` with `text` (as an agent that decided
+    /// what to say), not with the echo.
+    pub fn answer_when(&self, needle: &str, text: &str) {
+        self.answers
+            .lock()
+            .unwrap()
+            .push((needle.to_string(), text.to_string()));
     }
 
     pub fn set_hold(&self, hold: bool) {
@@ -867,8 +879,16 @@ impl FakeRunner {
             .session_id
             .clone()
             .unwrap_or_else(|| format!("eng-{}", s.sessions.fetch_add(1, Ordering::SeqCst) + 1));
+        let text = s
+            .answers
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(needle, _)| body.prompt.contains(needle.as_str()))
+            .map(|(_, text)| text.clone())
+            .unwrap_or_else(|| format!("echo: {}", Self::said(&body.prompt)));
         let answer = serde_json::json!({
-            "text": format!("echo: {}", Self::said(&body.prompt)),
+            "text": text,
             "session_id": session_id,
             "processing_ms": 7,
             "tool_calls_count": 2,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use switchboard_kit::config::ChatConfig;
 
 use crate::ApiError;
-use crate::ingress::{check_client_id, message_text};
+use crate::ingress::{check_client_id, clean_text, message_text};
 
 /// The provider name chat messages and their replies carry.
 pub const PROVIDER: &str = "chat";
@@ -160,7 +160,12 @@ pub enum ClientFrame {
         id: String,
         #[serde(default)]
         agent: String,
+        /// May be empty when the message carries attachments.
+        #[serde(default)]
         text: String,
+        /// Upload ids (`POST /chat/uploads`) of files sent with the message.
+        #[serde(default)]
+        attachments: Vec<String>,
     },
 }
 
@@ -170,23 +175,60 @@ pub struct ChatMessage {
     pub id: String,
     pub agent: String,
     pub text: String,
+    /// Upload ids, in the order given, each once.
+    pub attachments: Vec<uuid::Uuid>,
 }
 
-/// Read one text frame from a client into a message, or the error to send back.
-pub fn read_frame(frame: &str, max_chars: usize) -> Result<ChatMessage, ApiError> {
+/// Read one text frame from a client into a message, or the error to send back. A message
+/// names at most `max_attachments` uploads; one with attachments may have no text.
+pub fn read_frame(
+    frame: &str,
+    max_chars: usize,
+    max_attachments: usize,
+) -> Result<ChatMessage, ApiError> {
     let frame: ClientFrame = serde_json::from_str(frame).map_err(|e| {
         ApiError::bad_request(
             "invalid_frame",
-            format!("expected {{\"type\":\"message\",\"id\",\"text\"}}: {e}"),
+            format!("expected {{\"type\":\"message\",\"id\",\"text\",\"attachments\"?}}: {e}"),
         )
     })?;
-    let ClientFrame::Message { id, agent, text } = frame;
+    let ClientFrame::Message {
+        id,
+        agent,
+        text,
+        attachments,
+    } = frame;
     check_client_id("id", &id)?;
-    let text = message_text("text", &text, max_chars)?;
+    // (The list itself is bounded by the frame's size.)
+    let mut ids: Vec<uuid::Uuid> = Vec::new();
+    for a in &attachments {
+        let id = a.trim().parse().map_err(|_| {
+            ApiError::bad_request(
+                "invalid_field",
+                "attachments must be upload ids as POST /chat/uploads answered them",
+            )
+        })?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+        if ids.len() > max_attachments {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_many_attachments",
+                format!("a message names at most {max_attachments} uploads"),
+            ));
+        }
+    }
+    let text = if ids.is_empty() {
+        message_text("text", &text, max_chars)?
+    } else {
+        clean_text("text", &text, max_chars)?
+    };
     Ok(ChatMessage {
         id,
         agent: agent.trim().to_string(),
         text,
+        attachments: ids,
     })
 }
 
@@ -373,10 +415,16 @@ mod tests {
 
     #[test]
     fn frames_are_checked_before_anything_is_stored() {
-        let ok = read_frame(r#"{"type":"message","id":"c-1","text":" hi\u0007 "}"#, 10).unwrap();
+        let ok = read_frame(
+            r#"{"type":"message","id":"c-1","text":" hi\u0007 "}"#,
+            10,
+            2,
+        )
+        .unwrap();
         assert_eq!(ok.text, " hi ");
         assert_eq!(ok.agent, "");
-        let code = |f: &str| read_frame(f, 10).unwrap_err().code();
+        assert!(ok.attachments.is_empty());
+        let code = |f: &str| read_frame(f, 10, 2).unwrap_err().code();
         assert_eq!(code("not json"), "invalid_frame");
         assert_eq!(
             code(r#"{"type":"shout","id":"1","text":"x"}"#),
@@ -394,5 +442,31 @@ mod tests {
             code(r#"{"type":"message","id":"1","text":"12345678901"}"#),
             "text_too_long"
         );
+    }
+
+    #[test]
+    fn a_message_names_a_few_uploads_by_id_and_then_needs_no_text() {
+        let a = uuid::Uuid::now_v7();
+        let b = uuid::Uuid::now_v7();
+        let frame = |ids: &[String], text: &str| {
+            serde_json::json!({"type": "message", "id": "c-1", "text": text, "attachments": ids})
+                .to_string()
+        };
+        let ok = read_frame(
+            &frame(&[a.to_string(), b.to_string(), a.to_string()], ""),
+            10,
+            2,
+        )
+        .unwrap();
+        assert_eq!(ok.attachments, [a, b], "in order, each once");
+        assert_eq!(ok.text, "");
+        let code = |f: &str| read_frame(f, 10, 2).unwrap_err().code();
+        let three: Vec<String> = (0..3).map(|_| uuid::Uuid::now_v7().to_string()).collect();
+        assert_eq!(code(&frame(&three, "x")), "too_many_attachments");
+        assert_eq!(
+            code(&frame(&["../etc/passwd".into()], "x")),
+            "invalid_field"
+        );
+        assert_eq!(code(&frame(&[], " ")), "missing_field");
     }
 }

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
-use switchboard_kit::proto::{DeliveryFailed, Reply, ReplyDelivered};
+use switchboard_kit::proto::{DeliveryFailed, HEARTBEAT_OK_KIND, Reply, ReplyDelivered};
 use switchboard_kit::retry::{self, Backoff};
 use switchboard_kit::startup::{App, Task};
 use switchboard_kit::status::{DeliveryStatus, TurnStatus};
@@ -94,6 +94,8 @@ pub enum Claim {
     },
     AlreadySent(Vec<String>),
     AlreadyFailed(String),
+    /// Recorded as not to be sent.
+    Skipped,
     /// Another deliverer holds the lease (or held it and died): try again once it ends.
     Busy {
         retry_in: Duration,
@@ -177,6 +179,7 @@ impl DeliveryLedger {
             DeliveryStatus::Failed => {
                 Claim::AlreadyFailed(r.get::<Option<String>, _>(2).unwrap_or_default())
             }
+            DeliveryStatus::Skipped => Claim::Skipped,
             DeliveryStatus::Pending => Claim::Busy {
                 retry_in: Duration::from_secs_f64(
                     r.get::<Option<f64>, _>(3)
@@ -309,6 +312,25 @@ impl DeliveryLedger {
             self.part_sent(id, provider_id, index, last)
         })
         .await
+    }
+
+    /// Record a reply that is not to be sent (a heartbeat's "nothing to report"), so the
+    /// session's later replies go ahead of it.
+    pub async fn skip(&self, reply: &Reply, id: Uuid) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO switchboard.deliveries
+                (reply_id, session_id, channel, provider, recipient, status)
+             VALUES ($1, $2, $3, $4, $5, 'skipped')
+             ON CONFLICT (reply_id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(reply.session_id.parse::<Uuid>().unwrap_or_default())
+        .bind(&reply.channel)
+        .bind(&reply.provider)
+        .bind(&reply.recipient)
+        .execute(&self.db)
+        .await?;
+        Ok(())
     }
 
     pub async fn finish(&self, id: Uuid, error: Option<&str>) -> Result<(), sqlx::Error> {
@@ -558,8 +580,15 @@ impl Stage for DeliverStage {
         if let Ok(session) = reply.session_id.parse::<Uuid>() {
             self.wait_for_predecessor(session, reply.seq).await?;
         }
-        let parts = sender.split(&reply.text);
         let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));
+        if reply.kind == HEARTBEAT_OK_KIND {
+            // Logged (log-outbound), not sent: the agent had nothing to report.
+            self.ledger.skip(&reply, id).await.map_err(transient)?;
+            metrics::counter!("sb_delivery_skipped_total", "kind" => HEARTBEAT_OK_KIND)
+                .increment(1);
+            return Ok(Vec::new());
+        }
+        let parts = sender.split(&reply.text);
         let mut lease_taken = Instant::now();
         let (mut sent, mut ids, attempt) = match self
             .ledger
@@ -569,6 +598,7 @@ impl Stage for DeliverStage {
         {
             Claim::AlreadySent(ids) => return Ok(vec![self.delivered(&reply, ids)]),
             Claim::AlreadyFailed(error) => return Ok(vec![self.failed(&reply, error)]),
+            Claim::Skipped => return Ok(Vec::new()),
             // Come back when the lease ends, so a deliverer that died mid-send does not use up
             // this reply's deliveries; one that is alive will have finished by then.
             Claim::Busy { retry_in } => {
@@ -688,6 +718,7 @@ impl Stage for DeliverStage {
             .map_err(|e| StageError::transient(DeliverError::Database(e)))?;
         match claim {
             Claim::AlreadySent(ids) => Ok(vec![self.delivered(reply, ids)]),
+            Claim::Skipped => Ok(Vec::new()),
             Claim::AlreadyFailed(error) => {
                 metrics::counter!("sb_delivery_failed_total", "provider" => reply.provider.clone())
                     .increment(1);

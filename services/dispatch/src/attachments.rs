@@ -1,5 +1,5 @@
-//! Media a person sent (Twilio MMS `MediaUrlN`) kept in the session's workspace
-//! (`attachments/`), so the agent can open them, and listed in the prompt.
+//! Media a person sent (Twilio MMS `MediaUrlN`, chat uploads) kept in the session's
+//! workspace (`attachments/`), so the agent can open them, and listed in the prompt.
 //!
 //! Fetched with the Twilio account's credentials (its media URLs require them when "HTTP auth
 //! on media" is on) and only from the Twilio API's own origin (`twilio.api_base`): a URL in a
@@ -168,6 +168,135 @@ impl MediaFetcher {
     }
 }
 
+/// Files chat users uploaded (`POST /chat/uploads`, stored by the gateway in
+/// `switchboard.chat_uploads`), copied into `attachments/` as `<message id>-<n>-<name>` when
+/// their message's turn runs. Only the sender's own uploads are copied (the gateway checked
+/// that already; this holds even for a message that reached the pipeline another way), the
+/// same cap as media applies, and a file already there (a retried turn) is not read again.
+pub struct Uploads {
+    db: sqlx::PgPool,
+    max_bytes: u64,
+}
+
+#[derive(sqlx::FromRow)]
+struct UploadRow {
+    id: uuid::Uuid,
+    name: String,
+    content_type: String,
+    bytes: i64,
+}
+
+impl Uploads {
+    pub fn new(db: sqlx::PgPool, max_bytes: u64) -> Self {
+        Self { db, max_bytes }
+    }
+
+    /// Keep each of `ids` (uploads of `owner`) in `folder/attachments/`, numbered from
+    /// `first`. A database error is returned (the turn is tried again), not swallowed: the
+    /// file would otherwise be missing from a turn that could have had it.
+    pub async fn keep(
+        &self,
+        folder: &Path,
+        message_id: &str,
+        owner: &str,
+        ids: &[String],
+        first: usize,
+    ) -> Result<Vec<Fetched>, sqlx::Error> {
+        let parsed: Vec<Option<uuid::Uuid>> = ids.iter().map(|i| i.parse().ok()).collect();
+        let wanted: Vec<uuid::Uuid> = parsed.iter().flatten().copied().collect();
+        let rows: Vec<UploadRow> = sqlx::query_as(
+            "SELECT id, name, content_type, bytes FROM switchboard.chat_uploads
+              WHERE id = ANY($1) AND owner = $2",
+        )
+        .bind(&wanted)
+        .bind(owner)
+        .fetch_all(&self.db)
+        .await?;
+        let dir = folder.join("attachments");
+        let mut out = Vec::with_capacity(ids.len());
+        for (n, id) in parsed.iter().enumerate() {
+            let row = id.and_then(|id| rows.iter().find(|r| r.id == id));
+            let stem = format!("{message_id}-{}-", first + n);
+            // Kept by an earlier run of this turn: not read again (the upload may be gone by
+            // now, its retention over).
+            if let Some((file, bytes)) = kept_with_prefix(&dir, &stem).await {
+                let content_type =
+                    row.map_or_else(|| type_of(&file).to_string(), |r| r.content_type.clone());
+                out.push(Fetched::Kept {
+                    file,
+                    content_type,
+                    bytes,
+                });
+                continue;
+            }
+            let Some(row) = row else {
+                out.push(Fetched::NotKept {
+                    why: "not an upload of this person's, or deleted after its retention".into(),
+                });
+                continue;
+            };
+            let bytes = row.bytes.max(0) as u64;
+            if bytes > self.max_bytes {
+                out.push(Fetched::TooLarge {
+                    limit: self.max_bytes,
+                });
+                continue;
+            }
+            let data: Option<Vec<u8>> = sqlx::query_scalar(
+                "SELECT data FROM switchboard.chat_uploads WHERE id = $1 AND owner = $2",
+            )
+            .bind(row.id)
+            .bind(owner)
+            .fetch_optional(&self.db)
+            .await?;
+            let Some(data) = data else {
+                out.push(Fetched::NotKept {
+                    why: "deleted after its retention".into(),
+                });
+                continue;
+            };
+            let file = format!("{stem}{}", row.name);
+            if let Err(e) = write_atomically(&dir, &file, &data).await {
+                tracing::warn!(%message_id, n, error = %e, "upload not kept");
+                out.push(Fetched::NotKept {
+                    why: format!("could not write it: {e}"),
+                });
+                continue;
+            }
+            out.push(Fetched::Kept {
+                file,
+                content_type: row.content_type.clone(),
+                bytes,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A file in `dir` whose name starts with `prefix` (not one being written): its name and size.
+async fn kept_with_prefix(dir: &Path, prefix: &str) -> Option<(String, u64)> {
+    let mut entries = tokio::fs::read_dir(dir).await.ok()?;
+    while let Ok(Some(e)) = entries.next_entry().await {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) {
+            return Some((name, e.metadata().await.ok()?.len()));
+        }
+    }
+    None
+}
+
+/// A media type for a kept file, by its extension.
+fn type_of(file: &str) -> &'static str {
+    match file.rsplit('.').next() {
+        Some("jpg") => "image/jpeg",
+        Some("png") => "image/png",
+        Some("gif") => "image/gif",
+        Some("pdf") => "application/pdf",
+        Some("txt") => "text/plain",
+        _ => "application/octet-stream",
+    }
+}
+
 /// A file kept by an earlier run of the same turn.
 async fn already_kept(dir: &Path, stem: &str) -> Option<Fetched> {
     let mut entries = tokio::fs::read_dir(dir).await.ok()?;
@@ -178,14 +307,7 @@ async fn already_kept(dir: &Path, stem: &str) -> Option<Fetched> {
             .is_some_and(|rest| rest.starts_with('.'))
         {
             let bytes = e.metadata().await.ok()?.len();
-            let content_type = match name.rsplit('.').next() {
-                Some("jpg") => "image/jpeg",
-                Some("png") => "image/png",
-                Some("gif") => "image/gif",
-                Some("pdf") => "application/pdf",
-                Some("txt") => "text/plain",
-                _ => "application/octet-stream",
-            };
+            let content_type = type_of(&name);
             return Some(Fetched::Kept {
                 file: name,
                 content_type: content_type.into(),

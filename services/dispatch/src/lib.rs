@@ -277,6 +277,7 @@ pub struct TurnDispatcher {
     wakers: Wakers,
     breakers: breaker::Breakers,
     media: attachments::MediaFetcher,
+    uploads: attachments::Uploads,
 }
 
 impl TurnDispatcher {
@@ -300,6 +301,7 @@ impl TurnDispatcher {
                 .saturating_sub(2)
                 .max(1),
         );
+        let uploads = attachments::Uploads::new(db.clone(), config.workspace.max_attachment_bytes);
         Self {
             id: Uuid::new_v4(),
             last_beat: Default::default(),
@@ -319,6 +321,7 @@ impl TurnDispatcher {
                 config.twilio.auth_token.clone(),
                 config.workspace.max_attachment_bytes,
             ),
+            uploads,
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
@@ -804,13 +807,23 @@ impl TurnDispatcher {
     fn reply_message(&self, turn: &Turn, session: Uuid, stored: &StoredReply) -> Reply {
         let msg = turn.message.clone().unwrap_or_default();
         let inbound = msg.inbound.unwrap_or_default();
+        // A heartbeat's "nothing to report" is logged, not sent; what it reports goes without
+        // the token. Derived from the stored answer, so a redelivered turn says the same.
+        let (text, kind) = if inbound.heartbeat {
+            match schedule::heartbeat_report(&stored.text) {
+                Some(report) => (report.to_string(), String::new()),
+                None => (stored.text.clone(), schedule::HEARTBEAT_OK_KIND.to_string()),
+            }
+        } else {
+            (stored.text.clone(), String::new())
+        };
         Reply {
             id: stored.reply_id.to_string(),
             session_id: session.to_string(),
             seq: turn.seq,
             agent_name: turn.agent_name.clone(),
             agent_identity: turn.agent_identity.clone(),
-            text: stored.text.clone(),
+            text,
             engine_session_id: stored.engine_session_id.clone(),
             processing_ms: stored.processing_ms,
             tool_calls_count: stored.tool_calls_count,
@@ -822,7 +835,7 @@ impl TurnDispatcher {
             reply_from: inbound.recipient.clone(),
             person: msg.person,
             provider_message_id: inbound.provider_message_id.clone(),
-            kind: String::new(),
+            kind,
             answers: stored.answers.clone(),
         }
     }
@@ -1012,7 +1025,7 @@ impl TurnDispatcher {
         }
         let attachments = self
             .keep_attachments(&group, lease.workspace.as_deref())
-            .await;
+            .await?;
         let prompt = prompt::build_joined_prompt(
             &group,
             &prompt::PromptContext {
@@ -1137,34 +1150,48 @@ impl TurnDispatcher {
 
     /// Keep what the messages carry besides text in the session's workspace; the prompt's
     /// lines for it.
-    async fn keep_attachments(&self, group: &[Turn], workspace: Option<&str>) -> Vec<String> {
+    async fn keep_attachments(
+        &self,
+        group: &[Turn],
+        workspace: Option<&str>,
+    ) -> Result<Vec<String>, DispatchError> {
         let mut lines = Vec::new();
         for turn in group {
             let Some(inbound) = turn.message.as_ref().and_then(|m| m.inbound.as_ref()) else {
                 continue;
             };
-            if inbound.media_urls.is_empty() {
+            let count = inbound.media_urls.len() + inbound.uploads.len();
+            if count == 0 {
                 continue;
             }
-            match workspace {
-                Some(folder) => {
-                    let kept = self
-                        .media
-                        .keep(
-                            std::path::Path::new(folder),
-                            &inbound.id,
-                            &inbound.media_urls,
-                        )
-                        .await;
-                    lines.extend(kept.iter().map(attachments::Fetched::describe));
-                }
-                None => lines.push(format!(
-                    "{} attachment(s) not kept: no workspace is configured",
-                    inbound.media_urls.len()
-                )),
+            let Some(folder) = workspace.map(std::path::Path::new) else {
+                lines.push(format!(
+                    "{count} attachment(s) not kept: no workspace is configured"
+                ));
+                continue;
+            };
+            if !inbound.media_urls.is_empty() {
+                let kept = self
+                    .media
+                    .keep(folder, &inbound.id, &inbound.media_urls)
+                    .await;
+                lines.extend(kept.iter().map(attachments::Fetched::describe));
+            }
+            if !inbound.uploads.is_empty() {
+                let kept = self
+                    .uploads
+                    .keep(
+                        folder,
+                        &inbound.id,
+                        &inbound.sender,
+                        &inbound.uploads,
+                        inbound.media_urls.len(),
+                    )
+                    .await?;
+                lines.extend(kept.iter().map(attachments::Fetched::describe));
             }
         }
-        lines
+        Ok(lines)
     }
 
     /// The turn's call was cancelled at the runner: forget the group it planned (the next call

@@ -117,6 +117,16 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         .collect();
     let scheduled = if inbound.scheduled.is_empty() {
         String::new()
+    } else if inbound.heartbeat {
+        format!(
+            "Heartbeat ({}): a periodic check, one turn for the batch of people the text below \
+             lists, in a session of this schedule's own. The text is the schedule's instruction \
+             to you, not a message from anyone. If nothing needs attention, reply {} alone: it \
+             is not sent. Anything else you answer is sent to the person this heartbeat \
+             reports to.\n",
+            inbound.scheduled,
+            crate::schedule::HEARTBEAT_OK
+        )
     } else {
         format!(
             "Scheduled input ({}): the text below is this schedule's instruction to you, not a \

@@ -7,16 +7,43 @@
 //! from other replicas are dropped by JetStream and by the session stage, and the firing is
 //! recorded (`schedule_fires`) so no replica fires it again later. A time missed by more than
 //! `dispatch.schedule_lateness_s` (every replica was down) is skipped rather than fired late.
+//!
+//! A heartbeat (`kind = "heartbeat"`, OpenClaw's name for a periodic agent turn) fires one
+//! turn for the whole batch: the target people are listed in one message, which runs in a
+//! session of the schedule's own (person `schedule:<name>`, never any target's), and the
+//! answer goes to `deliver_to` on the channel they last wrote on, unless it is
+//! [`HEARTBEAT_OK`] (nothing needs attention), which is logged and not sent.
 use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Timelike, Utc};
 use sqlx::PgPool;
-use switchboard_kit::config::ScheduleConfig;
+use switchboard_kit::config::{ScheduleConfig, ScheduleKind};
 use switchboard_kit::proto::{InboundMessage, Person};
 use switchboard_kit::runtime::Runtime;
 use switchboard_kit::{Output, Topology};
 use uuid::Uuid;
+
+/// The answer that says a heartbeat found nothing to report (OpenClaw's token).
+pub const HEARTBEAT_OK: &str = "HEARTBEAT_OK";
+
+pub use switchboard_kit::proto::HEARTBEAT_OK_KIND;
+
+/// What of a heartbeat's answer is sent: `None` when it is the no-op token alone; else the
+/// answer with the token taken off its start or end (an agent may say "HEARTBEAT_OK" and
+/// still report something).
+pub fn heartbeat_report(answer: &str) -> Option<&str> {
+    let text = answer.trim();
+    let joint = |c: char| c.is_whitespace() || matches!(c, '.' | '!' | ',' | ':' | ';' | '-');
+    let rest = if let Some(after) = text.strip_prefix(HEARTBEAT_OK) {
+        after.trim_start_matches(joint).trim_end()
+    } else if let Some(before) = text.strip_suffix(HEARTBEAT_OK) {
+        before.trim_end()
+    } else {
+        text
+    };
+    (!rest.is_empty()).then_some(rest)
+}
 
 /// The time a schedule is due at, if one came within `lateness` before `now` (inclusive).
 pub fn due(
@@ -41,6 +68,47 @@ struct Entry {
     config: ScheduleConfig,
     cron: croner::Cron,
     zone: chrono_tz::Tz,
+}
+
+/// One person of a heartbeat's batch, as the directory knows them.
+#[derive(sqlx::FromRow)]
+struct Member {
+    person_id: String,
+    name: Option<String>,
+    person_type: Option<String>,
+    role: Option<String>,
+}
+
+/// The heartbeat's text and the batch, one person a line.
+fn batch_text(text: &str, members: &[Member]) -> String {
+    let mut out = format!(
+        "{}\n\nPeople in this batch ({}):\n",
+        text.trim(),
+        members.len()
+    );
+    if members.is_empty() {
+        out.push_str("(none)\n");
+    }
+    for m in members {
+        let mut about: Vec<&str> = Vec::new();
+        about.extend(m.person_type.as_deref().filter(|s| !s.is_empty()));
+        about.extend(m.role.as_deref().filter(|s| !s.is_empty()));
+        let name = m
+            .name
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or("(no name)");
+        if about.is_empty() {
+            out.push_str(&format!("- {}: {name}\n", m.person_id));
+        } else {
+            out.push_str(&format!(
+                "- {}: {name} ({})\n",
+                m.person_id,
+                about.join(", ")
+            ));
+        }
+    }
+    out
 }
 
 /// Where a person's replies go: their latest message's channel, provider and addresses.
@@ -156,6 +224,9 @@ impl Scheduler {
             return Ok(());
         }
         let people = self.targets(&entry.config).await?;
+        if entry.config.kind == ScheduleKind::Heartbeat {
+            return self.fire_heartbeat(entry, at, &people).await;
+        }
         let mut sent = 0;
         for person in &people {
             let Some(route) = self.route(person).await? else {
@@ -167,17 +238,100 @@ impl Scheduler {
             self.publish(entry, at, person, route).await?;
             sent += 1;
         }
+        self.record_fire(name, at, sent).await?;
+        metrics::counter!("sb_schedule_inputs_total").increment(sent as u64);
+        tracing::info!(schedule = %name, at = %at, people = sent, "schedule fired");
+        Ok(())
+    }
+
+    async fn record_fire(
+        &self,
+        name: &str,
+        at: DateTime<Utc>,
+        people: i32,
+    ) -> Result<(), ScheduleError> {
         sqlx::query(
             "INSERT INTO switchboard.schedule_fires (schedule, fire_at, people)
              VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
         )
         .bind(name)
         .bind(at)
-        .bind(sent)
+        .bind(people)
         .execute(&self.db)
         .await?;
-        metrics::counter!("sb_schedule_inputs_total").increment(sent as u64);
-        tracing::info!(schedule = %name, at = %at, people = sent, "schedule fired");
+        Ok(())
+    }
+
+    /// One turn for the batch `people`, answered to `deliver_to`.
+    async fn fire_heartbeat(
+        &self,
+        entry: &Entry,
+        at: DateTime<Utc>,
+        people: &[String],
+    ) -> Result<(), ScheduleError> {
+        let config = &entry.config;
+        let reader = config.deliver_to.trim();
+        let Some(route) = self.route(reader).await? else {
+            // Recorded all the same: the next replica would find no channel either.
+            tracing::warn!(schedule = %config.name, deliver_to = reader,
+                "no channel to reach the heartbeat's reader on; not fired");
+            metrics::counter!("sb_schedule_unreachable_total").increment(1);
+            return self.record_fire(&config.name, at, 0).await;
+        };
+        let mut members: Vec<Member> = sqlx::query_as(
+            "SELECT person_id, name, person_type, role FROM switchboard.people
+              WHERE person_id = ANY($1)",
+        )
+        .bind(people)
+        .fetch_all(&self.db)
+        .await?;
+        // In the order the query gave, and those the directory does not hold by id alone.
+        members.sort_by_key(|m| people.iter().position(|p| *p == m.person_id));
+        for p in people {
+            if !members.iter().any(|m| m.person_id == *p) {
+                members.push(Member {
+                    person_id: p.clone(),
+                    name: None,
+                    person_type: None,
+                    role: None,
+                });
+            }
+        }
+        let id = Uuid::now_v7().to_string();
+        // The same for every replica: JetStream and the session stage keep one.
+        let key = format!("schedule:{}:{}:heartbeat", config.name, at.timestamp());
+        let message = InboundMessage {
+            id: id.clone(),
+            channel: route.channel.clone(),
+            provider: route.provider,
+            sender: route.sender,
+            recipient: route.recipient.unwrap_or_default(),
+            text: batch_text(&config.text, &members),
+            provider_message_id: key.clone(),
+            received_at_ms: switchboard_kit::now_ms(),
+            correlation_id: id.clone(),
+            agent: config.agent.clone(),
+            // The session is the schedule's, not the reader's nor any target's.
+            asserted: Some(Person {
+                person_id: format!("schedule:{}", config.name),
+                person_type: "schedule".into(),
+                name: format!("{} (heartbeat)", config.name),
+                ..Default::default()
+            }),
+            scheduled: config.name.clone(),
+            heartbeat: true,
+            ..Default::default()
+        };
+        let output =
+            Output::new(self.topology.inbound(&route.channel), key, &message).correlated(id);
+        self.runtime
+            .publish("schedule", &output)
+            .await
+            .map_err(ScheduleError::Publish)?;
+        self.record_fire(&config.name, at, members.len() as i32)
+            .await?;
+        metrics::counter!("sb_schedule_heartbeats_total").increment(1);
+        tracing::info!(schedule = %config.name, at = %at, people = members.len(), "heartbeat fired");
         Ok(())
     }
 
@@ -296,6 +450,50 @@ mod tests {
         assert_eq!(
             at("2026-11-23T00:10:09.999Z"),
             Some(utc("2026-11-23T00:10:05Z"))
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_answer_of_the_token_alone_is_not_sent() {
+        assert_eq!(heartbeat_report("HEARTBEAT_OK"), None);
+        assert_eq!(heartbeat_report("  HEARTBEAT_OK.\n"), None);
+        assert_eq!(
+            heartbeat_report("HEARTBEAT_OK - Dana has not answered since Monday."),
+            Some("Dana has not answered since Monday.")
+        );
+        assert_eq!(
+            heartbeat_report("Two people need a call.\nHEARTBEAT_OK"),
+            Some("Two people need a call.")
+        );
+        assert_eq!(
+            heartbeat_report("Everything is fine."),
+            Some("Everything is fine.")
+        );
+    }
+
+    #[test]
+    fn a_batch_lists_each_person_once_a_line() {
+        let text = batch_text(
+            "Check on everyone.",
+            &[
+                Member {
+                    person_id: "staff-7".into(),
+                    name: Some("Dana".into()),
+                    person_type: Some("staff".into()),
+                    role: Some("admin".into()),
+                },
+                Member {
+                    person_id: "phone:+14155550100".into(),
+                    name: None,
+                    person_type: None,
+                    role: None,
+                },
+            ],
+        );
+        assert_eq!(
+            text,
+            "Check on everyone.\n\nPeople in this batch (2):\n- staff-7: Dana (staff, admin)\n\
+             - phone:+14155550100: (no name)\n"
         );
     }
 

@@ -2,7 +2,8 @@
 //!
 //! The token (`Authorization: Bearer` or `?token=`) is checked before the upgrade, so a bad one
 //! gets a plain 401 with the reason. On the socket the client sends
-//! `{"type":"message","id","agent","text"}` and is told `accepted` once the message is stored
+//! `{"type":"message","id","agent","text","attachments"?}` (`attachments`: ids of files it
+//! uploaded first, [`crate::uploads`]) and is told `accepted` once the message is stored
 //! (a resend of the same `id` is the same message, answered once); replies arrive as `reply`
 //! frames. A client that reconnects with `?since=<seq of the last reply it saw>` is sent every
 //! reply after it; without `since`, every reply no socket was handed yet.
@@ -276,12 +277,43 @@ async fn receive(
         let Refused(e) = refused_on(channel, chat::PROVIDER, e);
         ServerFrame::error(&e, id)
     };
-    let message = match chat::read_frame(frame, state.config.gateway.max_text_chars) {
+    let message = match chat::read_frame(
+        frame,
+        state.config.gateway.max_text_chars,
+        state.config.chat.max_uploads_per_message,
+    ) {
         Ok(m) => m,
         Err(e) => return refuse(e, None),
     };
     if let Err(e) = check_agent(&state.config, &message.agent) {
         return refuse(e, Some(message.id));
+    }
+    if !message.attachments.is_empty() {
+        // Only the sender's own uploads: an id someone else was given names nothing here.
+        let store = crate::uploads::UploadStore::new(state.db.clone());
+        match store.not_owned(&user.sub, &message.attachments).await {
+            Ok(missing) if missing.is_empty() => {}
+            Ok(missing) => {
+                let e = ApiError::bad_request(
+                    "unknown_upload",
+                    format!(
+                        "no upload {} of yours: name the ids POST /chat/uploads answered you \
+                         (uploads are kept {} s)",
+                        missing[0], state.config.chat.upload_retention_s
+                    ),
+                );
+                return refuse(e, Some(message.id));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not look uploads up");
+                let e = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the message could not be taken; send it again",
+                );
+                return ServerFrame::error(&e, Some(message.id));
+            }
+        }
     }
     let received = Received {
         provider_message_id: client_message_key(&user.sub, &message.id),
@@ -292,6 +324,11 @@ async fn receive(
         agent: message.agent,
     };
     let mut accept = Accept::new(channel, chat::PROVIDER, received);
+    accept.uploads = message
+        .attachments
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     accept.asserted = Some(Person {
         person_id: format!("user:{}", user.sub),
         person_type: "user".into(),

@@ -11,6 +11,7 @@ pub mod hub;
 pub mod identity_api;
 pub mod outbound_api;
 pub mod sessions_api;
+pub mod uploads;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -73,14 +74,28 @@ impl GatewayState {
         })
     }
 
-    /// The task that hands the mailbox's announcements to this replica's sockets and waiters.
+    /// The task that hands the mailbox's announcements to this replica's sockets and waiters,
+    /// and deletes chat uploads past their retention.
     pub fn follower(&self) -> Task {
-        Box::pin(hub::follow(
+        let follow = hub::follow(
             self.hub.clone(),
             self.mailbox.nats().clone(),
             self.mailbox.announcements(),
             self.shutdown.clone(),
-        ))
+        );
+        let prune = uploads::prune_expired(
+            uploads::UploadStore::new(self.db.clone()),
+            std::time::Duration::from_secs(self.config.chat.upload_retention_s),
+            self.shutdown.clone(),
+        );
+        Box::pin(async move {
+            // Pruning ends only at shutdown; following ends then too, or with its error.
+            tokio::pin!(follow);
+            tokio::select! {
+                followed = &mut follow => followed,
+                () = prune => follow.await,
+            }
+        })
     }
 }
 
@@ -137,6 +152,7 @@ pub fn router(state: GatewayState) -> Router {
     router
         .route("/webhooks/{*rest}", axum::routing::any(unknown_webhook))
         .merge(chat::routes())
+        .merge(uploads::routes())
         .merge(api::routes())
         .merge(identity_api::routes())
         .merge(outbound_api::routes())
@@ -261,6 +277,8 @@ pub(crate) struct Accept {
     /// turn's reply. Such a message is not the person's, so it is not numbered among theirs
     /// (it holds no one's order) nor counted against their rate limit.
     pub outbound_text: String,
+    /// Upload ids the message names (chat), checked to be the sender's.
+    pub uploads: Vec<String>,
 }
 
 impl Accept {
@@ -276,6 +294,7 @@ impl Accept {
             asserted: None,
             id: None,
             outbound_text: String::new(),
+            uploads: Vec::new(),
         }
     }
 }
@@ -336,6 +355,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         asserted,
         id,
         outbound_text,
+        uploads,
     } = message;
     let unavailable =
         |what: &str, e: &dyn std::fmt::Display| not_stored(channel.clone(), &provider, what, e);
@@ -380,6 +400,8 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         outbound_text,
         // The gateway takes what people send; schedules are fired by dispatch.
         scheduled: String::new(),
+        uploads,
+        heartbeat: false,
     };
     if let Some((first, retry_after)) = limited {
         metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel.clone())

@@ -31,6 +31,8 @@ pub enum IdentityError {
     InvalidPhone(#[from] switchboard_kit::address::InvalidPhone),
     #[error("empty sender address")]
     EmptyAddress,
+    #[error("a heartbeat's input names no person of its own (asserted)")]
+    HeartbeatWithoutPerson,
     #[error("directory lookup failed: {0}")]
     Database(#[from] sqlx::Error),
     #[error("configured lookup for {person_type} failed: {source}")]
@@ -246,6 +248,15 @@ impl IdentifyStage {
     }
 
     async fn resolve(&self, inbound: &InboundMessage) -> Result<Person, StageError> {
+        if inbound.heartbeat && !inbound.scheduled.is_empty() {
+            // A heartbeat runs as its schedule (dispatch's scheduler set it), never as the
+            // person its answer is addressed to: their address is only where it goes.
+            return inbound
+                .asserted
+                .clone()
+                .filter(|p| !p.person_id.is_empty())
+                .ok_or_else(|| StageError::permanent(IdentityError::HeartbeatWithoutPerson));
+        }
         match self
             .resolver
             .resolve_identity(&inbound.channel, &inbound.sender, inbound.asserted.as_ref())
@@ -274,7 +285,10 @@ impl Stage for IdentifyStage {
         // and nothing in it to read as a request.
         let agent_started = inbound.is_agent_started();
         let mut code_message = None;
-        if let Some(proofs) = self.proofs.as_ref().filter(|_| !agent_started)
+        if let Some(proofs) = self
+            .proofs
+            .as_ref()
+            .filter(|_| !agent_started && !inbound.heartbeat)
             && let Some(ask) = proof::parse(&inbound.text)
             && let Some(answer) = proofs
                 .answer(&self.resolver, &inbound, &person, ask)

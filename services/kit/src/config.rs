@@ -221,6 +221,13 @@ pub struct ChatConfig {
     pub idle_timeout_ms: u64,
     /// How often a socket reads the mailbox itself, for replies whose announcement it missed.
     pub catch_up_ms: u64,
+    /// Uploads (`POST /chat/uploads`) are kept this long for a message to name them; older
+    /// ones are deleted (a turn that runs later says the file is gone).
+    pub upload_retention_s: u64,
+    /// Most uploads one message may name.
+    pub max_uploads_per_message: usize,
+    /// Most bytes of uploads one person may have stored at once (within the retention).
+    pub upload_quota_bytes: u64,
 }
 
 impl Default for ChatConfig {
@@ -233,6 +240,9 @@ impl Default for ChatConfig {
             replay_limit: 200,
             idle_timeout_ms: 120_000,
             catch_up_ms: 5_000,
+            upload_retention_s: 86_400,
+            max_uploads_per_message: 10,
+            upload_quota_bytes: 100 * 1024 * 1024,
         }
     }
 }
@@ -666,7 +676,8 @@ pub struct WorkspaceConfig {
     /// The engine variants of one identity (`reggie_oc`, `reggie_fd`) share one person's
     /// folder (the first session's); false gives each session its own.
     pub separate_variants: bool,
-    /// Media a person sends (MMS) larger than this is not kept in `attachments/`.
+    /// Media a person sends (MMS) larger than this is not kept in `attachments/`; a chat
+    /// upload larger than this is refused (413).
     pub max_attachment_bytes: u64,
 }
 
@@ -801,13 +812,19 @@ impl Default for DispatchConfig {
 /// `[[schedules]]`: an input an agent gets on a timetable, for one person or for everyone a
 /// directory query names. At each time the cron pattern gives (in `time_zone`), `text` opens a
 /// turn of the person's session with `agent`, once across all dispatch replicas, and the
-/// agent's reply goes out on the channel the person last wrote on.
+/// agent's reply goes out on the channel the person last wrote on. A heartbeat
+/// (`kind = "heartbeat"`) opens one turn for the whole batch instead, answered to `deliver_to`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default)]
 pub struct ScheduleConfig {
     /// Names the schedule in the log and in its firing record (letters, digits, `-`, `_`).
     pub name: String,
     pub agent: String,
+    /// `person` (each person's own turn) or `heartbeat` (one turn for the batch).
+    pub kind: ScheduleKind,
+    /// A heartbeat's reader: the person (canonical id) its answer is sent to, on the channel
+    /// they last wrote on. Only for `kind = "heartbeat"`.
+    pub deliver_to: String,
     /// One person, by canonical id (e.g. `staff-7`, `phone:+14155550100`)...
     pub person: String,
     /// ...or a directory query: SQL returning a `person_id` column, e.g.
@@ -820,11 +837,26 @@ pub struct ScheduleConfig {
     pub text: String,
 }
 
+/// What one firing of a schedule is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    /// Each target person gets the text as a turn of their own session; each is answered.
+    #[default]
+    Person,
+    /// One turn for the whole batch (the targets listed in one prompt), run in a session of
+    /// the schedule's own; the answer goes to `deliver_to`, unless it is `HEARTBEAT_OK`
+    /// (nothing to report), which is only logged.
+    Heartbeat,
+}
+
 impl Default for ScheduleConfig {
     fn default() -> Self {
         Self {
             name: String::new(),
             agent: String::new(),
+            kind: ScheduleKind::Person,
+            deliver_to: String::new(),
             person: String::new(),
             people: String::new(),
             cron: String::new(),
@@ -890,6 +922,10 @@ impl Default for PromptConfig {
             (
                 "external",
                 "Minimal: an unverified contact; general information only, nothing about any person or account.",
+            ),
+            (
+                "schedule",
+                "Operator's heartbeat: about the people it lists, answered only to the person it reports to.",
             ),
         ]
         .into_iter()
@@ -1073,6 +1109,22 @@ impl Config {
             }
             if s.text.trim().is_empty() {
                 return invalid("text is empty".into());
+            }
+            match (s.kind, s.deliver_to.trim().is_empty()) {
+                (ScheduleKind::Heartbeat, true) => {
+                    return invalid(
+                        "a heartbeat needs deliver_to: the person (id) its answer is sent to"
+                            .into(),
+                    );
+                }
+                (ScheduleKind::Person, false) => {
+                    return invalid(
+                        "deliver_to is for kind = \"heartbeat\"; a person schedule answers \
+                         each person"
+                            .into(),
+                    );
+                }
+                _ => {}
             }
             if let Err(why) = s.timetable() {
                 return invalid(why);

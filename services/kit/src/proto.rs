@@ -3,6 +3,9 @@
 
 include!(concat!(env!("OUT_DIR"), "/switchboard.v1.rs"));
 
+/// `Reply.kind` of a heartbeat's answer that said nothing needs attention: logged, not sent.
+pub const HEARTBEAT_OK_KIND: &str = "heartbeat_ok";
+
 impl InboundMessage {
     /// A message the agent started (`POST /api/v1/outbound`, or a code Switchboard texts): its
     /// answer is given and the person said nothing. Not one the person sent, so it is not

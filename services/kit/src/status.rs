@@ -11,19 +11,24 @@ pub enum TurnStatus {
     Failed,
 }
 
-/// A reply in the delivery ledger (`switchboard.deliveries.status`): `pending → sent | failed`.
+/// A reply in the delivery ledger (`switchboard.deliveries.status`): `pending → sent | failed`,
+/// or `skipped` for a reply that is only logged (a heartbeat's "nothing to report").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum DeliveryStatus {
     Pending,
     Sent,
     Failed,
+    Skipped,
 }
 
 impl DeliveryStatus {
-    /// Sent or failed for good: nothing more will happen to the reply.
+    /// Sent, failed for good, or not to be sent: nothing more will happen to the reply.
     pub fn is_settled(self) -> bool {
-        matches!(self, DeliveryStatus::Sent | DeliveryStatus::Failed)
+        matches!(
+            self,
+            DeliveryStatus::Sent | DeliveryStatus::Failed | DeliveryStatus::Skipped
+        )
     }
 }
 

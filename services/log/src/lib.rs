@@ -266,6 +266,12 @@ fn inbound_entry(turn: &Turn) -> Result<LogEntry, LogError> {
             if !inbound.scheduled.is_empty() {
                 m["scheduled"] = inbound.scheduled.clone().into();
             }
+            if inbound.heartbeat {
+                m["heartbeat"] = true.into();
+            }
+            if !inbound.uploads.is_empty() {
+                m["uploads"] = inbound.uploads.clone().into();
+            }
             m
         },
     })

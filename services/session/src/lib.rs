@@ -201,6 +201,10 @@ impl SessionStore {
             .parse()
             .map_err(|_| SessionError::Incomplete("valid message id"))?;
         let key_for = |name: &str| {
+            if inbound.heartbeat {
+                // A heartbeat's session is its schedule's, whatever the scope mode.
+                return format!("{name}:heartbeat:{}", inbound.scheduled);
+            }
             self.scope.key(
                 name,
                 &person.person_type,

@@ -46,13 +46,75 @@ pub struct ChatReply {
     pub text: String,
 }
 
-/// Connect to the gateway's socket, send `text`, and wait for the reply to it.
+/// A media type for a file, by its extension (the gateway stores what it is told).
+fn content_type_of(path: &std::path::Path) -> &'static str {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    match ext.as_str() {
+        "jpg" | "jpeg" => "image/jpeg",
+        "png" => "image/png",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "pdf" => "application/pdf",
+        "txt" | "md" | "log" => "text/plain",
+        "csv" => "text/csv",
+        "json" => "application/json",
+        _ => "application/octet-stream",
+    }
+}
+
+/// Upload `path` (`POST /chat/uploads` with the token); its upload id.
+pub async fn upload(
+    config: &Config,
+    token: &str,
+    path: &std::path::Path,
+) -> anyhow::Result<String> {
+    let data = tokio::fs::read(path)
+        .await
+        .with_context(|| format!("reading {}", path.display()))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let url = format!(
+        "{}/chat/uploads",
+        config.gateway.public_url.trim_end_matches('/')
+    );
+    let response = reqwest::Client::new()
+        .post(&url)
+        .query(&[("name", name.as_str())])
+        .bearer_auth(token)
+        .header("content-type", content_type_of(path))
+        .body(data)
+        .send()
+        .await
+        .with_context(|| format!("uploading to {url}"))?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    match body["upload_id"].as_str() {
+        Some(id) if status.is_success() => Ok(id.to_string()),
+        _ => bail!(
+            "{} refused ({status}): {}",
+            path.display(),
+            body["error"]["message"]
+                .as_str()
+                .unwrap_or("no reason given")
+        ),
+    }
+}
+
+/// Connect to the gateway's socket, send `text` (with the files uploaded as `uploads`), and
+/// wait for the reply to it.
 pub async fn send(
     config: &Config,
     token: &str,
     channel: &str,
     agent: &str,
     text: &str,
+    uploads: &[String],
     wait: Duration,
 ) -> anyhow::Result<ChatReply> {
     let base = config
@@ -65,7 +127,9 @@ pub async fn send(
         .await
         .with_context(|| format!("connecting to {base}/ws/chat"))?;
     let id = uuid::Uuid::now_v7().to_string();
-    let frame = serde_json::json!({"type": "message", "id": id, "agent": agent, "text": text});
+    let frame = serde_json::json!({
+        "type": "message", "id": id, "agent": agent, "text": text, "attachments": uploads
+    });
     socket.send(Message::text(frame.to_string())).await?;
     let reply = tokio::time::timeout(wait, async {
         while let Some(message) = socket.next().await {

@@ -106,12 +106,15 @@ enum ChatCommand {
         #[arg(long, default_value_t = 3600)]
         ttl: i64,
     },
-    /// Connect as `sub`, send one message, print the reply.
+    /// Connect as `sub`, send one message (with files, uploaded first), print the reply.
     Send {
         #[arg(long)]
         sub: String,
-        #[arg(long)]
+        #[arg(long, default_value = "")]
         text: String,
+        /// A file to send with the message (repeatable): uploaded, then named by the message.
+        #[arg(long = "file")]
+        files: Vec<std::path::PathBuf>,
         #[arg(long, default_value = "")]
         agent: String,
         /// admin_chat or header_widget.
@@ -511,17 +514,23 @@ async fn chat(config: Config, command: ChatCommand) -> anyhow::Result<()> {
         ChatCommand::Send {
             sub,
             text,
+            files,
             agent,
             channel,
             wait,
         } => {
             let token = switchboard::chat::token(&config, &sub, "", "", 600)?;
+            let mut uploads = Vec::with_capacity(files.len());
+            for file in &files {
+                uploads.push(switchboard::chat::upload(&config, &token, file).await?);
+            }
             let reply = switchboard::chat::send(
                 &config,
                 &token,
                 &channel,
                 &agent,
                 &text,
+                &uploads,
                 Duration::from_secs(wait),
             )
             .await?;

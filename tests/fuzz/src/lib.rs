@@ -398,6 +398,7 @@ const CLIENT_CODES: &[(&str, u16)] = &[
     ("missing_field", 400),
     ("malformed_json", 400),
     ("text_too_long", 413),
+    ("too_many_attachments", 413),
 ];
 
 /// Text that may reach the pipeline: within the limit, no control characters but tab and LF.
@@ -464,11 +465,13 @@ pub fn client_input(data: &[u8]) {
             let Ok(frame) = std::str::from_utf8(body) else {
                 return;
             };
-            match chat::read_frame(frame, max) {
+            match chat::read_frame(frame, max, 2) {
                 Ok(m) => {
                     assert_client_id(&m.id);
                     assert_clean_text(&m.text, max);
-                    assert!(!m.text.trim().is_empty());
+                    // Text may be blank only when files come with it.
+                    assert!(!m.text.trim().is_empty() || !m.attachments.is_empty());
+                    assert!(m.attachments.len() <= 2);
                     assert_link_proof_reading(&m.text);
                 }
                 Err(e) => assert_client_refusal(&e),
