@@ -317,7 +317,7 @@ impl ChaosReport {
         );
         if let Some(o) = &v.outage {
             println!(
-                "  runner outage: {:.1} s ({} calls answered 503, then connections refused);                  {} waits recorded, {} people told, {} with a message open across it, {}                  messages answered only after it",
+                "  runner outage: {:.1} s ({} calls answered 503, then connections refused); {} waits recorded, {} people told, {} with a message open across it, {} messages answered only after it",
                 o.down_s,
                 o.refused_calls,
                 o.waits_recorded,

@@ -885,11 +885,16 @@ pub fn judge(e: &Evidence) -> Verdict {
             ),
         );
     }
-    let mut handed: BTreeMap<(Channel, &str), Vec<&ClientReply>> = BTreeMap::new();
+    // (An API caller reads each message's status: a joined reply is rightly listed under
+    // every message it answers, and must be listed under each once.)
+    let mut handed: BTreeMap<(Channel, &str, &str), Vec<&ClientReply>> = BTreeMap::new();
     for r in &client_replies {
-        handed.entry((r.channel, &r.reply_id)).or_default().push(r);
+        handed
+            .entry((r.channel, &r.reply_id, &r.listed_under))
+            .or_default()
+            .push(r);
     }
-    for ((channel, reply_id), got) in handed {
+    for ((channel, reply_id, _), got) in handed {
         if got.len() > 1 {
             v.channels.entry(channel).or_default().doubled += 1;
             let when: Vec<String> = got
@@ -2031,6 +2036,37 @@ mod tests {
                 ..Default::default()
             }
         );
+    }
+
+    #[test]
+    fn a_joined_api_reply_listed_under_each_message_it_answers_is_no_double() {
+        let mut e = clean_run();
+        // API sender 4's two messages were joined: one reply, listed under both messages.
+        for a in e.accepted.iter_mut().filter(|a| a.sender == 4) {
+            a.collect = true;
+        }
+        let i = e.runner_calls.iter().position(|c| c.text == "s4#0").unwrap();
+        e.runner_calls[i].texts = vec!["s4#0".into(), "s4#1".into()];
+        e.runner_calls.retain(|c| c.text != "s4#1");
+        e.mailbox.retain(|m| m.text != "s4#0");
+        e.mailbox.iter_mut().find(|m| m.text == "s4#1").unwrap().text = "s4#0 s4#1".into();
+        e.client_replies.retain(|r| r.text != "s4#0");
+        let joined = e.client_replies.iter_mut().find(|r| r.text == "s4#1").unwrap();
+        joined.text = "s4#0 s4#1".into();
+        joined.listed_under = "corr-4-1".into();
+        let mut under_first = joined.clone();
+        under_first.listed_under = "corr-4-0".into();
+        e.client_replies.push(under_first.clone());
+        let t = e.turns.iter_mut().find(|t| t.provider_message_id == "SM4x0").unwrap();
+        (t.reply_id, t.joined_into) = (None, Some(2));
+        e.outbound_logged.retain(|t| t != "echo: s4#0" && t != "echo: s4#1");
+        e.outbound_logged.push("echo: s4#0 s4#1".into());
+        let v = judge(&e);
+        assert!(v.passed(), "{:?}", v.findings);
+        // Listed twice under the same message: handed twice.
+        e.client_replies.push(under_first);
+        let f = only_kind(&judge(&e), Kind::ReceivedTwice);
+        assert!(f.evidence.contains("load-4"), "{}", f.evidence);
     }
 
     #[test]
