@@ -59,7 +59,10 @@ async fn workers_nats_and_postgres_killed_lose_nothing_and_keep_every_persons_or
         );
     }
     let v = &report.verdict;
-    assert!(v.collect_people > 0, "some people talk to the collect agent");
+    assert!(
+        v.collect_people > 0,
+        "some people talk to the collect agent"
+    );
     let outage = v.outage.clone().expect("the runner went down");
     assert!(
         outage.waits_recorded > 0 && outage.people_told > 0,

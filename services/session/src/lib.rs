@@ -761,7 +761,9 @@ mod tests {
         )]);
         let ours = "+15555550199";
         assert_eq!(
-            route_agent(&agents, &channels, "sms", ours, "").unwrap().name,
+            route_agent(&agents, &channels, "sms", ours, "")
+                .unwrap()
+                .name,
             "reggie_oc"
         );
         assert_eq!(

@@ -382,7 +382,10 @@ pub fn configure(c: &mut Config, textmagic: &LoadTextMagic) {
         });
     }
     if let Some(sms) = c.channels.get_mut("sms") {
-        for number in [super::pipeline::TWILIO_COLLECT_NUMBER, TEXTMAGIC_COLLECT_NUMBER] {
+        for number in [
+            super::pipeline::TWILIO_COLLECT_NUMBER,
+            TEXTMAGIC_COLLECT_NUMBER,
+        ] {
             sms.recipients
                 .insert(number.into(), super::pipeline::COLLECT_AGENT.into());
         }

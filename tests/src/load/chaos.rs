@@ -22,14 +22,12 @@ use serde::Serialize;
 use sqlx::Row as _;
 
 use super::channels::{self, Channel, LoadClients, Mix};
+use super::chaos_check::WaitingRow;
 use super::chaos_check::{
     AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, MailboxRow, ServerCrash, TurnRow,
     Verdict, judge,
 };
-use super::chaos_check::WaitingRow;
-use super::fakes::{
-    LoadRunner, LoadTextMagic, LoadTwilio, RunnerOutage, RunnerStats, SendStats,
-};
+use super::fakes::{LoadRunner, LoadTextMagic, LoadTwilio, RunnerOutage, RunnerStats, SendStats};
 use super::loadgen::{LoadGen, LoadStats, in_groups};
 use super::pipeline::{self, Knobs, Pipeline};
 use super::stack::Stack;

@@ -531,13 +531,19 @@ pub fn judge(e: &Evidence) -> Verdict {
     let mut sent_for: HashMap<String, Vec<&str>> = HashMap::new();
     for text in sends_of.keys() {
         for (s, i) in parse_answers(text).unwrap_or_default() {
-            sent_for.entry(super::message_text(s, i)).or_default().push(text);
+            sent_for
+                .entry(super::message_text(s, i))
+                .or_default()
+                .push(text);
         }
     }
     let mut stored_for: HashMap<String, Vec<&str>> = HashMap::new();
     for text in stored_of.keys() {
         for (s, i) in parse_answers(text).unwrap_or_default() {
-            stored_for.entry(super::message_text(s, i)).or_default().push(text);
+            stored_for
+                .entry(super::message_text(s, i))
+                .or_default()
+                .push(text);
         }
     }
     let mut received_for: HashSet<String> = HashSet::new();
@@ -1188,11 +1194,11 @@ fn judge_notices(
             continue;
         }
         match by_address.get(&(s.channel, s.to.clone())) {
-            Some(&sender) => told
-                .entry(sender)
-                .or_default()
-                .sms
-                .push(format!("{} SMS at {}", s.channel.name(), secs(s.at_us))),
+            Some(&sender) => told.entry(sender).or_default().sms.push(format!(
+                "{} SMS at {}",
+                s.channel.name(),
+                secs(s.at_us)
+            )),
             None => stray.push(format!("a notice SMS to {} at {}", s.to, secs(s.at_us))),
         }
     }
@@ -1995,7 +2001,11 @@ mod tests {
         for a in e.accepted.iter_mut().filter(|a| a.sender == 1) {
             a.collect = true;
         }
-        let i = e.runner_calls.iter().position(|c| c.text == "s1#0").unwrap();
+        let i = e
+            .runner_calls
+            .iter()
+            .position(|c| c.text == "s1#0")
+            .unwrap();
         e.runner_calls[i].texts = vec!["s1#0".into(), "s1#1".into()];
         e.runner_calls[i].agent = "reggie_collect".into();
         e.runner_calls.retain(|c| c.text != "s1#1");
@@ -2027,7 +2037,10 @@ mod tests {
         assert!(v.passed(), "{:?}", v.failures());
         assert_eq!((v.joined_calls, v.joined_messages), (1, 2));
         assert_eq!(v.collect_people, 1);
-        assert_eq!(v.distinct_turns_called, 10, "every message reached the runner");
+        assert_eq!(
+            v.distinct_turns_called, 10,
+            "every message reached the runner"
+        );
         assert_eq!(
             v.channels[&Channel::Twilio],
             ChannelTally {
@@ -2045,21 +2058,38 @@ mod tests {
         for a in e.accepted.iter_mut().filter(|a| a.sender == 4) {
             a.collect = true;
         }
-        let i = e.runner_calls.iter().position(|c| c.text == "s4#0").unwrap();
+        let i = e
+            .runner_calls
+            .iter()
+            .position(|c| c.text == "s4#0")
+            .unwrap();
         e.runner_calls[i].texts = vec!["s4#0".into(), "s4#1".into()];
         e.runner_calls.retain(|c| c.text != "s4#1");
         e.mailbox.retain(|m| m.text != "s4#0");
-        e.mailbox.iter_mut().find(|m| m.text == "s4#1").unwrap().text = "s4#0 s4#1".into();
+        e.mailbox
+            .iter_mut()
+            .find(|m| m.text == "s4#1")
+            .unwrap()
+            .text = "s4#0 s4#1".into();
         e.client_replies.retain(|r| r.text != "s4#0");
-        let joined = e.client_replies.iter_mut().find(|r| r.text == "s4#1").unwrap();
+        let joined = e
+            .client_replies
+            .iter_mut()
+            .find(|r| r.text == "s4#1")
+            .unwrap();
         joined.text = "s4#0 s4#1".into();
         joined.listed_under = "corr-4-1".into();
         let mut under_first = joined.clone();
         under_first.listed_under = "corr-4-0".into();
         e.client_replies.push(under_first.clone());
-        let t = e.turns.iter_mut().find(|t| t.provider_message_id == "SM4x0").unwrap();
+        let t = e
+            .turns
+            .iter_mut()
+            .find(|t| t.provider_message_id == "SM4x0")
+            .unwrap();
         (t.reply_id, t.joined_into) = (None, Some(2));
-        e.outbound_logged.retain(|t| t != "echo: s4#0" && t != "echo: s4#1");
+        e.outbound_logged
+            .retain(|t| t != "echo: s4#0" && t != "echo: s4#1");
         e.outbound_logged.push("echo: s4#0 s4#1".into());
         let v = judge(&e);
         assert!(v.passed(), "{:?}", v.findings);
@@ -2124,7 +2154,12 @@ mod tests {
     fn a_message_answered_alone_and_again_in_a_joined_reply_is_answered_twice() {
         let mut e = joined_run();
         // s1#0 also got a reply of its own, before the joined one.
-        let mut alone = e.sends.iter().find(|s| s.text == "s1#0 s1#1").unwrap().clone();
+        let mut alone = e
+            .sends
+            .iter()
+            .find(|s| s.text == "s1#0 s1#1")
+            .unwrap()
+            .clone();
         alone.text = "s1#0".into();
         alone.at_us -= 10_000;
         alone.sid = "SMalone".into();
@@ -2151,7 +2186,11 @@ mod tests {
             .unwrap();
         c.texts.push("s0#1".into());
         let v = judge(&e);
-        assert!(v.count(Kind::WrongPersonInPrompt) >= 1, "{:?}", v.failures());
+        assert!(
+            v.count(Kind::WrongPersonInPrompt) >= 1,
+            "{:?}",
+            v.failures()
+        );
         assert!(
             v.findings[&Kind::WrongPersonInPrompt][0]
                 .evidence
@@ -2283,7 +2322,12 @@ mod tests {
         assert!(v.passed(), "{:?}", v.findings);
         let o = v.outage.clone().unwrap();
         assert_eq!(
-            (o.waits_recorded, o.people_told, o.waited_messages, o.refused_calls),
+            (
+                o.waits_recorded,
+                o.people_told,
+                o.waited_messages,
+                o.refused_calls
+            ),
             (3, 3, 3, 1)
         );
         for c in [Channel::Twilio, Channel::Chat, Channel::Api] {
@@ -2342,7 +2386,8 @@ mod tests {
     fn a_recorded_wait_its_person_was_not_told_of_fails() {
         for channel in [Channel::Twilio, Channel::Chat, Channel::Api] {
             let mut e = outage_run();
-            e.sends.retain(|s| !(s.text == NOTICE && s.channel == channel));
+            e.sends
+                .retain(|s| !(s.text == NOTICE && s.channel == channel));
             e.client_replies
                 .retain(|r| !(r.notice && r.channel == channel));
             let v = judge(&e);

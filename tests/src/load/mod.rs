@@ -78,7 +78,11 @@ mod tests {
     fn texts_and_phones_round_trip() {
         assert_eq!(parse_text(&message_text(12, 7)), Some((12, 7)));
         assert_eq!(parse_text("echo: s3#0"), Some((3, 0)));
-        assert_eq!(parse_text("s3#0 s3#1"), None, "a joined answer is not one message");
+        assert_eq!(
+            parse_text("s3#0 s3#1"),
+            None,
+            "a joined answer is not one message"
+        );
         assert_eq!(parse_answers("echo: s3#0 s3#1"), Some(vec![(3, 0), (3, 1)]));
         assert_eq!(parse_answers("s3#0"), Some(vec![(3, 0)]));
         assert_eq!(parse_answers("Your message is safe with us"), None);
