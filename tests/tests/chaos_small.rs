@@ -3,14 +3,19 @@
 //! processes are SIGKILLed on a seeded schedule (every kind at least twice) and NATS and
 //! Postgres are each SIGKILLed once and come back by crash recovery, on a stack of its own
 //! (`chaos-small`, ports 28222/29432, or the two of `SB_CHAOS_SMALL_PORTS=<nats>,<pg>`;
-//! Postgres durable) so that the crashes do not disturb other tests. `make chaos` is the full
-//! run. `SB_CHAOS_SEED` repeats a run's kill schedule.
+//! Postgres durable) so that the crashes do not disturb other tests. A quarter of the people
+//! (on every channel) talk to an agent with `queue_mode = "collect"`, and the runner is down
+//! for 10 s from the 4th second (2 s answering 503, then refusing connections). `make chaos`
+//! is the full run. `SB_CHAOS_SEED` repeats a run's kill schedule.
 //!
 //! The verdict is the full run's (see `switchboard_e2e::load::chaos_check`): nothing accepted is
 //! lost on any channel (turn, inbound log row, reply at the provider or in the mailbox and at
 //! the chat or API client, outbound log row), every reply reaches its sender on their channel,
 //! no two turns of one person overlap, every runner call and every reply comes in the person's
-//! order, no reply is delivered twice, no dead letter, and the pipeline settles.
+//! order, no reply is delivered twice, a message joined into a collect call is answered once
+//! by that call's reply (and some were joined), every person whose turn waited on the down
+//! runner is told once on their channel and nobody else is, no dead letter, and the pipeline
+//! settles.
 use switchboard_e2e::load::channels::Channel;
 use switchboard_e2e::load::chaos::{self, ChaosOptions, MIN_KILLS_PER_KIND, WORKER_KINDS};
 use switchboard_e2e::load::stack::repo_dir;
@@ -53,6 +58,16 @@ async fn workers_nats_and_postgres_killed_lose_nothing_and_keep_every_persons_or
             "{channel:?} carried its share of the load: {tally:?}"
         );
     }
+    let v = &report.verdict;
+    assert!(
+        v.collect_people > 0,
+        "some people talk to the collect agent"
+    );
+    let outage = v.outage.clone().expect("the runner went down");
+    assert!(
+        outage.waits_recorded > 0 && outage.people_told > 0,
+        "the outage made turns wait and people were told: {outage:?}"
+    );
     let failures = report.failures();
     assert!(
         failures.is_empty(),

@@ -115,7 +115,13 @@ impl Default for Config {
                 .into_iter()
                 .map(|channel| {
                     let default_agent = "reggie_oc".into();
-                    (channel.to_string(), ChannelConfig { default_agent })
+                    (
+                        channel.to_string(),
+                        ChannelConfig {
+                            default_agent,
+                            ..Default::default()
+                        },
+                    )
                 })
                 .collect(),
             agents: Vec::new(),
@@ -360,6 +366,23 @@ pub fn valid_source_name(name: &str) -> bool {
 #[serde(default)]
 pub struct ChannelConfig {
     pub default_agent: String,
+    /// `[channels.<channel>.recipients]`: the agent a message written to one of our numbers
+    /// goes to (`"+15555550198" = "reggie_fd"`), for a business with a number per agent;
+    /// numbers compare by their digits. A message that names its agent (chat, API) keeps it.
+    pub recipients: BTreeMap<String, String>,
+}
+
+impl ChannelConfig {
+    /// The agent for a message written to `recipient`: the one its number is given, else the
+    /// channel's default.
+    pub fn agent_for(&self, recipient: &str) -> &str {
+        let digits = |n: &str| n.chars().filter(char::is_ascii_digit).collect::<String>();
+        let wanted = digits(recipient);
+        self.recipients
+            .iter()
+            .find(|(number, _)| !wanted.is_empty() && digits(number) == wanted)
+            .map_or(self.default_agent.as_str(), |(_, agent)| agent.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -1050,6 +1073,16 @@ impl Config {
                 )));
             }
         }
+        for (channel, c) in &self.channels {
+            for (number, agent) in &c.recipients {
+                if self.agent(agent).is_none() {
+                    return Err(ConfigError::Invalid(format!(
+                        "channels.{channel}.recipients: {number} goes to agent {agent:?}, which \
+                         is not configured"
+                    )));
+                }
+            }
+        }
         for (name, source) in &self.webhooks {
             let invalid = |why: &str| Err(ConfigError::Invalid(format!("webhooks.{name}: {why}")));
             if !valid_source_name(name) {
@@ -1304,6 +1337,36 @@ mod tests {
         assert!(c.demo.enabled);
         let demo = &c.webhooks["demo"];
         assert!(!demo.secret.is_empty() && !demo.sender_field.is_empty());
+    }
+
+    #[test]
+    fn a_number_may_be_given_its_own_agent_and_only_a_configured_one() {
+        let parse = |toml: &str| -> Result<Config, ConfigError> {
+            let c: Config = Figment::from(Serialized::defaults(Config::default()))
+                .merge(Toml::string(toml))
+                .extract()
+                .map_err(|e| ConfigError::Load(Box::new(e)))?;
+            c.validate()?;
+            Ok(c)
+        };
+        let agents = "[[agents]]\nname = \"reggie_oc\"\nidentity = \"reggie\"\nrunner_url = \"http://r\"\n\
+                      [[agents]]\nname = \"reggie_fd\"\nidentity = \"reggie\"\nrunner_url = \"http://r\"\n";
+        let c = parse(&format!(
+            "{agents}[channels.sms]\ndefault_agent = \"reggie_oc\"\n\
+             [channels.sms.recipients]\n\"+15555550198\" = \"reggie_fd\"\n"
+        ))
+        .unwrap();
+        let sms = &c.channels["sms"];
+        assert_eq!(sms.agent_for("15555550198"), "reggie_fd");
+        assert_eq!(sms.agent_for("+15555550199"), "reggie_oc");
+        assert_eq!(sms.agent_for(""), "reggie_oc");
+        assert!(
+            parse(&format!(
+                "{agents}[channels.sms.recipients]\n\"+15555550198\" = \"nobody\"\n"
+            ))
+            .is_err(),
+            "a number given to an agent that is not configured"
+        );
     }
 
     #[test]

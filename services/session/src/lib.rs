@@ -483,17 +483,19 @@ impl ArrivalWait {
     }
 }
 
-/// Which agent a message goes to: the one it names, else its channel's default.
+/// Which agent a message goes to: the one it names, else the one the number it was written
+/// to is given (`[channels.<channel>.recipients]`), else its channel's default.
 pub fn route_agent<'a>(
     agents: &'a [AgentConfig],
     channels: &BTreeMap<String, ChannelConfig>,
     channel: &str,
+    recipient: &str,
     requested: &str,
 ) -> Result<&'a AgentConfig, SessionError> {
     let name = if requested.is_empty() {
         channels
             .get(channel)
-            .map(|c| c.default_agent.as_str())
+            .map(|c| c.agent_for(recipient))
             .filter(|a| !a.is_empty())
             .ok_or_else(|| SessionError::NoAgent(channel.to_string()))?
     } else {
@@ -589,6 +591,7 @@ impl Stage for SessionStage {
             &self.agents,
             &self.channels,
             &inbound.channel,
+            &inbound.recipient,
             &inbound.agent,
         ) {
             Ok(agent) => agent,
@@ -757,24 +760,44 @@ mod tests {
             "sms".to_string(),
             ChannelConfig {
                 default_agent: "reggie_oc".into(),
+                recipients: BTreeMap::from([("+15555550198".into(), "reggie_fd".into())]),
             },
         )]);
+        let ours = "+15555550199";
         assert_eq!(
-            route_agent(&agents, &channels, "sms", "").unwrap().name,
+            route_agent(&agents, &channels, "sms", ours, "")
+                .unwrap()
+                .name,
             "reggie_oc"
         );
         assert_eq!(
-            route_agent(&agents, &channels, "sms", "reggie_fd")
+            route_agent(&agents, &channels, "sms", ours, "reggie_fd")
                 .unwrap()
                 .name,
             "reggie_fd"
         );
+        // Written to the number given to reggie_fd, as Twilio (E.164) or TextMagic (digits)
+        // write it.
+        for to in ["+15555550198", "15555550198"] {
+            assert_eq!(
+                route_agent(&agents, &channels, "sms", to, "").unwrap().name,
+                "reggie_fd",
+                "{to}"
+            );
+        }
+        // A message that names its agent keeps it.
+        assert_eq!(
+            route_agent(&agents, &channels, "sms", "+15555550198", "reggie_oc")
+                .unwrap()
+                .name,
+            "reggie_oc"
+        );
         assert!(matches!(
-            route_agent(&agents, &channels, "sms", "nobody"),
+            route_agent(&agents, &channels, "sms", ours, "nobody"),
             Err(SessionError::UnknownAgent(_))
         ));
         assert!(matches!(
-            route_agent(&agents, &channels, "api", ""),
+            route_agent(&agents, &channels, "api", "", ""),
             Err(SessionError::NoAgent(_))
         ));
     }

@@ -1,7 +1,9 @@
 //! `make chaos`: 20,000 turns across 2,000 sessions (40% writing by Twilio, 20% each by
 //! TextMagic, chat and the API) while worker processes are SIGKILLed every
 //! 2 s on a seeded schedule (every kind at least twice; restarted at once), and NATS and Postgres
-//! are each SIGKILLed once and come back by crash recovery. Then every accepted message is
+//! are each SIGKILLed once and come back by crash recovery; a quarter of the people talk to an
+//! agent with `queue_mode = "collect"`, and the runner goes down for 20 s mid-load (503, then
+//! connections refused). Then every accepted message is
 //! accounted for; exits non-zero on any finding (see `switchboard_e2e::load::chaos_check`).
 //! Report, evidence and worker logs go to `bench-results/chaos-<timestamp>/`.
 use std::time::Duration;
@@ -39,6 +41,15 @@ struct Args {
     /// Second of the run at which Postgres is SIGKILLed (negative: never).
     #[arg(long, default_value_t = 32.0, allow_hyphen_values = true)]
     crash_pg_at: f64,
+    /// Second of the run at which the runner goes down (negative: never).
+    #[arg(long, default_value_t = 18.0, allow_hyphen_values = true)]
+    runner_down_at: f64,
+    /// Seconds the runner stays down (the first --runner-503-for of them answering 503, the
+    /// rest refusing connections).
+    #[arg(long, default_value_t = 20.0)]
+    runner_down_for: f64,
+    #[arg(long, default_value_t = 3.0)]
+    runner_503_for: f64,
     /// Runner latency, ms.
     #[arg(long, default_value_t = 20)]
     runner_ms: u64,
@@ -92,6 +103,9 @@ async fn main() -> anyhow::Result<()> {
     o.crash_nats_at = at(a.crash_nats_at);
     o.crash_pg_at = at(a.crash_pg_at);
     o.runner_delay = Duration::from_millis(a.runner_ms);
+    o.runner_down_at = at(a.runner_down_at);
+    o.runner_down_for = Duration::from_secs_f64(a.runner_down_for);
+    o.runner_503_for = Duration::from_secs_f64(a.runner_503_for);
     o.drain_timeout = Duration::from_secs(a.drain);
     for (name, n) in &mut o.replicas {
         match *name {
@@ -101,15 +115,18 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     println!(
-        "chaos: {} sessions x {} messages at {} msg/s; seed {} (repeat with --seed {}); SIGKILL a worker every {}s; SIGKILL NATS at {:?}, Postgres at {:?}; logs in {}",
+        "chaos: {} sessions x {} messages at {} msg/s ({} people talk to the collect agent); seed {} (repeat with --seed {}); SIGKILL a worker every {}s; SIGKILL NATS at {:?}, Postgres at {:?}; runner down at {:?} for {:?}; logs in {}",
         o.sessions,
         o.per_session,
         o.rate,
+        (0..o.sessions).filter(|s| o.mix.collects(*s)).count(),
         o.seed,
         o.seed,
         a.kill_every,
         o.crash_nats_at,
         o.crash_pg_at,
+        o.runner_down_at,
+        o.runner_down_for,
         dir.display()
     );
     let report = chaos::run(o).await?;

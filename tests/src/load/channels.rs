@@ -36,6 +36,8 @@ pub const CHAT_SECRET: &str = "load-chat-secret-5e1f";
 pub const TEXTMAGIC_TOKEN: &str = "load-textmagic-token";
 /// Our TextMagic number, as TextMagic writes numbers.
 pub const TEXTMAGIC_NUMBER: &str = "15555550198";
+/// The TextMagic number the chaos run's `collect` people text (given to the collect agent).
+pub const TEXTMAGIC_COLLECT_NUMBER: &str = "15555550196";
 
 /// A channel the load comes in on (and its replies go back on).
 #[derive(
@@ -111,6 +113,9 @@ pub struct Mix {
     pub textmagic: usize,
     pub chat: usize,
     pub api: usize,
+    /// One group of `total()` senders (one of each channel's share) in this many talks to the
+    /// `collect` agent ([`super::pipeline::COLLECT_AGENT`]); 0: nobody does.
+    pub collect_every: usize,
 }
 
 impl Mix {
@@ -119,13 +124,16 @@ impl Mix {
         textmagic: 0,
         chat: 0,
         api: 0,
+        collect_every: 0,
     };
-    /// 40% Twilio, 20% each of TextMagic, chat and API.
+    /// 40% Twilio, 20% each of TextMagic, chat and API; a quarter of each channel's people
+    /// talk to the `collect` agent.
     pub const CHAOS: Mix = Mix {
         twilio: 2,
         textmagic: 1,
         chat: 1,
         api: 1,
+        collect_every: 4,
     };
 
     fn shares(&self) -> [(Channel, usize); 4] {
@@ -151,6 +159,20 @@ impl Mix {
             slot -= n;
         }
         Channel::Twilio
+    }
+
+    /// Whether sender `sender` talks to the `collect` agent (else to the `followup` one).
+    pub fn collects(&self, sender: usize) -> bool {
+        self.collect_every > 0 && (sender / self.total()).is_multiple_of(self.collect_every)
+    }
+
+    /// The agent sender `sender` talks to.
+    pub fn agent_of(&self, sender: usize) -> &'static str {
+        if self.collects(sender) {
+            super::pipeline::COLLECT_AGENT
+        } else {
+            super::pipeline::AGENT
+        }
     }
 
     pub fn uses(&self, channel: Channel) -> bool {
@@ -184,6 +206,13 @@ pub struct ClientReply {
     /// The reply less the runner's `echo: ` (so the message text it answers).
     pub text: String,
     pub at_us: u64,
+    /// Not an answer: Switchboard telling the person their message waits (runner down): a
+    /// chat `notice` frame, an entry of an API message's `notices`.
+    #[serde(default)]
+    pub notice: bool,
+    /// API: the correlation id of the message whose status listed it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub listed_under: String,
 }
 
 /// Every channel's load client; senders are given channels by `mix`.
@@ -263,12 +292,18 @@ impl LoadClients {
                 Posted::Refused(status.as_u16().to_string())
             }
         };
+        let collects = self.mix.collects(sender);
         match self.channel_of(sender) {
             Channel::Twilio => {
                 let sid = format!("SM{}{sender:06}x{index:06}", self.tag);
+                let to = if collects {
+                    super::pipeline::TWILIO_COLLECT_NUMBER
+                } else {
+                    crate::TWILIO_NUMBER
+                };
                 match self
                     .twilio
-                    .post_sms(&sender_phone(sender), &text, &sid)
+                    .post_sms_to(&sender_phone(sender), to, &text, &sid)
                     .await
                 {
                     Ok(status) => answered(status, sid),
@@ -278,13 +313,32 @@ impl LoadClients {
             Channel::TextMagic => {
                 // TextMagic's ids are numbers.
                 let id = 7_000_000_000 + sender as u64 * 10_000 + index as u64;
-                match self.textmagic.post(sender, &text, id).await {
+                let to = if collects {
+                    TEXTMAGIC_COLLECT_NUMBER
+                } else {
+                    TEXTMAGIC_NUMBER
+                };
+                match self.textmagic.post(sender, to, &text, id).await {
                     Ok(status) => answered(status, id.to_string()),
                     Err(_) => Posted::Failed,
                 }
             }
-            Channel::Chat => self.chat.post(sender, index, &text).await,
-            Channel::Api => self.api.post(sender, index, &text).await,
+            Channel::Chat => {
+                let agent = if collects {
+                    super::pipeline::COLLECT_AGENT
+                } else {
+                    ""
+                };
+                self.chat.post(sender, index, agent, &text).await
+            }
+            Channel::Api => {
+                let agent = if collects {
+                    super::pipeline::COLLECT_AGENT
+                } else {
+                    ""
+                };
+                self.api.post(sender, index, agent, &text).await
+            }
         }
     }
 
@@ -316,6 +370,26 @@ pub fn configure(c: &mut Config, textmagic: &LoadTextMagic) {
     c.chat.jwt_secret = Secret::new(CHAT_SECRET);
     // A reconnecting client asks for every reply after its last; keep them all replayable.
     c.chat.replay_limit = 1_000;
+    // A second agent on the same runner, collecting; the collect people's numbers go to it
+    // (chat and API name it).
+    if let Some(first) = c.agents.first().cloned()
+        && c.agent(super::pipeline::COLLECT_AGENT).is_none()
+    {
+        c.agents.push(switchboard_kit::config::AgentConfig {
+            name: super::pipeline::COLLECT_AGENT.into(),
+            queue_mode: switchboard_kit::config::QueueMode::Collect,
+            ..first
+        });
+    }
+    if let Some(sms) = c.channels.get_mut("sms") {
+        for number in [
+            super::pipeline::TWILIO_COLLECT_NUMBER,
+            TEXTMAGIC_COLLECT_NUMBER,
+        ] {
+            sms.recipients
+                .insert(number.into(), super::pipeline::COLLECT_AGENT.into());
+        }
+    }
 }
 
 /// Posts TextMagic's inbound-message callback: JSON, numbers as digits.
@@ -328,6 +402,7 @@ impl TextMagicClient {
     async fn post(
         &self,
         sender: usize,
+        receiver: &str,
         text: &str,
         id: u64,
     ) -> Result<reqwest::StatusCode, reqwest::Error> {
@@ -337,7 +412,7 @@ impl TextMagicClient {
             .json(&serde_json::json!({
                 "id": id,
                 "sender": textmagic_number(&sender_phone(sender)),
-                "receiver": TEXTMAGIC_NUMBER,
+                "receiver": receiver,
                 "messageTime": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%z").to_string(),
                 "text": text,
             }))
@@ -361,6 +436,9 @@ struct ApiStatus {
     correlation_id: String,
     #[serde(default)]
     replies: Vec<ApiReply>,
+    /// What the person was told while the message waited (not answers).
+    #[serde(default)]
+    notices: Vec<ApiReply>,
 }
 
 #[derive(Deserialize)]
@@ -370,17 +448,21 @@ struct ApiReply {
 }
 
 impl ApiClients {
-    async fn post(&self, sender: usize, index: u32, text: &str) -> Posted {
+    async fn post(&self, sender: usize, index: u32, agent: &str, text: &str) -> Posted {
         let Some(key) = self.keys.get(&sender) else {
             return Posted::Refused("no API key made for this sender".into());
         };
         let idempotency_key = format!("m{index}");
+        let mut body = serde_json::json!({"text": text});
+        if !agent.is_empty() {
+            body["agent"] = agent.into();
+        }
         let resp = self
             .http
             .post(format!("{}/api/v1/messages", self.base))
             .bearer_auth(key)
             .header("Idempotency-Key", &idempotency_key)
-            .json(&serde_json::json!({"text": text}))
+            .json(&body)
             .send()
             .await;
         let Ok(resp) = resp else {
@@ -418,18 +500,22 @@ impl ApiClients {
                     .await
                     .ok()?;
                 let at_us = now_us();
+                let reply = |r: ApiReply, notice: bool| ClientReply {
+                    channel: Channel::Api,
+                    sender,
+                    seq: -1,
+                    reply_id: r.reply_id,
+                    text: r.text.strip_prefix("echo: ").unwrap_or(&r.text).into(),
+                    at_us,
+                    notice,
+                    listed_under: correlation_id.clone(),
+                };
                 Some(
                     status
                         .replies
                         .into_iter()
-                        .map(|r| ClientReply {
-                            channel: Channel::Api,
-                            sender,
-                            seq: -1,
-                            reply_id: r.reply_id,
-                            text: r.text.strip_prefix("echo: ").unwrap_or(&r.text).into(),
-                            at_us,
-                        })
+                        .map(|r| reply(r, false))
+                        .chain(status.notices.into_iter().map(|r| reply(r, true)))
                         .collect::<Vec<_>>(),
                 )
             })
@@ -449,6 +535,7 @@ struct ChatClients {
 /// A message for a chat user's socket, and where to say what the gateway answered.
 struct Outgoing {
     id: String,
+    agent: String,
     text: String,
     answer: oneshot::Sender<Posted>,
 }
@@ -466,12 +553,13 @@ impl ChatClients {
         }
     }
 
-    async fn post(&self, sender: usize, index: u32, text: &str) -> Posted {
+    async fn post(&self, sender: usize, index: u32, agent: &str, text: &str) -> Posted {
         let sub = client_name(sender);
         let id = format!("m{index}");
         let (answer, answered) = oneshot::channel();
         let outgoing = Outgoing {
             id: id.clone(),
+            agent: agent.to_string(),
             text: text.to_string(),
             answer,
         };
@@ -583,9 +671,11 @@ impl ChatUser {
         mut stop: watch::Receiver<bool>,
     ) -> Ended {
         let frame = |m: &Outgoing| {
-            Message::text(
-                serde_json::json!({"type": "message", "id": m.id, "text": m.text}).to_string(),
-            )
+            let mut f = serde_json::json!({"type": "message", "id": m.id, "text": m.text});
+            if !m.agent.is_empty() {
+                f["agent"] = m.agent.clone().into();
+            }
+            Message::text(f.to_string())
         };
         for m in pending.iter() {
             if socket.send(frame(m)).await.is_err() {
@@ -630,11 +720,23 @@ impl ChatUser {
                                 reply_id,
                                 text: text.strip_prefix("echo: ").unwrap_or(&text).into(),
                                 at_us: now_us(),
+                                ..Default::default()
                             });
                         }
-                        // Told while the message waited (runner down): not the answer.
-                        Ok(ServerFrame::Notice { seq, .. }) => {
+                        // Told while the message waited (runner down): not the answer, but
+                        // the verdict counts them (each person told once per outage).
+                        Ok(ServerFrame::Notice { seq, reply_id, text, .. }) => {
                             *last_seq = (*last_seq).max(seq);
+                            self.received.lock().unwrap().push(ClientReply {
+                                channel: Channel::Chat,
+                                sender: self.sender,
+                                seq,
+                                reply_id,
+                                text,
+                                at_us: now_us(),
+                                notice: true,
+                                ..Default::default()
+                            });
                         }
                         Ok(ServerFrame::Error { id: None, .. }) | Err(_) => {}
                     }

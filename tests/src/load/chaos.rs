@@ -22,11 +22,12 @@ use serde::Serialize;
 use sqlx::Row as _;
 
 use super::channels::{self, Channel, LoadClients, Mix};
+use super::chaos_check::WaitingRow;
 use super::chaos_check::{
     AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, MailboxRow, ServerCrash, TurnRow,
     Verdict, judge,
 };
-use super::fakes::{LoadRunner, LoadTextMagic, LoadTwilio, RunnerStats, SendStats};
+use super::fakes::{LoadRunner, LoadTextMagic, LoadTwilio, RunnerOutage, RunnerStats, SendStats};
 use super::loadgen::{LoadGen, LoadStats, in_groups};
 use super::pipeline::{self, Knobs, Pipeline};
 use super::stack::Stack;
@@ -61,6 +62,12 @@ pub struct ChaosOptions {
     /// When Postgres is SIGKILLed (postmaster and backends, then started again).
     pub crash_pg_at: Option<Duration>,
     pub runner_delay: Duration,
+    /// When the fake runner goes down (and for how long): it answers 503 for
+    /// `runner_503_for`, then stops listening (connections refused) for the rest of
+    /// `runner_down_for`, then listens again.
+    pub runner_down_at: Option<Duration>,
+    pub runner_down_for: Duration,
+    pub runner_503_for: Duration,
     /// Worker binaries and replicas.
     pub replicas: Vec<(&'static str, usize)>,
     /// How long to wait for the last replies after the load and the kills stopped.
@@ -88,6 +95,9 @@ impl ChaosOptions {
             crash_nats_at: Some(Duration::from_secs(15)),
             crash_pg_at: Some(Duration::from_secs(32)),
             runner_delay: Duration::from_millis(20),
+            runner_down_at: Some(Duration::from_secs(18)),
+            runner_down_for: Duration::from_secs(20),
+            runner_503_for: Duration::from_secs(3),
             replicas: vec![
                 ("gateway", 1),
                 ("identify", 1),
@@ -104,7 +114,8 @@ impl ChaosOptions {
     }
 
     /// The bounded version that runs inside `make test`: 600 turns, 60 sessions, a kill every
-    /// 1.5 s for 19.5 s (every worker kind twice), NATS and Postgres each SIGKILLed once.
+    /// 1.5 s for 19.5 s (every worker kind twice), NATS and Postgres each SIGKILLed once, the
+    /// runner down for 10 s (from 4 s: 2 s of 503, then connections refused).
     pub fn small(dir: PathBuf) -> Self {
         Self {
             stack_name: "chaos-small".into(),
@@ -121,6 +132,9 @@ impl ChaosOptions {
             crash_nats_at: Some(Duration::from_secs(6)),
             crash_pg_at: Some(Duration::from_secs(13)),
             runner_delay: Duration::from_millis(20),
+            runner_down_at: Some(Duration::from_secs(4)),
+            runner_down_for: Duration::from_secs(10),
+            runner_503_for: Duration::from_secs(2),
             replicas: vec![
                 ("gateway", 1),
                 ("identify", 1),
@@ -295,14 +309,30 @@ impl ChaosReport {
             "  runner: {} calls for {} turns ({} re-runs after a dispatcher died, never beside the first call)",
             v.runner_calls, v.distinct_turns_called, v.reruns
         );
+        println!(
+            "  collect: {} people; {} calls joined {} messages",
+            v.collect_people, v.joined_calls, v.joined_messages
+        );
+        if let Some(o) = &v.outage {
+            println!(
+                "  runner outage: {:.1} s ({} calls answered 503, then connections refused); {} waits recorded, {} people told, {} with a message open across it, {} messages answered only after it",
+                o.down_s,
+                o.refused_calls,
+                o.waits_recorded,
+                o.people_told,
+                o.people_open,
+                o.waited_messages
+            );
+        }
         for (channel, t) in &v.channels {
             println!(
-                "  {:<10} {:>6} accepted, {:>6} answered, {} lost, {} doubled",
+                "  {:<10} {:>6} accepted, {:>6} answered, {} lost, {} doubled, {} told once the agent was unavailable",
                 format!("{}:", channel.name()),
                 t.accepted,
                 t.answered,
                 t.lost,
-                t.doubled
+                t.doubled,
+                t.told
             );
         }
         println!(
@@ -417,7 +447,19 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let mut kills: Vec<Kill> = Vec::new();
     let mut loading = true;
     let server_lost = Arc::new(AtomicBool::new(false));
-    while loading || plan.peek().is_some() || crashing.iter().any(|c| !c.is_finished()) {
+    // The runner's outage: 503, then not listening, then back.
+    let mut outage = o.runner_down_at.map(|at| OutagePlan {
+        unavailable: t0 + at,
+        refusing: t0 + at + o.runner_503_for.min(o.runner_down_for),
+        back: t0 + at + o.runner_down_for,
+        record: RunnerOutage::default(),
+        phase: 0,
+    });
+    while loading
+        || plan.peek().is_some()
+        || crashing.iter().any(|c| !c.is_finished())
+        || outage.as_ref().is_some_and(|p| p.phase < 3)
+    {
         if server_lost.load(Ordering::SeqCst) {
             // Nothing can be answered without it: stop, and let the verdict say so.
             load_task.abort();
@@ -458,6 +500,27 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
                 server_lost.clone(),
             ));
         }
+        if let Some(p) = outage.as_mut() {
+            if p.phase == 0 && now >= p.unavailable {
+                p.phase = 1;
+                p.record.unavailable_us = now_us();
+                runner.set_unavailable(true);
+                event("runner down: answering 503".into());
+            }
+            if p.phase == 1 && now >= p.refusing {
+                p.phase = 2;
+                p.record.refusing_us = now_us();
+                runner.stop_listening().await;
+                runner.set_unavailable(false);
+                event("runner down: not listening (connections refused)".into());
+            }
+            if p.phase == 2 && now >= p.back {
+                runner.listen().await;
+                p.record.back_us = now_us();
+                p.phase = 3;
+                event("runner back: listening and answering".into());
+            }
+        }
         if pg_at.is_some_and(|t| now >= t) {
             pg_at = None;
             event("SIGKILL Postgres".into());
@@ -483,6 +546,14 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     for c in crashing {
         crashes.push(c.await?);
     }
+    if let Some(p) = outage.as_ref()
+        && p.phase < 3
+    {
+        // Stopped early (a server lost): the runner listens again for the drain.
+        runner.set_unavailable(false);
+        runner.listen().await;
+    }
+    let runner_outage = outage.filter(|p| p.phase == 3).map(|p| p.record);
     event("load done, faults stopped; draining".into());
 
     // Drain: wait for the replies of every accepted message (workers keep being restarted if
@@ -515,7 +586,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let client_replies = replies.at_clients(&accepted).await;
     load.clients().close();
 
-    let evidence = collect_evidence(
+    let mut evidence = collect_evidence(
         &pipeline,
         &load,
         &runner,
@@ -526,6 +597,12 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         settled,
     )
     .await?;
+    evidence.runner_outage = runner_outage;
+    evidence.refused_calls = runner.refused();
+    evidence.notice_text = pipeline.config.dispatch.runner_down_notice.clone();
+    for a in &mut evidence.accepted {
+        a.collect = o.mix.collects(a.sender);
+    }
     std::fs::write(
         o.dir.join("chaos-evidence.json"),
         serde_json::to_string(&evidence)?,
@@ -578,31 +655,41 @@ impl Replies<'_> {
     /// The messages answered so far, by channel and text: SMS at the fakes, chat at the
     /// clients, API in the mailbox (its callers read them back once the run is drained).
     async fn answered(&self, db: &sqlx::PgPool) -> std::collections::HashSet<(Channel, String)> {
-        let sms = |channel, sends: Vec<super::fakes::SendRecord>| {
-            sends.into_iter().map(move |s| (channel, s.text))
+        // A joined reply answers each message it names.
+        let each = |channel: Channel, text: String| {
+            super::parse_answers(&text)
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |(s, i)| (channel, message_text(s, i)))
         };
-        let mut answered: std::collections::HashSet<(Channel, String)> =
-            sms(Channel::Twilio, self.twilio.sends())
-                .chain(sms(Channel::TextMagic, self.textmagic.sends()))
-                .chain(
-                    self.clients
-                        .chat_replies()
-                        .into_iter()
-                        .map(|r| (Channel::Chat, r.text)),
-                )
-                .collect();
+        let mut answered: std::collections::HashSet<(Channel, String)> = self
+            .twilio
+            .sends()
+            .into_iter()
+            .flat_map(|s| each(Channel::Twilio, s.text))
+            .chain(
+                self.textmagic
+                    .sends()
+                    .into_iter()
+                    .flat_map(|s| each(Channel::TextMagic, s.text)),
+            )
+            .chain(
+                self.clients
+                    .chat_replies()
+                    .into_iter()
+                    .filter(|r| !r.notice)
+                    .flat_map(|r| each(Channel::Chat, r.text)),
+            )
+            .collect();
         // The database may be down (a crash): then API replies count as not there yet.
         if let Ok(texts) = sqlx::query_scalar::<_, String>(
-            "SELECT text FROM switchboard.mailbox WHERE channel = $1",
+            "SELECT text FROM switchboard.mailbox WHERE channel = $1 AND kind = 'reply'",
         )
         .bind(switchboard_channels::api::CHANNEL)
         .fetch_all(db)
         .await
         {
-            answered.extend(texts.into_iter().map(|t| {
-                let t = t.strip_prefix("echo: ").unwrap_or(&t).to_string();
-                (Channel::Api, t)
-            }));
+            answered.extend(texts.into_iter().flat_map(|t| each(Channel::Api, t)));
         }
         answered
     }
@@ -650,11 +737,13 @@ async fn collect_evidence(
             sid: a.sid,
             correlation_id: a.correlation_id,
             accepted_us: a.accepted_us,
+            collect: false,
         })
         .collect();
     let db = &pipeline.db;
     let turns = sqlx::query(
-        "SELECT provider_message_id, status, seq, reply_id::text FROM switchboard.turns",
+        "SELECT provider_message_id, status, seq, reply_id::text, joined_into
+           FROM switchboard.turns",
     )
     .fetch_all(db)
     .await?
@@ -664,6 +753,7 @@ async fn collect_evidence(
         status: row.get(1),
         seq: row.get(2),
         reply_id: row.get(3),
+        joined_into: row.get(4),
     })
     .collect();
     let inbound_logged = sqlx::query_scalar::<_, Option<String>>(
@@ -680,7 +770,7 @@ async fn collect_evidence(
     .fetch_all(db)
     .await?;
     let mailbox = sqlx::query(
-        "SELECT seq, reply_id::text, part, channel, address, text FROM switchboard.mailbox",
+        "SELECT seq, reply_id::text, part, channel, address, text, kind FROM switchboard.mailbox",
     )
     .fetch_all(db)
     .await?
@@ -694,6 +784,29 @@ async fn collect_evidence(
             channel: row.get(3),
             address: row.get(4),
             text: text.strip_prefix("echo: ").unwrap_or(&text).to_string(),
+            kind: row.get(6),
+        }
+    })
+    .collect();
+    // The journal's waits, on the harness's clock.
+    let offset_us = chrono::Utc::now().timestamp_micros() - now_us() as i64;
+    let waiting = sqlx::query(
+        "SELECT s.person_id, e.detail->>'notice_id', e.seq,
+                (extract(epoch FROM e.at) * 1000000)::bigint
+           FROM switchboard.session_events e
+           JOIN switchboard.sessions s ON s.id = e.session_id
+          WHERE e.kind = 'waiting' ORDER BY e.at",
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|row| {
+        let at_us: i64 = row.get(3);
+        WaitingRow {
+            person: row.get(0),
+            notice_id: row.get::<Option<String>, _>(1).unwrap_or_default(),
+            seq: row.get::<Option<i64>, _>(2).unwrap_or(-1),
+            at_us: (at_us - offset_us).max(0) as u64,
         }
     })
     .collect();
@@ -740,7 +853,19 @@ async fn collect_evidence(
         dead_letters,
         dead_letters_unreadable,
         settled,
+        waiting,
+        ..Default::default()
     })
+}
+
+/// The runner's outage as planned, and as it happened.
+struct OutagePlan {
+    unavailable: Instant,
+    refusing: Instant,
+    back: Instant,
+    record: RunnerOutage,
+    /// 0: up; 1: 503; 2: not listening; 3: back.
+    phase: u8,
 }
 
 /// A server crash in the background; yields what happened.

@@ -3,19 +3,34 @@
 //! A run collects its [`Evidence`] (what the load generator got accepted on each channel, every
 //! call the fake runner received, every SMS the fake Twilio and TextMagic accepted, the chat and
 //! API replies in the mailbox table and those their clients got, the database's turns, log rows
-//! and delivery ledger, every kill and server crash, the dead letters) and writes it next to its
-//! report; [`judge`] turns it into a [`Verdict`], with a tally per channel ([`ChannelTally`]). Keeping the two apart lets the checker itself be
-//! tested on recorded evidence: each kind of broken promise must make it fail, with the evidence.
+//! and delivery ledger, every kill and server crash, the runner's outage and the waits the
+//! database recorded for it, the dead letters) and writes it next to its report; [`judge`]
+//! turns it into a [`Verdict`], with a tally per channel ([`ChannelTally`]). Keeping the two
+//! apart lets the checker itself be tested on recorded evidence: each kind of broken promise
+//! must make it fail, with the evidence.
+//!
+//! A reply names the messages it answers: the fake runner answers `echo: ` and every message
+//! its call carried, in the prompt's order (`echo: s1#2` alone, `echo: s1#2 s1#3` for a call
+//! that joined two messages under queue mode `collect`). A message is answered by its own
+//! reply or by the one reply of the call it was joined into.
 //!
 //! What fails a run (each a kind of [`Finding`]):
-//! - a message the gateway never accepted, an accepted one with no turn or no inbound log row;
+//! - a message the gateway never accepted, an accepted one with no turn or no inbound log row
+//!   (or more than one: joined or not, every message keeps its own);
 //! - a reply never sent (SMS: not at the fake provider; chat and API: not in the mailbox), a
 //!   chat or API reply in the mailbox that its client never got (pushed on the socket, or read
 //!   back with `GET /api/v1/messages/<id>`), a reply sent to anyone but the person who wrote or
-//!   on another channel than theirs, a reply without exactly one outbound log row;
-//! - a runner call (first or repeated) for a turn of a person after a call for a later turn of
-//!   theirs, by the session's turn number or by the person's own order; an SMS (first or
-//!   re-sent; a mailbox entry, by `seq`) after a later reply of the same person;
+//!   on another channel than theirs, or naming a message of someone else, a message without
+//!   exactly one outbound log row answering it;
+//! - a message answered by two different replies (alone and joined, or in two groups);
+//! - a runner call (first or repeated) for a turn of a person after a call that carried a
+//!   later message of theirs (by the session's turn number or by the person's own order),
+//!   unless it is the same turn called again; an SMS (first or re-sent; a mailbox entry, by
+//!   `seq`) after a reply answering a later message of the same person;
+//! - a joined call whose messages are not in the person's order, a joined call by the
+//!   `followup` agent, a joined message whose turn does not record the join
+//!   (`turns.joined_into` = the last message's turn, whose row holds the reply), and a run
+//!   with `collect` people in which no call joined anything (it proves nothing about collect);
 //! - two different turns of one person at the runner at once; a turn called again while an
 //!   earlier call of it still ran;
 //! - a reply delivered twice: an SMS sent again (the provider-log look-up closed the window a
@@ -24,14 +39,46 @@
 //!   `User-Agent`, SIGKILLed within its lease of that send and before the re-send, the ledger
 //!   never recording the previous send), a reply stored in the mailbox as two entries, a reply
 //!   its client was handed twice;
+//! - the runner's outage (see below) told someone twice, told someone with nothing waiting,
+//!   left someone untold, or made nothing wait;
 //! - any dead letter, a dead-letter list that could not be read, a pipeline that did not settle.
+//!
+//! **The runner's outage, and who must be told.** The fake runner answers 503 for a while,
+//! then stops listening (connections refused), then listens again ([`RunnerOutage`]). What the
+//! evidence can show, and so what is checked:
+//! - *Notices* are what the person got that is not an answer: an SMS whose text is the
+//!   configured `dispatch.runner_down_notice`, a chat `notice` frame, an entry of an API
+//!   message's `notices`, a mailbox entry of kind `notice`. They are counted apart from
+//!   replies: they answer no message, are never "lost" or "doubled" replies, and a reply check
+//!   never sees one.
+//! - *Waits the product recorded*: the journal's `waiting` entries (one per session and
+//!   outage, with the notice's id), written in the transaction that marks the session
+//!   waiting. Each must reach its person on their channel: an SMS notice (the fake provider
+//!   cannot see reply ids, so: at least one notice SMS to them), the chat notice frame and the
+//!   API listing with that notice's id.
+//! - *Who could have waited* (the harness's own evidence, independent of the product's
+//!   records): a person with a message accepted before the runner was back (plus
+//!   [`NOTICE_SLACK_US`]) whose last answered runner call for it began after the outage began
+//!   (or which never got one). A notice or recorded wait for anyone else (a message that
+//!   arrived after the runner was back, say) is a notice without a waiting turn.
+//! - *Who certainly waited*: a person whose call the runner refused with 503 at least
+//!   [`NOTICE_GRACE_US`] before it was back (time for the dispatcher's breaker to open and
+//!   the turn to wait) must have a recorded wait, so be told. Connections refused leave no
+//!   trace at the fake, so people whose turns only met a closed port are held to the
+//!   product's record and the "could have waited" bound, not to this one.
+//! - *Told once*: per person, at most one notice SMS, one notice frame, one notice id listed
+//!   once by the API (a notice is listed under the one message it was told for), one
+//!   mailbox notice, one recorded wait; the run has one outage, so one each.
+//! - *Turns waited*: messages accepted before the runner was back whose first answered call
+//!   began after it was back, and the recorded waits: an outage with none of either proves
+//!   nothing, and fails.
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::channels::{Channel, ClientReply};
-use super::fakes::{CallRecord, SendRecord};
-use super::parse_text;
+use super::fakes::{CallRecord, RefusedCall, RunnerOutage, SendRecord};
+use super::{parse_answers, parse_text};
 
 /// One message the gateway accepted (answered 200).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -48,6 +95,9 @@ pub struct AcceptedMessage {
     #[serde(default)]
     pub correlation_id: String,
     pub accepted_us: u64,
+    /// Its sender talks to the `collect` agent.
+    #[serde(default)]
+    pub collect: bool,
 }
 
 /// A row of `switchboard.mailbox`: a chat or API reply (part), stored once per (reply, part).
@@ -62,6 +112,15 @@ pub struct MailboxRow {
     pub address: String,
     /// The reply less the runner's `echo: ` (so the message text it answers).
     pub text: String,
+    /// `reply`, or `notice` (told while a turn waited; not an answer).
+    #[serde(default)]
+    pub kind: String,
+}
+
+impl MailboxRow {
+    fn is_notice(&self) -> bool {
+        self.kind == "notice"
+    }
 }
 
 /// A row of `switchboard.turns`.
@@ -72,6 +131,9 @@ pub struct TurnRow {
     pub status: String,
     pub seq: i64,
     pub reply_id: Option<String>,
+    /// The turn whose call answered this one with it (collect): the last of the group.
+    #[serde(default)]
+    pub joined_into: Option<i64>,
 }
 
 /// A row of the delivery ledger (`switchboard.deliveries`).
@@ -111,6 +173,19 @@ pub struct DeadLetterNote {
     pub error: String,
 }
 
+/// A `waiting` entry of the sessions' journal: the product recorded that a person's turn
+/// waited for the runner, and which notice tells them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct WaitingRow {
+    /// The session's person id (`phone:+1…`, `user:…`, `api:…`).
+    pub person: String,
+    pub notice_id: String,
+    /// The turn that waited.
+    pub seq: i64,
+    /// When it was written, on the harness's clock (µs).
+    pub at_us: u64,
+}
+
 /// Everything a chaos run recorded, as plain data (saved as `chaos-evidence.json`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Evidence {
@@ -139,6 +214,18 @@ pub struct Evidence {
     pub dead_letters_unreadable: Option<String>,
     /// Whether every consumer had nothing pending and nothing unacked at the end.
     pub settled: bool,
+    /// The runner's outage, if the run had one.
+    #[serde(default)]
+    pub runner_outage: Option<RunnerOutage>,
+    /// Calls the runner answered 503 during its outage.
+    #[serde(default)]
+    pub refused_calls: Vec<RefusedCall>,
+    /// `dispatch.runner_down_notice`: what an SMS notice says.
+    #[serde(default)]
+    pub notice_text: String,
+    /// The journal's `waiting` entries.
+    #[serde(default)]
+    pub waiting: Vec<WaitingRow>,
 }
 
 /// The kinds of broken promise, in the order the report shows them.
@@ -153,15 +240,25 @@ pub enum Kind {
     ReplyToWrongNumber,
     NoOutboundLogRow,
     OutboundLoggedTwice,
+    AnsweredTwice,
     WrongPersonInPrompt,
     RunnerOrder,
     ReplyOrder,
+    JoinedOutOfOrder,
+    JoinedUnderFollowup,
+    JoinNotRecorded,
+    NothingJoined,
     OverlappingTurns,
     TurnRunBesideItself,
     DoubleOutsideWindow,
     DoubleInWindow,
     StoredTwice,
     ReceivedTwice,
+    ToldTwice,
+    NoticeNotReceived,
+    NoticeWithoutWait,
+    WaitNotRecorded,
+    OutageWaitedNothing,
     DeadLetter,
     DeadLettersUnreadable,
     NotSettled,
@@ -182,9 +279,14 @@ impl Kind {
             }
             Kind::NoOutboundLogRow => "replies with no outbound log row",
             Kind::OutboundLoggedTwice => "replies logged outbound more than once",
+            Kind::AnsweredTwice => "messages answered by more than one reply",
             Kind::WrongPersonInPrompt => "runner calls whose prompt names another person",
             Kind::RunnerOrder => "runner calls out of the person's order",
             Kind::ReplyOrder => "replies out of the person's order",
+            Kind::JoinedOutOfOrder => "joined calls whose messages are out of the person's order",
+            Kind::JoinedUnderFollowup => "calls of a followup agent that joined messages",
+            Kind::JoinNotRecorded => "joined messages whose turn does not record the join",
+            Kind::NothingJoined => "runs with collect people where no call joined messages",
             Kind::OverlappingTurns => "turns of one person at the runner at once",
             Kind::TurnRunBesideItself => "turns called again while an earlier call of them ran",
             Kind::DoubleOutsideWindow => "replies sent again outside the documented window",
@@ -194,6 +296,17 @@ impl Kind {
             }
             Kind::StoredTwice => "replies stored in the mailbox as more than one entry",
             Kind::ReceivedTwice => "replies a client was handed more than once",
+            Kind::ToldTwice => "people told more than once that the agent was unavailable",
+            Kind::NoticeNotReceived => {
+                "people whose wait the product recorded who were not told on their channel"
+            }
+            Kind::NoticeWithoutWait => {
+                "people told the agent was unavailable with no turn waiting on the down runner"
+            }
+            Kind::WaitNotRecorded => {
+                "people whose turn the down runner refused with no wait recorded"
+            }
+            Kind::OutageWaitedNothing => "runner outages during which no turn waited",
             Kind::DeadLetter => "dead letters",
             Kind::DeadLettersUnreadable => "dead-letter list unreadable",
             Kind::NotSettled => "pipeline did not settle",
@@ -228,13 +341,34 @@ pub struct Double {
 
 /// One channel's messages: how many were accepted, answered (the reply reached its far end:
 /// the provider, or the chat or API client), lost (accepted, never answered), and doubled
-/// (replies delivered more than once).
+/// (replies delivered more than once, messages answered twice); and how many of its people
+/// were told the agent was unavailable (notices, not answers).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ChannelTally {
     pub accepted: u64,
     pub answered: u64,
     pub lost: u64,
     pub doubled: u64,
+    /// People told (once each, or a finding) that the agent was unavailable.
+    #[serde(default)]
+    pub told: u64,
+}
+
+/// What the runner's outage did: who waited and who was told.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OutageTally {
+    /// Seconds from the first 503 to listening again.
+    pub down_s: f64,
+    /// Calls answered 503 (the connections refused after them leave no trace at the fake).
+    pub refused_calls: u64,
+    /// Messages accepted before the runner was back whose first answered call came after.
+    pub waited_messages: u64,
+    /// People with a message open across the outage (could have waited).
+    pub people_open: u64,
+    /// Waits the product recorded (journal `waiting`, one per session and outage).
+    pub waits_recorded: u64,
+    /// People who got a notice on their channel.
+    pub people_told: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -252,6 +386,16 @@ pub struct Verdict {
     pub distinct_turns_called: u64,
     pub sends: u64,
     pub distinct_replies_sent: u64,
+    /// Distinct runner calls that joined messages (collect), and the messages they joined.
+    #[serde(default)]
+    pub joined_calls: u64,
+    #[serde(default)]
+    pub joined_messages: u64,
+    /// People talking to the collect agent.
+    #[serde(default)]
+    pub collect_people: u64,
+    #[serde(default)]
+    pub outage: Option<OutageTally>,
 }
 
 impl Verdict {
@@ -294,8 +438,22 @@ const SEND_RECORD_LAG_US: u64 = 2_000_000;
 /// send well within it.
 const DELIVERY_LEASE_US: u64 = switchboard_deliver::DELIVERY_LEASE.as_micros() as u64;
 
+/// A message handed in this little after the runner was back may still have met the outage
+/// (the gateway publishes it before its 200 reaches the client).
+pub const NOTICE_SLACK_US: u64 = 1_000_000;
+
+/// A call refused (503) at least this long before the runner was back leaves the turn time
+/// to meet an open breaker and wait (the breaker opens after `dispatch.breaker_failures`
+/// down answers; a killed dispatcher's turn is redelivered within `ack_wait`).
+pub const NOTICE_GRACE_US: u64 = 5_000_000;
+
 fn secs(us: u64) -> String {
     format!("{:.3}s", us as f64 / 1e6)
+}
+
+/// The text of a reply's last message (a joined reply's is the one it is committed at).
+fn last_answer(text: &str) -> Option<(usize, u32)> {
+    parse_answers(text).and_then(|a| a.last().copied())
 }
 
 /// Judge a run by its evidence.
@@ -325,6 +483,13 @@ pub fn judge(e: &Evidence) -> Verdict {
         }
     }
     let channel_of = channels_of(e);
+    let collects: HashSet<usize> = e
+        .accepted
+        .iter()
+        .filter(|a| a.collect)
+        .map(|a| a.sender)
+        .collect();
+    v.collect_people = collects.len() as u64;
     let turn_of: HashMap<&str, &TurnRow> = e
         .turns
         .iter()
@@ -334,54 +499,82 @@ pub fn judge(e: &Evidence) -> Verdict {
         .iter()
         .map(|a| ((a.sender, a.index), a.sid.as_str()))
         .collect();
-    let seq_of_text = |text: &str| -> Option<i64> {
-        let key = parse_text(text)?;
-        Some(turn_of.get(sid_of.get(&key)?)?.seq)
-    };
+    let turn_of_key =
+        |key: (usize, u32)| -> Option<&TurnRow> { turn_of.get(sid_of.get(&key)?).copied() };
+    let seq_of_key = |key: (usize, u32)| -> Option<i64> { Some(turn_of_key(key)?.seq) };
     let ledger: HashMap<&str, &LedgerRow> =
         e.ledger.iter().map(|l| (l.reply_id.as_str(), l)).collect();
     let mut inbound_rows: HashMap<&str, usize> = HashMap::new();
     for id in &e.inbound_logged {
         *inbound_rows.entry(id.as_str()).or_default() += 1;
     }
-    let mut outbound_rows: HashMap<&str, usize> = HashMap::new();
+    // Outbound log rows, by each message they answer.
+    let mut outbound_rows: HashMap<String, usize> = HashMap::new();
     for text in &e.outbound_logged {
-        let t = text.strip_prefix("echo: ").unwrap_or(text);
-        *outbound_rows.entry(t).or_default() += 1;
+        for (s, i) in parse_answers(text).unwrap_or_default() {
+            *outbound_rows.entry(super::message_text(s, i)).or_default() += 1;
+        }
     }
-    // Where each reply arrived, by the message text it answers.
+    let is_notice_sms = |s: &SendRecord| !e.notice_text.is_empty() && s.text == e.notice_text;
+    // Where each reply arrived, by its whole text (a reply delivered twice has the same).
     let mut sends_of: HashMap<&str, Vec<&SendRecord>> = HashMap::new();
-    for s in &e.sends {
+    for s in e.sends.iter().filter(|s| !is_notice_sms(s)) {
         sends_of.entry(s.text.as_str()).or_default().push(s);
     }
     v.distinct_replies_sent = sends_of.len() as u64;
     let mut stored_of: HashMap<&str, Vec<&MailboxRow>> = HashMap::new();
-    for m in &e.mailbox {
+    for m in e.mailbox.iter().filter(|m| !m.is_notice()) {
         stored_of.entry(m.text.as_str()).or_default().push(m);
     }
-    let mut received_of: HashMap<&str, Vec<&ClientReply>> = HashMap::new();
-    for r in &e.client_replies {
-        received_of.entry(r.text.as_str()).or_default().push(r);
+    let client_replies: Vec<&ClientReply> = e.client_replies.iter().filter(|r| !r.notice).collect();
+    // And by each message they answer: the distinct reply texts that answer it.
+    let mut sent_for: HashMap<String, Vec<&str>> = HashMap::new();
+    for text in sends_of.keys() {
+        for (s, i) in parse_answers(text).unwrap_or_default() {
+            sent_for
+                .entry(super::message_text(s, i))
+                .or_default()
+                .push(text);
+        }
+    }
+    let mut stored_for: HashMap<String, Vec<&str>> = HashMap::new();
+    for text in stored_of.keys() {
+        for (s, i) in parse_answers(text).unwrap_or_default() {
+            stored_for
+                .entry(super::message_text(s, i))
+                .or_default()
+                .push(text);
+        }
+    }
+    let mut received_for: HashSet<String> = HashSet::new();
+    for r in &client_replies {
+        for (s, i) in parse_answers(&r.text).unwrap_or_default() {
+            received_for.insert(super::message_text(s, i));
+        }
     }
 
-    // Every accepted message: a turn, one inbound row, a reply that reached its far end, one
-    // outbound row.
+    // Every accepted message: a turn, one inbound row, a reply that reached its far end (its
+    // own, or the one it was joined into), one outbound row answering it.
     for a in &accepted {
         let text = super::message_text(a.sender, a.index);
         let turn = turn_of.get(a.sid.as_str());
         let status = turn.map_or("missing", |t| t.status.as_str());
+        let replies = match a.channel.mailbox_channel() {
+            None => sent_for.get(&text),
+            Some(_) => stored_for.get(&text),
+        };
         let lost = match a.channel.mailbox_channel() {
-            None => (!sends_of.contains_key(text.as_str())).then(|| {
+            None => replies.is_none().then(|| {
                 (
                     Kind::ReplyNeverSent,
                     format!("no {} SMS reply", a.channel.name()),
                 )
             }),
-            Some(_) if !stored_of.contains_key(text.as_str()) => Some((
+            Some(_) if replies.is_none() => Some((
                 Kind::ReplyNeverSent,
                 format!("no {} reply in the mailbox", a.channel.name()),
             )),
-            Some(_) => (!received_of.contains_key(text.as_str())).then(|| {
+            Some(_) => (!received_for.contains(&text)).then(|| {
                 (
                     Kind::ReplyNotReceived,
                     format!(
@@ -396,6 +589,24 @@ pub fn judge(e: &Evidence) -> Verdict {
         match &lost {
             Some(_) => tally.lost += 1,
             None => tally.answered += 1,
+        }
+        if let Some(replies) = replies.filter(|r| r.len() > 1) {
+            tally.doubled += 1;
+            let mut replies = replies.clone();
+            replies.sort();
+            v.add(
+                Kind::AnsweredTwice,
+                format!(
+                    "{text} ({}) is answered by {} replies: {}",
+                    a.sid,
+                    replies.len(),
+                    replies
+                        .iter()
+                        .map(|r| format!("{r:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
         }
         if let Some((kind, what)) = lost {
             v.add(
@@ -429,7 +640,7 @@ pub fn judge(e: &Evidence) -> Verdict {
             ),
         }
         if turn.is_some_and(|t| t.status == "done") {
-            match outbound_rows.get(text.as_str()).copied().unwrap_or(0) {
+            match outbound_rows.get(&text).copied().unwrap_or(0) {
                 0 => v.add(
                     Kind::NoOutboundLogRow,
                     format!("the reply to {text} has no outbound log row"),
@@ -443,15 +654,60 @@ pub fn judge(e: &Evidence) -> Verdict {
         }
     }
 
-    judge_runner_calls(e, &channel_of, &mut v);
+    judge_runner_calls(e, &channel_of, &collects, &mut v);
+
+    // A joined reply is committed at its last message's turn; the others record the join.
+    let mut groups: Vec<&str> = sends_of
+        .keys()
+        .chain(stored_of.keys())
+        .copied()
+        .filter(|t| parse_answers(t).is_some_and(|a| a.len() > 1))
+        .collect();
+    groups.sort();
+    groups.dedup();
+    for text in groups {
+        let answers = parse_answers(text).unwrap_or_default();
+        let Some(&last) = answers.last() else {
+            continue;
+        };
+        let Some(last_turn) = turn_of_key(last) else {
+            continue;
+        };
+        let mut wrong = Vec::new();
+        if last_turn.reply_id.is_none() {
+            wrong.push(format!(
+                "its last message's turn {} holds no reply",
+                last_turn.seq
+            ));
+        }
+        for &key in &answers[..answers.len() - 1] {
+            let (s, i) = key;
+            match turn_of_key(key) {
+                Some(t) if t.joined_into == Some(last_turn.seq) && t.reply_id.is_none() => {}
+                Some(t) => wrong.push(format!(
+                    "s{s}#{i}'s turn {} says joined into {:?}, reply {:?}",
+                    t.seq, t.joined_into, t.reply_id
+                )),
+                None => {}
+            }
+        }
+        if !wrong.is_empty() {
+            v.add(
+                Kind::JoinNotRecorded,
+                format!("the reply {text:?}: {}", wrong.join("; ")),
+            );
+        }
+    }
 
     // Every reply delivered, SMS in the order the providers took them, mailbox entries by
-    // `seq`: to the sender, on the sender's channel, in the sender's order (re-sends included).
-    let mut stored: Vec<&MailboxRow> = e.mailbox.iter().collect();
+    // `seq`: to the sender, on the sender's channel, in the sender's order (re-sends included;
+    // a joined reply in the place of its last message).
+    let mut stored: Vec<&MailboxRow> = e.mailbox.iter().filter(|m| !m.is_notice()).collect();
     stored.sort_by_key(|m| m.seq);
     let delivered = e
         .sends
         .iter()
+        .filter(|s| !is_notice_sms(s))
         .map(|s| Delivered {
             channel: DeliveredOn::Provider(s.channel),
             to: &s.to,
@@ -466,7 +722,7 @@ pub fn judge(e: &Evidence) -> Verdict {
         }));
     let mut per_recipient: HashMap<(DeliveredOn, &str), (u32, i64, &str)> = HashMap::new();
     for d in delivered {
-        let Some((sender, index)) = parse_text(d.text) else {
+        let Some(answers) = parse_answers(d.text) else {
             v.add(
                 Kind::ReplyToWrongNumber,
                 format!(
@@ -479,23 +735,34 @@ pub fn judge(e: &Evidence) -> Verdict {
             );
             continue;
         };
+        let (sender, index) = *answers.last().expect("parse_answers is never empty");
         let channel = channel_of.get(&sender).copied().unwrap_or_default();
         let owner = channel.address(sender);
-        if d.to != owner || !d.channel.is(channel) {
+        let others: Vec<usize> = answers
+            .iter()
+            .map(|(s, _)| *s)
+            .filter(|s| *s != sender)
+            .collect();
+        if d.to != owner || !d.channel.is(channel) || !others.is_empty() {
             v.add(
                 Kind::ReplyToWrongNumber,
                 format!(
-                    "the reply to {} (from {owner} by {}) went to {} by {} {}",
+                    "the reply to {} (from {owner} by {}) went to {} by {} {}{}",
                     d.text,
                     channel.name(),
                     d.to,
                     d.channel.describe(),
-                    d.when
+                    d.when,
+                    if others.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; it answers messages of senders {others:?} too")
+                    }
                 ),
             );
             continue;
         }
-        let seq = seq_of_text(d.text).unwrap_or(-1);
+        let seq = seq_of_key((sender, index)).unwrap_or(-1);
         let key = (d.channel, d.to);
         if let Some((max_index, max_seq, max_text)) = per_recipient.get(&key).copied()
             && (index < max_index || (seq >= 0 && seq < max_seq))
@@ -524,15 +791,14 @@ pub fn judge(e: &Evidence) -> Verdict {
         }
         let mut sends = sends.clone();
         sends.sort_by_key(|s| s.at_us);
-        let reply_id = parse_text(text)
-            .and_then(|k| sid_of.get(&k))
-            .and_then(|sid| turn_of.get(sid))
+        let reply_id = last_answer(text)
+            .and_then(turn_of_key)
             .and_then(|t| t.reply_id.as_deref());
         let recorded: HashSet<&str> = reply_id
             .and_then(|r| ledger.get(r))
             .map(|l| l.provider_message_ids.iter().map(String::as_str).collect())
             .unwrap_or_default();
-        if let Some((sender, _)) = parse_text(text) {
+        if let Some((sender, _)) = last_answer(text) {
             let channel = channel_of.get(&sender).copied().unwrap_or_default();
             v.channels.entry(channel).or_default().doubled += 1;
         }
@@ -612,7 +878,7 @@ pub fn judge(e: &Evidence) -> Verdict {
             .iter()
             .map(|r| format!("#{} (reply {} part {})", r.seq, r.reply_id, r.part))
             .collect();
-        if let Some((sender, _)) = parse_text(text) {
+        if let Some((sender, _)) = last_answer(text) {
             let channel = channel_of.get(&sender).copied().unwrap_or_default();
             v.channels.entry(channel).or_default().doubled += 1;
         }
@@ -625,11 +891,16 @@ pub fn judge(e: &Evidence) -> Verdict {
             ),
         );
     }
-    let mut handed: BTreeMap<(Channel, &str), Vec<&ClientReply>> = BTreeMap::new();
-    for r in &e.client_replies {
-        handed.entry((r.channel, &r.reply_id)).or_default().push(r);
+    // (An API caller reads each message's status: a joined reply is rightly listed under
+    // every message it answers, and must be listed under each once.)
+    let mut handed: BTreeMap<(Channel, &str, &str), Vec<&ClientReply>> = BTreeMap::new();
+    for r in &client_replies {
+        handed
+            .entry((r.channel, &r.reply_id, &r.listed_under))
+            .or_default()
+            .push(r);
     }
-    for ((channel, reply_id), got) in handed {
+    for ((channel, reply_id, _), got) in handed {
         if got.len() > 1 {
             v.channels.entry(channel).or_default().doubled += 1;
             let when: Vec<String> = got
@@ -649,6 +920,8 @@ pub fn judge(e: &Evidence) -> Verdict {
             );
         }
     }
+
+    judge_notices(e, &accepted, &channel_of, &mut v);
 
     for d in &e.dead_letters {
         v.add(
@@ -719,11 +992,35 @@ struct Delivered<'a> {
     when: String,
 }
 
-/// Order, overlap and identity at the runner, over every call (re-runs included).
-fn judge_runner_calls(e: &Evidence, channel_of: &HashMap<usize, Channel>, v: &mut Verdict) {
+/// One runner call as the order checks see it: the person's messages it carried.
+struct CallView<'a> {
+    call: &'a CallRecord,
+    /// (index, text) of every message, in the prompt's order.
+    messages: Vec<(u32, &'a str)>,
+    /// The turn numbers it spans (the first from the prompt; joined ones follow it).
+    seqs: (i64, i64),
+}
+
+impl CallView<'_> {
+    fn head(&self) -> (u32, &str) {
+        self.messages[0]
+    }
+
+    fn max_index(&self) -> u32 {
+        self.messages.iter().map(|(i, _)| *i).max().unwrap_or(0)
+    }
+}
+
+/// Order, overlap, joins and identity at the runner, over every call (re-runs included).
+fn judge_runner_calls(
+    e: &Evidence,
+    channel_of: &HashMap<usize, Channel>,
+    collects: &HashSet<usize>,
+    v: &mut Verdict,
+) {
     let mut by_sender: BTreeMap<usize, Vec<&CallRecord>> = BTreeMap::new();
     for c in &e.runner_calls {
-        match parse_text(&c.text) {
+        match parse_text(c.messages()[0]) {
             Some((sender, _)) => by_sender.entry(sender).or_default().push(c),
             None => v.add(
                 Kind::WrongPersonInPrompt,
@@ -735,7 +1032,8 @@ fn judge_runner_calls(e: &Evidence, channel_of: &HashMap<usize, Channel>, v: &mu
             ),
         }
     }
-    let mut distinct = 0u64;
+    let mut distinct: HashSet<&str> = HashSet::new();
+    let mut groups: HashSet<Vec<&str>> = HashSet::new();
     for (sender, mut calls) in by_sender {
         calls.sort_by_key(|c| c.start_us);
         let person = channel_of
@@ -743,11 +1041,35 @@ fn judge_runner_calls(e: &Evidence, channel_of: &HashMap<usize, Channel>, v: &mu
             .copied()
             .unwrap_or_default()
             .person(sender);
-        let mut seen: HashSet<&str> = HashSet::new();
-        let mut max: Option<(u32, i64, &str)> = None;
-        for (i, c) in calls.iter().enumerate() {
-            let (_, index) = parse_text(&c.text).expect("grouped by parsed text");
-            let seq = c.seq.unwrap_or(-1);
+        let mut views: Vec<CallView> = Vec::new();
+        for c in calls {
+            let mut messages = Vec::new();
+            for text in c.messages() {
+                match parse_text(text) {
+                    Some((s, i)) if s == sender => messages.push((i, text)),
+                    _ => v.add(
+                        Kind::WrongPersonInPrompt,
+                        format!(
+                            "the call for {} at {} ({person}) also carries {text:?}",
+                            c.text,
+                            secs(c.start_us)
+                        ),
+                    ),
+                }
+            }
+            let first = c.seq.unwrap_or(-1);
+            let seqs = (first, first + messages.len().max(1) as i64 - 1);
+            views.push(CallView {
+                call: c,
+                messages,
+                seqs,
+            });
+        }
+        let mut heads: HashSet<&str> = HashSet::new();
+        for (i, cv) in views.iter().enumerate() {
+            let c = cv.call;
+            let (index, head_text) = cv.head();
+            let seq = cv.seqs.0;
             if c.person != person {
                 v.add(
                     Kind::WrongPersonInPrompt,
@@ -759,28 +1081,59 @@ fn judge_runner_calls(e: &Evidence, channel_of: &HashMap<usize, Channel>, v: &mu
                     ),
                 );
             }
-            if !seen.insert(c.text.as_str()) {
+            distinct.extend(cv.messages.iter().map(|(_, t)| *t));
+            if !heads.insert(head_text) {
                 v.reruns += 1;
             }
-            if let Some((max_index, max_seq, max_text)) = max
-                && (index < max_index || seq < max_seq)
-            {
+            if cv.messages.len() > 1 {
+                let texts: Vec<&str> = cv.messages.iter().map(|(_, t)| *t).collect();
+                if groups.insert(texts.clone()) {
+                    v.joined_calls += 1;
+                    v.joined_messages += texts.len() as u64;
+                }
+                if !cv.messages.windows(2).all(|w| w[0].0 < w[1].0) {
+                    v.add(
+                        Kind::JoinedOutOfOrder,
+                        format!(
+                            "{person}: the call at {} joins {texts:?}, not in the order sent",
+                            secs(c.start_us)
+                        ),
+                    );
+                }
+                if !collects.contains(&sender) {
+                    v.add(
+                        Kind::JoinedUnderFollowup,
+                        format!(
+                            "{person} talks to a followup agent ({:?}), yet the call at {} \
+                             joins {texts:?}",
+                            c.agent,
+                            secs(c.start_us)
+                        ),
+                    );
+                }
+            }
+            // A call that carried a later message of the person, before this one (and is
+            // not this same turn called again), ran ahead of it.
+            if let Some(ahead) = views[..i].iter().find(|earlier| {
+                earlier.head().1 != head_text
+                    && (earlier.max_index() > index || (seq >= 0 && earlier.seqs.1 > seq))
+            }) {
+                let ahead_texts: Vec<&str> = ahead.messages.iter().map(|(_, t)| *t).collect();
                 v.add(
                     Kind::RunnerOrder,
                     format!(
-                        "{person}: {} (turn {seq}) called at {} after {max_text} (turn {max_seq})",
-                        c.text,
-                        secs(c.start_us)
+                        "{person}: {head_text} (turn {seq}) called at {} after {} (turn {}, called {})",
+                        secs(c.start_us),
+                        ahead_texts.join(" "),
+                        ahead.seqs.1,
+                        secs(ahead.call.start_us)
                     ),
                 );
             }
-            if max.is_none_or(|(mi, ms, _)| (index, seq) > (mi, ms)) {
-                max = Some((index, seq, c.text.as_str()));
-            }
             // Calls that began earlier and had not ended when this one began.
-            for earlier in &calls[..i] {
-                if earlier.end_us.is_none_or(|end| end > c.start_us) {
-                    let (kind, what) = if earlier.text == c.text {
+            for earlier in &views[..i] {
+                if earlier.call.end_us.is_none_or(|end| end > c.start_us) {
+                    let (kind, what) = if earlier.head().1 == head_text {
                         (Kind::TurnRunBesideItself, "its own earlier call")
                     } else {
                         (Kind::OverlappingTurns, "another turn")
@@ -788,19 +1141,288 @@ fn judge_runner_calls(e: &Evidence, channel_of: &HashMap<usize, Channel>, v: &mu
                     v.add(
                         kind,
                         format!(
-                            "{person}: {} began at {} while {what} ({}, begun {}) still ran",
-                            c.text,
+                            "{person}: {head_text} began at {} while {what} ({}, begun {}) still ran",
                             secs(c.start_us),
-                            earlier.text,
-                            secs(earlier.start_us)
+                            earlier.head().1,
+                            secs(earlier.call.start_us)
                         ),
                     );
                 }
             }
         }
-        distinct += seen.len() as u64;
     }
-    v.distinct_turns_called = distinct;
+    v.distinct_turns_called = distinct.len() as u64;
+    if !collects.is_empty() && v.joined_calls == 0 {
+        v.add(
+            Kind::NothingJoined,
+            format!(
+                "{} people talk to the collect agent, yet no runner call joined two messages: \
+                 the run shows nothing about collect",
+                collects.len()
+            ),
+        );
+    }
+}
+
+/// Who was told the runner was down, who could have waited, who certainly waited (see the
+/// module's docs).
+fn judge_notices(
+    e: &Evidence,
+    accepted: &[&AcceptedMessage],
+    channel_of: &HashMap<usize, Channel>,
+    v: &mut Verdict,
+) {
+    // Everyone's person id and far-end address, back to their sender number.
+    let mut by_person: HashMap<String, usize> = HashMap::new();
+    let mut by_address: HashMap<(Channel, String), usize> = HashMap::new();
+    for (&sender, &channel) in channel_of {
+        by_person.insert(channel.person(sender), sender);
+        by_address.insert((channel, channel.address(sender)), sender);
+    }
+    // Notices per sender, by where they came.
+    #[derive(Default)]
+    struct Told {
+        sms: Vec<String>,
+        frames: Vec<String>,
+        listed: Vec<String>,
+        stored: Vec<String>,
+    }
+    let mut told: BTreeMap<usize, Told> = BTreeMap::new();
+    let mut stray = Vec::new();
+    for s in &e.sends {
+        if e.notice_text.is_empty() || s.text != e.notice_text {
+            continue;
+        }
+        match by_address.get(&(s.channel, s.to.clone())) {
+            Some(&sender) => told.entry(sender).or_default().sms.push(format!(
+                "{} SMS at {}",
+                s.channel.name(),
+                secs(s.at_us)
+            )),
+            None => stray.push(format!("a notice SMS to {} at {}", s.to, secs(s.at_us))),
+        }
+    }
+    for r in e.client_replies.iter().filter(|r| r.notice) {
+        let t = told.entry(r.sender).or_default();
+        match r.channel {
+            Channel::Api => t.listed.push(r.reply_id.clone()),
+            _ => t.frames.push(r.reply_id.clone()),
+        }
+    }
+    for m in e.mailbox.iter().filter(|m| m.is_notice()) {
+        let channel = Channel::ALL
+            .into_iter()
+            .find(|c| c.mailbox_channel() == Some(m.channel.as_str()))
+            .unwrap_or_default();
+        match by_address.get(&(channel, m.address.clone())) {
+            Some(&sender) => told
+                .entry(sender)
+                .or_default()
+                .stored
+                .push(m.reply_id.clone()),
+            None => stray.push(format!(
+                "a notice in the {} mailbox for {} (#{})",
+                m.channel, m.address, m.seq
+            )),
+        }
+    }
+    for s in stray {
+        v.add(Kind::NoticeWithoutWait, format!("{s}: nobody of the run"));
+    }
+    let mut waits: BTreeMap<usize, Vec<&WaitingRow>> = BTreeMap::new();
+    for w in &e.waiting {
+        match by_person.get(&w.person) {
+            Some(&sender) => waits.entry(sender).or_default().push(w),
+            None => v.add(
+                Kind::NoticeWithoutWait,
+                format!(
+                    "a wait recorded for {} (turn {}) at {}: nobody of the run",
+                    w.person,
+                    w.seq,
+                    secs(w.at_us)
+                ),
+            ),
+        }
+    }
+
+    // Who could have waited: a message open across the outage.
+    let (open, waited_messages) = match &e.runner_outage {
+        Some(o) => {
+            // The last answered call of each message, and the first.
+            let mut calls_of: HashMap<&str, (u64, u64)> = HashMap::new();
+            for c in &e.runner_calls {
+                for t in c.messages() {
+                    let entry = calls_of.entry(t).or_insert((c.start_us, c.start_us));
+                    entry.0 = entry.0.min(c.start_us);
+                    entry.1 = entry.1.max(c.start_us);
+                }
+            }
+            let mut open: HashSet<usize> = HashSet::new();
+            let mut waited = 0u64;
+            for a in accepted {
+                if a.accepted_us >= o.back_us + NOTICE_SLACK_US {
+                    continue;
+                }
+                let text = super::message_text(a.sender, a.index);
+                let calls = calls_of.get(text.as_str());
+                if calls.is_none_or(|(_, last)| *last >= o.unavailable_us) {
+                    open.insert(a.sender);
+                }
+                if calls.is_some_and(|(first, _)| *first >= o.back_us) {
+                    waited += 1;
+                }
+            }
+            (open, waited)
+        }
+        None => (HashSet::new(), 0),
+    };
+
+    let mut people_told = 0u64;
+    let senders: HashSet<usize> = told.keys().chain(waits.keys()).copied().collect();
+    let mut senders: Vec<usize> = senders.into_iter().collect();
+    senders.sort_unstable();
+    for sender in senders {
+        let channel = channel_of.get(&sender).copied().unwrap_or_default();
+        let person = channel.person(sender);
+        let t = told.remove(&sender).unwrap_or_default();
+        let w = waits.get(&sender).cloned().unwrap_or_default();
+        let delivered = match channel {
+            Channel::Twilio | Channel::TextMagic => !t.sms.is_empty(),
+            Channel::Chat => !t.frames.is_empty(),
+            Channel::Api => !t.listed.is_empty(),
+        };
+        if delivered {
+            people_told += 1;
+            v.channels.entry(channel).or_default().told += 1;
+        }
+        let distinct = |ids: &[String]| ids.iter().collect::<HashSet<_>>().len();
+        let mut twice = Vec::new();
+        if t.sms.len() > 1 {
+            twice.push(format!("{} notice SMS ({})", t.sms.len(), t.sms.join(", ")));
+        }
+        if t.frames.len() > 1 {
+            twice.push(format!(
+                "{} notice frames ({} notices)",
+                t.frames.len(),
+                distinct(&t.frames)
+            ));
+        }
+        if t.listed.len() > 1 {
+            twice.push(format!(
+                "notices listed {} times by the API ({} notices)",
+                t.listed.len(),
+                distinct(&t.listed)
+            ));
+        }
+        if t.stored.len() > 1 {
+            twice.push(format!(
+                "{} notices in the mailbox ({} distinct)",
+                t.stored.len(),
+                distinct(&t.stored)
+            ));
+        }
+        if w.len() > 1 {
+            let turns: Vec<String> = w
+                .iter()
+                .map(|w| format!("turn {} at {}", w.seq, secs(w.at_us)))
+                .collect();
+            twice.push(format!("{} waits recorded ({})", w.len(), turns.join(", ")));
+        }
+        if !twice.is_empty() {
+            v.add(
+                Kind::ToldTwice,
+                format!("{person} ({}): {}", channel.name(), twice.join("; ")),
+            );
+        }
+        // Each recorded wait's notice reached them on their channel.
+        for wait in &w {
+            let got = match channel {
+                Channel::Twilio | Channel::TextMagic => !t.sms.is_empty(),
+                Channel::Chat => t.frames.contains(&wait.notice_id),
+                Channel::Api => t.listed.contains(&wait.notice_id),
+            };
+            if !got {
+                v.add(
+                    Kind::NoticeNotReceived,
+                    format!(
+                        "{person} ({}): the wait of turn {} recorded at {} (notice {}) was never \
+                         told on their channel",
+                        channel.name(),
+                        wait.seq,
+                        secs(wait.at_us),
+                        wait.notice_id
+                    ),
+                );
+            }
+        }
+        let any_notice = delivered || !t.stored.is_empty() || !t.frames.is_empty();
+        if any_notice && w.is_empty() {
+            v.add(
+                Kind::NoticeWithoutWait,
+                format!(
+                    "{person} ({}) was told, and the product recorded no wait of theirs",
+                    channel.name()
+                ),
+            );
+        } else if (any_notice || !w.is_empty()) && !open.contains(&sender) {
+            v.add(
+                Kind::NoticeWithoutWait,
+                format!(
+                    "{person} ({}) was told or recorded waiting (turn {:?}), with no message \
+                     open during the outage",
+                    channel.name(),
+                    w.first().map(|w| w.seq)
+                ),
+            );
+        }
+    }
+
+    let Some(o) = &e.runner_outage else {
+        return;
+    };
+    // Who certainly waited: refused by the runner itself, with time left to wait.
+    let mut refused_people: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in &e.refused_calls {
+        if r.at_us + NOTICE_GRACE_US <= o.back_us {
+            refused_people.entry(r.person.as_str()).or_insert(r.at_us);
+        }
+    }
+    for (person, at) in refused_people {
+        let sender = by_person.get(person).copied();
+        if sender.is_none_or(|s| !waits.contains_key(&s)) {
+            v.add(
+                Kind::WaitNotRecorded,
+                format!(
+                    "{person}: the runner refused their turn at {} (back at {}), and no wait \
+                     of theirs was recorded",
+                    secs(at),
+                    secs(o.back_us)
+                ),
+            );
+        }
+    }
+    let tally = OutageTally {
+        down_s: o.back_us.saturating_sub(o.unavailable_us) as f64 / 1e6,
+        refused_calls: e.refused_calls.len() as u64,
+        waited_messages,
+        people_open: open.len() as u64,
+        waits_recorded: e.waiting.len() as u64,
+        people_told,
+    };
+    if tally.waits_recorded == 0 || tally.waited_messages == 0 {
+        v.add(
+            Kind::OutageWaitedNothing,
+            format!(
+                "the runner was down {:.1} s from {}: {} waits recorded, {} messages answered \
+                 only after it was back",
+                tally.down_s,
+                secs(o.unavailable_us),
+                tally.waits_recorded,
+                tally.waited_messages
+            ),
+        );
+    }
+    v.outage = Some(tally);
 }
 
 #[cfg(test)]
@@ -842,12 +1464,14 @@ mod tests {
                     sid: sid.clone(),
                     correlation_id: String::new(),
                     accepted_us: t,
+                    collect: false,
                 });
                 e.turns.push(TurnRow {
                     provider_message_id: sid.clone(),
                     status: "done".into(),
                     seq: index as i64 + 1,
                     reply_id: Some(reply_id.clone()),
+                    joined_into: None,
                 });
                 e.inbound_logged.push(sid.clone());
                 e.runner_calls.push(CallRecord {
@@ -857,6 +1481,7 @@ mod tests {
                     text: text.clone(),
                     seq: Some(index as i64 + 1),
                     idempotency_key: format!("turn-{sender}-{index}"),
+                    ..Default::default()
                 });
                 e.outbound_logged.push(format!("echo: {text}"));
                 match channel.mailbox_channel() {
@@ -877,6 +1502,7 @@ mod tests {
                             channel: mailbox.into(),
                             address: channel.address(sender),
                             text: text.clone(),
+                            kind: "reply".into(),
                         });
                         e.client_replies.push(ClientReply {
                             channel,
@@ -885,6 +1511,7 @@ mod tests {
                             reply_id: reply_id.clone(),
                             text: text.clone(),
                             at_us: t + 40_000,
+                            ..Default::default()
                         });
                     }
                 }
@@ -940,8 +1567,7 @@ mod tests {
         let answered = |accepted| ChannelTally {
             accepted,
             answered: accepted,
-            lost: 0,
-            doubled: 0,
+            ..Default::default()
         };
         assert_eq!(v.channels[&Channel::Twilio], answered(4));
         for c in [Channel::TextMagic, Channel::Chat, Channel::Api] {
@@ -1363,5 +1989,482 @@ mod tests {
             crate::load::fakes::pid_of_user_agent("python-requests/2"),
             None
         );
+    }
+
+    // ---- collect: joined calls -------------------------------------------------------------
+
+    /// [`clean_run`] with Twilio sender 1 talking to the collect agent: its two messages were
+    /// one runner call and one reply, committed at the second turn, the first recording the
+    /// join.
+    fn joined_run() -> Evidence {
+        let mut e = clean_run();
+        for a in e.accepted.iter_mut().filter(|a| a.sender == 1) {
+            a.collect = true;
+        }
+        let i = e
+            .runner_calls
+            .iter()
+            .position(|c| c.text == "s1#0")
+            .unwrap();
+        e.runner_calls[i].texts = vec!["s1#0".into(), "s1#1".into()];
+        e.runner_calls[i].agent = "reggie_collect".into();
+        e.runner_calls.retain(|c| c.text != "s1#1");
+        e.sends.retain(|s| s.text != "s1#0");
+        let joined = e.sends.iter_mut().find(|s| s.text == "s1#1").unwrap();
+        joined.text = "s1#0 s1#1".into();
+        let t = e
+            .turns
+            .iter_mut()
+            .find(|t| t.provider_message_id == "SM1x0")
+            .unwrap();
+        t.reply_id = None;
+        t.joined_into = Some(2);
+        e.turns
+            .iter_mut()
+            .find(|t| t.provider_message_id == "SM1x1")
+            .unwrap()
+            .joined_into = Some(2);
+        e.ledger.retain(|l| l.reply_id != "reply-1-0");
+        e.outbound_logged
+            .retain(|t| t != "echo: s1#0" && t != "echo: s1#1");
+        e.outbound_logged.push("echo: s1#0 s1#1".into());
+        e
+    }
+
+    #[test]
+    fn a_joined_call_answered_once_for_both_messages_passes_and_is_counted() {
+        let v = judge(&joined_run());
+        assert!(v.passed(), "{:?}", v.failures());
+        assert_eq!((v.joined_calls, v.joined_messages), (1, 2));
+        assert_eq!(v.collect_people, 1);
+        assert_eq!(
+            v.distinct_turns_called, 10,
+            "every message reached the runner"
+        );
+        assert_eq!(
+            v.channels[&Channel::Twilio],
+            ChannelTally {
+                accepted: 4,
+                answered: 4,
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn a_joined_api_reply_listed_under_each_message_it_answers_is_no_double() {
+        let mut e = clean_run();
+        // API sender 4's two messages were joined: one reply, listed under both messages.
+        for a in e.accepted.iter_mut().filter(|a| a.sender == 4) {
+            a.collect = true;
+        }
+        let i = e
+            .runner_calls
+            .iter()
+            .position(|c| c.text == "s4#0")
+            .unwrap();
+        e.runner_calls[i].texts = vec!["s4#0".into(), "s4#1".into()];
+        e.runner_calls.retain(|c| c.text != "s4#1");
+        e.mailbox.retain(|m| m.text != "s4#0");
+        e.mailbox
+            .iter_mut()
+            .find(|m| m.text == "s4#1")
+            .unwrap()
+            .text = "s4#0 s4#1".into();
+        e.client_replies.retain(|r| r.text != "s4#0");
+        let joined = e
+            .client_replies
+            .iter_mut()
+            .find(|r| r.text == "s4#1")
+            .unwrap();
+        joined.text = "s4#0 s4#1".into();
+        joined.listed_under = "corr-4-1".into();
+        let mut under_first = joined.clone();
+        under_first.listed_under = "corr-4-0".into();
+        e.client_replies.push(under_first.clone());
+        let t = e
+            .turns
+            .iter_mut()
+            .find(|t| t.provider_message_id == "SM4x0")
+            .unwrap();
+        (t.reply_id, t.joined_into) = (None, Some(2));
+        e.outbound_logged
+            .retain(|t| t != "echo: s4#0" && t != "echo: s4#1");
+        e.outbound_logged.push("echo: s4#0 s4#1".into());
+        let v = judge(&e);
+        assert!(v.passed(), "{:?}", v.findings);
+        // Listed twice under the same message: handed twice.
+        e.client_replies.push(under_first);
+        let f = only_kind(&judge(&e), Kind::ReceivedTwice);
+        assert!(f.evidence.contains("load-4"), "{}", f.evidence);
+    }
+
+    #[test]
+    fn collect_people_with_no_joined_call_prove_nothing_and_fail() {
+        let mut e = clean_run();
+        e.accepted[2].collect = true;
+        let f = only_kind(&judge(&e), Kind::NothingJoined);
+        assert!(f.evidence.contains("1 people"), "{}", f.evidence);
+    }
+
+    #[test]
+    fn a_followup_agent_joining_messages_fails() {
+        let mut e = joined_run();
+        for a in &mut e.accepted {
+            a.collect = false;
+        }
+        let f = only_kind(&judge(&e), Kind::JoinedUnderFollowup);
+        assert!(f.evidence.contains("s1#0"), "{}", f.evidence);
+    }
+
+    #[test]
+    fn a_joined_call_out_of_the_order_sent_fails() {
+        let mut e = joined_run();
+        let c = e
+            .runner_calls
+            .iter_mut()
+            .find(|c| c.texts.len() == 2)
+            .unwrap();
+        c.texts.reverse();
+        c.text = c.texts[0].clone();
+        c.seq = Some(1);
+        let v = judge(&e);
+        assert_eq!(v.count(Kind::JoinedOutOfOrder), 1, "{:?}", v.failures());
+        assert!(
+            v.findings[&Kind::JoinedOutOfOrder][0]
+                .evidence
+                .contains("not in the order sent")
+        );
+    }
+
+    #[test]
+    fn a_join_the_turns_table_does_not_record_fails() {
+        let mut e = joined_run();
+        let t = e
+            .turns
+            .iter_mut()
+            .find(|t| t.provider_message_id == "SM1x0")
+            .unwrap();
+        t.joined_into = None;
+        let f = only_kind(&judge(&e), Kind::JoinNotRecorded);
+        assert!(f.evidence.contains("s1#0's turn 1"), "{}", f.evidence);
+    }
+
+    #[test]
+    fn a_message_answered_alone_and_again_in_a_joined_reply_is_answered_twice() {
+        let mut e = joined_run();
+        // s1#0 also got a reply of its own, before the joined one.
+        let mut alone = e
+            .sends
+            .iter()
+            .find(|s| s.text == "s1#0 s1#1")
+            .unwrap()
+            .clone();
+        alone.text = "s1#0".into();
+        alone.at_us -= 10_000;
+        alone.sid = "SMalone".into();
+        let at = e.sends.iter().position(|s| s.text == "s1#0 s1#1").unwrap();
+        e.sends.insert(at, alone);
+        let v = judge(&e);
+        let f = only_kind(&v, Kind::AnsweredTwice);
+        assert!(
+            f.evidence.contains("s1#0") && f.evidence.contains("2 replies"),
+            "{}",
+            f.evidence
+        );
+        assert_eq!(v.channels[&Channel::Twilio].doubled, 1);
+        assert_eq!(v.channels[&Channel::Twilio].lost, 0);
+    }
+
+    #[test]
+    fn a_joined_call_carrying_another_persons_message_fails() {
+        let mut e = joined_run();
+        let c = e
+            .runner_calls
+            .iter_mut()
+            .find(|c| c.texts.len() == 2)
+            .unwrap();
+        c.texts.push("s0#1".into());
+        let v = judge(&e);
+        assert!(
+            v.count(Kind::WrongPersonInPrompt) >= 1,
+            "{:?}",
+            v.failures()
+        );
+        assert!(
+            v.findings[&Kind::WrongPersonInPrompt][0]
+                .evidence
+                .contains("also carries \"s0#1\"")
+        );
+    }
+
+    #[test]
+    fn a_joined_reply_with_one_outbound_row_per_message_and_not_two() {
+        let mut e = joined_run();
+        e.outbound_logged.push("echo: s1#1".into());
+        let f = only_kind(&judge(&e), Kind::OutboundLoggedTwice);
+        assert!(f.evidence.contains("s1#1"), "{}", f.evidence);
+    }
+
+    #[test]
+    fn a_joined_call_run_again_in_order_passes_and_a_later_turn_before_it_fails() {
+        let mut e = joined_run();
+        let first = e
+            .runner_calls
+            .iter()
+            .find(|c| c.texts.len() == 2)
+            .unwrap()
+            .clone();
+        let mut again = first.clone();
+        again.start_us = first.end_us.unwrap() + 5_000;
+        again.end_us = Some(again.start_us + 20_000);
+        e.runner_calls.push(again.clone());
+        let v = judge(&e);
+        assert!(v.passed(), "{:?}", v.failures());
+        assert_eq!((v.reruns, v.joined_calls), (1, 1));
+
+        // Run again after a later message of the same person was called.
+        let mut later = joined_run();
+        later.runner_calls.push(CallRecord {
+            start_us: first.end_us.unwrap() + 1_000,
+            end_us: Some(first.end_us.unwrap() + 2_000),
+            person: first.person.clone(),
+            text: "s1#2".into(),
+            seq: Some(3),
+            ..Default::default()
+        });
+        later.runner_calls.push(again);
+        let v = judge(&later);
+        assert!(
+            v.findings[&Kind::RunnerOrder]
+                .iter()
+                .any(|f| f.evidence.contains("s1#0 (turn 1)") && f.evidence.contains("s1#2")),
+            "{:?}",
+            v.findings
+        );
+    }
+
+    // ---- the runner's outage: every person told once --------------------------------------
+
+    const NOTICE: &str = "Your message is safe with us: the assistant is briefly unavailable.";
+
+    /// [`clean_run`] with the runner down from 2 s (503 until 3 s) to 10 s: the second
+    /// messages of senders 0 (Twilio), 3 (chat) and 4 (API) were accepted before and answered
+    /// after it; each was recorded waiting and told once, on their channel. Sender 0's turn
+    /// was refused by the runner at 2.1 s.
+    fn outage_run() -> Evidence {
+        let mut e = clean_run();
+        e.notice_text = NOTICE.into();
+        e.runner_outage = Some(RunnerOutage {
+            unavailable_us: 2_000_000,
+            refusing_us: 3_000_000,
+            back_us: 10_000_000,
+        });
+        for (sender, channel) in [(0, Channel::Twilio), (3, Channel::Chat), (4, Channel::Api)] {
+            let text = message_text(sender, 1);
+            let call = e.runner_calls.iter_mut().find(|c| c.text == text).unwrap();
+            call.start_us = 10_500_000;
+            call.end_us = Some(10_520_000);
+            let notice_id = format!("notice-{sender}");
+            e.waiting.push(WaitingRow {
+                person: channel.person(sender),
+                notice_id: notice_id.clone(),
+                seq: 2,
+                at_us: 3_500_000,
+            });
+            match channel {
+                Channel::Twilio => {
+                    e.sends.iter_mut().find(|s| s.text == text).unwrap().at_us = 10_600_000;
+                    e.sends.push(SendRecord {
+                        channel,
+                        at_us: 3_600_000,
+                        to: channel.address(sender),
+                        text: NOTICE.into(),
+                        sid: format!("SMnotice{sender}"),
+                        sender_pid: Some(DELIVER_PID),
+                    });
+                }
+                _ => {
+                    let seq = e.mailbox.len() as i64 + 100;
+                    e.mailbox.push(MailboxRow {
+                        seq,
+                        reply_id: notice_id.clone(),
+                        part: 0,
+                        channel: channel.mailbox_channel().unwrap().into(),
+                        address: channel.address(sender),
+                        text: NOTICE.into(),
+                        kind: "notice".into(),
+                    });
+                    e.client_replies.push(ClientReply {
+                        channel,
+                        sender,
+                        seq,
+                        reply_id: notice_id,
+                        text: NOTICE.into(),
+                        at_us: 3_700_000,
+                        notice: true,
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+        e.refused_calls.push(RefusedCall {
+            at_us: 2_100_000,
+            person: Channel::Twilio.person(0),
+            texts: vec!["s0#1".into()],
+        });
+        e
+    }
+
+    #[test]
+    fn an_outage_that_told_each_waiting_person_once_passes_and_notices_are_no_replies() {
+        let v = judge(&outage_run());
+        assert!(v.passed(), "{:?}", v.findings);
+        let o = v.outage.clone().unwrap();
+        assert_eq!(
+            (
+                o.waits_recorded,
+                o.people_told,
+                o.waited_messages,
+                o.refused_calls
+            ),
+            (3, 3, 3, 1)
+        );
+        for c in [Channel::Twilio, Channel::Chat, Channel::Api] {
+            assert_eq!(v.channels[&c].told, 1, "{c:?}");
+            assert_eq!(v.channels[&c].doubled, 0, "a notice is not a reply: {c:?}");
+        }
+        assert_eq!(v.distinct_replies_sent, 6, "the notice SMS is not a reply");
+    }
+
+    #[test]
+    fn a_person_told_twice_fails() {
+        // A second notice SMS (another notice, or the same one sent again).
+        let mut e = outage_run();
+        let again = e.sends.iter().find(|s| s.text == NOTICE).unwrap().clone();
+        e.sends.push(SendRecord {
+            at_us: 11_000_000,
+            sid: "SMnotice-again".into(),
+            ..again
+        });
+        let f = only_kind(&judge(&e), Kind::ToldTwice);
+        assert!(f.evidence.contains("2 notice SMS"), "{}", f.evidence);
+        // A chat notice frame pushed twice.
+        let mut e = outage_run();
+        let again = e
+            .client_replies
+            .iter()
+            .find(|r| r.notice && r.channel == Channel::Chat)
+            .unwrap()
+            .clone();
+        e.client_replies.push(again);
+        let f = only_kind(&judge(&e), Kind::ToldTwice);
+        assert!(f.evidence.contains("user:load-3"), "{}", f.evidence);
+        // The API listing a notice under two messages; two waits recorded for one person.
+        let mut e = outage_run();
+        let again = e
+            .client_replies
+            .iter()
+            .find(|r| r.notice && r.channel == Channel::Api)
+            .unwrap()
+            .clone();
+        e.client_replies.push(again);
+        let mut second = e.waiting[0].clone();
+        second.notice_id = "notice-0b".into();
+        second.at_us = 12_000_000;
+        e.waiting.push(second);
+        let v = judge(&e);
+        assert_eq!(v.count(Kind::ToldTwice), 2, "{:?}", v.findings);
+        assert!(
+            v.findings[&Kind::ToldTwice]
+                .iter()
+                .any(|f| f.evidence.contains("2 waits recorded"))
+        );
+    }
+
+    #[test]
+    fn a_recorded_wait_its_person_was_not_told_of_fails() {
+        for channel in [Channel::Twilio, Channel::Chat, Channel::Api] {
+            let mut e = outage_run();
+            e.sends
+                .retain(|s| !(s.text == NOTICE && s.channel == channel));
+            e.client_replies
+                .retain(|r| !(r.notice && r.channel == channel));
+            let v = judge(&e);
+            assert_eq!(
+                v.findings.keys().copied().collect::<Vec<_>>(),
+                vec![Kind::NoticeNotReceived],
+                "{channel:?}: {:?}",
+                v.findings
+            );
+            assert_eq!(v.channels[&channel].told, 0);
+        }
+    }
+
+    #[test]
+    fn a_notice_to_someone_with_nothing_waiting_fails() {
+        // Told, with no wait recorded (sender 1's messages were answered before the outage).
+        let mut e = outage_run();
+        e.sends.push(SendRecord {
+            channel: Channel::Twilio,
+            at_us: 4_000_000,
+            to: sender_phone(1),
+            text: NOTICE.into(),
+            sid: "SMnotice1".into(),
+            sender_pid: Some(DELIVER_PID),
+        });
+        let f = only_kind(&judge(&e), Kind::NoticeWithoutWait);
+        assert!(f.evidence.contains("recorded no wait"), "{}", f.evidence);
+        // Recorded waiting and told, with no message open during the outage.
+        let mut e = outage_run();
+        e.waiting.push(WaitingRow {
+            person: Channel::TextMagic.person(2),
+            notice_id: "notice-2".into(),
+            seq: 2,
+            at_us: 4_000_000,
+        });
+        e.sends.push(SendRecord {
+            channel: Channel::TextMagic,
+            at_us: 4_100_000,
+            to: Channel::TextMagic.address(2),
+            text: NOTICE.into(),
+            sid: "60000777".into(),
+            sender_pid: Some(DELIVER_PID),
+        });
+        let f = only_kind(&judge(&e), Kind::NoticeWithoutWait);
+        assert!(f.evidence.contains("no message open"), "{}", f.evidence);
+    }
+
+    #[test]
+    fn a_turn_the_down_runner_refused_with_no_wait_recorded_fails() {
+        let mut e = outage_run();
+        e.refused_calls.push(RefusedCall {
+            at_us: 2_200_000,
+            person: Channel::Twilio.person(1),
+            texts: vec!["s1#1".into()],
+        });
+        let f = only_kind(&judge(&e), Kind::WaitNotRecorded);
+        assert!(f.evidence.contains(&sender_phone(1)), "{}", f.evidence);
+        // Refused just before the runner came back: it may have had no time to wait.
+        let mut e = outage_run();
+        e.refused_calls.push(RefusedCall {
+            at_us: 9_000_000,
+            person: Channel::Twilio.person(1),
+            texts: vec!["s1#1".into()],
+        });
+        assert!(judge(&e).passed());
+    }
+
+    #[test]
+    fn an_outage_that_made_nothing_wait_fails() {
+        let mut e = clean_run();
+        e.notice_text = NOTICE.into();
+        e.runner_outage = Some(RunnerOutage {
+            unavailable_us: 20_000_000,
+            refusing_us: 21_000_000,
+            back_us: 30_000_000,
+        });
+        let f = only_kind(&judge(&e), Kind::OutageWaitedNothing);
+        assert!(f.evidence.contains("0 waits recorded"), "{}", f.evidence);
     }
 }

@@ -85,6 +85,10 @@ struct RunnerInner {
     timing: Mutex<HashMap<String, u64>>,
     /// Every call, in the order they began (the chaos checker judges these).
     log: Mutex<Vec<CallRecord>>,
+    /// Answer 503 to every call (the first phase of an outage).
+    unavailable: AtomicBool,
+    /// Calls answered 503.
+    refused: Mutex<Vec<RefusedCall>>,
 }
 
 /// One call the runner received: who and what it was for, and when it began and ended.
@@ -95,11 +99,81 @@ pub struct CallRecord {
     pub end_us: Option<u64>,
     /// The person id the prompt names.
     pub person: String,
-    /// The fenced message text (`s<sender>#<index>`).
+    /// The first fenced message text (`s<sender>#<index>`).
     pub text: String,
-    /// The turn number from the prompt's first line.
+    /// Every fenced message text, in the prompt's order: more than one when the call joins
+    /// messages (queue mode `collect`). Empty in evidence recorded before joins: `[text]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub texts: Vec<String>,
+    /// The agent the prompt's first line names.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub agent: String,
+    /// The turn number from the prompt's first line (the first message's turn).
     pub seq: Option<i64>,
     pub idempotency_key: String,
+}
+
+impl CallRecord {
+    /// The messages this call carries, in the prompt's order.
+    pub fn messages(&self) -> Vec<&str> {
+        if self.texts.is_empty() {
+            vec![self.text.as_str()]
+        } else {
+            self.texts.iter().map(String::as_str).collect()
+        }
+    }
+
+    /// Whether this call joins more than one message.
+    pub fn joined(&self) -> bool {
+        self.texts.len() > 1
+    }
+}
+
+/// A call the runner answered 503 while it was down (it ran nothing).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct RefusedCall {
+    pub at_us: u64,
+    pub person: String,
+    pub texts: Vec<String>,
+}
+
+/// The runner's outage: 503 from `unavailable_us`, not listening (connections refused) from
+/// `refusing_us`, listening and answering again from `back_us`.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct RunnerOutage {
+    pub unavailable_us: u64,
+    pub refusing_us: u64,
+    pub back_us: u64,
+}
+
+/// Every fenced message text of a prompt, in order (one, or several in a joined call's).
+pub fn fenced_texts(prompt: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = prompt;
+    while let Some(start) = rest.find("<<<MSG-") {
+        let after = &rest[start + 3..];
+        let Some(marker_end) = after.find('\n') else {
+            break;
+        };
+        let marker = &after[..marker_end];
+        let body = &after[marker_end + 1..];
+        let close = format!("\n{marker}>>>");
+        let Some(end) = body.find(&close) else { break };
+        out.push(&body[..end]);
+        rest = &body[end + close.len()..];
+    }
+    out
+}
+
+/// The agent a prompt's first line names (`[Switchboard turn <seq> | agent <name> (…)]`).
+fn agent_of_prompt(prompt: &str) -> String {
+    prompt
+        .lines()
+        .next()
+        .and_then(|l| l.split("| agent ").nth(1))
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or("")
+        .to_string()
 }
 
 /// What the runner saw.
@@ -124,6 +198,13 @@ pub struct RunnerStats {
 pub struct LoadRunner {
     pub url: String,
     inner: Arc<RunnerInner>,
+    /// The listening server, while it listens: stopping it refuses connections.
+    server: Arc<tokio::sync::Mutex<Option<Listening>>>,
+}
+
+struct Listening {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 #[derive(Deserialize)]
@@ -166,17 +247,74 @@ fn seq_of_prompt(prompt: &str) -> Option<i64> {
 }
 
 impl LoadRunner {
+    /// Listening on a port of [`super::pipeline::LOAD_PORTS`], so that it can listen there
+    /// again after an outage ([`Self::stop_listening`]).
     pub async fn start(delay: Duration) -> Self {
         let mut this = Self {
             url: String::new(),
             inner: Default::default(),
+            server: Default::default(),
         };
         this.set_delay(delay);
-        let router = Router::new()
-            .route("/run", post(Self::run))
-            .with_state(this.clone());
-        this.url = serve(router).await;
+        let port = super::pipeline::free_port();
+        this.url = format!("http://127.0.0.1:{port}");
+        this.listen().await;
         this
+    }
+
+    fn router(&self) -> Router {
+        Router::new()
+            .route("/run", post(Self::run))
+            .with_state(self.clone())
+    }
+
+    /// Listen on the runner's port (again); waits until the port is free to take.
+    pub async fn listen(&self) {
+        let addr = self.url.trim_start_matches("http://").to_string();
+        let listener = loop {
+            match tokio::net::TcpListener::bind(addr.as_str()).await {
+                Ok(l) => break l,
+                Err(e) => {
+                    eprintln!("load runner: cannot listen on {addr} yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let router = self.router();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        *self.server.lock().await = Some(Listening { stop, task });
+    }
+
+    /// Stop listening, as a runner host that went away: new connections are refused, and the
+    /// open ones close once their call is answered.
+    pub async fn stop_listening(&self) {
+        if let Some(Listening { stop, task }) = self.server.lock().await.take() {
+            let _ = stop.send(());
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+    }
+
+    /// Answer 503 to every call (on) or run them again (off).
+    pub fn set_unavailable(&self, on: bool) {
+        self.inner.unavailable.store(on, Ordering::SeqCst);
+    }
+
+    /// The calls answered 503.
+    pub fn refused(&self) -> Vec<RefusedCall> {
+        self.inner.refused.lock().unwrap().clone()
     }
 
     pub fn set_delay(&self, d: Duration) {
@@ -232,11 +370,24 @@ impl LoadRunner {
     ) -> (StatusCode, Json<serde_json::Value>) {
         let started = now_us();
         let inner = &s.inner;
-        inner.calls.fetch_add(1, Ordering::Relaxed);
         let person = person_of(&body.prompt);
-        let text = switchboard_dispatch::prompt::fenced_text(&body.prompt)
-            .unwrap_or("")
-            .to_string();
+        let texts: Vec<String> = fenced_texts(&body.prompt)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if inner.unavailable.load(Ordering::SeqCst) {
+            inner.refused.lock().unwrap().push(RefusedCall {
+                at_us: started,
+                person,
+                texts,
+            });
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"error": "runner unavailable"})),
+            );
+        }
+        inner.calls.fetch_add(1, Ordering::Relaxed);
+        let text = texts.first().cloned().unwrap_or_default();
         let index = parse_text(&text).map(|(_, i)| i);
         let seq = seq_of_prompt(&body.prompt);
         if let Some(q) = seq {
@@ -308,6 +459,12 @@ impl LoadRunner {
                 end_us: None,
                 person: person.clone(),
                 text: text.clone(),
+                texts: if texts.len() > 1 {
+                    texts.clone()
+                } else {
+                    Vec::new()
+                },
+                agent: agent_of_prompt(&body.prompt),
                 seq,
                 idempotency_key: headers
                     .get("idempotency-key")
@@ -336,10 +493,11 @@ impl LoadRunner {
                 .insert(text.clone(), now_us() - started);
         }
         let session_id = body.session_id.unwrap_or_else(|| format!("eng-{person}"));
+        // One answer names every message the call carried, in order.
         (
             StatusCode::OK,
             Json(serde_json::json!({
-                "text": format!("echo: {text}"),
+                "text": format!("echo: {}", texts.join(" ")),
                 "session_id": session_id,
                 "processing_ms": delay,
                 "tool_calls_count": 0,

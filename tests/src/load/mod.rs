@@ -50,6 +50,15 @@ pub fn parse_text(text: &str) -> Option<(usize, u32)> {
     Some((s.parse().ok()?, i.parse().ok()?))
 }
 
+/// The messages a reply answers, in order: `echo: s1#2` answers one, `echo: s1#2 s1#3` (a
+/// call that joined messages, queue mode `collect`) several. `None` if any part is not a
+/// message of the run.
+pub fn parse_answers(text: &str) -> Option<Vec<(usize, u32)>> {
+    let t = text.strip_prefix("echo: ").unwrap_or(text).trim();
+    let parts: Option<Vec<_>> = t.split(' ').map(parse_text).collect();
+    parts.filter(|p| !p.is_empty())
+}
+
 /// A valid, distinct US number per sender (E.164).
 pub fn sender_phone(sender: usize) -> String {
     format!("+1415{:07}", 2_000_000 + sender)
@@ -69,6 +78,14 @@ mod tests {
     fn texts_and_phones_round_trip() {
         assert_eq!(parse_text(&message_text(12, 7)), Some((12, 7)));
         assert_eq!(parse_text("echo: s3#0"), Some((3, 0)));
+        assert_eq!(
+            parse_text("s3#0 s3#1"),
+            None,
+            "a joined answer is not one message"
+        );
+        assert_eq!(parse_answers("echo: s3#0 s3#1"), Some(vec![(3, 0), (3, 1)]));
+        assert_eq!(parse_answers("s3#0"), Some(vec![(3, 0)]));
+        assert_eq!(parse_answers("Your message is safe with us"), None);
         assert_eq!(sender_of_phone(&sender_phone(9_999)), Some(9_999));
         assert!(
             switchboard_kit::address::normalize_phone(&sender_phone(9_999), "US").is_ok(),

@@ -16,6 +16,13 @@ use super::procs::Workers;
 pub const ACCOUNT_SID: &str = "ACload00000000000000000000000000";
 pub const AUTH_TOKEN: &str = "load-auth-token";
 pub const TWILIO_NUMBER: &str = "+15555550199";
+/// The number the chaos run's `collect` people text by Twilio
+/// (`[channels.sms.recipients]` gives it to [`COLLECT_AGENT`]).
+pub const TWILIO_COLLECT_NUMBER: &str = "+15555550197";
+/// The agent load runs talk to (`followup`).
+pub const AGENT: &str = "reggie_oc";
+/// The second agent of a chaos run: the same runner, `queue_mode = "collect"`.
+pub const COLLECT_AGENT: &str = "reggie_collect";
 
 /// The knobs a run may turn (all of them are ordinary configuration keys).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -128,7 +135,7 @@ pub fn config(s: &Setup<'_>) -> Config {
     c.twilio.from_number = TWILIO_NUMBER.into();
     c.twilio.api_base = s.twilio.url.clone();
     c.agents = vec![AgentConfig {
-        name: "reggie_oc".into(),
+        name: AGENT.into(),
         identity: "reggie".into(),
         engine: "openclaw".into(),
         runner_url: s.runner_url.into(),
@@ -350,7 +357,24 @@ impl GatewayClient {
         text: &str,
         sid: &str,
     ) -> Result<reqwest::StatusCode, reqwest::Error> {
-        let params = crate::twilio_sms_params(&self.account_sid, from, text, sid);
+        self.post_sms_to(from, crate::TWILIO_NUMBER, text, sid)
+            .await
+    }
+
+    /// Post one inbound SMS written to our number `to`; returns the gateway's status.
+    pub async fn post_sms_to(
+        &self,
+        from: &str,
+        to: &str,
+        text: &str,
+        sid: &str,
+    ) -> Result<reqwest::StatusCode, reqwest::Error> {
+        let mut params = crate::twilio_sms_params(&self.account_sid, from, text, sid);
+        for (k, v) in &mut params {
+            if k == "To" {
+                *v = to.to_string();
+            }
+        }
         let signature = switchboard_channels::twilio::twilio_signature(
             &self.auth_token,
             &self.sign_url,
