@@ -243,3 +243,47 @@ async fn after_a_long_outage_a_stale_message_is_answered_knowing_its_age_or_expi
     assert_eq!(sent[2].body, "echo: hello again");
     expire.shutdown().await;
 }
+
+/// A dispatcher's breaker is its own: after another replica (or nobody yet) found the runner
+/// back, it may still be open, waiting for its next probe. A person who writes then is answered,
+/// never told that the agent is unavailable, and the people who were told are answered too.
+#[tokio::test]
+async fn a_person_writing_after_the_runner_is_back_is_answered_not_told_before_the_next_probe() {
+    let app = spawn_app_configured(|c| {
+        outage_settings(c);
+        // The next probe long after the runner is back.
+        c.dispatch.breaker_probe_ms = 10_000;
+        c.dispatch.breaker_probe_max_ms = 10_000;
+    })
+    .await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    app.runner.set_down(true);
+    app.send_sms(PERSON, "anyone there?").await;
+    until("the notice", || bodies_to(&app, PERSON).len() == 1).await;
+    assert_eq!(bodies_to(&app, PERSON), [notice.as_str()]);
+
+    app.runner.set_down(false);
+    let back = Instant::now();
+    app.send_sms(OTHER, "hello").await;
+    until("the answer", || !bodies_to(&app, OTHER).is_empty()).await;
+    assert_eq!(
+        bodies_to(&app, OTHER),
+        ["echo: hello"],
+        "told the agent is unavailable while it was back"
+    );
+    assert!(
+        back.elapsed() < Duration::from_secs(7),
+        "answered only at the probe, {:?} after the runner was back",
+        back.elapsed()
+    );
+    until("the waiting person's answer", || {
+        bodies_to(&app, PERSON).len() == 2
+    })
+    .await;
+    assert_eq!(
+        bodies_to(&app, PERSON),
+        [notice.as_str(), "echo: anyone there?"]
+    );
+    assert_eq!(session_row(&app, OTHER).await, ("idle".to_string(), None));
+    app.shutdown().await;
+}

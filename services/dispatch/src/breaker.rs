@@ -8,7 +8,9 @@
 //!
 //! Process-local on purpose: each replica learns of an outage from its own calls within a few
 //! of them, and what must be shared (the session is waiting, the person was told) is in the
-//! database.
+//! database. So a replica's breaker can still be open after another found the runner back:
+//! dispatch lets a turn of a session not yet told of the outage call once itself (a check,
+//! outside the probes' schedule) before anyone is told, and its success closes the breaker.
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

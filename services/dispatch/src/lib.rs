@@ -141,6 +141,8 @@ struct Lease {
     workspace: Option<String>,
     /// The identity's summary and when it was written.
     summary: Option<(String, DateTime<Utc>)>,
+    /// The person was told of the runner's outage this session waits out.
+    told_waiting: bool,
 }
 
 /// A runner call's lease outlives the agent's timeout by this much, so only a call that is
@@ -464,6 +466,7 @@ impl TurnDispatcher {
             Option<String>,
             Option<String>,
             Option<DateTime<Utc>>,
+            bool,
         );
         let leased: Option<Row> = sqlx::query_as(
             "WITH leased AS (
@@ -476,7 +479,8 @@ impl TurnDispatcher {
                         OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
                                         WHERE d.id = s.running_by AND d.alive_until > now()))
                 RETURNING s.id, s.engine_session_id, s.pending_reset, s.pending_reset_at,
-                          s.workspace_path, s.memory_key),
+                          s.workspace_path, s.memory_key,
+                          s.waiting_notice IS NOT NULL AS told_waiting),
              started AS (
                 INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
                 SELECT $6, id, 'turn_started:' || $3::text, 'turn_started', $7,
@@ -484,7 +488,7 @@ impl TurnDispatcher {
                   FROM leased
                 ON CONFLICT (key) DO NOTHING)
              SELECT l.engine_session_id, l.pending_reset, l.pending_reset_at, l.workspace_path,
-                    m.summary, m.updated_at
+                    m.summary, m.updated_at, l.told_waiting
                FROM leased l LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key",
         )
         .bind(session)
@@ -497,11 +501,14 @@ impl TurnDispatcher {
         .fetch_optional(&self.db)
         .await?;
         Ok(leased.map(
-            |(engine_session, pending, pending_at, workspace, summary, written)| Lease {
-                engine_session,
-                pending_reset: pending.map(|r| (r, pending_at)),
-                workspace,
-                summary: summary.zip(written),
+            |(engine_session, pending, pending_at, workspace, summary, written, told_waiting)| {
+                Lease {
+                    engine_session,
+                    pending_reset: pending.map(|r| (r, pending_at)),
+                    workspace,
+                    summary: summary.zip(written),
+                    told_waiting,
+                }
             },
         ))
     }
@@ -993,14 +1000,20 @@ impl TurnDispatcher {
             // The prompt carries the summary anyway.
             tracing::warn!(%session, error = %e, "could not write summary.md in the workspace");
         }
-        // While the runner is down, only the breaker's probe calls it; the rest wait.
-        if let breaker::Admission::Wait(after) =
-            self.breakers.admit(&agent.runner_url, Instant::now())
-        {
-            return Err(self
-                .wait_for_runner(turn, session, call, after, attempt)
-                .await);
-        }
+        // While the runner is down, only the breaker's probe calls it; the turns of sessions
+        // told of the outage wait. A session not told yet calls once itself (a check, which
+        // leaves the probes' schedule alone): this process's breaker may still be open after
+        // another replica found the runner back, and nobody is told the agent is unavailable
+        // on a stale word, only after their own turn found it down.
+        let check = match self.breakers.admit(&agent.runner_url, Instant::now()) {
+            breaker::Admission::Call => false,
+            breaker::Admission::Wait(after) if lease.told_waiting => {
+                return Err(self
+                    .wait_for_runner(turn, session, call, after, attempt)
+                    .await);
+            }
+            breaker::Admission::Wait(_) => true,
+        };
         // The turn can run now: is it older than turns may get?
         let now = Utc::now();
         let stale = turn_age(turn, now).filter(|age| {
@@ -1058,8 +1071,10 @@ impl TurnDispatcher {
         if let Some(waited) = stale
             && self.config.stale_turns == StaleTurns::Expire
         {
-            self.breakers
-                .probe_unused(&agent.runner_url, Instant::now());
+            if !check {
+                self.breakers
+                    .probe_unused(&agent.runner_url, Instant::now());
+            }
             if let Err(db) = self.release_call(session, call).await {
                 tracing::warn!(%session, error = %db, "could not release the call slot");
             }
@@ -1097,7 +1112,7 @@ impl TurnDispatcher {
                 resp
             }
             Err(e) if e.means_runner_down() => {
-                if self.breakers.failed(&agent.runner_url, Instant::now()) {
+                if check || self.breakers.failed(&agent.runner_url, Instant::now()) {
                     let after = Duration::from_millis(self.config.breaker_probe_ms.max(10));
                     return Err(self
                         .wait_for_runner(turn, session, call, after, attempt)
