@@ -89,6 +89,17 @@ impl Mailbox {
         let reply = part.reply;
         let reply_id: Uuid = reply.id.parse().unwrap_or_default();
         let session: Option<Uuid> = reply.session_id.parse().ok();
+        // `seq` is drawn when the row is inserted, not when it commits: two writers for one
+        // address could commit seq n+1 before n, and a client that saw n+1 (and resumes with
+        // `since` = n+1) would never be sent n. Writes for one address take turns, so each
+        // commits before the next draws its `seq`: for every address, what a reader sees is all
+        // of its entries up to some `seq`.
+        let mut tx = self.db.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))")
+            .bind(&reply.channel)
+            .bind(part.to())
+            .execute(&mut *tx)
+            .await?;
         let entry: MailboxEntry = sqlx::query_as(&format!(
             "WITH new AS (
                 INSERT INTO switchboard.mailbox
@@ -116,8 +127,9 @@ impl Mailbox {
         } else {
             "reply"
         })
-        .fetch_one(&self.db)
+        .fetch_one(&mut *tx)
         .await?;
+        tx.commit().await?;
         let subject = format!("{}.{}", self.subject, entry.channel);
         match serde_json::to_vec(&entry) {
             Ok(body) => {
@@ -131,28 +143,58 @@ impl Mailbox {
         Ok(entry)
     }
 
-    /// Entries for `address` on `channel`: those after `after` when the client says what it saw
-    /// last, else those no socket was handed yet; oldest first, at most `limit`.
-    pub async fn for_address(
+    /// Entries for `address` on `channel` after `seq`, oldest first, at most `limit`. As
+    /// [`Mailbox::put`] commits one address's entries in `seq` order, these are all of them
+    /// after `seq` so far: once one is seen, none before it can still appear.
+    pub async fn after(
         &self,
         channel: &str,
         address: &str,
-        after: Option<i64>,
+        seq: i64,
         limit: i64,
     ) -> Result<Vec<MailboxEntry>, MailboxError> {
-        let filter = if after.is_some() {
-            "seq > $3"
-        } else {
-            "pushed_at IS NULL AND $3::bigint IS NULL"
-        };
         Ok(sqlx::query_as(&format!(
             "SELECT {COLUMNS} FROM switchboard.mailbox
-              WHERE channel = $1 AND address = $2 AND {filter}
+              WHERE channel = $1 AND address = $2 AND seq > $3
               ORDER BY seq LIMIT $4"
         ))
         .bind(channel)
         .bind(address)
-        .bind(after)
+        .bind(seq)
+        .bind(limit)
+        .fetch_all(&self.db)
+        .await?)
+    }
+
+    /// The `seq` of the newest entry for `address` on `channel` (0 if none).
+    pub async fn newest(&self, channel: &str, address: &str) -> Result<i64, MailboxError> {
+        Ok(sqlx::query_scalar::<_, Option<i64>>(
+            "SELECT max(seq) FROM switchboard.mailbox WHERE channel = $1 AND address = $2",
+        )
+        .bind(channel)
+        .bind(address)
+        .fetch_one(&self.db)
+        .await?
+        .unwrap_or(0))
+    }
+
+    /// Entries for `address` on `channel` up to `seq` that no socket was handed yet, oldest
+    /// first, at most `limit`.
+    pub async fn not_pushed(
+        &self,
+        channel: &str,
+        address: &str,
+        seq: i64,
+        limit: i64,
+    ) -> Result<Vec<MailboxEntry>, MailboxError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM switchboard.mailbox
+              WHERE channel = $1 AND address = $2 AND seq <= $3 AND pushed_at IS NULL
+              ORDER BY seq LIMIT $4"
+        ))
+        .bind(channel)
+        .bind(address)
+        .bind(seq)
         .bind(limit)
         .fetch_all(&self.db)
         .await?)

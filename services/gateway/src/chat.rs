@@ -7,7 +7,6 @@
 //! (a resend of the same `id` is the same message, answered once); replies arrive as `reply`
 //! frames. A client that reconnects with `?since=<seq of the last reply it saw>` is sent every
 //! reply after it; without `since`, every reply no socket was handed yet.
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::Router;
@@ -41,10 +40,6 @@ pub struct ConnectParams {
     #[serde(default)]
     since: Option<i64>,
 }
-
-/// Replies younger than this may still be joined by ones committed out of `seq` order, so the
-/// catch-up reads from below them.
-const SETTLE: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
 
 async fn connect(
     state: State<GatewayState>,
@@ -123,6 +118,10 @@ async fn open(
 }
 
 /// One socket, from the upgrade until either side closes it.
+///
+/// Entries go out in `seq` order with none skipped, read from the table: the client's `since`
+/// is the last `seq` it saw, so a reply sent after a later one would be lost to a client that
+/// reconnects in between. An announcement only says that something is new.
 async fn serve(
     state: GatewayState,
     mut socket: WebSocket,
@@ -130,33 +129,30 @@ async fn serve(
     user: ChatUser,
     since: Option<i64>,
 ) -> anyhow::Result<()> {
-    // Registered before the backlog is read, so a reply stored in between is not missed (it may
-    // come twice: `pushed` drops the second).
+    // Registered before the backlog is read, so a reply stored in between is not missed.
     let (_registration, mut live) = state.hub.socket(channel, &user.sub);
-    let mut pushed = Pushed::default();
-    let limit = state.config.chat.replay_limit;
-    let backlog = state
-        .mailbox
-        .for_address(channel, &user.sub, since, limit)
-        .await?;
-    pushed.floor = since.unwrap_or(0);
-    for entry in &backlog {
-        push(&state, &mut socket, &mut pushed, entry).await?;
-    }
-    if since.is_none() {
-        // From here on, catch-ups read by `seq`, above the replies old enough to be settled
-        // (those were either in the backlog or handed to another socket already).
-        pushed.floor = sqlx::query_scalar::<_, Option<i64>>(
-            "SELECT max(seq) FROM switchboard.mailbox WHERE channel = $1 AND address = $2
-                AND created_at < now() - make_interval(secs => $3)",
-        )
-        .bind(channel)
-        .bind(&user.sub)
-        .bind(SETTLE.num_seconds() as f64)
-        .fetch_one(&state.db)
-        .await?
-        .unwrap_or(0);
-    }
+    let mut sent = Sent {
+        channel,
+        address: &user.sub,
+        limit: state.config.chat.replay_limit,
+        seq: 0,
+    };
+    sent.seq = match since {
+        Some(since) => since,
+        None => {
+            // What no socket was handed yet, then whatever comes after the newest entry now.
+            let newest = state.mailbox.newest(channel, &user.sub).await?;
+            let backlog = state
+                .mailbox
+                .not_pushed(channel, &user.sub, newest, sent.limit)
+                .await?;
+            for entry in &backlog {
+                push(&state, &mut socket, entry).await?;
+            }
+            newest
+        }
+    };
+    sent.catch_up(&state, &mut socket).await?;
 
     let idle = Duration::from_millis(state.config.chat.idle_timeout_ms);
     let mut ping = tokio::time::interval(idle / 3);
@@ -185,17 +181,17 @@ async fn serve(
                 }
             }
             Some(entry) = live.recv() => {
-                push(&state, &mut socket, &mut pushed, &entry).await?;
+                // One read of the table answers every announcement already queued.
+                let mut newest = entry.seq;
+                while let Ok(entry) = live.try_recv() {
+                    newest = newest.max(entry.seq);
+                }
+                if newest > sent.seq {
+                    sent.catch_up(&state, &mut socket).await?;
+                }
             }
             _ = catch_up.tick() => {
-                let missed = state
-                    .mailbox
-                    .for_address(channel, &user.sub, Some(pushed.floor), limit)
-                    .await?;
-                for entry in &missed {
-                    push(&state, &mut socket, &mut pushed, entry).await?;
-                }
-                pushed.settle(&missed);
+                sent.catch_up(&state, &mut socket).await?;
             }
             _ = ping.tick() => {
                 if last_heard.elapsed() > idle {
@@ -217,39 +213,48 @@ async fn serve(
     }
 }
 
-/// What a socket was handed, so nothing is pushed twice.
-#[derive(Default)]
-struct Pushed {
-    /// Every entry at or below this was handled; catch-ups read above it.
-    floor: i64,
-    above: BTreeSet<i64>,
+/// How far a socket got in its person's mailbox.
+struct Sent<'a> {
+    channel: &'static str,
+    address: &'a str,
+    limit: i64,
+    /// Every entry up to this `seq` was sent (or was before the client's `since`).
+    seq: i64,
 }
 
-impl Pushed {
-    /// Raise the floor past entries old enough that no earlier `seq` can still appear.
-    fn settle(&mut self, seen: &[MailboxEntry]) {
-        let cutoff = chrono::Utc::now() - SETTLE;
-        if let Some(settled) = seen
-            .iter()
-            .filter(|e| e.created_at < cutoff)
-            .map(|e| e.seq)
-            .max()
+impl Sent<'_> {
+    /// Send the entries after the last one sent, in order, at most `limit` at a time (a client
+    /// far behind gets the rest on the next catch-ups). A table that cannot be read now is read
+    /// again on the next announcement or catch-up; only a socket that fails ends it.
+    async fn catch_up(
+        &mut self,
+        state: &GatewayState,
+        socket: &mut WebSocket,
+    ) -> anyhow::Result<()> {
+        let entries = match state
+            .mailbox
+            .after(self.channel, self.address, self.seq, self.limit)
+            .await
         {
-            self.floor = self.floor.max(settled);
-            self.above = self.above.split_off(&(self.floor + 1));
+            Ok(entries) => entries,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the mailbox for a socket");
+                return Ok(());
+            }
+        };
+        for entry in &entries {
+            push(state, socket, entry).await?;
+            self.seq = entry.seq;
         }
+        Ok(())
     }
 }
 
 async fn push(
     state: &GatewayState,
     socket: &mut WebSocket,
-    pushed: &mut Pushed,
     entry: &MailboxEntry,
 ) -> anyhow::Result<()> {
-    if entry.seq <= pushed.floor || !pushed.above.insert(entry.seq) {
-        return Ok(());
-    }
     send(socket, &ServerFrame::reply(entry)).await?;
     metrics::counter!("sb_gateway_chat_replies_pushed_total", "channel" => entry.channel.clone())
         .increment(1);
