@@ -103,22 +103,7 @@ async fn upload(
     body: Body,
 ) -> Result<Response, Refused> {
     let refuse = |e| refused_on("chat", chat::PROVIDER, e);
-    let Some(tokens) = state.chat_tokens.clone() else {
-        return Err(refuse(ApiError::forbidden(
-            "not_configured",
-            "chat is not configured (chat.jwt_secret or chat.jwt_public_key)",
-        )));
-    };
-    let token = crate::api::bearer(&headers)
-        .or(params.token.as_deref())
-        .ok_or_else(|| {
-            refuse(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "invalid_token",
-                "a token is required: Authorization: Bearer <jwt> or ?token=<jwt>",
-            ))
-        })?;
-    let user = tokens.verify(token.trim()).map_err(refuse)?;
+    let user = crate::chat::authenticate(&state, &headers, params.token.as_deref())?;
     if state.config.workspace.root.is_empty() {
         return Err(refuse(ApiError::forbidden(
             "uploads_off",

@@ -1180,6 +1180,16 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// `toml` over the defaults, validated, as `Config::load` reads a file.
+    fn parse(toml: &str) -> Result<Config, ConfigError> {
+        let c: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(toml))
+            .extract()
+            .map_err(|e| ConfigError::Load(Box::new(e)))?;
+        c.validate()?;
+        Ok(c)
+    }
+
     #[test]
     fn secrets_are_not_printed_by_debug() {
         let mut c = Config::default();
@@ -1341,16 +1351,13 @@ mod tests {
 
     #[test]
     fn a_number_may_be_given_its_own_agent_and_only_a_configured_one() {
-        let parse = |toml: &str| -> Result<Config, ConfigError> {
-            let c: Config = Figment::from(Serialized::defaults(Config::default()))
-                .merge(Toml::string(toml))
-                .extract()
-                .map_err(|e| ConfigError::Load(Box::new(e)))?;
-            c.validate()?;
-            Ok(c)
+        let agent = |name: &str| {
+            format!(
+                "[[agents]]\nname = \"{name}\"\nidentity = \"reggie\"\nengine = \"openclaw\"\n\
+                 runner_url = \"http://r\"\n"
+            )
         };
-        let agents = "[[agents]]\nname = \"reggie_oc\"\nidentity = \"reggie\"\nrunner_url = \"http://r\"\n\
-                      [[agents]]\nname = \"reggie_fd\"\nidentity = \"reggie\"\nrunner_url = \"http://r\"\n";
+        let agents = agent("reggie_oc") + &agent("reggie_fd");
         let c = parse(&format!(
             "{agents}[channels.sms]\ndefault_agent = \"reggie_oc\"\n\
              [channels.sms.recipients]\n\"+15555550198\" = \"reggie_fd\"\n"
@@ -1371,14 +1378,6 @@ mod tests {
 
     #[test]
     fn a_webhook_source_needs_a_sender_field_and_gets_the_documented_defaults() {
-        let parse = |toml: &str| -> Result<Config, ConfigError> {
-            let c: Config = Figment::from(Serialized::defaults(Config::default()))
-                .merge(Toml::string(toml))
-                .extract()
-                .map_err(|e| ConfigError::Load(Box::new(e)))?;
-            c.validate()?;
-            Ok(c)
-        };
         let c = parse("[webhooks.shop]\nsecret = \"k\"\nsender_field = \"user.id\"\n").unwrap();
         let shop = &c.webhooks["shop"];
         assert_eq!(
