@@ -287,3 +287,55 @@ async fn a_person_writing_after_the_runner_is_back_is_answered_not_told_before_t
     assert_eq!(session_row(&app, OTHER).await, ("idle".to_string(), None));
     app.shutdown().await;
 }
+
+/// While the runner is down nothing ahead of a queued turn can move, so the turns queued behind
+/// a waiting one do not keep the dispatcher's handler slots: a person who writes meanwhile is
+/// still taken up, and told, rather than left unanswered and untold behind them.
+#[tokio::test]
+async fn a_person_writing_while_others_queue_behind_the_outage_is_told_too() {
+    let app = spawn_app_configured(|c| {
+        outage_settings(c);
+        c.dispatch.breaker_failures = 1;
+        c.stages.insert(
+            "dispatch".into(),
+            switchboard_kit::stage::StageOverrides {
+                concurrency: Some(4),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    app.runner.set_down(true);
+    let texts: Vec<String> = (1..=8).map(|i| format!("m{i}")).collect();
+    for text in &texts {
+        app.send_sms(PERSON, text).await;
+    }
+    until("the notice", || bodies_to(&app, PERSON).len() == 1).await;
+    // PERSON's later turns now queue behind the waiting one, more of them than there are slots.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let wrote = Instant::now();
+    app.send_sms(OTHER, "hello?").await;
+    until("the other person's notice", || {
+        !bodies_to(&app, OTHER).is_empty()
+    })
+    .await;
+    assert!(
+        wrote.elapsed() < Duration::from_secs(8),
+        "told only {:?} after writing: the queued turns held the slots",
+        wrote.elapsed()
+    );
+    assert_eq!(bodies_to(&app, OTHER), [notice.as_str()]);
+
+    app.runner.set_down(false);
+    until("every answer", || {
+        bodies_to(&app, PERSON).len() == 9 && bodies_to(&app, OTHER).len() == 2
+    })
+    .await;
+    let mut expected = vec![notice.clone()];
+    expected.extend(texts.iter().map(|t| format!("echo: {t}")));
+    assert_eq!(bodies_to(&app, PERSON), expected);
+    assert_eq!(bodies_to(&app, OTHER), [notice.as_str(), "echo: hello?"]);
+    assert!(app.dead_letters("dispatch").await.is_empty());
+    app.shutdown().await;
+}

@@ -599,6 +599,7 @@ impl Runtime {
             // that waited for a down runner may still wait for its predecessor after).
             let mut outage = Duration::ZERO;
             loop {
+                let run_started = ran.as_ref().map_or_else(Instant::now, |(t, _)| *t);
                 let outcome = match ran.take() {
                     Some((_, outcome)) => outcome,
                     None => {
@@ -666,11 +667,12 @@ impl Runtime {
                         }
                         tracing::debug!(%why, "waiting out an outage");
                         count(name, "waiting_outage", 1);
-                        let parked = Instant::now();
                         if !slots.park(&msg, after).await {
                             return;
                         }
-                        outage += parked.elapsed();
+                        // The run that ended in the outage waited it out too (a turn held for
+                        // its predecessor while the runner was down), not only the park.
+                        outage += run_started.elapsed();
                         attempt.waits += 1;
                         attempt.waited = first_run.elapsed();
                     }
