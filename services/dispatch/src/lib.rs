@@ -149,10 +149,6 @@ struct Lease {
 /// certainly over (or whose dispatcher is dead) lets the next one start.
 const CALL_DEADLINE_MARGIN: Duration = Duration::from_secs(5);
 
-/// While its runner is down, how long a turn behind another holds its handler slot
-/// ([`TurnDispatcher::hold_for`]), and how long it is then parked before it looks again.
-const OUTAGE_HOLD: Duration = Duration::from_secs(1);
-
 /// How long a runner's answer is kept trying to be stored (the commit is a compare-and-set
 /// on the call's lease, so a late success is still exactly one answer).
 const COMMIT_RETRY_FOR: Duration = Duration::from_secs(30);
@@ -851,19 +847,6 @@ impl TurnDispatcher {
         }
     }
 
-    /// How long a turn keeps its handler slot waiting for its predecessor. While the agent's
-    /// runner is down nothing ahead of it moves until the runner is back, so only briefly, then
-    /// it is parked without a slot: turns queued behind a waiting one must not hold every slot,
-    /// or other people's turns are not taken up (nor their people told) until the outage ends.
-    fn hold_for(&self, agent: &AgentConfig) -> Duration {
-        let hold = Duration::from_millis(self.config.hold_timeout_ms);
-        if self.breakers.is_down(&agent.runner_url) {
-            hold.min(OUTAGE_HOLD)
-        } else {
-            hold
-        }
-    }
-
     /// Run one turn. Returns the reply (and events) to publish.
     async fn dispatch_turn(
         &self,
@@ -882,7 +865,7 @@ impl TurnDispatcher {
         // Wait until this turn is next and the session's call slot is free. `after` is the
         // cursor value this turn commits against: its predecessor, or itself when a failed
         // latest turn is run again (a replay).
-        let deadline = Instant::now() + self.hold_for(agent);
+        let deadline = Instant::now() + Duration::from_millis(self.config.hold_timeout_ms);
         let call = Uuid::now_v7();
         let call_timeout = Duration::from_secs(agent.timeout_s) + CALL_DEADLINE_MARGIN;
         let _slot;
@@ -1577,7 +1560,7 @@ impl Stage for TurnDispatcher {
                     .is_some_and(|(a, _)| self.breakers.is_down(&a.runner_url));
                 if runner_down {
                     Err(StageError::Outage {
-                        after: after.max(OUTAGE_HOLD),
+                        after,
                         why: e.to_string(),
                         outputs: Vec::new(),
                     })

@@ -599,7 +599,6 @@ impl Runtime {
             // that waited for a down runner may still wait for its predecessor after).
             let mut outage = Duration::ZERO;
             loop {
-                let run_started = ran.as_ref().map_or_else(Instant::now, |(t, _)| *t);
                 let outcome = match ran.take() {
                     Some((_, outcome)) => outcome,
                     None => {
@@ -667,12 +666,11 @@ impl Runtime {
                         }
                         tracing::debug!(%why, "waiting out an outage");
                         count(name, "waiting_outage", 1);
+                        let parked = Instant::now();
                         if !slots.park(&msg, after).await {
                             return;
                         }
-                        // The run that ended in the outage waited it out too (a turn held for
-                        // its predecessor while the runner was down), not only the park.
-                        outage += run_started.elapsed();
+                        outage += parked.elapsed();
                         attempt.waits += 1;
                         attempt.waited = first_run.elapsed();
                     }
