@@ -153,17 +153,8 @@ impl Mailbox {
         seq: i64,
         limit: i64,
     ) -> Result<Vec<MailboxEntry>, MailboxError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM switchboard.mailbox
-              WHERE channel = $1 AND address = $2 AND seq > $3
-              ORDER BY seq LIMIT $4"
-        ))
-        .bind(channel)
-        .bind(address)
-        .bind(seq)
-        .bind(limit)
-        .fetch_all(&self.db)
-        .await?)
+        self.for_address(channel, address, "seq > $3", seq, limit)
+            .await
     }
 
     /// The `seq` of the newest entry for `address` on `channel` (0 if none).
@@ -187,9 +178,29 @@ impl Mailbox {
         seq: i64,
         limit: i64,
     ) -> Result<Vec<MailboxEntry>, MailboxError> {
+        self.for_address(
+            channel,
+            address,
+            "seq <= $3 AND pushed_at IS NULL",
+            seq,
+            limit,
+        )
+        .await
+    }
+
+    /// Entries for `address` on `channel` that `filter` (on `seq`, bound as `$3`) keeps,
+    /// oldest first, at most `limit`.
+    async fn for_address(
+        &self,
+        channel: &str,
+        address: &str,
+        filter: &str,
+        seq: i64,
+        limit: i64,
+    ) -> Result<Vec<MailboxEntry>, MailboxError> {
         Ok(sqlx::query_as(&format!(
             "SELECT {COLUMNS} FROM switchboard.mailbox
-              WHERE channel = $1 AND address = $2 AND seq <= $3 AND pushed_at IS NULL
+              WHERE channel = $1 AND address = $2 AND {filter}
               ORDER BY seq LIMIT $4"
         ))
         .bind(channel)

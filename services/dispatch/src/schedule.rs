@@ -322,12 +322,7 @@ impl Scheduler {
             heartbeat: true,
             ..Default::default()
         };
-        let output =
-            Output::new(self.topology.inbound(&route.channel), key, &message).correlated(id);
-        self.runtime
-            .publish("schedule", &output)
-            .await
-            .map_err(ScheduleError::Publish)?;
+        self.publish_input(&route.channel, key, &message).await?;
         self.record_fire(&config.name, at, members.len() as i32)
             .await?;
         metrics::counter!("sb_schedule_heartbeats_total").increment(1);
@@ -400,8 +395,19 @@ impl Scheduler {
             scheduled: entry.config.name.clone(),
             ..Default::default()
         };
-        let output =
-            Output::new(self.topology.inbound(&route.channel), key, &message).correlated(id);
+        self.publish_input(&route.channel, key, &message).await
+    }
+
+    /// Publish a scheduled input where the channel's messages come in, under `key` (the same
+    /// on every replica, so JetStream keeps one).
+    async fn publish_input(
+        &self,
+        channel: &str,
+        key: String,
+        message: &InboundMessage,
+    ) -> Result<(), ScheduleError> {
+        let output = Output::new(self.topology.inbound(channel), key, message)
+            .correlated(message.correlation_id.clone());
         self.runtime
             .publish("schedule", &output)
             .await
