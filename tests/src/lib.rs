@@ -921,3 +921,26 @@ impl TestApp {
         let _ = std::fs::remove_file(&self.config_path);
     }
 }
+
+/// A stage's handler run as the runtime runs one message that must wait
+/// ([`switchboard_kit::StageError::Wait`]): parked until woken (or for its longest wait), then
+/// run again; the first outcome that is not such a wait.
+pub async fn handle_through_waits<S: switchboard_kit::Stage>(
+    stage: &S,
+    input: S::Input,
+    attempt: &switchboard_kit::Attempt,
+) -> switchboard_kit::Outcome
+where
+    S::Input: Clone,
+{
+    let mut attempt = attempt.clone();
+    loop {
+        match stage.handle(input.clone(), &attempt).await {
+            Err(switchboard_kit::StageError::Wait { at_most, wake, .. }) => {
+                let _ = tokio::time::timeout(at_most, wake.fired()).await;
+                attempt.waits += 1;
+            }
+            other => return other,
+        }
+    }
+}

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use switchboard_dispatch::TurnDispatcher;
 use switchboard_e2e::{
-    AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_configured, spawn_app_with,
+    AppOptions, FakeRunner, TestApp, handle_through_waits, spawn_app, spawn_app_configured,
+    spawn_app_with,
 };
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person, Reply, Turn};
 use switchboard_kit::{Attempt, Stage};
@@ -157,7 +158,7 @@ async fn a_turn_redelivered_while_its_call_still_runs_waits_for_that_call() {
         one_turn_two_dispatchers(&app, "only once").await;
     let (x, y) = tokio::join!(first.handle(turn.clone(), &delivery), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        second.handle(turn.clone(), &delivery).await
+        handle_through_waits(second.as_ref(), turn.clone(), &delivery).await
     });
     let (rx, ry) = (decode_reply(x.unwrap()), decode_reply(y.unwrap()));
     assert_eq!(rx.id, ry.id, "both emit the committed reply");
@@ -178,8 +179,8 @@ async fn exactly_one_answer_stands(
 ) -> Reply {
     let calls_before = app.runner.calls().len();
     let (x, y) = tokio::join!(
-        a.handle(turn.clone(), delivery),
-        b.handle(turn.clone(), delivery)
+        handle_through_waits(a, turn.clone(), delivery),
+        handle_through_waits(b, turn.clone(), delivery)
     );
     assert_eq!(
         app.runner.calls().len() - calls_before,
@@ -261,7 +262,7 @@ async fn a_zombie_dispatcher_whose_lease_lapsed_cannot_commit_a_second_answer() 
     );
     let err = live.handle(early, &delivery).await.unwrap_err();
     assert!(
-        matches!(err, switchboard_kit::StageError::Defer(..)),
+        matches!(err, switchboard_kit::StageError::Wait { .. }),
         "turn 3 waits for turn 2: {err}"
     );
     assert_eq!(

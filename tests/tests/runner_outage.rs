@@ -287,3 +287,59 @@ async fn a_person_writing_after_the_runner_is_back_is_answered_not_told_before_t
     assert_eq!(session_row(&app, OTHER).await, ("idle".to_string(), None));
     app.shutdown().await;
 }
+
+/// Messages waiting behind their sender's earlier message do not keep a dispatcher busy: a
+/// person who writes in the middle of an outage is told, however many messages of other people
+/// already wait, and everyone is answered, in order, when the runner is back.
+#[tokio::test]
+async fn a_person_writing_late_in_an_outage_is_told_however_many_messages_wait_before_theirs() {
+    let app = spawn_app_configured(|c| {
+        outage_settings(c);
+        // Four handler slots, and waiting turns that would keep one for the default 20 s.
+        c.stages.insert(
+            "dispatch".into(),
+            switchboard_kit::stage::StageOverrides {
+                concurrency: Some(4),
+                ..Default::default()
+            },
+        );
+        c.dispatch.hold_timeout_ms = 20_000;
+    })
+    .await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    let early: Vec<String> = (0..4).map(|i| format!("+1415555070{i}")).collect();
+    let late = "+14155550709";
+    app.runner.set_down(true);
+    // Four people write three messages each: eight wait behind their sender's first.
+    for person in &early {
+        for text in ["a", "b", "c"] {
+            assert_eq!(app.send_sms(person, text).await.status(), 200);
+        }
+    }
+    until("the first four told", || {
+        early.iter().all(|p| bodies_to(&app, p).len() == 1)
+    })
+    .await;
+    app.send_sms(late, "still there?").await;
+    until("the late writer told", || !bodies_to(&app, late).is_empty()).await;
+    assert_eq!(bodies_to(&app, late), [notice.as_str()]);
+
+    app.runner.set_down(false);
+    until("every answer", || {
+        early.iter().all(|p| bodies_to(&app, p).len() == 4) && bodies_to(&app, late).len() == 2
+    })
+    .await;
+    for person in &early {
+        assert_eq!(
+            bodies_to(&app, person),
+            [notice.as_str(), "echo: a", "echo: b", "echo: c"]
+        );
+    }
+    assert_eq!(
+        bodies_to(&app, late),
+        [notice.as_str(), "echo: still there?"]
+    );
+    app.settle().await;
+    assert!(app.dead_letters("dispatch").await.is_empty());
+    app.shutdown().await;
+}

@@ -23,8 +23,8 @@ fn release_the_call(app: &TestApp) {
 
 #[tokio::test]
 async fn a_turn_waiting_behind_a_long_runner_call_is_answered_when_the_call_ends() {
-    // A failure budget of two deliveries, and a dispatcher that holds a waiting turn for only
-    // 200 ms at a time: six seconds of waiting were dozens of deliveries when waits counted.
+    // A failure budget of two deliveries, and a waiting turn that checks its session every
+    // 200 ms even unwoken: six seconds of waiting were dozens of deliveries when waits counted.
     let app = spawn_app_configured(|c| {
         c.runtime.max_deliver = 2;
         c.dispatch.hold_timeout_ms = 200;
@@ -93,7 +93,7 @@ async fn a_turn_that_waits_longer_than_the_maximum_is_dead_lettered_saying_why()
 
 #[tokio::test]
 async fn a_turn_parked_when_its_dispatcher_stops_is_handed_back_and_answered_by_the_next() {
-    // Dispatch runs as real processes; a waiting turn is held 200 ms, then parked.
+    // Dispatch runs as real processes; a waiting turn is parked, checking every 200 ms.
     let app = spawn_app_with(AppOptions {
         tweak: Box::new(|c| c.dispatch.hold_timeout_ms = 200),
         ..AppOptions::dispatch_as_processes()

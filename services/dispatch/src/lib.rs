@@ -34,9 +34,9 @@ use switchboard_kit::retry::{self, Backoff};
 use switchboard_kit::startup::{App, Task};
 use switchboard_kit::status::ResetReason;
 use switchboard_kit::status::TurnStatus;
-use switchboard_kit::{Attempt, Output, Stage, StageError, Topology};
+use switchboard_kit::{Attempt, Output, Stage, StageError, Topology, Wake};
 use switchboard_kit::{Registration, Source, StageSpec};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Semaphore, watch};
 use uuid::Uuid;
 
 use crate::runner::{RunRequest, RunnerClient, RunnerError};
@@ -56,7 +56,7 @@ pub enum DispatchError {
         error: String,
     },
     #[error("turn {seq} waits for turn {next}")]
-    NotYet { seq: i64, next: i64 },
+    NotYet { seq: i64, next: i64, wake: Wake },
     #[error("another call of turn {seq} holds the session; its answer will stand")]
     Superseded { seq: i64 },
     /// The turn's call was cancelled by a newer message (queue mode interrupt): it runs again,
@@ -154,47 +154,64 @@ const CALL_DEADLINE_MARGIN: Duration = Duration::from_secs(5);
 const COMMIT_RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// Turns waiting in this process for their session's cursor to move or its call slot to be
-/// freed, woken the moment this process does either.
-#[derive(Default)]
-struct Wakers(std::sync::Mutex<HashMap<Uuid, Arc<Notify>>>);
+/// freed (parked by the runtime, without a handler slot), woken the moment this process does
+/// either, or the session watch sees another replica do it.
+#[derive(Default, Clone)]
+struct Wakers(Arc<std::sync::Mutex<HashMap<Uuid, watch::Sender<u64>>>>);
 
 impl Wakers {
-    fn wait_on(&self, session: Uuid) -> WaitingTurn<'_> {
-        let notify = self.0.lock().unwrap().entry(session).or_default().clone();
+    /// Register before checking the session, so a change between the check and the wait
+    /// still wakes the turn.
+    fn wait_on(&self, session: Uuid) -> WaitingTurn {
+        let rx = self
+            .0
+            .lock()
+            .unwrap()
+            .entry(session)
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
         WaitingTurn {
-            wakers: self,
+            wakers: self.clone(),
             session,
-            notify: Some(notify),
+            rx: Some(rx),
         }
     }
 
     fn wake(&self, session: Uuid) {
-        if let Some(n) = self.0.lock().unwrap().get(&session) {
-            n.notify_waiters();
+        if let Some(tx) = self.0.lock().unwrap().get(&session) {
+            tx.send_modify(|v| *v = v.wrapping_add(1));
         }
+    }
+
+    fn waited_on(&self) -> Vec<Uuid> {
+        self.0.lock().unwrap().keys().copied().collect()
     }
 }
 
 /// One waiting turn's registration; the session's entry goes when its last waiter does.
-struct WaitingTurn<'a> {
-    wakers: &'a Wakers,
+struct WaitingTurn {
+    wakers: Wakers,
     session: Uuid,
-    notify: Option<Arc<Notify>>,
+    rx: Option<watch::Receiver<u64>>,
 }
 
-impl WaitingTurn<'_> {
-    fn notify(&self) -> &Notify {
-        self.notify.as_deref().expect("held until dropped")
+impl WaitingTurn {
+    /// Resolves at the session's first wake after the registration.
+    async fn woken(mut self) {
+        if let Some(rx) = self.rx.as_mut() {
+            // The sender stays while a receiver does: an error cannot happen here.
+            let _ = rx.changed().await;
+        }
     }
 }
 
-impl Drop for WaitingTurn<'_> {
+impl Drop for WaitingTurn {
     fn drop(&mut self) {
         let mut map = self.wakers.0.lock().unwrap();
-        drop(self.notify.take());
+        drop(self.rx.take());
         if map
             .get(&self.session)
-            .is_some_and(|n| Arc::strong_count(n) == 1)
+            .is_some_and(|tx| tx.receiver_count() == 0)
         {
             map.remove(&self.session);
         }
@@ -403,7 +420,7 @@ impl TurnDispatcher {
         let tick = Duration::from_millis(self.config.hold_poll_ms.max(10));
         loop {
             tokio::time::sleep(tick).await;
-            let waited_on: Vec<Uuid> = self.wakers.0.lock().unwrap().keys().copied().collect();
+            let waited_on = self.wakers.waited_on();
             if waited_on.is_empty() {
                 seen.clear();
                 continue;
@@ -862,10 +879,10 @@ impl TurnDispatcher {
             .get(&turn.agent_name)
             .ok_or_else(|| DispatchError::UnknownAgent(turn.agent_name.clone()))?;
 
-        // Wait until this turn is next and the session's call slot is free. `after` is the
-        // cursor value this turn commits against: its predecessor, or itself when a failed
-        // latest turn is run again (a replay).
-        let deadline = Instant::now() + Duration::from_millis(self.config.hold_timeout_ms);
+        // Run only when this turn is next and the session's call slot is free; otherwise the
+        // turn is parked (no handler slot held) until the session moves. `after` is the cursor
+        // value this turn commits against: its predecessor, or itself when a failed latest turn
+        // is run again (a replay).
         let call = Uuid::now_v7();
         let call_timeout = Duration::from_secs(agent.timeout_s) + CALL_DEADLINE_MARGIN;
         let _slot;
@@ -885,57 +902,50 @@ impl TurnDispatcher {
         } else {
             // Woken by this process moving the session on, or by the session watch.
             let waiting = self.wakers.wait_on(session);
-            let mut interrupt_tried = false;
-            loop {
-                // Registered before the check, so a wake between the check and the wait counts.
-                let woken = waiting.notify().notified();
-                tokio::pin!(woken);
-                woken.as_mut().enable();
-                let last = self.cursor(session).await?;
-                let mut ready = None;
-                if turn.seq <= last {
-                    match self.stored_reply(session, turn.seq).await {
-                        // Already done (by us before a crash, or by another replica): same answer.
-                        Ok(stored) => return Ok(self.outputs(turn, session, &stored)),
-                        // Answered by a later turn's call: its reply is that turn's to send.
-                        Err(DispatchError::JoinedInto { .. }) => return Ok(Vec::new()),
-                        // It failed for good, and nothing ran after it: run it again in place.
-                        Err(DispatchError::FailedEarlier { .. }) if turn.seq == last => {
-                            ready = Some(last);
-                        }
-                        Err(e) => return Err(e),
+            let last = self.cursor(session).await?;
+            let mut ready = None;
+            if turn.seq <= last {
+                match self.stored_reply(session, turn.seq).await {
+                    // Already done (by us before a crash, or by another replica): same answer.
+                    Ok(stored) => return Ok(self.outputs(turn, session, &stored)),
+                    // Answered by a later turn's call: its reply is that turn's to send.
+                    Err(DispatchError::JoinedInto { .. }) => return Ok(Vec::new()),
+                    // It failed for good, and nothing ran after it: run it again in place.
+                    Err(DispatchError::FailedEarlier { .. }) if turn.seq == last => {
+                        ready = Some(last);
                     }
-                } else if turn.seq == last + 1 {
-                    ready = Some(last);
+                    Err(e) => return Err(e),
                 }
-                if let Some(after) = ready {
-                    // The agent's concurrency slot first, so a lease is never held while queueing.
-                    let slot = slots
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .expect("semaphore never closed");
-                    if let Some(lease) = self
-                        .lease_call(session, turn.seq, after, call, call_timeout)
-                        .await?
-                    {
-                        _slot = slot;
-                        break (lease, after);
+            } else if turn.seq == last + 1 {
+                ready = Some(last);
+            }
+            let mut leased = None;
+            if let Some(after) = ready {
+                // The agent's concurrency slot first, so a lease is never held while queueing.
+                let slot = slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("semaphore never closed");
+                if let Some(lease) = self
+                    .lease_call(session, turn.seq, after, call, call_timeout)
+                    .await?
+                {
+                    _slot = slot;
+                    leased = Some((lease, after));
+                }
+            }
+            match leased {
+                Some(leased) => leased,
+                None => {
+                    if agent.queue_mode == QueueMode::Interrupt {
+                        self.interrupt_running_call(session, turn, agent).await;
                     }
-                }
-                if agent.queue_mode == QueueMode::Interrupt && !interrupt_tried {
-                    interrupt_tried = true;
-                    self.interrupt_running_call(session, turn, agent).await;
-                }
-                if Instant::now() >= deadline {
                     return Err(DispatchError::NotYet {
                         seq: turn.seq,
                         next: last + 1,
+                        wake: Wake::new(waiting.woken()),
                     });
-                }
-                tokio::select! {
-                    _ = woken => {}
-                    _ = tokio::time::sleep_until(deadline.into()) => {}
                 }
             }
         };
@@ -1551,23 +1561,23 @@ impl Stage for TurnDispatcher {
             Err(e @ DispatchError::Interrupted { .. }) => {
                 Err(StageError::Defer(Duration::from_millis(10), e.to_string()))
             }
-            Err(e @ (DispatchError::NotYet { .. } | DispatchError::Superseded { .. })) => {
-                let after = Duration::from_millis(self.config.hold_poll_ms);
+            Err(DispatchError::NotYet { seq, next, wake }) => {
                 // Behind a turn that waits for a down runner, a turn waits as long as it does.
-                let runner_down = self
+                let outage = self
                     .agents
                     .get(&turn.agent_name)
                     .is_some_and(|(a, _)| self.breakers.is_down(&a.runner_url));
-                if runner_down {
-                    Err(StageError::Outage {
-                        after,
-                        why: e.to_string(),
-                        outputs: Vec::new(),
-                    })
-                } else {
-                    Err(StageError::Defer(after, e.to_string()))
-                }
+                Err(StageError::Wait {
+                    at_most: Duration::from_millis(self.config.hold_timeout_ms),
+                    why: format!("turn {seq} waits for turn {next}"),
+                    outage,
+                    wake,
+                })
             }
+            Err(e @ DispatchError::Superseded { .. }) => Err(StageError::Defer(
+                Duration::from_millis(self.config.hold_poll_ms),
+                e.to_string(),
+            )),
             Err(e) if e.is_transient() => Err(StageError::transient(e)),
             Err(e) => Err(StageError::permanent(e)),
         }

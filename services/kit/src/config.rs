@@ -763,8 +763,8 @@ pub struct DispatchConfig {
     /// of them), for a predecessor finished or a call slot freed by another replica; a cursor
     /// moved by the same process wakes its turns at once.
     pub hold_poll_ms: u64,
-    /// How long a turn waits in its handler for its predecessor before it is parked (its
-    /// handler slot freed) and tried again.
+    /// A turn waiting for its predecessor is parked (no handler slot held) until its session
+    /// moves; it checks again after this long even if nothing woke it.
     pub hold_timeout_ms: u64,
     /// A dispatcher counts as alive (its runner calls keep their sessions' call slots) this
     /// long after its last heartbeat; it heartbeats every third of it. After a dispatcher

@@ -37,7 +37,7 @@ pub mod topology;
 pub mod workspace;
 
 pub use config::Config;
-pub use runtime::{Attempt, BatchStage, Hold, Outcome, Output, Stage, StageError};
+pub use runtime::{Attempt, BatchStage, Hold, Outcome, Output, Stage, StageError, Wake};
 pub use shutdown::Shutdown;
 pub use stage::{Registration, Source, StageOptions, StageSpec};
 pub use topology::Topology;

@@ -12,6 +12,9 @@
 //! new messages, among them the ones waited for, always get pulled). Only handler errors and
 //! crashes count toward `max_deliver` (JetStream's delivery count); a wait ends in a dead letter
 //! only after `runtime.max_wait_ms` of waiting in a running process, "waited too long for …".
+//! A handler that knows what it waits for answers [`StageError::Wait`] with a [`Wake`]: parked
+//! the same way, it runs again the moment that happens, so a wait never needs to hold a slot to
+//! be answered promptly.
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -110,6 +113,39 @@ pub enum StageError {
         why: String,
         outputs: Vec<Output>,
     },
+    /// Not yet, and something in this process will say when (a session's cursor moved): parked
+    /// like [`StageError::Defer`], without a handler slot, until `wake` fires or `at_most` has
+    /// passed, then run again. With `outage`, the time does not count toward
+    /// `runtime.max_wait_ms` (as with [`StageError::Outage`]).
+    #[error("waiting: {why}")]
+    Wait {
+        at_most: Duration,
+        why: String,
+        outage: bool,
+        wake: Wake,
+    },
+}
+
+/// What ends a parked message's wait early: a future that resolves when retrying may succeed.
+/// (In a mutex only so that outcomes stay `Sync`; it is awaited once, by the runtime.)
+pub struct Wake(std::sync::Mutex<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Wake {
+    pub fn new(fut: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self(std::sync::Mutex::new(Box::pin(fut)))
+    }
+
+    /// Resolves when the wait may end.
+    pub async fn fired(self) {
+        let fut = self.0.into_inner().unwrap_or_else(|e| e.into_inner());
+        fut.await
+    }
+}
+
+impl std::fmt::Debug for Wake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Wake")
+    }
 }
 
 impl StageError {
@@ -667,28 +703,59 @@ impl Runtime {
                         tracing::debug!(%why, "waiting out an outage");
                         count(name, "waiting_outage", 1);
                         let parked = Instant::now();
-                        if !slots.park(&msg, after).await {
+                        if !slots.park(&msg, after, None).await {
                             return;
                         }
                         outage += parked.elapsed();
                         attempt.waits += 1;
                         attempt.waited = first_run.elapsed();
                     }
-                    Err(StageError::Defer(after, why)) => {
-                        let waited = first_run.elapsed().saturating_sub(outage);
-                        if waited >= opts.max_wait {
-                            let why = format!(
-                                "waited too long for {why}: {:.0} s (max {:.0} s)",
-                                waited.as_secs_f64(),
-                                opts.max_wait.as_secs_f64()
-                            );
-                            self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
-                                .await;
+                    Err(StageError::Wait {
+                        at_most,
+                        why,
+                        outage: true,
+                        wake,
+                    }) => {
+                        tracing::debug!(%why, "waiting out an outage");
+                        count(name, "waiting_outage", 1);
+                        let parked = Instant::now();
+                        if !slots.park(&msg, at_most, Some(wake)).await {
                             return;
                         }
+                        outage += parked.elapsed();
+                        attempt.waits += 1;
+                        attempt.waited = first_run.elapsed();
+                    }
+                    Err(
+                        StageError::Defer(_, why)
+                        | StageError::Wait {
+                            why, outage: false, ..
+                        },
+                    ) if first_run.elapsed().saturating_sub(outage) >= opts.max_wait => {
+                        let why = format!(
+                            "waited too long for {why}: {:.0} s (max {:.0} s)",
+                            first_run.elapsed().saturating_sub(outage).as_secs_f64(),
+                            opts.max_wait.as_secs_f64()
+                        );
+                        self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
+                            .await;
+                        return;
+                    }
+                    Err(StageError::Defer(after, why)) => {
                         tracing::debug!(%why, "waiting");
                         count(name, "deferred", 1);
-                        if !slots.park(&msg, after).await {
+                        if !slots.park(&msg, after, None).await {
+                            return;
+                        }
+                        attempt.waits += 1;
+                        attempt.waited = first_run.elapsed();
+                    }
+                    Err(StageError::Wait {
+                        at_most, why, wake, ..
+                    }) => {
+                        tracing::debug!(%why, "waiting");
+                        count(name, "deferred", 1);
+                        if !slots.park(&msg, at_most, Some(wake)).await {
                             return;
                         }
                         attempt.waits += 1;
@@ -744,7 +811,18 @@ impl Runtime {
                     },
                 ) => {
                     tracing::debug!(why = %wait_why, "give-up step waiting");
-                    if !slots.park(msg, after).await {
+                    if !slots.park(msg, after, None).await {
+                        return;
+                    }
+                }
+                Err(StageError::Wait {
+                    at_most,
+                    why: wait_why,
+                    wake,
+                    ..
+                }) => {
+                    tracing::debug!(why = %wait_why, "give-up step waiting");
+                    if !slots.park(msg, at_most, Some(wake)).await {
                         return;
                     }
                 }
@@ -862,17 +940,34 @@ impl Slots {
         }
     }
 
-    /// Park a waiting message for `delay`: its slot given back, progress acks keeping it ours,
-    /// then a slot taken again. False if shutdown came first: the message was handed back
-    /// to the stream (JetStream counts that as a delivery).
-    async fn park(&mut self, msg: &jetstream::Message, delay: Duration) -> bool {
+    /// Park a waiting message for `delay`, or until `wake` fires: its slot given back, progress
+    /// acks keeping it ours, then a slot taken again. False if shutdown came first: the message
+    /// was handed back to the stream (JetStream counts that as a delivery).
+    async fn park(
+        &mut self,
+        msg: &jetstream::Message,
+        delay: Duration,
+        wake: Option<Wake>,
+    ) -> bool {
         self.held = None;
         self.resumed = None;
         // The handler may have run for up to a third of `ack_wait` since its last progress ack.
         let _ = msg.ack_with(AckKind::Progress).await;
         let this = [msg];
+        let woken = async {
+            match wake {
+                Some(wake) => wake.fired().await,
+                None => std::future::pending().await,
+            }
+        };
+        let wait = async {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = woken => {}
+            }
+        };
         let slept = tokio::select! {
-            _ = with_progress(&this, self.ack_wait, tokio::time::sleep(delay)) => true,
+            _ = with_progress(&this, self.ack_wait, wait) => true,
             _ = self.shutdown.wait() => false,
         };
         // Progress acks go on while it queues: with every slot busy the wait can be long.

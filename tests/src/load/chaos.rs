@@ -315,13 +315,14 @@ impl ChaosReport {
         );
         if let Some(o) = &v.outage {
             println!(
-                "  runner outage: {:.1} s ({} calls answered 503, then connections refused); {} waits recorded, {} people told, {} with a message open across it, {} messages answered only after it",
+                "  runner outage: {:.1} s ({} calls answered 503, then connections refused); {} waits recorded, {} people told, {} with a message open across it, {} messages answered only after it, {} people with one sent 5 s or more before it ended",
                 o.down_s,
                 o.refused_calls,
                 o.waits_recorded,
                 o.people_told,
                 o.people_open,
-                o.waited_messages
+                o.waited_messages,
+                o.people_waited
             );
         }
         for (channel, t) in &v.channels {

@@ -258,6 +258,7 @@ pub enum Kind {
     NoticeNotReceived,
     NoticeWithoutWait,
     WaitNotRecorded,
+    NotTold,
     OutageWaitedNothing,
     DeadLetter,
     DeadLettersUnreadable,
@@ -305,6 +306,9 @@ impl Kind {
             }
             Kind::WaitNotRecorded => {
                 "people whose turn the down runner refused with no wait recorded"
+            }
+            Kind::NotTold => {
+                "people whose message waited out the outage who were never told on their channel"
             }
             Kind::OutageWaitedNothing => "runner outages during which no turn waited",
             Kind::DeadLetter => "dead letters",
@@ -369,6 +373,9 @@ pub struct OutageTally {
     pub waits_recorded: u64,
     /// People who got a notice on their channel.
     pub people_told: u64,
+    /// People with a message accepted at least [`TOLD_GRACE_US`] before the runner was back
+    /// and first called after it (each must be told).
+    pub people_waited: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -455,6 +462,11 @@ fn secs(us: u64) -> String {
 fn last_answer(text: &str) -> Option<(usize, u32)> {
     parse_answers(text).and_then(|a| a.last().copied())
 }
+
+/// A message accepted at least this long before the runner was back, and first called after
+/// it, had time to reach a dispatcher while the runner was down (through a worker killed on
+/// the way and redelivered, or Postgres restarting), so its person must have been told.
+pub const TOLD_GRACE_US: u64 = 5_000_000;
 
 /// Judge a run by its evidence.
 pub fn judge(e: &Evidence) -> Verdict {
@@ -1245,7 +1257,10 @@ fn judge_notices(
         }
     }
 
-    // Who could have waited: a message open across the outage.
+    // Who could have waited: a message open across the outage. Who certainly waited, long
+    // enough to be told: a message accepted well before the runner was back, first called
+    // after it (the first such message of each sender, with its first call).
+    let mut must_tell: BTreeMap<usize, (&AcceptedMessage, Option<u64>)> = BTreeMap::new();
     let (open, waited_messages) = match &e.runner_outage {
         Some(o) => {
             // The last answered call of each message, and the first.
@@ -1270,6 +1285,9 @@ fn judge_notices(
                 }
                 if calls.is_some_and(|(first, _)| *first >= o.back_us) {
                     waited += 1;
+                    if a.accepted_us + TOLD_GRACE_US <= o.back_us {
+                        must_tell.entry(a.sender).or_insert((a, calls.map(|c| c.0)));
+                    }
                 }
             }
             (open, waited)
@@ -1278,6 +1296,7 @@ fn judge_notices(
     };
 
     let mut people_told = 0u64;
+    let mut told_people: HashSet<usize> = HashSet::new();
     let senders: HashSet<usize> = told.keys().chain(waits.keys()).copied().collect();
     let mut senders: Vec<usize> = senders.into_iter().collect();
     senders.sort_unstable();
@@ -1294,6 +1313,7 @@ fn judge_notices(
         if delivered {
             people_told += 1;
             v.channels.entry(channel).or_default().told += 1;
+            told_people.insert(sender);
         }
         let distinct = |ids: &[String]| ids.iter().collect::<HashSet<_>>().len();
         let mut twice = Vec::new();
@@ -1401,6 +1421,25 @@ fn judge_notices(
             );
         }
     }
+    for (&sender, (a, first_call)) in &must_tell {
+        if told_people.contains(&sender) {
+            continue;
+        }
+        let channel = channel_of.get(&sender).copied().unwrap_or_default();
+        v.add(
+            Kind::NotTold,
+            format!(
+                "{} ({}): message #{} accepted at {} waited for the runner (first called at {}, \
+                 the runner back at {}) and they were never told",
+                channel.person(sender),
+                channel.name(),
+                a.index,
+                secs(a.accepted_us),
+                first_call.map_or_else(|| "never".into(), secs),
+                secs(o.back_us)
+            ),
+        );
+    }
     let tally = OutageTally {
         down_s: o.back_us.saturating_sub(o.unavailable_us) as f64 / 1e6,
         refused_calls: e.refused_calls.len() as u64,
@@ -1408,6 +1447,7 @@ fn judge_notices(
         people_open: open.len() as u64,
         waits_recorded: e.waiting.len() as u64,
         people_told,
+        people_waited: must_tell.len() as u64,
     };
     if tally.waits_recorded == 0 || tally.waited_messages == 0 {
         v.add(
@@ -2391,14 +2431,52 @@ mod tests {
             e.client_replies
                 .retain(|r| !(r.notice && r.channel == channel));
             let v = judge(&e);
+            // Their message waited out the outage too: they were never told at all.
             assert_eq!(
                 v.findings.keys().copied().collect::<Vec<_>>(),
-                vec![Kind::NoticeNotReceived],
+                vec![Kind::NoticeNotReceived, Kind::NotTold],
                 "{channel:?}: {:?}",
                 v.findings
             );
             assert_eq!(v.channels[&channel].told, 0);
         }
+    }
+
+    #[test]
+    fn a_person_whose_message_waited_out_the_outage_and_was_never_told_fails() {
+        // The product recorded no wait for sender 3 (chat) and told them nothing, though their
+        // message, accepted 8 s before the runner was back, was first called after it.
+        let mut e = outage_run();
+        let person = Channel::Chat.person(3);
+        e.waiting.retain(|w| w.person != person);
+        e.client_replies
+            .retain(|r| !(r.notice && r.channel == Channel::Chat));
+        e.mailbox
+            .retain(|m| !(m.is_notice() && m.reply_id == "notice-3"));
+        let f = only_kind(&judge(&e), Kind::NotTold);
+        assert!(
+            f.evidence.contains(&person) && f.evidence.contains("never told"),
+            "{}",
+            f.evidence
+        );
+        assert_eq!(judge(&outage_run()).outage.unwrap().people_waited, 3);
+        // Accepted less than 5 s before the runner was back: it may not have met the outage
+        // in time to wait, and no finding is made.
+        let mut e = outage_run();
+        e.waiting.retain(|w| w.person != person);
+        e.client_replies
+            .retain(|r| !(r.notice && r.channel == Channel::Chat));
+        e.mailbox
+            .retain(|m| !(m.is_notice() && m.reply_id == "notice-3"));
+        let late = message_text(3, 1);
+        let a = e
+            .accepted
+            .iter_mut()
+            .find(|a| message_text(a.sender, a.index) == late)
+            .unwrap();
+        a.accepted_us = 6_000_000;
+        let v = judge(&e);
+        assert!(v.passed(), "{:?}", v.findings);
     }
 
     #[test]
