@@ -315,7 +315,7 @@ impl ChaosReport {
         );
         if let Some(o) = &v.outage {
             println!(
-                "  runner outage: {:.1} s ({} calls answered 503, then connections refused); {} waits recorded, {} people told, {} with a message open across it, {} messages answered only after it, {} people with one sent 5 s or more before it ended",
+                "  runner outage: {:.1} s ({} calls answered 503, then connections refused); {} waits recorded, {} people told, {} with a message open across it, {} messages answered only after it, {} people with one whose turn opened 5 s or more before it ended",
                 o.down_s,
                 o.refused_calls,
                 o.waits_recorded,
@@ -742,8 +742,11 @@ async fn collect_evidence(
         })
         .collect();
     let db = &pipeline.db;
+    // The database's times, on the harness's clock.
+    let offset_us = chrono::Utc::now().timestamp_micros() - now_us() as i64;
     let turns = sqlx::query(
-        "SELECT provider_message_id, status, seq, reply_id::text, joined_into
+        "SELECT provider_message_id, status, seq, reply_id::text, joined_into,
+                (extract(epoch FROM created_at) * 1000000)::bigint
            FROM switchboard.turns",
     )
     .fetch_all(db)
@@ -755,6 +758,7 @@ async fn collect_evidence(
         seq: row.get(2),
         reply_id: row.get(3),
         joined_into: row.get(4),
+        opened_us: Some((row.get::<i64, _>(5) - offset_us).max(0) as u64),
     })
     .collect();
     let inbound_logged = sqlx::query_scalar::<_, Option<String>>(
@@ -790,7 +794,6 @@ async fn collect_evidence(
     })
     .collect();
     // The journal's waits, on the harness's clock.
-    let offset_us = chrono::Utc::now().timestamp_micros() - now_us() as i64;
     let waiting = sqlx::query(
         "SELECT s.person_id, e.detail->>'notice_id', e.seq,
                 (extract(epoch FROM e.at) * 1000000)::bigint

@@ -134,6 +134,9 @@ pub struct TurnRow {
     /// The turn whose call answered this one with it (collect): the last of the group.
     #[serde(default)]
     pub joined_into: Option<i64>,
+    /// When the session stage opened it (`created_at`), on the harness's clock.
+    #[serde(default)]
+    pub opened_us: Option<u64>,
 }
 
 /// A row of the delivery ledger (`switchboard.deliveries`).
@@ -373,8 +376,8 @@ pub struct OutageTally {
     pub waits_recorded: u64,
     /// People who got a notice on their channel.
     pub people_told: u64,
-    /// People with a message accepted at least [`TOLD_GRACE_US`] before the runner was back
-    /// and first called after it (each must be told).
+    /// People with a message whose turn opened at least [`TOLD_GRACE_US`] before the runner
+    /// was back and which was first called after it (each must be told).
     pub people_waited: u64,
 }
 
@@ -463,9 +466,12 @@ fn last_answer(text: &str) -> Option<(usize, u32)> {
     parse_answers(text).and_then(|a| a.last().copied())
 }
 
-/// A message accepted at least this long before the runner was back, and first called after
-/// it, had time to reach a dispatcher while the runner was down (through a worker killed on
-/// the way and redelivered, or Postgres restarting), so its person must have been told.
+/// A message whose turn was opened at least this long before the runner was back, and which
+/// was first called after it, had time to reach a dispatcher while the runner was down (through
+/// a dispatcher killed holding it and the redelivery, or Postgres restarting), so its person
+/// must have been told. (Timed from the turn, not from acceptance: a message held up before its
+/// turn, by an identify worker that could not start while NATS was restarting, say, may reach
+/// dispatch only after the runner is back, and then nobody is to be told.)
 pub const TOLD_GRACE_US: u64 = 5_000_000;
 
 /// Judge a run by its evidence.
@@ -1260,7 +1266,12 @@ fn judge_notices(
     // Who could have waited: a message open across the outage. Who certainly waited, long
     // enough to be told: a message accepted well before the runner was back, first called
     // after it (the first such message of each sender, with its first call).
-    let mut must_tell: BTreeMap<usize, (&AcceptedMessage, Option<u64>)> = BTreeMap::new();
+    let mut must_tell: BTreeMap<usize, (&AcceptedMessage, u64, Option<u64>)> = BTreeMap::new();
+    let opened: HashMap<&str, u64> = e
+        .turns
+        .iter()
+        .filter_map(|t| Some((t.provider_message_id.as_str(), t.opened_us?)))
+        .collect();
     let (open, waited_messages) = match &e.runner_outage {
         Some(o) => {
             // The last answered call of each message, and the first.
@@ -1285,8 +1296,12 @@ fn judge_notices(
                 }
                 if calls.is_some_and(|(first, _)| *first >= o.back_us) {
                     waited += 1;
-                    if a.accepted_us + TOLD_GRACE_US <= o.back_us {
-                        must_tell.entry(a.sender).or_insert((a, calls.map(|c| c.0)));
+                    // Evidence from before turns carried their time: from acceptance.
+                    let since = opened.get(a.sid.as_str()).copied().unwrap_or(a.accepted_us);
+                    if since + TOLD_GRACE_US <= o.back_us {
+                        must_tell
+                            .entry(a.sender)
+                            .or_insert((a, since, calls.map(|c| c.0)));
                     }
                 }
             }
@@ -1421,7 +1436,7 @@ fn judge_notices(
             );
         }
     }
-    for (&sender, (a, first_call)) in &must_tell {
+    for (&sender, (a, opened, first_call)) in &must_tell {
         if told_people.contains(&sender) {
             continue;
         }
@@ -1429,12 +1444,13 @@ fn judge_notices(
         v.add(
             Kind::NotTold,
             format!(
-                "{} ({}): message #{} accepted at {} waited for the runner (first called at {}, \
-                 the runner back at {}) and they were never told",
+                "{} ({}): message #{} accepted at {} (its turn opened at {}) waited for the \
+                 runner (first called at {}, the runner back at {}) and they were never told",
                 channel.person(sender),
                 channel.name(),
                 a.index,
                 secs(a.accepted_us),
+                secs(*opened),
                 first_call.map_or_else(|| "never".into(), secs),
                 secs(o.back_us)
             ),
@@ -1512,6 +1528,7 @@ mod tests {
                     seq: index as i64 + 1,
                     reply_id: Some(reply_id.clone()),
                     joined_into: None,
+                    opened_us: Some(t + 500),
                 });
                 e.inbound_logged.push(sid.clone());
                 e.runner_calls.push(CallRecord {
@@ -2460,23 +2477,36 @@ mod tests {
             f.evidence
         );
         assert_eq!(judge(&outage_run()).outage.unwrap().people_waited, 3);
-        // Accepted less than 5 s before the runner was back: it may not have met the outage
-        // in time to wait, and no finding is made.
+        // Its turn opened less than 5 s before the runner was back (the message held up on
+        // the way): it may not have met the outage in time to wait, and no finding is made.
         let mut e = outage_run();
         e.waiting.retain(|w| w.person != person);
         e.client_replies
             .retain(|r| !(r.notice && r.channel == Channel::Chat));
         e.mailbox
             .retain(|m| !(m.is_notice() && m.reply_id == "notice-3"));
-        let late = message_text(3, 1);
-        let a = e
+        let sid = e
             .accepted
+            .iter()
+            .find(|a| (a.sender, a.index) == (3, 1))
+            .unwrap()
+            .sid
+            .clone();
+        let turn = e
+            .turns
             .iter_mut()
-            .find(|a| message_text(a.sender, a.index) == late)
+            .find(|t| t.provider_message_id == sid)
             .unwrap();
-        a.accepted_us = 6_000_000;
+        turn.opened_us = Some(6_000_000);
         let v = judge(&e);
         assert!(v.passed(), "{:?}", v.findings);
+        // Without the turn's time (older evidence), from acceptance: the finding stands.
+        e.turns
+            .iter_mut()
+            .find(|t| t.provider_message_id == sid)
+            .unwrap()
+            .opened_us = None;
+        only_kind(&judge(&e), Kind::NotTold);
     }
 
     #[test]
