@@ -569,6 +569,8 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         .iter()
         .map(|a| (a.channel, message_text(a.sender, a.index)))
         .collect();
+    let draining = Instant::now();
+    let mut told = Duration::ZERO;
     while Instant::now() < drain_deadline {
         for label in pipeline.workers.restart_exited()? {
             event(format!("{label} exited by itself; restarted"));
@@ -578,6 +580,22 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         bar.set_position(have as u64);
         if have == want.len() {
             break;
+        }
+        // A slow drain says what it waits for, every 5 s.
+        if draining.elapsed() >= told + Duration::from_secs(5) {
+            told = draining.elapsed();
+            let missing: Vec<String> = want
+                .iter()
+                .filter(|w| !answered.contains(w))
+                .take(5)
+                .map(|(c, t)| format!("{t} ({})", c.name()))
+                .collect();
+            event(format!(
+                "draining for {:.0} s: {} replies missing, among them {}",
+                told.as_secs_f64(),
+                want.len() - have,
+                missing.join(", ")
+            ));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -277,32 +277,58 @@ impl Pipeline {
 
     /// Messages not yet acked, summed over the stages: (pending, ack pending).
     pub async fn backlog(&self) -> anyhow::Result<(u64, u64)> {
+        let by_stage = self.backlog_by_stage().await?;
+        Ok(by_stage
+            .iter()
+            .fold((0, 0), |(p, a), (_, sp, sa)| (p + sp, a + sa)))
+    }
+
+    /// Messages not yet acked, per stage: (stage, pending, ack pending).
+    pub async fn backlog_by_stage(&self) -> anyhow::Result<Vec<(&'static str, u64, u64)>> {
         let stream = self.js.get_stream(self.topology.work_stream()).await?;
-        let (mut pending, mut ack_pending) = (0, 0);
+        let mut by_stage = Vec::new();
         for stage in stages::names() {
             let mut c: jetstream::consumer::PullConsumer = stream
                 .get_consumer(stage)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let info = c.info().await?;
-            pending += info.num_pending;
-            ack_pending += info.num_ack_pending as u64;
+            by_stage.push((stage, info.num_pending, info.num_ack_pending as u64));
         }
-        Ok((pending, ack_pending))
+        Ok(by_stage)
     }
 
     /// Wait until every stage has consumed and acked everything, three checks in a row.
     pub async fn settle(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
         let mut quiet = 0;
+        let mut told = Duration::ZERO;
         while quiet < 3 {
             if Instant::now() >= deadline {
                 return false;
             }
-            quiet = match self.backlog().await {
-                Ok((0, 0)) => quiet + 1,
+            let backlog = self.backlog_by_stage().await;
+            quiet = match &backlog {
+                Ok(b) if b.iter().all(|(_, p, a)| p + a == 0) => quiet + 1,
                 _ => 0,
             };
+            // A slow settle says what it waits for, every 5 s.
+            if quiet == 0 && started.elapsed() >= told + Duration::from_secs(5) {
+                told = started.elapsed();
+                if let Ok(b) = &backlog {
+                    let left: Vec<String> = b
+                        .iter()
+                        .filter(|(_, p, a)| p + a > 0)
+                        .map(|(s, p, a)| format!("{s} {p} pending, {a} unacked"))
+                        .collect();
+                    eprintln!(
+                        "settling for {:.0} s: {}",
+                        told.as_secs_f64(),
+                        left.join("; ")
+                    );
+                }
+            }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         true
