@@ -343,3 +343,55 @@ async fn a_person_writing_late_in_an_outage_is_told_however_many_messages_wait_b
     assert!(app.dead_letters("dispatch").await.is_empty());
     app.shutdown().await;
 }
+
+/// When a probe finds the runner back, every turn waiting for it goes on at once: none waits
+/// for a probe time of its own.
+#[tokio::test]
+async fn when_the_runner_is_back_every_waiting_person_is_answered_at_once_not_at_the_next_probe() {
+    let app = spawn_app_configured(|c| {
+        outage_settings(c);
+        // Probes 6 s apart: a turn that waited for the next one would be answered 6 s late.
+        c.dispatch.breaker_probe_ms = 6_000;
+        c.dispatch.breaker_probe_max_ms = 6_000;
+    })
+    .await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    let people: Vec<String> = (0..3).map(|i| format!("+1415555072{i}")).collect();
+    app.runner.set_down(true);
+    for person in &people {
+        app.send_sms(person, "are you there?").await;
+    }
+    until("everyone told", || {
+        people.iter().all(|p| bodies_to(&app, p).len() == 1)
+    })
+    .await;
+    // Back, and slow: the turns that resume while the probe's call runs must not be sent to
+    // wait for another probe.
+    app.runner.set_delay(Duration::from_millis(1_000));
+    app.runner.set_down(false);
+    until("every answer", || {
+        people.iter().all(|p| bodies_to(&app, p).len() == 2)
+    })
+    .await;
+    for person in &people {
+        assert_eq!(
+            bodies_to(&app, person),
+            [notice.as_str(), "echo: are you there?"]
+        );
+    }
+    let answered: Vec<_> = app
+        .twilio
+        .sent()
+        .into_iter()
+        .filter(|m| m.body.starts_with("echo: "))
+        .map(|m| m.created)
+        .collect();
+    let first = answered.iter().min().unwrap();
+    let last = answered.iter().max().unwrap();
+    assert!(
+        *last - *first < chrono::Duration::seconds(3),
+        "answered {} ms apart: a waiting turn kept to its own probe time",
+        (*last - *first).num_milliseconds()
+    );
+    app.shutdown().await;
+}

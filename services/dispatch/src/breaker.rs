@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use switchboard_kit::retry::Backoff;
+use tokio::sync::watch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -43,6 +44,9 @@ pub struct Breakers {
     /// A probe that never reports (its dispatcher task vanished) is forgotten after this.
     probe_timeout: Duration,
     runners: Mutex<HashMap<String, State>>,
+    /// Bumped each time a runner is found back, so the turns parked waiting for it go on at
+    /// once rather than at their next probe time.
+    recovered: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
 impl Breakers {
@@ -57,6 +61,25 @@ impl Breakers {
             probe: Backoff::new(probe, probe_max.max(probe)),
             probe_timeout,
             runners: Mutex::new(HashMap::new()),
+            recovered: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Resolves the next time `runner` is found back after this call (take it before the
+    /// call that may find the runner down, so a recovery in between is not missed).
+    pub fn recovery(&self, runner: &str) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self
+            .recovered
+            .lock()
+            .unwrap()
+            .entry(runner.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        async move {
+            // The sender lives as long as the breakers: an error would mean no recovery ever.
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
         }
     }
 
@@ -91,6 +114,9 @@ impl Breakers {
             if !matches!(state, State::Closed { .. }) {
                 tracing::info!(runner, "runner is back; waiting turns resume");
                 metrics::counter!("sb_dispatch_runner_recovered_total").increment(1);
+                if let Some(tx) = self.recovered.lock().unwrap().get(runner) {
+                    tx.send_modify(|n| *n = n.wrapping_add(1));
+                }
             }
             *state = State::Closed { failures: 0 };
         }
@@ -214,6 +240,28 @@ mod tests {
         assert_eq!(b.admit("r", t), Admission::Call);
         assert!(matches!(b.admit("r", t), Admission::Wait(_)));
         assert_eq!(b.admit("r", t + Duration::from_secs(60)), Admission::Call);
+    }
+
+    #[test]
+    fn turns_waiting_for_a_runner_hear_when_it_is_found_back() {
+        use futures::FutureExt as _;
+        let b = breakers();
+        let t = Instant::now();
+        // Taken before the failures: a recovery after it counts.
+        let mut back = Box::pin(b.recovery("r"));
+        let mut other = Box::pin(b.recovery("other"));
+        for _ in 0..3 {
+            b.failed("r", t);
+        }
+        assert!(back.as_mut().now_or_never().is_none(), "still down");
+        assert_eq!(b.admit("r", t + Duration::from_secs(1)), Admission::Call);
+        b.succeeded("r");
+        assert!(back.as_mut().now_or_never().is_some(), "found back");
+        assert!(other.as_mut().now_or_never().is_none(), "another runner");
+        // A success while the runner was up is no recovery.
+        let mut again = Box::pin(b.recovery("r"));
+        b.succeeded("r");
+        assert!(again.as_mut().now_or_never().is_none());
     }
 
     #[test]

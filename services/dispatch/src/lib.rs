@@ -73,11 +73,12 @@ pub enum DispatchError {
         max_s: u64,
     },
     /// The agent's runner is down: the turn waits for it (`notice`: what to tell the person,
-    /// when they are to be told).
+    /// when they are to be told), until `after` or until `recovery` says it is back.
     #[error("the agent's runner is down; the turn waits for it")]
     RunnerDown {
         after: Duration,
         notice: Vec<Output>,
+        recovery: Wake,
     },
     #[error(transparent)]
     Runner(#[from] RunnerError),
@@ -1015,11 +1016,14 @@ impl TurnDispatcher {
         // leaves the probes' schedule alone): this process's breaker may still be open after
         // another replica found the runner back, and nobody is told the agent is unavailable
         // on a stale word, only after their own turn found it down.
+        // A wait for the runner ends when this process finds it back (taken before the
+        // breaker is asked and the runner called, so a recovery in between is not missed).
+        let recovery = Wake::new(self.breakers.recovery(&agent.runner_url));
         let check = match self.breakers.admit(&agent.runner_url, Instant::now()) {
             breaker::Admission::Call => false,
             breaker::Admission::Wait(after) if lease.told_waiting => {
                 return Err(self
-                    .wait_for_runner(turn, session, call, after, attempt)
+                    .wait_for_runner(turn, session, call, after, recovery, attempt)
                     .await);
             }
             breaker::Admission::Wait(_) => true,
@@ -1125,7 +1129,7 @@ impl TurnDispatcher {
                 if check || self.breakers.failed(&agent.runner_url, Instant::now()) {
                     let after = Duration::from_millis(self.config.breaker_probe_ms.max(10));
                     return Err(self
-                        .wait_for_runner(turn, session, call, after, attempt)
+                        .wait_for_runner(turn, session, call, after, recovery, attempt)
                         .await);
                 }
                 // Best effort: a lease left behind only delays this turn's retry until it ends.
@@ -1371,6 +1375,7 @@ impl TurnDispatcher {
         session: Uuid,
         call: Uuid,
         after: Duration,
+        recovery: Wake,
         attempt: &Attempt,
     ) -> DispatchError {
         let fresh = Uuid::now_v7();
@@ -1418,7 +1423,11 @@ impl TurnDispatcher {
             }
         };
         metrics::counter!("sb_dispatch_turns_waiting_for_runner_total").increment(1);
-        DispatchError::RunnerDown { after, notice }
+        DispatchError::RunnerDown {
+            after,
+            notice,
+            recovery,
+        }
     }
 
     /// Record that the turn expired and tell the person (the notice's id is kept in the
@@ -1553,10 +1562,15 @@ impl Stage for TurnDispatcher {
     async fn handle(&self, turn: Turn, attempt: &Attempt) -> Result<Vec<Output>, StageError> {
         match self.dispatch_turn(&turn, attempt).await {
             Ok(out) => Ok(out),
-            Err(DispatchError::RunnerDown { after, notice }) => Err(StageError::Outage {
+            Err(DispatchError::RunnerDown {
+                after,
+                notice,
+                recovery,
+            }) => Err(StageError::Outage {
                 after,
                 why: "the agent's runner is down".into(),
                 outputs: notice,
+                wake: Some(recovery),
             }),
             Err(e @ DispatchError::Interrupted { .. }) => {
                 Err(StageError::Defer(Duration::from_millis(10), e.to_string()))

@@ -107,11 +107,13 @@ pub enum StageError {
     /// `runtime.max_wait_ms`: how old a message may get is the stage's own rule), and
     /// `outputs` (a notice to the person, say) are published first; if that fails the message
     /// goes back to the stream, and its redelivery (`Attempt::waits` 0) makes them again.
+    /// `wake`, if any, ends the wait early (the outage is over).
     #[error("waiting out an outage: {why}")]
     Outage {
         after: Duration,
         why: String,
         outputs: Vec<Output>,
+        wake: Option<Wake>,
     },
     /// Not yet, and something in this process will say when (a session's cursor moved): parked
     /// like [`StageError::Defer`], without a handler slot, until `wake` fires or `at_most` has
@@ -693,6 +695,7 @@ impl Runtime {
                         after,
                         why,
                         outputs,
+                        wake,
                     }) => {
                         if let Err(e) = self.publish_all(name, &outputs).await {
                             // Back to the stream: the redelivery makes them again.
@@ -703,7 +706,7 @@ impl Runtime {
                         tracing::debug!(%why, "waiting out an outage");
                         count(name, "waiting_outage", 1);
                         let parked = Instant::now();
-                        if !slots.park(&msg, after, None).await {
+                        if !slots.park(&msg, after, wake).await {
                             return;
                         }
                         outage += parked.elapsed();
@@ -802,16 +805,20 @@ impl Runtime {
                 Ok(outputs) => break outputs,
                 // The step must wait (a live call may still answer the turn): the decision to
                 // give up stands, so wait here and run the step again, not the handler.
-                Err(
-                    StageError::Defer(after, wait_why)
-                    | StageError::Outage {
-                        after,
-                        why: wait_why,
-                        ..
-                    },
-                ) => {
+                Err(StageError::Defer(after, wait_why)) => {
                     tracing::debug!(why = %wait_why, "give-up step waiting");
                     if !slots.park(msg, after, None).await {
+                        return;
+                    }
+                }
+                Err(StageError::Outage {
+                    after,
+                    why: wait_why,
+                    wake,
+                    ..
+                }) => {
+                    tracing::debug!(why = %wait_why, "give-up step waiting");
+                    if !slots.park(msg, after, wake).await {
                         return;
                     }
                 }
