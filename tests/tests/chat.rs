@@ -525,6 +525,56 @@ async fn a_reply_committed_after_a_later_one_for_the_same_person_is_not_skipped(
     app.shutdown().await;
 }
 
+/// A chat reply is a write to the mailbox, not an HTTP send: a deliverer that dies while
+/// writing it holds it for the mailbox's short lease, not the 45 s a provider's send needs,
+/// and the reply is written once however the writes meet.
+#[tokio::test]
+async fn a_chat_reply_being_written_is_held_for_the_mailboxs_short_lease_and_written_once() {
+    let app = app_without_catch_up().await;
+    let mut ana = Resuming::new("ana");
+    let mut socket = ana.open(&app.gateway_url).await;
+    let reply = chat_reply("ana", "l-1", "echo: held briefly");
+    // The write stalls: another transaction holds an uncommitted row of the same part.
+    let mut stall = app.db.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO switchboard.mailbox
+            (reply_id, part, channel, address, agent, correlation_id, text)
+         VALUES ($1::uuid, 0, 'admin_chat', 'elsewhere', '', '', '')",
+    )
+    .bind(&reply.id)
+    .execute(&mut *stall)
+    .await
+    .unwrap();
+    tokio::join!(app.deliver_directly(&reply), async {
+        wait_for_blocked_mailbox_insert(&app).await;
+        // Were the deliverer to die now, the reply would be taken over when this ends.
+        let held_for: f64 = sqlx::query_scalar(
+            "SELECT EXTRACT(EPOCH FROM leased_until - now())::float8
+               FROM switchboard.deliveries WHERE reply_id = $1::uuid",
+        )
+        .bind(&reply.id)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        let lease = switchboard_channels::MAILBOX_LEASE.as_secs_f64();
+        assert!(
+            held_for > 0.0 && held_for <= lease,
+            "a chat reply is held {held_for:.1} s (the mailbox's lease is {lease} s)"
+        );
+        stall.rollback().await.unwrap();
+    });
+    ana.read(&mut socket).await;
+    assert_eq!(ana.in_reply_to(), ["l-1"], "{:?}", ana.seen);
+    let entries: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM switchboard.mailbox WHERE reply_id = $1::uuid")
+            .bind(&reply.id)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(entries, 1);
+    app.shutdown().await;
+}
+
 /// Until a mailbox INSERT of this test's database waits on a lock.
 async fn wait_for_blocked_mailbox_insert(app: &TestApp) {
     let deadline = tokio::time::Instant::now() + WAIT;

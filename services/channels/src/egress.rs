@@ -56,6 +56,12 @@ pub enum SendError {
 pub trait Egress: Send + Sync + 'static {
     /// Split a reply into the parts this provider takes, in order.
     fn split(&self, text: &str) -> Vec<String>;
+    /// How long a deliverer holds a reply to this channel while it sends it (renewed after
+    /// each part): longer than one send can take, so that only a dead deliverer's hold ends
+    /// early. A reply whose deliverer died waits this long before another takes it.
+    fn lease(&self) -> Duration {
+        SEND_LEASE
+    }
     /// Send one part; the provider's id for it on success.
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>>;
     /// The provider's ids of the messages its own log holds that match `part` (same recipient,
@@ -71,6 +77,9 @@ pub trait Egress: Send + Sync + 'static {
         since: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Vec<String>, SendError>>;
 }
+
+/// [`Egress::lease`] of a provider reached over HTTP: above one send's HTTP timeout (30 s).
+pub const SEND_LEASE: Duration = Duration::from_secs(45);
 
 /// How far a provider's clock may be behind the ledger's when comparing a message's creation
 /// time with the start of an attempt (providers also round their times down to the second).

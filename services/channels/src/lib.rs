@@ -22,10 +22,10 @@ use std::sync::Arc;
 
 use switchboard_kit::config::Config;
 
-pub use egress::{Egress, OutboundPart, SendError, split_message};
+pub use egress::{Egress, OutboundPart, SEND_LEASE, SendError, split_message};
 pub use error::ApiError;
 pub use ingress::{Ack, Received, Webhook, WebhookRequest, client_id, client_message_key};
-pub use mailbox::{Mailbox, MailboxEgress, MailboxEntry};
+pub use mailbox::{MAILBOX_LEASE, Mailbox, MailboxEgress, MailboxEntry};
 
 /// Builds a channel's webhook from the configuration.
 pub type MakeWebhook = fn(&Config) -> Arc<dyn Webhook>;

@@ -262,9 +262,19 @@ impl Mailbox {
 /// The egress of chat and API replies: the whole reply is one part, put in the mailbox.
 pub struct MailboxEgress(pub Mailbox);
 
+/// [`Egress::lease`] of the mailbox: a write is one statement on a pool that gives up
+/// acquiring a connection after 10 s, and one taken over early is harmless (an entry is written
+/// once per reply and part). So a chat or API reply whose deliverer died waits 10 s, not the
+/// 45 s a provider's send needs.
+pub const MAILBOX_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Egress for MailboxEgress {
     fn split(&self, text: &str) -> Vec<String> {
         crate::egress::whole_message(text)
+    }
+
+    fn lease(&self) -> std::time::Duration {
+        MAILBOX_LEASE
     }
 
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {

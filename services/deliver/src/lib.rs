@@ -112,6 +112,14 @@ impl DeliveryLedger {
         Self { db, lease }
     }
 
+    /// The same ledger, taking replies for `lease` (a channel's own, see [`Egress::lease`]).
+    pub fn with_lease(&self, lease: Duration) -> Self {
+        Self {
+            db: self.db.clone(),
+            lease,
+        }
+    }
+
     pub async fn claim(&self, reply: &Reply, id: Uuid, parts: usize) -> Result<Claim, sqlx::Error> {
         let session: Uuid = reply.session_id.parse().unwrap_or_default();
         // One statement: create the ledger row leased to us, or take the lease of a pending row
@@ -432,6 +440,12 @@ impl DeliverStage {
         }
     }
 
+    /// How long a reply to `sender` is held while being sent: the channel's own lease, at most
+    /// the ledger's (tests shorten it).
+    fn lease_for(&self, sender: &dyn Egress) -> Duration {
+        self.ledger.lease.min(sender.lease())
+    }
+
     /// Replies of one session go out in turn order: wait until the previous one is settled.
     async fn wait_for_predecessor(&self, session: Uuid, seq: i64) -> Result<(), StageError> {
         let hold = Hold {
@@ -464,7 +478,7 @@ impl DeliverStage {
         since: DateTime<Utc>,
         own: &[String],
     ) -> Result<Option<String>, SendError> {
-        let budget = self.ledger.lease / 4;
+        let budget = self.lease_for(sender) / 4;
         let mut found = tokio::time::timeout(budget, sender.find_sent(part, since))
             .await
             .map_err(|_| {
@@ -577,21 +591,21 @@ impl Stage for DeliverStage {
             )));
         };
         let provider = reply.provider.clone();
+        let ledger = self.ledger.with_lease(self.lease_for(sender.as_ref()));
         if let Ok(session) = reply.session_id.parse::<Uuid>() {
             self.wait_for_predecessor(session, reply.seq).await?;
         }
         let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));
         if reply.kind == HEARTBEAT_OK_KIND {
             // Logged (log-outbound), not sent: the agent had nothing to report.
-            self.ledger.skip(&reply, id).await.map_err(transient)?;
+            ledger.skip(&reply, id).await.map_err(transient)?;
             metrics::counter!("sb_delivery_skipped_total", "kind" => HEARTBEAT_OK_KIND)
                 .increment(1);
             return Ok(Vec::new());
         }
         let parts = sender.split(&reply.text);
         let mut lease_taken = Instant::now();
-        let (mut sent, mut ids, attempt) = match self
-            .ledger
+        let (mut sent, mut ids, attempt) = match ledger
             .claim(&reply, id, parts.len())
             .await
             .map_err(transient)?
@@ -615,17 +629,14 @@ impl Stage for DeliverStage {
         };
         if parts.is_empty() {
             let error = "the agent's reply was empty".to_string();
-            self.ledger
-                .finish(id, Some(&error))
-                .await
-                .map_err(transient)?;
+            ledger.finish(id, Some(&error)).await.map_err(transient)?;
             return Ok(vec![self.failed(&reply, error)]);
         }
         // Whether the ledger already says `sent` (the last part's write sets it).
         if sent == parts.len() {
             // Every part went out and was recorded, but not the status: a row written by a
             // release from before the last part's write also set it.
-            self.ledger.finish(id, None).await.map_err(transient)?;
+            ledger.finish(id, None).await.map_err(transient)?;
         }
         let part_at = |index: usize| OutboundPart::new(&reply, index, &parts[index]);
         // The provider's id of the next part when its log shows an earlier attempt sent it.
@@ -634,12 +645,7 @@ impl Stage for DeliverStage {
             match attempt {
                 PartAttempt::Started => {}
                 PartAttempt::NotStarted => {
-                    if !self
-                        .ledger
-                        .attempt_started(id, sent)
-                        .await
-                        .map_err(transient)?
-                    {
+                    if !ledger.attempt_started(id, sent).await.map_err(transient)? {
                         return Err(StageError::transient(DeliverError::LostLease));
                     }
                 }
@@ -660,8 +666,8 @@ impl Stage for DeliverStage {
                     let last = sent + 1 == parts.len();
                     // Keep a margin before the lease ends, so no other deliverer takes the
                     // reply over while this one still tries to record its send.
-                    let until = lease_taken + self.ledger.lease * 3 / 4;
-                    self.ledger
+                    let until = lease_taken + ledger.lease * 3 / 4;
+                    ledger
                         .record_part_sent(id, &sid, sent, last, until)
                         .await
                         .map_err(transient)?;
@@ -671,10 +677,7 @@ impl Stage for DeliverStage {
                 }
                 Err(SendError::Rejected(error)) => {
                     tracing::warn!(reply_id = %id, %error, "delivery failed for good");
-                    self.ledger
-                        .finish(id, Some(&error))
-                        .await
-                        .map_err(transient)?;
+                    ledger.finish(id, Some(&error)).await.map_err(transient)?;
                     metrics::counter!("sb_delivery_failed_total", "provider" => provider)
                         .increment(1);
                     return Ok(vec![self.failed(&reply, error)]);
@@ -690,7 +693,7 @@ impl Stage for DeliverStage {
                         metrics::counter!("sb_delivery_throttled_total", "provider" => provider)
                             .increment(1);
                     }
-                    let _ = self.ledger.release(id, &e.to_string(), throttled).await;
+                    let _ = ledger.release(id, &e.to_string(), throttled).await;
                     return Err(StageError::transient(e));
                 }
             }
@@ -741,8 +744,9 @@ fn reconciled(provider: &str, outcome: &'static str) {
 }
 
 /// How long a deliverer holds a reply while sending it (renewed after each part); a crashed
-/// deliverer's reply is picked up again after this. Above one send's HTTP timeout (30 s).
-pub const DELIVERY_LEASE: Duration = Duration::from_secs(45);
+/// deliverer's reply is picked up again after this: the longest channel's
+/// [`Egress::lease`] (a provider over HTTP); the mailbox's is shorter.
+pub const DELIVERY_LEASE: Duration = switchboard_channels::SEND_LEASE;
 
 /// The deliver stage, as the product lists it.
 pub const STAGE: Registration = Registration {
