@@ -352,3 +352,64 @@ async fn a_runner_that_keeps_failing_is_retried_then_dead_lettered_with_the_coun
     assert!(app.twilio.sent().is_empty());
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_wait_recorded_by_a_dispatcher_that_died_before_telling_is_told_with_the_answer() {
+    // The dispatcher found the runner down, recorded the session waiting with its notice, and
+    // was killed before it published the notice; the runner is back when the turn comes again.
+    let app = spawn_app().await;
+    let (turn, mut delivery, dispatcher, _, session) =
+        one_turn_two_dispatchers(&app, "hello?").await;
+    let notice = uuid::Uuid::now_v7();
+    sqlx::query(
+        "UPDATE switchboard.sessions SET status = 'waiting', waiting_since = now(),
+                waiting_notice = $2 WHERE id = $1",
+    )
+    .bind(session)
+    .bind(notice)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    delivery.delivered = 2;
+    let out = dispatcher.handle(turn.clone(), &delivery).await.unwrap();
+    let replies: Vec<Reply> = out
+        .iter()
+        .filter(|o| o.subject == app.topology.reply())
+        .map(|o| prost::Message::decode(o.payload.clone()).unwrap())
+        .collect();
+    let told: Vec<(&str, &str, &str)> = replies
+        .iter()
+        .map(|r| (r.kind.as_str(), r.id.as_str(), r.text.as_str()))
+        .collect();
+    let notice_id = notice.to_string();
+    assert_eq!(
+        told,
+        [
+            (
+                "notice",
+                notice_id.as_str(),
+                app.config.dispatch.runner_down_notice.as_str()
+            ),
+            ("", replies[1].id.as_str(), "echo: hello?"),
+        ],
+        "told (the notice's own id, so sent once), then answered"
+    );
+    // A first delivery of the same turn would not tell again: the notice went out with the wait.
+    let (turn, delivery, dispatcher, _, session) = one_turn_two_dispatchers(&app, "again").await;
+    sqlx::query(
+        "UPDATE switchboard.sessions SET status = 'waiting', waiting_notice = $2 WHERE id = $1",
+    )
+    .bind(session)
+    .bind(uuid::Uuid::now_v7())
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let out = dispatcher.handle(turn, &delivery).await.unwrap();
+    assert_eq!(
+        out.iter()
+            .filter(|o| o.subject == app.topology.reply())
+            .count(),
+        1
+    );
+    app.shutdown().await;
+}

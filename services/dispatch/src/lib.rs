@@ -142,8 +142,8 @@ struct Lease {
     workspace: Option<String>,
     /// The identity's summary and when it was written.
     summary: Option<(String, DateTime<Utc>)>,
-    /// The person was told of the runner's outage this session waits out.
-    told_waiting: bool,
+    /// The notice that told the person of the runner's outage this session waits out.
+    waiting_notice: Option<Uuid>,
 }
 
 /// A runner call's lease outlives the agent's timeout by this much, so only a call that is
@@ -484,7 +484,7 @@ impl TurnDispatcher {
             Option<String>,
             Option<String>,
             Option<DateTime<Utc>>,
-            bool,
+            Option<Uuid>,
         );
         let leased: Option<Row> = sqlx::query_as(
             "WITH leased AS (
@@ -498,7 +498,7 @@ impl TurnDispatcher {
                                         WHERE d.id = s.running_by AND d.alive_until > now()))
                 RETURNING s.id, s.engine_session_id, s.pending_reset, s.pending_reset_at,
                           s.workspace_path, s.memory_key,
-                          s.waiting_notice IS NOT NULL AS told_waiting),
+                          s.waiting_notice),
              started AS (
                 INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
                 SELECT $6, id, 'turn_started:' || $3::text, 'turn_started', $7,
@@ -506,7 +506,7 @@ impl TurnDispatcher {
                   FROM leased
                 ON CONFLICT (key) DO NOTHING)
              SELECT l.engine_session_id, l.pending_reset, l.pending_reset_at, l.workspace_path,
-                    m.summary, m.updated_at, l.told_waiting
+                    m.summary, m.updated_at, l.waiting_notice
                FROM leased l LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key",
         )
         .bind(session)
@@ -519,13 +519,13 @@ impl TurnDispatcher {
         .fetch_optional(&self.db)
         .await?;
         Ok(leased.map(
-            |(engine_session, pending, pending_at, workspace, summary, written, told_waiting)| {
+            |(engine_session, pending, pending_at, workspace, summary, written, waiting_notice)| {
                 Lease {
                     engine_session,
                     pending_reset: pending.map(|r| (r, pending_at)),
                     workspace,
                     summary: summary.zip(written),
-                    told_waiting,
+                    waiting_notice,
                 }
             },
         ))
@@ -951,6 +951,20 @@ impl TurnDispatcher {
             }
         };
 
+        // The session waited for the runner and its person was told. A redelivered turn (its
+        // dispatcher died) tells them again with its answer, under the same notice id (sent once
+        // however often it is published): the dispatcher that recorded the wait may have died
+        // before publishing the notice, and the runner be back by now.
+        let retell = lease
+            .waiting_notice
+            .filter(|_| attempt.delivered > 1 && attempt.waits == 0);
+        let retold = |mut outputs: Vec<Output>| {
+            if let Some(notice) = retell {
+                let text = self.config.runner_down_notice.clone();
+                outputs.insert(0, self.notice_output(turn, session, notice, text));
+            }
+            outputs
+        };
         // The turn's own reset (decided when it was opened), else one asked for outside the
         // conversation. A message the agent started does not take an operator's reset: the
         // person's next message does, and is told.
@@ -991,7 +1005,7 @@ impl TurnDispatcher {
                 NextEngineSession::Keep
             };
             let s = settlement(notice(text), String::new(), next);
-            return self.settle(turn, session, after, call, s).await;
+            return self.settle(turn, session, after, call, s).await.map(retold);
         }
         // `/new` alone: the reset is the whole turn; the next message starts the engine
         // session.
@@ -1000,7 +1014,7 @@ impl TurnDispatcher {
         {
             let text = self.notices.for_reason(ResetReason::Command).to_string();
             let s = settlement(text, String::new(), NextEngineSession::Cleared);
-            return self.settle(turn, session, after, call, s).await;
+            return self.settle(turn, session, after, call, s).await.map(retold);
         }
 
         if let (Some(folder), Some((summary, _))) = (&lease.workspace, &lease.summary)
@@ -1021,7 +1035,7 @@ impl TurnDispatcher {
         let recovery = Wake::new(self.breakers.recovery(&agent.runner_url));
         let check = match self.breakers.admit(&agent.runner_url, Instant::now()) {
             breaker::Admission::Call => false,
-            breaker::Admission::Wait(after) if lease.told_waiting => {
+            breaker::Admission::Wait(after) if lease.waiting_notice.is_some() => {
                 return Err(self
                     .wait_for_runner(turn, session, call, after, recovery, attempt)
                     .await);
@@ -1174,7 +1188,9 @@ impl TurnDispatcher {
                 .filter_map(|t| t.message.as_ref()?.inbound.as_ref().map(|i| i.id.clone()))
                 .collect();
         }
-        self.settle(&last, session, after, call, s).await
+        self.settle(&last, session, after, call, s)
+            .await
+            .map(retold)
     }
 
     /// Keep what the messages carry besides text in the session's workspace; the prompt's
