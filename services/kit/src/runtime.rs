@@ -128,6 +128,57 @@ pub enum StageError {
     },
 }
 
+/// A wait a handler asked for, as the runtime parks the message.
+struct Parking {
+    after: Duration,
+    why: String,
+    wake: Option<Wake>,
+    /// Not counted toward `max_wait`.
+    outage: bool,
+    /// Published before the message is parked.
+    outputs: Vec<Output>,
+}
+
+impl StageError {
+    /// The wait this answer asks for; the error itself if it is a failure.
+    fn parking(self) -> Result<Parking, StageError> {
+        match self {
+            StageError::Defer(after, why) => Ok(Parking {
+                after,
+                why,
+                wake: None,
+                outage: false,
+                outputs: Vec::new(),
+            }),
+            StageError::Outage {
+                after,
+                why,
+                outputs,
+                wake,
+            } => Ok(Parking {
+                after,
+                why,
+                wake,
+                outage: true,
+                outputs,
+            }),
+            StageError::Wait {
+                at_most,
+                why,
+                outage,
+                wake,
+            } => Ok(Parking {
+                after: at_most,
+                why,
+                wake: Some(wake),
+                outage,
+                outputs: Vec::new(),
+            }),
+            failure => Err(failure),
+        }
+    }
+}
+
 /// What ends a parked message's wait early: a future that resolves when retrying may succeed.
 /// (In a mutex only so that outcomes stay `Sync`; it is awaited once, by the runtime.)
 pub struct Wake(std::sync::Mutex<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>);
@@ -659,7 +710,7 @@ impl Runtime {
                         outcome
                     }
                 };
-                match outcome.map_err(|e| waits_for_capacity(e, attempt.waits)) {
+                let error = match outcome.map_err(|e| waits_for_capacity(e, attempt.waits)) {
                     Ok(outputs) => {
                         if let Err(e) = self.publish_all(name, &outputs).await {
                             tracing::warn!(error = %e, "publishing outputs failed; will retry");
@@ -674,13 +725,21 @@ impl Runtime {
                         }
                         return;
                     }
+                    Err(e) => e,
+                };
+                let wait = match error.parking() {
+                    Ok(wait) => wait,
                     Err(StageError::Permanent(e)) => {
                         let why = format!("{e:#}");
                         self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
                             .await;
                         return;
                     }
-                    Err(StageError::Transient(e)) => {
+                    Err(e) => {
+                        let e = match e {
+                            StageError::Transient(e) => e,
+                            other => anyhow::Error::new(other),
+                        };
                         tracing::warn!(error = %format!("{e:#}"), "handler failed");
                         if delivered >= opts.max_deliver {
                             let why = format!("gave up after {delivered} deliveries: {e:#}");
@@ -691,80 +750,41 @@ impl Runtime {
                         }
                         return;
                     }
-                    Err(StageError::Outage {
-                        after,
-                        why,
-                        outputs,
-                        wake,
-                    }) => {
-                        if let Err(e) = self.publish_all(name, &outputs).await {
-                            // Back to the stream: the redelivery makes them again.
-                            tracing::warn!(error = %e, "publishing an outage's outputs failed; will retry");
-                            self.retry(name, &msg, &attempt, opts).await;
-                            return;
-                        }
-                        tracing::debug!(%why, "waiting out an outage");
-                        count(name, "waiting_outage", 1);
-                        let parked = Instant::now();
-                        if !slots.park(&msg, after, wake).await {
-                            return;
-                        }
-                        outage += parked.elapsed();
-                        attempt.waits += 1;
-                        attempt.waited = first_run.elapsed();
-                    }
-                    Err(StageError::Wait {
-                        at_most,
-                        why,
-                        outage: true,
-                        wake,
-                    }) => {
-                        tracing::debug!(%why, "waiting out an outage");
-                        count(name, "waiting_outage", 1);
-                        let parked = Instant::now();
-                        if !slots.park(&msg, at_most, Some(wake)).await {
-                            return;
-                        }
-                        outage += parked.elapsed();
-                        attempt.waits += 1;
-                        attempt.waited = first_run.elapsed();
-                    }
-                    Err(
-                        StageError::Defer(_, why)
-                        | StageError::Wait {
-                            why, outage: false, ..
-                        },
-                    ) if first_run.elapsed().saturating_sub(outage) >= opts.max_wait => {
-                        let why = format!(
-                            "waited too long for {why}: {:.0} s (max {:.0} s)",
-                            first_run.elapsed().saturating_sub(outage).as_secs_f64(),
-                            opts.max_wait.as_secs_f64()
-                        );
-                        self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
-                            .await;
-                        return;
-                    }
-                    Err(StageError::Defer(after, why)) => {
-                        tracing::debug!(%why, "waiting");
-                        count(name, "deferred", 1);
-                        if !slots.park(&msg, after, None).await {
-                            return;
-                        }
-                        attempt.waits += 1;
-                        attempt.waited = first_run.elapsed();
-                    }
-                    Err(StageError::Wait {
-                        at_most, why, wake, ..
-                    }) => {
-                        tracing::debug!(%why, "waiting");
-                        count(name, "deferred", 1);
-                        if !slots.park(&msg, at_most, Some(wake)).await {
-                            return;
-                        }
-                        attempt.waits += 1;
-                        attempt.waited = first_run.elapsed();
-                    }
+                };
+                if let Err(e) = self.publish_all(name, &wait.outputs).await {
+                    // Back to the stream: the redelivery makes them again.
+                    tracing::warn!(error = %e, "publishing a wait's outputs failed; will retry");
+                    self.retry(name, &msg, &attempt, opts).await;
+                    return;
                 }
+                let waited = first_run.elapsed().saturating_sub(outage);
+                if !wait.outage && waited >= opts.max_wait {
+                    let why = format!(
+                        "waited too long for {}: {:.0} s (max {:.0} s)",
+                        wait.why,
+                        waited.as_secs_f64(),
+                        opts.max_wait.as_secs_f64()
+                    );
+                    self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
+                        .await;
+                    return;
+                }
+                if wait.outage {
+                    tracing::debug!(why = %wait.why, "waiting out an outage");
+                    count(name, "waiting_outage", 1);
+                } else {
+                    tracing::debug!(why = %wait.why, "waiting");
+                    count(name, "deferred", 1);
+                }
+                let parked = Instant::now();
+                if !slots.park(&msg, wait.after, wait.wake).await {
+                    return;
+                }
+                if wait.outage {
+                    outage += parked.elapsed();
+                }
+                attempt.waits += 1;
+                attempt.waited = first_run.elapsed();
             }
         }
         .instrument(span)
@@ -805,39 +825,19 @@ impl Runtime {
                 Ok(outputs) => break outputs,
                 // The step must wait (a live call may still answer the turn): the decision to
                 // give up stands, so wait here and run the step again, not the handler.
-                Err(StageError::Defer(after, wait_why)) => {
-                    tracing::debug!(why = %wait_why, "give-up step waiting");
-                    if !slots.park(msg, after, None).await {
+                Err(e) => match e.parking() {
+                    Ok(wait) => {
+                        tracing::debug!(why = %wait.why, "give-up step waiting");
+                        if !slots.park(msg, wait.after, wait.wake).await {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the give-up step failed; will retry the message");
+                        self.retry(name, msg, attempt, opts).await;
                         return;
                     }
-                }
-                Err(StageError::Outage {
-                    after,
-                    why: wait_why,
-                    wake,
-                    ..
-                }) => {
-                    tracing::debug!(why = %wait_why, "give-up step waiting");
-                    if !slots.park(msg, after, wake).await {
-                        return;
-                    }
-                }
-                Err(StageError::Wait {
-                    at_most,
-                    why: wait_why,
-                    wake,
-                    ..
-                }) => {
-                    tracing::debug!(why = %wait_why, "give-up step waiting");
-                    if !slots.park(msg, at_most, Some(wake)).await {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "the give-up step failed; will retry the message");
-                    self.retry(name, msg, attempt, opts).await;
-                    return;
-                }
+                },
             }
         };
         if let Err(e) = self.publish_all(name, &outputs).await {
