@@ -491,18 +491,8 @@ async fn a_reply_committed_after_a_later_one_for_the_same_person_is_not_skipped(
     let second = chat_reply("ana", "o-2", "echo: second");
 
     // The first reply's INSERT draws its seq and then stalls before it commits (a slow
-    // connection, a deliverer paused by the scheduler; here, deterministically: another
-    // transaction holds an uncommitted row of the same part, so the INSERT waits on it).
-    let mut stall = app.db.begin().await.unwrap();
-    sqlx::query(
-        "INSERT INTO switchboard.mailbox
-            (reply_id, part, channel, address, agent, correlation_id, text)
-         VALUES ($1::uuid, 0, 'admin_chat', 'elsewhere', '', '', '')",
-    )
-    .bind(&first.id)
-    .execute(&mut *stall)
-    .await
-    .unwrap();
+    // connection, a deliverer paused by the scheduler).
+    let stall = stall_mailbox_write(&app, &first).await;
     tokio::join!(app.deliver_directly(&first), async {
         wait_for_blocked_mailbox_insert(&app).await;
         // Meanwhile the second reply is delivered.
@@ -534,17 +524,7 @@ async fn a_chat_reply_being_written_is_held_for_the_mailboxs_short_lease_and_wri
     let mut ana = Resuming::new("ana");
     let mut socket = ana.open(&app.gateway_url).await;
     let reply = chat_reply("ana", "l-1", "echo: held briefly");
-    // The write stalls: another transaction holds an uncommitted row of the same part.
-    let mut stall = app.db.begin().await.unwrap();
-    sqlx::query(
-        "INSERT INTO switchboard.mailbox
-            (reply_id, part, channel, address, agent, correlation_id, text)
-         VALUES ($1::uuid, 0, 'admin_chat', 'elsewhere', '', '', '')",
-    )
-    .bind(&reply.id)
-    .execute(&mut *stall)
-    .await
-    .unwrap();
+    let stall = stall_mailbox_write(&app, &reply).await;
     tokio::join!(app.deliver_directly(&reply), async {
         wait_for_blocked_mailbox_insert(&app).await;
         // Were the deliverer to die now, the reply would be taken over when this ends.
@@ -573,6 +553,25 @@ async fn a_chat_reply_being_written_is_held_for_the_mailboxs_short_lease_and_wri
             .unwrap();
     assert_eq!(entries, 1);
     app.shutdown().await;
+}
+
+/// Make `reply`'s mailbox write stall until the transaction returned is rolled back:
+/// deterministically, as another transaction holds an uncommitted row of the same part.
+async fn stall_mailbox_write(
+    app: &TestApp,
+    reply: &switchboard_kit::proto::Reply,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut stall = app.db.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO switchboard.mailbox
+            (reply_id, part, channel, address, agent, correlation_id, text)
+         VALUES ($1::uuid, 0, 'admin_chat', 'elsewhere', '', '', '')",
+    )
+    .bind(&reply.id)
+    .execute(&mut *stall)
+    .await
+    .unwrap();
+    stall
 }
 
 /// Until a mailbox INSERT of this test's database waits on a lock.
