@@ -20,6 +20,17 @@ fn outage_settings(c: &mut Config) {
     c.dispatch.breaker_probe_max_ms = 2_000;
 }
 
+/// [`outage_settings`], with a down runner probed every `probe` (not doubling).
+async fn app_probing_every(probe: Duration) -> TestApp {
+    let ms = probe.as_millis() as u64;
+    spawn_app_configured(move |c| {
+        outage_settings(c);
+        c.dispatch.breaker_probe_ms = ms;
+        c.dispatch.breaker_probe_max_ms = ms;
+    })
+    .await
+}
+
 async fn session_row(app: &TestApp, person: &str) -> (String, Option<uuid::Uuid>) {
     sqlx::query_as("SELECT status, waiting_notice FROM switchboard.sessions WHERE person_id = $1")
         .bind(format!("phone:{person}"))
@@ -249,13 +260,8 @@ async fn after_a_long_outage_a_stale_message_is_answered_knowing_its_age_or_expi
 /// never told that the agent is unavailable, and the people who were told are answered too.
 #[tokio::test]
 async fn a_person_writing_after_the_runner_is_back_is_answered_not_told_before_the_next_probe() {
-    let app = spawn_app_configured(|c| {
-        outage_settings(c);
-        // The next probe long after the runner is back.
-        c.dispatch.breaker_probe_ms = 10_000;
-        c.dispatch.breaker_probe_max_ms = 10_000;
-    })
-    .await;
+    // The next probe long after the runner is back.
+    let app = app_probing_every(Duration::from_secs(10)).await;
     let notice = app.config.dispatch.runner_down_notice.clone();
     app.runner.set_down(true);
     app.send_sms(PERSON, "anyone there?").await;
@@ -348,13 +354,8 @@ async fn a_person_writing_late_in_an_outage_is_told_however_many_messages_wait_b
 /// for a probe time of its own.
 #[tokio::test]
 async fn when_the_runner_is_back_every_waiting_person_is_answered_at_once_not_at_the_next_probe() {
-    let app = spawn_app_configured(|c| {
-        outage_settings(c);
-        // Probes 6 s apart: a turn that waited for the next one would be answered 6 s late.
-        c.dispatch.breaker_probe_ms = 6_000;
-        c.dispatch.breaker_probe_max_ms = 6_000;
-    })
-    .await;
+    // Probes 6 s apart: a turn that waited for the next one would be answered 6 s late.
+    let app = app_probing_every(Duration::from_secs(6)).await;
     let notice = app.config.dispatch.runner_down_notice.clone();
     let people: Vec<String> = (0..3).map(|i| format!("+1415555072{i}")).collect();
     app.runner.set_down(true);
