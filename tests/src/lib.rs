@@ -612,12 +612,19 @@ impl TestApp {
     }
 
     pub fn spawn_worker(&self, name: &str) -> Child {
+        self.spawn_worker_with_env(name, &[])
+    }
+
+    /// [`TestApp::spawn_worker`], with `env` overriding the configuration file's settings
+    /// (`SB_DATABASE_URL`, say).
+    pub fn spawn_worker_with_env(&self, name: &str, env: &[(&str, String)]) -> Child {
         let mut cmd = Command::new(switchboard_bin());
         cmd.args(["worker", name]);
         // The file is the whole configuration: drop the stack's SB_* overrides of this process.
         for k in stack_env() {
             cmd.env_remove(k);
         }
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         cmd.env("SB_CONFIG", &self.config_path)
             .env(
                 "RUST_LOG",

@@ -170,3 +170,63 @@ async fn a_turn_that_crashes_its_dispatcher_every_time_is_given_up_and_the_next_
     worker.kill().await.ok();
     app.shutdown().await;
 }
+
+/// A worker started while Postgres cannot be reached yet (both starting at once, or Postgres
+/// recovering from a crash) waits for it and then does its work, rather than exiting.
+#[tokio::test]
+async fn a_worker_started_before_postgres_is_reachable_waits_and_then_works() {
+    let app = spawn_app_with(AppOptions {
+        in_process: switchboard::stages::names()
+            .into_iter()
+            .filter(|s| !s.starts_with("log-"))
+            .collect(),
+        ..Default::default()
+    })
+    .await;
+    // Postgres as the worker sees it: a port where nothing listens yet.
+    let url = &app.config.database_url;
+    let (head, rest) = url.split_once('@').expect("user@host in the URL");
+    let (target, path) = rest.split_once('/').expect("a database in the URL");
+    let port = switchboard_kit::net::free_port("127.0.0.1").expect("a free port");
+    let unreachable = format!("{head}@127.0.0.1:{port}/{path}");
+    let mut worker = app.spawn_worker_with_env("log", &[("SB_DATABASE_URL", unreachable)]);
+    // Longer than the connection pool's own 10 s of trying.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(
+        worker.try_wait().expect("the worker's status").is_none(),
+        "the worker exited instead of waiting for Postgres"
+    );
+
+    // Postgres becomes reachable there.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("listen where the worker looks for Postgres");
+    let target = target.to_string();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    app.send_sms("+14155550930", "written down?").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !app
+        .log_rows()
+        .await
+        .iter()
+        .any(|r| r.direction == "inbound" && r.message == "written down?")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never logged the message"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sigterm(&worker);
+    let _ = worker.wait().await;
+    app.shutdown().await;
+}

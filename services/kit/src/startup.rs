@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_nats::jetstream;
@@ -50,6 +51,43 @@ impl App {
             topology,
             shutdown: Shutdown::new(),
         })
+    }
+
+    /// [`App::connect`] and [`App::prepare`] for a long-running process, trying again for up
+    /// to `wait` while NATS or Postgres cannot be reached or answer yet (starting beside this
+    /// process, restarting, recovering from a crash): the process comes up when they do instead
+    /// of exiting. What waiting cannot fix (the configuration, a refused login, a database
+    /// that does not exist) ends it at once.
+    pub async fn start(
+        config: Config,
+        name: &str,
+        stages: &[Registration],
+        wait: Duration,
+    ) -> anyhow::Result<App> {
+        check_overrides(&config, stages)?;
+        let deadline = Instant::now() + wait;
+        let mut delay = Duration::from_millis(250);
+        loop {
+            let attempt = async {
+                let app = App::connect(config.clone(), name).await?;
+                app.prepare(stages).await?;
+                anyhow::Ok(app)
+            }
+            .await;
+            match attempt {
+                Ok(app) => return Ok(app),
+                Err(e) if !cannot_wait_out(&e) && Instant::now() + delay < deadline => {
+                    tracing::warn!(
+                        error = %format!("{e:#}"),
+                        retry_in_ms = delay.as_millis() as u64,
+                        "NATS or Postgres is not ready; trying again"
+                    );
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(4));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Apply migrations and the stream topology with the consumers of `stages` (all
@@ -164,6 +202,43 @@ impl App {
 }
 
 /// `[stages.<name>]` must name a stage of `stages`: a typo would otherwise be ignored.
+/// How long a starting process waits for NATS and Postgres ([`App::start`]).
+pub const STARTUP_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether `e` is something waiting cannot fix: a missing or malformed URL, a login the server
+/// refused, a database that does not exist. (Postgres answering "the database system is
+/// starting up" is worth waiting for.)
+fn cannot_wait_out(e: &anyhow::Error) -> bool {
+    use crate::endpoint::EndpointError;
+    e.chain().any(|c| {
+        if let Some(sqlx::Error::Database(db)) = c.downcast_ref::<sqlx::Error>() {
+            return db
+                .code()
+                .is_some_and(|code| code.starts_with("28") || code.starts_with("3D"));
+        }
+        if let Some(e) = c.downcast_ref::<async_nats::ConnectError>() {
+            return matches!(
+                e.kind(),
+                async_nats::ConnectErrorKind::Authentication
+                    | async_nats::ConnectErrorKind::AuthorizationViolation
+                    | async_nats::ConnectErrorKind::ServerParse
+                    | async_nats::ConnectErrorKind::Tls
+            );
+        }
+        matches!(
+            c.downcast_ref::<crate::db::DbError>(),
+            Some(crate::db::DbError::NoUrl)
+        ) || matches!(
+            c.downcast_ref::<EndpointError>(),
+            Some(
+                EndpointError::NoUrl
+                    | EndpointError::Invalid { .. }
+                    | EndpointError::MixedCredentials { .. }
+            )
+        )
+    })
+}
+
 pub fn check_overrides(config: &Config, stages: &[Registration]) -> anyhow::Result<()> {
     for name in config.stages.keys() {
         if !stages.iter().any(|r| r.spec.name == name) {
@@ -175,4 +250,31 @@ pub fn check_overrides(config: &Config, stages: &[Registration]) -> anyhow::Resu
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_not_reachable_yet_is_waited_for_and_a_wrong_setting_is_not() {
+        let refused = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let refused = anyhow::Error::new(crate::db::DbError::Connect {
+            url: "postgres://…".into(),
+            source: refused,
+        });
+        assert!(!cannot_wait_out(&refused));
+        assert!(!cannot_wait_out(
+            &anyhow::Error::new(sqlx::Error::PoolTimedOut).context("applying migrations")
+        ));
+        assert!(cannot_wait_out(&anyhow::Error::new(
+            crate::db::DbError::NoUrl
+        )));
+        assert!(cannot_wait_out(&anyhow::Error::new(
+            crate::endpoint::EndpointError::Invalid {
+                url: "nats://".into(),
+                reason: "no host".into(),
+            }
+        )));
+    }
 }

@@ -7,7 +7,7 @@ pub mod people;
 pub mod stages;
 
 use anyhow::Context as _;
-use switchboard_kit::startup::App;
+use switchboard_kit::startup::{App, STARTUP_WAIT};
 
 /// Who runs the CLI, for the audit trail of identity links when `--by` is not given: the first
 /// of `USER`, `LOGNAME`, `USERNAME` that is set (cron and some shells set only one of them).
@@ -41,8 +41,7 @@ pub async fn admin_task(app: &App) -> anyhow::Result<switchboard_kit::startup::T
 pub async fn run_worker(config: switchboard_kit::Config, names: &[String]) -> anyhow::Result<()> {
     let selected = stages::select(names)?;
     let label = names.join("+");
-    let app = App::connect(config, &label).await?;
-    app.prepare(stages::ALL).await?;
+    let app = App::start(config, &label, stages::ALL, STARTUP_WAIT).await?;
     app.shutdown.trigger_on_signals();
     let mut tasks = stages::tasks(&app, &selected);
     tasks.push(admin_task(&app).await?);
@@ -55,8 +54,7 @@ pub async fn run_worker(config: switchboard_kit::Config, names: &[String]) -> an
 
 /// A process running the gateway alone.
 pub async fn run_gateway(config: switchboard_kit::Config) -> anyhow::Result<()> {
-    let app = App::connect(config, "gateway").await?;
-    app.prepare(stages::ALL).await?;
+    let app = App::start(config, "gateway", stages::ALL, STARTUP_WAIT).await?;
     app.shutdown.trigger_on_signals();
     let (routes, follower) = gateway_routes(&app)?;
     let serve = app

@@ -329,8 +329,13 @@ async fn main() -> anyhow::Result<()> {
 
 async fn up(config: Config) -> anyhow::Result<()> {
     let _ = switchboard_kit::telemetry::metrics();
-    let app = App::connect(config, "up").await?;
-    app.prepare(stages::ALL).await?;
+    let app = App::start(
+        config,
+        "up",
+        stages::ALL,
+        switchboard_kit::startup::STARTUP_WAIT,
+    )
+    .await?;
     app.shutdown.trigger_on_signals();
     let (mut routes, follower) = switchboard::gateway_routes(&app)?;
     if app.config.demo.enabled {
