@@ -121,6 +121,28 @@ struct Route {
     person_type: String,
 }
 
+impl Route {
+    /// A scheduled input of `schedule` arriving on this route under `key` (the same on every
+    /// replica: JetStream and the session stage keep one), with its own id.
+    fn input(&self, schedule: &ScheduleConfig, key: String, text: String) -> InboundMessage {
+        let id = Uuid::now_v7().to_string();
+        InboundMessage {
+            id: id.clone(),
+            channel: self.channel.clone(),
+            provider: self.provider.clone(),
+            sender: self.sender.clone(),
+            recipient: self.recipient.clone().unwrap_or_default(),
+            text,
+            provider_message_id: key,
+            received_at_ms: switchboard_kit::now_ms(),
+            correlation_id: id,
+            agent: schedule.agent.clone(),
+            scheduled: schedule.name.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 pub struct Scheduler {
     db: PgPool,
     runtime: Runtime,
@@ -297,20 +319,8 @@ impl Scheduler {
                 });
             }
         }
-        let id = Uuid::now_v7().to_string();
-        // The same for every replica: JetStream and the session stage keep one.
         let key = format!("schedule:{}:{}:heartbeat", config.name, at.timestamp());
         let message = InboundMessage {
-            id: id.clone(),
-            channel: route.channel.clone(),
-            provider: route.provider,
-            sender: route.sender,
-            recipient: route.recipient.unwrap_or_default(),
-            text: batch_text(&config.text, &members),
-            provider_message_id: key.clone(),
-            received_at_ms: switchboard_kit::now_ms(),
-            correlation_id: id.clone(),
-            agent: config.agent.clone(),
             // The session is the schedule's, not the reader's nor any target's.
             asserted: Some(Person {
                 person_id: format!("schedule:{}", config.name),
@@ -318,9 +328,8 @@ impl Scheduler {
                 name: format!("{} (heartbeat)", config.name),
                 ..Default::default()
             }),
-            scheduled: config.name.clone(),
             heartbeat: true,
-            ..Default::default()
+            ..route.input(config, key.clone(), batch_text(&config.text, &members))
         };
         self.publish_input(&route.channel, key, &message).await?;
         self.record_fire(&config.name, at, members.len() as i32)
@@ -373,27 +382,14 @@ impl Scheduler {
         person: &str,
         route: Route,
     ) -> Result<(), ScheduleError> {
-        let id = Uuid::now_v7().to_string();
-        // The same for every replica: JetStream and the session stage keep one.
         let key = format!("schedule:{}:{}:{person}", entry.config.name, at.timestamp());
         let message = InboundMessage {
-            id: id.clone(),
-            channel: route.channel.clone(),
-            provider: route.provider,
-            sender: route.sender,
-            recipient: route.recipient.unwrap_or_default(),
-            text: entry.config.text.clone(),
-            provider_message_id: key.clone(),
-            received_at_ms: switchboard_kit::now_ms(),
-            correlation_id: id.clone(),
-            agent: entry.config.agent.clone(),
             asserted: Some(Person {
                 person_id: person.to_string(),
-                person_type: route.person_type,
+                person_type: route.person_type.clone(),
                 ..Default::default()
             }),
-            scheduled: entry.config.name.clone(),
-            ..Default::default()
+            ..route.input(&entry.config, key.clone(), entry.config.text.clone())
         };
         self.publish_input(&route.channel, key, &message).await
     }
