@@ -536,10 +536,10 @@ async fn a_chat_reply_being_written_is_held_for_the_mailboxs_short_lease_and_wri
         .fetch_one(&app.db)
         .await
         .unwrap();
-        let lease = switchboard_channels::MAILBOX_LEASE.as_secs_f64();
+        // 10 s, as the README says; an SMS provider's lease is 45 s.
         assert!(
-            held_for > 0.0 && held_for <= lease,
-            "a chat reply is held {held_for:.1} s (the mailbox's lease is {lease} s)"
+            held_for > 0.0 && held_for <= 10.0,
+            "a chat reply is held {held_for:.1} s"
         );
         stall.rollback().await.unwrap();
     });

@@ -230,3 +230,25 @@ async fn a_worker_started_before_postgres_is_reachable_waits_and_then_works() {
     let _ = worker.wait().await;
     app.shutdown().await;
 }
+
+/// What waiting cannot fix is not waited for: a worker whose database password is wrong stops
+/// at once (well within the 30 s it waits for an unreachable server), saying why.
+#[tokio::test]
+async fn a_worker_whose_database_login_is_refused_stops_at_once() {
+    let app = spawn_app_with(AppOptions {
+        in_process: vec![],
+        ..Default::default()
+    })
+    .await;
+    let url = &app.config.database_url;
+    let (head, rest) = url.split_once('@').expect("user:password@host in the URL");
+    let (user, _) = head.rsplit_once(':').expect("a password in the URL");
+    let refused = format!("{user}:not-the-password@{rest}");
+    let mut worker = app.spawn_worker_with_env("log", &[("SB_DATABASE_URL", refused)]);
+    let status = tokio::time::timeout(Duration::from_secs(15), worker.wait())
+        .await
+        .expect("the worker stopped instead of waiting")
+        .expect("the worker's status");
+    assert!(!status.success(), "{status:?}");
+    app.shutdown().await;
+}

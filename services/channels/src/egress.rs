@@ -80,6 +80,8 @@ pub trait Egress: Send + Sync + 'static {
 
 /// [`Egress::lease`] of a provider reached over HTTP: above one send's HTTP timeout (30 s).
 pub const SEND_LEASE: Duration = Duration::from_secs(45);
+// A live deliverer's send must end within its lease, or another could send the part again.
+const _: () = assert!(SEND_LEASE.as_secs() > crate::REQUEST_TIMEOUT.as_secs());
 
 /// How far a provider's clock may be behind the ledger's when comparing a message's creation
 /// time with the start of an attempt (providers also round their times down to the second).

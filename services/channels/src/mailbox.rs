@@ -267,6 +267,7 @@ pub struct MailboxEgress(pub Mailbox);
 /// once per reply and part). So a chat or API reply whose deliverer died waits 10 s, not the
 /// 45 s a provider's send needs.
 pub const MAILBOX_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+const _: () = assert!(MAILBOX_LEASE.as_secs() < crate::SEND_LEASE.as_secs());
 
 impl Egress for MailboxEgress {
     fn split(&self, text: &str) -> Vec<String> {

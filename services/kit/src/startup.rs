@@ -201,7 +201,6 @@ impl App {
     }
 }
 
-/// `[stages.<name>]` must name a stage of `stages`: a typo would otherwise be ignored.
 /// How long a starting process waits for NATS and Postgres ([`App::start`]).
 pub const STARTUP_WAIT: Duration = Duration::from_secs(30);
 
@@ -239,6 +238,7 @@ fn cannot_wait_out(e: &anyhow::Error) -> bool {
     })
 }
 
+/// `[stages.<name>]` must name a stage of `stages`: a typo would otherwise be ignored.
 pub fn check_overrides(config: &Config, stages: &[Registration]) -> anyhow::Result<()> {
     for name in config.stages.keys() {
         if !stages.iter().any(|r| r.spec.name == name) {
