@@ -531,6 +531,22 @@ impl TurnDispatcher {
         ))
     }
 
+    /// `result`, the call slot given back first if it is an error: a step between the lease
+    /// and the runner call that fails must not hold the session until the call's deadline.
+    async fn or_release<T>(
+        &self,
+        session: Uuid,
+        call: Uuid,
+        result: Result<T, DispatchError>,
+    ) -> Result<T, DispatchError> {
+        if result.is_err()
+            && let Err(db) = self.release_call(session, call).await
+        {
+            tracing::warn!(%session, error = %db, "could not release the call slot");
+        }
+        result
+    }
+
     /// Give the call slot back (the call failed, or another dispatcher committed the turn).
     async fn release_call(&self, session: Uuid, call: Uuid) -> Result<(), DispatchError> {
         sqlx::query(
@@ -954,10 +970,9 @@ impl TurnDispatcher {
         // The session waited for the runner and its person was told. A redelivered turn (its
         // dispatcher died) tells them again with its answer, under the same notice id (sent once
         // however often it is published): the dispatcher that recorded the wait may have died
-        // before publishing the notice, and the runner be back by now.
-        let retell = lease
-            .waiting_notice
-            .filter(|_| attempt.delivered > 1 && attempt.waits == 0);
+        // before publishing the notice, and the runner be back by now. (Whether this delivery
+        // parked before does not matter: the notice may still never have gone out.)
+        let retell = lease.waiting_notice.filter(|_| attempt.delivered > 1);
         let retold = |mut outputs: Vec<Output>| {
             if let Some(notice) = retell {
                 let text = self.config.runner_down_notice.clone();
@@ -1056,7 +1071,8 @@ impl TurnDispatcher {
         let mut group = vec![turn.clone()];
         let mut interrupts = 0;
         if agent.queue_mode.joins() && stale.is_none() {
-            let (joined, cancelled) = self.joinable(session, turn).await?;
+            let joinable = self.joinable(session, turn).await;
+            let (joined, cancelled) = self.or_release(session, call, joinable).await?;
             group.extend(joined);
             interrupts = cancelled;
         }
@@ -1064,9 +1080,10 @@ impl TurnDispatcher {
         if group.len() > 1 {
             metrics::counter!("sb_dispatch_joined_messages_total").increment(group.len() as u64);
         }
-        let attachments = self
+        let kept = self
             .keep_attachments(&group, lease.workspace.as_deref())
-            .await?;
+            .await;
+        let attachments = self.or_release(session, call, kept).await?;
         let prompt = prompt::build_joined_prompt(
             &group,
             &prompt::PromptContext {
@@ -1122,7 +1139,7 @@ impl TurnDispatcher {
         }
         if agent.queue_mode == QueueMode::Interrupt {
             // What a message arriving now cancels.
-            sqlx::query(
+            let marked = sqlx::query(
                 "UPDATE switchboard.sessions SET running_key = $3, running_last = $4
                   WHERE id = $1 AND running_call = $2",
             )
@@ -1131,7 +1148,9 @@ impl TurnDispatcher {
             .bind(&key)
             .bind(last.seq)
             .execute(&self.db)
-            .await?;
+            .await
+            .map_err(DispatchError::from);
+            self.or_release(session, call, marked).await?;
         }
         let started = Instant::now();
         let resp = match self.runner.run(agent, &request, &key).await {
