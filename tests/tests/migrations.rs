@@ -65,3 +65,30 @@ async fn a_role_named_like_the_schema_starts_again_after_its_first_migration() {
         .unwrap();
     assert_eq!(path, "\"$user\",public");
 }
+
+#[tokio::test]
+async fn a_database_whose_schema_was_made_before_the_first_start_keeps_its_ledger_there() {
+    // A DBA created the schema before the first start, so sqlx kept its ledger in it (the
+    // first schema of the role's path); every start after must go on with that ledger.
+    let (pool, _) = database_with_the_default_search_path().await;
+    sqlx::query("CREATE SCHEMA switchboard")
+        .execute(&pool)
+        .await
+        .unwrap();
+    MIGRATOR
+        .run(&pool)
+        .await
+        .expect("the first start, as sqlx ran it");
+    db::migrate(&pool)
+        .await
+        .expect("a restart finds its migrations");
+    db::migrate(&pool).await.expect("and so does the next");
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_schema::text FROM information_schema.tables
+          WHERE table_name = '_sqlx_migrations' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, ["switchboard"], "one ledger, where it was");
+}

@@ -56,7 +56,14 @@ pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
         .fetch_all(&mut *conn)
         .await
         .map_err(migrate_error)?;
-    if path.first().map(String::as_str) != Some(SCHEMA) {
+    // An install whose schema existed before its first start keeps its ledger there: sqlx
+    // finds it on the operator's path, as it always did.
+    let ledger_in_schema: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(format!("{}._sqlx_migrations", quote_ident(SCHEMA)))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(migrate_error)?;
+    if path.first().map(String::as_str) != Some(SCHEMA) || ledger_in_schema {
         MIGRATOR.run(&mut *conn).await?;
         return Ok(());
     }
