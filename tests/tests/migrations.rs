@@ -28,6 +28,17 @@ async fn database_with_the_default_search_path() -> (sqlx::PgPool, String) {
     (pool, user)
 }
 
+/// The schemas holding a ledger of applied migrations.
+async fn ledger_schemas(pool: &sqlx::PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT table_schema::text FROM information_schema.tables
+          WHERE table_name = '_sqlx_migrations' ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_role_named_like_the_schema_starts_again_after_its_first_migration() {
     let (pool, user) = database_with_the_default_search_path().await;
@@ -41,13 +52,7 @@ async fn a_role_named_like_the_schema_starts_again_after_its_first_migration() {
         .await
         .expect("a restart finds its migrations");
     db::migrate(&pool).await.expect("and so does the next");
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT table_schema::text FROM information_schema.tables
-          WHERE table_name = '_sqlx_migrations' ORDER BY 1",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let tables = ledger_schemas(&pool).await;
     assert_eq!(
         tables,
         ["public"],
@@ -83,12 +88,6 @@ async fn a_database_whose_schema_was_made_before_the_first_start_keeps_its_ledge
         .await
         .expect("a restart finds its migrations");
     db::migrate(&pool).await.expect("and so does the next");
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT table_schema::text FROM information_schema.tables
-          WHERE table_name = '_sqlx_migrations' ORDER BY 1",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let tables = ledger_schemas(&pool).await;
     assert_eq!(tables, ["switchboard"], "one ledger, where it was");
 }
