@@ -504,7 +504,12 @@ impl TurnDispatcher {
                 SELECT $6, id, 'turn_started:' || $3::text, 'turn_started', $7,
                        jsonb_build_object('call', $3::text, 'resumes', engine_session_id)
                   FROM leased
-                ON CONFLICT (key) DO NOTHING)
+                ON CONFLICT (key) DO NOTHING),
+             -- The turn's first pickup, set once (a redelivery keeps the first).
+             picked AS (
+                UPDATE switchboard.turns t SET picked_at = now()
+                  FROM leased l
+                 WHERE t.session_id = l.id AND t.seq = $7 AND t.picked_at IS NULL)
              SELECT l.engine_session_id, l.pending_reset, l.pending_reset_at, l.workspace_path,
                     m.summary, m.updated_at, l.waiting_notice
                FROM leased l LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key",

@@ -4,7 +4,9 @@
 //!   `tests/bench-targets.toml` ([`Targets::load`]).
 //! - [`Measured`]: plain data the bench fills in (and writes to `results.json`, so
 //!   `bench --judge <results.json>` judges a recorded run again).
-//! - [`judge`] checks every target (met, missed, or not run); [`verdict`] keeps the misses.
+//! - [`judge`] checks every target (met, missed, or not run); [`verdict`] keeps the misses,
+//!   and a target not run is a miss: a run that did not measure a target has not shown it met
+//!   (`bench --scenarios 2` is for trying a scenario out, and fails naming the others).
 //!
 //! Besides the numeric targets, every scenario fails on any message never accepted, any
 //! accepted message never answered, any reply sent twice, any turn called twice at the runner,
@@ -444,7 +446,7 @@ pub fn overhead(answered_us: &[u64], unanswered: u64) -> Overhead {
 pub enum Outcome {
     Met,
     Missed,
-    /// The scenario was not run (not a failure; a partial run says so).
+    /// The scenario was not run: a miss, the target not shown met.
     NotRun,
 }
 
@@ -464,7 +466,7 @@ impl fmt::Display for Check {
         let tag = match self.outcome {
             Outcome::Met => "met",
             Outcome::Missed => "MISSED",
-            Outcome::NotRun => "not run",
+            Outcome::NotRun => "NOT RUN",
         };
         write!(
             f,
@@ -795,17 +797,28 @@ pub fn judge(t: &Targets, m: &Measured) -> Vec<Check> {
     c.0
 }
 
-/// The targets missed. Empty: the run passed (for the scenarios it ran).
+/// The targets missed, those not run included. Empty: the run passed.
 pub fn verdict(t: &Targets, m: &Measured) -> Vec<Check> {
     missed(&judge(t, m)).into_iter().cloned().collect()
 }
 
-/// The checks a run missed: it passed when there are none.
+/// The checks a run missed, a target not run among them: it passed when there are none.
 pub fn missed(checks: &[Check]) -> Vec<&Check> {
     checks
         .iter()
-        .filter(|c| c.outcome == Outcome::Missed)
+        .filter(|c| c.outcome != Outcome::Met)
         .collect()
+}
+
+/// The scenarios of the targets not run, once each, in the order checked.
+pub fn not_run(checks: &[Check]) -> Vec<&str> {
+    let mut scenarios: Vec<&str> = Vec::new();
+    for c in checks.iter().filter(|c| c.outcome == Outcome::NotRun) {
+        if !scenarios.contains(&c.scenario.as_str()) {
+            scenarios.push(&c.scenario);
+        }
+    }
+    scenarios
 }
 
 /// Where the machine differs from the one the targets are for (a note, not a failure: the
@@ -1153,18 +1166,25 @@ mod tests {
     }
 
     #[test]
-    fn scenarios_not_run_are_not_failures_but_say_so() {
+    fn a_target_not_run_is_a_miss_named_by_its_scenario() {
+        // Only scenario 1 and the floor ran: every target of the others is missed.
         let m = Measured {
             max_throughput: passing().max_throughput,
+            floor: passing().floor,
             ..Default::default()
         };
+        let missed = verdict(&targets(), &m);
+        assert_eq!(missed.len(), 4, "{}", failure_text(&missed));
+        assert!(missed.iter().all(|c| c.outcome == Outcome::NotRun));
         let checks = judge(&targets(), &m);
-        assert!(verdict(&targets(), &m).is_empty());
+        assert_eq!(not_run(&checks), vec![HALF_LOAD, IN_FLIGHT]);
+        let text = failure_text(&missed);
         assert!(
-            checks
-                .iter()
-                .any(|c| c.scenario == IN_FLIGHT && c.outcome == Outcome::NotRun)
+            text.contains("[NOT RUN] in flight: whole-stack RSS"),
+            "{text}"
         );
+        // Everything run: nothing missed.
+        assert!(verdict(&targets(), &passing()).is_empty());
         // Half load without a max throughput to take half of cannot be judged as passing.
         let m = Measured {
             half_load: passing().half_load,

@@ -306,16 +306,19 @@ impl ChaosReport {
         }
         let v = &self.verdict;
         println!(
-            "  runner: {} calls for {} turns ({} re-runs after a dispatcher died, never beside the first call)",
+            "  runner: {} calls for {} turns ({} re-runs, each under its first call's key, never beside it, after a dispatcher's kill or a server crash)",
             v.runner_calls, v.distinct_turns_called, v.reruns
         );
+        for cause in &v.rerun_causes {
+            println!("    re-run after {cause}");
+        }
         println!(
             "  collect: {} people; {} calls joined {} messages",
             v.collect_people, v.joined_calls, v.joined_messages
         );
         if let Some(o) = &v.outage {
             println!(
-                "  runner outage: {:.1} s ({} calls answered 503, then connections refused); {} waits recorded, {} people told, {} with a message open across it, {} messages answered only after it, {} people with one whose turn opened 5 s or more before it ended",
+                "  runner outage: {:.1} s ({} calls answered 503, then connections refused); {} waits recorded, {} people told, {} with a message open across it, {} messages answered only after it, {} people with one whose turn a dispatcher picked up 1 s or more before it ended",
                 o.down_s,
                 o.refused_calls,
                 o.waits_recorded,
@@ -764,7 +767,8 @@ async fn collect_evidence(
     let offset_us = chrono::Utc::now().timestamp_micros() - now_us() as i64;
     let turns = sqlx::query(
         "SELECT provider_message_id, status, seq, reply_id::text, joined_into,
-                (extract(epoch FROM created_at) * 1000000)::bigint
+                (extract(epoch FROM created_at) * 1000000)::bigint,
+                (extract(epoch FROM picked_at) * 1000000)::bigint
            FROM switchboard.turns",
     )
     .fetch_all(db)
@@ -777,6 +781,9 @@ async fn collect_evidence(
         reply_id: row.get(3),
         joined_into: row.get(4),
         opened_us: Some((row.get::<i64, _>(5) - offset_us).max(0) as u64),
+        picked_us: row
+            .get::<Option<i64>, _>(6)
+            .map(|at| (at - offset_us).max(0) as u64),
     })
     .collect();
     let inbound_logged = sqlx::query_scalar::<_, Option<String>>(

@@ -32,7 +32,9 @@
 //!   (`turns.joined_into` = the last message's turn, whose row holds the reply), and a run
 //!   with `collect` people in which no call joined anything (it proves nothing about collect);
 //! - two different turns of one person at the runner at once; a turn called again while an
-//!   earlier call of it still ran;
+//!   earlier call of it still ran; a turn called again under another `Idempotency-Key` than
+//!   its first call's, or with no dispatcher killed and no NATS or Postgres crash between its
+//!   first call and the re-run ([`reruns`]);
 //! - a reply delivered twice: an SMS sent again (the provider-log look-up closed the window a
 //!   killed deliverer used to leave, so even a re-send the window explains fails; the report
 //!   says which were explained: the deliver process that made the previous send, named by its
@@ -61,6 +63,10 @@
 //!   [`NOTICE_SLACK_US`]) whose last answered runner call for it began after the outage began
 //!   (or which never got one). A notice or recorded wait for anyone else (a message that
 //!   arrived after the runner was back, say) is a notice without a waiting turn.
+//! - *Who certainly waited at a dispatcher*: a person with a message whose turn a dispatcher
+//!   first picked up [`PICKUP_GRACE_US`] or more before the runner was back, and which was
+//!   first called after it, must have been told ([`waited`]): the people not told are those
+//!   whose turn reached a dispatcher only after the runner was back.
 //! - *Who certainly waited*: a person whose call the runner refused with 503 at least
 //!   [`NOTICE_GRACE_US`] before it was back (time for the dispatcher's breaker to open and
 //!   the turn to wait) must have a recorded wait, so be told. Connections refused leave no
@@ -79,6 +85,11 @@ use serde::{Deserialize, Serialize};
 use super::channels::{Channel, ClientReply};
 use super::fakes::{CallRecord, RefusedCall, RunnerOutage, SendRecord};
 use super::{parse_answers, parse_text};
+
+mod reruns;
+mod waited;
+
+pub use waited::PICKUP_GRACE_US;
 
 /// One message the gateway accepted (answered 200).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -137,6 +148,11 @@ pub struct TurnRow {
     /// When the session stage opened it (`created_at`), on the harness's clock.
     #[serde(default)]
     pub opened_us: Option<u64>,
+    /// When a dispatcher first took it up (`picked_at`: leased the session's call slot for
+    /// it), on the harness's clock; `None` if none did (a joined turn, whose call is its
+    /// head's).
+    #[serde(default)]
+    pub picked_us: Option<u64>,
 }
 
 /// A row of the delivery ledger (`switchboard.deliveries`).
@@ -253,6 +269,8 @@ pub enum Kind {
     NothingJoined,
     OverlappingTurns,
     TurnRunBesideItself,
+    RerunUnderAnotherKey,
+    RerunUnexplained,
     DoubleOutsideWindow,
     DoubleInWindow,
     StoredTwice,
@@ -293,6 +311,12 @@ impl Kind {
             Kind::NothingJoined => "runs with collect people where no call joined messages",
             Kind::OverlappingTurns => "turns of one person at the runner at once",
             Kind::TurnRunBesideItself => "turns called again while an earlier call of them ran",
+            Kind::RerunUnderAnotherKey => {
+                "turns called again under another Idempotency-Key than their first call's"
+            }
+            Kind::RerunUnexplained => {
+                "turns called again with no dispatcher killed and no server crash in between"
+            }
             Kind::DoubleOutsideWindow => "replies sent again outside the documented window",
             Kind::DoubleInWindow => {
                 "replies sent again by a deliverer killed before the ledger recorded the send \
@@ -311,7 +335,8 @@ impl Kind {
                 "people whose turn the down runner refused with no wait recorded"
             }
             Kind::NotTold => {
-                "people whose message waited out the outage who were never told on their channel"
+                "people whose turn waited at a dispatcher for the down runner who were never told \
+                 on their channel"
             }
             Kind::OutageWaitedNothing => "runner outages during which no turn waited",
             Kind::DeadLetter => "dead letters",
@@ -376,8 +401,9 @@ pub struct OutageTally {
     pub waits_recorded: u64,
     /// People who got a notice on their channel.
     pub people_told: u64,
-    /// People with a message whose turn opened at least [`TOLD_GRACE_US`] before the runner
-    /// was back and which was first called after it (each must be told).
+    /// People with a message whose turn a dispatcher picked up at least
+    /// [`waited::PICKUP_GRACE_US`] before the runner was back and which was first called after
+    /// it (each must be told).
     pub people_waited: u64,
 }
 
@@ -389,9 +415,13 @@ pub struct Verdict {
     pub findings: BTreeMap<Kind, Vec<Finding>>,
     /// Every reply sent more than once (explained or not), in the order of the re-sends.
     pub doubles: Vec<Double>,
-    /// Runner calls of a turn already called before (after its dispatcher died): allowed, and
-    /// counted, when never beside the earlier call.
+    /// Runner calls of a turn already called before: allowed, and counted, when under the
+    /// first call's `Idempotency-Key`, never beside the earlier call, and after a dispatcher
+    /// was killed or a server crashed ([`reruns`]).
     pub reruns: u64,
+    /// What explains each allowed re-run (the kill or the crash), in the order judged.
+    #[serde(default)]
+    pub rerun_causes: Vec<String>,
     pub runner_calls: u64,
     pub distinct_turns_called: u64,
     pub sends: u64,
@@ -466,12 +496,10 @@ fn last_answer(text: &str) -> Option<(usize, u32)> {
     parse_answers(text).and_then(|a| a.last().copied())
 }
 
-/// A message whose turn was opened at least this long before the runner was back, and which
-/// was first called after it, had time to reach a dispatcher while the runner was down (through
-/// a dispatcher killed holding it and the redelivery, or Postgres restarting), so its person
-/// must have been told. (Timed from the turn, not from acceptance: a message held up before its
-/// turn, by an identify worker that could not start while NATS was restarting, say, may reach
-/// dispatch only after the runner is back, and then nobody is to be told.)
+/// In evidence recorded before turns carried their pickup ([`waited`]): a message whose turn
+/// was opened at least this long before the runner was back, and which was first called after
+/// it, is taken to have reached a dispatcher while the runner was down, so its person must
+/// have been told.
 pub const TOLD_GRACE_US: u64 = 5_000_000;
 
 /// Judge a run by its evidence.
@@ -1102,6 +1130,9 @@ fn judge_runner_calls(
             distinct.extend(cv.messages.iter().map(|(_, t)| *t));
             if !heads.insert(head_text) {
                 v.reruns += 1;
+                if let Some(first) = views[..i].iter().find(|f| f.head().1 == head_text) {
+                    reruns::judge_rerun(e, &person, first.call, c, v);
+                }
             }
             if cv.messages.len() > 1 {
                 let texts: Vec<&str> = cv.messages.iter().map(|(_, t)| *t).collect();
@@ -1264,14 +1295,9 @@ fn judge_notices(
     }
 
     // Who could have waited: a message open across the outage. Who certainly waited, long
-    // enough to be told: a message accepted well before the runner was back, first called
-    // after it (the first such message of each sender, with its first call).
-    let mut must_tell: BTreeMap<usize, (&AcceptedMessage, u64, Option<u64>)> = BTreeMap::new();
-    let opened: HashMap<&str, u64> = e
-        .turns
-        .iter()
-        .filter_map(|t| Some((t.provider_message_id.as_str(), t.opened_us?)))
-        .collect();
+    // enough to be told: a message whose turn was at a dispatcher well before the runner was
+    // back, first called after it ([`waited`]).
+    let mut must_tell = BTreeMap::new();
     let (open, waited_messages) = match &e.runner_outage {
         Some(o) => {
             // The last answered call of each message, and the first.
@@ -1296,15 +1322,13 @@ fn judge_notices(
                 }
                 if calls.is_some_and(|(first, _)| *first >= o.back_us) {
                     waited += 1;
-                    // Evidence from before turns carried their time: from acceptance.
-                    let since = opened.get(a.sid.as_str()).copied().unwrap_or(a.accepted_us);
-                    if since + TOLD_GRACE_US <= o.back_us {
-                        must_tell
-                            .entry(a.sender)
-                            .or_insert((a, since, calls.map(|c| c.0)));
-                    }
                 }
             }
+            let first_calls: HashMap<&str, u64> = calls_of
+                .iter()
+                .map(|(t, (first, _))| (*t, *first))
+                .collect();
+            must_tell = waited::who_must_be_told(e, accepted, &first_calls, o);
             (open, waited)
         }
         None => (HashSet::new(), 0),
@@ -1436,26 +1460,7 @@ fn judge_notices(
             );
         }
     }
-    for (&sender, (a, opened, first_call)) in &must_tell {
-        if told_people.contains(&sender) {
-            continue;
-        }
-        let channel = channel_of.get(&sender).copied().unwrap_or_default();
-        v.add(
-            Kind::NotTold,
-            format!(
-                "{} ({}): message #{} accepted at {} (its turn opened at {}) waited for the \
-                 runner (first called at {}, the runner back at {}) and they were never told",
-                channel.person(sender),
-                channel.name(),
-                a.index,
-                secs(a.accepted_us),
-                secs(*opened),
-                first_call.map_or_else(|| "never".into(), secs),
-                secs(o.back_us)
-            ),
-        );
-    }
+    waited::judge_not_told(e, &must_tell, &told_people, channel_of, o, v);
     let tally = OutageTally {
         down_s: o.back_us.saturating_sub(o.unavailable_us) as f64 / 1e6,
         refused_calls: e.refused_calls.len() as u64,
@@ -1482,1097 +1487,8 @@ fn judge_notices(
 }
 
 #[cfg(test)]
-mod tests {
-    //! Each broken promise, recorded as a run would record it, must fail the verdict with its
-    //! evidence; a clean run, with the re-runs a killed dispatcher allows, passes.
-    use super::*;
-    use crate::load::{message_text, sender_phone};
-
-    const DELIVER_PID: u32 = 4242;
-
-    /// The people of [`clean_run`], by sender number: two on Twilio, one on each other channel.
-    const PEOPLE: [Channel; 5] = [
-        Channel::Twilio,
-        Channel::Twilio,
-        Channel::TextMagic,
-        Channel::Chat,
-        Channel::Api,
-    ];
-
-    /// A clean run: five people, two messages each, each answered once, in order (senders 0
-    /// and 1 on Twilio come first, so `sends[0..4]` and `ledger[0..4]` are theirs).
-    fn clean_run() -> Evidence {
-        let mut e = Evidence {
-            settled: true,
-            ..Default::default()
-        };
-        let mut t = 1_000_000;
-        for (sender, channel) in PEOPLE.into_iter().enumerate() {
-            for index in 0..2u32 {
-                let text = message_text(sender, index);
-                let sid = format!("SM{sender}x{index}");
-                let reply_id = format!("reply-{sender}-{index}");
-                let provider_sid = format!("SMout{sender}x{index}");
-                e.accepted.push(AcceptedMessage {
-                    channel,
-                    sender,
-                    index,
-                    sid: sid.clone(),
-                    correlation_id: String::new(),
-                    accepted_us: t,
-                    collect: false,
-                });
-                e.turns.push(TurnRow {
-                    provider_message_id: sid.clone(),
-                    status: "done".into(),
-                    seq: index as i64 + 1,
-                    reply_id: Some(reply_id.clone()),
-                    joined_into: None,
-                    opened_us: Some(t + 500),
-                });
-                e.inbound_logged.push(sid.clone());
-                e.runner_calls.push(CallRecord {
-                    start_us: t + 1_000,
-                    end_us: Some(t + 21_000),
-                    person: channel.person(sender),
-                    text: text.clone(),
-                    seq: Some(index as i64 + 1),
-                    idempotency_key: format!("turn-{sender}-{index}"),
-                    ..Default::default()
-                });
-                e.outbound_logged.push(format!("echo: {text}"));
-                match channel.mailbox_channel() {
-                    None => e.sends.push(SendRecord {
-                        channel,
-                        at_us: t + 30_000,
-                        to: channel.address(sender),
-                        text: text.clone(),
-                        sid: provider_sid.clone(),
-                        sender_pid: Some(DELIVER_PID),
-                    }),
-                    Some(mailbox) => {
-                        let seq = e.mailbox.len() as i64 + 1;
-                        e.mailbox.push(MailboxRow {
-                            seq,
-                            reply_id: reply_id.clone(),
-                            part: 0,
-                            channel: mailbox.into(),
-                            address: channel.address(sender),
-                            text: text.clone(),
-                            kind: "reply".into(),
-                        });
-                        e.client_replies.push(ClientReply {
-                            channel,
-                            sender,
-                            seq,
-                            reply_id: reply_id.clone(),
-                            text: text.clone(),
-                            at_us: t + 40_000,
-                            ..Default::default()
-                        });
-                    }
-                }
-                e.ledger.push(LedgerRow {
-                    reply_id,
-                    status: "sent".into(),
-                    provider_message_ids: vec![provider_sid],
-                });
-                t += 100_000;
-            }
-        }
-        e
-    }
-
-    fn only_kind(v: &Verdict, kind: Kind) -> Finding {
-        assert!(!v.passed(), "the verdict must fail");
-        assert_eq!(
-            v.findings.keys().copied().collect::<Vec<_>>(),
-            vec![kind],
-            "only {kind:?} is wrong here: {:?}",
-            v.failures()
-        );
-        v.findings[&kind][0].clone()
-    }
-
-    /// `pid`, a deliverer, SIGKILLed at `at_us`.
-    fn kill_deliverer(kills: &mut Vec<Kill>, at_us: u64, pid: u32) {
-        kills.push(Kill {
-            at_us,
-            kind: "deliver".into(),
-            target: format!("deliver-{pid}"),
-            pid,
-        });
-    }
-
-    /// The second send of s1#1, `after` µs after the first, by process `pid`.
-    fn resend(e: &mut Evidence, after: u64, pid: u32) {
-        let first = e.sends.iter().find(|s| s.text == "s1#1").unwrap().clone();
-        e.sends.push(SendRecord {
-            at_us: first.at_us + after,
-            sid: "SMresent".into(),
-            sender_pid: Some(pid),
-            ..first
-        });
-    }
-
-    #[test]
-    fn a_clean_run_passes_with_every_channel_answered() {
-        let v = judge(&clean_run());
-        assert!(v.passed(), "{:?}", v.failures());
-        assert_eq!(v.distinct_turns_called, 10);
-        assert_eq!(v.distinct_replies_sent, 6, "Twilio's 4 and TextMagic's 2");
-        let answered = |accepted| ChannelTally {
-            accepted,
-            answered: accepted,
-            ..Default::default()
-        };
-        assert_eq!(v.channels[&Channel::Twilio], answered(4));
-        for c in [Channel::TextMagic, Channel::Chat, Channel::Api] {
-            assert_eq!(v.channels[&c], answered(2), "{c:?}");
-        }
-    }
-
-    #[test]
-    fn a_double_with_no_kill_to_explain_it_fails() {
-        let mut e = clean_run();
-        // The ledger never recorded the first send, but nothing explains why.
-        e.ledger[3].provider_message_ids = vec!["SMresent".into()];
-        resend(&mut e, 20_000_000, DELIVER_PID + 1);
-        // A deliverer was killed between the sends, but not the one that sent first.
-        kill_deliverer(&mut e.kills, e.sends[3].at_us + 1_000, DELIVER_PID + 1);
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::DoubleOutsideWindow);
-        assert!(f.evidence.contains("s1#1"), "{}", f.evidence);
-        assert!(f.evidence.contains("no kill of the first sender"));
-        assert_eq!(v.doubles.len(), 1, "every double is listed");
-    }
-
-    #[test]
-    fn a_double_after_the_ledger_recorded_the_send_fails_even_with_a_kill() {
-        let mut e = clean_run();
-        resend(&mut e, 20_000_000, DELIVER_PID + 1);
-        kill_deliverer(&mut e.kills, e.sends[3].at_us + 1_000, DELIVER_PID);
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::DoubleOutsideWindow);
-        assert!(
-            f.evidence
-                .contains("the ledger had recorded the first send")
-        );
-    }
-
-    #[test]
-    fn a_double_whose_sender_was_killed_before_the_ledger_recorded_it_is_explained_and_fails() {
-        let mut e = clean_run();
-        // The ledger never recorded the first send; its sender was killed right after it.
-        let first_sid = e.sends[3].sid.clone();
-        e.ledger[3].provider_message_ids = vec!["SMresent".into()];
-        assert_ne!(first_sid, "SMresent");
-        resend(&mut e, 46_000_000, DELIVER_PID + 1);
-        kill_deliverer(&mut e.kills, e.sends[3].at_us + 500, DELIVER_PID);
-        let v = judge(&e);
-        // The provider's log says the first send went out: the re-send is still a double.
-        let f = only_kind(&v, Kind::DoubleInWindow);
-        assert!(f.evidence.contains("s1#1"), "{}", f.evidence);
-        assert_eq!(v.doubles_in_window(), 1);
-        assert_eq!(
-            v.doubles[0].explained_by.as_ref().map(|k| k.pid),
-            Some(DELIVER_PID)
-        );
-        assert_eq!(v.channels[&Channel::Twilio].doubled, 1);
-        assert_eq!(v.channels[&Channel::Twilio].lost, 0);
-    }
-
-    #[test]
-    fn a_send_recorded_just_after_its_senders_kill_is_in_the_window() {
-        // The request was on the wire when the process died; the fake recorded it 30 ms later.
-        let mut e = clean_run();
-        e.ledger[3].provider_message_ids = vec!["SMresent".into()];
-        resend(&mut e, 46_000_000, DELIVER_PID + 1);
-        kill_deliverer(&mut e.kills, e.sends[3].at_us - 30_000, DELIVER_PID);
-        let v = judge(&e);
-        only_kind(&v, Kind::DoubleInWindow);
-        assert_eq!(v.doubles_in_window(), 1);
-    }
-
-    #[test]
-    fn a_textmagic_reply_sent_twice_is_a_textmagic_double() {
-        let mut e = clean_run();
-        // The person's last reply, so the re-send is out of no order.
-        let mut again = e.sends.iter().find(|s| s.text == "s2#1").unwrap().clone();
-        assert_eq!(again.channel, Channel::TextMagic);
-        again.at_us += 3_000_000;
-        again.sid = "60000099".into();
-        e.sends.push(again);
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::DoubleOutsideWindow);
-        assert!(f.evidence.contains("s2#1"), "{}", f.evidence);
-        assert_eq!(v.channels[&Channel::TextMagic].doubled, 1);
-        assert_eq!(v.channels[&Channel::Twilio].doubled, 0);
-    }
-
-    #[test]
-    fn a_chat_or_api_reply_missing_from_the_mailbox_is_lost() {
-        for (channel, text) in [(Channel::Chat, "s3#1"), (Channel::Api, "s4#0")] {
-            let mut e = clean_run();
-            e.mailbox.retain(|m| m.text != text);
-            e.client_replies.retain(|r| r.text != text);
-            let v = judge(&e);
-            let f = only_kind(&v, Kind::ReplyNeverSent);
-            assert!(
-                f.evidence.contains(text) && f.evidence.contains("mailbox"),
-                "{}",
-                f.evidence
-            );
-            assert_eq!(v.channels[&channel].lost, 1, "{channel:?}");
-            assert_eq!(v.channels[&channel].answered, 1, "{channel:?}");
-        }
-    }
-
-    #[test]
-    fn a_reply_in_the_mailbox_its_client_never_got_is_lost() {
-        let mut e = clean_run();
-        e.client_replies.retain(|r| r.text != "s3#0");
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::ReplyNotReceived);
-        assert!(
-            f.evidence.contains("s3#0") && f.evidence.contains("chat"),
-            "{}",
-            f.evidence
-        );
-        assert_eq!(v.channels[&Channel::Chat].lost, 1);
-    }
-
-    #[test]
-    fn one_reply_stored_as_two_mailbox_entries_is_a_double() {
-        let mut e = clean_run();
-        let mut again = e.mailbox.iter().find(|m| m.text == "s4#1").unwrap().clone();
-        again.seq = 99;
-        again.reply_id = "reply-again".into();
-        e.mailbox.push(again);
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::StoredTwice);
-        assert!(
-            f.evidence.contains("s4#1") && f.evidence.contains("#99"),
-            "{}",
-            f.evidence
-        );
-        assert_eq!(v.channels[&Channel::Api].doubled, 1);
-    }
-
-    #[test]
-    fn a_reply_pushed_twice_to_a_chat_client_is_a_double() {
-        let mut e = clean_run();
-        let mut again = e
-            .client_replies
-            .iter()
-            .find(|r| r.text == "s3#0")
-            .unwrap()
-            .clone();
-        again.at_us += 5_000_000;
-        e.client_replies.push(again);
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::ReceivedTwice);
-        assert!(f.evidence.contains("load-3"), "{}", f.evidence);
-        assert_eq!(v.channels[&Channel::Chat].doubled, 1);
-    }
-
-    #[test]
-    fn a_reply_on_another_channel_or_to_another_client_fails() {
-        let mut e = clean_run();
-        // The chat person's reply went out by SMS.
-        let chat = e.mailbox.iter().position(|m| m.text == "s3#0").unwrap();
-        let row = e.mailbox.remove(chat);
-        e.sends.push(SendRecord {
-            channel: Channel::Twilio,
-            at_us: 9_000_000,
-            to: sender_phone(3),
-            text: row.text,
-            sid: "SMwrong".into(),
-            sender_pid: Some(DELIVER_PID),
-        });
-        // The API person's reply was stored for someone else.
-        e.mailbox
-            .iter_mut()
-            .find(|m| m.text == "s4#1")
-            .unwrap()
-            .address = "load-9".into();
-        let v = judge(&e);
-        assert_eq!(v.count(Kind::ReplyToWrongNumber), 2, "{:?}", v.findings);
-        assert_eq!(
-            v.count(Kind::ReplyNeverSent),
-            1,
-            "s3#0 is not in the mailbox"
-        );
-        assert!(
-            v.findings[&Kind::ReplyToWrongNumber]
-                .iter()
-                .any(|f| f.evidence.contains("load-9"))
-        );
-    }
-
-    #[test]
-    fn mailbox_entries_out_of_the_persons_order_fail() {
-        let mut e = clean_run();
-        for m in e.mailbox.iter_mut().filter(|m| m.address == "load-3") {
-            m.seq = 100 - m.seq;
-        }
-        let f = only_kind(&judge(&e), Kind::ReplyOrder);
-        assert!(
-            f.evidence.contains("s3#0") && f.evidence.contains("after s3#1"),
-            "{}",
-            f.evidence
-        );
-    }
-
-    #[test]
-    fn a_kill_long_after_the_send_explains_nothing() {
-        // The sender lived on past its lease without recording the send: that is a bug.
-        let mut e = clean_run();
-        e.ledger[3].provider_message_ids = vec!["SMresent".into()];
-        resend(&mut e, 120_000_000, DELIVER_PID + 1);
-        kill_deliverer(&mut e.kills, e.sends[3].at_us + 60_000_000, DELIVER_PID);
-        only_kind(&judge(&e), Kind::DoubleOutsideWindow);
-    }
-
-    #[test]
-    fn a_kill_after_the_resend_explains_nothing() {
-        let mut e = clean_run();
-        e.ledger[3].provider_message_ids = vec!["SMresent".into()];
-        resend(&mut e, 1_000_000, DELIVER_PID);
-        kill_deliverer(&mut e.kills, e.sends[3].at_us + 2_000_000, DELIVER_PID);
-        only_kind(&judge(&e), Kind::DoubleOutsideWindow);
-    }
-
-    #[test]
-    fn a_reply_to_a_wrong_number_fails() {
-        let mut e = clean_run();
-        e.sends[1].to = sender_phone(1);
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::ReplyToWrongNumber);
-        assert!(f.evidence.contains("s0#1"), "{}", f.evidence);
-        assert!(f.evidence.contains(&sender_phone(1)), "{}", f.evidence);
-    }
-
-    #[test]
-    fn an_out_of_order_resend_fails() {
-        let mut e = clean_run();
-        // s0#0 is sent again after s0#1 went out (its sender was killed: the double is in the
-        // window, and wrong anyway; so is the order).
-        e.ledger[0].provider_message_ids = vec![];
-        let mut again = e.sends[0].clone();
-        again.at_us = e.sends[1].at_us + 1_000;
-        again.sid = "SMagain".into();
-        e.sends.push(again);
-        kill_deliverer(&mut e.kills, e.sends[0].at_us + 10, DELIVER_PID);
-        let mut v = judge(&e);
-        assert_eq!(v.count(Kind::DoubleInWindow), 1);
-        v.findings.remove(&Kind::DoubleInWindow);
-        let f = only_kind(&v, Kind::ReplyOrder);
-        assert!(
-            f.evidence.contains("s0#0") && f.evidence.contains("after s0#1"),
-            "{}",
-            f.evidence
-        );
-    }
-
-    #[test]
-    fn an_out_of_order_runner_rerun_fails() {
-        let mut e = clean_run();
-        let mut again = e.runner_calls[0].clone();
-        again.start_us = e.runner_calls[1].end_us.unwrap() + 1_000;
-        again.end_us = Some(again.start_us + 20_000);
-        e.runner_calls.push(again);
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::RunnerOrder);
-        assert!(f.evidence.contains("s0#0"), "{}", f.evidence);
-        assert_eq!(v.reruns, 1);
-    }
-
-    #[test]
-    fn a_rerun_in_order_and_not_beside_the_first_call_passes() {
-        let mut e = clean_run();
-        let mut again = e.runner_calls[0].clone();
-        again.start_us = e.runner_calls[0].end_us.unwrap() + 6_000_000;
-        again.end_us = Some(again.start_us + 20_000);
-        // The next turn starts after the re-run.
-        e.runner_calls[1].start_us = again.end_us.unwrap() + 1_000;
-        e.runner_calls[1].end_us = Some(e.runner_calls[1].start_us + 20_000);
-        e.runner_calls.push(again);
-        let v = judge(&e);
-        assert!(v.passed(), "{:?}", v.failures());
-        assert_eq!(v.reruns, 1);
-    }
-
-    #[test]
-    fn two_turns_of_one_person_at_once_fail() {
-        let mut e = clean_run();
-        e.runner_calls[1].start_us = e.runner_calls[0].start_us + 5_000;
-        let f = only_kind(&judge(&e), Kind::OverlappingTurns);
-        assert!(f.evidence.contains("s0#1") && f.evidence.contains("s0#0"));
-    }
-
-    #[test]
-    fn a_turn_called_beside_its_own_running_call_fails() {
-        let mut e = clean_run();
-        let mut again = e.runner_calls[0].clone();
-        again.start_us += 5_000;
-        e.runner_calls.push(again);
-        only_kind(&judge(&e), Kind::TurnRunBesideItself);
-    }
-
-    #[test]
-    fn a_reply_never_sent_fails() {
-        let mut e = clean_run();
-        e.sends.retain(|s| s.text != "s1#0");
-        let f = only_kind(&judge(&e), Kind::ReplyNeverSent);
-        assert!(f.evidence.contains("s1#0") && f.evidence.contains("turn done"));
-    }
-
-    #[test]
-    fn a_message_with_no_turn_fails_twice_over() {
-        let mut e = clean_run();
-        e.turns.retain(|t| t.provider_message_id != "SM0x1");
-        e.sends.retain(|s| s.text != "s0#1");
-        e.outbound_logged.retain(|t| t != "echo: s0#1");
-        let v = judge(&e);
-        assert_eq!(v.count(Kind::NoTurn), 1);
-        assert_eq!(v.count(Kind::ReplyNeverSent), 1);
-        assert!(
-            v.findings[&Kind::ReplyNeverSent][0]
-                .evidence
-                .contains("turn missing")
-        );
-    }
-
-    #[test]
-    fn missing_and_doubled_log_rows_fail_per_message() {
-        let mut e = clean_run();
-        e.outbound_logged.retain(|t| t != "echo: s1#1");
-        e.outbound_logged.push("echo: s0#0".into());
-        e.inbound_logged.retain(|id| id != "SM1x0");
-        let v = judge(&e);
-        assert_eq!(v.count(Kind::NoOutboundLogRow), 1);
-        assert_eq!(v.count(Kind::OutboundLoggedTwice), 1);
-        assert_eq!(v.count(Kind::NoInboundLogRow), 1);
-        assert!(
-            v.findings[&Kind::NoOutboundLogRow][0]
-                .evidence
-                .contains("s1#1")
-        );
-        assert!(
-            v.findings[&Kind::OutboundLoggedTwice][0]
-                .evidence
-                .contains("s0#0")
-        );
-    }
-
-    #[test]
-    fn an_unsettled_pipeline_fails() {
-        let mut e = clean_run();
-        e.settled = false;
-        only_kind(&judge(&e), Kind::NotSettled);
-    }
-
-    #[test]
-    fn a_dead_letter_fails_with_its_reason() {
-        let mut e = clean_run();
-        e.dead_letters = vec![DeadLetterNote {
-            seq: 7,
-            stage: "dispatch".into(),
-            error: "gave up after 5 deliveries: runner down".into(),
-        }];
-        let f = only_kind(&judge(&e), Kind::DeadLetter);
-        assert!(f.evidence.contains("#7") && f.evidence.contains("runner down"));
-    }
-
-    #[test]
-    fn an_unreadable_dead_letter_list_fails() {
-        let mut e = clean_run();
-        e.dead_letters_unreadable = Some("stream not found".into());
-        only_kind(&judge(&e), Kind::DeadLettersUnreadable);
-    }
-
-    #[test]
-    fn a_chat_prompt_must_name_the_chat_user() {
-        let mut e = clean_run();
-        let call = e
-            .runner_calls
-            .iter_mut()
-            .find(|c| c.text == "s3#1")
-            .unwrap();
-        // The same sender number as a phone is someone else.
-        call.person = Channel::Twilio.person(3);
-        let f = only_kind(&judge(&e), Kind::WrongPersonInPrompt);
-        assert!(f.evidence.contains("user:load-3"), "{}", f.evidence);
-    }
-
-    #[test]
-    fn a_prompt_naming_another_person_fails() {
-        let mut e = clean_run();
-        e.runner_calls[2].person = Channel::Twilio.person(0);
-        let f = only_kind(&judge(&e), Kind::WrongPersonInPrompt);
-        assert!(f.evidence.contains("s1#0"));
-    }
-
-    #[test]
-    fn a_server_that_did_not_come_back_fails() {
-        let mut e = clean_run();
-        e.crashes.push(ServerCrash {
-            server: "pg".into(),
-            at_us: 1,
-            back_us: 2,
-            recovered: false,
-        });
-        only_kind(&judge(&e), Kind::ServerDidNotRecover);
-    }
-
-    #[test]
-    fn evidence_survives_a_round_trip_through_its_file() {
-        let mut e = clean_run();
-        e.dead_letters_unreadable = Some("unreadable".into());
-        let back: Evidence = serde_json::from_str(&serde_json::to_string(&e).unwrap()).unwrap();
-        assert_eq!(judge(&back).failures(), judge(&e).failures());
-    }
-
-    #[test]
-    fn the_user_agent_names_the_sending_process() {
-        let ua = switchboard_channels::user_agent();
-        assert_eq!(
-            crate::load::fakes::pid_of_user_agent(&ua),
-            Some(std::process::id()),
-            "{ua}"
-        );
-        assert_eq!(
-            crate::load::fakes::pid_of_user_agent("python-requests/2"),
-            None
-        );
-    }
-
-    // ---- collect: joined calls -------------------------------------------------------------
-
-    /// [`clean_run`] with Twilio sender 1 talking to the collect agent: its two messages were
-    /// one runner call and one reply, committed at the second turn, the first recording the
-    /// join.
-    fn joined_run() -> Evidence {
-        let mut e = clean_run();
-        for a in e.accepted.iter_mut().filter(|a| a.sender == 1) {
-            a.collect = true;
-        }
-        let i = e
-            .runner_calls
-            .iter()
-            .position(|c| c.text == "s1#0")
-            .unwrap();
-        e.runner_calls[i].texts = vec!["s1#0".into(), "s1#1".into()];
-        e.runner_calls[i].agent = "reggie_collect".into();
-        e.runner_calls.retain(|c| c.text != "s1#1");
-        e.sends.retain(|s| s.text != "s1#0");
-        let joined = e.sends.iter_mut().find(|s| s.text == "s1#1").unwrap();
-        joined.text = "s1#0 s1#1".into();
-        let t = e
-            .turns
-            .iter_mut()
-            .find(|t| t.provider_message_id == "SM1x0")
-            .unwrap();
-        t.reply_id = None;
-        t.joined_into = Some(2);
-        e.turns
-            .iter_mut()
-            .find(|t| t.provider_message_id == "SM1x1")
-            .unwrap()
-            .joined_into = Some(2);
-        e.ledger.retain(|l| l.reply_id != "reply-1-0");
-        e.outbound_logged
-            .retain(|t| t != "echo: s1#0" && t != "echo: s1#1");
-        e.outbound_logged.push("echo: s1#0 s1#1".into());
-        e
-    }
-
-    #[test]
-    fn a_joined_call_answered_once_for_both_messages_passes_and_is_counted() {
-        let v = judge(&joined_run());
-        assert!(v.passed(), "{:?}", v.failures());
-        assert_eq!((v.joined_calls, v.joined_messages), (1, 2));
-        assert_eq!(v.collect_people, 1);
-        assert_eq!(
-            v.distinct_turns_called, 10,
-            "every message reached the runner"
-        );
-        assert_eq!(
-            v.channels[&Channel::Twilio],
-            ChannelTally {
-                accepted: 4,
-                answered: 4,
-                ..Default::default()
-            }
-        );
-    }
-
-    #[test]
-    fn a_joined_api_reply_listed_under_each_message_it_answers_is_no_double() {
-        let mut e = clean_run();
-        // API sender 4's two messages were joined: one reply, listed under both messages.
-        for a in e.accepted.iter_mut().filter(|a| a.sender == 4) {
-            a.collect = true;
-        }
-        let i = e
-            .runner_calls
-            .iter()
-            .position(|c| c.text == "s4#0")
-            .unwrap();
-        e.runner_calls[i].texts = vec!["s4#0".into(), "s4#1".into()];
-        e.runner_calls.retain(|c| c.text != "s4#1");
-        e.mailbox.retain(|m| m.text != "s4#0");
-        e.mailbox
-            .iter_mut()
-            .find(|m| m.text == "s4#1")
-            .unwrap()
-            .text = "s4#0 s4#1".into();
-        e.client_replies.retain(|r| r.text != "s4#0");
-        let joined = e
-            .client_replies
-            .iter_mut()
-            .find(|r| r.text == "s4#1")
-            .unwrap();
-        joined.text = "s4#0 s4#1".into();
-        joined.listed_under = "corr-4-1".into();
-        let mut under_first = joined.clone();
-        under_first.listed_under = "corr-4-0".into();
-        e.client_replies.push(under_first.clone());
-        let t = e
-            .turns
-            .iter_mut()
-            .find(|t| t.provider_message_id == "SM4x0")
-            .unwrap();
-        (t.reply_id, t.joined_into) = (None, Some(2));
-        e.outbound_logged
-            .retain(|t| t != "echo: s4#0" && t != "echo: s4#1");
-        e.outbound_logged.push("echo: s4#0 s4#1".into());
-        let v = judge(&e);
-        assert!(v.passed(), "{:?}", v.findings);
-        // Listed twice under the same message: handed twice.
-        e.client_replies.push(under_first);
-        let f = only_kind(&judge(&e), Kind::ReceivedTwice);
-        assert!(f.evidence.contains("load-4"), "{}", f.evidence);
-    }
-
-    #[test]
-    fn collect_people_with_no_joined_call_prove_nothing_and_fail() {
-        let mut e = clean_run();
-        e.accepted[2].collect = true;
-        let f = only_kind(&judge(&e), Kind::NothingJoined);
-        assert!(f.evidence.contains("1 people"), "{}", f.evidence);
-    }
-
-    #[test]
-    fn a_followup_agent_joining_messages_fails() {
-        let mut e = joined_run();
-        for a in &mut e.accepted {
-            a.collect = false;
-        }
-        let f = only_kind(&judge(&e), Kind::JoinedUnderFollowup);
-        assert!(f.evidence.contains("s1#0"), "{}", f.evidence);
-    }
-
-    #[test]
-    fn a_joined_call_out_of_the_order_sent_fails() {
-        let mut e = joined_run();
-        let c = e
-            .runner_calls
-            .iter_mut()
-            .find(|c| c.texts.len() == 2)
-            .unwrap();
-        c.texts.reverse();
-        c.text = c.texts[0].clone();
-        c.seq = Some(1);
-        let v = judge(&e);
-        assert_eq!(v.count(Kind::JoinedOutOfOrder), 1, "{:?}", v.failures());
-        assert!(
-            v.findings[&Kind::JoinedOutOfOrder][0]
-                .evidence
-                .contains("not in the order sent")
-        );
-    }
-
-    #[test]
-    fn a_join_the_turns_table_does_not_record_fails() {
-        let mut e = joined_run();
-        let t = e
-            .turns
-            .iter_mut()
-            .find(|t| t.provider_message_id == "SM1x0")
-            .unwrap();
-        t.joined_into = None;
-        let f = only_kind(&judge(&e), Kind::JoinNotRecorded);
-        assert!(f.evidence.contains("s1#0's turn 1"), "{}", f.evidence);
-    }
-
-    #[test]
-    fn a_message_answered_alone_and_again_in_a_joined_reply_is_answered_twice() {
-        let mut e = joined_run();
-        // s1#0 also got a reply of its own, before the joined one.
-        let mut alone = e
-            .sends
-            .iter()
-            .find(|s| s.text == "s1#0 s1#1")
-            .unwrap()
-            .clone();
-        alone.text = "s1#0".into();
-        alone.at_us -= 10_000;
-        alone.sid = "SMalone".into();
-        let at = e.sends.iter().position(|s| s.text == "s1#0 s1#1").unwrap();
-        e.sends.insert(at, alone);
-        let v = judge(&e);
-        let f = only_kind(&v, Kind::AnsweredTwice);
-        assert!(
-            f.evidence.contains("s1#0") && f.evidence.contains("2 replies"),
-            "{}",
-            f.evidence
-        );
-        assert_eq!(v.channels[&Channel::Twilio].doubled, 1);
-        assert_eq!(v.channels[&Channel::Twilio].lost, 0);
-    }
-
-    #[test]
-    fn a_joined_call_carrying_another_persons_message_fails() {
-        let mut e = joined_run();
-        let c = e
-            .runner_calls
-            .iter_mut()
-            .find(|c| c.texts.len() == 2)
-            .unwrap();
-        c.texts.push("s0#1".into());
-        let v = judge(&e);
-        assert!(
-            v.count(Kind::WrongPersonInPrompt) >= 1,
-            "{:?}",
-            v.failures()
-        );
-        assert!(
-            v.findings[&Kind::WrongPersonInPrompt][0]
-                .evidence
-                .contains("also carries \"s0#1\"")
-        );
-    }
-
-    #[test]
-    fn a_joined_reply_with_one_outbound_row_per_message_and_not_two() {
-        let mut e = joined_run();
-        e.outbound_logged.push("echo: s1#1".into());
-        let f = only_kind(&judge(&e), Kind::OutboundLoggedTwice);
-        assert!(f.evidence.contains("s1#1"), "{}", f.evidence);
-    }
-
-    #[test]
-    fn a_joined_call_run_again_in_order_passes_and_a_later_turn_before_it_fails() {
-        let mut e = joined_run();
-        let first = e
-            .runner_calls
-            .iter()
-            .find(|c| c.texts.len() == 2)
-            .unwrap()
-            .clone();
-        let mut again = first.clone();
-        again.start_us = first.end_us.unwrap() + 5_000;
-        again.end_us = Some(again.start_us + 20_000);
-        e.runner_calls.push(again.clone());
-        let v = judge(&e);
-        assert!(v.passed(), "{:?}", v.failures());
-        assert_eq!((v.reruns, v.joined_calls), (1, 1));
-
-        // Run again after a later message of the same person was called.
-        let mut later = joined_run();
-        later.runner_calls.push(CallRecord {
-            start_us: first.end_us.unwrap() + 1_000,
-            end_us: Some(first.end_us.unwrap() + 2_000),
-            person: first.person.clone(),
-            text: "s1#2".into(),
-            seq: Some(3),
-            ..Default::default()
-        });
-        later.runner_calls.push(again);
-        let v = judge(&later);
-        assert!(
-            v.findings[&Kind::RunnerOrder]
-                .iter()
-                .any(|f| f.evidence.contains("s1#0 (turn 1)") && f.evidence.contains("s1#2")),
-            "{:?}",
-            v.findings
-        );
-    }
-
-    // ---- the runner's outage: every person told once --------------------------------------
-
-    const NOTICE: &str = "Your message is safe with us: the assistant is briefly unavailable.";
-
-    /// [`clean_run`] with the runner down from 2 s (503 until 3 s) to 10 s: the second
-    /// messages of senders 0 (Twilio), 3 (chat) and 4 (API) were accepted before and answered
-    /// after it; each was recorded waiting and told once, on their channel. Sender 0's turn
-    /// was refused by the runner at 2.1 s.
-    fn outage_run() -> Evidence {
-        let mut e = clean_run();
-        e.notice_text = NOTICE.into();
-        e.runner_outage = Some(RunnerOutage {
-            unavailable_us: 2_000_000,
-            refusing_us: 3_000_000,
-            back_us: 10_000_000,
-        });
-        for (sender, channel) in [(0, Channel::Twilio), (3, Channel::Chat), (4, Channel::Api)] {
-            let text = message_text(sender, 1);
-            let call = e.runner_calls.iter_mut().find(|c| c.text == text).unwrap();
-            call.start_us = 10_500_000;
-            call.end_us = Some(10_520_000);
-            let notice_id = format!("notice-{sender}");
-            e.waiting.push(WaitingRow {
-                person: channel.person(sender),
-                notice_id: notice_id.clone(),
-                seq: 2,
-                at_us: 3_500_000,
-            });
-            match channel {
-                Channel::Twilio => {
-                    e.sends.iter_mut().find(|s| s.text == text).unwrap().at_us = 10_600_000;
-                    e.sends.push(SendRecord {
-                        channel,
-                        at_us: 3_600_000,
-                        to: channel.address(sender),
-                        text: NOTICE.into(),
-                        sid: format!("SMnotice{sender}"),
-                        sender_pid: Some(DELIVER_PID),
-                    });
-                }
-                _ => {
-                    let seq = e.mailbox.len() as i64 + 100;
-                    e.mailbox.push(MailboxRow {
-                        seq,
-                        reply_id: notice_id.clone(),
-                        part: 0,
-                        channel: channel.mailbox_channel().unwrap().into(),
-                        address: channel.address(sender),
-                        text: NOTICE.into(),
-                        kind: "notice".into(),
-                    });
-                    e.client_replies.push(ClientReply {
-                        channel,
-                        sender,
-                        seq,
-                        reply_id: notice_id,
-                        text: NOTICE.into(),
-                        at_us: 3_700_000,
-                        notice: true,
-                        ..Default::default()
-                    });
-                }
-            }
-        }
-        e.refused_calls.push(RefusedCall {
-            at_us: 2_100_000,
-            person: Channel::Twilio.person(0),
-            texts: vec!["s0#1".into()],
-        });
-        e
-    }
-
-    #[test]
-    fn an_outage_that_told_each_waiting_person_once_passes_and_notices_are_no_replies() {
-        let v = judge(&outage_run());
-        assert!(v.passed(), "{:?}", v.findings);
-        let o = v.outage.clone().unwrap();
-        assert_eq!(
-            (
-                o.waits_recorded,
-                o.people_told,
-                o.waited_messages,
-                o.refused_calls
-            ),
-            (3, 3, 3, 1)
-        );
-        for c in [Channel::Twilio, Channel::Chat, Channel::Api] {
-            assert_eq!(v.channels[&c].told, 1, "{c:?}");
-            assert_eq!(v.channels[&c].doubled, 0, "a notice is not a reply: {c:?}");
-        }
-        assert_eq!(v.distinct_replies_sent, 6, "the notice SMS is not a reply");
-    }
-
-    #[test]
-    fn a_person_told_twice_fails() {
-        // A second notice SMS (another notice, or the same one sent again).
-        let mut e = outage_run();
-        let again = e.sends.iter().find(|s| s.text == NOTICE).unwrap().clone();
-        e.sends.push(SendRecord {
-            at_us: 11_000_000,
-            sid: "SMnotice-again".into(),
-            ..again
-        });
-        let f = only_kind(&judge(&e), Kind::ToldTwice);
-        assert!(f.evidence.contains("2 notice SMS"), "{}", f.evidence);
-        // A chat notice frame pushed twice.
-        let mut e = outage_run();
-        let again = e
-            .client_replies
-            .iter()
-            .find(|r| r.notice && r.channel == Channel::Chat)
-            .unwrap()
-            .clone();
-        e.client_replies.push(again);
-        let f = only_kind(&judge(&e), Kind::ToldTwice);
-        assert!(f.evidence.contains("user:load-3"), "{}", f.evidence);
-        // The API listing a notice under two messages; two waits recorded for one person.
-        let mut e = outage_run();
-        let again = e
-            .client_replies
-            .iter()
-            .find(|r| r.notice && r.channel == Channel::Api)
-            .unwrap()
-            .clone();
-        e.client_replies.push(again);
-        let mut second = e.waiting[0].clone();
-        second.notice_id = "notice-0b".into();
-        second.at_us = 12_000_000;
-        e.waiting.push(second);
-        let v = judge(&e);
-        assert_eq!(v.count(Kind::ToldTwice), 2, "{:?}", v.findings);
-        assert!(
-            v.findings[&Kind::ToldTwice]
-                .iter()
-                .any(|f| f.evidence.contains("2 waits recorded"))
-        );
-    }
-
-    #[test]
-    fn a_recorded_wait_its_person_was_not_told_of_fails() {
-        for channel in [Channel::Twilio, Channel::Chat, Channel::Api] {
-            let mut e = outage_run();
-            e.sends
-                .retain(|s| !(s.text == NOTICE && s.channel == channel));
-            e.client_replies
-                .retain(|r| !(r.notice && r.channel == channel));
-            let v = judge(&e);
-            // Their message waited out the outage too: they were never told at all.
-            assert_eq!(
-                v.findings.keys().copied().collect::<Vec<_>>(),
-                vec![Kind::NoticeNotReceived, Kind::NotTold],
-                "{channel:?}: {:?}",
-                v.findings
-            );
-            assert_eq!(v.channels[&channel].told, 0);
-        }
-    }
-
-    #[test]
-    fn a_person_whose_message_waited_out_the_outage_and_was_never_told_fails() {
-        // The product recorded no wait for sender 3 (chat) and told them nothing, though their
-        // message, accepted 8 s before the runner was back, was first called after it.
-        let mut e = outage_run();
-        let person = Channel::Chat.person(3);
-        e.waiting.retain(|w| w.person != person);
-        e.client_replies
-            .retain(|r| !(r.notice && r.channel == Channel::Chat));
-        e.mailbox
-            .retain(|m| !(m.is_notice() && m.reply_id == "notice-3"));
-        let f = only_kind(&judge(&e), Kind::NotTold);
-        assert!(
-            f.evidence.contains(&person) && f.evidence.contains("never told"),
-            "{}",
-            f.evidence
-        );
-        assert_eq!(judge(&outage_run()).outage.unwrap().people_waited, 3);
-        // Its turn opened less than 5 s before the runner was back (the message held up on
-        // the way): it may not have met the outage in time to wait, and no finding is made.
-        let mut e = outage_run();
-        e.waiting.retain(|w| w.person != person);
-        e.client_replies
-            .retain(|r| !(r.notice && r.channel == Channel::Chat));
-        e.mailbox
-            .retain(|m| !(m.is_notice() && m.reply_id == "notice-3"));
-        let sid = e
-            .accepted
-            .iter()
-            .find(|a| (a.sender, a.index) == (3, 1))
-            .unwrap()
-            .sid
-            .clone();
-        let turn = e
-            .turns
-            .iter_mut()
-            .find(|t| t.provider_message_id == sid)
-            .unwrap();
-        turn.opened_us = Some(6_000_000);
-        let v = judge(&e);
-        assert!(v.passed(), "{:?}", v.findings);
-        // Without the turn's time (older evidence), from acceptance: the finding stands.
-        e.turns
-            .iter_mut()
-            .find(|t| t.provider_message_id == sid)
-            .unwrap()
-            .opened_us = None;
-        only_kind(&judge(&e), Kind::NotTold);
-    }
-
-    #[test]
-    fn a_notice_to_someone_with_nothing_waiting_fails() {
-        // Told, with no wait recorded (sender 1's messages were answered before the outage).
-        let mut e = outage_run();
-        e.sends.push(SendRecord {
-            channel: Channel::Twilio,
-            at_us: 4_000_000,
-            to: sender_phone(1),
-            text: NOTICE.into(),
-            sid: "SMnotice1".into(),
-            sender_pid: Some(DELIVER_PID),
-        });
-        let f = only_kind(&judge(&e), Kind::NoticeWithoutWait);
-        assert!(f.evidence.contains("recorded no wait"), "{}", f.evidence);
-        // Recorded waiting and told, with no message open during the outage.
-        let mut e = outage_run();
-        e.waiting.push(WaitingRow {
-            person: Channel::TextMagic.person(2),
-            notice_id: "notice-2".into(),
-            seq: 2,
-            at_us: 4_000_000,
-        });
-        e.sends.push(SendRecord {
-            channel: Channel::TextMagic,
-            at_us: 4_100_000,
-            to: Channel::TextMagic.address(2),
-            text: NOTICE.into(),
-            sid: "60000777".into(),
-            sender_pid: Some(DELIVER_PID),
-        });
-        let f = only_kind(&judge(&e), Kind::NoticeWithoutWait);
-        assert!(f.evidence.contains("no message open"), "{}", f.evidence);
-    }
-
-    #[test]
-    fn a_turn_the_down_runner_refused_with_no_wait_recorded_fails() {
-        let mut e = outage_run();
-        e.refused_calls.push(RefusedCall {
-            at_us: 2_200_000,
-            person: Channel::Twilio.person(1),
-            texts: vec!["s1#1".into()],
-        });
-        let f = only_kind(&judge(&e), Kind::WaitNotRecorded);
-        assert!(f.evidence.contains(&sender_phone(1)), "{}", f.evidence);
-        // Refused just before the runner came back: it may have had no time to wait.
-        let mut e = outage_run();
-        e.refused_calls.push(RefusedCall {
-            at_us: 9_000_000,
-            person: Channel::Twilio.person(1),
-            texts: vec!["s1#1".into()],
-        });
-        assert!(judge(&e).passed());
-    }
-
-    #[test]
-    fn an_outage_that_made_nothing_wait_fails() {
-        let mut e = clean_run();
-        e.notice_text = NOTICE.into();
-        e.runner_outage = Some(RunnerOutage {
-            unavailable_us: 20_000_000,
-            refusing_us: 21_000_000,
-            back_us: 30_000_000,
-        });
-        let f = only_kind(&judge(&e), Kind::OutageWaitedNothing);
-        assert!(f.evidence.contains("0 waits recorded"), "{}", f.evidence);
-    }
-}
+mod joined_tests;
+#[cfg(test)]
+mod outage_tests;
+#[cfg(test)]
+mod tests;
