@@ -82,7 +82,7 @@ impl Runner {
             let _session = session;
             let outcome = match &spec {
                 Some(spec) => {
-                    let settled = runs::watch(&run, spec.timeout_s).await;
+                    let settled = runs::watch(&run, spec.timeout_s, None).await;
                     runs::outcome(&run, &settled, spec)
                 }
                 None => Outcome::Failed {

@@ -357,12 +357,12 @@ async fn execute(
     )
     .and_then(|mut spec| {
         spec.rerun = rerun;
-        runs::start(run, lock, &spec, &prompt, &runner.supervisor)?;
-        Ok(spec)
+        let exited = runs::start(run, lock, &spec, &prompt, &runner.supervisor)?;
+        Ok((spec, exited))
     });
     let mut outcome = match spec {
-        Ok(spec) => {
-            let settled = runs::watch(run, spec.timeout_s).await;
+        Ok((spec, exited)) => {
+            let settled = runs::watch(run, spec.timeout_s, Some(exited)).await;
             runs::outcome(run, &settled, &spec)
         }
         Err(e) => Outcome::Failed {

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
 use crate::RunResponse;
 use crate::engine::{self, EngineError};
 use crate::rundir::{self, Mark, RunDir, Settled, Spec};
@@ -50,14 +52,15 @@ pub fn all(state_dir: &Path) -> Vec<RunDir> {
 
 /// Start `spec` through `exe supervise <folder>` in its own session, handing it `lock` (as
 /// its stdin) so the run is never unlocked while it goes on. The supervisor is reaped by a
-/// task; nothing kills it when this runner dies.
+/// task; nothing kills it when this runner dies. What it gives: word when the supervisor has
+/// exited (so [`watch`] need not wait for its next look).
 pub fn start(
     run: &RunDir,
     lock: File,
     spec: &Spec,
     prompt: &str,
     exe: &Path,
-) -> Result<(), EngineError> {
+) -> Result<oneshot::Receiver<()>, EngineError> {
     std::fs::write(run.file("prompt"), prompt).map_err(EngineError::Prompt)?;
     run.write_spec(spec).map_err(EngineError::State)?;
     let log = File::create(run.file("supervisor.log")).map_err(EngineError::State)?;
@@ -80,16 +83,22 @@ pub fn start(
     let mut child = tokio::process::Command::from(cmd)
         .spawn()
         .map_err(EngineError::Spawn)?;
+    let (exited, wake) = oneshot::channel();
     tokio::spawn(async move {
         let _ = child.wait().await;
+        let _ = exited.send(());
     });
-    Ok(())
+    Ok(wake)
 }
 
 /// Wait until nothing runs `run` any more; how it ended. Kills it when it is marked cancelled
 /// (a cancel may come before its group exists) and when it runs past its timeout, counted
 /// from its recorded start, with a margin.
-pub async fn watch(run: &RunDir, timeout_s: u64) -> Settled {
+pub async fn watch(
+    run: &RunDir,
+    timeout_s: u64,
+    mut exited: Option<oneshot::Receiver<()>>,
+) -> Settled {
     loop {
         if !run.is_alive() || run.exit().is_some() {
             // Ended (with an exit recorded, its supervisor is killing what is left of it).
@@ -105,7 +114,13 @@ pub async fn watch(run: &RunDir, timeout_s: u64) -> Settled {
             }
             run.kill();
         }
-        tokio::time::sleep(POLL).await;
+        match exited.as_mut() {
+            Some(wake) => tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = wake => exited = None,
+            },
+            None => tokio::time::sleep(POLL).await,
+        }
     }
 }
 
