@@ -68,7 +68,8 @@ impl Runner {
         let (tx, _) = Self::track(running, key, run.clone());
         let rx = tx.subscribe();
         let spec = run.spec();
-        // Its engine session is busy until it ends (taken now: nothing can hold it yet).
+        // Its engine session is busy until it ends (taken now if free: at start nothing holds
+        // it; adopted on a later call, another run of the session may).
         let session = spec.as_ref().and_then(|s| {
             self.session_lock(&s.agent, &s.session_id)
                 .try_lock_owned()
