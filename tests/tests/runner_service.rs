@@ -51,8 +51,28 @@ fn runner_config(dir: &Path) -> RunnerConfig {
     }
 }
 
+/// The `switchboard-runner` binary next to the test binaries (`make test` builds it first): the
+/// runner runs each engine under it (`switchboard-runner supervise`).
+fn runner_bin() -> PathBuf {
+    let bin = std::env::current_exe()
+        .expect("test binary path")
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .join("switchboard-runner");
+    assert!(
+        bin.exists(),
+        "{} is missing: `make test` builds it first (cargo build --bins)",
+        bin.display()
+    );
+    bin
+}
+
 async fn serve_runner(dir: &Path, addr: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
-    let router = Runner::new(runner_config(dir)).unwrap().router();
+    let router = Runner::new(runner_config(dir))
+        .unwrap()
+        .supervised_by(runner_bin())
+        .router();
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     tokio::spawn(async move {
         axum::serve(listener, router).await.unwrap();

@@ -1,15 +1,11 @@
-//! One run of an engine CLI: the command from its template, in its own process group (so the
-//! timeout and a cancel kill it with everything it started), output capped, the reply and the
-//! engine session id read from its JSON output.
-use std::os::unix::process::CommandExt as _;
+//! An engine CLI's command for one turn (from its template) and its answer (the reply and the
+//! engine session id, read from its JSON output). The run itself goes through a supervisor
+//! process (`supervisor.rs`), so it outlives a runner crash.
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-
 use crate::config::{EngineConfig, PromptVia};
+use crate::rundir::{Exit, Spec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -31,6 +27,8 @@ pub enum EngineError {
     },
     #[error("writing the prompt: {0}")]
     Prompt(#[source] std::io::Error),
+    #[error("recording the run in its folder: {0}")]
+    State(#[source] std::io::Error),
 }
 
 pub struct Run<'a> {
@@ -41,8 +39,8 @@ pub struct Run<'a> {
     pub workspace: Option<&'a str>,
     pub timeout: Duration,
     pub max_output_bytes: usize,
-    /// Where prompt files are written.
-    pub scratch: &'a Path,
+    /// Where the prompt file is (`{prompt_file}`, or the engine's stdin).
+    pub prompt_file: &'a Path,
     pub key: &'a str,
 }
 
@@ -66,32 +64,14 @@ pub fn with_core_memory(dir: &Path, identity: &str, prompt: &str) -> String {
     }
 }
 
-/// SIGKILL to a whole process group.
+/// SIGKILL to a whole process group (never to "every process", which -1 would be).
 pub fn kill_group(pgid: i32) {
-    if pgid > 0 {
+    if pgid > 1 {
         // SAFETY: kill(2) with a negative pid signals the group; no memory is touched.
         unsafe {
             libc::kill(-pgid, libc::SIGKILL);
         }
     }
-}
-
-/// Read up to `cap` bytes, then drain (and drop) the rest; whether it was cut.
-async fn capped(mut r: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
-    let mut kept = Vec::new();
-    let mut buf = [0u8; 8192];
-    let mut cut = false;
-    loop {
-        match r.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = cap.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-                cut |= n > room;
-            }
-        }
-    }
-    (kept, cut)
 }
 
 /// The last JSON document on stdout: engines print log lines around it.
@@ -112,22 +92,14 @@ pub fn last_json(stdout: &str) -> Option<serde_json::Value> {
     })
 }
 
-pub async fn run(run: &Run<'_>, pgid: &Arc<Mutex<Option<i32>>>) -> Result<RunOutcome, EngineError> {
+/// What the supervisor runs for `run`.
+pub fn spec(run: &Run<'_>, created_at_ms: u64) -> Result<Spec, EngineError> {
     let e = run.engine;
-    let prompt_file = run
-        .scratch
-        .join("prompts")
-        .join(format!("{}.txt", uuid::Uuid::new_v4().simple()));
-    if e.prompt_via == PromptVia::File {
-        std::fs::create_dir_all(prompt_file.parent().expect("a folder"))
-            .map_err(EngineError::Prompt)?;
-        std::fs::write(&prompt_file, run.prompt).map_err(EngineError::Prompt)?;
-    }
     let fill = |arg: &str| {
         arg.replace("{session_id}", run.session_id)
             .replace("{agent}", run.agent)
             .replace("{workspace}", run.workspace.unwrap_or(""))
-            .replace("{prompt_file}", &prompt_file.to_string_lossy())
+            .replace("{prompt_file}", &run.prompt_file.to_string_lossy())
             .replace(
                 "{prompt}",
                 if e.prompt_via == PromptVia::Arg {
@@ -138,118 +110,90 @@ pub async fn run(run: &Run<'_>, pgid: &Arc<Mutex<Option<i32>>>) -> Result<RunOut
             )
     };
     let argv: Vec<String> = e.command.iter().map(|a| fill(a)).collect();
-    let (program, args) = argv.split_first().ok_or(EngineError::NoCommand)?;
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args)
-        .envs(&e.env)
-        .env("SB_IDEMPOTENCY_KEY", run.key)
-        .stdin(if e.prompt_via == PromptVia::Stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own group, so the timeout and a cancel reach everything it starts.
-        .process_group(0);
-    if let Some(dir) = e
+    if argv.is_empty() {
+        return Err(EngineError::NoCommand);
+    }
+    let cwd = e
         .cwd
         .as_deref()
         .or(run.workspace.map(Path::new))
         .filter(|d| d.is_dir())
-    {
-        cmd.current_dir(dir);
-    }
-    // SAFETY: only async-signal-safe calls between fork and exec: the child dies with the
-    // runner, so a run interrupted by a runner crash is not still going when the turn retries.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    let mut child = tokio::process::Command::from(cmd)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(EngineError::Spawn)?;
-    let group = child.id().map(|id| id as i32);
-    *pgid.lock().unwrap() = group;
-    if e.prompt_via == PromptVia::Stdin
-        && let Some(mut stdin) = child.stdin.take()
-    {
-        let prompt = run.prompt.as_bytes().to_vec();
-        tokio::spawn(async move {
-            let _ = stdin.write_all(&prompt).await;
-        });
-    }
-    let out = capped(child.stdout.take().expect("piped"), run.max_output_bytes);
-    let err = capped(child.stderr.take().expect("piped"), run.max_output_bytes);
-    let waited = tokio::time::timeout(run.timeout, async {
-        let ((stdout, out_cut), (stderr, _), status) = tokio::join!(out, err, child.wait());
-        (stdout, out_cut, stderr, status)
+        .map(Path::to_path_buf);
+    Ok(Spec {
+        key: run.key.to_string(),
+        agent: run.agent.to_string(),
+        session_id: run.session_id.to_string(),
+        argv,
+        env: e.env.clone(),
+        cwd,
+        stdin_prompt: e.prompt_via == PromptVia::Stdin,
+        timeout_s: run.timeout.as_secs(),
+        max_output_bytes: run.max_output_bytes,
+        text_path: e.text_path.clone(),
+        session_id_path: e.session_id_path.clone(),
+        tool_calls_path: e.tool_calls_path.clone(),
+        created_at_ms,
+        rerun: false,
     })
-    .await;
-    let _ = std::fs::remove_file(&prompt_file);
-    let Ok((stdout, out_cut, stderr, status)) = waited else {
-        if let Some(g) = group {
-            kill_group(g);
-        }
-        return Err(EngineError::Timeout(run.timeout.as_secs()));
-    };
-    // Anything it left behind in its group goes with it.
-    if let Some(g) = group {
-        kill_group(g);
+}
+
+/// The end of `s`, for an error message.
+fn tail(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    let t: Vec<char> = s.chars().rev().take(500).collect();
+    t.into_iter().rev().collect()
+}
+
+/// The engine's answer from how it ended and what it printed.
+pub fn answer(
+    spec: &Spec,
+    exit: &Exit,
+    stdout: &[u8],
+    stderr: &[u8],
+) -> Result<RunOutcome, EngineError> {
+    if let Some(e) = &exit.spawn_error {
+        return Err(EngineError::Spawn(std::io::Error::other(e.clone())));
     }
-    let tail = |b: &[u8]| {
-        let s = String::from_utf8_lossy(b);
-        let t: String = s
-            .chars()
-            .rev()
-            .take(500)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        t
-    };
-    let status = status.map_err(EngineError::Spawn)?;
-    if !status.success() {
+    if exit.timed_out {
+        return Err(EngineError::Timeout(spec.timeout_s));
+    }
+    if !exit.success {
         return Err(EngineError::Exit {
-            status: status.to_string(),
-            stderr: tail(&stderr),
+            status: exit.status.clone(),
+            stderr: tail(stderr),
         });
     }
-    if out_cut {
-        return Err(EngineError::OutputTooLarge(run.max_output_bytes));
+    if exit.stdout_cut {
+        return Err(EngineError::OutputTooLarge(spec.max_output_bytes));
     }
-    let stdout = String::from_utf8_lossy(&stdout);
+    let stdout = String::from_utf8_lossy(stdout);
     let json = last_json(&stdout).ok_or_else(|| EngineError::NoAnswer {
         what: "an answer",
-        path: e.text_path.clone(),
+        path: spec.text_path.clone(),
         tail: tail(stdout.as_bytes()),
     })?;
     let text = json
-        .pointer(&e.text_path)
+        .pointer(&spec.text_path)
         .and_then(|v| v.as_str())
         .ok_or_else(|| EngineError::NoAnswer {
             what: "the reply text",
-            path: e.text_path.clone(),
+            path: spec.text_path.clone(),
             tail: tail(stdout.as_bytes()),
         })?
         .to_string();
-    let session_id = if e.session_id_path.is_empty() {
-        run.session_id.to_string()
+    let session_id = if spec.session_id_path.is_empty() {
+        spec.session_id.clone()
     } else {
-        json.pointer(&e.session_id_path)
+        json.pointer(&spec.session_id_path)
             .and_then(|v| v.as_str())
             .filter(|s| !s.is_empty())
-            .unwrap_or(run.session_id)
+            .unwrap_or(&spec.session_id)
             .to_string()
     };
-    let tool_calls_count = if e.tool_calls_path.is_empty() {
+    let tool_calls_count = if spec.tool_calls_path.is_empty() {
         0
     } else {
-        json.pointer(&e.tool_calls_path)
+        json.pointer(&spec.tool_calls_path)
             .and_then(|v| v.as_i64())
             .unwrap_or(0)
     };

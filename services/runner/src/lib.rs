@@ -4,17 +4,26 @@
 //! What it promises (ARCHITECTURE §5, §16):
 //! - a turn retried with the same `Idempotency-Key` never runs the engine twice: the outcome is
 //!   written to `state_dir` before it is answered, and a call for a key in progress waits for
-//!   that run instead of starting another, across a runner restart too;
+//!   that run instead of starting another, across a runner restart too: the engine runs under a
+//!   supervisor process (`supervisor.rs`) that outlives the runner, in a folder of its own
+//!   (`rundir.rs`), and a restarted runner adopts it (`runs.rs`). Only a run that provably
+//!   died unfinished (a host crash) runs again, and its answer says so (`rerun`);
 //! - one run at a time per engine session (agent + session id);
 //! - the timeout and `DELETE /run/<key>` kill the engine's whole process group;
 //! - output is capped; the engine's session id is read from its JSON output.
+mod adopt;
 pub mod config;
 pub mod engine;
+pub mod rundir;
+pub mod runs;
 pub mod store;
+pub mod supervisor;
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -24,8 +33,10 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 
+use adopt::Plan;
 pub use config::RunnerConfig;
-use engine::{EngineError, RunOutcome};
+use rundir::{Mark, RunDir, Settled};
+use runs::Found;
 use store::{Outcome, ResultStore};
 
 /// `POST /run`'s body.
@@ -49,12 +60,16 @@ pub struct RunResponse {
     pub session_id: String,
     pub processing_ms: i64,
     pub tool_calls_count: i64,
+    /// The engine ran again for this turn: an earlier run of it died unfinished together with
+    /// its runner (a host crash), so its tools may have run twice.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rerun: bool,
 }
 
-/// A run in progress: its process group (once started) and who waits for its outcome.
+/// A run in progress: its folder, whether it was cancelled, and who waits for its outcome.
 struct Running {
-    pgid: Arc<Mutex<Option<i32>>>,
-    cancelled: Arc<std::sync::atomic::AtomicBool>,
+    run: RunDir,
+    cancelled: Arc<AtomicBool>,
     done: watch::Receiver<Option<Outcome>>,
 }
 
@@ -65,6 +80,8 @@ pub struct Runner {
     running: Arc<Mutex<HashMap<String, Running>>>,
     /// One run at a time per engine session.
     sessions: Arc<Mutex<HashMap<String, Arc<AsyncMutex<()>>>>>,
+    /// The `switchboard-runner` binary that supervises engines (`supervise`).
+    supervisor: Arc<PathBuf>,
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -78,12 +95,21 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
 impl Runner {
     pub fn new(config: RunnerConfig) -> anyhow::Result<Self> {
         let store = ResultStore::open(&config.state_dir)?;
+        std::fs::create_dir_all(config.state_dir.join("runs"))?;
         Ok(Self {
             config: Arc::new(config),
             store,
             running: Default::default(),
             sessions: Default::default(),
+            supervisor: Arc::new(std::env::current_exe()?),
         })
+    }
+
+    /// Supervise engines with this `switchboard-runner` binary instead of the running one (a
+    /// runner embedded in another program, like a test).
+    pub fn supervised_by(mut self, exe: impl Into<PathBuf>) -> Self {
+        self.supervisor = Arc::new(exe.into());
+        self
     }
 
     pub fn router(self) -> Router {
@@ -142,6 +168,15 @@ fn answer(outcome: &Outcome) -> Response {
     }
 }
 
+/// The answer to a call that could not read or write its state folder.
+fn state_error(e: impl std::fmt::Display) -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "state_unavailable",
+        e.to_string(),
+    )
+}
+
 async fn run(
     State(runner): State<Runner>,
     headers: HeaderMap,
@@ -194,21 +229,20 @@ async fn run(
             return answer(&outcome);
         }
         Ok(None) => {}
-        Err(e) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "state_unavailable",
-                e.to_string(),
-            );
-        }
+        Err(e) => return state_error(e),
     }
-    // In progress: wait for that run. Otherwise this call runs it, if the host has room.
-    let joined = {
+    // In progress (here, or left going by an earlier runner): wait for that run. Ended
+    // without a kept outcome: keep it. Otherwise this call runs it, if the host has room.
+    let plan = {
         let mut running = runner.running.lock().unwrap();
-        if let Some(r) = running.get(&key) {
-            Err(r.done.clone())
-        } else if running.len() >= runner.config.max_running {
-            drop(running);
+        match running.get(&key) {
+            Some(r) => Ok(Plan::Join(r.done.clone())),
+            None => runner.plan(&mut running, &key),
+        }
+    };
+    let mut rx = match plan {
+        Err(e) => return state_error(e),
+        Ok(Plan::Busy) => {
             metrics::counter!("sb_runner_busy_total").increment(1);
             let mut busy = error(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -221,40 +255,39 @@ async fn run(
             busy.headers_mut()
                 .insert("retry-after", axum::http::HeaderValue::from_static("1"));
             return busy;
-        } else {
-            let (tx, rx) = watch::channel(None);
-            let pgid = Arc::new(Mutex::new(None));
-            let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            running.insert(
-                key.clone(),
-                Running {
-                    pgid: pgid.clone(),
-                    cancelled: cancelled.clone(),
-                    done: rx,
-                },
-            );
-            Ok((tx, pgid, cancelled))
         }
-    };
-    let mut rx = match joined {
+        Ok(Plan::Settle(run, settled)) => return answer(&runner.settle(&key, &run, &settled)),
+        Ok(Plan::Join(rx)) => rx,
         // The run goes on in its own task: a caller that hangs up (its dispatcher died) does
         // not stop it, and its retry finds the outcome.
-        Ok((tx, pgid, cancelled)) => {
-            let rx = tx.subscribe();
+        Ok(Plan::Start {
+            run,
+            lock,
+            rerun,
+            done,
+            cancelled,
+        }) => {
+            if rerun {
+                tracing::warn!(
+                    key,
+                    "the engine runs again for this turn: its earlier run died unfinished with its runner"
+                );
+                metrics::counter!("sb_runner_reruns_total").increment(1);
+            }
+            let rx = done.subscribe();
             let runner = runner.clone();
             let key = key.clone();
             tokio::spawn(async move {
-                let outcome =
-                    execute(&runner, &key, &request, &agent, &engine, pgid, cancelled).await;
-                if let Err(e) = runner.store.put(&key, &outcome) {
-                    tracing::error!(error = %e, "could not store a run's outcome");
-                }
-                let _ = tx.send(Some(outcome));
+                let outcome = execute(
+                    &runner, &key, &request, &agent, &engine, &run, lock, rerun, cancelled,
+                )
+                .await;
+                runner.keep(&key, &run, &request.agent, &outcome);
+                let _ = done.send(Some(outcome));
                 runner.running.lock().unwrap().remove(&key);
             });
             rx
         }
-        Err(rx) => rx,
     };
     loop {
         let done = rx.borrow().clone();
@@ -275,70 +308,71 @@ async fn run(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn execute(
     runner: &Runner,
     key: &str,
     request: &RunRequest,
     agent: &config::AgentConfig,
     engine: &config::EngineConfig,
-    pgid: Arc<Mutex<Option<i32>>>,
-    cancelled: Arc<std::sync::atomic::AtomicBool>,
+    run: &RunDir,
+    lock: File,
+    rerun: bool,
+    cancelled: Arc<AtomicBool>,
 ) -> Outcome {
-    let started = Instant::now();
+    let created_at_ms = rundir::now_ms();
+    let started = std::time::Instant::now();
     let session = request
         .session_id
         .clone()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let lock = runner.session_lock(&request.agent, &session);
-    let _one_at_a_time = lock.lock().await;
+    let lock_of_session = runner.session_lock(&request.agent, &session);
+    let _one_at_a_time = lock_of_session.lock().await;
+    // Cancelled while it waited for its session: it never starts.
+    if cancelled.load(Ordering::SeqCst) {
+        return Outcome::Cancelled;
+    }
     let prompt = engine::with_core_memory(
         &runner.config.core_memory_dir,
         &agent.identity,
         &request.prompt,
     );
-    let run = engine::Run {
-        engine,
-        agent: &request.agent,
-        session_id: &session,
-        prompt: &prompt,
-        workspace: request.workspace.as_deref(),
-        timeout: std::time::Duration::from_secs(
-            engine.timeout_s.unwrap_or(runner.config.timeout_s),
-        ),
-        max_output_bytes: runner.config.max_output_bytes,
-        scratch: &runner.config.state_dir,
-        key,
-    };
-    let outcome = match engine::run(&run, &pgid).await {
-        _ if cancelled.load(std::sync::atomic::Ordering::SeqCst) => Outcome::Cancelled,
-        Ok(RunOutcome {
-            text,
-            session_id,
-            tool_calls_count,
-        }) => Outcome::Answered(RunResponse {
-            text,
-            session_id,
-            processing_ms: started.elapsed().as_millis() as i64,
-            tool_calls_count,
-        }),
-        Err(EngineError::Timeout(s)) => Outcome::Failed {
-            code: "engine_timeout".into(),
-            message: format!("the engine ran past its {s} s timeout and was killed"),
+    let prompt_file = run.file("prompt");
+    let spec = engine::spec(
+        &engine::Run {
+            engine,
+            agent: &request.agent,
+            session_id: &session,
+            prompt: &prompt,
+            workspace: request.workspace.as_deref(),
+            timeout: std::time::Duration::from_secs(
+                engine.timeout_s.unwrap_or(runner.config.timeout_s),
+            ),
+            max_output_bytes: runner.config.max_output_bytes,
+            prompt_file: &prompt_file,
+            key,
         },
+        created_at_ms,
+    )
+    .and_then(|mut spec| {
+        spec.rerun = rerun;
+        let exited = runs::start(run, lock, &spec, &prompt, &runner.supervisor)?;
+        Ok((spec, exited))
+    });
+    let mut outcome = match spec {
+        Ok((spec, exited)) => {
+            let settled = runs::watch(run, spec.timeout_s, Some(exited)).await;
+            runs::outcome(run, &settled, &spec)
+        }
         Err(e) => Outcome::Failed {
             code: "engine_failed".into(),
             message: e.to_string(),
         },
     };
-    let label = match &outcome {
-        Outcome::Answered(_) => "answered",
-        Outcome::Cancelled => "cancelled",
-        Outcome::Failed { code, .. } if code == "engine_timeout" => "timeout",
-        Outcome::Failed { .. } => "failed",
-    };
-    metrics::counter!("sb_runner_runs_total", "agent" => request.agent.clone(), "outcome" => label)
-        .increment(1);
+    if cancelled.load(Ordering::SeqCst) {
+        outcome = Outcome::Cancelled;
+    }
     metrics::histogram!("sb_runner_run_seconds").record(started.elapsed().as_secs_f64());
     outcome
 }
@@ -351,38 +385,80 @@ async fn cancel(
     if let Some(refused) = runner.refusal(&headers) {
         return refused;
     }
-    let running = runner
-        .running
-        .lock()
-        .unwrap()
-        .get(&key)
-        .map(|r| (r.pgid.clone(), r.cancelled.clone()));
-    match running {
-        Some((pgid, cancelled)) => {
-            cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
-            if let Some(group) = *pgid.lock().unwrap() {
-                engine::kill_group(group);
-            }
-            metrics::counter!("sb_runner_cancellations_total").increment(1);
-            (
-                StatusCode::ACCEPTED,
-                Json(serde_json::json!({"cancelled": key})),
-            )
-                .into_response()
-        }
-        None => match runner.store.get(&key) {
-            Ok(Some(_)) => error(
-                StatusCode::CONFLICT,
-                "already_finished",
-                "that call has finished",
-            ),
-            _ => error(
-                StatusCode::NOT_FOUND,
-                "unknown_call",
-                "no call with that key",
-            ),
-        },
+    let already_finished = || {
+        error(
+            StatusCode::CONFLICT,
+            "already_finished",
+            "that call has finished",
+        )
+    };
+    match runner.store.get(&key) {
+        Ok(Some(_)) => return already_finished(),
+        Ok(None) => {}
+        Err(e) => return state_error(e),
     }
+    // A run in progress here, or one an earlier runner left going (adopted now, to be
+    // cancelled like any other).
+    let target = {
+        let mut running = runner.running.lock().unwrap();
+        if !running.contains_key(&key) {
+            let run = runner.run_dir(&key);
+            match runs::find(&run) {
+                Err(e) => return state_error(e),
+                Ok(Found::Absent) => {
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        "unknown_call",
+                        "no call with that key",
+                    );
+                }
+                Ok(Found::Alive) => {
+                    runner.adopt(&mut running, &key, run);
+                }
+                // Nothing runs it, and nothing will: it stays cancelled.
+                Ok(Found::Dead(_, Settled::NeverStarted | Settled::DiedUnfinished)) => {
+                    drop(running);
+                    let spec = run.spec();
+                    runner.keep(
+                        &key,
+                        &run,
+                        &spec.map(|s| s.agent).unwrap_or_default(),
+                        &Outcome::Cancelled,
+                    );
+                    return cancelled_answer(&key);
+                }
+                Ok(Found::Dead(_, settled)) => {
+                    drop(running);
+                    runner.settle(&key, &run, &settled);
+                    return already_finished();
+                }
+            }
+        }
+        running
+            .get(&key)
+            .map(|r| (r.run.clone(), r.cancelled.clone()))
+    };
+    let Some((run, cancelled)) = target else {
+        return already_finished();
+    };
+    cancelled.store(true, Ordering::SeqCst);
+    // Recorded before the kill, so a runner that dies right after still knows why it ended.
+    if run.exists()
+        && let Err(e) = run.mark(Mark::Cancelled)
+    {
+        tracing::warn!(error = %e, key, "could not record a cancel");
+    }
+    run.kill();
+    cancelled_answer(&key)
+}
+
+fn cancelled_answer(key: &str) -> Response {
+    metrics::counter!("sb_runner_cancellations_total").increment(1);
+    (
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({"cancelled": key})),
+    )
+        .into_response()
 }
 
 impl Runner {
@@ -395,6 +471,10 @@ impl Runner {
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "could not prune old outcomes"),
             }
+            let n = runs::prune(&self.config.state_dir, age);
+            if n > 0 {
+                tracing::info!(removed = n, "old run folders removed");
+            }
             tokio::time::sleep(std::time::Duration::from_secs(3_600)).await;
         }
     }
@@ -405,6 +485,8 @@ pub async fn serve(config: RunnerConfig) -> anyhow::Result<()> {
     let listen = config.listen.clone();
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let runner = Runner::new(config)?;
+    // Before taking calls: runs an earlier runner left going are waited for again.
+    runner.adopt_orphans();
     let pruner = runner.clone();
     tokio::spawn(async move { pruner.prune_forever().await });
     let router = runner.router().route(

@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// The Switchboard runner: runs an agent's engine CLI for each turn Switchboard sends.
 #[derive(Parser)]
@@ -8,17 +8,32 @@ struct Args {
     /// runner.toml
     #[arg(long, env = "SB_RUNNER_CONFIG", default_value = "runner.toml")]
     config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+#[derive(Subcommand)]
+enum Command {
+    /// (Started by the runner itself.) Run the engine of one run folder to its end, recording
+    /// its exit, so that it outlives a runner crash.
+    #[command(hide = true)]
+    Supervise { run_dir: PathBuf },
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(Command::Supervise { run_dir }) = args.command {
+        // No async runtime and no threads of its own but the output copiers: the engine's
+        // parent-death signal follows the thread that started it, which is this one.
+        let code = switchboard_runner::supervisor::supervise(&run_dir)?;
+        std::process::exit(code);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
     let config = switchboard_runner::RunnerConfig::load(&args.config)?;
-    switchboard_runner::serve(config).await
+    tokio::runtime::Runtime::new()?.block_on(switchboard_runner::serve(config))
 }

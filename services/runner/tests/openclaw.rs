@@ -176,7 +176,13 @@ async fn two_turns_through_the_runner_with_the_real_openclaw_cli_resume_one_engi
         )]),
         ..Default::default()
     };
-    let runner_url = serve(Runner::new(config).unwrap().router()).await;
+    let runner_url = serve(
+        Runner::new(config)
+            .unwrap()
+            .supervised_by(env!("CARGO_BIN_EXE_switchboard-runner"))
+            .router(),
+    )
+    .await;
     let run = |key: &'static str, session: Option<String>, prompt: &'static str| {
         let url = runner_url.clone();
         async move {

@@ -60,7 +60,10 @@ impl Host {
     }
 
     async fn serve(dir: PathBuf, timeout_s: u64) -> Host {
-        let router = Runner::new(Self::config(&dir, timeout_s)).unwrap().router();
+        let router = Runner::new(Self::config(&dir, timeout_s))
+            .unwrap()
+            .supervised_by(env!("CARGO_BIN_EXE_switchboard-runner"))
+            .router();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move {
@@ -297,7 +300,10 @@ async fn a_host_at_its_limit_of_runs_answers_busy_and_runs_nothing_more() {
         .unwrap();
     let mut config = Host::config(&dir, 10);
     config.max_running = 1;
-    let router = Runner::new(config).unwrap().router();
+    let router = Runner::new(config)
+        .unwrap()
+        .supervised_by(env!("CARGO_BIN_EXE_switchboard-runner"))
+        .router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
