@@ -1,6 +1,7 @@
 //! Slow or greedy clients cannot hold the gateway: stalled request heads are closed, trickling
 //! bodies get 408, an over-long declared body gets 413 before any of it is read, connections
-//! are capped without being dropped, and `/metrics` is not on the public port.
+//! are capped without being dropped, and `/metrics` is not on the public port. Each close comes
+//! once its configured limit has passed, not before, and soon after (see [`at_most`]).
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
