@@ -53,6 +53,7 @@ test:
 	  $(STACK) destroy test >/dev/null 2>&1 || true; \
 	  eval "$$(SB_STACK_FAST=1 $(STACK) up test $(TEST_PORTS))"; \
 	  trap '$(STACK) down test' EXIT; \
+	  export SB_TEST_EMBEDDED_STACK=1; \
 	fi; \
 	deploy/local/openclaw.sh install >/dev/null; \
 	$(CARGO) build --workspace --bins --tests; \

@@ -128,6 +128,31 @@ pub struct TestApp {
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
+/// A worker process started by [`TestApp::spawn_logged_worker`].
+pub struct LoggedWorker {
+    pub child: Child,
+    /// Where its `/metrics` are served.
+    pub admin_url: String,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl LoggedWorker {
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Its Prometheus page.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.admin_url))
+            .await
+            .expect("the worker's admin port answers")
+            .text()
+            .await
+            .expect("metrics body")
+    }
+}
+
 /// A log row as a user would check it.
 #[derive(Debug, Clone)]
 pub struct LogRow {
@@ -634,6 +659,59 @@ impl TestApp {
             .kill_on_drop(true)
             .spawn()
             .expect("start worker process")
+    }
+
+    /// [`TestApp::spawn_worker`] whose log (stderr) the test reads and whose admin endpoints
+    /// (`/metrics`) it scrapes, as an operator watches a worker.
+    pub async fn spawn_logged_worker(&self, name: &str) -> LoggedWorker {
+        use tokio::io::AsyncReadExt as _;
+        let admin = switchboard_kit::net::free_port("127.0.0.1").expect("a free port");
+        let mut cmd = Command::new(switchboard_bin());
+        cmd.args(["worker", name]);
+        for k in stack_env() {
+            cmd.env_remove(k);
+        }
+        let mut child = cmd
+            .env("SB_CONFIG", &self.config_path)
+            .env("SB_ADMIN__HTTP_ADDR", format!("127.0.0.1:{admin}"))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start worker process");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let into = log.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buf[..n]);
+                // Still shown, as an inherited stderr would be.
+                eprint!("{text}");
+                into.lock().unwrap().push_str(&text);
+            }
+        });
+        let admin_url = format!("http://127.0.0.1:{admin}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reqwest::get(format!("{admin_url}/healthz")).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the worker process did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        LoggedWorker {
+            child,
+            admin_url,
+            log,
+        }
     }
 
     /// A gateway replica as its own process (`switchboard gateway`, on this app's

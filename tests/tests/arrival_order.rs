@@ -203,3 +203,50 @@ async fn a_message_that_cannot_be_answered_does_not_hold_up_the_next_one() {
     assert!(letters[0].error.contains("nobody"), "{}", letters[0].error);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn one_persons_burst_through_two_gateway_processes_is_answered_in_the_order_accepted() {
+    // Two gateway replicas, each its own process, share the person's counter: whichever one
+    // takes a message, it is numbered after the one accepted before it.
+    let app = spawn_app().await;
+    let (_replica, replica_url) = app.spawn_gateway_process().await;
+    let me = "+14155550409";
+    let mut accepted = Vec::new();
+    for i in 1..=20 {
+        let (text, sid) = (format!("message {i:02}"), format!("SMburst{i:02}"));
+        let gateway = if i % 2 == 1 {
+            &app.gateway_url
+        } else {
+            &replica_url
+        };
+        let params = app.sms_params(me, &text, &sid);
+        let signature = app.sign(&params);
+        let body = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(&params)
+            .finish();
+        let answer = app.post_twilio_to(gateway, body, Some(&signature)).await;
+        assert_eq!(answer.status(), 200, "message {i} through {gateway}");
+        accepted.push((sid, text));
+    }
+
+    let sent = app.wait_for_sms(20, Duration::from_secs(60)).await;
+    app.settle().await;
+    let texts: Vec<String> = accepted.iter().map(|(_, t)| t.clone()).collect();
+    assert_eq!(runner_texts(&app), texts, "one call each, in accept order");
+    let replies: Vec<String> = app.twilio.sent().into_iter().map(|s| s.body).collect();
+    let echoes: Vec<String> = texts.iter().map(|t| format!("echo: {t}")).collect();
+    assert_eq!(replies, echoes, "one reply each, in order");
+    assert!(sent.iter().all(|s| s.to == me));
+    let turns: Vec<(i64, String)> =
+        sqlx::query_as("SELECT seq, provider_message_id FROM switchboard.turns ORDER BY seq")
+            .fetch_all(&app.db)
+            .await
+            .expect("read turns");
+    let expected: Vec<(i64, String)> = accepted
+        .iter()
+        .enumerate()
+        .map(|(i, (sid, _))| (i as i64 + 1, sid.clone()))
+        .collect();
+    assert_eq!(turns, expected, "turn n is the n-th message accepted");
+    app.shutdown().await;
+}

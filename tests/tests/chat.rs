@@ -267,20 +267,62 @@ async fn under_channel_scope_the_same_person_texting_and_chatting_has_two_sessio
     app.shutdown().await;
 }
 
+/// The mailbox entry answering the client's message `id`, once the deliver stage wrote it:
+/// its `seq` and whether a socket was handed it.
+async fn in_mailbox(app: &TestApp, id: &str) -> (i64, bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let row: Option<(i64, bool)> = sqlx::query_as(
+            "SELECT seq, pushed_at IS NOT NULL FROM switchboard.mailbox WHERE in_reply_to = $1",
+        )
+        .bind(id)
+        .fetch_optional(&app.db)
+        .await
+        .unwrap();
+        if let Some(row) = row {
+            return row;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reply to {id} in the mailbox within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The runner's calls, once there are `n`.
+async fn runner_called(app: &TestApp, n: usize) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while app.runner.calls().len() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the runner got {} calls within {WAIT:?}, not {n}",
+            app.runner.calls().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_reply_that_came_while_the_client_was_away_is_sent_when_it_reconnects() {
-    let app = spawn_app().await;
+    // No periodic catch-up within the test: what a reconnecting socket gets without a new
+    // announcement, it read from the mailbox when it connected.
+    let app = app_without_catch_up().await;
     let mut chat = ChatClient::as_user(&app.gateway_url, "ana").await;
     chat.say("a-1", "first").await;
     let first = chat.reply(WAIT).await;
     let seen = first["seq"].as_i64().unwrap();
 
-    // The runner is slow; the widget's tab closes right after sending.
-    app.runner.set_delay(Duration::from_millis(800));
+    // The widget's tab closes right after sending; the agent answers only once it is gone.
+    app.runner.set_hold(true);
     chat.say("a-2", "second").await;
     chat.until("accepted", WAIT).await;
+    runner_called(&app, 2).await;
     chat.close().await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    app.runner.set_hold(false);
+    app.runner.release.notify_one();
+    let (stored, pushed) = in_mailbox(&app, "a-2").await;
+    assert!(!pushed, "no socket was there to take it");
 
     // Back, saying which reply it saw last: it gets the one it missed, and only that one.
     let token = chat_token("ana", json!({}));
@@ -290,7 +332,8 @@ async fn a_reply_that_came_while_the_client_was_away_is_sent_when_it_reconnects(
     let missed = back.reply(WAIT).await;
     assert_eq!(missed["in_reply_to"], "a-2");
     assert_eq!(missed["text"], "echo: second");
-    assert!(back.next_frame(QUIET).await.is_none());
+    assert_eq!(missed["seq"].as_i64(), Some(stored), "the stored reply");
+    assert!(back.next_frame(QUIET).await.is_none(), "sent once");
     back.close().await;
 
     // A new tab that says nothing gets nothing already handed to a socket...
@@ -300,12 +343,17 @@ async fn a_reply_that_came_while_the_client_was_away_is_sent_when_it_reconnects(
 
     // ...but a reply no socket received is waiting for it.
     chat = ChatClient::as_user(&app.gateway_url, "ana").await;
+    app.runner.set_hold(true);
     chat.say("a-3", "third").await;
     chat.until("accepted", WAIT).await;
+    runner_called(&app, 3).await;
     chat.close().await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    app.runner.set_hold(false);
+    app.runner.release.notify_one();
+    in_mailbox(&app, "a-3").await;
     let mut later = ChatClient::as_user(&app.gateway_url, "ana").await;
     assert_eq!(later.reply(WAIT).await["in_reply_to"], "a-3");
+    assert!(later.next_frame(QUIET).await.is_none(), "sent once");
     app.shutdown().await;
 }
 

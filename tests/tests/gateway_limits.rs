@@ -1,21 +1,30 @@
 //! Slow or greedy clients cannot hold the gateway: stalled request heads are closed, trickling
 //! bodies get 408, an over-long declared body gets 413 before any of it is read, connections
-//! are capped without being dropped, and `/metrics` is not on the public port.
+//! are capped without being dropped, and `/metrics` is not on the public port. Each close comes
+//! once its configured limit has passed, not before, and soon after (see [`at_most`]).
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use switchboard_e2e::{TestApp, spawn_app_configured};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Far above the configured timeouts: only a gateway that never closes would hit it.
-const BOUND: Duration = Duration::from_secs(15);
+/// `gateway.header_timeout_ms` of these tests: a request head must be in by then.
+const HEADER_LIMIT: Duration = Duration::from_millis(500);
+/// `gateway.request_timeout_ms` of these tests: a request must be answered by then.
+const REQUEST_LIMIT: Duration = Duration::from_millis(1_000);
+
+/// The longest a client may be kept past a limit: three times the limit (a loaded 2-core
+/// machine runs timers late) plus a second for connecting and scheduling.
+fn at_most(limit: Duration) -> Duration {
+    limit * 3 + Duration::from_secs(1)
+}
 
 async fn app_with_short_timeouts(max_connections: usize) -> TestApp {
     spawn_app_configured(move |c| {
-        c.gateway.header_timeout_ms = 500;
-        c.gateway.request_timeout_ms = 1_000;
+        c.gateway.header_timeout_ms = HEADER_LIMIT.as_millis() as u64;
+        c.gateway.request_timeout_ms = REQUEST_LIMIT.as_millis() as u64;
         c.gateway.max_connections = max_connections;
     })
     .await
@@ -27,56 +36,95 @@ async fn connect(app: &TestApp) -> TcpStream {
         .expect("gateway reachable")
 }
 
-/// Everything the server sends until it closes the connection (`None`: still open after
-/// [`BOUND`]).
-async fn try_read_until_closed(stream: &mut TcpStream) -> Option<String> {
-    let mut out = Vec::new();
-    tokio::time::timeout(BOUND, stream.read_to_end(&mut out))
-        .await
-        .ok()?
-        .ok();
-    Some(String::from_utf8_lossy(&out).into_owned())
+/// A client's connection and when it started (just before it connected: no server timer of
+/// it can have started earlier).
+struct Client {
+    stream: TcpStream,
+    started: Instant,
 }
 
-async fn read_until_closed(stream: &mut TcpStream) -> String {
-    try_read_until_closed(stream)
-        .await
-        .expect("the gateway closed the connection")
+async fn client(app: &TestApp) -> Client {
+    let started = Instant::now();
+    Client {
+        stream: connect(app).await,
+        started,
+    }
+}
+
+/// Everything the server sent until it closed the connection, and how long after the client
+/// started that was; `None` if it was still open [`at_most`] `limit` after the start.
+async fn try_read_until_closed(c: &mut Client, limit: Duration) -> Option<(String, Duration)> {
+    let mut out = Vec::new();
+    tokio::time::timeout_at(
+        (c.started + at_most(limit)).into(),
+        c.stream.read_to_end(&mut out),
+    )
+    .await
+    .ok()?
+    .ok();
+    Some((
+        String::from_utf8_lossy(&out).into_owned(),
+        c.started.elapsed(),
+    ))
+}
+
+/// What the server sent before it closed the connection, which it did past `limit` (not
+/// before: the limit is the client's to use) and within [`at_most`] `limit`.
+async fn closed_after(c: &mut Client, limit: Duration, what: &str) -> String {
+    let (answer, after) = try_read_until_closed(c, limit).await.unwrap_or_else(|| {
+        panic!(
+            "a client that {what} is still connected {:?} after it connected (limit {limit:?})",
+            at_most(limit)
+        )
+    });
+    assert!(
+        after >= limit,
+        "a client that {what} was closed after {after:?}, before its limit of {limit:?}"
+    );
+    answer
 }
 
 #[tokio::test]
 async fn a_client_that_stalls_in_its_request_line_is_disconnected() {
     let app = app_with_short_timeouts(64).await;
-    let mut half = connect(&app).await;
-    half.write_all(b"POST /webhooks/twilio/sms HTT")
+    let mut half = client(&app).await;
+    half.stream
+        .write_all(b"POST /webhooks/twilio/sms HTT")
         .await
         .unwrap();
-    let mut silent = connect(&app).await;
+    let mut silent = client(&app).await;
     // A whole request, answered, then nothing more on the kept-alive connection.
-    let mut idle = connect(&app).await;
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    let mut idle = client(&app).await;
+    idle.stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
-    let mut headers_only = connect(&app).await;
+    let mut headers_only = client(&app).await;
     headers_only
+        .stream
         .write_all(b"POST /webhooks/twilio/sms HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
         .await
         .unwrap();
 
-    for (what, stream) in [
-        ("half a request line", &mut half),
-        ("nothing at all", &mut silent),
-        ("half the headers", &mut headers_only),
-        ("one request, then nothing", &mut idle),
-    ] {
-        let answer = try_read_until_closed(stream)
-            .await
-            .unwrap_or_else(|| panic!("a client that sent {what} is still connected"));
+    // Read side by side: each close is timed when it happens, not when its turn comes.
+    let clients = [
+        ("sent half a request line", &mut half),
+        ("sent nothing at all", &mut silent),
+        ("sent half the headers", &mut headers_only),
+        ("sent one request, then nothing", &mut idle),
+    ];
+    let answers = futures::future::join_all(
+        clients
+            .into_iter()
+            .map(|(what, c)| async move { (what, closed_after(c, HEADER_LIMIT, what).await) }),
+    )
+    .await;
+    for (what, answer) in answers {
         assert!(
             answer.is_empty()
                 || answer.starts_with("HTTP/1.1 408")
-                || (what.starts_with("one request") && answer.starts_with("HTTP/1.1 200")),
-            "a client that sent {what} got {answer:?}"
+                || (what.contains("one request") && answer.starts_with("HTTP/1.1 200")),
+            "a client that {what} got {answer:?}"
         );
     }
     app.assert_nothing_reached_the_pipeline().await;
@@ -86,15 +134,16 @@ async fn a_client_that_stalls_in_its_request_line_is_disconnected() {
 #[tokio::test]
 async fn a_body_that_trickles_in_gets_408() {
     let app = app_with_short_timeouts(64).await;
-    let mut slow = connect(&app).await;
-    slow.write_all(
-        b"POST /webhooks/twilio/sms HTTP/1.1\r\nHost: x\r\n\
+    let mut slow = client(&app).await;
+    slow.stream
+        .write_all(
+            b"POST /webhooks/twilio/sms HTTP/1.1\r\nHost: x\r\n\
           Content-Type: application/x-www-form-urlencoded\r\nX-Twilio-Signature: x\r\n\
           Content-Length: 100\r\n\r\nBody=only+a+few+bytes",
-    )
-    .await
-    .unwrap();
-    let answer = read_until_closed(&mut slow).await;
+        )
+        .await
+        .unwrap();
+    let answer = closed_after(&mut slow, REQUEST_LIMIT, "trickled its body").await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
     app.assert_nothing_reached_the_pipeline().await;
     app.shutdown().await;
@@ -114,7 +163,8 @@ async fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
         .await
         .unwrap();
     let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(BOUND, greedy.read(&mut buf))
+    // Before the request limit: a gateway that waited for the body would answer 408 then.
+    let n = tokio::time::timeout(REQUEST_LIMIT, greedy.read(&mut buf))
         .await
         .expect("answered without reading the body")
         .unwrap();
@@ -133,8 +183,8 @@ async fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
 async fn over_the_connection_cap_a_client_waits_and_is_then_served() {
     let app = app_with_short_timeouts(1).await;
     // The one connection allowed, held by a stalled client.
-    let mut stalled = connect(&app).await;
-    stalled.write_all(b"GET /heal").await.unwrap();
+    let mut stalled = client(&app).await;
+    stalled.stream.write_all(b"GET /heal").await.unwrap();
     // Give the gateway time to accept it before the second client connects.
     tokio::time::sleep(Duration::from_millis(100)).await;
 
@@ -146,10 +196,17 @@ async fn over_the_connection_cap_a_client_waits_and_is_then_served() {
         .unwrap();
     let closed = stalled_closed.clone();
     let served = tokio::spawn(async move {
-        let answer = read_until_closed(&mut waiting).await;
-        (answer, closed.load(Ordering::SeqCst))
+        let mut answer = Vec::new();
+        tokio::time::timeout(at_most(HEADER_LIMIT) * 2, waiting.read_to_end(&mut answer))
+            .await
+            .expect("the waiting client is served once the slot is free")
+            .expect("read the answer");
+        (
+            String::from_utf8_lossy(&answer).into_owned(),
+            closed.load(Ordering::SeqCst),
+        )
     });
-    read_until_closed(&mut stalled).await;
+    closed_after(&mut stalled, HEADER_LIMIT, "stalled in its request line").await;
     stalled_closed.store(true, Ordering::SeqCst);
 
     let (answer, after_stalled_closed) = served.await.unwrap();

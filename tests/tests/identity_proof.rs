@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
+use switchboard_e2e::fakes::person_of;
 use switchboard_e2e::{ChatClient, FakeRunner, TestApp, chat_token, spawn_app_configured};
 use switchboard_kit::config::Config;
 
@@ -11,6 +12,8 @@ const WAIT: Duration = Duration::from_secs(20);
 const PHONE: &str = "+14155550199";
 const PHONE_ID: &str = "phone:+14155550199";
 const STAFF_PHONE: &str = "+14155550181";
+/// A phone nobody asked a code for.
+const OTHER_PHONE: &str = "+14155550177";
 
 async fn app_with(tweak: impl FnOnce(&mut Config) + Send + 'static) -> TestApp {
     spawn_app_configured(tweak).await
@@ -61,6 +64,90 @@ async fn links(app: &TestApp) -> Vec<(String, String)> {
         .fetch_all(&app.db)
         .await
         .unwrap()
+}
+
+/// The link audit's rows: who was linked to whom, by whom, why.
+async fn audit(app: &TestApp) -> Vec<(String, String, String, String)> {
+    sqlx::query_as(
+        "SELECT from_person_id, to_person_id, actor, reason FROM switchboard.identity_link_audit",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_code_proves_only_the_number_it_was_sent_to_for_the_person_who_asked() {
+    let app = app_with(|_| {}).await;
+    let mut chat = ana(&app).await;
+    ask(&mut chat, "m-1", &format!("link my phone {PHONE}")).await;
+    let code = code_in(&texts_to_phone(&app, 1).await[0]);
+
+    // Someone else's phone texts the right code: it proves nothing about +1…0199, and it is
+    // that person's message, for the agent.
+    app.send_sms(OTHER_PHONE, &code).await;
+    let answered = app.wait_for_sms(2, WAIT).await;
+    let to_other: Vec<_> = answered.iter().filter(|s| s.to == OTHER_PHONE).collect();
+    assert_eq!(to_other.len(), 1, "{answered:?}");
+    assert_eq!(
+        to_other[0].body,
+        format!("echo: {code}"),
+        "the agent answers"
+    );
+
+    // Another chat user types it: nothing waits for a code from Carl, so it is his message.
+    let token = chat_token("carl", json!({"name": "Carl"}));
+    let mut carl = ChatClient::connect(&app.gateway_url, &format!("token={token}"))
+        .await
+        .unwrap();
+    assert_eq!(ask(&mut carl, "c-1", &code).await, format!("echo: {code}"));
+    carl.close().await;
+
+    assert!(links(&app).await.is_empty(), "no link");
+    assert!(audit(&app).await.is_empty(), "no audit row");
+    let calls = app.runner.calls();
+    let asked: Vec<(String, String)> = calls
+        .iter()
+        .map(|c| (person_of(&c.prompt), FakeRunner::said(&c.prompt)))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            (format!("phone:{OTHER_PHONE}"), code.clone()),
+            ("user:carl".to_string(), code.clone()),
+        ],
+        "both reach the agent as ordinary messages of those people"
+    );
+    app.settle().await;
+    let rows = app.log_rows().await;
+    for person in [format!("phone:{OTHER_PHONE}"), "user:carl".to_string()] {
+        assert!(
+            rows.iter()
+                .any(|r| r.direction == "inbound" && r.message == code && r.person_id == person),
+            "{person}'s message is in the log as theirs: {rows:?}"
+        );
+    }
+
+    // The claim still waits for its number: texted from it, the same code links.
+    app.send_sms(PHONE, &code).await;
+    let sms = texts_to_phone(&app, 3).await;
+    assert!(
+        sms[1].starts_with("Linked: +14155550199 and Ana Ortiz are one person"),
+        "{sms:?}"
+    );
+    assert_eq!(links(&app).await, [(PHONE_ID.into(), "user:ana".into())]);
+    assert_eq!(
+        audit(&app).await,
+        [(
+            PHONE_ID.into(),
+            "user:ana".into(),
+            "user:ana".into(),
+            "proved: a code sent to +14155550199 was texted back from it".into()
+        )]
+    );
+    assert_eq!(app.runner.calls().len(), 2, "the agent is not asked");
+    chat.close().await;
+    app.shutdown().await;
 }
 
 #[tokio::test]
@@ -263,11 +350,25 @@ async fn codes_are_limited_per_hour_and_a_number_someone_else_holds_is_not_linke
     carl.close().await;
     // Only the newest code counts: asking again replaced the first.
     let sms = texts_to_phone(&app, 2).await;
-    let (first, second) = (code_in(&sms[0]), code_in(&sms[1]));
-    if first != second {
-        let answer = ask(&mut chat, "m-4", &first).await;
-        assert!(answer.starts_with("That code is not right"), "{answer}");
+    let (mut first, second) = (code_in(&sms[0]), code_in(&sms[1]));
+    if first == second {
+        // One time in a million the new code is the old one: then the first claim is given
+        // another code, so that typing it always tests that the replaced claim is over.
+        first = wrong(&second);
+        let changed = sqlx::query(
+            "UPDATE switchboard.link_claims SET code = $1
+              WHERE id = (SELECT id FROM switchboard.link_claims
+                           WHERE claimant_id = 'user:ana' ORDER BY created_at LIMIT 1)",
+        )
+        .bind(&first)
+        .execute(&app.db)
+        .await
+        .unwrap();
+        assert_eq!(changed.rows_affected(), 1);
     }
+    assert_ne!(first, second);
+    let answer = ask(&mut chat, "m-4", &first).await;
+    assert!(answer.starts_with("That code is not right"), "{answer}");
     let answer = ask(&mut chat, "m-5", &second).await;
     assert!(answer.starts_with("Linked"), "{answer}");
 

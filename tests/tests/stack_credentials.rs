@@ -7,7 +7,9 @@
 //! are readable by their owner only, and `stack.sh status` shows no password.
 //!
 //! The stack's `up`/`env` print `SB_STACK_CREDENTIALS_DIR`; against servers of your own
-//! (`SB_NATS_URL`/`SB_DATABASE_URL` set by hand, no stack) there is nothing to check here.
+//! (`SB_NATS_URL`/`SB_DATABASE_URL` set by hand, no stack) there is nothing to check here. When
+//! `make test` started the embedded stack it says so (`SB_TEST_EMBEDDED_STACK`): then a missing
+//! credentials directory fails these tests instead of skipping them.
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -29,10 +31,20 @@ struct StackUnderTest {
 
 /// The stack `make test` started, or `None` (and why) when the tests run against other servers.
 fn stack() -> Option<StackUnderTest> {
-    let Some(credentials) = std::env::var_os("SB_STACK_CREDENTIALS_DIR").map(PathBuf::from) else {
+    let embedded = std::env::var_os("SB_TEST_EMBEDDED_STACK").is_some_and(|v| !v.is_empty());
+    let credentials = std::env::var_os("SB_STACK_CREDENTIALS_DIR").map(PathBuf::from);
+    let Some(credentials) = credentials else {
+        // `make test` started the stack, yet nothing says where its credentials are: the
+        // checks below would all pass without checking anything.
+        assert!(
+            !embedded,
+            "`make test` started the embedded stack (SB_TEST_EMBEDDED_STACK is set) but \
+             SB_STACK_CREDENTIALS_DIR is not: `stack.sh up` must print it"
+        );
         eprintln!(
-            "SB_STACK_CREDENTIALS_DIR is not set (no embedded stack): nothing to check; \
-             `make test` sets it"
+            "skipped: SB_STACK_CREDENTIALS_DIR is not set and SB_TEST_EMBEDDED_STACK is not \
+             either, so these tests run against servers of your own (SB_NATS_URL and \
+             SB_DATABASE_URL given to `make test`): there is no embedded stack to check"
         );
         return None;
     };
