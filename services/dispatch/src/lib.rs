@@ -1328,7 +1328,8 @@ impl TurnDispatcher {
     /// group planned by an earlier attempt at `head` (so a retry makes the same call, under
     /// the same Idempotency-Key), else the open turns that follow it without a gap, up to
     /// `dispatch.collect_max`, stopping at one that must stand alone (answered without the
-    /// agent, or starting a fresh engine session). The plan is recorded before the call.
+    /// agent, or starting a fresh engine session). The plan is recorded before the call, a
+    /// plan to go alone too (`joined_into` = `head.seq`).
     /// Also returns how many of `head`'s calls were cancelled (interrupt).
     async fn joinable(
         &self,
@@ -1345,7 +1346,9 @@ impl TurnDispatcher {
         .await?
         .unwrap_or((None, 0));
         let rows: Vec<(i64, Option<Vec<u8>>, Option<ResetReason>)> = match planned {
-            Some(last) if last > head.seq => {
+            // Planned alone.
+            Some(last) if last <= head.seq => Vec::new(),
+            Some(last) => {
                 sqlx::query_as(
                     "SELECT seq, payload, reset FROM switchboard.turns
                       WHERE session_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq",
@@ -1390,16 +1393,18 @@ impl TurnDispatcher {
             }
             joined.push(turn);
         }
-        if planned.is_none()
-            && let Some(last) = joined.last()
-        {
+        // A call that goes alone records that too (`joined_into` = its own seq): a retry after
+        // its dispatcher died must not join messages that arrived meanwhile (another key,
+        // so the runner would run the agent twice on `head`).
+        if planned.is_none() {
+            let last = joined.last().map_or(head.seq, |t| t.seq);
             sqlx::query(
                 "UPDATE switchboard.turns SET joined_into = $3
                   WHERE session_id = $1 AND seq >= $2 AND seq <= $3 AND status = 'open'",
             )
             .bind(session)
             .bind(head.seq)
-            .bind(last.seq)
+            .bind(last)
             .execute(&self.db)
             .await?;
         }
