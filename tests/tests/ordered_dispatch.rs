@@ -354,47 +354,84 @@ async fn a_runner_that_keeps_failing_is_retried_then_dead_lettered_with_the_coun
 }
 
 #[tokio::test]
-async fn a_wait_recorded_by_a_dispatcher_that_died_before_telling_is_told_with_the_answer() {
-    // The dispatcher found the runner down, recorded the session waiting with its notice, and
-    // was killed before it published the notice; the runner is back when the turn comes again.
-    let app = spawn_app().await;
-    let (turn, mut delivery, dispatcher, _, session) =
-        one_turn_two_dispatchers(&app, "hello?").await;
-    let notice = uuid::Uuid::now_v7();
-    sqlx::query(
-        "UPDATE switchboard.sessions SET status = 'waiting', waiting_since = now(),
-                waiting_notice = $2 WHERE id = $1",
+async fn a_wait_recorded_by_a_dispatcher_that_died_before_telling_is_told_once_with_the_answer() {
+    // One failed call opens a breaker; a down runner is probed every 300 ms.
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(|c| {
+            c.runtime.max_deliver = 10;
+            c.dispatch.breaker_failures = 1;
+            c.dispatch.breaker_probe_ms = 300;
+            c.dispatch.breaker_probe_max_ms = 300;
+        }),
+        ..AppOptions::dispatch_as_processes()
+    })
+    .await;
+    let person = "+14155550431";
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    let bodies = || -> Vec<String> {
+        app.twilio
+            .sent()
+            .into_iter()
+            .filter(|m| m.to == person)
+            .map(|m| m.body)
+            .collect()
+    };
+    app.runner.set_down(true);
+    // The dispatcher finds the runner down, records the session waiting with its notice, and
+    // is killed before it publishes the notice.
+    let mut dying = app.spawn_worker_with_env(
+        "dispatch",
+        &[(
+            switchboard_kit::failpoint::ENV,
+            "dispatch.wait_recorded".into(),
+        )],
+    );
+    assert_eq!(app.send_sms(person, "hello?").await.status(), 200);
+    let died = tokio::time::timeout(Duration::from_secs(30), dying.wait())
+        .await
+        .expect("the dispatcher died at the failpoint")
+        .expect("its exit status");
+    assert!(!died.success(), "killed, not stopped: {died}");
+    let (status, told): (String, Option<uuid::Uuid>) = sqlx::query_as(
+        "SELECT status, waiting_notice FROM switchboard.sessions WHERE person_id = $1",
     )
-    .bind(session)
-    .bind(notice)
-    .execute(&app.db)
+    .bind(format!("phone:{person}"))
+    .fetch_one(&app.db)
     .await
     .unwrap();
-    delivery.delivered = 2;
-    let out = dispatcher.handle(turn.clone(), &delivery).await.unwrap();
-    let replies: Vec<Reply> = out
-        .iter()
-        .filter(|o| o.subject == app.topology.reply())
-        .map(|o| prost::Message::decode(o.payload.clone()).unwrap())
-        .collect();
-    let told: Vec<(&str, &str, &str)> = replies
-        .iter()
-        .map(|r| (r.kind.as_str(), r.id.as_str(), r.text.as_str()))
-        .collect();
-    let notice_id = notice.to_string();
+    assert_eq!(status, "waiting");
+    assert!(told.is_some(), "the wait and its notice are recorded");
+    assert!(bodies().is_empty(), "nobody told yet");
+
+    // Another dispatcher takes the turn again: the runner is still down, so it tells the person
+    // while the turn waits, and once more with the answer when the runner is back. Each telling
+    // is the recorded notice: the person gets it once.
+    let mut next = app.spawn_worker("dispatch");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while bodies().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(bodies(), [notice.as_str()], "told while it waits");
+    app.runner.set_down(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !bodies().contains(&"echo: hello?".to_string()) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.settle().await;
     assert_eq!(
-        told,
-        [
-            (
-                "notice",
-                notice_id.as_str(),
-                app.config.dispatch.runner_down_notice.as_str()
-            ),
-            ("", replies[1].id.as_str(), "echo: hello?"),
-        ],
-        "told (the notice's own id, so sent once), then answered"
+        bodies(),
+        [notice.as_str(), "echo: hello?"],
+        "told once, then answered"
     );
-    // A first delivery of the same turn would not tell again: the notice went out with the wait.
+    next.kill().await.ok();
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_first_delivery_of_a_turn_whose_session_was_told_does_not_tell_again() {
+    // The notice went out with the wait: only a redelivered turn tells again (its dispatcher
+    // may have died before publishing it).
+    let app = spawn_app().await;
     let (turn, delivery, dispatcher, _, session) = one_turn_two_dispatchers(&app, "again").await;
     sqlx::query(
         "UPDATE switchboard.sessions SET status = 'waiting', waiting_notice = $2 WHERE id = $1",

@@ -1,10 +1,11 @@
 //! An agent host that goes down: its turns wait for it, durably and without using up their
 //! failure budget; each person is told once that the agent will answer shortly; when it is
 //! back, every turn is answered, each session's in order.
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use switchboard_e2e::{TestApp, spawn_app_configured};
+use switchboard_e2e::{AppOptions, TestApp, sigterm, spawn_app_configured, spawn_app_with};
 use switchboard_kit::config::Config;
 
 const PERSON: &str = "+14155550181";
@@ -255,33 +256,60 @@ async fn after_a_long_outage_a_stale_message_is_answered_knowing_its_age_or_expi
     expire.shutdown().await;
 }
 
-/// A dispatcher's breaker is its own: after another replica (or nobody yet) found the runner
-/// back, it may still be open, waiting for its next probe. A person who writes then is answered,
-/// never told that the agent is unavailable, and the people who were told are answered too.
+/// Send `signal` (`STOP`, `CONT`) to a worker process.
+fn signal(worker: &tokio::process::Child, signal: &str) {
+    let pid = worker.id().expect("a running worker").to_string();
+    let sent = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .expect("send a signal");
+    assert!(sent.success(), "SIG{signal} to {pid}");
+}
+
+/// A dispatcher's breaker is its own: after another replica found the runner back, it may
+/// still be open, waiting for its next probe. A person who writes then is answered before that
+/// probe, never told that the agent is unavailable, and the person who was told is answered.
 #[tokio::test]
-async fn a_person_writing_after_the_runner_is_back_is_answered_not_told_before_the_next_probe() {
-    // The next probe long after the runner is back.
-    let app = app_probing_every(Duration::from_secs(10)).await;
+async fn a_person_writing_after_another_dispatcher_found_the_runner_back_is_answered_not_told() {
+    // Dispatcher `stale` probes a down runner only every STALE; `finder` every 300 ms.
+    const STALE: Duration = Duration::from_secs(30);
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(|c| {
+            outage_settings(c);
+            // Each dispatcher's breaker opens on its own failures: the turn's deliveries add up.
+            c.runtime.max_deliver = 10;
+        }),
+        ..AppOptions::dispatch_as_processes()
+    })
+    .await;
     let notice = app.config.dispatch.runner_down_notice.clone();
+    let ms = STALE.as_millis().to_string();
+    let mut stale = app.spawn_worker_with_env(
+        "dispatch",
+        &[
+            ("SB_DISPATCH__BREAKER_PROBE_MS", ms.clone()),
+            ("SB_DISPATCH__BREAKER_PROBE_MAX_MS", ms),
+        ],
+    );
     app.runner.set_down(true);
+    // `stale`'s breaker opens after this: its next probe is no sooner than STALE from here.
+    let before_open = Instant::now();
     app.send_sms(PERSON, "anyone there?").await;
     until("the notice", || bodies_to(&app, PERSON).len() == 1).await;
     assert_eq!(bodies_to(&app, PERSON), [notice.as_str()]);
 
+    // `stale` stalls; the waiting turn comes back to `finder`, which finds the runner down too
+    // (its breaker opens, then probes) ...
+    let mut finder = app.spawn_worker("dispatch");
+    signal(&stale, "STOP");
+    let refused = app.runner.refused.load(Ordering::SeqCst);
+    until("the other dispatcher's breaker open and probing", || {
+        app.runner.refused.load(Ordering::SeqCst) >= refused + 3
+    })
+    .await;
+    signal(&stale, "CONT");
+    // ... and finds it back: the waiting person is answered, told once.
     app.runner.set_down(false);
-    let back = Instant::now();
-    app.send_sms(OTHER, "hello").await;
-    until("the answer", || !bodies_to(&app, OTHER).is_empty()).await;
-    assert_eq!(
-        bodies_to(&app, OTHER),
-        ["echo: hello"],
-        "told the agent is unavailable while it was back"
-    );
-    assert!(
-        back.elapsed() < Duration::from_secs(7),
-        "answered only at the probe, {:?} after the runner was back",
-        back.elapsed()
-    );
     until("the waiting person's answer", || {
         bodies_to(&app, PERSON).len() == 2
     })
@@ -290,7 +318,33 @@ async fn a_person_writing_after_the_runner_is_back_is_answered_not_told_before_t
         bodies_to(&app, PERSON),
         [notice.as_str(), "echo: anyone there?"]
     );
+    // `finder` leaves (scaled down); `stale` is the only dispatcher, its breaker still open.
+    sigterm(&finder);
+    tokio::time::timeout(WAIT, finder.wait())
+        .await
+        .expect("the dispatcher drains and exits")
+        .ok();
+
+    app.send_sms(OTHER, "hello").await;
+    until("the answer", || !bodies_to(&app, OTHER).is_empty()).await;
+    assert_eq!(
+        bodies_to(&app, OTHER),
+        ["echo: hello"],
+        "told the agent is unavailable while it was back"
+    );
+    assert!(
+        before_open.elapsed() < STALE,
+        "answered only at the stale breaker's probe, {:?} after it opened (probes every {STALE:?})",
+        before_open.elapsed()
+    );
+    app.settle().await;
     assert_eq!(session_row(&app, OTHER).await, ("idle".to_string(), None));
+    assert_eq!(
+        bodies_to(&app, PERSON).len(),
+        2,
+        "the told person, told once"
+    );
+    stale.kill().await.ok();
     app.shutdown().await;
 }
 

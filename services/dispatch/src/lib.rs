@@ -34,7 +34,7 @@ use switchboard_kit::retry::{self, Backoff};
 use switchboard_kit::startup::{App, Task};
 use switchboard_kit::status::ResetReason;
 use switchboard_kit::status::TurnStatus;
-use switchboard_kit::{Attempt, Output, Stage, StageError, Topology, Wake};
+use switchboard_kit::{Attempt, GiveUp, Output, Stage, StageError, Topology, Wake};
 use switchboard_kit::{Registration, Source, StageSpec};
 use tokio::sync::{Semaphore, watch};
 use uuid::Uuid;
@@ -96,8 +96,18 @@ impl DispatchError {
     }
 }
 
-/// How an expired turn's dead letter begins (the give-up step tells the person).
+/// How an expired turn's dead letter begins.
 const EXPIRED: &str = "expired";
+
+/// Whether the turn was given up because it expired (the person is told so): decided by the
+/// error its handler returned, never by the reason's wording (a runner's "expired token" is
+/// not the person's message expiring).
+fn expired(cause: &GiveUp) -> bool {
+    matches!(
+        cause,
+        GiveUp::Rejected(e) if matches!(e.downcast_ref(), Some(DispatchError::Expired { .. }))
+    )
+}
 
 /// A turn's stored outcome.
 struct StoredReply {
@@ -1179,7 +1189,8 @@ impl TurnDispatcher {
             Err(RunnerError::Cancelled) => {
                 // Interrupted by a newer message: run again at once, joined with it.
                 self.breakers.succeeded(&agent.runner_url);
-                self.interrupted(session, call, turn.seq).await?;
+                let forgotten = self.interrupted(session, call, turn.seq).await;
+                self.or_release(session, call, forgotten).await?;
                 return Err(DispatchError::Interrupted { seq: turn.seq });
             }
             Err(e) => {
@@ -1450,6 +1461,9 @@ impl TurnDispatcher {
                 Journal::write(&mut tx, &[entry]).await?;
             }
             tx.commit().await?;
+            // A dispatcher killed here recorded the wait and never told the person: the
+            // turn's redelivery tells them (tests/tests/ordered_dispatch.rs).
+            switchboard_kit::failpoint::crash_at("dispatch.wait_recorded");
             Ok(marked)
         }
         .await;
@@ -1645,20 +1659,21 @@ impl Stage for TurnDispatcher {
     /// Out of attempts, retrying cannot help, or the turn kept crashing its dispatcher: record
     /// the turn as failed so the session's next turns go ahead. (A turn that failed earlier, or
     /// whose cursor moved on, is left as it is: the update is a compare-and-set.)
-    async fn give_up(
+    async fn give_up_because(
         &self,
         turn: &Turn,
         _attempt: &Attempt,
-        reason: &str,
+        cause: &GiveUp,
     ) -> Result<Vec<Output>, StageError> {
         let Ok(session) = turn.session_id.parse::<Uuid>() else {
             return Ok(Vec::new());
         };
         let reset = ResetReason::parse(&turn.reset);
-        match self.mark_failed(session, turn.seq, reset, reason).await {
+        let reason = cause.to_string();
+        match self.mark_failed(session, turn.seq, reset, &reason).await {
             // An expired turn is not silent: the person is told, in the turn's place.
-            Ok(true) if reason.starts_with(EXPIRED) => self
-                .expired(turn, session, reason)
+            Ok(true) if expired(cause) => self
+                .expired(turn, session, &reason)
                 .await
                 .map_err(StageError::transient),
             Ok(true) | Err(DispatchError::UnknownSession(_)) => Ok(Vec::new()),
@@ -1705,3 +1720,6 @@ fn task(app: &App) -> Task {
         result
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,12 +5,14 @@
 //! - [`arrival`]: per-sender arrival numbers (the order a person wrote in).
 //! - [`proto`]: the protobuf payloads (`proto/switchboard/v1`).
 //! - [`db`]: the Postgres pool and embedded migrations.
+//! - [`failpoint`]: where a test may kill a process mid-step.
 //! - [`endpoint`]: connection URLs: their credentials to the NATS client, redacted in logs.
 //! - [`retry`]: the one retry-delay policy.
 //! - [`net`]: listening sockets, below the ephemeral port range; [`http`]: serving them with
 //!   header and request timeouts and a connection cap.
 //! - [`stage`]: a stage's declaration, read by everything that loops over stages.
-//! - [`runtime`]: the worker runtime (fetch, handle, publish, ack, retry, dead-letter).
+//! - [`runtime`]: the worker runtime (fetch, handle, publish, ack, retry, dead-letter); [`settle`]:
+//!   the outcomes it counts, why it gives a message up, its dead letters' ids.
 //! - [`telemetry`] and [`admin`]: logs, metrics, `/healthz`, `/readyz`, `/metrics`.
 //! - [`startup`]: wiring a process together; [`shutdown`]: the drain signal.
 //! - [`status`]: the states turns and deliveries move through.
@@ -22,12 +24,14 @@ pub mod config;
 pub mod db;
 pub mod dlq;
 pub mod endpoint;
+pub mod failpoint;
 pub mod http;
 pub mod lifecycle;
 pub mod net;
 pub mod proto;
 pub mod retry;
 pub mod runtime;
+pub mod settle;
 pub mod shutdown;
 pub mod stage;
 pub mod startup;
@@ -38,6 +42,7 @@ pub mod workspace;
 
 pub use config::Config;
 pub use runtime::{Attempt, BatchStage, Hold, Outcome, Output, Stage, StageError, Wake};
+pub use settle::{GiveUp, MessageOutcome};
 pub use shutdown::Shutdown;
 pub use stage::{Registration, Source, StageOptions, StageSpec};
 pub use topology::Topology;

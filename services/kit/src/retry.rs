@@ -4,8 +4,9 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 /// Exponential backoff from the attempt number: `base`, 2×`base`, 4×`base` … capped at `max`.
-/// A pure function of the attempt, so a message's delay follows from its delivery count alone,
-/// on whichever replica handles it.
+/// [`Backoff::delay`] is a pure function of the attempt; [`Backoff::jittered`] spreads it, for
+/// retries many messages may take at once (after a NATS or Postgres restart a whole backlog
+/// fails with the same delivery count, and would otherwise come back in lockstep).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     pub base: Duration,
@@ -21,6 +22,21 @@ impl Backoff {
     pub fn delay(&self, attempt: u64) -> Duration {
         let doublings = attempt.saturating_sub(1).min(20) as u32;
         self.base.saturating_mul(1 << doublings).min(self.max)
+    }
+
+    /// [`Backoff::delay`] with equal jitter: a random point in its upper half, so never more
+    /// than the policy's delay (nor `max`) and never less than half of it.
+    pub fn jittered(&self, attempt: u64) -> Duration {
+        let full = self.delay(attempt);
+        let half = full / 2;
+        let spread = (full - half).as_nanos() as u64;
+        if spread == 0 {
+            return full;
+        }
+        // Random bits from the UUID generator the kit already uses (no `rand` in the kit): the
+        // low 62 bits of a v4 UUID's second half (its top two are the variant).
+        let r = uuid::Uuid::new_v4().as_u64_pair().1 & (u64::MAX >> 2);
+        half + Duration::from_nanos(r % (spread + 1))
     }
 }
 
@@ -45,7 +61,7 @@ where
             Ok(v) => return Ok(v),
             Err(e) if Instant::now() + backoff.delay(attempt) < until => {
                 tracing::warn!(error = %e, attempt, "{what} failed; retrying");
-                tokio::time::sleep(backoff.delay(attempt)).await;
+                tokio::time::sleep(backoff.jittered(attempt)).await;
                 attempt += 1;
             }
             Err(e) => return Err(e),
@@ -66,6 +82,26 @@ mod tests {
         assert_eq!(b.delay(10), Duration::from_millis(1000));
         assert_eq!(b.delay(u64::MAX), Duration::from_millis(1000));
         assert_eq!(b.delay(0), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn jittered_delays_spread_within_the_upper_half_of_the_policys_delay() {
+        let b = Backoff::new(Duration::from_millis(100), Duration::from_millis(1000));
+        for attempt in [1, 3, 10] {
+            let full = b.delay(attempt);
+            let delays: Vec<Duration> = (0..200).map(|_| b.jittered(attempt)).collect();
+            assert!(
+                delays.iter().any(|d| *d != delays[0]),
+                "a backlog failing together would retry together: {:?}",
+                &delays[..5]
+            );
+            for d in &delays {
+                assert!(*d <= full && *d <= b.max, "{d:?} over {full:?}");
+                assert!(*d >= full / 2, "{d:?} under half of {full:?}");
+            }
+        }
+        let none = Backoff::new(Duration::ZERO, Duration::ZERO);
+        assert_eq!(none.jittered(3), Duration::ZERO);
     }
 
     #[tokio::test]

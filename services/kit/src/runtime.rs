@@ -31,6 +31,7 @@ use tracing::Instrument;
 use crate::config::RuntimeConfig;
 use crate::proto::DeadLetter;
 use crate::retry::Backoff;
+use crate::settle::{GiveUp, MessageOutcome, dead_letter_id};
 use crate::shutdown::Shutdown;
 use crate::stage::{StageOptions, StageSpec};
 use crate::topology::Topology;
@@ -263,6 +264,9 @@ pub trait Stage: Send + Sync + 'static {
     /// published before the dead letter. [`StageError::Defer`] here waits and runs the step
     /// again; any other error retries the whole message later: nothing is dead-lettered until
     /// the give-up step has run.
+    ///
+    /// `reason` is the dead letter's text; a stage that acts on why the message is given up
+    /// (the error its handler returned) implements [`Stage::give_up_because`] instead.
     fn give_up(
         &self,
         input: &Self::Input,
@@ -271,6 +275,20 @@ pub trait Stage: Send + Sync + 'static {
     ) -> impl Future<Output = Outcome> + Send {
         let _ = (input, attempt, reason);
         async { Ok(Vec::new()) }
+    }
+
+    /// The give-up step, told the typed cause (the one the runtime runs). By default
+    /// [`Stage::give_up`] with the cause's text.
+    fn give_up_because(
+        &self,
+        input: &Self::Input,
+        attempt: &Attempt,
+        cause: &GiveUp,
+    ) -> impl Future<Output = Outcome> + Send {
+        async move {
+            let reason = cause.to_string();
+            self.give_up(input, attempt, &reason).await
+        }
     }
 }
 
@@ -304,6 +322,19 @@ pub trait BatchStage: Send + Sync + 'static {
         let _ = (input, attempt, reason);
         async { Ok(Vec::new()) }
     }
+
+    /// As [`Stage::give_up_because`], for one input of the batch.
+    fn give_up_because(
+        &self,
+        input: &Self::Input,
+        attempt: &Attempt,
+        cause: &GiveUp,
+    ) -> impl Future<Output = Outcome> + Send {
+        async move {
+            let reason = cause.to_string();
+            self.give_up(input, attempt, &reason).await
+        }
+    }
 }
 
 /// A [`Stage`] seen as a batch stage whose batches hold one message, so the runtime has one
@@ -331,6 +362,15 @@ impl<S: Stage> BatchStage for PerMessage<S> {
         reason: &str,
     ) -> impl Future<Output = Outcome> + Send {
         self.0.give_up(input, attempt, reason)
+    }
+
+    fn give_up_because(
+        &self,
+        input: &S::Input,
+        attempt: &Attempt,
+        cause: &GiveUp,
+    ) -> impl Future<Output = Outcome> + Send {
+        self.0.give_up_because(input, attempt, cause)
     }
 }
 
@@ -425,9 +465,10 @@ impl Runtime {
         let ack_wait = Duration::from_millis(self.config.ack_wait_ms);
         let expires = (ack_wait / 2).clamp(Duration::from_millis(500), Duration::from_secs(10));
 
-        for outcome in OUTCOMES {
-            count(name, outcome, 0);
+        for outcome in MessageOutcome::ALL {
+            outcome.count(name, 0);
         }
+        metrics::counter!("sb_stage_panics_total", "stage" => name).increment(0);
         let lag = tokio::spawn(report_lag(consumer.clone(), name));
         let sem = Arc::new(Semaphore::new(opts.concurrency));
         // Parked messages take a slot again through this gate first, so at most half the slots
@@ -512,7 +553,7 @@ impl Runtime {
                     this.process_batch(handler.as_ref(), batch, &opts, slots)
                         .await;
                 });
-                while tasks.try_join_next().is_some() {}
+                reap(name, &mut tasks);
                 if ended {
                     continue 'outer;
                 }
@@ -523,7 +564,7 @@ impl Runtime {
         // grace period is abandoned unacked and comes back to another replica after ack_wait.
         lag.abort();
         let grace = Duration::from_millis(this.config.shutdown_grace_ms);
-        while tasks.try_join_next().is_some() {}
+        reap(name, &mut tasks);
         let in_flight = tasks.len();
         if in_flight > 0 {
             tracing::info!(stage = %name, in_flight, "draining");
@@ -567,10 +608,9 @@ impl Runtime {
             for msg in msgs {
                 let attempt = attempt_of(&msg);
                 if attempt.delivered > opts.max_deliver {
-                    let why = crash_loop_reason(&attempt, opts);
+                    let why = crash_loop(&attempt, opts);
                     let mut alone = slots.unheld();
-                    self.give_up(h, &msg, &attempt, &why, opts, &mut alone)
-                        .await;
+                    self.give_up(h, &msg, &attempt, why, opts, &mut alone).await;
                     continue;
                 }
                 match <H::Input as prost::Message>::decode(msg.payload.clone()) {
@@ -639,7 +679,7 @@ impl Runtime {
             let acked = join_all(acks.iter().map(|m| m.ack())).await;
             for a in acked {
                 match a {
-                    Ok(()) => count(name, "ok", 1),
+                    Ok(()) => MessageOutcome::Ok.count(name, 1),
                     Err(e) => tracing::warn!(error = %e, "ack failed; input will be redelivered"),
                 }
             }
@@ -678,9 +718,8 @@ impl Runtime {
             if ran.is_none() && delivered > opts.max_deliver {
                 // The handler never finished the earlier deliveries: it may be crashing the
                 // process. Do not run it again.
-                let why = crash_loop_reason(&attempt, opts);
-                self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
-                    .await;
+                let why = crash_loop(&attempt, opts);
+                self.give_up(h, &msg, &attempt, why, opts, &mut slots).await;
                 return;
             }
             let first_run = ran.as_ref().map_or_else(Instant::now, |(t, _)| *t);
@@ -718,7 +757,7 @@ impl Runtime {
                             return;
                         }
                         match msg.ack().await {
-                            Ok(()) => count(name, "ok", 1),
+                            Ok(()) => MessageOutcome::Ok.count(name, 1),
                             Err(e) => {
                                 tracing::warn!(error = %e, "ack failed; input will be redelivered")
                             }
@@ -730,9 +769,8 @@ impl Runtime {
                 let wait = match error.parking() {
                     Ok(wait) => wait,
                     Err(StageError::Permanent(e)) => {
-                        let why = format!("{e:#}");
-                        self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
-                            .await;
+                        let why = GiveUp::Rejected(e);
+                        self.give_up(h, &msg, &attempt, why, opts, &mut slots).await;
                         return;
                     }
                     Err(e) => {
@@ -742,9 +780,11 @@ impl Runtime {
                         };
                         tracing::warn!(error = %format!("{e:#}"), "handler failed");
                         if delivered >= opts.max_deliver {
-                            let why = format!("gave up after {delivered} deliveries: {e:#}");
-                            self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
-                                .await;
+                            let why = GiveUp::OutOfDeliveries {
+                                deliveries: delivered,
+                                error: e,
+                            };
+                            self.give_up(h, &msg, &attempt, why, opts, &mut slots).await;
                         } else {
                             self.retry(name, &msg, &attempt, opts).await;
                         }
@@ -759,22 +799,20 @@ impl Runtime {
                 }
                 let waited = first_run.elapsed().saturating_sub(outage);
                 if !wait.outage && waited >= opts.max_wait {
-                    let why = format!(
-                        "waited too long for {}: {:.0} s (max {:.0} s)",
-                        wait.why,
-                        waited.as_secs_f64(),
-                        opts.max_wait.as_secs_f64()
-                    );
-                    self.give_up(h, &msg, &attempt, &why, opts, &mut slots)
-                        .await;
+                    let why = GiveUp::WaitedTooLong {
+                        what: wait.why,
+                        waited,
+                        max: opts.max_wait,
+                    };
+                    self.give_up(h, &msg, &attempt, why, opts, &mut slots).await;
                     return;
                 }
                 if wait.outage {
                     tracing::debug!(why = %wait.why, "waiting out an outage");
-                    count(name, "waiting_outage", 1);
+                    MessageOutcome::WaitingOutage.count(name, 1);
                 } else {
                     tracing::debug!(why = %wait.why, "waiting");
-                    count(name, "deferred", 1);
+                    MessageOutcome::Deferred.count(name, 1);
                 }
                 let parked = Instant::now();
                 if !slots.park(&msg, wait.after, wait.wake).await {
@@ -798,8 +836,10 @@ impl Runtime {
         attempt: &Attempt,
         opts: &StageOptions,
     ) {
-        count(name, "retried", 1);
-        let delay = opts.retry.delay(attempt.delivered);
+        MessageOutcome::Retried.count(name, 1);
+        // Jittered: a backlog that failed together (NATS or Postgres restarted) must not come
+        // back together.
+        let delay = opts.retry.jittered(attempt.delivered);
         let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
     }
 
@@ -810,18 +850,20 @@ impl Runtime {
         stage: &H,
         msg: &jetstream::Message,
         attempt: &Attempt,
-        why: &str,
+        cause: GiveUp,
         opts: &StageOptions,
         slots: &mut Slots,
     ) {
         let name = H::SPEC.name;
+        let why = cause.to_string();
         // Decoded again rather than kept: giving up is rare, cloning every input is not.
         let Ok(input) = <H::Input as prost::Message>::decode(msg.payload.clone()) else {
-            self.dead_letter(name, msg, attempt, why).await;
+            self.dead_letter(name, msg, attempt, &why).await;
             return;
         };
         let outputs = loop {
-            match with_progress(&[msg], slots.ack_wait, stage.give_up(&input, attempt, why)).await {
+            let step = stage.give_up_because(&input, attempt, &cause);
+            match with_progress(&[msg], slots.ack_wait, step).await {
                 Ok(outputs) => break outputs,
                 // The step must wait (a live call may still answer the turn): the decision to
                 // give up stands, so wait here and run the step again, not the handler.
@@ -845,7 +887,7 @@ impl Runtime {
             self.retry(name, msg, attempt, opts).await;
             return;
         }
-        self.dead_letter(name, msg, attempt, why).await;
+        self.dead_letter(name, msg, attempt, &why).await;
     }
 
     /// Store the message with its reason on `sb.dlq.<stage>`, then terminate it. If the dead
@@ -876,7 +918,7 @@ impl Runtime {
         };
         let mut out = Output::new(
             self.topology.dead_letter(name),
-            format!("{name}:{}", attempt.stream_sequence),
+            dead_letter_id(name, attempt.stream_sequence),
             &letter,
         );
         if !attempt.correlation_id.is_empty() {
@@ -884,7 +926,7 @@ impl Runtime {
         }
         match self.publish("dlq", &out).await {
             Ok(()) => {
-                count(name, "dead_lettered", 1);
+                MessageOutcome::DeadLettered.count(name, 1);
                 let _ = msg.ack_with(AckKind::Term).await;
             }
             Err(e) => {
@@ -904,7 +946,7 @@ fn waits_for_capacity(e: StageError, waits: u32) -> StageError {
     match e {
         StageError::Transient(e) if is_pool_timeout(&e) => StageError::Defer(
             Backoff::new(Duration::from_millis(250), Duration::from_secs(5))
-                .delay(u64::from(waits) + 1),
+                .jittered(u64::from(waits) + 1),
             "a database connection (the pool was busy)".into(),
         ),
         other => other,
@@ -1020,10 +1062,37 @@ async fn with_progress<T>(
 }
 
 /// Run the stage's handler on `inputs`: one outcome per input, whatever the stage returned (a
-/// wrong count is a stage bug, and no input can be settled on it).
+/// wrong count is a stage bug, and no input can be settled on it). A handler that panics fails
+/// its inputs at once, as an error would (retried after the policy's delay, counted toward
+/// `max_deliver`): left to the task, the panic went unreported and the message came back only
+/// after `ack_wait`.
 async fn handle<H: BatchStage>(h: &H, inputs: Vec<H::Input>, attempts: &[Attempt]) -> Vec<Outcome> {
     let n = inputs.len();
-    let outcomes = h.handle_batch(inputs, attempts).await;
+    let run = std::panic::AssertUnwindSafe(h.handle_batch(inputs, attempts)).catch_unwind();
+    let outcomes = match run.await {
+        Ok(outcomes) => outcomes,
+        Err(panic) => {
+            let why = panic_message(panic.as_ref());
+            metrics::counter!("sb_stage_panics_total", "stage" => H::SPEC.name).increment(1);
+            for a in attempts {
+                tracing::error!(
+                    stage = %H::SPEC.name,
+                    subject = %a.subject,
+                    seq = a.stream_sequence,
+                    delivered = a.delivered,
+                    panic = %why,
+                    "the handler panicked"
+                );
+            }
+            return (0..n)
+                .map(|_| {
+                    Err(StageError::Transient(anyhow::anyhow!(
+                        "the handler panicked: {why}"
+                    )))
+                })
+                .collect();
+        }
+    };
     if outcomes.len() == n {
         return outcomes;
     }
@@ -1034,6 +1103,15 @@ async fn handle<H: BatchStage>(h: &H, inputs: Vec<H::Input>, attempts: &[Attempt
     (0..n)
         .map(|_| Err(StageError::Transient(anyhow::anyhow!("{why}"))))
         .collect()
+}
+
+/// What a panic said, when it said it with a string (as `panic!` and `expect` do).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 async fn handle_one<H: BatchStage>(h: &H, input: H::Input, attempt: &Attempt) -> Outcome {
@@ -1064,19 +1142,24 @@ fn attempt_of(msg: &jetstream::Message) -> Attempt {
     }
 }
 
-fn crash_loop_reason(attempt: &Attempt, opts: &StageOptions) -> String {
-    format!(
-        "delivered {} times without success (max {}); the handler may be crashing the process",
-        attempt.delivered, opts.max_deliver
-    )
+fn crash_loop(attempt: &Attempt, opts: &StageOptions) -> GiveUp {
+    GiveUp::Crashing {
+        delivered: attempt.delivered,
+        max: opts.max_deliver,
+    }
 }
 
-/// Every outcome a stage's messages are counted under.
-const OUTCOMES: [&str; 4] = ["ok", "retried", "deferred", "dead_lettered"];
-
-fn count(stage: &'static str, outcome: &'static str, n: u64) {
-    metrics::counter!("sb_stage_messages_total", "stage" => stage, "outcome" => outcome)
-        .increment(n);
+/// Collect the stage's finished tasks. A handler's panic is caught where it runs (see
+/// `handle`); one here is the runtime's own, and its message comes back after `ack_wait`.
+fn reap(stage: &'static str, tasks: &mut JoinSet<()>) {
+    while let Some(done) = tasks.try_join_next() {
+        if let Err(e) = done
+            && e.is_panic()
+        {
+            metrics::counter!("sb_stage_panics_total", "stage" => stage).increment(1);
+            tracing::error!(stage = %stage, error = %e, "a stage task panicked");
+        }
+    }
 }
 
 async fn report_lag(mut consumer: consumer::PullConsumer, name: &'static str) {
@@ -1105,7 +1188,8 @@ mod tests {
         let busy = StageError::transient(StoreError::from(sqlx::Error::PoolTimedOut));
         match waits_for_capacity(busy, 0) {
             StageError::Defer(after, why) => {
-                assert_eq!(after, Duration::from_millis(250));
+                let first = Duration::from_millis(250);
+                assert!(after <= first && after >= first / 2, "{after:?}");
                 assert!(why.contains("database connection"), "{why}");
             }
             other => panic!("not a wait: {other:?}"),

@@ -1,0 +1,17 @@
+//! Failpoints: a test kills a process at a named point of a step, to prove what survives a
+//! crash exactly there (the window between two writes that no outside stall can reach). Set
+//! `SWITCHBOARD_FAILPOINT=<name>` in a worker's environment; unset, as in production, each
+//! point is one comparison. (Not an `SB_` variable: it is no setting of the product.)
+
+/// The environment variable naming the failpoint a process dies at.
+pub const ENV: &str = "SWITCHBOARD_FAILPOINT";
+
+/// Abort the process here, as `kill -9` would (no drain, no flush of buffered acks), if this
+/// process was started to die at `name`.
+pub fn crash_at(name: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if AT.get_or_init(|| std::env::var(ENV).ok()).as_deref() == Some(name) {
+        eprintln!("failpoint {name}: aborting the process");
+        std::process::abort();
+    }
+}
