@@ -709,14 +709,15 @@ impl Stage for DeliverStage {
         &self,
         reply: &Reply,
         _attempt: &Attempt,
-        reason: &str,
+        cause: &switchboard_kit::GiveUp,
     ) -> Result<Vec<Output>, StageError> {
+        let reason = cause.to_string();
         let Ok(id) = reply.id.parse::<Uuid>() else {
             return Ok(Vec::new());
         };
         let claim = self
             .ledger
-            .give_up(reply, id, reason)
+            .give_up(reply, id, &reason)
             .await
             .map_err(|e| StageError::transient(DeliverError::Database(e)))?;
         match claim {

@@ -1659,7 +1659,7 @@ impl Stage for TurnDispatcher {
     /// Out of attempts, retrying cannot help, or the turn kept crashing its dispatcher: record
     /// the turn as failed so the session's next turns go ahead. (A turn that failed earlier, or
     /// whose cursor moved on, is left as it is: the update is a compare-and-set.)
-    async fn give_up_because(
+    async fn give_up(
         &self,
         turn: &Turn,
         _attempt: &Attempt,

@@ -265,30 +265,16 @@ pub trait Stage: Send + Sync + 'static {
     /// again; any other error retries the whole message later: nothing is dead-lettered until
     /// the give-up step has run.
     ///
-    /// `reason` is the dead letter's text; a stage that acts on why the message is given up
-    /// (the error its handler returned) implements [`Stage::give_up_because`] instead.
+    /// `cause` says why (its text is the dead letter's reason); a stage that acts on it matches
+    /// the cause, or downcasts its error to the stage's own type, never reads its wording.
     fn give_up(
-        &self,
-        input: &Self::Input,
-        attempt: &Attempt,
-        reason: &str,
-    ) -> impl Future<Output = Outcome> + Send {
-        let _ = (input, attempt, reason);
-        async { Ok(Vec::new()) }
-    }
-
-    /// The give-up step, told the typed cause (the one the runtime runs). By default
-    /// [`Stage::give_up`] with the cause's text.
-    fn give_up_because(
         &self,
         input: &Self::Input,
         attempt: &Attempt,
         cause: &GiveUp,
     ) -> impl Future<Output = Outcome> + Send {
-        async move {
-            let reason = cause.to_string();
-            self.give_up(input, attempt, &reason).await
-        }
+        let _ = (input, attempt, cause);
+        async { Ok(Vec::new()) }
     }
 }
 
@@ -317,23 +303,10 @@ pub trait BatchStage: Send + Sync + 'static {
         &self,
         input: &Self::Input,
         attempt: &Attempt,
-        reason: &str,
-    ) -> impl Future<Output = Outcome> + Send {
-        let _ = (input, attempt, reason);
-        async { Ok(Vec::new()) }
-    }
-
-    /// As [`Stage::give_up_because`], for one input of the batch.
-    fn give_up_because(
-        &self,
-        input: &Self::Input,
-        attempt: &Attempt,
         cause: &GiveUp,
     ) -> impl Future<Output = Outcome> + Send {
-        async move {
-            let reason = cause.to_string();
-            self.give_up(input, attempt, &reason).await
-        }
+        let _ = (input, attempt, cause);
+        async { Ok(Vec::new()) }
     }
 }
 
@@ -359,18 +332,9 @@ impl<S: Stage> BatchStage for PerMessage<S> {
         &self,
         input: &S::Input,
         attempt: &Attempt,
-        reason: &str,
-    ) -> impl Future<Output = Outcome> + Send {
-        self.0.give_up(input, attempt, reason)
-    }
-
-    fn give_up_because(
-        &self,
-        input: &S::Input,
-        attempt: &Attempt,
         cause: &GiveUp,
     ) -> impl Future<Output = Outcome> + Send {
-        self.0.give_up_because(input, attempt, cause)
+        self.0.give_up(input, attempt, cause)
     }
 }
 
@@ -862,7 +826,7 @@ impl Runtime {
             return;
         };
         let outputs = loop {
-            let step = stage.give_up_because(&input, attempt, &cause);
+            let step = stage.give_up(&input, attempt, &cause);
             match with_progress(&[msg], slots.ack_wait, step).await {
                 Ok(outputs) => break outputs,
                 // The step must wait (a live call may still answer the turn): the decision to

@@ -667,7 +667,7 @@ impl Stage for SessionStage {
         &self,
         msg: &IdentifiedMessage,
         _attempt: &Attempt,
-        _reason: &str,
+        _cause: &switchboard_kit::GiveUp,
     ) -> Result<Vec<Output>, StageError> {
         self.store
             .pass_arrival(msg, true)
