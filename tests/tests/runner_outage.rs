@@ -274,11 +274,9 @@ async fn a_person_writing_after_another_dispatcher_found_the_runner_back_is_answ
     // Dispatcher `stale` probes a down runner only every STALE; `finder` every 300 ms.
     const STALE: Duration = Duration::from_secs(30);
     let app = spawn_app_with(AppOptions {
-        tweak: Box::new(|c| {
-            outage_settings(c);
-            // Each dispatcher's breaker opens on its own failures: the turn's deliveries add up.
-            c.runtime.max_deliver = 10;
-        }),
+        // `outage_settings` allows 3 deliveries: a turn handed to a dispatcher whose breaker is
+        // still closed waits on the session's recorded outage instead of spending them.
+        tweak: Box::new(outage_settings),
         ..AppOptions::dispatch_as_processes()
     })
     .await;
