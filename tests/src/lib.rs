@@ -534,6 +534,18 @@ impl TestApp {
         }
     }
 
+    /// How many turns `person_id`'s sessions have opened (their highest seq).
+    pub async fn turns_opened(&self, person_id: &str) -> i64 {
+        sqlx::query_scalar(
+            "SELECT coalesce(max(t.seq), 0) FROM switchboard.turns t
+               JOIN switchboard.sessions s ON s.id = t.session_id WHERE s.person_id = $1",
+        )
+        .bind(person_id)
+        .fetch_one(&self.db)
+        .await
+        .expect("read the turns")
+    }
+
     pub async fn log_rows(&self) -> Vec<LogRow> {
         sqlx::query(
             "SELECT direction, message, correlation_id, session_id, person_id, processing_ms,

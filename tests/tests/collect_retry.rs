@@ -3,7 +3,7 @@
 //! message, and what arrived meanwhile is answered after it.
 use std::time::{Duration, Instant};
 
-use switchboard_e2e::{AppOptions, TestApp, spawn_app_with};
+use switchboard_e2e::{AppOptions, spawn_app_with};
 use switchboard_kit::config::QueueMode;
 
 const PERSON: &str = "+14155550193";
@@ -11,17 +11,6 @@ const WAIT: Duration = Duration::from_secs(30);
 const FIRST: &str = "is my parcel out for delivery";
 const SECOND: &str = "it was due on Monday";
 const THIRD: &str = "the order number is 4411";
-
-async fn turns_opened(app: &TestApp) -> i64 {
-    sqlx::query_scalar(
-        "SELECT coalesce(max(t.seq), 0) FROM switchboard.turns t
-           JOIN switchboard.sessions s ON s.id = t.session_id WHERE s.person_id = $1",
-    )
-    .bind(format!("phone:{PERSON}"))
-    .fetch_one(&app.db)
-    .await
-    .unwrap()
-}
 
 #[tokio::test]
 async fn a_collect_turn_retried_after_its_dispatcher_died_is_the_same_call_not_a_second_run_with_later_messages()
@@ -47,7 +36,7 @@ async fn a_collect_turn_retried_after_its_dispatcher_died_is_the_same_call_not_a
         assert_eq!(app.send_sms(PERSON, text).await.status(), 200);
     }
     let deadline = Instant::now() + WAIT;
-    while turns_opened(&app).await < 3 {
+    while app.turns_opened(&format!("phone:{PERSON}")).await < 3 {
         assert!(Instant::now() < deadline, "the later turns were not opened");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

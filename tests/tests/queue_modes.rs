@@ -9,17 +9,6 @@ use switchboard_kit::config::QueueMode;
 const PERSON: &str = "+14155550191";
 const WAIT: Duration = Duration::from_secs(20);
 
-async fn turns_opened(app: &TestApp) -> i64 {
-    sqlx::query_scalar(
-        "SELECT coalesce(max(t.seq), 0) FROM switchboard.turns t
-           JOIN switchboard.sessions s ON s.id = t.session_id WHERE s.person_id = $1",
-    )
-    .bind(format!("phone:{PERSON}"))
-    .fetch_one(&app.db)
-    .await
-    .unwrap()
-}
-
 /// The first message's call is held at the runner while five more arrive.
 async fn five_messages_while_a_turn_runs(app: &TestApp) {
     app.runner.set_hold(true);
@@ -31,7 +20,7 @@ async fn five_messages_while_a_turn_runs(app: &TestApp) {
         assert_eq!(app.send_sms(PERSON, &format!("m{i}")).await.status(), 200);
     }
     let deadline = Instant::now() + WAIT;
-    while turns_opened(app).await < 6 {
+    while app.turns_opened(&format!("phone:{PERSON}")).await < 6 {
         assert!(Instant::now() < deadline, "the five turns were not opened");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

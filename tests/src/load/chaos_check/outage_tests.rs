@@ -11,6 +11,21 @@ pub(super) const NOTICE: &str =
 /// messages of senders 0 (Twilio), 3 (chat) and 4 (API) were accepted before and answered
 /// after it; each was recorded waiting and told once, on their channel. Sender 0's turn
 /// was refused by the runner at 2.1 s.
+/// The turn of `sender`'s message `index` in recorded evidence.
+pub(super) fn turn_of(e: &mut Evidence, sender: usize, index: u32) -> &mut TurnRow {
+    let sid = e
+        .accepted
+        .iter()
+        .find(|a| (a.sender, a.index) == (sender, index))
+        .expect("the message was accepted")
+        .sid
+        .clone();
+    e.turns
+        .iter_mut()
+        .find(|t| t.provider_message_id == sid)
+        .expect("the message has a turn")
+}
+
 pub(super) fn outage_run() -> Evidence {
     let mut e = clean_run();
     e.notice_text = NOTICE.into();
@@ -188,27 +203,12 @@ fn a_person_whose_message_waited_out_the_outage_and_was_never_told_fails() {
         .retain(|r| !(r.notice && r.channel == Channel::Chat));
     e.mailbox
         .retain(|m| !(m.is_notice() && m.reply_id == "notice-3"));
-    let sid = e
-        .accepted
-        .iter()
-        .find(|a| (a.sender, a.index) == (3, 1))
-        .unwrap()
-        .sid
-        .clone();
-    let turn = e
-        .turns
-        .iter_mut()
-        .find(|t| t.provider_message_id == sid)
-        .unwrap();
+    let turn = turn_of(&mut e, 3, 1);
     turn.opened_us = Some(6_000_000);
     let v = judge(&e);
     assert!(v.passed(), "{:?}", v.findings);
     // Without the turn's time (older evidence), from acceptance: the finding stands.
-    e.turns
-        .iter_mut()
-        .find(|t| t.provider_message_id == sid)
-        .unwrap()
-        .opened_us = None;
+    turn_of(&mut e, 3, 1).opened_us = None;
     only_kind(&judge(&e), Kind::NotTold);
 }
 

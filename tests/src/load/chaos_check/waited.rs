@@ -170,7 +170,7 @@ pub(super) fn judge_not_told(
 mod tests {
     //! A person whose turn met the down runner at a dispatcher is told; one whose turn reached a
     //! dispatcher only as the runner came back need not be.
-    use super::super::outage_tests::outage_run;
+    use super::super::outage_tests::{outage_run, turn_of};
     use super::super::tests::only_kind;
     use super::super::{Kill, judge};
     use super::*;
@@ -188,18 +188,7 @@ mod tests {
         e.client_replies
             .retain(|r| !(r.notice && r.channel == Channel::Chat));
         e.mailbox.retain(|m| m.reply_id != "notice-3");
-        let sid = e
-            .accepted
-            .iter()
-            .find(|a| (a.sender, a.index) == (3, 1))
-            .unwrap()
-            .sid
-            .clone();
-        let turn = e
-            .turns
-            .iter_mut()
-            .find(|t| t.provider_message_id == sid)
-            .unwrap();
+        let turn = turn_of(&mut e, 3, 1);
         turn.picked_us = Some(picked_us);
         e
     }
