@@ -203,6 +203,18 @@ identity = "reggie"
     }
 
     /// The first call: it is cut when the runner dies, so nobody waits for its answer.
+    /// Start the runner, call it, and SIGKILL it once the engine runs (the caller hangs up);
+    /// the engine's pid.
+    async fn crash_mid_turn(&mut self) -> i32 {
+        self.start().await;
+        let first = self.run_in_background();
+        self.until("the engine to start", || self.starts().len() == 1)
+            .await;
+        self.crash();
+        first.abort();
+        self.starts()[0]
+    }
+
     fn run_in_background(&self) -> tokio::task::JoinHandle<()> {
         let url = self.url();
         tokio::spawn(async move {
@@ -248,12 +260,7 @@ impl Drop for Host {
 #[tokio::test]
 async fn a_runner_killed_mid_turn_is_restarted_and_the_retried_turn_gets_the_first_runs_answer() {
     let mut host = Host::new(3);
-    host.start().await;
-    let first = host.run_in_background();
-    host.until("the engine to start", || host.starts().len() == 1)
-        .await;
-    host.crash();
-    first.abort();
+    host.crash_mid_turn().await;
     host.start().await;
 
     let (status, body) = host.run().await;
@@ -271,15 +278,9 @@ async fn a_runner_killed_mid_turn_is_restarted_and_the_retried_turn_gets_the_fir
 #[tokio::test]
 async fn an_engine_that_died_with_its_runner_runs_again_and_the_answer_says_so() {
     let mut host = Host::new(3);
-    host.start().await;
-    let first = host.run_in_background();
-    host.until("the engine to start", || host.starts().len() == 1)
-        .await;
-    let engine = host.starts()[0];
     // The whole host goes down (say a reboot): the runner, the engine and all it started.
-    host.crash();
+    let engine = host.crash_mid_turn().await;
     kill_group_of(engine);
-    first.abort();
     host.until("the engine to die", || !alive(engine)).await;
     host.start().await;
 
@@ -299,13 +300,7 @@ async fn an_engine_that_died_with_its_runner_runs_again_and_the_answer_says_so()
 #[tokio::test]
 async fn a_turn_cancelled_after_a_runner_crash_kills_the_engine_it_left_running() {
     let mut host = Host::new(300);
-    host.start().await;
-    let first = host.run_in_background();
-    host.until("the engine to start", || host.starts().len() == 1)
-        .await;
-    let engine = host.starts()[0];
-    host.crash();
-    first.abort();
+    let engine = host.crash_mid_turn().await;
     host.start().await;
     assert!(alive(engine), "the engine outlives its runner");
 

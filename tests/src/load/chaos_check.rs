@@ -184,6 +184,25 @@ pub struct ServerCrash {
     pub recovered: bool,
 }
 
+impl Kill {
+    /// "dispatch-1 killed at 12.017 s", as findings name it.
+    pub fn described(&self) -> String {
+        format!("{} killed at {}", self.target, secs(self.at_us))
+    }
+}
+
+impl ServerCrash {
+    /// "postgres down from 13.030 s to 31.460 s", as findings name it.
+    pub fn described(&self) -> String {
+        format!(
+            "{} down from {} to {}",
+            self.server,
+            secs(self.at_us),
+            secs(self.back_us)
+        )
+    }
+}
+
 /// A dead letter, in short.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct DeadLetterNote {

@@ -13,7 +13,7 @@
 //!
 //! (Queue mode `interrupt` changes a cancelled call's key by design, `~<n>`; the chaos run
 //! has no interrupt agent and its fake runner cancels nothing, so no such re-run is expected.)
-use super::{CallRecord, Evidence, Kind, SEND_RECORD_LAG_US, Verdict, secs};
+use super::{CallRecord, Evidence, Kind, SEND_RECORD_LAG_US, ServerCrash, Verdict, secs};
 
 /// Judge `again`, a call of the turn whose first call was `first`, of `person`.
 pub(super) fn judge_rerun(
@@ -62,19 +62,12 @@ fn explained(e: &Evidence, first: &CallRecord, again: &CallRecord) -> Option<Str
             && k.at_us <= again.start_us
     });
     if let Some(k) = kill {
-        return Some(format!("{} killed at {}", k.target, secs(k.at_us)));
+        return Some(k.described());
     }
     e.crashes
         .iter()
         .find(|c| c.at_us <= again.start_us && c.back_us >= first.start_us)
-        .map(|c| {
-            format!(
-                "{} down from {} to {}",
-                c.server,
-                secs(c.at_us),
-                secs(c.back_us)
-            )
-        })
+        .map(ServerCrash::described)
 }
 
 #[cfg(test)]
@@ -82,7 +75,7 @@ mod tests {
     //! A re-run passes only under its first call's key with a kill or crash in between.
     use super::super::joined_tests::joined_run;
     use super::super::tests::{clean_run, kill_dispatcher, only_kind};
-    use super::super::{Kill, ServerCrash, judge};
+    use super::super::{Kill, judge};
     use super::*;
 
     /// [`clean_run`] with s0#0 called again 6 s after its first call ended (before s0#1), under

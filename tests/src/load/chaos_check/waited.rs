@@ -13,7 +13,10 @@
 //! runner was back.
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::{AcceptedMessage, Channel, Evidence, Kind, TOLD_GRACE_US, TurnRow, Verdict, secs};
+use super::{
+    AcceptedMessage, Channel, Evidence, Kill, Kind, ServerCrash, TOLD_GRACE_US, TurnRow, Verdict,
+    secs,
+};
 use crate::load::fakes::RunnerOutage;
 
 /// A turn a dispatcher took up this long before the runner was back had time to meet it down
@@ -128,20 +131,13 @@ pub(super) fn judge_not_told(
             .kills
             .iter()
             .filter(|k| k.kind == "dispatch" && k.at_us >= from && k.at_us <= to)
-            .map(|k| format!("{} killed at {}", k.target, secs(k.at_us)))
+            .map(Kill::described)
             .collect();
         between.extend(
             e.crashes
                 .iter()
                 .filter(|c| c.at_us <= to && c.back_us >= from)
-                .map(|c| {
-                    format!(
-                        "{} down from {} to {}",
-                        c.server,
-                        secs(c.at_us),
-                        secs(c.back_us)
-                    )
-                }),
+                .map(ServerCrash::described),
         );
         v.add(
             Kind::NotTold,
