@@ -1174,11 +1174,14 @@ impl TurnDispatcher {
                 resp
             }
             Err(e) if e.means_runner_down() => {
-                // This replica's breaker opens on its own failures only; a session already
+                // A check call's failure is not the breaker's (it would push the next probe
+                // back). This replica's breaker opens on its own failures only; a session already
                 // waiting on this outage (recorded by another replica) waits here too, so a turn
                 // handed between dispatchers does not spend its failure budget on the outage.
-                let opened = self.breakers.failed(&agent.runner_url, Instant::now());
-                if check || opened || lease.waiting_notice.is_some() {
+                if check
+                    || self.breakers.failed(&agent.runner_url, Instant::now())
+                    || lease.waiting_notice.is_some()
+                {
                     let after = Duration::from_millis(self.config.breaker_probe_ms.max(10));
                     return Err(self
                         .wait_for_runner(turn, session, call, after, recovery, attempt)
