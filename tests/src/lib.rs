@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod fakes;
 pub mod load;
+pub mod openai_fake;
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -23,6 +24,7 @@ pub use fakes::{
     CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeTextMagic, FakeTwilio, RunnerCall,
     SentSms, webhook_signature,
 };
+pub use openai_fake::{ChatCall, FakeAnswer, FakeModel};
 
 pub const TWILIO_NUMBER: &str = "+15555550199";
 /// Our TextMagic number, as TextMagic writes numbers (digits, no `+`).

@@ -34,10 +34,20 @@ pub enum Scope {
     /// Ask for a session's reset (`POST /api/v1/sessions/<id>/reset`); reads need
     /// `sessions:read` as well.
     SessionsWrite,
+    /// Search every person's messages by meaning and words (`GET /api/v1/search`).
+    SearchRead,
+    /// Read category counts (`GET /api/v1/analytics/categories`).
+    AnalyticsRead,
+    /// Read a person's curated memory (`GET /api/v1/people/<id>/memory`).
+    MemoryRead,
+    /// Replace a person's curated memory (`PUT /api/v1/people/<id>/memory`).
+    MemoryWrite,
+    /// Erase everything stored about a person (`DELETE /api/v1/people/<id>`).
+    PeopleForget,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 7] = [
+    pub const ALL: [Scope; 12] = [
         Scope::MessagesWrite,
         Scope::MessagesRead,
         Scope::IdentityRead,
@@ -45,6 +55,11 @@ impl Scope {
         Scope::OutboundWrite,
         Scope::SessionsRead,
         Scope::SessionsWrite,
+        Scope::SearchRead,
+        Scope::AnalyticsRead,
+        Scope::MemoryRead,
+        Scope::MemoryWrite,
+        Scope::PeopleForget,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -56,12 +71,18 @@ impl Scope {
             Scope::OutboundWrite => "outbound:write",
             Scope::SessionsRead => "sessions:read",
             Scope::SessionsWrite => "sessions:write",
+            Scope::SearchRead => "search:read",
+            Scope::AnalyticsRead => "analytics:read",
+            Scope::MemoryRead => "memory:read",
+            Scope::MemoryWrite => "memory:write",
+            Scope::PeopleForget => "people:forget",
         }
     }
 
     /// Scopes a key gets when none are named. Not the identity scopes (moving whose messages
-    /// go where), `outbound:write` (writing to anyone first) nor the sessions scopes (every
-    /// person's conversations): granted only by name.
+    /// go where), `outbound:write` (writing to anyone first), the sessions, search, analytics
+    /// and memory scopes (every person's conversations) nor `people:forget`: granted only by
+    /// name.
     pub const DEFAULT: [Scope; 2] = [Scope::MessagesWrite, Scope::MessagesRead];
 }
 

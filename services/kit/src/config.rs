@@ -63,6 +63,12 @@ pub struct Config {
     /// `[stages.<name>]`: per-stage overrides of the runtime knobs (see [`crate::stage`]).
     pub stages: BTreeMap<String, crate::stage::StageOverrides>,
     pub demo: DemoConfig,
+    pub llm: crate::memory_config::LlmConfig,
+    pub embedding: crate::memory_config::EmbeddingConfig,
+    pub summary: crate::memory_config::SummaryConfig,
+    pub categorise: crate::memory_config::CategoriseConfig,
+    pub recall: crate::memory_config::RecallConfig,
+    pub memory: crate::memory_config::MemoryConfig,
 }
 
 impl std::fmt::Debug for Config {
@@ -92,6 +98,12 @@ impl std::fmt::Debug for Config {
             .field("schedules", &self.schedules)
             .field("stages", &self.stages)
             .field("demo", &self.demo)
+            .field("llm", &self.llm)
+            .field("embedding", &self.embedding)
+            .field("summary", &self.summary)
+            .field("categorise", &self.categorise)
+            .field("recall", &self.recall)
+            .field("memory", &self.memory)
             .finish()
     }
 }
@@ -134,6 +146,12 @@ impl Default for Config {
             schedules: Vec::new(),
             stages: BTreeMap::new(),
             demo: DemoConfig::default(),
+            llm: Default::default(),
+            embedding: Default::default(),
+            summary: Default::default(),
+            categorise: Default::default(),
+            recall: Default::default(),
+            memory: Default::default(),
         }
     }
 }
@@ -417,6 +435,10 @@ pub struct AgentConfig {
     /// What happens to messages that arrive while one of the session's turns runs.
     #[serde(default)]
     pub queue_mode: QueueMode,
+    /// Before a reset, run one silent turn asking the agent to write what it must keep into
+    /// `memory.md` (its reply is logged, never sent).
+    #[serde(default = "default_true")]
+    pub memory_flush: bool,
 }
 
 /// `[[agents]] queue_mode`.
@@ -462,6 +484,7 @@ impl Default for AgentConfig {
             time_zone: default_time_zone(),
             reset_commands: true,
             queue_mode: QueueMode::Followup,
+            memory_flush: true,
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod endpoint;
 pub mod failpoint;
 pub mod http;
 pub mod lifecycle;
+pub mod memory_config;
 pub mod net;
 pub mod proto;
 pub mod retry;

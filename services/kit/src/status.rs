@@ -114,4 +114,12 @@ pub enum SessionEventKind {
     Waiting,
     /// A turn was too old when it could first run and was not run (`stale_turns = expire`).
     Expired,
+    /// What recall put into a turn's prompt (message ids, scores, how far behind the index was).
+    Recall,
+    /// The person + identity's summary was rewritten (version, messages covered).
+    Summarised,
+    /// Before a reset, the pipeline asked the agent to write what it must keep into memory.md.
+    MemoryFlush,
+    /// The curated memory (memory.md) changed (by the agent, the person or an operator).
+    MemoryWritten,
 }

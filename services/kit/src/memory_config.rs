@@ -1,0 +1,214 @@
+//! Settings of the memory half of the pipeline: `[llm]`, `[embedding]`, `[summary]`,
+//! `[categorise]`, `[recall]` and `[memory]`.
+use serde::{Deserialize, Serialize};
+
+use crate::config::Secret;
+
+/// `[llm]`: an OpenAI-compatible chat model (`POST {base_url}/chat/completions`) for summaries
+/// and categories. Empty `base_url`: none configured, the offline defaults are used (an
+/// extractive summary, the nearest label by embedding).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default)]
+pub struct LlmConfig {
+    /// e.g. `https://api.openai.com/v1` (the path up to and without `/chat/completions`).
+    pub base_url: String,
+    pub model: String,
+    pub api_key: Secret,
+    pub timeout_s: u64,
+    /// The most tokens the model may answer with; a longer answer is refused as over budget.
+    pub max_tokens: u32,
+    /// The prompt sent to the model is cut to this many characters (oldest text first).
+    pub max_prompt_chars: usize,
+}
+
+impl LlmConfig {
+    pub fn is_configured(&self) -> bool {
+        !self.base_url.trim().is_empty()
+    }
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        Self {
+            base_url: String::new(),
+            model: String::new(),
+            api_key: Secret::default(),
+            timeout_s: 30,
+            max_tokens: 512,
+            max_prompt_chars: 24_000,
+        }
+    }
+}
+
+/// `[embedding] provider`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbeddingProvider {
+    /// In the process, offline: all-MiniLM-L6-v2 from the files `model_dir` holds.
+    #[default]
+    Local,
+    /// An OpenAI-compatible `POST {base_url}/embeddings`.
+    OpenAi,
+}
+
+/// `[embedding]`: how messages become vectors.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default)]
+pub struct EmbeddingConfig {
+    pub provider: EmbeddingProvider,
+    /// Stored with every vector; a change of model is a `switchboard reembed`.
+    pub model: String,
+    /// The model's vector size.
+    pub dimensions: usize,
+    /// Local provider: the folder with `model.safetensors`, `config.json` and `tokenizer.json`
+    /// (empty: the embedded stack's copy, fetched by `make run`/`make test`).
+    pub model_dir: String,
+    /// OpenAI-compatible provider.
+    pub base_url: String,
+    pub api_key: Secret,
+    pub timeout_s: u64,
+    /// Texts embedded in one call.
+    pub batch: usize,
+}
+
+impl Default for EmbeddingConfig {
+    fn default() -> Self {
+        Self {
+            provider: EmbeddingProvider::Local,
+            model: "all-MiniLM-L6-v2".into(),
+            dimensions: 384,
+            model_dir: String::new(),
+            base_url: String::new(),
+            api_key: Secret::default(),
+            timeout_s: 30,
+            batch: 64,
+        }
+    }
+}
+
+/// `[summary]`: when and how the summary worker merges a conversation into its summary.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default)]
+pub struct SummaryConfig {
+    /// A person + identity quiet this long gets its unsummarised messages merged.
+    pub idle_gap_s: u64,
+    /// How often the sweeper looks for quiet conversations.
+    pub sweep_every_s: u64,
+    /// The summary is kept under this many characters.
+    pub max_summary_chars: usize,
+    /// The most messages merged in one run (older first; the rest in the next run).
+    pub max_messages: usize,
+}
+
+impl Default for SummaryConfig {
+    fn default() -> Self {
+        Self {
+            idle_gap_s: 3_600,
+            sweep_every_s: 60,
+            max_summary_chars: 4_000,
+            max_messages: 400,
+        }
+    }
+}
+
+/// One label of `[categorise] labels`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct CategoryLabel {
+    pub name: String,
+    /// What the label means: shown to the model, and embedded for the offline default.
+    pub description: String,
+}
+
+/// `[categorise]`: the labels an exchange may get. `other` is always one of them.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default)]
+pub struct CategoriseConfig {
+    pub labels: Vec<CategoryLabel>,
+}
+
+impl Default for CategoriseConfig {
+    fn default() -> Self {
+        let labels = [
+            (
+                "roster_query",
+                "Questions about shifts, rosters, schedules, working hours, when someone works next.",
+            ),
+            (
+                "policy_question",
+                "Questions about rules, policies, procedures, entitlements or what is allowed.",
+            ),
+            (
+                "hr_request",
+                "Leave, pay, payslips, timesheets, contracts, personal details and other HR requests.",
+            ),
+            (
+                "participant_care",
+                "The care, support, wellbeing, needs or plan of a participant or client.",
+            ),
+            (
+                "incident_report",
+                "Reporting an incident, accident, injury, hazard, complaint or something that went wrong.",
+            ),
+            (
+                "casual_chat",
+                "Greetings, thanks, small talk and chat with no request in it.",
+            ),
+            (
+                "escalation",
+                "Urgent matters, asking for a manager or a human, dissatisfaction to be escalated.",
+            ),
+            (
+                "technical_support",
+                "Problems with apps, logins, passwords, phones, devices or systems.",
+            ),
+            ("other", "Anything else."),
+        ];
+        Self {
+            labels: labels
+                .into_iter()
+                .map(|(name, description)| CategoryLabel {
+                    name: name.into(),
+                    description: description.into(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `[recall]`: earlier messages of the same person + identity put into the prompt.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default)]
+pub struct RecallConfig {
+    pub enabled: bool,
+    /// At most this many earlier messages.
+    pub top_k: usize,
+    /// The recall block is cut to this many characters.
+    pub max_chars: usize,
+    /// Category counts of the person over this many days ("asked about rosters 3 times").
+    pub category_days: u32,
+}
+
+impl Default for RecallConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            top_k: 5,
+            max_chars: 2_000,
+            category_days: 7,
+        }
+    }
+}
+
+/// `[memory]`: the curated memory (`memory.md`) of a person + identity.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default)]
+pub struct MemoryConfig {
+    /// The curated memory is cut to this many characters, with a visible marker.
+    pub max_chars: usize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self { max_chars: 8_000 }
+    }
+}

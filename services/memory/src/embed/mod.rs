@@ -1,0 +1,86 @@
+//! Embedding providers: text in, one L2-normalised vector per text out, under a model id that
+//! is stored with every vector (`message_vectors.model`).
+//!
+//! - [`openai::OpenAiEmbedder`]: an OpenAI-compatible `POST {base_url}/embeddings`.
+//! - the local provider (all-MiniLM-L6-v2 in the process, offline) is `[embedding] provider =
+//!   "local"`, the default.
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
+
+pub mod openai;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedError {
+    /// The provider cannot be used as configured (missing model files, wrong dimensions): no
+    /// retry helps until the configuration changes.
+    #[error("embedding provider is not usable: {0}")]
+    Unusable(String),
+    /// The provider failed this time (unreachable, busy, timed out): try again later.
+    #[error("embedding failed: {0}")]
+    Failed(String),
+}
+
+impl EmbedError {
+    pub fn is_transient(&self) -> bool {
+        matches!(self, EmbedError::Failed(_))
+    }
+}
+
+/// A way of turning texts into vectors.
+pub trait Embedder: Send + Sync {
+    /// The model id stored with every vector, e.g. `all-MiniLM-L6-v2`.
+    fn model(&self) -> &str;
+    /// The length of every vector it returns.
+    fn dimensions(&self) -> usize;
+    /// One L2-normalised vector per text, in the texts' order.
+    fn embed<'a>(&'a self, texts: &'a [String])
+    -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>>;
+}
+
+/// The embedder `[embedding]` configures.
+pub fn from_config(config: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedError> {
+    match config.provider {
+        EmbeddingProvider::OpenAi => Ok(Arc::new(openai::OpenAiEmbedder::new(config)?)),
+        EmbeddingProvider::Local => Err(EmbedError::Unusable(
+            "the local embedding provider is not available in this build; set [embedding] \
+             provider = \"openai\""
+                .into(),
+        )),
+    }
+}
+
+/// `v` scaled to length 1 (a zero vector stays zero).
+pub fn normalise(v: &mut [f32]) {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+}
+
+/// Cosine similarity of two vectors of the same length.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na * nb)
+    }
+}
+
+/// A vector in pgvector's text form (`[0.1,0.2,…]`), for binding as `$n::vector`.
+pub fn pg_vector(v: &[f32]) -> String {
+    let mut s = String::with_capacity(v.len() * 10 + 2);
+    s.push('[');
+    for (i, x) in v.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&x.to_string());
+    }
+    s.push(']');
+    s
+}

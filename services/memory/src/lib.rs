@@ -1,0 +1,9 @@
+//! The memory half of the pipeline, as a library: the clients of the models the memory workers
+//! use ([`chat`]: an OpenAI-compatible chat model; [`embed`]: embedding providers) and what the
+//! workers and their readers share. The workers themselves are stages of their own crates
+//! (`summary`, `embed`, `categorise`); recall, search and analytics read what they write.
+pub mod chat;
+pub mod embed;
+
+pub use chat::{ChatError, ChatModel};
+pub use embed::{EmbedError, Embedder};
