@@ -55,19 +55,20 @@ ALTER TABLE switchboard.summaries
 CREATE INDEX summaries_person ON switchboard.summaries (person_id, agent_identity);
 
 -- Curated memory (`memory.md`) of one person + agent identity, shared by the identity's engine
--- variants: written by the agent through its workspace, by the person with `/remember`, and by
--- operators through the API. Capped by `[memory] max_chars`.
+-- variants and channels: written by the agent through its workspace, by the person with
+-- `/remember`, and by operators through the API. Keyed by the person, never by a session scope
+-- (a `main`-scoped session is shared by everyone; a person's memory never is). Capped by
+-- `[memory] max_chars`.
 CREATE TABLE switchboard.memories (
-    memory_key     TEXT PRIMARY KEY,
     person_id      TEXT NOT NULL,
     agent_identity TEXT NOT NULL,
     body           TEXT NOT NULL,
     version        BIGINT NOT NULL DEFAULT 1,
     -- Who wrote the current body: `agent`, `person` (/remember) or `api:<key owner>`.
     updated_by     TEXT NOT NULL,
-    updated_at     TIMESTAMPTZ NOT NULL DEFAULT now()
+    updated_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (person_id, agent_identity)
 );
-CREATE INDEX memories_person ON switchboard.memories (person_id, agent_identity);
 
 -- The journal records what memory did to a session: the recall a turn carried, summaries, the
 -- flush before a reset and changes to the curated memory.

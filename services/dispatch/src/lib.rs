@@ -40,6 +40,7 @@ use tokio::sync::{Semaphore, watch};
 use uuid::Uuid;
 
 use crate::runner::{RunRequest, RunnerClient, RunnerError};
+use switchboard_memory::curated::{CuratedMemory, MemoryStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
@@ -154,6 +155,24 @@ struct Lease {
     summary: Option<(String, DateTime<Utc>)>,
     /// The notice that told the person of the runner's outage this session waits out.
     waiting_notice: Option<Uuid>,
+    /// The turn's person's curated memory of the identity (memory.md), as the turn found it.
+    memory: Option<CuratedMemory>,
+}
+
+/// What taking the call slot reads, as one row.
+#[derive(sqlx::FromRow)]
+struct LeaseRow {
+    engine_session_id: Option<String>,
+    pending_reset: Option<ResetReason>,
+    pending_reset_at: Option<DateTime<Utc>>,
+    workspace_path: Option<String>,
+    summary: Option<String>,
+    summary_at: Option<DateTime<Utc>>,
+    waiting_notice: Option<Uuid>,
+    memory: Option<String>,
+    memory_version: Option<i64>,
+    memory_by: Option<String>,
+    memory_at: Option<DateTime<Utc>>,
 }
 
 /// A runner call's lease outlives the agent's timeout by this much, so only a call that is
@@ -308,6 +327,8 @@ pub struct TurnDispatcher {
     breakers: breaker::Breakers,
     media: attachments::MediaFetcher,
     uploads: attachments::Uploads,
+    /// The curated memory (memory.md) of each turn's person + identity.
+    memories: MemoryStore,
 }
 
 impl TurnDispatcher {
@@ -332,6 +353,7 @@ impl TurnDispatcher {
                 .max(1),
         );
         let uploads = attachments::Uploads::new(db.clone(), config.workspace.max_attachment_bytes);
+        let memories = MemoryStore::new(db.clone(), config.memory.max_chars);
         Self {
             id: Uuid::new_v4(),
             last_beat: Default::default(),
@@ -352,6 +374,7 @@ impl TurnDispatcher {
                 config.workspace.max_attachment_bytes,
             ),
             uploads,
+            memories,
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
@@ -484,19 +507,11 @@ impl TurnDispatcher {
         after: i64,
         call: Uuid,
         timeout: Duration,
+        person_id: &str,
     ) -> Result<Option<Lease>, DispatchError> {
         self.ensure_alive().await?;
         let _admitted = self.checks.acquire().await.expect("never closed");
-        type Row = (
-            Option<String>,
-            Option<ResetReason>,
-            Option<DateTime<Utc>>,
-            Option<String>,
-            Option<String>,
-            Option<DateTime<Utc>>,
-            Option<Uuid>,
-        );
-        let leased: Option<Row> = sqlx::query_as(
+        let leased: Option<LeaseRow> = sqlx::query_as(
             "WITH leased AS (
                 UPDATE switchboard.sessions s
                    SET running_call = $3, running_by = $4, status = 'running',
@@ -507,7 +522,7 @@ impl TurnDispatcher {
                         OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
                                         WHERE d.id = s.running_by AND d.alive_until > now()))
                 RETURNING s.id, s.engine_session_id, s.pending_reset, s.pending_reset_at,
-                          s.workspace_path, s.memory_key,
+                          s.workspace_path, s.memory_key, s.agent_identity,
                           s.waiting_notice),
              started AS (
                 INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
@@ -521,8 +536,15 @@ impl TurnDispatcher {
                   FROM leased l
                  WHERE t.session_id = l.id AND t.seq = $7 AND t.picked_at IS NULL)
              SELECT l.engine_session_id, l.pending_reset, l.pending_reset_at, l.workspace_path,
-                    m.summary, m.updated_at, l.waiting_notice
-               FROM leased l LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key",
+                    m.summary, m.updated_at AS summary_at, l.waiting_notice,
+                    c.body AS memory, c.version AS memory_version,
+                    c.updated_by AS memory_by, c.updated_at AS memory_at
+               FROM leased l
+               LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key
+               -- The curated memory of the turn's person (not the session's: a session
+               -- shared by everyone never shares anyone's memory).
+               LEFT JOIN switchboard.memories c
+                      ON c.person_id = $8 AND c.agent_identity = l.agent_identity",
         )
         .bind(session)
         .bind(after)
@@ -531,19 +553,32 @@ impl TurnDispatcher {
         .bind(timeout.as_millis() as f64)
         .bind(Uuid::now_v7())
         .bind(seq)
+        .bind(person_id)
         .fetch_optional(&self.db)
         .await?;
-        Ok(leased.map(
-            |(engine_session, pending, pending_at, workspace, summary, written, waiting_notice)| {
-                Lease {
-                    engine_session,
-                    pending_reset: pending.map(|r| (r, pending_at)),
-                    workspace,
-                    summary: summary.zip(written),
-                    waiting_notice,
+        Ok(leased.map(|row| {
+            let memory = match (row.memory, row.memory_version, row.memory_by, row.memory_at) {
+                (Some(body), Some(version), Some(updated_by), Some(updated_at)) => {
+                    Some(CuratedMemory {
+                        person_id: person_id.to_string(),
+                        agent_identity: String::new(),
+                        body,
+                        version,
+                        updated_by,
+                        updated_at,
+                    })
                 }
-            },
-        ))
+                _ => None,
+            };
+            Lease {
+                engine_session: row.engine_session_id,
+                pending_reset: row.pending_reset.map(|r| (r, row.pending_reset_at)),
+                workspace: row.workspace_path,
+                summary: row.summary.zip(row.summary_at),
+                waiting_notice: row.waiting_notice,
+                memory,
+            }
+        }))
     }
 
     /// `result`, the call slot given back first if it is an error: a step between the lease
@@ -917,13 +952,26 @@ impl TurnDispatcher {
         // is run again (a replay).
         let call = Uuid::now_v7();
         let call_timeout = Duration::from_secs(agent.timeout_s) + CALL_DEADLINE_MARGIN;
+        let person_id = turn
+            .message
+            .as_ref()
+            .and_then(|m| m.person.as_ref())
+            .map(|p| p.person_id.clone())
+            .unwrap_or_default();
         let _slot;
         // The usual case in one statement: this turn is next and the slot is free.
         // (Only with a free agent slot at hand: a redelivered or early turn must not queue for
         // one before the checks below.)
         let fast = match slots.clone().try_acquire_owned() {
             Ok(slot) => self
-                .lease_call(session, turn.seq, turn.seq - 1, call, call_timeout)
+                .lease_call(
+                    session,
+                    turn.seq,
+                    turn.seq - 1,
+                    call,
+                    call_timeout,
+                    &person_id,
+                )
                 .await?
                 .map(|lease| (slot, lease)),
             Err(_) => None,
@@ -960,7 +1008,7 @@ impl TurnDispatcher {
                     .await
                     .expect("semaphore never closed");
                 if let Some(lease) = self
-                    .lease_call(session, turn.seq, after, call, call_timeout)
+                    .lease_call(session, turn.seq, after, call, call_timeout, &person_id)
                     .await?
                 {
                     _slot = slot;
@@ -1029,6 +1077,26 @@ impl TurnDispatcher {
         // runner call, the text is committed as the turn's reply, in the turn's place (after
         // the replies before it).
         if let Some(text) = given {
+            // `/remember <text>` (answered by identify): kept in the person's memory here, in
+            // the turn's order, once however often the turn is redelivered.
+            let inbound = turn.message.as_ref().and_then(|m| m.inbound.as_ref());
+            if let Some(inbound) = inbound.filter(|i| i.is_from_person())
+                && let Some(remembered) =
+                    switchboard_kit::lifecycle::remember_command(&inbound.text)
+            {
+                let kept = self
+                    .memories
+                    .remember(
+                        session,
+                        &inbound.id,
+                        &person_id,
+                        &turn.agent_identity,
+                        remembered,
+                    )
+                    .await
+                    .map_err(DispatchError::from);
+                self.or_release(session, call, kept).await?;
+            }
             let next = if reset.is_some() {
                 NextEngineSession::Cleared
             } else {
@@ -1054,6 +1122,16 @@ impl TurnDispatcher {
         {
             // The prompt carries the summary anyway.
             tracing::warn!(%session, error = %e, "could not write summary.md in the workspace");
+        }
+        // The person's curated memory, as the agent reads and edits it this turn.
+        let memory_file = lease.workspace.as_ref().map(std::path::PathBuf::from);
+        if let Some(folder) = &memory_file {
+            let body = lease.memory.as_ref().map(|m| m.body.as_str()).unwrap_or("");
+            if let Err(e) = switchboard_kit::workspace::refresh_memory(folder, body).await {
+                // The prompt carries the memory anyway; an edit of the agent's is not read back
+                // from a file we could not write.
+                tracing::warn!(%session, error = %e, "could not write memory.md in the workspace");
+            }
         }
         // While the runner is down, only the breaker's probe calls it; the turns of sessions
         // told of the outage wait. A session not told yet calls once itself (a check, which
@@ -1105,6 +1183,10 @@ impl TurnDispatcher {
                 attachments: &attachments,
                 config: &self.prompt,
                 summary: lease.summary.as_ref().map(|(s, at)| (s.as_str(), *at)),
+                memory: lease
+                    .memory
+                    .as_ref()
+                    .map(|m| (m.body.as_str(), m.updated_at)),
                 reset,
                 now,
                 stale: stale.is_some(),
@@ -1212,6 +1294,17 @@ impl TurnDispatcher {
                 return Err(e.into());
             }
         };
+        if let Some(folder) = &memory_file {
+            self.keep_agent_memory(
+                session,
+                call,
+                &person_id,
+                &turn.agent_identity,
+                &lease,
+                folder,
+            )
+            .await;
+        }
         let processing_ms = if resp.processing_ms > 0 {
             resp.processing_ms
         } else {
@@ -1233,6 +1326,52 @@ impl TurnDispatcher {
         self.settle(&last, session, after, call, s)
             .await
             .map(retold)
+    }
+
+    /// Store what the agent left in memory.md, if it changed it. A failure here does not fail
+    /// the turn (the answer is given): it is logged and counted, and the file keeps the edit
+    /// until the session's next turn.
+    async fn keep_agent_memory(
+        &self,
+        session: Uuid,
+        call: Uuid,
+        person_id: &str,
+        identity: &str,
+        lease: &Lease,
+        folder: &std::path::Path,
+    ) {
+        let body = match switchboard_kit::workspace::read_memory(folder).await {
+            Ok(Some(body)) => body,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "could not read memory.md back");
+                metrics::counter!("sb_memory_store_failures_total").increment(1);
+                return;
+            }
+        };
+        match self
+            .memories
+            .agent_wrote(
+                session,
+                call,
+                person_id,
+                identity,
+                lease.memory.as_ref(),
+                &body,
+            )
+            .await
+        {
+            Ok(switchboard_memory::curated::AgentWrite::Conflict) => tracing::warn!(
+                %session,
+                "memory.md was edited by the agent while someone else wrote the memory; the \
+                 newer memory is kept"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "could not store the agent's memory.md");
+                metrics::counter!("sb_memory_store_failures_total").increment(1);
+            }
+        }
     }
 
     /// Keep what the messages carry besides text in the session's workspace; the prompt's

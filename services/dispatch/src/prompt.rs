@@ -21,6 +21,8 @@ use switchboard_kit::status::ResetReason;
 #[derive(Debug, Clone)]
 pub struct PromptContext<'a> {
     pub config: &'a PromptConfig,
+    /// The person's curated memory of this identity (memory.md) and when it was last written.
+    pub memory: Option<(&'a str, DateTime<Utc>)>,
     /// The identity's summary and when it was last written.
     pub summary: Option<(&'a str, DateTime<Utc>)>,
     /// This turn starts a fresh engine session, and why.
@@ -101,6 +103,21 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
             s.to_string()
         }
     };
+    // The curated memory is what the agent and the person chose to keep: it comes first and
+    // is to be preferred when the summary or recalled messages disagree with it.
+    let memory = match ctx.memory {
+        Some((m, updated)) if !m.trim().is_empty() => format!(
+            "Curated memory of this person (memory.md in your workspace, updated {}; \
+             authoritative: prefer it when the summary or recalled messages disagree; edit the \
+             file to change what is kept), between the two MEMORY lines:\nMEMORY-{marker}\n{}\n\
+             MEMORY-{marker}\n",
+            at(updated),
+            neutral(m),
+        ),
+        _ => "Curated memory of this person: none yet (write what must be kept about them \
+              into memory.md in your workspace).\n"
+            .to_string(),
+    };
     let summary = match ctx.summary {
         Some((s, updated)) if !s.trim().is_empty() => format!(
             "Summary of earlier conversations with this person (updated {}), between the two \
@@ -166,6 +183,7 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
     };
     let head = format!(
         "[Switchboard turn {seq} | agent {agent} ({identity})]\n\
+         {memory}\
          {summary}\
          Current user: {name} | id {pid} | type {ptype} | role {role}\n\
          Authority ({ptype}): {auth}\n\
@@ -287,6 +305,7 @@ mod tests {
     fn ctx(config: &PromptConfig) -> PromptContext<'_> {
         PromptContext {
             config,
+            memory: None,
             summary: None,
             reset: None,
             now: DateTime::from_timestamp_millis(1_795_000_010_000).unwrap(),
@@ -447,5 +466,30 @@ mod tests {
         // Without the turn's reset, /new is just text.
         let p = build_prompt(&turn("/new what's on today?"), &ctx(&config));
         assert_eq!(fenced_text(&p), Some("/new what's on today?"));
+    }
+
+    #[test]
+    fn the_curated_memory_comes_first_fenced_and_marked_as_the_one_to_prefer() {
+        let config = PromptConfig::default();
+        let mut c = ctx(&config);
+        let updated = DateTime::from_timestamp_millis(1_794_900_000_000).unwrap();
+        c.memory = Some(("- allergic to nuts", updated));
+        c.summary = Some(("Ana asked about her Friday shift.", updated));
+        let p = build_prompt(&turn("hello"), &c);
+        let memory = p.find("- allergic to nuts").expect("memory in the prompt");
+        let summary = p.find("Ana asked about").expect("summary in the prompt");
+        assert!(memory < summary, "{p}");
+        assert!(p.contains("authoritative: prefer it"), "{p}");
+        let marker = fence_marker(ID);
+        assert!(
+            p.contains(&format!(
+                "MEMORY-{marker}\n- allergic to nuts\nMEMORY-{marker}"
+            )),
+            "{p}"
+        );
+        c.memory = None;
+        assert!(
+            build_prompt(&turn("hello"), &c).contains("Curated memory of this person: none yet")
+        );
     }
 }

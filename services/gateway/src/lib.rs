@@ -9,6 +9,7 @@ pub mod api;
 pub mod chat;
 pub mod hub;
 pub mod identity_api;
+pub mod memory_api;
 pub mod outbound_api;
 pub mod sessions_api;
 pub mod uploads;
@@ -157,6 +158,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(identity_api::routes())
         .merge(outbound_api::routes())
         .merge(sessions_api::routes())
+        .merge(memory_api::routes())
         .with_state(state)
 }
 

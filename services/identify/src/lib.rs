@@ -271,6 +271,17 @@ impl IdentifyStage {
     }
 }
 
+/// The answer to `/remember <text>`.
+pub fn remembered_answer(text: &str) -> String {
+    let shown: String = text.chars().take(200).collect();
+    let more = if text.chars().count() > 200 {
+        "…"
+    } else {
+        ""
+    };
+    format!("Noted. I will remember: {shown}{more}")
+}
+
 impl Stage for IdentifyStage {
     type Input = InboundMessage;
     const SPEC: StageSpec = StageSpec::new("identify", Source::Work("in.>"));
@@ -312,6 +323,15 @@ impl Stage for IdentifyStage {
             }
             // Switchboard answers it, in its turn, without the agent.
             inbound.outbound_text = answer.text;
+        }
+        // `/remember <text>`: Switchboard keeps it in the person's curated memory (dispatch
+        // writes it, in the turn's place) and answers without the agent.
+        if !agent_started
+            && inbound.scheduled.is_empty()
+            && inbound.outbound_text.is_empty()
+            && let Some(text) = switchboard_kit::lifecycle::remember_command(&inbound.text)
+        {
+            inbound.outbound_text = remembered_answer(text);
         }
         tracing::debug!(person_id = %person.person_id, "identified");
         let received = MessageReceived {

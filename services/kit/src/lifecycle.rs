@@ -106,6 +106,23 @@ fn local_instant(day: NaiveDate, at: NaiveTime, zone: Tz) -> DateTime<Utc> {
         .unwrap_or_else(|| Utc.from_utc_datetime(&local))
 }
 
+/// What a message asks to be remembered when it is `/remember <text>` (any case): `Some(text)`,
+/// trimmed and not empty. `None` for any other message (`/remember` alone, `/remembered`).
+pub fn remember_command(text: &str) -> Option<&str> {
+    let t = text.trim_start();
+    let command = "/remember";
+    if t.len() > command.len()
+        && t.is_char_boundary(command.len())
+        && t[..command.len()].eq_ignore_ascii_case(command)
+    {
+        let rest = &t[command.len()..];
+        if rest.starts_with(char::is_whitespace) && !rest.trim().is_empty() {
+            return Some(rest.trim());
+        }
+    }
+    None
+}
+
 /// What a message asks when it starts with `/new` or `/reset` (any case, alone or followed by
 /// more text): `Some(rest)`, the text after the command (trimmed; empty when it was only the
 /// command). `None` for any other message, `/newsletter` included.
@@ -251,5 +268,21 @@ mod tests {
         assert_eq!(reset_command("/ne"), None);
         assert_eq!(reset_command("/néw"), None);
         assert_eq!(reset_command(""), None);
+    }
+
+    #[test]
+    fn remember_takes_the_text_after_the_command_and_nothing_else() {
+        assert_eq!(
+            remember_command("/remember I am allergic to nuts "),
+            Some("I am allergic to nuts")
+        );
+        assert_eq!(
+            remember_command("  /REMEMBER\tmy badge is 42"),
+            Some("my badge is 42")
+        );
+        assert_eq!(remember_command("/remember"), None);
+        assert_eq!(remember_command("/remember   "), None);
+        assert_eq!(remember_command("/remembered that"), None);
+        assert_eq!(remember_command("please /remember this"), None);
     }
 }

@@ -28,12 +28,33 @@ pub async fn prepare(path: &Path) -> io::Result<()> {
 
 /// Write the summary into the workspace when it differs from what is there.
 pub async fn refresh_summary(path: &Path, summary: &str) -> io::Result<()> {
-    let file = path.join("summary.md");
-    if tokio::fs::read_to_string(&file).await.ok().as_deref() == Some(summary) {
+    refresh(path, "summary.md", summary).await
+}
+
+/// The person's curated memory, as the agent reads and edits it.
+pub const MEMORY_FILE: &str = "memory.md";
+
+/// Write the curated memory into the workspace when it differs from what is there.
+pub async fn refresh_memory(path: &Path, memory: &str) -> io::Result<()> {
+    refresh(path, MEMORY_FILE, memory).await
+}
+
+/// What the agent left in memory.md (`None`: no such file).
+pub async fn read_memory(path: &Path) -> io::Result<Option<String>> {
+    match tokio::fs::read_to_string(path.join(MEMORY_FILE)).await {
+        Ok(body) => Ok(Some(body)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+async fn refresh(path: &Path, name: &str, content: &str) -> io::Result<()> {
+    let file = path.join(name);
+    if tokio::fs::read_to_string(&file).await.ok().as_deref() == Some(content) {
         return Ok(());
     }
-    // Written aside and renamed, so an engine reading it never sees half a summary.
-    let tmp = path.join(".summary.md.tmp");
-    tokio::fs::write(&tmp, summary).await?;
+    // Written aside and renamed, so an engine reading it never sees half of it.
+    let tmp = path.join(format!(".{name}.tmp"));
+    tokio::fs::write(&tmp, content).await?;
     tokio::fs::rename(&tmp, &file).await
 }

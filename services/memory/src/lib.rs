@@ -3,6 +3,7 @@
 //! workers and their readers share. The workers themselves are stages of their own crates
 //! (`summary`, `embed`, `categorise`); recall, search and analytics read what they write.
 pub mod chat;
+pub mod curated;
 pub mod embed;
 pub mod index;
 

@@ -312,6 +312,7 @@ pub fn work_payloads(data: &[u8]) {
         let now = chrono::DateTime::from_timestamp_millis(1_795_000_000_000).unwrap();
         let ctx = PromptContext {
             config: &config,
+            memory: None,
             summary: None,
             reset: None,
             now,

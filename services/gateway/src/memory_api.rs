@@ -1,0 +1,161 @@
+//! The curated memory API: what a person + agent identity keeps in `memory.md`, read and
+//! replaced by operators. Behind API keys with the scopes `memory:read` and `memory:write`.
+//!
+//! - `GET /api/v1/people/{id}/memory?identity=reggie`: that identity's memory of the person
+//!   (404 when there is none); without `identity`, every identity's.
+//! - `PUT /api/v1/people/{id}/memory?identity=reggie` with `{"body": "…"}`: replaces it
+//!   (capped at `[memory] max_chars`, with a visible marker; `cut` says whether it was).
+//!
+//! Checked in this order: the key (401), its scope (403), the request (400), the person (404).
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use switchboard_channels::ApiError;
+use switchboard_channels::api::Scope;
+use switchboard_memory::curated::{CUT_MARKER, CuratedMemory, MemoryStore};
+
+use crate::api::{caller, refuse, unavailable};
+use crate::{GatewayState, Refused, read_body};
+
+pub fn routes() -> Router<GatewayState> {
+    Router::new().route("/api/v1/people/{id}/memory", get(show).put(replace))
+}
+
+#[derive(Deserialize)]
+struct Which {
+    identity: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct NewMemory {
+    body: String,
+}
+
+fn bad(code: &'static str, message: impl Into<String>) -> Refused {
+    refuse(ApiError::bad_request(code, message))
+}
+
+fn store(state: &GatewayState) -> MemoryStore {
+    MemoryStore::new(state.db.clone(), state.config.memory.max_chars)
+}
+
+/// The identity named, which must be one of the configured agents' identities.
+fn identity(state: &GatewayState, which: Option<String>) -> Result<Option<String>, Refused> {
+    let Some(identity) = which.filter(|i| !i.is_empty()) else {
+        return Ok(None);
+    };
+    let known: Vec<&str> = state
+        .config
+        .agents
+        .iter()
+        .map(|a| a.identity.as_str())
+        .collect();
+    if !known.contains(&identity.as_str()) {
+        return Err(bad(
+            "unknown_identity",
+            format!(
+                "no agent has the identity {identity:?} (known: {})",
+                known.join(", ")
+            ),
+        ));
+    }
+    Ok(Some(identity))
+}
+
+fn shown(m: &CuratedMemory) -> serde_json::Value {
+    serde_json::json!({
+        "person_id": m.person_id,
+        "identity": m.agent_identity,
+        "body": m.body,
+        "version": m.version,
+        "updated_by": m.updated_by,
+        "updated_at": m.updated_at,
+        "cut": m.body.contains(CUT_MARKER),
+    })
+}
+
+async fn show(
+    State(state): State<GatewayState>,
+    headers: HeaderMap,
+    Path(person): Path<String>,
+    which: Result<Query<Which>, QueryRejection>,
+) -> Result<Response, Refused> {
+    let caller = caller(&state, &headers).await?;
+    caller.require(Scope::MemoryRead).map_err(refuse)?;
+    let Query(which) = which.map_err(|e| bad("invalid_query", e.body_text()))?;
+    let store = store(&state);
+    match identity(&state, which.identity)? {
+        Some(identity) => match store.get(&person, &identity).await.map_err(unavailable)? {
+            Some(memory) => Ok(Json(shown(&memory)).into_response()),
+            None => Err(refuse(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "memory_not_found",
+                format!("{identity} keeps no memory of {person}"),
+            ))),
+        },
+        None => {
+            let all = store.of_person(&person).await.map_err(unavailable)?;
+            let memories: Vec<_> = all.iter().map(shown).collect();
+            Ok(
+                Json(serde_json::json!({"person_id": person, "memories": memories}))
+                    .into_response(),
+            )
+        }
+    }
+}
+
+async fn replace(
+    State(state): State<GatewayState>,
+    headers: HeaderMap,
+    Path(person): Path<String>,
+    which: Result<Query<Which>, QueryRejection>,
+    body: Body,
+) -> Result<Response, Refused> {
+    let caller = caller(&state, &headers).await?;
+    caller.require(Scope::MemoryWrite).map_err(refuse)?;
+    let Query(which) = which.map_err(|e| bad("invalid_query", e.body_text()))?;
+    let Some(identity) = identity(&state, which.identity)? else {
+        return Err(bad(
+            "identity_required",
+            "name the agent identity whose memory this is: ?identity=<identity>",
+        ));
+    };
+    let bytes = read_body(&headers, body, state.config.gateway.max_body_bytes)
+        .await
+        .map_err(refuse)?;
+    let new: NewMemory = serde_json::from_slice(&bytes)
+        .map_err(|e| bad("invalid_body", format!("expected {{\"body\": \"…\"}}: {e}")))?;
+    // Only a person the directory or a conversation knows: a typo must not create a memory
+    // nobody will ever read.
+    let known: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM switchboard.people WHERE person_id = $1)
+             OR EXISTS (SELECT 1 FROM switchboard.sessions WHERE person_id = $1)",
+    )
+    .bind(&person)
+    .fetch_one(&state.db)
+    .await
+    .map_err(unavailable)?;
+    if !known {
+        return Err(refuse(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "person_not_found",
+            format!("no person {person} is known"),
+        )));
+    }
+    let (memory, _) = store(&state)
+        .replace(
+            &person,
+            &identity,
+            &new.body,
+            &format!("api:{}", caller.owner),
+        )
+        .await
+        .map_err(unavailable)?;
+    Ok(Json(shown(&memory)).into_response())
+}

@@ -1,0 +1,252 @@
+//! A person + agent identity's curated memory (`memory.md`): the person adds to it with
+//! `/remember`, the agent edits it in its workspace, an operator reads and replaces it through
+//! the API, and every engine variant's next prompt carries it first, as the memory to prefer.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use switchboard_e2e::{TestApp, spawn_app_configured};
+
+const PERSON: &str = "+14155550177";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn workspace_root() -> String {
+    std::env::temp_dir()
+        .join(format!("sb-memory-{}", uuid::Uuid::new_v4().simple()))
+        .to_string_lossy()
+        .into_owned()
+}
+
+async fn memory_row(app: &TestApp, person: &str) -> Option<(String, i64, String)> {
+    sqlx::query_as(
+        "SELECT body, version, updated_by FROM switchboard.memories
+          WHERE person_id = $1 AND agent_identity = 'reggie'",
+    )
+    .bind(person)
+    .fetch_optional(&app.db)
+    .await
+    .unwrap()
+}
+
+async fn person_of_sms(app: &TestApp) -> String {
+    sqlx::query_scalar("SELECT person_id FROM switchboard.sessions LIMIT 1")
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn remember_is_answered_at_once_and_the_next_prompt_carries_it_above_the_summary() {
+    let root = workspace_root();
+    let app = spawn_app_configured(move |c| c.workspace.root = root).await;
+
+    app.send_sms(PERSON, "/remember my badge number is 4471")
+        .await;
+    let sent = app.wait_for_sms(1, WAIT).await;
+    assert_eq!(
+        sent[0].body,
+        "Noted. I will remember: my badge number is 4471"
+    );
+    assert!(
+        app.runner.calls().is_empty(),
+        "the agent was not called for /remember"
+    );
+    let person = person_of_sms(&app).await;
+    let (body, version, by) = memory_row(&app, &person).await.expect("a memory");
+    assert_eq!(
+        (body.as_str(), version, by.as_str()),
+        ("- my badge number is 4471", 1, "person")
+    );
+
+    app.send_sms(PERSON, "/remember I work nights").await;
+    app.wait_for_sms(2, WAIT).await;
+    app.send_sms(PERSON, "what is my badge number?").await;
+    app.wait_for_sms(3, WAIT).await;
+    let call = app
+        .runner
+        .calls()
+        .pop()
+        .expect("the question reached the agent");
+    let memory = call
+        .prompt
+        .find("- my badge number is 4471\n- I work nights")
+        .unwrap_or_else(|| panic!("both remembered lines, in order, in {}", call.prompt));
+    let summary = call
+        .prompt
+        .find("Summary of earlier conversations")
+        .unwrap();
+    assert!(memory < summary, "the memory comes before the summary");
+    let folder = PathBuf::from(call.workspace.expect("a workspace"));
+    assert_eq!(
+        std::fs::read_to_string(folder.join("memory.md")).unwrap(),
+        "- my badge number is 4471\n- I work nights"
+    );
+    let written: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchboard.session_events WHERE kind = 'memory_written'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(written, 2, "one journal entry per remembered line");
+}
+
+#[tokio::test]
+async fn what_the_agent_writes_into_memory_md_is_kept_for_every_engine_variant() {
+    let root = workspace_root();
+    let app = spawn_app_configured(move |c| c.workspace.root = root).await;
+    let key = app.api_key("crm", &["messages:write", "messages:read"]);
+
+    // The agent edits memory.md while it answers.
+    app.runner.set_hold(true);
+    let asking = {
+        let gateway = app.gateway_url.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{gateway}/api/v1/messages"))
+                .bearer_auth(key)
+                .json(
+                    &json!({"agent": "reggie_oc", "text": "I prefer morning shifts", "wait": true}),
+                )
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::timeout(WAIT, app.runner.received.notified())
+        .await
+        .expect("the agent was called");
+    let call = app.runner.calls().pop().unwrap();
+    let folder = PathBuf::from(call.workspace.expect("a workspace"));
+    assert_eq!(
+        std::fs::read_to_string(folder.join("memory.md")).unwrap(),
+        ""
+    );
+    std::fs::write(folder.join("memory.md"), "- prefers morning shifts\n").unwrap();
+    app.runner.set_hold(false);
+    app.runner.release.notify_one();
+    assert_eq!(asking.await.unwrap().status(), 200);
+
+    let person: String = sqlx::query_scalar(
+        "SELECT person_id FROM switchboard.sessions WHERE agent_name = 'reggie_oc'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    let (body, _, by) = memory_row(&app, &person)
+        .await
+        .expect("the agent's memory was kept");
+    assert_eq!(
+        (body.as_str(), by.as_str()),
+        ("- prefers morning shifts\n", "agent")
+    );
+
+    // The other engine variant of the same identity reads it in its first prompt.
+    let response = app
+        .post_api_message(
+            &key,
+            json!({"agent": "reggie_fd", "text": "any shifts?", "wait": true}),
+            None,
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    let call = app.runner.calls().pop().unwrap();
+    assert_eq!(call.agent, "reggie_fd");
+    assert!(
+        call.prompt.contains("- prefers morning shifts"),
+        "{}",
+        call.prompt
+    );
+}
+
+#[tokio::test]
+async fn an_operator_reads_and_replaces_a_memory_and_a_long_one_is_cut_visibly() {
+    let root = workspace_root();
+    let app = spawn_app_configured(move |c| {
+        c.workspace.root = root;
+        c.memory.max_chars = 40;
+    })
+    .await;
+    app.send_sms(PERSON, "hello").await;
+    app.wait_for_sms(1, WAIT).await;
+    let person = person_of_sms(&app).await;
+    let writer = app.api_key("ops", &["memory:read", "memory:write"]);
+    let reader = app.api_key("support", &["memory:read"]);
+    let client = reqwest::Client::new();
+    let url = |who: &str, q: &str| format!("{}/api/v1/people/{who}/memory{q}", app.gateway_url);
+
+    let put = |key: &str, who: &str, q: &str, body: Value| {
+        client
+            .put(url(who, q))
+            .bearer_auth(key.to_string())
+            .json(&body)
+            .send()
+    };
+    let long = "- needs step-free access to every site they work at";
+    let r = put(&writer, &person, "?identity=reggie", json!({"body": long}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let shown: Value = r.json().await.unwrap();
+    assert_eq!(shown["cut"], true);
+    assert_eq!(shown["updated_by"], "api:ops");
+    let body = shown["body"].as_str().unwrap();
+    assert!(
+        body.starts_with(&long[..40]) && body.contains("memory cut here"),
+        "{body}"
+    );
+
+    let r = put(&reader, &person, "?identity=reggie", json!({"body": "x"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "memory:read does not write");
+    let r = put(&writer, &person, "", json!({"body": "x"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "the identity is required");
+    let r = put(&writer, &person, "?identity=nobody", json!({"body": "x"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "an identity no agent has");
+    let r = put(
+        &writer,
+        "someone-never-seen",
+        "?identity=reggie",
+        json!({"body": "x"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 404);
+
+    let got: Value = client
+        .get(url(&person, "?identity=reggie"))
+        .bearer_auth(&reader)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["body"].as_str(), Some(body));
+    let all: Value = client
+        .get(url(&person, ""))
+        .bearer_auth(&reader)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(all["memories"].as_array().map(Vec::len), Some(1));
+    let r = client
+        .get(url(&person, "?identity=reggie"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    app.send_sms(PERSON, "what do you know about me?").await;
+    app.wait_for_sms(2, WAIT).await;
+    let call = app.runner.calls().pop().unwrap();
+    assert!(call.prompt.contains(&long[..40]), "{}", call.prompt);
+}
