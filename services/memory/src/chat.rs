@@ -124,21 +124,9 @@ impl ChatModel {
             request = request.bearer_auth(self.config.api_key.expose());
         }
         let timeout = Duration::from_secs(self.config.timeout_s.max(1));
-        let response = request.send().await.map_err(|e| {
-            if e.is_timeout() {
-                ChatError::Timeout(timeout)
-            } else {
-                ChatError::Unreachable(e.without_url().to_string())
-            }
-        })?;
+        let response = request.send().await.map_err(|e| transport(e, timeout))?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| {
-            if e.is_timeout() {
-                ChatError::Timeout(timeout)
-            } else {
-                ChatError::Unreachable(e.without_url().to_string())
-            }
-        })?;
+        let text = response.text().await.map_err(|e| transport(e, timeout))?;
         if !status.is_success() {
             return Err(ChatError::Status {
                 status: status.as_u16(),
@@ -173,6 +161,15 @@ impl ChatModel {
             return Err(ChatError::Empty);
         }
         Ok(content.to_string())
+    }
+}
+
+/// A failure to send the request or read its answer.
+fn transport(e: reqwest::Error, timeout: Duration) -> ChatError {
+    if e.is_timeout() {
+        ChatError::Timeout(timeout)
+    } else {
+        ChatError::Unreachable(e.without_url().to_string())
     }
 }
 
