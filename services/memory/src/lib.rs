@@ -2,6 +2,7 @@
 //! use ([`chat`]: an OpenAI-compatible chat model; [`embed`]: embedding providers) and what the
 //! workers and their readers share. The workers themselves are stages of their own crates
 //! (`summary`, `embed`, `categorise`); recall, search and analytics read what they write.
+pub mod categories;
 pub mod chat;
 pub mod embed;
 pub mod index;
