@@ -290,3 +290,123 @@ async fn with_no_way_to_label_an_exchange_is_dead_lettered_saying_why() {
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_message_the_agent_starts_is_an_exchange_of_its_own() {
+    let fake = FakeModel::start(64).await;
+    fake.answer_with(|c| {
+        FakeAnswer::Text(if c.user.contains("reminder") {
+            "roster_query".into()
+        } else {
+            "casual_chat".into()
+        })
+    });
+    let (l, e) = (llm(&fake), embedding(&fake));
+    let app = spawn_app_configured(move |c| {
+        c.llm = l;
+        c.embedding = e;
+    })
+    .await;
+    let person = "+14155550707";
+    app.send_sms(person, "hi there").await;
+    app.wait_for_sms(1, WAIT).await;
+    wait_for_exchanges(&app, 1).await;
+
+    let key = app.api_key("scheduler", &["outbound:write"]);
+    let sent = app
+        .post_api(
+            "outbound",
+            &key,
+            serde_json::json!({
+                "person_id": format!("phone:{person}"),
+                "agent": "reggie_oc",
+                "text": "A reminder: your shift starts at 9 tomorrow.",
+            }),
+            None,
+        )
+        .await;
+    assert_eq!(
+        sent.status(),
+        202,
+        "{}",
+        sent.text().await.unwrap_or_default()
+    );
+    app.wait_for_sms(2, WAIT).await;
+    let exchanges = wait_for_exchanges(&app, 2).await;
+    let rows = message_categories(&app).await;
+    let reminder = rows
+        .iter()
+        .find(|r| r.1 == "outbound" && r.2.as_deref() == Some("roster_query"))
+        .unwrap_or_else(|| panic!("the reminder is labelled: {rows:?}"));
+    let x = exchanges
+        .iter()
+        .find(|x| x.outbound_id == reminder.0)
+        .expect("the reminder's exchange");
+    assert_eq!(x.inbound_id, None, "nothing the person said is part of it");
+    // The earlier exchange keeps its own label on its own messages.
+    let greeting: Vec<_> = rows
+        .iter()
+        .filter(|r| r.2.as_deref() == Some("casual_chat"))
+        .collect();
+    assert_eq!(greeting.len(), 2, "{rows:?}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_event_delivered_again_labels_nothing_twice() {
+    let fake = FakeModel::start(64).await;
+    fake.answer_with(|_| FakeAnswer::Text("casual_chat".into()));
+    let (l, e) = (llm(&fake), embedding(&fake));
+    let app = spawn_app_configured(move |c| {
+        c.llm = l;
+        c.embedding = e;
+    })
+    .await;
+    app.send_sms("+14155550708", "good morning").await;
+    app.wait_for_sms(1, WAIT).await;
+    wait_for_exchanges(&app, 1).await;
+    app.settle().await;
+
+    // The reply's `message.logged` again, as a replay or a second publisher would send it.
+    let stream = app
+        .js
+        .get_stream(app.topology.events_stream())
+        .await
+        .expect("the events stream");
+    let subject = app.topology.event("message.logged");
+    let mut logged = Vec::new();
+    for seq in 1..=stream.cached_info().state.last_sequence {
+        if let Ok(m) = stream.get_raw_message(seq).await
+            && m.subject.as_str() == subject
+        {
+            let e: switchboard_kit::proto::MessageLogged =
+                prost::Message::decode(m.payload.clone()).expect("a MessageLogged");
+            if e.direction == "outbound" {
+                logged.push(m);
+            }
+        }
+    }
+    assert_eq!(logged.len(), 1);
+    // A new message id: not a duplicate the stream would drop, a second delivery.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        switchboard_kit::runtime::HEADER_TYPE,
+        <switchboard_kit::proto::MessageLogged as prost::Name>::full_name().as_str(),
+    );
+    app.js
+        .publish_with_headers(subject, headers, logged[0].payload.clone())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored again");
+    app.settle().await;
+
+    assert_eq!(wait_for_exchanges(&app, 1).await.len(), 1);
+    assert_eq!(
+        fake.chats().len(),
+        1,
+        "the stored label is reused, not asked again"
+    );
+    assert_eq!(categorised_events(&app).await.len(), 1, "announced once");
+    app.shutdown().await;
+}
