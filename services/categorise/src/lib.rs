@@ -127,6 +127,8 @@ impl CategoriseStage {
                 Err(e) => Labeller::Unusable(format!("the embedder is not usable ({e})")),
             },
         };
+        // Listed at 0 from the start, so a dashboard sees the series before the first one.
+        metrics::counter!("sb_categorise_outside_label_set_total").increment(0);
         let labels = LabelSet::new(&labels.labels);
         if let Err(e) = &labels {
             tracing::error!(error = %e, "categorise: the label set is not valid");
@@ -214,9 +216,10 @@ impl CategoriseStage {
             metrics::counter!("sb_categorise_skipped_total", "reason" => "reply_gone").increment(1);
             return Ok(Vec::new());
         };
-        if kind.as_deref() == Some("notice") {
-            // What Switchboard said while the turn waited is not the agent's answer: the
-            // exchange is labelled when the answer is logged.
+        if matches!(kind.as_deref(), Some("notice" | "heartbeat_ok")) {
+            // What Switchboard said while the turn waited is not the agent's answer (the
+            // exchange is labelled when the answer is logged), and a heartbeat's "nothing
+            // needs attention" was never sent to anyone.
             return Ok(Vec::new());
         }
         let inbound: Option<(Uuid, String)> = sqlx::query_as(
