@@ -9,6 +9,8 @@ use switchboard::{demo, stages};
 use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
+mod search_cli;
+
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]
 struct Cli {
@@ -69,6 +71,13 @@ enum Command {
     Chat {
         #[command(subcommand)]
         command: ChatCommand,
+    },
+    /// Search the messages by meaning and by words (as GET /api/v1/search).
+    Search(search_cli::SearchArgs),
+    /// What the memory workers' labels add up to (as GET /api/v1/analytics/categories).
+    Analytics {
+        #[command(subcommand)]
+        command: search_cli::AnalyticsCommand,
     },
 }
 
@@ -324,6 +333,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Sms { command } => sms(config, command).await,
         Command::ApiKeys { command } => api_keys(config, command).await,
         Command::Chat { command } => chat(config, command).await,
+        Command::Search(args) => search_cli::search_command(config, args).await,
+        Command::Analytics { command } => search_cli::analytics_command(config, command).await,
     }
 }
 
