@@ -4,6 +4,7 @@
 //! (`summary`, `embed`, `categorise`); recall, search and analytics read what they write.
 pub mod chat;
 pub mod embed;
+pub mod extractive;
 pub mod index;
 
 pub use chat::{ChatError, ChatModel};
