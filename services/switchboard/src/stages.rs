@@ -79,8 +79,11 @@ mod tests {
             .map(|r| r.spec.name)
             .collect();
         assert_eq!(one, ["identify", "deliver"]);
-        let err = select(&["summary"]).unwrap_err().to_string();
-        assert!(err.contains("summary") && err.contains("dispatch"), "{err}");
+        let err = select(&["summarize"]).unwrap_err().to_string();
+        assert!(
+            err.contains("summarize") && err.contains("dispatch"),
+            "{err}"
+        );
     }
 
     #[test]
