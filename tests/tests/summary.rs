@@ -484,3 +484,52 @@ async fn with_no_model_the_summary_is_extractive_and_says_so() {
     assert_eq!(shown["summary"]["method"], "extractive");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_reset_first_summarises_what_the_old_engine_session_heard() {
+    let model = FakeModel::start(8).await;
+    model.answer_with(|_| FakeAnswer::Text("Ana asked about her Friday shift.".into()));
+    let app = app_with_model(Some(&model)).await;
+    ana(&app).await;
+    text(&app, "When is my Friday shift?", 1).await;
+    // No hour has passed: only the reset asks for the summary.
+    text(&app, "/reset", 2).await;
+    let key = memory_key(&app).await;
+    let row = summary_at(&app, &key, 1).await;
+    assert_eq!(row.summary, "Ana asked about her Friday shift.");
+    let messages = logged(&app).await;
+    assert_eq!(row.first_message_in_summary, Some(messages[0].0));
+    let user = &model.chats()[0].user;
+    assert!(user.contains("person: When is my Friday shift?"), "{user}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_model_down_longer_than_the_stages_maximum_wait_dead_letters_the_item_with_the_reason() {
+    let model = FakeModel::start(8).await;
+    model.answer_with(|_| FakeAnswer::Status(500));
+    let m = model.clone();
+    let app = spawn_app_configured(move |c| {
+        configure(c, Some(&m));
+        c.stages.insert(
+            "summary".into(),
+            switchboard_kit::stage::StageOverrides {
+                max_wait_ms: Some(2_000),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    ana(&app).await;
+    text(&app, "Can I have Sunday off?", 1).await;
+    time_passes(&app).await;
+    let letters = app.wait_for_dead_letters("summary", WAIT).await;
+    assert!(
+        letters[0].error.contains("HTTP 500"),
+        "the dead letter says why: {}",
+        letters[0].error
+    );
+    // Nothing was written in its place.
+    assert_eq!(summary_row(&app, &memory_key(&app).await).await, None);
+    app.shutdown().await;
+}
