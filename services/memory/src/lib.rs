@@ -7,6 +7,7 @@ pub mod categories;
 pub mod chat;
 pub mod curated;
 pub mod embed;
+pub mod extractive;
 pub mod index;
 pub mod search;
 

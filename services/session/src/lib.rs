@@ -23,6 +23,8 @@ use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
+mod summary_due;
+
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("message has no {0}")]
@@ -100,6 +102,8 @@ pub struct OpenedTurn {
     pub seq: i64,
     pub inbound_id: Uuid,
     pub scope_key: String,
+    /// The person + identity's key (summary, memory), shared by the identity's variants.
+    pub memory_key: String,
     /// The fresh engine session the turn starts with, if any.
     pub reset: Option<ResetReason>,
 }
@@ -272,6 +276,7 @@ impl SessionStore {
                 seq: r.get(1),
                 inbound_id: r.get(2),
                 scope_key,
+                memory_key,
                 reset: r.get(3),
             }));
         }
@@ -342,6 +347,7 @@ impl SessionStore {
             seq,
             inbound_id,
             scope_key,
+            memory_key,
             reset,
         }))
     }
@@ -622,6 +628,15 @@ impl Stage for SessionStage {
             i.id = opened.inbound_id.to_string();
         }
         let person = msg.person.clone().unwrap_or_default();
+        let summary = summary_due::summary_due(
+            &self.store.db,
+            &self.topology,
+            &opened,
+            &person,
+            &agent.identity,
+        )
+        .await
+        .map_err(|e| SessionError::from(e).into_stage())?;
         let turn = Turn {
             session_id: opened.session_id.to_string(),
             seq: opened.seq,
@@ -639,6 +654,7 @@ impl Stage for SessionStage {
             Output::new(self.topology.turn(&opened.session_id), key, &turn)
                 .correlated(correlation.clone()),
         ];
+        out.extend(summary);
         if opened.seq == 1 {
             let created = SessionCreated {
                 session_id: opened.session_id.to_string(),

@@ -12,6 +12,7 @@ pub const ALL: &[Registration] = &[
     switchboard_log::OUTBOUND,
     switchboard_deliver::STAGE,
     switchboard_categorise::STAGE,
+    switchboard_summary::STAGE,
 ];
 
 /// The registration of the stage called `name`.
@@ -79,8 +80,11 @@ mod tests {
             .map(|r| r.spec.name)
             .collect();
         assert_eq!(one, ["identify", "deliver"]);
-        let err = select(&["summary"]).unwrap_err().to_string();
-        assert!(err.contains("summary") && err.contains("dispatch"), "{err}");
+        let err = select(&["summarize"]).unwrap_err().to_string();
+        assert!(
+            err.contains("summarize") && err.contains("dispatch"),
+            "{err}"
+        );
     }
 
     #[test]
