@@ -7,6 +7,7 @@
 //! back through the mailbox, which [`hub`] follows.
 pub mod api;
 pub mod chat;
+pub mod forget_api;
 pub mod hub;
 pub mod identity_api;
 pub mod outbound_api;
@@ -157,6 +158,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(identity_api::routes())
         .merge(outbound_api::routes())
         .merge(sessions_api::routes())
+        .merge(forget_api::routes())
         .with_state(state)
 }
 

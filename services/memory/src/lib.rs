@@ -4,6 +4,8 @@
 //! (`summary`, `embed`, `categorise`); recall, search and analytics read what they write.
 pub mod chat;
 pub mod embed;
+pub mod forget;
+pub mod forget_streams;
 pub mod index;
 
 pub use chat::{ChatError, ChatModel};

@@ -9,6 +9,8 @@ use switchboard::{demo, stages};
 use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
+mod forget;
+
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]
 struct Cli {
@@ -69,6 +71,13 @@ enum Command {
     Chat {
         #[command(subcommand)]
         command: ChatCommand,
+    },
+    /// Erase a person completely (rows, workspaces, stream messages, dead letters) and print
+    /// what was removed per kind; `person.forgotten` tells downstream consumers.
+    Forget {
+        person: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -324,6 +333,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Sms { command } => sms(config, command).await,
         Command::ApiKeys { command } => api_keys(config, command).await,
         Command::Chat { command } => chat(config, command).await,
+        Command::Forget { person, json } => forget::run(config, &person, json).await,
     }
 }
 
