@@ -8,6 +8,7 @@
 pub mod analytics_api;
 pub mod api;
 pub mod chat;
+pub mod forget_api;
 pub mod hub;
 pub mod identity_api;
 pub mod memory_api;
@@ -163,6 +164,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(memory_api::routes())
         .merge(search_api::routes())
         .merge(analytics_api::routes())
+        .merge(forget_api::routes())
         .with_state(state)
 }
 

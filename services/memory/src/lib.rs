@@ -8,6 +8,8 @@ pub mod chat;
 pub mod curated;
 pub mod embed;
 pub mod extractive;
+pub mod forget;
+pub mod forget_streams;
 pub mod index;
 pub mod search;
 

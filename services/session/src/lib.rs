@@ -93,6 +93,8 @@ pub enum Opened {
     Turn(OpenedTurn),
     /// The sender's previous message has no turn yet; nothing was written.
     Waiting,
+    /// The person was forgotten after this message was received: nothing was written.
+    Forgotten,
 }
 
 /// The session a turn belongs to.
@@ -234,6 +236,13 @@ impl SessionStore {
             .unwrap_or_else(Utc::now);
 
         let mut tx = self.db.begin().await?;
+        switchboard_kit::forgotten::lock_shared(&mut *tx, &person.person_id).await?;
+        if switchboard_kit::forgotten::received_before(&mut *tx, &person.person_id, received)
+            .await?
+        {
+            tx.rollback().await?;
+            return Ok(Opened::Forgotten);
+        }
         if !take_arrival(&mut tx, inbound, overdue).await? {
             tx.rollback().await?;
             return Ok(Opened::Waiting);
@@ -616,11 +625,15 @@ impl Stage for SessionStage {
         let opened = self
             .in_arrival_order(m, attempt, |overdue| async move {
                 Ok(match store.open_turn(m, agent, overdue).await? {
-                    Opened::Turn(t) => Some(t),
                     Opened::Waiting => None,
+                    opened => Some(opened),
                 })
             })
             .await?;
+        let Opened::Turn(opened) = opened else {
+            switchboard_kit::forgotten::dropped("session", "message");
+            return Ok(Vec::new());
+        };
         let correlation = inbound.correlation_id.clone();
         let channel = inbound.channel.clone();
         // A late provider retry carries a new message id; the turn keeps the first one.

@@ -9,6 +9,7 @@ use switchboard::{demo, stages};
 use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
+mod forget;
 mod search_cli;
 
 #[derive(Parser)]
@@ -78,6 +79,13 @@ enum Command {
     Analytics {
         #[command(subcommand)]
         command: search_cli::AnalyticsCommand,
+    },
+    /// Erase a person completely (rows, workspaces, stream messages, dead letters) and print
+    /// what was removed per kind; `person.forgotten` tells downstream consumers.
+    Forget {
+        person: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -335,6 +343,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Chat { command } => chat(config, command).await,
         Command::Search(args) => search_cli::search_command(config, args).await,
         Command::Analytics { command } => search_cli::analytics_command(config, command).await,
+        Command::Forget { person, json } => forget::run(config, &person, json).await,
     }
 }
 
