@@ -9,6 +9,8 @@ use switchboard::{demo, stages};
 use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
+mod reembed;
+
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]
 struct Cli {
@@ -69,6 +71,13 @@ enum Command {
     Chat {
         #[command(subcommand)]
         command: ChatCommand,
+    },
+    /// Give every message a vector under the configured embedding model (after a model change;
+    /// resumable, the old model's vectors stay).
+    Reembed {
+        /// Texts per embedding call (default: [embedding] batch).
+        #[arg(long)]
+        batch: Option<usize>,
     },
 }
 
@@ -324,6 +333,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Sms { command } => sms(config, command).await,
         Command::ApiKeys { command } => api_keys(config, command).await,
         Command::Chat { command } => chat(config, command).await,
+        Command::Reembed { batch } => reembed::run(config, batch).await,
     }
 }
 
