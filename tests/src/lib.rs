@@ -238,6 +238,10 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.textmagic.api_base = textmagic.url.clone();
     config.textmagic.webhook_token = Secret::new(TEXTMAGIC_TOKEN);
     config.chat.jwt_secret = Secret::new(CHAT_SECRET);
+    // The local embedding model's files, fetched by the stack (`stack.sh env` prints it).
+    if let Ok(dir) = std::env::var("SB_EMBEDDING__MODEL_DIR") {
+        config.embedding.model_dir = dir;
+    }
     config.agents = vec![
         AgentConfig {
             name: "reggie_oc".into(),

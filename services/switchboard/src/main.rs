@@ -11,6 +11,7 @@ use switchboard_kit::startup::App;
 
 mod forget;
 mod search_cli;
+mod reembed;
 
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]
@@ -86,6 +87,13 @@ enum Command {
         person: String,
         #[arg(long)]
         json: bool,
+    },
+    /// Give every message a vector under the configured embedding model (after a model change;
+    /// resumable, the old model's vectors stay).
+    Reembed {
+        /// Texts per embedding call (default: [embedding] batch).
+        #[arg(long)]
+        batch: Option<usize>,
     },
 }
 
@@ -344,6 +352,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Search(args) => search_cli::search_command(config, args).await,
         Command::Analytics { command } => search_cli::analytics_command(config, command).await,
         Command::Forget { person, json } => forget::run(config, &person, json).await,
+        Command::Reembed { batch } => reembed::run(config, batch).await,
     }
 }
 

@@ -11,6 +11,7 @@ pub const ALL: &[Registration] = &[
     switchboard_log::INBOUND,
     switchboard_log::OUTBOUND,
     switchboard_deliver::STAGE,
+    switchboard_embed::STAGE,
     switchboard_categorise::STAGE,
     switchboard_summary::STAGE,
 ];

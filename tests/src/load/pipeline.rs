@@ -134,6 +134,9 @@ pub fn config(s: &Setup<'_>) -> Config {
     c.twilio.auth_token = Secret::new(s.twilio.auth_token.clone());
     c.twilio.from_number = TWILIO_NUMBER.into();
     c.twilio.api_base = s.twilio.url.clone();
+    if let Ok(dir) = std::env::var("SB_EMBEDDING__MODEL_DIR") {
+        c.embedding.model_dir = dir;
+    }
     c.agents = vec![AgentConfig {
         name: AGENT.into(),
         identity: "reggie".into(),
@@ -287,7 +290,13 @@ impl Pipeline {
     pub async fn backlog_by_stage(&self) -> anyhow::Result<Vec<(&'static str, u64, u64)>> {
         let stream = self.js.get_stream(self.topology.work_stream()).await?;
         let mut by_stage = Vec::new();
-        for stage in stages::names() {
+        // The reply path's stages: the memory workers follow the events stream on their own
+        // and are not part of a bench or chaos run's pipeline.
+        let reply_path = stages::ALL
+            .iter()
+            .filter(|r| matches!(r.spec.reads, switchboard_kit::Source::Work(_)))
+            .map(|r| r.spec.name);
+        for stage in reply_path {
             let mut c: jetstream::consumer::PullConsumer = stream
                 .get_consumer(stage)
                 .await
