@@ -218,25 +218,12 @@ async fn an_operator_reads_and_replaces_a_memory_and_a_long_one_is_cut_visibly()
     .unwrap();
     assert_eq!(r.status(), 404);
 
-    let got: Value = client
-        .get(url(&person, "?identity=reggie"))
-        .bearer_auth(&reader)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(got["body"].as_str(), Some(body));
-    let all: Value = client
-        .get(url(&person, ""))
-        .bearer_auth(&reader)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let read = |q: &str| {
+        let request = client.get(url(&person, q)).bearer_auth(&reader);
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    assert_eq!(read("?identity=reggie").await["body"].as_str(), Some(body));
+    let all = read("").await;
     assert_eq!(all["memories"].as_array().map(Vec::len), Some(1));
     let r = client
         .get(url(&person, "?identity=reggie"))

@@ -10,8 +10,8 @@ use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
 mod forget;
-mod search_cli;
 mod reembed;
+mod search_cli;
 
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]

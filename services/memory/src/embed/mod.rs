@@ -9,6 +9,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
 
+#[cfg(feature = "local-embedder")]
 pub mod local;
 pub mod openai;
 
@@ -44,7 +45,12 @@ pub trait Embedder: Send + Sync {
 pub fn from_config(config: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedError> {
     match config.provider {
         EmbeddingProvider::OpenAi => Ok(Arc::new(openai::OpenAiEmbedder::new(config)?)),
+        #[cfg(feature = "local-embedder")]
         EmbeddingProvider::Local => Ok(Arc::new(local::LocalEmbedder::new(config)?)),
+        #[cfg(not(feature = "local-embedder"))]
+        EmbeddingProvider::Local => Err(EmbedError::Unusable(
+            "this build has no local embedder (switchboard-memory without `local-embedder`)".into(),
+        )),
     }
 }
 
