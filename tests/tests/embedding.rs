@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer;
 use futures::StreamExt;
 use prost::Message as _;
-use switchboard_e2e::{FakeModel, TestApp, spawn_app_configured};
+use switchboard_e2e::{AppOptions, FakeModel, TestApp, spawn_app_configured, spawn_app_with};
 use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
 use switchboard_kit::proto::{MessageEmbedded, MessageLogged};
 use switchboard_memory::embed::{self, cosine};
@@ -236,7 +236,12 @@ async fn every_message_in_and_out_gets_one_vector_under_the_configured_model_and
 async fn a_redelivered_batch_doubles_nothing_and_what_names_no_message_is_skipped_not_retried() {
     let fake = FakeModel::start(16).await;
     let config = fake_config(&fake);
-    let app = spawn_app_configured(move |c| c.embedding = config).await;
+    // Categorisation embeds exchanges through the same model; this test counts the embed
+    // worker's calls alone.
+    let app = spawn_app_with(
+        AppOptions::without(&["categorise"]).configured(move |c| c.embedding = config),
+    )
+    .await;
     two_conversations(&app).await;
     let embedded_once = fake.texts_embedded();
     assert_eq!(embedded_once, 4);

@@ -71,19 +71,23 @@ async fn memory_of(app: &TestApp, person: &str) {
     .await
     .unwrap();
     let key = format!("reggie:person:staff:{person}");
-    for sql in [
+    sqlx::query(
         "INSERT INTO switchboard.summaries (memory_key, agent_identity, person_id, summary)
          VALUES ($1, 'reggie', $2, 'asked about shifts')",
-        "INSERT INTO switchboard.memories (memory_key, person_id, agent_identity, body, updated_by)
-         VALUES ($1, $2, 'reggie', 'prefers mornings', 'person')",
-    ] {
-        sqlx::query(sql)
-            .bind(&key)
-            .bind(person)
-            .execute(&app.db)
-            .await
-            .unwrap();
-    }
+    )
+    .bind(&key)
+    .bind(person)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO switchboard.memories (person_id, agent_identity, body, updated_by)
+         VALUES ($1, 'reggie', 'prefers mornings', 'person')",
+    )
+    .bind(person)
+    .execute(&app.db)
+    .await
+    .unwrap();
     sqlx::query(
         "INSERT INTO switchboard.message_vectors
             (message_id, model, person_id, agent_identity, dimensions, embedding)
@@ -94,10 +98,12 @@ async fn memory_of(app: &TestApp, person: &str) {
     .execute(&app.db)
     .await
     .unwrap();
+    // The categorisation worker may have labelled the exchange already.
     sqlx::query(
         "INSERT INTO switchboard.exchange_categories
             (outbound_id, inbound_id, session_id, person_id, agent_identity, channel, label, source)
-         VALUES ($1, $2, $3, $4, 'reggie', 'sms', 'roster_query', 'embedding')",
+         VALUES ($1, $2, $3, $4, 'reggie', 'sms', 'roster_query', 'embedding')
+         ON CONFLICT DO NOTHING",
     )
     .bind(outbound)
     .bind(inbound)

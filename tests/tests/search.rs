@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use switchboard_e2e::{FakeAnswer, FakeModel, TestApp, spawn_app_configured};
+use switchboard_e2e::{AppOptions, FakeAnswer, FakeModel, TestApp, spawn_app_with};
 use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider, LlmConfig};
 use uuid::Uuid;
 
@@ -27,7 +27,9 @@ async fn app_with_models() -> (TestApp, FakeModel) {
         })
     });
     let url = fake.url.clone();
-    let app = spawn_app_configured(move |c| {
+    // The tests play the embedding worker themselves ([`embed_everything`]), so they decide
+    // what the index holds when they search.
+    let app = spawn_app_with(AppOptions::without(&["embed"]).configured(move |c| {
         c.llm = LlmConfig {
             base_url: url.clone(),
             model: "fake-chat".into(),
@@ -40,7 +42,7 @@ async fn app_with_models() -> (TestApp, FakeModel) {
             base_url: url,
             ..Default::default()
         };
-    })
+    }))
     .await;
     (app, fake)
 }

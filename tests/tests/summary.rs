@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt as _;
 use serde_json::{Value, json};
-use switchboard_e2e::{
-    AppOptions, ChatClient, FakeAnswer, FakeModel, TestApp, spawn_app_configured, spawn_app_with,
-};
+use switchboard_e2e::{AppOptions, ChatClient, FakeAnswer, FakeModel, TestApp, spawn_app_with};
 use switchboard_kit::config::{Config, Secret};
 use switchboard_kit::memory_config::LlmConfig;
 use switchboard_kit::proto::{SessionSummarised, SummaryDue};
@@ -39,7 +37,13 @@ fn configure(c: &mut Config, model: Option<&FakeModel>) {
 
 async fn app_with_model(model: Option<&FakeModel>) -> TestApp {
     let model = model.cloned();
-    spawn_app_configured(move |c| configure(c, model.as_ref())).await
+    spawn_app_with(without_categorise().configured(move |c| configure(c, model.as_ref()))).await
+}
+
+/// Every stage but categorisation, which asks the same chat model to label exchanges: these tests
+/// read every chat the model was asked as a summary request.
+fn without_categorise() -> AppOptions {
+    AppOptions::without(&["categorise"])
 }
 
 /// Ana, staff member 17: the directory knows her phone and her chat login.
@@ -334,10 +338,9 @@ async fn two_summary_replicas_summarise_each_batch_of_messages_once() {
         FakeAnswer::Text(format!("MODEL SUMMARY:\n{}", c.user))
     });
     let m = model.clone();
-    let app = spawn_app_with(AppOptions {
-        tweak: Box::new(move |c| configure(c, Some(&m))),
-        ..AppOptions::all_but("summary")
-    })
+    let app = spawn_app_with(
+        AppOptions::without(&["summary", "categorise"]).configured(move |c| configure(c, Some(&m))),
+    )
     .await;
     app.start_stage("summary");
     app.start_stage("summary");
@@ -509,7 +512,7 @@ async fn a_model_down_longer_than_the_stages_maximum_wait_dead_letters_the_item_
     let model = FakeModel::start(8).await;
     model.answer_with(|_| FakeAnswer::Status(500));
     let m = model.clone();
-    let app = spawn_app_configured(move |c| {
+    let app = spawn_app_with(without_categorise().configured(move |c| {
         configure(c, Some(&m));
         c.stages.insert(
             "summary".into(),
@@ -518,7 +521,7 @@ async fn a_model_down_longer_than_the_stages_maximum_wait_dead_letters_the_item_
                 ..Default::default()
             },
         );
-    })
+    }))
     .await;
     ana(&app).await;
     text(&app, "Can I have Sunday off?", 1).await;

@@ -292,8 +292,8 @@ const ERASE: &[(&str, &str)] = &[
     ),
     (
         "memories",
-        "DELETE FROM switchboard.memories WHERE person_id = $1 OR memory_key IN
-            (SELECT memory_key FROM switchboard.sessions WHERE id = ANY($2))",
+        // Keyed by person, never by session scope: a person's memory is theirs alone.
+        "DELETE FROM switchboard.memories WHERE person_id = $1",
     ),
     (
         "session_events",

@@ -177,6 +177,8 @@ pub struct Pipeline {
     pub topology: Topology,
     pub db: sqlx::PgPool,
     config_dir: PathBuf,
+    /// The stages the started workers run (a run may leave some out, e.g. the memory workers).
+    running: Vec<&'static switchboard_kit::Registration>,
 }
 
 /// Worker binaries in start order, with how many replicas of each.
@@ -221,6 +223,12 @@ impl Pipeline {
             config,
             workers,
             config_dir,
+            running: stages::select(
+                &order
+                    .iter()
+                    .filter(|n| **n != "gateway")
+                    .collect::<Vec<_>>(),
+            )?,
         };
         pipeline.wait_ready(Duration::from_secs(60)).await?;
         Ok(pipeline)
@@ -230,7 +238,8 @@ impl Pipeline {
         &self.config_dir
     }
 
-    /// The gateway answers `/readyz` and every stage's consumer has a pull waiting.
+    /// The gateway answers `/readyz` and the consumer of every stage the run started has a pull
+    /// waiting.
     pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         let http = reqwest::Client::new();
@@ -242,25 +251,25 @@ impl Pipeline {
                 .await
                 .is_ok_and(|r| r.status().is_success());
             let mut pulling = 0;
-            if let Ok(stream) = self.js.get_stream(self.topology.work_stream()).await {
-                for stage in stages::names() {
-                    if let Ok(mut c) = stream
-                        .get_consumer::<jetstream::consumer::pull::Config>(stage)
+            for stage in &self.running {
+                let stream = self.topology.stream_of(stage.spec.reads);
+                if let Ok(stream) = self.js.get_stream(stream).await
+                    && let Ok(mut c) = stream
+                        .get_consumer::<jetstream::consumer::pull::Config>(stage.spec.name)
                         .await
-                        && c.info().await.is_ok_and(|i| i.num_waiting > 0)
-                    {
-                        pulling += 1;
-                    }
+                    && c.info().await.is_ok_and(|i| i.num_waiting > 0)
+                {
+                    pulling += 1;
                 }
             }
-            if gateway_ok && pulling == stages::ALL.len() {
+            if gateway_ok && pulling == self.running.len() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 let dead = self.workers_dead_hint();
                 bail!(
                     "the pipeline was not ready within {timeout:?} (gateway ready: {gateway_ok}, stages pulling: {pulling}/{}){dead}",
-                    stages::ALL.len()
+                    self.running.len()
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
