@@ -48,6 +48,8 @@ stop:
 	fi
 	@$(STACK) down run
 
+# Incremental caches are off for the test build: a one-off build (CI) gains nothing from them
+# and they cost gigabytes on a shared disk (a CI run once failed with the disk full).
 test:
 	@if [ -z "$(EXTERNAL)" ]; then \
 	  $(STACK) destroy test >/dev/null 2>&1 || true; \
@@ -56,6 +58,7 @@ test:
 	  export SB_TEST_EMBEDDED_STACK=1; \
 	fi; \
 	deploy/local/openclaw.sh install >/dev/null; \
+	export CARGO_INCREMENTAL=0; \
 	$(CARGO) build --workspace --bins --tests; \
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 	  $(CARGO) nextest run --workspace --no-fail-fast; \

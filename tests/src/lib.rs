@@ -95,12 +95,27 @@ impl AppOptions {
     /// Every stage in the test process but `stage`, which the test starts itself
     /// ([`TestApp::start_stage`]) once it has set the scene.
     pub fn all_but(stage: &str) -> Self {
+        Self::without(&[stage])
+    }
+
+    /// Every stage in the test process but `left_out`, which do not run at all unless the test
+    /// starts them (e.g. a test counting one worker's model calls leaves out the others that call
+    /// the same fake model).
+    pub fn without(left_out: &[&str]) -> Self {
         Self {
             in_process: stages::names()
                 .into_iter()
-                .filter(|s| *s != stage)
+                .filter(|s| !left_out.contains(s))
                 .collect(),
             ..Default::default()
+        }
+    }
+
+    /// The configuration changed by `tweak` before the app starts.
+    pub fn configured(self, tweak: impl FnOnce(&mut Config) + Send + 'static) -> Self {
+        Self {
+            tweak: Box::new(tweak),
+            ..self
         }
     }
 }
@@ -128,6 +143,9 @@ pub struct TestApp {
     pub runner: FakeRunner,
     app: App,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// Stages left out of the app and not started since: [`TestApp::settle`] does not wait for
+    /// their consumers, which nobody reads.
+    idle_stages: std::sync::Mutex<Vec<&'static str>>,
 }
 
 /// A worker process started by [`TestApp::spawn_logged_worker`].
@@ -238,6 +256,10 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.textmagic.api_base = textmagic.url.clone();
     config.textmagic.webhook_token = Secret::new(TEXTMAGIC_TOKEN);
     config.chat.jwt_secret = Secret::new(CHAT_SECRET);
+    // The local embedding model's files, fetched by the stack (`stack.sh env` prints it).
+    if let Ok(dir) = std::env::var("SB_EMBEDDING__MODEL_DIR") {
+        config.embedding.model_dir = dir;
+    }
     config.agents = vec![
         AgentConfig {
             name: "reggie_oc".into(),
@@ -298,6 +320,10 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
         .expect("serve admin"),
     );
     let handle = tokio::spawn(app.clone().run(tasks));
+    let idle_stages = stages::names()
+        .into_iter()
+        .filter(|s| !opts.in_process.contains(s))
+        .collect();
 
     TestApp {
         gateway_url: format!("http://{addr}"),
@@ -312,6 +338,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
         runner,
         app,
         handle,
+        idle_stages: std::sync::Mutex::new(idle_stages),
     }
 }
 
@@ -517,6 +544,9 @@ impl TestApp {
             assert!(Instant::now() < deadline, "pipeline did not settle in 30 s");
             let mut busy = false;
             for stage in stages::ALL {
+                if self.idle_stages.lock().unwrap().contains(&stage.spec.name) {
+                    continue;
+                }
                 let stream = self
                     .js
                     .get_stream(self.topology.stream_of(stage.spec.reads))
@@ -657,6 +687,7 @@ impl TestApp {
     /// [`TestApp::spawn_worker`], with `env` overriding the configuration file's settings
     /// (`SB_DATABASE_URL`, say).
     pub fn spawn_worker_with_env(&self, name: &str, env: &[(&str, String)]) -> Child {
+        self.runs(name);
         let mut cmd = Command::new(switchboard_bin());
         cmd.args(["worker", name]);
         // The file is the whole configuration: drop the stack's SB_* overrides of this process.
@@ -679,6 +710,7 @@ impl TestApp {
     /// (`/metrics`) it scrapes, as an operator watches a worker.
     pub async fn spawn_logged_worker(&self, name: &str) -> LoggedWorker {
         use tokio::io::AsyncReadExt as _;
+        self.runs(name);
         let admin = switchboard_kit::net::free_port("127.0.0.1").expect("a free port");
         let mut cmd = Command::new(switchboard_bin());
         cmd.args(["worker", name]);
@@ -998,7 +1030,13 @@ impl TestApp {
     /// Start a stage in this process that was left out of [`AppOptions::in_process`].
     pub fn start_stage(&self, name: &str) {
         let stage = stages::select(&[name]).expect("a known stage");
+        self.runs(name);
         self.start(stages::tasks(&self.app, &stage));
+    }
+
+    /// `stage` runs from now on (in this process or as a worker process).
+    fn runs(&self, stage: &str) {
+        self.idle_stages.lock().unwrap().retain(|s| *s != stage);
     }
 
     /// The process's wiring (database, JetStream, topology, shutdown), to run more tasks in it.

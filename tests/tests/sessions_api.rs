@@ -327,10 +327,12 @@ async fn a_session_shows_the_summary_its_identitys_engines_share() {
     .fetch_one(&app.db)
     .await
     .expect("one memory key for both engines");
-    // The summary worker's row, written by hand.
+    // The summary worker's row, written by hand (over the one the switch to reggie_fd may
+    // already have had the worker write).
     sqlx::query(
         "INSERT INTO switchboard.summaries (memory_key, agent_identity, person_id, summary)
-         VALUES ($1, 'reggie', 'api:crm', 'Asks about orders; prefers short answers.')",
+         VALUES ($1, 'reggie', 'api:crm', 'Asks about orders; prefers short answers.')
+         ON CONFLICT (memory_key) DO UPDATE SET summary = EXCLUDED.summary",
     )
     .bind(&memory_key)
     .execute(&app.db)

@@ -585,6 +585,16 @@ impl Stage for DeliverStage {
             .id
             .parse()
             .map_err(|_| StageError::permanent(DeliverError::Malformed("reply id")))?;
+        // A reply to a person forgotten since their message arrived is not sent.
+        let person = reply.person.as_ref().map_or("", |p| p.person_id.as_str());
+        let received = switchboard_kit::forgotten::id_time(&reply.in_reply_to);
+        if switchboard_kit::forgotten::received_before(&self.ledger.db, person, received)
+            .await
+            .map_err(|e| StageError::transient(DeliverError::Database(e)))?
+        {
+            switchboard_kit::forgotten::dropped("deliver", "reply");
+            return Ok(Vec::new());
+        }
         let Some(sender) = self.senders.get(&reply.provider).cloned() else {
             return Err(StageError::permanent(DeliverError::NoSender(
                 reply.provider.clone(),

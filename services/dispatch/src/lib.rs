@@ -1765,7 +1765,16 @@ impl Stage for TurnDispatcher {
     const SPEC: StageSpec = StageSpec::new("dispatch", Source::Work("turn.>")).concurrency(256);
 
     async fn handle(&self, turn: Turn, attempt: &Attempt) -> Result<Vec<Output>, StageError> {
-        match self.dispatch_turn(&turn, attempt).await {
+        // A turn of a person forgotten since their message arrived is not run, and what it
+        // made while they were being forgotten (a reply, a failure) is dropped.
+        if self.forgotten(&turn).await? {
+            return Ok(Vec::new());
+        }
+        let result = self.dispatch_turn(&turn, attempt).await;
+        if self.forgotten(&turn).await? {
+            return Ok(Vec::new());
+        }
+        match result {
             Ok(out) => Ok(out),
             Err(DispatchError::RunnerDown {
                 after,
@@ -1831,6 +1840,27 @@ impl Stage for TurnDispatcher {
             )),
             Err(e) => Err(StageError::transient(e)),
         }
+    }
+}
+
+impl TurnDispatcher {
+    /// Whether the turn's person was forgotten after its message was received (counted).
+    async fn forgotten(&self, turn: &Turn) -> Result<bool, StageError> {
+        let msg = turn.message.as_ref();
+        let person = msg
+            .and_then(|m| m.person.as_ref())
+            .map_or("", |p| &p.person_id);
+        let received = msg
+            .and_then(|m| m.inbound.as_ref())
+            .map_or(0, |i| i.received_at_ms);
+        let received = switchboard_kit::forgotten::received_at(received);
+        let gone = switchboard_kit::forgotten::received_before(&self.db, person, received)
+            .await
+            .map_err(|e| StageError::transient(DispatchError::from(e)))?;
+        if gone {
+            switchboard_kit::forgotten::dropped("dispatch", "turn");
+        }
+        Ok(gone)
     }
 }
 

@@ -5,12 +5,15 @@
 //! route and handled the same way (see [`receive_webhook`]). Chat sockets ([`chat`]) and the
 //! REST API ([`api`]) are the channels whose far end is a client of ours: their replies come
 //! back through the mailbox, which [`hub`] follows.
+pub mod analytics_api;
 pub mod api;
 pub mod chat;
+pub mod forget_api;
 pub mod hub;
 pub mod identity_api;
 pub mod memory_api;
 pub mod outbound_api;
+pub mod search_api;
 pub mod sessions_api;
 pub mod uploads;
 
@@ -159,6 +162,9 @@ pub fn router(state: GatewayState) -> Router {
         .merge(outbound_api::routes())
         .merge(sessions_api::routes())
         .merge(memory_api::routes())
+        .merge(search_api::routes())
+        .merge(analytics_api::routes())
+        .merge(forget_api::routes())
         .with_state(state)
 }
 

@@ -303,10 +303,19 @@ struct EventView {
     detail: serde_json::Value,
 }
 
+/// The identity's summary as a session shows it: what it says, when it was written, how
+/// (`model` or `extractive`) and what it covers.
 #[derive(Debug, Serialize, sqlx::FromRow)]
 struct SummaryView {
     text: String,
+    version: i64,
+    method: String,
+    written_at: DateTime<Utc>,
+    /// Kept for clients of the first version of this view.
     updated_at: DateTime<Utc>,
+    first_message_id: Option<Uuid>,
+    last_message_id: Option<Uuid>,
+    messages_covered: i64,
 }
 
 async fn find_session(state: &GatewayState, id: Uuid) -> Result<SessionRow, Refused> {
@@ -422,7 +431,10 @@ async fn show(
     let id = session_id(path)?;
     let session = find_session(&state, id).await?;
     let summary: Option<SummaryView> = sqlx::query_as(
-        "SELECT summary AS text, updated_at FROM switchboard.summaries WHERE memory_key = $1",
+        "SELECT summary AS text, version, method, updated_at AS written_at, updated_at,
+                first_message_in_summary AS first_message_id,
+                last_message_in_summary AS last_message_id, messages_covered
+           FROM switchboard.summaries WHERE memory_key = $1",
     )
     .bind(&session.memory_key)
     .fetch_optional(&state.db)

@@ -25,6 +25,7 @@ pub mod db;
 pub mod dlq;
 pub mod endpoint;
 pub mod failpoint;
+pub mod forgotten;
 pub mod http;
 pub mod lifecycle;
 pub mod memory_config;

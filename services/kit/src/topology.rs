@@ -132,6 +132,13 @@ impl Topology {
     pub fn reply(&self) -> String {
         format!("{}.reply", self.prefix)
     }
+    /// `sb.events.summary.due`: a person + identity whose summary should take in their newest
+    /// messages. On the events stream (the summary stage's own durable consumer), not the work
+    /// stream: the NATS users the stack grants publish only the work subjects listed in
+    /// `stream_configs`, each already read by other stages.
+    pub fn summary_due(&self) -> String {
+        self.event("summary.due")
+    }
     /// `sb.events.<name>`: the public event stream (`message.logged`, `reply.delivered`, ...).
     pub fn event(&self, name: &str) -> String {
         format!("{}.events.{name}", self.prefix)

@@ -44,6 +44,9 @@ pub struct LogEntry {
     /// The row's `metadata` (a JSON object). Inbound rows keep where the message came from
     /// (`provider`, `sender`, `recipient`): an agent-started message goes back the same way.
     pub metadata: serde_json::Value,
+    /// When the message the row belongs to was received (a reply: the message it answers). A
+    /// row of a person forgotten since is not written ([`switchboard_kit::forgotten`]).
+    pub received_at: chrono::DateTime<chrono::Utc>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,26 +95,45 @@ impl MessageLog {
         Self { db }
     }
 
-    /// Write the entries that are not already there, with one statement (one commit).
-    pub async fn record_all(&self, entries: &[LogEntry]) -> Result<(), LogError> {
+    /// Write the entries that are not already there, with one statement (one commit). Entries
+    /// of a person forgotten after their message was received are dropped: their ids are
+    /// returned.
+    pub async fn record_all(&self, entries: &[LogEntry]) -> Result<Vec<Uuid>, LogError> {
         if entries.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let col = |f: fn(&LogEntry) -> String| entries.iter().map(f).collect::<Vec<_>>();
-        sqlx::query(
-            "INSERT INTO switchboard.messages
-                (id, session_id, person_id, agent_name, agent_identity, direction, channel, message,
-                 processing_ms, tool_calls_count, correlation_id, external_id, metadata)
-             SELECT id, session_id, person_id, agent_name, agent_identity, direction, channel,
-                    message, processing_ms, tool_calls_count, correlation_id, external_id,
-                    metadata::jsonb
-               FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
-                           $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],
-                           $11::text[], $12::text[], $13::text[])
+        let mut tx = self.db.begin().await?;
+        // An erasure of one of these people waits for this write, or this write sees its
+        // tombstone.
+        let mut people = col(|e| e.person_id.clone());
+        people.sort();
+        people.dedup();
+        switchboard_kit::forgotten::lock_shared_all(&mut *tx, &people).await?;
+        let dropped: Vec<Uuid> = sqlx::query_scalar(
+            "WITH u AS (
+                SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
+                                     $6::text[], $7::text[], $8::text[], $9::bigint[],
+                                     $10::bigint[], $11::text[], $12::text[], $13::text[],
+                                     $14::timestamptz[])
                     AS u(id, session_id, person_id, agent_name, agent_identity, direction,
                          channel, message, processing_ms, tool_calls_count, correlation_id,
-                         external_id, metadata)
-             ON CONFLICT DO NOTHING",
+                         external_id, metadata, received)),
+             dropped AS (
+                SELECT id FROM u WHERE EXISTS (SELECT 1 FROM switchboard.forgotten_people f
+                    WHERE f.person_sha256 = sha256(convert_to(u.person_id, 'UTF8'))
+                      AND f.forgotten_at > u.received)),
+             written AS (
+                INSERT INTO switchboard.messages
+                    (id, session_id, person_id, agent_name, agent_identity, direction, channel,
+                     message, processing_ms, tool_calls_count, correlation_id, external_id,
+                     metadata)
+                SELECT id, session_id, person_id, agent_name, agent_identity, direction, channel,
+                       message, processing_ms, tool_calls_count, correlation_id, external_id,
+                       metadata::jsonb
+                  FROM u WHERE id NOT IN (SELECT id FROM dropped)
+                ON CONFLICT DO NOTHING)
+             SELECT id FROM dropped",
         )
         .bind(entries.iter().map(|e| e.id).collect::<Vec<_>>())
         .bind(entries.iter().map(|e| e.session_id).collect::<Vec<_>>())
@@ -136,9 +158,11 @@ impl MessageLog {
                 .collect::<Vec<_>>(),
         )
         .bind(col(|e| e.metadata.to_string()))
-        .execute(&self.db)
+        .bind(entries.iter().map(|e| e.received_at).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
         .await?;
-        Ok(())
+        tx.commit().await?;
+        Ok(dropped)
     }
 
     /// Write the well-formed entries of a batch at once; one outcome per entry, in order: the
@@ -157,12 +181,27 @@ impl MessageLog {
         // gets the error itself (refused for good, or a database that is down or busy); in
         // company, every entry fails and the runtime runs each again by itself.
         let alone = valid.len() == 1;
-        let mut failure = self.record_all(&valid).await.err();
+        let (dropped, mut failure) = match self.record_all(&valid).await {
+            Ok(dropped) => (dropped, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
         entries
             .into_iter()
             .map(|entry| {
                 let entry = entry.map_err(LogError::into_stage)?;
                 match &failure {
+                    // Their message was received before they were forgotten: not logged, not
+                    // announced.
+                    None if dropped.contains(&entry.id) => {
+                        switchboard_kit::forgotten::dropped(
+                            match entry.direction {
+                                Direction::Inbound => "log-inbound",
+                                Direction::Outbound => "log-outbound",
+                            },
+                            "message",
+                        );
+                        Ok(Vec::new())
+                    }
                     None => Ok(vec![self.logged_event(topology, &entry)]),
                     Some(_) if alone => Err(failure.take().expect("checked").into_stage()),
                     Some(e) => Err(StageError::transient(anyhow::anyhow!("{e}"))),
@@ -255,6 +294,7 @@ fn inbound_entry(turn: &Turn) -> Result<LogEntry, LogError> {
         tool_calls_count: None,
         correlation_id: inbound.correlation_id.clone(),
         external_id: Some(inbound.provider_message_id.clone()).filter(|s| !s.is_empty()),
+        received_at: switchboard_kit::forgotten::received_at(inbound.received_at_ms),
         metadata: {
             let mut m = serde_json::json!({
                 "provider": inbound.provider,
@@ -317,6 +357,7 @@ fn outbound_entry(reply: &Reply) -> Result<LogEntry, LogError> {
         tool_calls_count: Some(reply.tool_calls_count),
         correlation_id: reply.correlation_id.clone(),
         external_id: None,
+        received_at: switchboard_kit::forgotten::id_time(&reply.in_reply_to),
         metadata: outbound_metadata(reply),
     })
 }

@@ -2,10 +2,16 @@
 //! use ([`chat`]: an OpenAI-compatible chat model; [`embed`]: embedding providers) and what the
 //! workers and their readers share. The workers themselves are stages of their own crates
 //! (`summary`, `embed`, `categorise`); recall, search and analytics read what they write.
+pub mod analytics;
+pub mod categories;
 pub mod chat;
 pub mod curated;
 pub mod embed;
+pub mod extractive;
+pub mod forget;
+pub mod forget_streams;
 pub mod index;
+pub mod search;
 
 pub use chat::{ChatError, ChatModel};
 pub use embed::{EmbedError, Embedder};

@@ -23,6 +23,8 @@ use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
+mod summary_due;
+
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("message has no {0}")]
@@ -91,6 +93,8 @@ pub enum Opened {
     Turn(OpenedTurn),
     /// The sender's previous message has no turn yet; nothing was written.
     Waiting,
+    /// The person was forgotten after this message was received: nothing was written.
+    Forgotten,
 }
 
 /// The session a turn belongs to.
@@ -100,6 +104,8 @@ pub struct OpenedTurn {
     pub seq: i64,
     pub inbound_id: Uuid,
     pub scope_key: String,
+    /// The person + identity's key (summary, memory), shared by the identity's variants.
+    pub memory_key: String,
     /// The fresh engine session the turn starts with, if any.
     pub reset: Option<ResetReason>,
 }
@@ -230,6 +236,13 @@ impl SessionStore {
             .unwrap_or_else(Utc::now);
 
         let mut tx = self.db.begin().await?;
+        switchboard_kit::forgotten::lock_shared(&mut *tx, &person.person_id).await?;
+        if switchboard_kit::forgotten::received_before(&mut *tx, &person.person_id, received)
+            .await?
+        {
+            tx.rollback().await?;
+            return Ok(Opened::Forgotten);
+        }
         if !take_arrival(&mut tx, inbound, overdue).await? {
             tx.rollback().await?;
             return Ok(Opened::Waiting);
@@ -272,6 +285,7 @@ impl SessionStore {
                 seq: r.get(1),
                 inbound_id: r.get(2),
                 scope_key,
+                memory_key,
                 reset: r.get(3),
             }));
         }
@@ -342,6 +356,7 @@ impl SessionStore {
             seq,
             inbound_id,
             scope_key,
+            memory_key,
             reset,
         }))
     }
@@ -610,11 +625,15 @@ impl Stage for SessionStage {
         let opened = self
             .in_arrival_order(m, attempt, |overdue| async move {
                 Ok(match store.open_turn(m, agent, overdue).await? {
-                    Opened::Turn(t) => Some(t),
                     Opened::Waiting => None,
+                    opened => Some(opened),
                 })
             })
             .await?;
+        let Opened::Turn(opened) = opened else {
+            switchboard_kit::forgotten::dropped("session", "message");
+            return Ok(Vec::new());
+        };
         let correlation = inbound.correlation_id.clone();
         let channel = inbound.channel.clone();
         // A late provider retry carries a new message id; the turn keeps the first one.
@@ -622,6 +641,15 @@ impl Stage for SessionStage {
             i.id = opened.inbound_id.to_string();
         }
         let person = msg.person.clone().unwrap_or_default();
+        let summary = summary_due::summary_due(
+            &self.store.db,
+            &self.topology,
+            &opened,
+            &person,
+            &agent.identity,
+        )
+        .await
+        .map_err(|e| SessionError::from(e).into_stage())?;
         let turn = Turn {
             session_id: opened.session_id.to_string(),
             seq: opened.seq,
@@ -639,6 +667,7 @@ impl Stage for SessionStage {
             Output::new(self.topology.turn(&opened.session_id), key, &turn)
                 .correlated(correlation.clone()),
         ];
+        out.extend(summary);
         if opened.seq == 1 {
             let created = SessionCreated {
                 session_id: opened.session_id.to_string(),

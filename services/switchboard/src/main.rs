@@ -9,6 +9,10 @@ use switchboard::{demo, stages};
 use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
+mod forget;
+mod reembed;
+mod search_cli;
+
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]
 struct Cli {
@@ -69,6 +73,27 @@ enum Command {
     Chat {
         #[command(subcommand)]
         command: ChatCommand,
+    },
+    /// Search the messages by meaning and by words (as GET /api/v1/search).
+    Search(search_cli::SearchArgs),
+    /// What the memory workers' labels add up to (as GET /api/v1/analytics/categories).
+    Analytics {
+        #[command(subcommand)]
+        command: search_cli::AnalyticsCommand,
+    },
+    /// Erase a person completely (rows, workspaces, stream messages, dead letters) and print
+    /// what was removed per kind; `person.forgotten` tells downstream consumers.
+    Forget {
+        person: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give every message a vector under the configured embedding model (after a model change;
+    /// resumable, the old model's vectors stay).
+    Reembed {
+        /// Texts per embedding call (default: [embedding] batch).
+        #[arg(long)]
+        batch: Option<usize>,
     },
 }
 
@@ -324,6 +349,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Sms { command } => sms(config, command).await,
         Command::ApiKeys { command } => api_keys(config, command).await,
         Command::Chat { command } => chat(config, command).await,
+        Command::Search(args) => search_cli::search_command(config, args).await,
+        Command::Analytics { command } => search_cli::analytics_command(config, command).await,
+        Command::Forget { person, json } => forget::run(config, &person, json).await,
+        Command::Reembed { batch } => reembed::run(config, batch).await,
     }
 }
 

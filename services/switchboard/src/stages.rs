@@ -11,6 +11,9 @@ pub const ALL: &[Registration] = &[
     switchboard_log::INBOUND,
     switchboard_log::OUTBOUND,
     switchboard_deliver::STAGE,
+    switchboard_embed::STAGE,
+    switchboard_categorise::STAGE,
+    switchboard_summary::STAGE,
 ];
 
 /// The registration of the stage called `name`.
@@ -78,8 +81,11 @@ mod tests {
             .map(|r| r.spec.name)
             .collect();
         assert_eq!(one, ["identify", "deliver"]);
-        let err = select(&["summary"]).unwrap_err().to_string();
-        assert!(err.contains("summary") && err.contains("dispatch"), "{err}");
+        let err = select(&["summarize"]).unwrap_err().to_string();
+        assert!(
+            err.contains("summarize") && err.contains("dispatch"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -134,6 +134,9 @@ pub fn config(s: &Setup<'_>) -> Config {
     c.twilio.auth_token = Secret::new(s.twilio.auth_token.clone());
     c.twilio.from_number = TWILIO_NUMBER.into();
     c.twilio.api_base = s.twilio.url.clone();
+    if let Ok(dir) = std::env::var("SB_EMBEDDING__MODEL_DIR") {
+        c.embedding.model_dir = dir;
+    }
     c.agents = vec![AgentConfig {
         name: AGENT.into(),
         identity: "reggie".into(),
@@ -174,6 +177,8 @@ pub struct Pipeline {
     pub topology: Topology,
     pub db: sqlx::PgPool,
     config_dir: PathBuf,
+    /// The stages the started workers run (a run may leave some out, e.g. the memory workers).
+    running: Vec<&'static switchboard_kit::Registration>,
 }
 
 /// Worker binaries in start order, with how many replicas of each.
@@ -218,6 +223,12 @@ impl Pipeline {
             config,
             workers,
             config_dir,
+            running: stages::select(
+                &order
+                    .iter()
+                    .filter(|n| **n != "gateway")
+                    .collect::<Vec<_>>(),
+            )?,
         };
         pipeline.wait_ready(Duration::from_secs(60)).await?;
         Ok(pipeline)
@@ -227,7 +238,8 @@ impl Pipeline {
         &self.config_dir
     }
 
-    /// The gateway answers `/readyz` and every stage's consumer has a pull waiting.
+    /// The gateway answers `/readyz` and the consumer of every stage the run started has a pull
+    /// waiting.
     pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         let http = reqwest::Client::new();
@@ -239,25 +251,25 @@ impl Pipeline {
                 .await
                 .is_ok_and(|r| r.status().is_success());
             let mut pulling = 0;
-            if let Ok(stream) = self.js.get_stream(self.topology.work_stream()).await {
-                for stage in stages::names() {
-                    if let Ok(mut c) = stream
-                        .get_consumer::<jetstream::consumer::pull::Config>(stage)
+            for stage in &self.running {
+                let stream = self.topology.stream_of(stage.spec.reads);
+                if let Ok(stream) = self.js.get_stream(stream).await
+                    && let Ok(mut c) = stream
+                        .get_consumer::<jetstream::consumer::pull::Config>(stage.spec.name)
                         .await
-                        && c.info().await.is_ok_and(|i| i.num_waiting > 0)
-                    {
-                        pulling += 1;
-                    }
+                    && c.info().await.is_ok_and(|i| i.num_waiting > 0)
+                {
+                    pulling += 1;
                 }
             }
-            if gateway_ok && pulling == stages::ALL.len() {
+            if gateway_ok && pulling == self.running.len() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 let dead = self.workers_dead_hint();
                 bail!(
                     "the pipeline was not ready within {timeout:?} (gateway ready: {gateway_ok}, stages pulling: {pulling}/{}){dead}",
-                    stages::ALL.len()
+                    self.running.len()
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -287,7 +299,13 @@ impl Pipeline {
     pub async fn backlog_by_stage(&self) -> anyhow::Result<Vec<(&'static str, u64, u64)>> {
         let stream = self.js.get_stream(self.topology.work_stream()).await?;
         let mut by_stage = Vec::new();
-        for stage in stages::names() {
+        // The reply path's stages: the memory workers follow the events stream on their own
+        // and are not part of a bench or chaos run's pipeline.
+        let reply_path = stages::ALL
+            .iter()
+            .filter(|r| matches!(r.spec.reads, switchboard_kit::Source::Work(_)))
+            .map(|r| r.spec.name);
+        for stage in reply_path {
             let mut c: jetstream::consumer::PullConsumer = stream
                 .get_consumer(stage)
                 .await

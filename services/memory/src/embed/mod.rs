@@ -2,13 +2,15 @@
 //! is stored with every vector (`message_vectors.model`).
 //!
 //! - [`openai::OpenAiEmbedder`]: an OpenAI-compatible `POST {base_url}/embeddings`.
-//! - the local provider (all-MiniLM-L6-v2 in the process, offline) is `[embedding] provider =
-//!   "local"`, the default.
+//! - [`local::LocalEmbedder`]: all-MiniLM-L6-v2 in the process, offline (`[embedding] provider =
+//!   "local"`, the default).
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
 
+#[cfg(feature = "local-embedder")]
+pub mod local;
 pub mod openai;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,10 +45,11 @@ pub trait Embedder: Send + Sync {
 pub fn from_config(config: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedError> {
     match config.provider {
         EmbeddingProvider::OpenAi => Ok(Arc::new(openai::OpenAiEmbedder::new(config)?)),
+        #[cfg(feature = "local-embedder")]
+        EmbeddingProvider::Local => Ok(Arc::new(local::LocalEmbedder::new(config)?)),
+        #[cfg(not(feature = "local-embedder"))]
         EmbeddingProvider::Local => Err(EmbedError::Unusable(
-            "the local embedding provider is not available in this build; set [embedding] \
-             provider = \"openai\""
-                .into(),
+            "this build has no local embedder (switchboard-memory without `local-embedder`)".into(),
         )),
     }
 }

@@ -1,0 +1,460 @@
+//! The embedding worker: every logged message, in or out, gets one vector under the configured
+//! model (`switchboard.message_vectors`), announced as `message.embedded`.
+//!
+//! A [`BatchStage`] on the public `message.logged` events: per pull, the texts are read with one
+//! query, embedded in chunks of `[embedding] batch`, and written with one statement that skips
+//! what is already there, so a redelivered batch doubles nothing. A message with no row (erased
+//! by `forget`, or an id that names nothing) is acked without output and counted in
+//! `sb_embed_skipped_total{reason}`. `sb_embed_lag_seconds` says how far behind the index is.
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use switchboard_kit::memory_config::EmbeddingConfig;
+use switchboard_kit::proto::{MessageEmbedded, MessageLogged};
+use switchboard_kit::startup::{App, Task};
+use switchboard_kit::{Attempt, BatchStage, Outcome, Output, StageError, Topology};
+use switchboard_kit::{Registration, Source, StageSpec};
+use switchboard_memory::embed::{self, EmbedError, Embedder};
+use switchboard_memory::index::{self, LagScope};
+use uuid::Uuid;
+
+/// The model whose HNSW index the migration creates; any other gets its own at start.
+const MIGRATION_MODEL: &str = "all-MiniLM-L6-v2";
+/// pgvector's HNSW over `halfvec` takes at most this many dimensions.
+const HNSW_MAX_DIMENSIONS: usize = 4_000;
+/// How often the lag gauge is refreshed.
+const LAG_EVERY: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedStageError {
+    #[error(transparent)]
+    Embedder(#[from] EmbedError),
+    #[error("the embedder answered {got} vectors for {asked} texts")]
+    WrongCount { asked: usize, got: usize },
+    #[error("the embedder answered a vector of {got} dimensions, its model has {expected}")]
+    WrongDimensions { expected: usize, got: usize },
+    #[error("message vectors: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl EmbedStageError {
+    fn into_stage(self) -> StageError {
+        match &self {
+            EmbedStageError::Embedder(e) if !e.is_transient() => StageError::permanent(self),
+            _ => StageError::transient(self),
+        }
+    }
+}
+
+/// Why a `message.logged` event gets no vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skipped {
+    /// The id is not a UUID.
+    BadId,
+    /// No such row: erased (`forget`) or never written.
+    NoRow,
+}
+
+impl Skipped {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skipped::BadId => "bad_id",
+            Skipped::NoRow => "no_row",
+        }
+    }
+
+    fn count(self) {
+        metrics::counter!("sb_embed_skipped_total", "reason" => self.as_str()).increment(1);
+    }
+}
+
+/// A logged message read back for embedding.
+struct Row {
+    id: Uuid,
+    text: String,
+    person_id: String,
+    agent_identity: String,
+    session_id: Uuid,
+    /// Dimensions of its vector under the model, if it has one already (a redelivery).
+    embedded: Option<i32>,
+}
+
+pub struct EmbedStage {
+    db: PgPool,
+    topology: Topology,
+    /// The configured embedder, or why it cannot be used (every message is then refused with
+    /// that reason, until the configuration changes).
+    embedder: Result<Arc<dyn Embedder>, String>,
+    batch: usize,
+}
+
+impl EmbedStage {
+    pub fn new(
+        db: PgPool,
+        topology: Topology,
+        embedder: Result<Arc<dyn Embedder>, EmbedError>,
+        config: &EmbeddingConfig,
+    ) -> Self {
+        Self {
+            db,
+            topology,
+            embedder: embedder.map_err(|e| e.to_string()),
+            batch: config.batch.max(1),
+        }
+    }
+
+    /// Read the rows, embed those without a vector, write them; the rows found, by id.
+    async fn embed_rows(
+        &self,
+        embedder: &dyn Embedder,
+        ids: &[Uuid],
+    ) -> Result<Vec<Row>, EmbedStageError> {
+        let mut rows: Vec<Row> =
+            sqlx::query_as::<_, (Uuid, String, String, String, Uuid, Option<i32>)>(
+                "SELECT m.id, m.message, m.person_id, m.agent_identity, m.session_id, v.dimensions
+               FROM switchboard.messages m
+               LEFT JOIN switchboard.message_vectors v ON v.message_id = m.id AND v.model = $2
+              WHERE m.id = ANY($1)",
+            )
+            .bind(ids)
+            .bind(embedder.model())
+            .fetch_all(&self.db)
+            .await?
+            .into_iter()
+            .map(
+                |(id, text, person_id, agent_identity, session_id, embedded)| Row {
+                    id,
+                    text,
+                    person_id,
+                    agent_identity,
+                    session_id,
+                    embedded,
+                },
+            )
+            .collect();
+
+        let todo: Vec<&Row> = rows.iter().filter(|r| r.embedded.is_none()).collect();
+        if todo.is_empty() {
+            return Ok(rows);
+        }
+        let dimensions = store(&self.db, embedder, &todo, self.batch).await?;
+        for row in &mut rows {
+            row.embedded.get_or_insert(dimensions);
+        }
+        Ok(rows)
+    }
+
+    fn embedded_event(&self, model: &str, row: &Row, correlation_id: &str) -> Output {
+        let event = MessageEmbedded {
+            message_id: row.id.to_string(),
+            session_id: row.session_id.to_string(),
+            person_id: row.person_id.clone(),
+            agent_identity: row.agent_identity.clone(),
+            model: model.to_string(),
+            dimensions: row.embedded.unwrap_or_default(),
+            embedded_at_ms: switchboard_kit::now_ms(),
+        };
+        let output = Output::new(
+            self.topology.event("message.embedded"),
+            format!("{}:{model}", row.id),
+            &event,
+        );
+        if correlation_id.is_empty() {
+            output
+        } else {
+            output.correlated(correlation_id)
+        }
+    }
+}
+
+impl BatchStage for EmbedStage {
+    type Input = MessageLogged;
+    const SPEC: StageSpec = StageSpec::new("embed", Source::Events("message.logged"));
+
+    async fn handle_batch(
+        &self,
+        logged: Vec<MessageLogged>,
+        _attempts: &[Attempt],
+    ) -> Vec<Outcome> {
+        let embedder = match &self.embedder {
+            Ok(e) => e.clone(),
+            Err(why) => {
+                return logged
+                    .iter()
+                    .map(|_| Err(StageError::permanent(anyhow::anyhow!("{why}"))))
+                    .collect();
+            }
+        };
+        let ids: Vec<Option<Uuid>> = logged.iter().map(|l| l.message_id.parse().ok()).collect();
+        let wanted: Vec<Uuid> = ids.iter().flatten().copied().collect();
+        let rows = if wanted.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.embed_rows(embedder.as_ref(), &wanted).await
+        };
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                // The whole batch shares the read, the embedding and the write.
+                let permanent = matches!(&e, EmbedStageError::Embedder(x) if !x.is_transient());
+                let why = e.to_string();
+                let mut first = Some(e);
+                return logged
+                    .iter()
+                    .map(|_| {
+                        Err(match first.take() {
+                            Some(e) => e.into_stage(),
+                            None if permanent => StageError::permanent(anyhow::anyhow!("{why}")),
+                            None => StageError::transient(anyhow::anyhow!("{why}")),
+                        })
+                    })
+                    .collect();
+            }
+        };
+        logged
+            .iter()
+            .zip(ids)
+            .map(|(l, id)| {
+                let Some(id) = id else {
+                    Skipped::BadId.count();
+                    tracing::warn!(message_id = %l.message_id, "message.logged names no message id: skipped");
+                    return Ok(Vec::new());
+                };
+                match rows.iter().find(|r| r.id == id) {
+                    Some(row) => Ok(vec![self.embedded_event(
+                        embedder.model(),
+                        row,
+                        &l.correlation_id,
+                    )]),
+                    None => {
+                        Skipped::NoRow.count();
+                        tracing::info!(%id, "no such message (erased?): nothing to embed");
+                        Ok(Vec::new())
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// Embed `rows` (in chunks of `batch` texts) and write their vectors with one statement that
+/// skips any already there; the vectors' dimensions.
+async fn store(
+    db: &PgPool,
+    embedder: &dyn Embedder,
+    rows: &[&Row],
+    batch: usize,
+) -> Result<i32, EmbedStageError> {
+    let texts: Vec<String> = rows.iter().map(|r| r.text.clone()).collect();
+    let mut vectors = Vec::with_capacity(texts.len());
+    for chunk in texts.chunks(batch.max(1)) {
+        let got = embedder.embed(chunk).await?;
+        if got.len() != chunk.len() {
+            return Err(EmbedStageError::WrongCount {
+                asked: chunk.len(),
+                got: got.len(),
+            });
+        }
+        vectors.extend(got);
+    }
+    let dimensions = embedder.dimensions();
+    if let Some(v) = vectors.iter().find(|v| v.len() != dimensions) {
+        return Err(EmbedStageError::WrongDimensions {
+            expected: dimensions,
+            got: v.len(),
+        });
+    }
+    sqlx::query(
+        "INSERT INTO switchboard.message_vectors
+            (message_id, model, person_id, agent_identity, dimensions, embedding)
+         SELECT id, $2, person_id, agent_identity, $3, embedding::vector
+           FROM unnest($1::uuid[], $4::text[], $5::text[], $6::text[])
+                AS u(id, person_id, agent_identity, embedding)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+    .bind(embedder.model())
+    .bind(dimensions as i32)
+    .bind(rows.iter().map(|r| r.person_id.clone()).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|r| r.agent_identity.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        vectors
+            .iter()
+            .map(|v| embed::pg_vector(v))
+            .collect::<Vec<_>>(),
+    )
+    .execute(db)
+    .await?;
+    Ok(dimensions as i32)
+}
+
+/// Messages that have no vector under `model` yet (what `switchboard reembed` has left to do).
+pub async fn missing(db: &PgPool, model: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM switchboard.messages m
+          WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                             WHERE v.message_id = m.id AND v.model = $1)",
+    )
+    .bind(model)
+    .fetch_one(db)
+    .await
+}
+
+/// Embed up to `limit` of the oldest messages that have no vector under the embedder's model
+/// (`switchboard reembed`, one step); how many were embedded (0: none is left). Resumable: what
+/// it did is in the table, and the vectors of other models are left as they are.
+pub async fn reembed_step(
+    db: &PgPool,
+    embedder: &dyn Embedder,
+    limit: usize,
+    batch: usize,
+) -> Result<usize, EmbedStageError> {
+    let rows: Vec<Row> = sqlx::query_as::<_, (Uuid, String, String, String, Uuid)>(
+        "SELECT m.id, m.message, m.person_id, m.agent_identity, m.session_id
+           FROM switchboard.messages m
+          WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                             WHERE v.message_id = m.id AND v.model = $1)
+          ORDER BY m.id
+          LIMIT $2",
+    )
+    .bind(embedder.model())
+    .bind(limit as i64)
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|(id, text, person_id, agent_identity, session_id)| Row {
+        id,
+        text,
+        person_id,
+        agent_identity,
+        session_id,
+        embedded: None,
+    })
+    .collect();
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    store(db, embedder, &rows.iter().collect::<Vec<_>>(), batch).await?;
+    Ok(rows.len())
+}
+
+/// The name of `model`'s partial HNSW index (the migration's for the default model).
+pub fn index_name(model: &str) -> String {
+    let mut name = String::from("message_vectors_hnsw_");
+    let mut last_underscore = true;
+    for c in model.chars() {
+        if c.is_ascii_alphanumeric() {
+            name.push(c.to_ascii_lowercase());
+            last_underscore = false;
+        } else if !last_underscore {
+            name.push('_');
+            last_underscore = true;
+        }
+    }
+    // Postgres cuts identifiers at 63 bytes.
+    name.truncate(63);
+    name.trim_end_matches('_').to_string()
+}
+
+/// Create the partial HNSW index over `model`'s vectors if it is not there (a model other than
+/// the migration's, after a change of `[embedding] model`).
+pub async fn ensure_index(db: &PgPool, model: &str, dimensions: usize) -> Result<(), sqlx::Error> {
+    if model == MIGRATION_MODEL || dimensions == 0 || dimensions > HNSW_MAX_DIMENSIONS {
+        return Ok(());
+    }
+    let statement = format!(
+        "CREATE INDEX IF NOT EXISTS {name} ON switchboard.message_vectors
+             USING hnsw ((embedding::halfvec({dimensions})) halfvec_cosine_ops)
+             WHERE model = '{model}'",
+        name = index_name(model),
+        model = model.replace('\'', "''"),
+    );
+    sqlx::query(&statement).execute(db).await?;
+    Ok(())
+}
+
+/// Refresh `sb_embed_lag_seconds` (everyone's messages) every few seconds, for good.
+async fn refresh_lag(db: PgPool, model: String) {
+    loop {
+        match index::lag(&db, &model, LagScope::Everyone).await {
+            Ok(lag) => {
+                metrics::gauge!("sb_embed_lag_seconds").set(lag.seconds);
+                metrics::gauge!("sb_embed_waiting_messages").set(lag.messages_waiting as f64);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not measure the embedding lag"),
+        }
+        tokio::time::sleep(LAG_EVERY).await;
+    }
+}
+
+/// The embedder `[embedding]` configures, loaded off the async threads (a local model reads
+/// ~90 MB).
+pub async fn load_embedder(config: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedError> {
+    let config = config.clone();
+    tokio::task::spawn_blocking(move || embed::from_config(&config))
+        .await
+        .map_err(|e| EmbedError::Failed(format!("loading the embedder: {e}")))?
+}
+
+fn task(app: &App) -> Task {
+    let app = app.clone();
+    Box::pin(async move {
+        let config = app.config.embedding.clone();
+        let embedder = load_embedder(&config).await;
+        match &embedder {
+            Ok(e) => {
+                if let Err(err) = ensure_index(&app.db, e.model(), e.dimensions()).await {
+                    tracing::warn!(model = e.model(), error = %err, "could not create the model's vector index");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the embedder cannot be used: messages are dead-lettered with the reason")
+            }
+        }
+        let model = match &embedder {
+            Ok(e) => e.model().to_string(),
+            Err(_) => config.model.clone(),
+        };
+        let lag = tokio::spawn(refresh_lag(app.db.clone(), model));
+        let stage = EmbedStage::new(app.db.clone(), app.topology.clone(), embedder, &config);
+        let result = app.batch_stage_task(stage).await;
+        lag.abort();
+        result
+    })
+}
+
+/// The embedding stage, as the product lists it (`switchboard worker embed`).
+pub const STAGE: Registration = Registration {
+    spec: EmbedStage::SPEC,
+    worker: "embed",
+    start: task,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_model_gets_an_index_name_postgres_keeps_whole() {
+        assert_eq!(
+            index_name("all-MiniLM-L6-v2"),
+            "message_vectors_hnsw_all_minilm_l6_v2",
+            "the migration's name for the default model"
+        );
+        assert_eq!(
+            index_name("text-embedding-3-small"),
+            "message_vectors_hnsw_text_embedding_3_small"
+        );
+        let long = index_name(&"x".repeat(100));
+        assert!(long.len() <= 63, "{long}");
+        assert_eq!(
+            index_name("a'; DROP TABLE x; --"),
+            "message_vectors_hnsw_a_drop_table_x"
+        );
+    }
+}

@@ -1,0 +1,397 @@
+//! The NATS half of forgetting a person: the stored messages of the work, events and dead-letter
+//! streams that name them are deleted by sequence, their senders' arrival counters purged, and
+//! `person.forgotten` published.
+//!
+//! A payload names the person when, decoded by its `Sb-Type` header (else by its subject), it
+//! carries one of their session ids or message ids, or their person id or (channel, sender) on a
+//! message received before the erasure (a message they send afterwards is a new conversation
+//! and stays). A dead letter is judged by the payload it keeps. A payload of a type this build
+//! does not know is judged by its bytes (protobuf keeps strings as they are).
+use std::collections::{BTreeSet, HashSet};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, message::PublishMessage};
+use futures::StreamExt as _;
+use prost::{Message as _, Name};
+use switchboard_kit::Topology;
+use switchboard_kit::arrival::sender_key;
+use switchboard_kit::proto::{
+    DeadLetter, DeliveryFailed, ExchangeCategorised, IdentifiedMessage, InboundMessage,
+    MessageEmbedded, MessageLogged, MessageReceived, Person, PersonForgotten, Reply,
+    ReplyDelivered, SessionCreated, SessionReset, SessionSummarised, Turn,
+};
+use switchboard_kit::runtime::HEADER_TYPE;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("stream {stream}: {reason}")]
+    Stream { stream: String, reason: String },
+    #[error("arrival counters: {0}")]
+    Arrivals(String),
+    #[error("publishing person.forgotten: {0}")]
+    Publish(String),
+}
+
+/// What names the person.
+#[derive(Debug, Clone, Default)]
+pub struct Names {
+    pub person_id: String,
+    pub sessions: HashSet<String>,
+    pub messages: HashSet<String>,
+    /// (channel, sender address) of their messages.
+    pub senders: BTreeSet<(String, String)>,
+    /// The erasure's time (ms): what the person or their address alone names is theirs to
+    /// erase only if it is from before.
+    pub before_ms: i64,
+}
+
+impl Names {
+    fn person_before(&self, p: Option<&Person>, at_ms: i64) -> bool {
+        p.is_some_and(|p| p.person_id == self.person_id) && at_ms <= self.before_ms
+    }
+
+    fn inbound(&self, i: &InboundMessage) -> bool {
+        let before = i.received_at_ms <= self.before_ms;
+        self.messages.contains(&i.id)
+            || self.person_before(i.asserted.as_ref(), i.received_at_ms)
+            || (before
+                && self
+                    .senders
+                    .contains(&(i.channel.clone(), i.sender.clone())))
+    }
+
+    fn identified(&self, m: &IdentifiedMessage) -> bool {
+        let received = m.inbound.as_ref().map_or(0, |i| i.received_at_ms);
+        m.inbound.as_ref().is_some_and(|i| self.inbound(i))
+            || self.person_before(m.person.as_ref(), received)
+    }
+
+    fn event_person(&self, person_id: &str, at_ms: i64) -> bool {
+        person_id == self.person_id && at_ms <= self.before_ms
+    }
+
+    /// Whether a payload of type `ty` (a protobuf full name) on `subject` names the person.
+    pub fn payload(&self, ty: &str, subject: &str, bytes: &[u8]) -> bool {
+        let s = |id: &str| self.sessions.contains(id);
+        let m = |id: &str| self.messages.contains(id);
+        macro_rules! decode {
+            ($t:ty) => {
+                match <$t>::decode(bytes) {
+                    Ok(v) => v,
+                    // Not what its header says: judged by its bytes.
+                    Err(_) => return self.raw(bytes),
+                }
+            };
+        }
+        match ty {
+            t if t == InboundMessage::full_name() => self.inbound(&decode!(InboundMessage)),
+            t if t == IdentifiedMessage::full_name() => {
+                self.identified(&decode!(IdentifiedMessage))
+            }
+            t if t == Turn::full_name() => {
+                let turn = decode!(Turn);
+                s(&turn.session_id) || turn.message.as_ref().is_some_and(|m| self.identified(m))
+            }
+            t if t == Reply::full_name() => {
+                let r = decode!(Reply);
+                let received = switchboard_kit::forgotten::id_time(&r.in_reply_to);
+                s(&r.session_id)
+                    || m(&r.id)
+                    || m(&r.in_reply_to)
+                    || self.person_before(r.person.as_ref(), received.timestamp_millis())
+            }
+            t if t == DeadLetter::full_name() => {
+                let d = decode!(DeadLetter);
+                self.payload(&d.message_type, &d.subject, &d.payload)
+            }
+            t if t == MessageReceived::full_name() => m(&decode!(MessageReceived).message_id),
+            t if t == SessionCreated::full_name() => {
+                let e = decode!(SessionCreated);
+                s(&e.session_id) || self.event_person(&e.person_id, e.created_at_ms)
+            }
+            t if t == SessionReset::full_name() => {
+                let e = decode!(SessionReset);
+                s(&e.session_id) || self.event_person(&e.person_id, e.reset_at_ms)
+            }
+            t if t == MessageLogged::full_name() => {
+                let e = decode!(MessageLogged);
+                m(&e.message_id)
+                    || s(&e.session_id)
+                    || self.event_person(&e.person_id, e.logged_at_ms)
+            }
+            t if t == ReplyDelivered::full_name() => {
+                let e = decode!(ReplyDelivered);
+                m(&e.reply_id) || s(&e.session_id)
+            }
+            t if t == DeliveryFailed::full_name() => {
+                let e = decode!(DeliveryFailed);
+                m(&e.reply_id) || s(&e.session_id)
+            }
+            t if t == SessionSummarised::full_name() => {
+                let e = decode!(SessionSummarised);
+                self.event_person(&e.person_id, e.summarised_at_ms)
+            }
+            t if t == MessageEmbedded::full_name() => {
+                let e = decode!(MessageEmbedded);
+                m(&e.message_id)
+                    || s(&e.session_id)
+                    || self.event_person(&e.person_id, e.embedded_at_ms)
+            }
+            t if t == ExchangeCategorised::full_name() => {
+                let e = decode!(ExchangeCategorised);
+                m(&e.inbound_message_id)
+                    || m(&e.outbound_message_id)
+                    || s(&e.session_id)
+                    || self.event_person(&e.person_id, e.categorised_at_ms)
+            }
+            // The announcement itself is how others learn to erase their copies.
+            t if t == PersonForgotten::full_name() => false,
+            "" => match type_of_subject(subject) {
+                Some(t) => self.payload(&t, subject, bytes),
+                None => self.raw(bytes),
+            },
+            _ => self.raw(bytes),
+        }
+    }
+
+    /// A payload of an unknown type: whether its bytes hold one of the ids.
+    fn raw(&self, bytes: &[u8]) -> bool {
+        let has = |needle: &str| {
+            !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+        };
+        has(&self.person_id)
+            || self.sessions.iter().any(|id| has(id))
+            || self.messages.iter().any(|id| has(id))
+    }
+}
+
+/// The payload type a subject carries when the message has no `Sb-Type` header.
+fn type_of_subject(subject: &str) -> Option<String> {
+    let mut parts = subject.splitn(3, '.');
+    let _prefix = parts.next()?;
+    let kind = parts.next()?;
+    let rest = parts.next().unwrap_or("");
+    let name = match (kind, rest) {
+        ("in", _) => InboundMessage::full_name(),
+        ("identified", _) => IdentifiedMessage::full_name(),
+        ("turn", _) => Turn::full_name(),
+        ("reply", _) => Reply::full_name(),
+        ("dlq", _) => DeadLetter::full_name(),
+        ("events", "message.received") => MessageReceived::full_name(),
+        ("events", "session.created") => SessionCreated::full_name(),
+        ("events", "session.reset") => SessionReset::full_name(),
+        ("events", "message.logged") => MessageLogged::full_name(),
+        ("events", "reply.delivered") => ReplyDelivered::full_name(),
+        ("events", "delivery.failed") => DeliveryFailed::full_name(),
+        ("events", "session.summarised") => SessionSummarised::full_name(),
+        ("events", "message.embedded") => MessageEmbedded::full_name(),
+        ("events", "exchange.categorised") => ExchangeCategorised::full_name(),
+        ("events", "person.forgotten") => PersonForgotten::full_name(),
+        _ => return None,
+    };
+    Some(name)
+}
+
+/// What the sweep deleted.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Swept {
+    /// From the work and events streams.
+    pub stream_messages: i64,
+    pub dead_letters: i64,
+}
+
+/// Delete every stored message of the work, events and dead-letter streams that names them.
+pub async fn sweep(
+    js: &jetstream::Context,
+    topology: &Topology,
+    names: &Names,
+) -> Result<Swept, SweepError> {
+    let mut swept = Swept::default();
+    for stream in [topology.work_stream(), topology.events_stream()] {
+        swept.stream_messages += sweep_stream(js, &stream, names).await?;
+    }
+    swept.dead_letters = sweep_stream(js, &topology.dlq_stream(), names).await?;
+    Ok(swept)
+}
+
+/// How long the sweep waits for the next stored message before taking the stream as read (the
+/// messages it expected were removed meanwhile: acked on the work stream, or expired).
+const QUIET: Duration = Duration::from_secs(3);
+
+async fn sweep_stream(
+    js: &jetstream::Context,
+    name: &str,
+    names: &Names,
+) -> Result<i64, SweepError> {
+    let err = |reason: String| SweepError::Stream {
+        stream: name.to_string(),
+        reason,
+    };
+    let mut stream = match js.get_stream(name).await {
+        Ok(s) => s,
+        // Never created: nothing stored.
+        Err(e)
+            if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
+                if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+        {
+            return Ok(0);
+        }
+        Err(e) => return Err(err(e.to_string())),
+    };
+    let info = stream.info().await.map_err(|e| err(e.to_string()))?;
+    if info.state.messages == 0 {
+        return Ok(0);
+    }
+    let last = info.state.last_sequence;
+    // An ordered consumer reads the stream once, without acks: it takes nothing from the
+    // stages' consumers, and is gone when dropped.
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let mut messages = consumer.messages().await.map_err(|e| err(e.to_string()))?;
+    let mut deleted = 0;
+    loop {
+        let next = match tokio::time::timeout(QUIET, messages.next()).await {
+            Ok(Some(next)) => next.map_err(|e| err(e.to_string()))?,
+            Ok(None) | Err(_) => break,
+        };
+        let seq = next.info().map_err(|e| err(e.to_string()))?.stream_sequence;
+        let ty = next
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(HEADER_TYPE))
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default();
+        if names.payload(&ty, next.subject.as_str(), &next.payload) {
+            // Already gone (acked by every stage meanwhile, or expired) is as good as deleted.
+            if stream.delete_message(seq).await.unwrap_or(false) {
+                deleted += 1;
+            }
+        }
+        if seq >= last {
+            break;
+        }
+    }
+    Ok(deleted)
+}
+
+/// Purge the arrival counters of the person's senders; how many there were.
+pub async fn purge_arrival_keys(
+    js: &jetstream::Context,
+    topology: &Topology,
+    senders: &BTreeSet<(String, String)>,
+) -> Result<i64, SweepError> {
+    if senders.is_empty() {
+        return Ok(0);
+    }
+    let arrivals = |e: &dyn std::fmt::Display| SweepError::Arrivals(e.to_string());
+    let kv = match js.get_key_value(topology.arrivals_bucket()).await {
+        Ok(kv) => kv,
+        Err(_) => return Ok(0), // no bucket: no counters
+    };
+    let mut purged = 0;
+    for (channel, sender) in senders {
+        let key = sender_key(channel, sender);
+        let entry = kv.entry(&key).await.map_err(|e| arrivals(&e))?;
+        if entry.is_some_and(|e| e.operation == jetstream::kv::Operation::Put) {
+            kv.purge(&key).await.map_err(|e| arrivals(&e))?;
+            purged += 1;
+        }
+    }
+    Ok(purged)
+}
+
+/// Publish `person.forgotten`.
+pub async fn announce(
+    js: &jetstream::Context,
+    topology: &Topology,
+    event: &PersonForgotten,
+) -> Result<(), SweepError> {
+    let publish = |e: &dyn std::fmt::Display| SweepError::Publish(e.to_string());
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(HEADER_TYPE, PersonForgotten::full_name().as_str());
+    let msg = PublishMessage::build()
+        .payload(event.encode_to_vec().into())
+        .headers(headers)
+        .message_id(format!(
+            "forget/{}/{}",
+            event.person_id, event.forgotten_at_ms
+        ));
+    js.send_publish(topology.event("person.forgotten"), msg)
+        .await
+        .map_err(|e| publish(&e))?
+        .await
+        .map_err(|e| publish(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Names {
+        Names {
+            person_id: "staff:17".into(),
+            sessions: ["0190c0de-0000-7000-8000-000000000001".to_string()].into(),
+            messages: ["0190c0de-0000-7000-8000-000000000002".to_string()].into(),
+            senders: [("sms".to_string(), "+61400000017".to_string())].into(),
+            before_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn a_message_from_their_number_before_the_erasure_names_them_and_one_after_does_not() {
+        let n = names();
+        let mut inbound = InboundMessage {
+            id: "other".into(),
+            channel: "sms".into(),
+            sender: "+61400000017".into(),
+            received_at_ms: 999,
+            ..Default::default()
+        };
+        let ty = InboundMessage::full_name();
+        assert!(n.payload(&ty, "sb.in.sms", &inbound.encode_to_vec()));
+        inbound.received_at_ms = 1_001;
+        assert!(!n.payload(&ty, "sb.in.sms", &inbound.encode_to_vec()));
+        inbound.sender = "+61400000018".into();
+        inbound.received_at_ms = 999;
+        assert!(!n.payload(&ty, "sb.in.sms", &inbound.encode_to_vec()));
+    }
+
+    #[test]
+    fn a_dead_letter_is_judged_by_the_payload_it_keeps() {
+        let n = names();
+        let turn = Turn {
+            session_id: "0190c0de-0000-7000-8000-000000000001".into(),
+            ..Default::default()
+        };
+        let letter = DeadLetter {
+            message_type: Turn::full_name(),
+            subject: "sb.turn.3".into(),
+            payload: turn.encode_to_vec(),
+            ..Default::default()
+        };
+        assert!(n.payload("", "sb.dlq.dispatch", &letter.encode_to_vec()));
+        let other = DeadLetter {
+            payload: Turn::default().encode_to_vec(),
+            ..letter
+        };
+        assert!(!n.payload("", "sb.dlq.dispatch", &other.encode_to_vec()));
+    }
+
+    #[test]
+    fn the_announcement_is_kept_and_unknown_payloads_are_read_as_bytes() {
+        let n = names();
+        let event = PersonForgotten {
+            person_id: "staff:17".into(),
+            ..Default::default()
+        };
+        assert!(!n.payload("", "sb.events.person.forgotten", &event.encode_to_vec()));
+        assert!(n.payload("x.Unknown", "sb.events.new", b"..staff:17.."));
+        assert!(!n.payload("x.Unknown", "sb.events.new", b"..staff:18.."));
+    }
+}

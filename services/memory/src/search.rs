@@ -1,0 +1,321 @@
+//! Search over the message log: hybrid ranking of messages, the vector similarity of each
+//! message to the query (under the current embedding model, through its partial HNSW index)
+//! fused with the full-text rank (`messages.search`) by reciprocal rank fusion. The filters on
+//! the person and the agent identity are in the predicate of both branches, so a search for one
+//! person cannot rank another's message. Every answer says how far behind the vector index is.
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::embed::{EmbedError, Embedder, pg_vector};
+use crate::index::{IndexLag, LagScope, lag};
+
+/// The most hits one search answers with.
+pub const MAX_LIMIT: i64 = 100;
+/// Hits when the query does not say.
+pub const DEFAULT_LIMIT: i64 = 20;
+/// The longest query text.
+pub const MAX_QUERY_CHARS: usize = 1_000;
+/// Reciprocal rank fusion's constant: a hit at rank r in a branch scores 1 / (K + r).
+const RRF_K: f64 = 60.0;
+/// Each branch ranks this many candidates per hit asked for (fusion needs more than the page).
+const CANDIDATES_PER_HIT: i64 = 4;
+
+/// What to search for, and in whose messages.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SearchQuery {
+    pub text: String,
+    pub person: Option<String>,
+    /// The agent (engine variant) name, e.g. `reggie_oc`.
+    pub agent: Option<String>,
+    /// The agent identity, e.g. `reggie` (every engine variant of it).
+    pub identity: Option<String>,
+    pub channel: Option<String>,
+    /// Messages at or after this time.
+    pub from: Option<DateTime<Utc>>,
+    /// Messages before this time.
+    pub to: Option<DateTime<Utc>>,
+    pub limit: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    /// The query itself is wrong (empty text, a limit out of range, `from` after `to`).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("search: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl SearchQuery {
+    /// Whether the query can run: the reason it cannot, for the person who asked.
+    pub fn check(&self) -> Result<(), SearchError> {
+        let text = self.text.trim();
+        if text.is_empty() {
+            return Err(SearchError::Invalid(
+                "q (what to search for) is empty".into(),
+            ));
+        }
+        if text.chars().count() > MAX_QUERY_CHARS {
+            return Err(SearchError::Invalid(format!(
+                "q is longer than {MAX_QUERY_CHARS} characters"
+            )));
+        }
+        if !(1..=MAX_LIMIT).contains(&self.limit) {
+            return Err(SearchError::Invalid(format!(
+                "limit must be a whole number from 1 to {MAX_LIMIT}"
+            )));
+        }
+        if let (Some(from), Some(to)) = (self.from, self.to)
+            && from >= to
+        {
+            return Err(SearchError::Invalid("from must be before to".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One message found.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct SearchHit {
+    pub message_id: Uuid,
+    pub text: String,
+    /// `inbound` (the person's) or `outbound` (the agent's).
+    pub direction: String,
+    pub session_id: Uuid,
+    pub person_id: String,
+    /// The agent (engine variant) and its identity.
+    pub agent: String,
+    pub agent_identity: String,
+    pub channel: String,
+    pub at: DateTime<Utc>,
+    /// The exchange's label, once the categorisation worker has given it one.
+    pub category: Option<String>,
+    /// The fused rank score (higher is better): the sum over the branches that found the
+    /// message of 1 / (60 + its rank there).
+    pub score: f64,
+    /// Whether the vector branch and the full-text branch found it.
+    pub by_meaning: bool,
+    pub by_words: bool,
+}
+
+/// The answer of a search.
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchResults {
+    pub hits: Vec<SearchHit>,
+    /// The embedding model the vector branch searched under.
+    pub model: String,
+    /// How far behind the vector index is for the messages searched.
+    pub index_lag: IndexLag,
+    /// Why meaning was not part of the ranking, when it was not (the embedder failed or is not
+    /// usable): the hits then come from the words alone.
+    pub vector_error: Option<String>,
+}
+
+impl SearchResults {
+    /// What the person searching should know about the index: `None` when it is complete.
+    pub fn note(&self) -> Option<String> {
+        let mut notes = Vec::new();
+        if self.index_lag.messages_waiting > 0 {
+            notes.push(format!(
+                "the search index is behind: {} message{} not searchable by meaning yet (the \
+                 oldest waiting {:.0} s){}",
+                self.index_lag.messages_waiting,
+                if self.index_lag.messages_waiting == 1 {
+                    " is"
+                } else {
+                    "s are"
+                },
+                self.index_lag.seconds,
+                if self.hits.is_empty() {
+                    ": no hit does not mean no such message"
+                } else {
+                    ""
+                },
+            ));
+        }
+        if let Some(e) = &self.vector_error {
+            notes.push(format!("ranked by words only ({e})"));
+        }
+        (!notes.is_empty()).then(|| notes.join("; "))
+    }
+}
+
+/// A model name as an SQL string literal (the partial HNSW index is chosen only when the
+/// query's `model = '…'` is a literal equal to the index's predicate).
+fn sql_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Search the messages. `embedder` is the configured one (`Err`: why it is not usable; the
+/// search then ranks by words alone and says so); `model` is the model whose vectors are
+/// searched and whose lag is reported.
+pub async fn search(
+    db: &PgPool,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    q: &SearchQuery,
+) -> Result<SearchResults, SearchError> {
+    q.check()?;
+    let text = q.text.trim().to_string();
+    let (vector, dimensions, vector_error) = match embedder {
+        Ok(e) => match e.embed(std::slice::from_ref(&text)).await {
+            Ok(mut v) if v.len() == 1 => (Some(pg_vector(&v.remove(0))), e.dimensions(), None),
+            Ok(_) => (None, 0, Some("the embedder answered no vector".into())),
+            Err(err) => (None, 0, Some(err.to_string())),
+        },
+        Err(err) => (None, 0, Some(err.to_string())),
+    };
+    let candidates = q.limit * CANDIDATES_PER_HIT;
+    // Both branches carry the same filters; the person and identity are checked on the vector
+    // rows themselves too (isolation where the data lives).
+    let filters = "($2::text IS NULL OR m.person_id = $2)
+               AND ($3::text IS NULL OR m.agent_identity = $3)
+               AND ($4::text IS NULL OR m.agent_name = $4)
+               AND ($5::text IS NULL OR m.channel = $5)
+               AND ($6::timestamptz IS NULL OR m.created_at >= $6)
+               AND ($7::timestamptz IS NULL OR m.created_at < $7)";
+    let vector_branch = if vector.is_some() {
+        let n = dimensions;
+        let model = sql_literal(model);
+        format!(
+            "SELECT v.message_id AS id,
+                    row_number() OVER (ORDER BY v.distance, v.message_id) AS r
+               FROM (SELECT mv.message_id,
+                            mv.embedding::halfvec({n}) <=> $1::halfvec({n}) AS distance
+                       FROM switchboard.message_vectors mv
+                       JOIN switchboard.messages m ON m.id = mv.message_id
+                      WHERE mv.model = {model}
+                        AND ($2::text IS NULL OR mv.person_id = $2)
+                        AND ($3::text IS NULL OR mv.agent_identity = $3)
+                        AND {filters}
+                      ORDER BY mv.embedding::halfvec({n}) <=> $1::halfvec({n})
+                      LIMIT $8) v"
+        )
+    } else {
+        // No query vector: an empty branch of the same shape ($1 is NULL).
+        "SELECT NULL::uuid AS id, 0::bigint AS r WHERE $1::text IS NOT NULL".to_string()
+    };
+    let sql = format!(
+        "WITH vec AS ({vector_branch}),
+              txt AS (
+                SELECT t.id, row_number() OVER (ORDER BY t.rank DESC, t.id DESC) AS r
+                  FROM (SELECT m.id, ts_rank_cd(m.search, query) AS rank
+                          FROM switchboard.messages m,
+                               websearch_to_tsquery('simple', $9) AS query
+                         WHERE m.search @@ query AND {filters}
+                         ORDER BY rank DESC, m.id DESC
+                         LIMIT $8) t),
+              fused AS (
+                SELECT id, sum(1.0 / ({RRF_K} + r))::float8 AS score,
+                       bool_or(branch = 'vec') AS by_meaning,
+                       bool_or(branch = 'txt') AS by_words
+                  FROM (SELECT id, r, 'vec' AS branch FROM vec
+                        UNION ALL SELECT id, r, 'txt' FROM txt) b
+                 WHERE id IS NOT NULL
+                 GROUP BY id)
+         SELECT m.id AS message_id, m.message AS text, m.direction, m.session_id, m.person_id,
+                m.agent_name AS agent, m.agent_identity, m.channel, m.created_at AS at,
+                m.category, f.score, f.by_meaning, f.by_words
+           FROM fused f JOIN switchboard.messages m ON m.id = f.id
+          WHERE {filters}
+          ORDER BY f.score DESC, m.id DESC
+          LIMIT $10"
+    );
+    let mut tx = db.begin().await?;
+    if vector.is_some() {
+        // With filters, an HNSW scan that stops at ef_search candidates can return fewer rows
+        // than asked for (or none); the iterative scan keeps going until enough pass.
+        sqlx::query("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            .execute(&mut *tx)
+            .await?;
+    }
+    let hits: Vec<SearchHit> = sqlx::query_as(&sql)
+        .bind(vector)
+        .bind(&q.person)
+        .bind(&q.identity)
+        .bind(&q.agent)
+        .bind(&q.channel)
+        .bind(q.from)
+        .bind(q.to)
+        .bind(candidates)
+        .bind(&text)
+        .bind(q.limit)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let scope = match &q.person {
+        Some(person_id) => LagScope::Person {
+            person_id,
+            agent_identity: q.identity.as_deref(),
+        },
+        None => LagScope::Everyone,
+    };
+    let index_lag = lag(db, model, scope).await?;
+    Ok(SearchResults {
+        hits,
+        model: model.to_string(),
+        index_lag,
+        vector_error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query() -> SearchQuery {
+        SearchQuery {
+            text: "next shift".into(),
+            limit: DEFAULT_LIMIT,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_query_without_text_or_with_a_limit_out_of_range_is_refused_saying_why() {
+        assert!(query().check().is_ok());
+        let empty = SearchQuery {
+            text: "  ".into(),
+            ..query()
+        };
+        assert!(empty.check().unwrap_err().to_string().contains("empty"));
+        for limit in [0, 101] {
+            let q = SearchQuery { limit, ..query() };
+            assert!(q.check().unwrap_err().to_string().contains("limit"));
+        }
+        let t = Utc::now();
+        let backwards = SearchQuery {
+            from: Some(t),
+            to: Some(t - chrono::Duration::hours(1)),
+            ..query()
+        };
+        assert!(backwards.check().unwrap_err().to_string().contains("from"));
+    }
+
+    #[test]
+    fn a_model_name_is_quoted_as_a_literal() {
+        assert_eq!(sql_literal("all-MiniLM-L6-v2"), "'all-MiniLM-L6-v2'");
+        assert_eq!(sql_literal("it's"), "'it''s'");
+    }
+
+    #[test]
+    fn a_lagging_index_is_never_silent() {
+        let results = |waiting| SearchResults {
+            hits: Vec::new(),
+            model: "m".into(),
+            index_lag: IndexLag {
+                seconds: 42.0,
+                messages_waiting: waiting,
+            },
+            vector_error: None,
+        };
+        assert_eq!(results(0).note(), None);
+        let note = results(3).note().unwrap();
+        assert!(
+            note.contains("behind") && note.contains("3 messages") && note.contains("42 s"),
+            "{note}"
+        );
+    }
+}

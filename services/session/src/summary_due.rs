@@ -1,0 +1,54 @@
+//! A reset or a switch of engine variant first summarises: when a turn starts a fresh engine
+//! session (a reset) or opens the first session of another engine variant of the identity,
+//! and the memory key has messages its summary does not cover, the session stage also asks
+//! the summary worker for a summary (`{p}.events.summary.due`), so what the old engine session knew
+//! reaches the shared summary without waiting for the conversation to go quiet.
+use sqlx::PgPool;
+use switchboard_kit::proto::{Person, SummaryDue};
+use switchboard_kit::{Output, Topology};
+use uuid::Uuid;
+
+use crate::OpenedTurn;
+
+/// The summary item `opened` calls for, if any.
+pub(crate) async fn summary_due(
+    db: &PgPool,
+    topology: &Topology,
+    opened: &OpenedTurn,
+    person: &Person,
+    agent_identity: &str,
+) -> Result<Option<Output>, sqlx::Error> {
+    let (reason, other_sessions_only) = if opened.reset.is_some() {
+        ("reset", false)
+    } else if opened.seq == 1 {
+        // Maybe the first turn of another engine variant: only its siblings' messages count.
+        ("engine_switch", true)
+    } else {
+        return Ok(None);
+    };
+    let newest: Option<Uuid> = sqlx::query_scalar(
+        "SELECT m.id FROM switchboard.messages m
+           JOIN switchboard.sessions s ON s.id = m.session_id
+           LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
+          WHERE s.memory_key = $1 AND NOT ($2 AND s.id = $3)
+            AND (y.last_message_in_summary IS NULL OR m.id > y.last_message_in_summary)
+          ORDER BY m.id DESC LIMIT 1",
+    )
+    .bind(&opened.memory_key)
+    .bind(other_sessions_only)
+    .bind(opened.session_id)
+    .fetch_optional(db)
+    .await?;
+    let Some(newest) = newest else {
+        return Ok(None);
+    };
+    let due = SummaryDue {
+        memory_key: opened.memory_key.clone(),
+        person_id: person.person_id.clone(),
+        agent_identity: agent_identity.to_string(),
+        reason: reason.into(),
+    };
+    // The summary worker's sweeper names the same item the same way.
+    let id = format!("{}:{newest}", opened.memory_key);
+    Ok(Some(Output::new(topology.summary_due(), id, &due)))
+}

@@ -1,0 +1,44 @@
+//! `switchboard reembed`: give every logged message a vector under the configured embedding
+//! model (after a change of `[embedding] model`), in batches, with a progress bar. Resumable:
+//! it embeds what has no vector under the model yet, so a run stopped half way goes on where it
+//! stopped; the old model's vectors are left as they are (readers keep using them until the new
+//! ones are complete).
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressStyle};
+use switchboard_kit::Config;
+
+pub async fn run(config: Config, batch: Option<usize>) -> anyhow::Result<()> {
+    let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
+    let embedder = switchboard_embed::load_embedder(&config.embedding)
+        .await
+        .context("the configured embedder")?;
+    let model = embedder.model().to_string();
+    switchboard_embed::ensure_index(&db, &model, embedder.dimensions())
+        .await
+        .context("creating the model's vector index")?;
+    let batch = batch.unwrap_or(config.embedding.batch).max(1);
+    let missing = switchboard_embed::missing(&db, &model).await?;
+    let bar = ProgressBar::new(missing.max(0) as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {pos}/{len} messages, {per_sec}, {eta} left",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(format!("embedding under {model}"));
+    let mut done = 0u64;
+    loop {
+        let n = switchboard_embed::reembed_step(&db, embedder.as_ref(), batch * 4, batch)
+            .await
+            .with_context(|| format!("after {done} messages (run again to go on)"))?;
+        if n == 0 {
+            break;
+        }
+        done += n as u64;
+        bar.inc(n as u64);
+    }
+    bar.finish_and_clear();
+    println!("{done} messages embedded under {model}; every message has a vector under it");
+    Ok(())
+}

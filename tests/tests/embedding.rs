@@ -1,0 +1,462 @@
+//! The embedding worker: every message in and out gets exactly one vector under the configured
+//! model, with its person and identity, and a `message.embedded` event; a redelivery doubles
+//! nothing; what names no message is skipped, never retried forever; and the default, local
+//! model (all-MiniLM-L6-v2 in the process) is the real one: it matches reference vectors
+//! computed independently (`tests/fixtures/embedding/`) and ranks a paraphrase first.
+//!
+//! The tests of the local model read its folder from `SB_EMBEDDING__MODEL_DIR`, which
+//! `deploy/local/stack.sh up|env` prints (and `make test` exports).
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer;
+use futures::StreamExt;
+use prost::Message as _;
+use switchboard_e2e::{AppOptions, FakeModel, TestApp, spawn_app_configured, spawn_app_with};
+use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
+use switchboard_kit::proto::{MessageEmbedded, MessageLogged};
+use switchboard_memory::embed::{self, cosine};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn model_dir() -> String {
+    std::env::var("SB_EMBEDDING__MODEL_DIR").unwrap_or_else(|_| {
+        panic!(
+            "SB_EMBEDDING__MODEL_DIR is not set: run with `make test`, or export what \
+             `deploy/local/stack.sh env test` prints (the stack fetches the model)"
+        )
+    })
+}
+
+fn local_config() -> EmbeddingConfig {
+    EmbeddingConfig {
+        model_dir: model_dir(),
+        ..Default::default()
+    }
+}
+
+fn fake_config(fake: &FakeModel) -> EmbeddingConfig {
+    EmbeddingConfig {
+        provider: EmbeddingProvider::OpenAi,
+        model: "fake-embed".into(),
+        dimensions: 16,
+        base_url: fake.url.clone(),
+        batch: 3,
+        ..Default::default()
+    }
+}
+
+/// A stored vector as a user would read it back.
+#[derive(Debug)]
+struct Stored {
+    message_id: uuid::Uuid,
+    text: String,
+    direction: String,
+    person_id: String,
+    agent_identity: String,
+    model: String,
+    dimensions: i32,
+    embedding: Vec<f32>,
+}
+
+/// A message and its vector (the vector's columns are empty when it has none).
+type StoredRow = (
+    uuid::Uuid,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i32>,
+    Option<String>,
+);
+
+/// Every vector stored, with the message it belongs to (a message without one shows up with an
+/// empty model).
+async fn vectors(app: &TestApp) -> Vec<Stored> {
+    let rows: Vec<StoredRow> = sqlx::query_as(
+        "SELECT m.id, m.message, m.direction, v.person_id, v.agent_identity, v.model,
+                    v.dimensions, v.embedding::text
+               FROM switchboard.messages m
+               LEFT JOIN switchboard.message_vectors v ON v.message_id = m.id
+              ORDER BY m.id, v.model",
+    )
+    .fetch_all(&app.db)
+    .await
+    .expect("read the vectors");
+    rows.into_iter()
+        .map(
+            |(id, text, direction, person, identity, model, dims, embedding)| Stored {
+                message_id: id,
+                text,
+                direction,
+                person_id: person.unwrap_or_default(),
+                agent_identity: identity.unwrap_or_default(),
+                model: model.unwrap_or_default(),
+                dimensions: dims.unwrap_or_default(),
+                embedding: embedding
+                    .unwrap_or_default()
+                    .trim_matches(['[', ']'])
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|x| x.parse().expect("a vector component"))
+                    .collect(),
+            },
+        )
+        .collect()
+}
+
+/// The events published on `sb.events.<name>` so far, decoded.
+async fn events<M: prost::Message + Default>(app: &TestApp, name: &str) -> Vec<M> {
+    let stream = app
+        .js
+        .get_stream(app.topology.events_stream())
+        .await
+        .expect("the events stream");
+    let reader = stream
+        .create_consumer(consumer::pull::Config {
+            filter_subject: app.topology.event(name),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ack_policy: consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("a reader of the events stream");
+    let mut out = Vec::new();
+    let mut messages = reader.messages().await.expect("read events");
+    while let Ok(Some(message)) =
+        tokio::time::timeout(Duration::from_secs(1), messages.next()).await
+    {
+        let message = message.expect("an event");
+        out.push(M::decode(message.payload.clone()).expect("the event decodes"));
+    }
+    out
+}
+
+async fn publish_logged(app: &TestApp, logged: &MessageLogged) {
+    app.js
+        .publish(
+            app.topology.event("message.logged"),
+            logged.encode_to_vec().into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+}
+
+/// Two people write; the agent answers each. Returns once the pipeline is quiet.
+async fn two_conversations(app: &TestApp) {
+    for (from, text) in [
+        ("+14155550701", "when is my next shift"),
+        ("+14155550702", "the fire alarm in building C went off"),
+    ] {
+        assert_eq!(app.send_sms(from, text).await.status(), 200);
+    }
+    app.wait_for_sms(2, WAIT).await;
+    app.settle().await;
+}
+
+#[tokio::test]
+async fn every_message_in_and_out_gets_one_vector_under_the_configured_model_and_an_event() {
+    let fake = FakeModel::start(16).await;
+    let config = fake_config(&fake);
+    let app = spawn_app_configured(move |c| c.embedding = config).await;
+    two_conversations(&app).await;
+
+    let stored = vectors(&app).await;
+    let logged: Vec<(uuid::Uuid, String, String)> = sqlx::query_as(
+        "SELECT id, person_id, agent_identity FROM switchboard.messages ORDER BY id",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(logged.len(), 4, "two messages in, two replies out");
+    assert_eq!(
+        stored.len(),
+        logged.len(),
+        "exactly one vector per message: {stored:?}"
+    );
+    for ((id, person, identity), v) in logged.iter().zip(&stored) {
+        assert_eq!(&v.message_id, id);
+        assert_eq!(v.model, "fake-embed", "{} message {id}", v.direction);
+        assert_eq!(
+            (&v.person_id, &v.agent_identity),
+            (person, identity),
+            "the vector names the message's person and identity"
+        );
+        assert_eq!(v.dimensions, 16);
+        let same = cosine(&v.embedding, &fake.vector_of(&v.text));
+        assert!(
+            same > 0.9999,
+            "the vector of {:?} is its text's: {same}",
+            v.text
+        );
+    }
+    let directions: HashSet<&str> = stored.iter().map(|v| v.direction.as_str()).collect();
+    assert_eq!(directions, HashSet::from(["inbound", "outbound"]));
+
+    let announced = events::<MessageEmbedded>(&app, "message.embedded").await;
+    assert_eq!(announced.len(), logged.len(), "one event per message");
+    let by_id: HashMap<String, &MessageEmbedded> = announced
+        .iter()
+        .map(|e| (e.message_id.clone(), e))
+        .collect();
+    for (id, person, identity) in &logged {
+        let e = by_id
+            .get(&id.to_string())
+            .unwrap_or_else(|| panic!("no message.embedded for {id}"));
+        assert_eq!(
+            (
+                &e.person_id,
+                &e.agent_identity,
+                e.model.as_str(),
+                e.dimensions
+            ),
+            (person, identity, "fake-embed", 16)
+        );
+    }
+
+    // A model other than the migration's gets its own vector index at start.
+    let index: Option<String> =
+        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
+            .bind("message_vectors_hnsw_fake_embed")
+            .fetch_optional(&app.db)
+            .await
+            .unwrap();
+    let index = index.expect("the fake model's HNSW index exists");
+    assert!(
+        index.contains("hnsw") && index.contains("halfvec(16)") && index.contains("fake-embed"),
+        "{index}"
+    );
+    assert!(app.dead_letters("embed").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_redelivered_batch_doubles_nothing_and_what_names_no_message_is_skipped_not_retried() {
+    let fake = FakeModel::start(16).await;
+    let config = fake_config(&fake);
+    // Categorisation embeds exchanges through the same model; this test counts the embed
+    // worker's calls alone.
+    let app = spawn_app_with(
+        AppOptions::without(&["categorise"]).configured(move |c| c.embedding = config),
+    )
+    .await;
+    two_conversations(&app).await;
+    let embedded_once = fake.texts_embedded();
+    assert_eq!(embedded_once, 4);
+
+    // Every message.logged again (as after a crash before the acks), plus one that names a
+    // message erased since (no row) and one whose id is not an id.
+    let logged = events::<MessageLogged>(&app, "message.logged").await;
+    assert_eq!(logged.len(), 4);
+    for l in &logged {
+        publish_logged(&app, l).await;
+    }
+    let erased = MessageLogged {
+        message_id: uuid::Uuid::now_v7().to_string(),
+        person_id: "phone:+14155550799".into(),
+        ..logged[0].clone()
+    };
+    let bad = MessageLogged {
+        message_id: "not-a-message-id".into(),
+        ..logged[0].clone()
+    };
+    publish_logged(&app, &erased).await;
+    publish_logged(&app, &bad).await;
+    app.settle().await;
+
+    let stored = vectors(&app).await;
+    assert_eq!(stored.len(), 4, "still one vector per message: {stored:?}");
+    assert_eq!(
+        fake.texts_embedded(),
+        embedded_once,
+        "what already has a vector is not embedded again"
+    );
+    let announced = events::<MessageEmbedded>(&app, "message.embedded").await;
+    assert_eq!(announced.len(), 4, "no event twice");
+    assert!(
+        !announced.iter().any(|e| e.message_id == erased.message_id),
+        "nothing is announced for a message that is not there"
+    );
+    assert!(
+        app.dead_letters("embed").await.is_empty(),
+        "skipped, not dead-lettered"
+    );
+    let metrics = app.metrics().await;
+    for reason in ["no_row", "bad_id"] {
+        let line = format!("sb_embed_skipped_total{{reason=\"{reason}\"}} 1");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn an_embedder_that_cannot_be_used_dead_letters_each_message_with_the_reason() {
+    let empty = std::env::temp_dir().join(format!("no-model-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let dir = empty.display().to_string();
+    let app = spawn_app_configured(move |c| {
+        c.embedding = EmbeddingConfig {
+            model_dir: dir,
+            ..Default::default()
+        }
+    })
+    .await;
+    assert_eq!(app.send_sms("+14155550703", "hello").await.status(), 200);
+    app.wait_for_sms(1, WAIT).await;
+    let letters = app.wait_for_dead_letters("embed", WAIT).await;
+    assert!(!letters.is_empty(), "the message is dead-lettered");
+    assert!(
+        letters[0].error.contains("has no model.safetensors"),
+        "the reason says what is wrong: {}",
+        letters[0].error
+    );
+    assert!(vectors(&app).await.iter().all(|v| v.model.is_empty()));
+    let _ = std::fs::remove_dir(&empty);
+}
+
+#[derive(serde::Deserialize)]
+struct Reference {
+    model: String,
+    texts: Vec<String>,
+    vectors: Vec<Vec<f32>>,
+}
+
+#[tokio::test]
+async fn the_local_model_matches_reference_vectors_computed_independently() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/embedding/all-MiniLM-L6-v2.json"
+    );
+    let reference: Reference =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let config = local_config();
+    assert_eq!(reference.model, config.model);
+    let embedder = embed::from_config(&config).expect("the local model loads");
+    assert_eq!(
+        (embedder.model(), embedder.dimensions()),
+        ("all-MiniLM-L6-v2", 384)
+    );
+    // All at once: texts of very different lengths share a padded batch (an empty one, and one
+    // past the 256-token cut among them).
+    let got = embedder.embed(&reference.texts).await.expect("embedded");
+    assert_eq!(got.len(), reference.texts.len());
+    for ((text, want), got) in reference.texts.iter().zip(&reference.vectors).zip(&got) {
+        let same = cosine(want, got);
+        assert!(same >= 0.9999, "{text:.40?}: cosine {same}");
+    }
+}
+
+#[tokio::test]
+async fn the_local_model_ranks_a_paraphrase_above_unrelated_messages() {
+    let embedder = embed::from_config(&local_config()).expect("the local model loads");
+    let query = "when is my next shift".to_string();
+    let history: Vec<String> = [
+        "The fire alarm in building C went off during lunch.",
+        "Can you reset my password for the rostering app?",
+        "what time do I work tomorrow",
+        "thanks, have a lovely weekend!",
+        "I need to apply for annual leave in March.",
+        "Mary enjoyed her walk by the river today.",
+    ]
+    .map(String::from)
+    .to_vec();
+    let q = &embedder.embed(std::slice::from_ref(&query)).await.unwrap()[0];
+    let vs = embedder.embed(&history).await.unwrap();
+    let mut ranked: Vec<(f32, &str)> = vs
+        .iter()
+        .zip(&history)
+        .map(|(v, t)| (cosine(q, v), t.as_str()))
+        .collect();
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+    assert_eq!(ranked[0].1, "what time do I work tomorrow", "{ranked:?}");
+}
+
+#[tokio::test]
+async fn by_default_each_message_is_embedded_in_the_process_by_the_local_model() {
+    let dir = model_dir();
+    let app = spawn_app_configured(move |c| c.embedding.model_dir = dir).await;
+    two_conversations(&app).await;
+    let local = embed::from_config(&local_config()).unwrap();
+    let stored = vectors(&app).await;
+    assert_eq!(stored.len(), 4, "{stored:?}");
+    for v in &stored {
+        assert_eq!((v.model.as_str(), v.dimensions), ("all-MiniLM-L6-v2", 384));
+        let want = &local.embed(std::slice::from_ref(&v.text)).await.unwrap()[0];
+        let same = cosine(want, &v.embedding);
+        assert!(same > 0.9999, "{:?}: {same}", v.text);
+    }
+}
+
+// The CLI runs as a child process while this test's runtime serves the fake model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new_model_and_keeps_the_old()
+ {
+    let fake = FakeModel::start(16).await;
+    let config = fake_config(&fake);
+    let app = spawn_app_configured(move |c| c.embedding = config).await;
+    two_conversations(&app).await;
+
+    // The operator changes the model and runs `switchboard reembed`.
+    let mut changed = app.config.clone();
+    changed.embedding.model = "fake-embed-v2".into();
+    switchboard_e2e::write_private(&app.config_path, &toml::to_string(&changed).unwrap()).unwrap();
+    let reembed = |app: &TestApp| {
+        let out = app.cli(&["reembed".as_ref()]);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let said = reembed(&app);
+    assert!(
+        said.contains("4 messages embedded under fake-embed-v2"),
+        "{said}"
+    );
+    let per_model = |app: &TestApp| {
+        let db = app.db.clone();
+        async move {
+            let rows: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT model, count(*) FROM switchboard.message_vectors GROUP BY model ORDER BY model",
+            )
+            .fetch_all(&db)
+            .await
+            .unwrap();
+            rows
+        }
+    };
+    assert_eq!(
+        per_model(&app).await,
+        [
+            ("fake-embed".to_string(), 4),
+            ("fake-embed-v2".to_string(), 4)
+        ],
+        "the old model's vectors stay beside the new ones"
+    );
+
+    // Stopped half way (two vectors missing): a second run does only what is left.
+    sqlx::query(
+        "DELETE FROM switchboard.message_vectors WHERE model = 'fake-embed-v2'
+            AND message_id IN (SELECT message_id FROM switchboard.message_vectors
+                                WHERE model = 'fake-embed-v2' ORDER BY message_id LIMIT 2)",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let said = reembed(&app);
+    assert!(
+        said.contains("2 messages embedded under fake-embed-v2"),
+        "{said}"
+    );
+    assert_eq!(per_model(&app).await[1], ("fake-embed-v2".to_string(), 4));
+    let index: Option<String> =
+        sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE indexname = $1")
+            .bind("message_vectors_hnsw_fake_embed_v2")
+            .fetch_optional(&app.db)
+            .await
+            .unwrap();
+    assert!(index.is_some(), "the new model gets its own vector index");
+}
