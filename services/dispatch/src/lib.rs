@@ -17,6 +17,7 @@
 pub mod attachments;
 pub mod breaker;
 pub mod prompt;
+mod recall;
 pub mod runner;
 pub mod schedule;
 
@@ -329,6 +330,8 @@ pub struct TurnDispatcher {
     uploads: attachments::Uploads,
     /// The curated memory (memory.md) of each turn's person + identity.
     memories: MemoryStore,
+    /// Each call's recall of the person's earlier messages.
+    recall: recall::Recaller,
 }
 
 impl TurnDispatcher {
@@ -354,6 +357,7 @@ impl TurnDispatcher {
         );
         let uploads = attachments::Uploads::new(db.clone(), config.workspace.max_attachment_bytes);
         let memories = MemoryStore::new(db.clone(), config.memory.max_chars);
+        let recall = recall::Recaller::new(db.clone(), config);
         Self {
             id: Uuid::new_v4(),
             last_beat: Default::default(),
@@ -375,6 +379,7 @@ impl TurnDispatcher {
             ),
             uploads,
             memories,
+            recall,
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
@@ -690,6 +695,7 @@ impl TurnDispatcher {
             reply,
             next,
             consumed,
+            recall,
             ..
         } = settlement;
         let mut tx = self.db.begin().await?;
@@ -762,7 +768,20 @@ impl TurnDispatcher {
         if stored == 0 {
             return Ok(false);
         }
-        let mut entries = vec![Journal::new(
+        // What the call recalled comes before its reply in the story.
+        let mut entries: Vec<Journal> = recall
+            .iter()
+            .map(|recall| {
+                Journal::new(
+                    session,
+                    format!("recall:{session}:{seq}"),
+                    "recall",
+                    seq,
+                    recall.clone(),
+                )
+            })
+            .collect();
+        entries.push(Journal::new(
             session,
             format!("reply:{session}:{seq}"),
             "reply",
@@ -774,7 +793,7 @@ impl TurnDispatcher {
                 "tool_calls_count": reply.tool_calls_count,
                 "joined": (first..=seq).collect::<Vec<i64>>(),
             }),
-        )];
+        ));
         if let Some(reason) = reply.reset {
             entries.push(Journal::new(
                 session,
@@ -1071,6 +1090,7 @@ impl TurnDispatcher {
             first: turn.seq,
             // A pending reset applied here is cleared unless a newer one came meanwhile.
             consumed,
+            recall: None,
         };
 
         // A message the agent started, or one Switchboard answered itself, has its answer: no
@@ -1177,6 +1197,14 @@ impl TurnDispatcher {
             .keep_attachments(&group, lease.workspace.as_deref())
             .await;
         let attachments = self.or_release(session, call, kept).await?;
+        let held_by = match (reset, &lease.engine_session) {
+            (None, Some(engine)) => Some((session, engine.as_str())),
+            _ => None,
+        };
+        let recalled = self
+            .recall
+            .for_call(&group, &person_id, &turn.agent_identity, held_by)
+            .await;
         let prompt = prompt::build_joined_prompt(
             &group,
             &prompt::PromptContext {
@@ -1187,6 +1215,7 @@ impl TurnDispatcher {
                     .memory
                     .as_ref()
                     .map(|m| (m.body.as_str(), m.updated_at)),
+                recall: recalled.as_ref().and_then(|r| r.block.as_deref()),
                 reset,
                 now,
                 stale: stale.is_some(),
@@ -1317,6 +1346,7 @@ impl TurnDispatcher {
         );
         s.reply.processing_ms = processing_ms;
         s.reply.tool_calls_count = resp.tool_calls_count;
+        s.recall = recalled.map(|r| r.detail);
         if group.len() > 1 {
             s.reply.answers = group
                 .iter()
@@ -1756,6 +1786,8 @@ struct Settlement {
     /// The first turn the call answered (earlier than the committed one when it joined
     /// several: those are done, joined into it).
     first: i64,
+    /// What the call's prompt recalled (the journal's `recall` entry).
+    recall: Option<serde_json::Value>,
 }
 
 impl Stage for TurnDispatcher {

@@ -25,6 +25,8 @@ pub struct PromptContext<'a> {
     pub memory: Option<(&'a str, DateTime<Utc>)>,
     /// The identity's summary and when it was last written.
     pub summary: Option<(&'a str, DateTime<Utc>)>,
+    /// The person's earlier messages recalled for this message (the block's body).
+    pub recall: Option<&'a str>,
     /// This turn starts a fresh engine session, and why.
     pub reset: Option<ResetReason>,
     /// When the turn is built (how long the message waited is measured to it).
@@ -127,6 +129,15 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         ),
         _ => "Summary of earlier conversations: none yet.\n".to_string(),
     };
+    let recall = match ctx.recall {
+        Some(r) => format!(
+            "Recalled from earlier conversations with this person (their messages most related \
+             to this one; the curated memory wins where they disagree), between the two RECALL \
+             lines:\nRECALL-{marker}\n{}RECALL-{marker}\n",
+            neutral(r),
+        ),
+        None => String::new(),
+    };
     let attachments: String = ctx
         .attachments
         .iter()
@@ -185,6 +196,7 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         "[Switchboard turn {seq} | agent {agent} ({identity})]\n\
          {memory}\
          {summary}\
+         {recall}\
          Current user: {name} | id {pid} | type {ptype} | role {role}\n\
          Authority ({ptype}): {auth}\n\
          Channel: {channel} via {provider}\n\
@@ -307,6 +319,7 @@ mod tests {
             config,
             memory: None,
             summary: None,
+            recall: None,
             reset: None,
             now: DateTime::from_timestamp_millis(1_795_000_010_000).unwrap(),
             stale: false,

@@ -11,6 +11,7 @@ pub mod extractive;
 pub mod forget;
 pub mod forget_streams;
 pub mod index;
+pub mod recall;
 pub mod search;
 
 pub use chat::{ChatError, ChatModel};

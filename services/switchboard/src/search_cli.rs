@@ -75,6 +75,7 @@ pub async fn search_command(config: Config, a: SearchArgs) -> anyhow::Result<()>
         from: a.from,
         to: a.to,
         limit: a.limit,
+        exclude: Vec::new(),
     };
     let results = search(&db, embedder.as_deref(), &config.embedding.model, &q).await?;
     if a.json {
