@@ -240,3 +240,89 @@ async fn a_turn_redelivered_after_its_flush_does_not_flush_again() {
     next.kill().await.ok();
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_operators_reset_flushes_when_it_is_applied_and_that_turn_reads_what_was_kept() {
+    let root = workspace_root();
+    let app = spawn_app_configured(move |c| c.workspace.root = root).await;
+    app.send_sms(PERSON, "my manager is Priya").await;
+    app.wait_for_sms(1, WAIT).await;
+    let session: uuid::Uuid = sqlx::query_scalar("SELECT id FROM switchboard.sessions LIMIT 1")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    let ops = app.api_key("ops", &["sessions:write"]);
+    let r = reqwest::Client::new()
+        .post(format!(
+            "{}/api/v1/sessions/{session}/reset",
+            app.gateway_url
+        ))
+        .bearer_auth(ops)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+
+    // The reset is applied by the person's next message: first the flush, on the old engine
+    // session, then the message on a fresh one whose prompt carries what the flush kept.
+    app.runner.set_hold(true);
+    app.send_sms(PERSON, "who do I report to?").await;
+    until("the flush call", || !flush_calls(&app).is_empty()).await;
+    let flush = flush_calls(&app).pop().unwrap();
+    assert_eq!(flush.session_id.as_deref(), Some("eng-1"));
+    let folder = PathBuf::from(flush.workspace.clone().expect("a workspace"));
+    std::fs::write(folder.join("memory.md"), "- manager: Priya\n").unwrap();
+    app.runner.set_hold(false);
+    app.runner.release.notify_one();
+    let sent = app.wait_for_sms(2, WAIT).await;
+    app.settle().await;
+
+    let calls = app.runner.calls();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    let turn = &calls[2];
+    assert_eq!(turn.session_id, None, "the operator's reset happened");
+    assert!(turn.prompt.contains("- manager: Priya"), "{}", turn.prompt);
+    assert!(
+        sent[1].body.ends_with("echo: who do I report to?"),
+        "{:?}",
+        sent[1].body
+    );
+    assert_eq!(app.twilio.sent().len(), 2, "nothing more was sent");
+    let entries = flush_entries(&app).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["reset"], "api");
+    assert_eq!(entries[0]["memory_changed"], true);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_idle_reset_is_flushed_first_too() {
+    let root = workspace_root();
+    let app = spawn_app_configured(move |c| {
+        c.workspace.root = root;
+        c.agents[0].idle_reset_s = 3_600;
+    })
+    .await;
+    app.send_sms(PERSON, "hello").await;
+    app.wait_for_sms(1, WAIT).await;
+    // Two hours of quiet.
+    sqlx::query(
+        "UPDATE switchboard.sessions SET last_message_at = last_message_at - interval '2 hours'",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    app.send_sms(PERSON, "back again").await;
+    app.wait_for_sms(2, WAIT).await;
+    app.settle().await;
+
+    let calls = app.runner.calls();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(is_flush(&calls[1]) && calls[1].session_id.as_deref() == Some("eng-1"));
+    assert_eq!(calls[2].session_id, None);
+    let entries = flush_entries(&app).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["reset"], "idle");
+    assert_eq!(entries[0]["outcome"], "flushed");
+    app.shutdown().await;
+}
