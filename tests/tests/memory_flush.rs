@@ -326,3 +326,46 @@ async fn an_idle_reset_is_flushed_first_too() {
     assert_eq!(entries[0]["outcome"], "flushed");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_reset_whose_turn_failed_after_its_flush_is_not_flushed_again_by_the_next_turn() {
+    let root = workspace_root();
+    let app = spawn_app_configured(move |c| {
+        c.workspace.root = root;
+        c.runtime.max_deliver = 1;
+    })
+    .await;
+    app.runner.answer_when(FLUSH_INSTRUCTION, FLUSH_ANSWER);
+    app.send_sms(PERSON, "hello").await;
+    app.wait_for_sms(1, WAIT).await;
+
+    // The flush answers; the turn's own call is then rejected for good.
+    app.runner.set_hold(true);
+    app.send_sms(PERSON, "/new lost one").await;
+    until("the flush call", || !flush_calls(&app).is_empty()).await;
+    app.runner.fail_next(1, 400);
+    app.runner.set_hold(false);
+    app.runner.release.notify_one();
+    app.wait_for_dead_letters("dispatch", WAIT).await;
+
+    // The reset waits for the next message, which applies it without asking the old engine
+    // session a second time.
+    app.send_sms(PERSON, "second try").await;
+    let sent = app.wait_for_sms(2, WAIT).await;
+    app.settle().await;
+    assert!(
+        sent[1].body.ends_with("echo: second try"),
+        "{:?}",
+        sent[1].body
+    );
+    let calls = app.runner.calls();
+    assert_eq!(
+        calls.len(),
+        4,
+        "hello, the flush, the failed turn, the next: {calls:?}"
+    );
+    assert_eq!(calls[3].session_id, None, "the reset was applied");
+    assert_eq!(flush_calls(&app).len(), 1);
+    assert_eq!(flush_entries(&app).await.len(), 1);
+    app.shutdown().await;
+}

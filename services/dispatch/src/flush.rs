@@ -6,9 +6,10 @@
 //! message marked `memory_flush`, never published as a reply, so nothing of it reaches the
 //! person. Then the turn goes on with its fresh engine session.
 //!
-//! Once per turn, under redelivery and crashes: the flush is gated by its journal entry
-//! (`memory_flush:<session>:<seq>`); its runner call is made under one Idempotency-Key, so a
-//! dispatcher that died between the call and the entry gets the runner's cached answer. A flush
+//! Once per engine session, under redelivery, crashes and failed turns: the flush is gated by
+//! its journal entry (`memory_flush:<session>:<old engine session>`); its runner call is made
+//! under one Idempotency-Key per turn, so a dispatcher that died between the call and the entry
+//! gets the runner's cached answer. A flush
 //! that fails (runner error, timeout) is recorded with the reason and does not stop the reset.
 use std::path::Path;
 use std::time::Duration;
@@ -25,9 +26,12 @@ use crate::{DispatchError, Lease, TurnDispatcher, prompt};
 /// `metadata.kind` of the logged answer of a flush (never delivered, never a reply).
 pub const MEMORY_FLUSH_KIND: &str = "memory_flush";
 
-/// The journal key of a turn's flush: its presence means the flush is done (or failed) for good.
-fn journal_key(session: Uuid, seq: i64) -> String {
-    format!("memory_flush:{session}:{seq}")
+/// The journal key of the flush of one engine session of a session: its presence means that
+/// engine session was flushed (or its flush failed) for good. Keyed by the engine session, not
+/// the turn: a reset whose turn failed moves to the next turn (pending), which must not ask
+/// the same engine session again.
+fn journal_key(session: Uuid, engine_session: &str) -> String {
+    format!("memory_flush:{session}:{engine_session}")
 }
 
 /// What became of a flush, as the journal records it.
@@ -78,7 +82,7 @@ impl TurnDispatcher {
         let done: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM switchboard.session_events WHERE key = $1)",
         )
-        .bind(journal_key(session, seq))
+        .bind(journal_key(session, &old))
         .fetch_one(&self.db)
         .await?;
         if done {
@@ -246,7 +250,7 @@ impl TurnDispatcher {
         )
         .bind(Uuid::now_v7())
         .bind(session)
-        .bind(journal_key(session, seq))
+        .bind(journal_key(session, old))
         .bind(seq)
         .bind(&detail)
         .fetch_optional(&mut *tx)
