@@ -16,6 +16,7 @@
 //! dispatcher's lease ends with its heartbeat.
 pub mod attachments;
 pub mod breaker;
+pub mod flush;
 pub mod prompt;
 mod recall;
 pub mod runner;
@@ -995,7 +996,7 @@ impl TurnDispatcher {
                 .map(|lease| (slot, lease)),
             Err(_) => None,
         };
-        let (lease, after) = if let Some((slot, lease)) = fast {
+        let (mut lease, after) = if let Some((slot, lease)) = fast {
             _slot = slot;
             (lease, turn.seq - 1)
         } else {
@@ -1072,6 +1073,27 @@ impl TurnDispatcher {
             (None, own, Some((pending, at))) => (own.or(Some(*pending)), Some(*at)),
             (None, own, None) => (own, None),
         };
+        // Before the reset, the agent writes what it must keep (once per turn).
+        if let Some(reason) = reset {
+            let correlation_id = turn
+                .message
+                .as_ref()
+                .and_then(|m| m.inbound.as_ref())
+                .map(|i| i.correlation_id.as_str())
+                .unwrap_or(&attempt.correlation_id);
+            let before = flush::Before {
+                turn,
+                session,
+                call,
+                call_timeout,
+                agent,
+                person_id: &person_id,
+                reset: reason,
+                correlation_id,
+            };
+            let flushed = self.flush_before_reset(&before, &mut lease).await;
+            self.or_release(session, call, flushed).await?;
+        }
         let notice = |text: &str| match reset {
             Some(r) => format!("{}\n\n{text}", self.notices.for_reason(r)),
             None => text.to_string(),
@@ -1324,15 +1346,16 @@ impl TurnDispatcher {
             }
         };
         if let Some(folder) = &memory_file {
-            self.keep_agent_memory(
-                session,
-                call,
-                &person_id,
-                &turn.agent_identity,
-                &lease,
-                folder,
-            )
-            .await;
+            let _ = self
+                .keep_agent_memory(
+                    session,
+                    call,
+                    &person_id,
+                    &turn.agent_identity,
+                    &lease,
+                    folder,
+                )
+                .await;
         }
         let processing_ms = if resp.processing_ms > 0 {
             resp.processing_ms
@@ -1360,7 +1383,8 @@ impl TurnDispatcher {
 
     /// Store what the agent left in memory.md, if it changed it. A failure here does not fail
     /// the turn (the answer is given): it is logged and counted, and the file keeps the edit
-    /// until the session's next turn.
+    /// until the session's next turn. Returns what became of the edit (`None`: not read or
+    /// not stored).
     async fn keep_agent_memory(
         &self,
         session: Uuid,
@@ -1369,17 +1393,17 @@ impl TurnDispatcher {
         identity: &str,
         lease: &Lease,
         folder: &std::path::Path,
-    ) {
+    ) -> Option<switchboard_memory::curated::AgentWrite> {
         let body = match switchboard_kit::workspace::read_memory(folder).await {
             Ok(Some(body)) => body,
-            Ok(None) => return,
+            Ok(None) => return Some(switchboard_memory::curated::AgentWrite::Unchanged),
             Err(e) => {
                 tracing::warn!(%session, error = %e, "could not read memory.md back");
                 metrics::counter!("sb_memory_store_failures_total").increment(1);
-                return;
+                return None;
             }
         };
-        match self
+        let written = self
             .memories
             .agent_wrote(
                 session,
@@ -1389,19 +1413,20 @@ impl TurnDispatcher {
                 lease.memory.as_ref(),
                 &body,
             )
-            .await
-        {
+            .await;
+        match written {
             Ok(switchboard_memory::curated::AgentWrite::Conflict) => tracing::warn!(
                 %session,
                 "memory.md was edited by the agent while someone else wrote the memory; the \
                  newer memory is kept"
             ),
             Ok(_) => {}
-            Err(e) => {
+            Err(ref e) => {
                 tracing::warn!(%session, error = %e, "could not store the agent's memory.md");
                 metrics::counter!("sb_memory_store_failures_total").increment(1);
             }
         }
+        written.ok()
     }
 
     /// Keep what the messages carry besides text in the session's workspace; the prompt's

@@ -270,6 +270,22 @@ fn inbound_id(turn: &Turn) -> String {
         .unwrap_or_default()
 }
 
+/// What the flush before a reset asks of the agent (see `flush.rs`).
+pub const FLUSH_INSTRUCTION: &str = "The session is about to be reset; write into memory.md what \
+you must keep about this person; answer briefly.";
+
+/// The prompt of the silent turn that runs on the old engine session before a reset: the
+/// instruction, why the session is reset, and that the answer reaches nobody. Nothing of the
+/// person's is in it (no fence): the engine session already holds the conversation.
+pub fn flush_prompt(reason: ResetReason) -> String {
+    format!(
+        "[Switchboard: memory flush before a reset ({})]\n{FLUSH_INSTRUCTION}\n\
+         (Your answer is logged, never sent to the person. memory.md is in your workspace; \
+         what you write there is in every later prompt of this person.)",
+        reason.as_str()
+    )
+}
+
 /// The person's text back out of a prompt (used by the demo runner).
 pub fn fenced_text(prompt: &str) -> Option<&str> {
     let start = prompt.find("<<<MSG-")?;
