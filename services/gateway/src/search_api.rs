@@ -112,6 +112,7 @@ async fn search_messages(
         to: time("to", p.to)?,
         limit: limit(p.limit)?,
         exclude: Vec::new(),
+        exclude_kinds: Vec::new(),
     };
     let embedding = &state.config.embedding;
     // Loaded once per process, not per search.

@@ -93,6 +93,12 @@ pub async fn recall(
             identity: Some(req.agent_identity.to_string()),
             limit: config.top_k.min(crate::search::MAX_LIMIT as usize) as i64,
             exclude,
+            // The conversation only: not the notices Switchboard sent, not what was never sent.
+            exclude_kinds: crate::NOT_CONVERSATION
+                .iter()
+                .chain(&["notice"])
+                .map(|k| k.to_string())
+                .collect(),
             ..Default::default()
         },
     )

@@ -40,6 +40,9 @@ pub struct SearchQuery {
     /// Messages never to return (recall leaves out what the agent's engine session already
     /// holds and the message being answered).
     pub exclude: Vec<Uuid>,
+    /// Outbound rows of these kinds (`messages.metadata.kind`) are not returned (recall leaves
+    /// out notices and what was never sent).
+    pub exclude_kinds: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,7 +182,8 @@ pub async fn search(
                AND ($5::text IS NULL OR m.channel = $5)
                AND ($6::timestamptz IS NULL OR m.created_at >= $6)
                AND ($7::timestamptz IS NULL OR m.created_at < $7)
-               AND NOT (m.id = ANY($11::uuid[]))";
+               AND NOT (m.id = ANY($11::uuid[]))
+               AND NOT (coalesce(m.metadata->>'kind', '') = ANY($12::text[]))";
     let vector_branch = if vector.is_some() {
         let n = dimensions;
         let model = sql_literal(model);
@@ -247,6 +251,7 @@ pub async fn search(
         .bind(&text)
         .bind(q.limit)
         .bind(&q.exclude)
+        .bind(&q.exclude_kinds)
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
