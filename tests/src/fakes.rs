@@ -676,6 +676,9 @@ pub struct RunnerCall {
     pub authorization: Option<String>,
     /// The session's folder, when workspaces are on.
     pub workspace: Option<String>,
+    /// The turn's token for the API (`sbt_…`) and the API's URL, as the body carried them.
+    pub turn_token: Option<String>,
+    pub api_url: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -687,6 +690,10 @@ struct RunBody {
     correlation_id: String,
     #[serde(default)]
     workspace: Option<String>,
+    #[serde(default)]
+    turn_token: Option<String>,
+    #[serde(default)]
+    api_url: Option<String>,
 }
 
 /// An agent host's runner: `POST /run`, answers `{"text","session_id",...}`. Like a real runner
@@ -825,6 +832,8 @@ impl FakeRunner {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
             workspace: body.workspace.clone(),
+            turn_token: body.turn_token.clone(),
+            api_url: body.api_url.clone(),
         });
         if let Some(status) = s.failures.take() {
             return (

@@ -142,6 +142,10 @@ impl TurnDispatcher {
             correlation_id: before.correlation_id,
             workspace: Some(&workspace),
             queue_mode: before.agent.queue_mode.as_str(),
+            // The flush keeps what matters through memory.md; it has no turn of the person's
+            // to act in, so it gets no token for the API.
+            turn_token: None,
+            api_url: None,
         };
         let key = format!("flush:{session}:{}", before.turn.seq);
         let started = std::time::Instant::now();

@@ -41,7 +41,7 @@ use switchboard_kit::{Registration, Source, StageSpec};
 use tokio::sync::{Semaphore, watch};
 use uuid::Uuid;
 
-use crate::runner::{RunRequest, RunnerClient, RunnerError};
+use crate::runner::{RunRequest, RunnerClient, RunnerError, TurnCredentials};
 use switchboard_memory::curated::{CuratedMemory, MemoryStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -333,6 +333,8 @@ pub struct TurnDispatcher {
     memories: MemoryStore,
     /// Each call's recall of the person's earlier messages.
     recall: recall::Recaller,
+    /// Each runner call's turn token and API URL.
+    credentials: TurnCredentials,
 }
 
 impl TurnDispatcher {
@@ -359,6 +361,7 @@ impl TurnDispatcher {
         let uploads = attachments::Uploads::new(db.clone(), config.workspace.max_attachment_bytes);
         let memories = MemoryStore::new(db.clone(), config.memory.max_chars);
         let recall = recall::Recaller::new(db.clone(), config);
+        let credentials = TurnCredentials::new(db.clone(), config);
         Self {
             id: Uuid::new_v4(),
             last_beat: Default::default(),
@@ -381,6 +384,7 @@ impl TurnDispatcher {
             uploads,
             memories,
             recall,
+            credentials,
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
@@ -1249,7 +1253,15 @@ impl TurnDispatcher {
             .and_then(|m| m.inbound.as_ref())
             .map(|i| i.correlation_id.as_str())
             .unwrap_or(&attempt.correlation_id);
+        let minted = self
+            .credentials
+            .for_turn(agent, &person_id, &session.to_string(), correlation)
+            .await
+            .map_err(DispatchError::from);
+        let (turn_token, api_url) = self.or_release(session, call, minted).await?;
         let request = RunRequest {
+            turn_token: Some(turn_token),
+            api_url: Some(api_url),
             agent: &agent.name,
             prompt: &prompt,
             session_id: if reset.is_some() {

@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchboard_kit::config::AgentConfig;
+use switchboard_kit::turn_token::{TurnClaims, TurnTokenKeys};
 
 #[derive(Debug, Serialize)]
 pub struct RunRequest<'a> {
@@ -15,6 +16,51 @@ pub struct RunRequest<'a> {
     pub workspace: Option<&'a str>,
     /// The agent's queue mode (`followup`, `collect`, `interrupt`).
     pub queue_mode: &'a str,
+    /// The turn's token (`sbt_…`): the engine calls the API with it, as this turn's person's
+    /// agent and nobody else's (docs/agent-tools.md). The runner hands it to the engine in
+    /// `SWITCHBOARD_TURN_TOKEN`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn_token: Option<String>,
+    /// Where the engine calls the API (the gateway's public URL): `SWITCHBOARD_API_URL`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<&'a str>,
+}
+
+/// What dispatch gives each runner call to reach the API with: a turn token and the URL.
+#[derive(Clone)]
+pub struct TurnCredentials {
+    keys: TurnTokenKeys,
+    api_url: String,
+}
+
+impl TurnCredentials {
+    pub fn new(db: sqlx::PgPool, config: &switchboard_kit::Config) -> Self {
+        Self {
+            keys: TurnTokenKeys::new(db, config.gateway.turn_token_secret.clone()),
+            api_url: config.gateway.public_url.trim_end_matches('/').to_string(),
+        }
+    }
+
+    /// A token for the turn of `person` with `agent` in `session`, valid for the agent's call
+    /// timeout plus a margin; and the API's URL.
+    pub async fn for_turn(
+        &self,
+        agent: &AgentConfig,
+        person: &str,
+        session: &str,
+        correlation_id: &str,
+    ) -> Result<(String, &str), sqlx::Error> {
+        let claims = TurnClaims::for_turn(
+            person,
+            &agent.identity,
+            &agent.name,
+            session,
+            correlation_id,
+            agent.timeout_s,
+        );
+        let token = self.keys.get().await?.mint(&claims);
+        Ok((token, &self.api_url))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

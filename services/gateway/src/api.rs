@@ -13,6 +13,7 @@ use serde::Serialize;
 use switchboard_channels::api::{self, ApiCaller, Scope};
 use switchboard_channels::{ApiError, MailboxEntry, Received, client_message_key};
 use switchboard_kit::proto::Person;
+use switchboard_kit::turn_token::{self, TurnClaims};
 use uuid::Uuid;
 
 use crate::{
@@ -47,15 +48,59 @@ pub(crate) fn idempotency_header(headers: &HeaderMap) -> Option<&str> {
         .map(|v| v.to_str().unwrap_or("\u{fffd}"))
 }
 
+/// The caller an API key names. An agent's turn token is refused here (after it is checked):
+/// only the routes that confine a turn to its person ask for [`key_or_turn`] instead, so a
+/// route nobody thought about stays closed to agents.
 pub(crate) async fn caller(
     state: &GatewayState,
     headers: &HeaderMap,
 ) -> Result<ApiCaller, Refused> {
-    state
-        .api_keys
-        .authenticate(bearer(headers))
-        .await
-        .map_err(refuse)
+    match key_or_turn(state, headers).await? {
+        (caller, None) => Ok(caller),
+        (_, Some(_)) => Err(refuse(ApiError::forbidden(
+            "turn_token_not_allowed",
+            "a turn token reaches only its person's search, memory, sessions and outbound \
+             messages (docs/agent-tools.md), not this route",
+        ))),
+    }
+}
+
+/// The caller behind an API key, or an agent's turn token (`sbt_…`): then a caller with the
+/// token's scopes and the token's claims, which the route must confine the request to. An
+/// expired or altered token is 401 with the reason.
+pub(crate) async fn key_or_turn(
+    state: &GatewayState,
+    headers: &HeaderMap,
+) -> Result<(ApiCaller, Option<TurnClaims>), Refused> {
+    let credential = bearer(headers).map(str::trim);
+    let Some(token) = credential.filter(|c| c.starts_with(turn_token::PREFIX)) else {
+        let caller = state
+            .api_keys
+            .authenticate(credential)
+            .await
+            .map_err(refuse)?;
+        return Ok((caller, None));
+    };
+    let tokens = state.turn_tokens.get().await.map_err(unavailable)?;
+    let claims = tokens.verify(token).map_err(|e| {
+        refuse(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_turn_token",
+            e.to_string(),
+        ))
+    })?;
+    let caller = ApiCaller {
+        key_id: Uuid::nil(),
+        // Its own owner per agent and person: its Idempotency-Keys and messages are its own.
+        owner: format!("turn.{}.{}", claims.agent, claims.sub),
+        scopes: claims.scopes.clone(),
+    };
+    Ok((caller, Some(claims)))
+}
+
+/// 403 for a turn's request about someone or something outside its turn.
+pub(crate) fn outside_turn(message: impl Into<String>) -> Refused {
+    refuse(ApiError::forbidden("outside_turn", message))
 }
 
 /// Where a message stands, as both routes answer it.
@@ -238,7 +283,9 @@ async fn message_status(
     Path(correlation_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, Refused> {
-    let caller = caller(&state, &headers).await?;
+    // A turn's token too: it follows the follow-ups it sent (the owner check below confines it
+    // to them).
+    let (caller, _) = key_or_turn(&state, &headers).await?;
     // Whoever may send a message may follow it (agent-started ones included).
     caller
         .require_any(&[

@@ -55,6 +55,8 @@ pub struct GatewayState {
     pub shutdown: Shutdown,
     /// The providers' senders, for the one notice a rate-limited SMS sender gets.
     pub senders: Senders,
+    /// Verifies the turn tokens agents call the API with.
+    pub turn_tokens: switchboard_kit::turn_token::TurnTokenKeys,
 }
 
 impl GatewayState {
@@ -74,6 +76,10 @@ impl GatewayState {
             db: app.db.clone(),
             shutdown: app.shutdown.clone(),
             senders: Senders::from_config(&app.config),
+            turn_tokens: switchboard_kit::turn_token::TurnTokenKeys::new(
+                app.db.clone(),
+                app.config.gateway.turn_token_secret.clone(),
+            ),
             runtime,
         })
     }

@@ -6,6 +6,9 @@
 //! - `PUT /api/v1/people/{id}/memory?identity=reggie` with `{"body": "…"}`: replaces it
 //!   (capped at `[memory] max_chars`, with a visible marker; `cut` says whether it was).
 //!
+//! An agent's turn token (`sbt_…`, docs/agent-tools.md) reads and replaces its person's memory
+//! with its identity only (the identity defaults to the token's); anyone else's is 403.
+//!
 //! Checked in this order: the key (401), its scope (403), the request (400), the person (404).
 use axum::Json;
 use axum::Router;
@@ -20,8 +23,9 @@ use switchboard_channels::ApiError;
 use switchboard_channels::api::Scope;
 use switchboard_memory::curated::{CUT_MARKER, CuratedMemory, MemoryStore};
 
-use crate::api::{caller, refuse, unavailable};
+use crate::api::{key_or_turn, outside_turn, refuse, unavailable};
 use crate::{GatewayState, Refused, read_body};
+use switchboard_kit::turn_token::TurnClaims;
 
 pub fn routes() -> Router<GatewayState> {
     Router::new().route("/api/v1/people/{id}/memory", get(show).put(replace))
@@ -68,6 +72,29 @@ fn identity(state: &GatewayState, which: Option<String>) -> Result<Option<String
     Ok(Some(identity))
 }
 
+/// A turn's request: its own person, its own identity (the default), or 403.
+fn confine(
+    turn: Option<&TurnClaims>,
+    person: &str,
+    which: Option<String>,
+) -> Result<Option<String>, Refused> {
+    let Some(turn) = turn else {
+        return Ok(which);
+    };
+    if person != turn.person() {
+        return Err(outside_turn(
+            "this turn's token reads and writes only its own person's memory",
+        ));
+    }
+    match which.filter(|i| !i.is_empty()) {
+        Some(other) if other != turn.identity => Err(outside_turn(format!(
+            "this turn's token reaches only the memory of the identity {}",
+            turn.identity
+        ))),
+        _ => Ok(Some(turn.identity.clone())),
+    }
+}
+
 fn shown(m: &CuratedMemory) -> serde_json::Value {
     serde_json::json!({
         "person_id": m.person_id,
@@ -86,11 +113,12 @@ async fn show(
     Path(person): Path<String>,
     which: Result<Query<Which>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    let caller = caller(&state, &headers).await?;
+    let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::MemoryRead).map_err(refuse)?;
     let Query(which) = which.map_err(|e| bad("invalid_query", e.body_text()))?;
+    let which = confine(turn.as_ref(), &person, which.identity)?;
     let store = store(&state);
-    match identity(&state, which.identity)? {
+    match identity(&state, which)? {
         Some(identity) => match store.get(&person, &identity).await.map_err(unavailable)? {
             Some(memory) => Ok(Json(shown(&memory)).into_response()),
             None => Err(refuse(ApiError::new(
@@ -117,10 +145,11 @@ async fn replace(
     which: Result<Query<Which>, QueryRejection>,
     body: Body,
 ) -> Result<Response, Refused> {
-    let caller = caller(&state, &headers).await?;
+    let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::MemoryWrite).map_err(refuse)?;
     let Query(which) = which.map_err(|e| bad("invalid_query", e.body_text()))?;
-    let Some(identity) = identity(&state, which.identity)? else {
+    let which = confine(turn.as_ref(), &person, which.identity)?;
+    let Some(identity) = identity(&state, which)? else {
         return Err(bad(
             "identity_required",
             "name the agent identity whose memory this is: ?identity=<identity>",
@@ -153,7 +182,11 @@ async fn replace(
             &person,
             &identity,
             &new.body,
-            &format!("api:{}", caller.owner),
+            // The agent's own edit, like one it makes to memory.md in its workspace.
+            &match &turn {
+                Some(turn) => format!("agent:{}", turn.agent),
+                None => format!("api:{}", caller.owner),
+            },
         )
         .await
         .map_err(unavailable)?;

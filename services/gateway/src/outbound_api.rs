@@ -10,6 +10,9 @@
 //! runner (`InboundMessage.outbound_text`), so deliver sends it after the replies before it.
 //! It is unnumbered (`arrival_seq` 0): it is not the person's message and holds no one's order.
 //!
+//! An agent's turn token (`sbt_…`, docs/agent-tools.md) sends only to its turn's person, as its
+//! turn's agent (`agent` may be left out); anyone else is 403 `outside_turn`.
+//!
 //! The answer is 202 with the correlation id; `GET /api/v1/messages/<id>` reads it until it is
 //! `answered` (delivered) or `failed`.
 use axum::Json;
@@ -26,7 +29,9 @@ use switchboard_channels::api::{self, Scope};
 use switchboard_channels::ingress::message_text;
 use switchboard_kit::proto::Person;
 
-use crate::api::{RequestKind, caller, idempotency_header, record_request, refuse, unavailable};
+use crate::api::{
+    RequestKind, idempotency_header, key_or_turn, outside_turn, record_request, refuse, unavailable,
+};
 use crate::{Accept, GatewayState, Refused, check_agent, publish, read_body};
 
 pub fn routes() -> Router<GatewayState> {
@@ -38,6 +43,8 @@ pub fn routes() -> Router<GatewayState> {
 #[serde(deny_unknown_fields)]
 struct OutboundRequest {
     person_id: String,
+    /// Required with an API key; a turn's token sends as its own agent.
+    #[serde(default)]
     agent: String,
     text: String,
     /// The channel to use; else the one the person wrote on last.
@@ -76,7 +83,7 @@ async fn send_outbound(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refused> {
-    let caller = caller(&state, &headers).await?;
+    let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::OutboundWrite).map_err(refuse)?;
     let body = read_body(&headers, body, state.config.gateway.max_body_bytes)
         .await
@@ -93,8 +100,24 @@ async fn send_outbound(
     if person_id.is_empty() {
         return Err(refuse(ApiError::missing_field("person_id")));
     }
-    // Required here: there is no channel default for a message nobody sent.
-    let agent = request.agent.trim().to_string();
+    // Required here: there is no channel default for a message nobody sent. A turn's token
+    // writes only to its person, from its agent (the default).
+    let mut agent = request.agent.trim().to_string();
+    if let Some(turn) = &turn {
+        if person_id != turn.person() {
+            return Err(outside_turn(
+                "this turn's token sends only to its own person",
+            ));
+        }
+        if agent.is_empty() {
+            agent = turn.agent.clone();
+        } else if agent != turn.agent {
+            return Err(outside_turn(format!(
+                "this turn's token sends only as the agent {}",
+                turn.agent
+            )));
+        }
+    }
     if agent.is_empty() {
         return Err(refuse(ApiError::missing_field("agent")));
     }

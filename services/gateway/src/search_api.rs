@@ -5,6 +5,9 @@
 //! (`index_lag_s`, `messages_waiting`) and, when it is behind, says so in `note`: an empty
 //! answer from a lagging index is never silent.
 //!
+//! An agent's turn token (`sbt_…`, docs/agent-tools.md) searches its person + identity only:
+//! `person` and `identity` are the token's, another person's is 403 `outside_turn`.
+//!
 //! Checked in this order: the key (401), its scope (403), the request (400).
 use axum::Json;
 use axum::Router;
@@ -19,7 +22,7 @@ use switchboard_channels::ApiError;
 use switchboard_channels::api::Scope;
 use switchboard_memory::search::{DEFAULT_LIMIT, MAX_LIMIT, SearchError, SearchQuery, search};
 
-use crate::api::{caller, refuse, unavailable};
+use crate::api::{key_or_turn, outside_turn, refuse, unavailable};
 use crate::{GatewayState, Refused};
 
 pub fn routes() -> Router<GatewayState> {
@@ -96,17 +99,32 @@ async fn search_messages(
     headers: HeaderMap,
     q: Result<Query<SearchParams>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    caller(&state, &headers)
-        .await?
-        .require(Scope::SearchRead)
-        .map_err(refuse)?;
+    let (caller, turn) = key_or_turn(&state, &headers).await?;
+    caller.require(Scope::SearchRead).map_err(refuse)?;
     let p = query(q)?;
+    let (mut person, mut identity) = (given(p.person), given(p.identity));
+    // An agent's turn searches its person's history with its identity, and nothing else.
+    if let Some(turn) = &turn {
+        if person.as_ref().is_some_and(|p| p != turn.person()) {
+            return Err(outside_turn(
+                "this turn's token searches only its own person's messages",
+            ));
+        }
+        if identity.as_ref().is_some_and(|i| *i != turn.identity) {
+            return Err(outside_turn(format!(
+                "this turn's token searches only the identity {}",
+                turn.identity
+            )));
+        }
+        person = Some(turn.person().to_string());
+        identity = Some(turn.identity.clone());
+    }
     let search_query = SearchQuery {
         text: given(p.q)
             .ok_or_else(|| bad("invalid_query", "q (what to search for) is missing"))?,
-        person: given(p.person),
+        person,
         agent: given(p.agent),
-        identity: given(p.identity),
+        identity,
         channel: given(p.channel),
         from: time("from", p.from)?,
         to: time("to", p.to)?,

@@ -11,6 +11,10 @@
 //! - `POST /api/v1/sessions/{id}/reset`: the session's next turn starts a fresh engine session.
 //! - `GET /api/v1/sessions/{id}/export`: the conversation as JSONL, one message a line.
 //!
+//! An agent's turn token (`sbt_…`, docs/agent-tools.md) reads one session and its messages
+//! only when the session is its person's with its identity (else 403); it lists, exports,
+//! resets and reads journals never.
+//!
 //! Checked in this order: the key (401), its scope (403), the request (400), the session (404).
 use axum::Json;
 use axum::Router;
@@ -25,9 +29,10 @@ use serde::{Deserialize, Serialize};
 use switchboard_channels::ApiError;
 use switchboard_channels::api::{ApiCaller, Scope};
 use switchboard_kit::status::{SessionEventKind, SessionStatus};
+use switchboard_kit::turn_token::TurnClaims;
 use uuid::Uuid;
 
-use crate::api::{caller, refuse, unavailable};
+use crate::api::{caller, key_or_turn, outside_turn, refuse, unavailable};
 use crate::{GatewayState, Refused, read_body};
 
 pub fn routes() -> Router<GatewayState> {
@@ -72,6 +77,45 @@ async fn reader(state: &GatewayState, headers: &HeaderMap) -> Result<ApiCaller, 
     let caller = caller(state, headers).await?;
     caller.require(Scope::SessionsRead).map_err(refuse)?;
     Ok(caller)
+}
+
+/// A reader of one session: a key with `sessions:read`, or an agent's turn (its claims: the
+/// session must then pass [`turn_may_read`]).
+async fn session_reader(
+    state: &GatewayState,
+    headers: &HeaderMap,
+) -> Result<Option<TurnClaims>, Refused> {
+    let (caller, turn) = key_or_turn(state, headers).await?;
+    caller.require(Scope::SessionsRead).map_err(refuse)?;
+    Ok(turn)
+}
+
+/// A turn reads session `id` only when its person has it with its identity (any other
+/// session, existing or not, is 403: nothing is revealed).
+async fn turn_may_read(
+    state: &GatewayState,
+    turn: Option<&TurnClaims>,
+    id: Uuid,
+) -> Result<(), Refused> {
+    let Some(turn) = turn else {
+        return Ok(());
+    };
+    let theirs: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM switchboard.sessions
+                         WHERE id = $1 AND person_id = $2 AND agent_identity = $3)",
+    )
+    .bind(id)
+    .bind(turn.person())
+    .bind(&turn.identity)
+    .fetch_one(&state.db)
+    .await
+    .map_err(unavailable)?;
+    if !theirs {
+        return Err(outside_turn(
+            "this turn's token reads only its own person's sessions with its identity",
+        ));
+    }
+    Ok(())
 }
 
 /// The session id of the path: 400 `invalid_session_id` unless it is a UUID.
@@ -427,8 +471,9 @@ async fn show(
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Refused> {
-    reader(&state, &headers).await?;
+    let turn = session_reader(&state, &headers).await?;
     let id = session_id(path)?;
+    turn_may_read(&state, turn.as_ref(), id).await?;
     let session = find_session(&state, id).await?;
     let summary: Option<SummaryView> = sqlx::query_as(
         "SELECT summary AS text, version, method, updated_at AS written_at, updated_at,
@@ -451,10 +496,11 @@ async fn messages(
     path: Result<Path<String>, PathRejection>,
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    reader(&state, &headers).await?;
+    let turn = session_reader(&state, &headers).await?;
     let id = session_id(path)?;
     let q = query(q)?;
     let (after, limit) = (cursor(q.after)?, limit(q.limit)?);
+    turn_may_read(&state, turn.as_ref(), id).await?;
     exists(&state, id).await?;
     let rows = message_page(&state.db, id, after, limit + 1)
         .await

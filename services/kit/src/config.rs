@@ -173,6 +173,9 @@ pub struct GatewayConfig {
     pub request_timeout_ms: u64,
     /// Connections served at once; more wait in the listen backlog until one closes.
     pub max_connections: usize,
+    /// Signs the turn tokens agents call the API with (`turn_token`). Unset: a key generated
+    /// once and kept in Postgres (`switchboard.turn_token_secret`), shared by every replica.
+    pub turn_token_secret: Secret,
 }
 
 impl Default for GatewayConfig {
@@ -185,6 +188,7 @@ impl Default for GatewayConfig {
             header_timeout_ms: 10_000,
             request_timeout_ms: 30_000,
             max_connections: 4_096,
+            turn_token_secret: Secret::default(),
         }
     }
 }

@@ -16,6 +16,7 @@
 //! - [`telemetry`] and [`admin`]: logs, metrics, `/healthz`, `/readyz`, `/metrics`.
 //! - [`startup`]: wiring a process together; [`shutdown`]: the drain signal.
 //! - [`status`]: the states turns and deliveries move through.
+//! - [`turn_token`]: the short-lived token a runner call carries, scoped to its turn's person.
 
 pub mod address;
 pub mod admin;
@@ -40,6 +41,7 @@ pub mod startup;
 pub mod status;
 pub mod telemetry;
 pub mod topology;
+pub mod turn_token;
 pub mod workspace;
 
 pub use config::Config;

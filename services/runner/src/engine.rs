@@ -42,7 +42,15 @@ pub struct Run<'a> {
     /// Where the prompt file is (`{prompt_file}`, or the engine's stdin).
     pub prompt_file: &'a Path,
     pub key: &'a str,
+    /// The turn's token and the API's URL, when dispatch sent them.
+    pub turn_token: Option<&'a str>,
+    pub api_url: Option<&'a str>,
 }
+
+/// The environment variable the engine finds its turn token in.
+pub const TURN_TOKEN_ENV: &str = "SWITCHBOARD_TURN_TOKEN";
+/// The environment variable the engine finds the API's URL in.
+pub const API_URL_ENV: &str = "SWITCHBOARD_API_URL";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunOutcome {
@@ -134,6 +142,14 @@ pub fn spec(run: &Run<'_>, created_at_ms: u64) -> Result<Spec, EngineError> {
         tool_calls_path: e.tool_calls_path.clone(),
         created_at_ms,
         rerun: false,
+        turn_env: [(TURN_TOKEN_ENV, run.turn_token), (API_URL_ENV, run.api_url)]
+            .into_iter()
+            .filter_map(|(name, value)| {
+                value
+                    .filter(|v| !v.is_empty())
+                    .map(|v| (name.to_string(), v.to_string()))
+            })
+            .collect(),
     })
 }
 

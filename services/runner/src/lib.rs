@@ -10,7 +10,9 @@
 //!   died unfinished (a host crash) runs again, and its answer says so (`rerun`);
 //! - one run at a time per engine session (agent + session id);
 //! - the timeout and `DELETE /run/<key>` kill the engine's whole process group;
-//! - output is capped; the engine's session id is read from its JSON output.
+//! - output is capped; the engine's session id is read from its JSON output;
+//! - the turn's token and the API's URL reach the engine as `SWITCHBOARD_TURN_TOKEN` and
+//!   `SWITCHBOARD_API_URL` in its environment, never on its command line nor in a file.
 mod adopt;
 pub mod config;
 pub mod engine;
@@ -51,6 +53,23 @@ pub struct RunRequest {
     pub workspace: Option<String>,
     #[serde(default)]
     pub queue_mode: Option<String>,
+    /// The turn's token for the API (`SWITCHBOARD_TURN_TOKEN` in the engine's environment).
+    #[serde(default)]
+    pub turn_token: Option<Credential>,
+    /// Where the engine calls the API (`SWITCHBOARD_API_URL`).
+    #[serde(default)]
+    pub api_url: Option<String>,
+}
+
+/// A credential the engine is given: never printed (`Debug` shows `***`).
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Credential(pub String);
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
 }
 
 /// `POST /run`'s answer.
@@ -352,6 +371,8 @@ async fn execute(
             max_output_bytes: runner.config.max_output_bytes,
             prompt_file: &prompt_file,
             key,
+            turn_token: request.turn_token.as_ref().map(|t| t.0.as_str()),
+            api_url: request.api_url.as_deref(),
         },
         created_at_ms,
     )

@@ -42,6 +42,11 @@ pub struct Spec {
     /// An earlier run of this key died unfinished (its answer says so).
     #[serde(default)]
     pub rerun: bool,
+    /// The turn's credentials for the engine (`SWITCHBOARD_TURN_TOKEN`, `SWITCHBOARD_API_URL`):
+    /// handed to the supervisor's environment, which the engine inherits; never written to
+    /// `spec.json` (nor to the command line, where `ps` would show them).
+    #[serde(skip)]
+    pub turn_env: BTreeMap<String, String>,
 }
 
 /// The supervisor, recorded before it starts the engine.

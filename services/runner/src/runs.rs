@@ -67,6 +67,11 @@ pub fn start(
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("supervise")
         .arg(run.path())
+        // This turn's credentials reach the engine through the environment (inherited through
+        // the supervisor), and only this turn's: none left over from the runner's own.
+        .env_remove(engine::TURN_TOKEN_ENV)
+        .env_remove(engine::API_URL_ENV)
+        .envs(&spec.turn_env)
         .stdin(Stdio::from(lock))
         .stdout(Stdio::null())
         .stderr(Stdio::from(log));

@@ -334,3 +334,73 @@ fn kept_outcomes_older_than_the_retention_are_removed() {
     assert_eq!(store.prune(Duration::from_millis(10)).unwrap(), 1);
     assert!(store.get("k").unwrap().is_none());
 }
+
+#[tokio::test]
+async fn the_engine_finds_its_turn_token_and_the_api_url_in_its_environment_and_nowhere_else() {
+    // What the engine sees: its environment, and its own command line (as `ps` shows it).
+    let host = Host::start(
+        &format!(
+            "printf '%s' \"$SWITCHBOARD_TURN_TOKEN\" > \"$HOST_DIR/token\"\n\
+             printf '%s' \"$SWITCHBOARD_API_URL\" > \"$HOST_DIR/api_url\"\n\
+             tr '\\0' ' ' < /proc/$$/cmdline > \"$HOST_DIR/cmdline\"\n\
+             tr '\\0' ' ' < /proc/$PPID/cmdline >> \"$HOST_DIR/cmdline\"\n\
+             cp -r \"$(tr '\\0' '\\n' < /proc/$PPID/cmdline | tail -n 1)\" \"$HOST_DIR/rundir\"\n{ECHO}"
+        ),
+        10,
+    )
+    .await;
+    let token = "sbt_eyJhbGciOiJIUzI1NiJ9.a-turn-token.signature";
+    let r = reqwest::Client::new()
+        .post(format!("{}/run", host.url))
+        .bearer_auth("runner-secret")
+        .header("Idempotency-Key", "turn:s:1")
+        .json(&json!({
+            "agent": "reggie_oc", "prompt": "hello", "session_id": null, "correlation_id": "c",
+            "turn_token": token, "api_url": "http://gateway.example:8080",
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = |name: &str| std::fs::read_to_string(host.dir.join(name)).unwrap();
+    assert_eq!(seen("token"), token);
+    assert_eq!(seen("api_url"), "http://gateway.example:8080");
+    let cmdline = seen("cmdline");
+    assert!(cmdline.contains("engine.sh"), "{cmdline}");
+    assert!(
+        !cmdline.contains("a-turn-token"),
+        "the token is on the command line: {cmdline}"
+    );
+    assert!(cmdline.contains("supervise"), "{cmdline}");
+    // Nor in the run's folder (spec.json, the prompt, the supervisor's log) on the host's disk,
+    // as it was while the engine ran.
+    let files = walk(&host.dir.join("rundir"));
+    assert!(files.iter().any(|f| f.ends_with("spec.json")), "{files:?}");
+    for entry in files.into_iter().chain(walk(&host.dir.join("state"))) {
+        let text = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains("a-turn-token"),
+            "the token was written to {}",
+            entry.display()
+        );
+    }
+
+    // A call without one: the engine has none (none left over from the runner's own).
+    let (status, _) = host.run("turn:s:2", None, "again").await;
+    assert_eq!(status, 200);
+    assert_eq!(seen("token"), "");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
