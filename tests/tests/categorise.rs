@@ -410,3 +410,81 @@ async fn an_event_delivered_again_labels_nothing_twice() {
     assert_eq!(categorised_events(&app).await.len(), 1, "announced once");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_message_logged_after_its_reply_was_labelled_joins_that_label() {
+    let fake = FakeModel::start(64).await;
+    fake.answer_with(|_| FakeAnswer::Text("roster_query".into()));
+    let (l, e) = (llm(&fake), embedding(&fake));
+    let app = spawn_app_configured(move |c| {
+        c.llm = l;
+        c.embedding = e;
+    })
+    .await;
+    app.send_sms("+14155550709", "when is my next shift").await;
+    app.wait_for_sms(1, WAIT).await;
+    let exchange = wait_for_exchanges(&app, 1).await.remove(0);
+    let inbound = exchange.inbound_id.expect("labelled with its message");
+    app.settle().await;
+    // As when the message's log came later than the reply's grace (a crash between them): the
+    // exchange was labelled on the reply alone.
+    sqlx::query("UPDATE switchboard.exchange_categories SET inbound_id = NULL")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE switchboard.messages SET category = NULL WHERE id = $1")
+        .bind(inbound)
+        .execute(&app.db)
+        .await
+        .unwrap();
+
+    // The message's own `message.logged`, delivered now.
+    let stream = app
+        .js
+        .get_stream(app.topology.events_stream())
+        .await
+        .expect("the events stream");
+    let subject = app.topology.event("message.logged");
+    let mut logged = Vec::new();
+    for seq in 1..=stream.cached_info().state.last_sequence {
+        if let Ok(m) = stream.get_raw_message(seq).await
+            && m.subject.as_str() == subject
+        {
+            let e: switchboard_kit::proto::MessageLogged =
+                prost::Message::decode(m.payload.clone()).expect("a MessageLogged");
+            if e.direction == "inbound" {
+                logged.push(m);
+            }
+        }
+    }
+    assert_eq!(logged.len(), 1);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        switchboard_kit::runtime::HEADER_TYPE,
+        <switchboard_kit::proto::MessageLogged as prost::Name>::full_name().as_str(),
+    );
+    app.js
+        .publish_with_headers(subject, headers, logged[0].payload.clone())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored again");
+    app.settle().await;
+
+    let after = wait_for_exchanges(&app, 1).await.remove(0);
+    assert_eq!(
+        after.inbound_id,
+        Some(inbound),
+        "the label names its message"
+    );
+    let categories = message_categories(&app).await;
+    assert!(
+        categories
+            .iter()
+            .all(|(_, _, label)| label.as_deref() == Some("roster_query")),
+        "both messages carry the label: {categories:?}"
+    );
+    assert_eq!(fake.chats().len(), 1, "nothing labelled again");
+    assert_eq!(categorised_events(&app).await.len(), 1, "announced once");
+    app.shutdown().await;
+}

@@ -179,8 +179,10 @@ impl CategoriseStage {
     async fn categorise(&self, e: &MessageLogged) -> Result<Vec<Output>, StageError> {
         let err = CategoriseError::into_stage;
         match e.direction.as_str() {
-            // The exchange is complete, and labelled, when its reply is logged.
-            "inbound" => return Ok(Vec::new()),
+            // The exchange is complete, and labelled, when its reply is logged; an inbound
+            // message logged after its reply was labelled (its log was late: a crash, a
+            // redelivery) joins the label then.
+            "inbound" => return self.join_late_inbound(e).await.map_err(err),
             "outbound" => {}
             other => {
                 return Err(err(CategoriseError::Malformed(format!(
@@ -277,6 +279,42 @@ impl CategoriseStage {
     }
 
     /// The label already stored for the exchange this reply completes.
+    /// Attach `e` (an inbound message) to the exchange labelled without it because it was
+    /// logged after the reply's grace: the label names the message it answers in the end.
+    async fn join_late_inbound(&self, e: &MessageLogged) -> Result<Vec<Output>, CategoriseError> {
+        let (Ok(inbound_id), Ok(session_id)) =
+            (e.message_id.parse::<Uuid>(), e.session_id.parse::<Uuid>())
+        else {
+            return Err(CategoriseError::Malformed(format!(
+                "message id {:?} / session id {:?}",
+                e.message_id, e.session_id
+            )));
+        };
+        if e.correlation_id.is_empty() {
+            return Ok(Vec::new());
+        }
+        let joined = sqlx::query(
+            "WITH joined AS (
+                 UPDATE switchboard.exchange_categories c SET inbound_id = $1
+                   FROM switchboard.messages o
+                  WHERE c.session_id = $2 AND c.inbound_id IS NULL AND o.id = c.outbound_id
+                    AND o.direction = 'outbound' AND o.correlation_id = $3
+                 RETURNING c.label)
+             UPDATE switchboard.messages SET category = (SELECT min(label) FROM joined)
+              WHERE id = $1 AND EXISTS (SELECT 1 FROM joined)",
+        )
+        .bind(inbound_id)
+        .bind(session_id)
+        .bind(&e.correlation_id)
+        .execute(&self.db)
+        .await?
+        .rows_affected();
+        if joined > 0 {
+            metrics::counter!("sb_categorise_late_inbound_joined_total").increment(1);
+        }
+        Ok(Vec::new())
+    }
+
     async fn stored(&self, outbound_id: Uuid) -> Result<Option<Stored>, CategoriseError> {
         let row: Option<(Option<Uuid>, String, String, Option<String>)> = sqlx::query_as(
             "SELECT inbound_id, label, source, raw_label
@@ -343,6 +381,28 @@ impl CategoriseStage {
             .bind(inbound_id)
             .execute(&mut *tx)
             .await?;
+        let mut inbound_id = inbound_id;
+        if inbound_id.is_none() && !e.correlation_id.is_empty() {
+            // Logged since it was looked for: its own event may have found no label to join.
+            inbound_id = sqlx::query_scalar(
+                "WITH late AS (
+                     SELECT id FROM switchboard.messages
+                      WHERE session_id = $2 AND correlation_id = $3 AND direction = 'inbound'
+                      ORDER BY id DESC LIMIT 1),
+                 joined AS (
+                     UPDATE switchboard.exchange_categories SET inbound_id = (SELECT id FROM late)
+                      WHERE outbound_id = $1 AND EXISTS (SELECT 1 FROM late)
+                     RETURNING inbound_id)
+                 UPDATE switchboard.messages SET category = $4
+                  WHERE id = (SELECT inbound_id FROM joined) RETURNING id",
+            )
+            .bind(outbound_id)
+            .bind(session_id)
+            .bind(&e.correlation_id)
+            .bind(&chosen.label)
+            .fetch_optional(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok((
             Stored {
