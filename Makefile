@@ -86,8 +86,17 @@ CHAOS_ARGS ?=
 .PHONY: bench chaos
 
 bench:
-	$(CARGO) build --release --workspace --bins
+	$(CARGO) build --release --workspace --bins --examples
 	target/release/bench $(BENCH_ARGS)
+	$(MAKE) bench-embed
+
+# The embedding runtime beside PyTorch + sentence-transformers (docs/embedding-runtime.md): the
+# peer's venv is made once under .stack/bin-cache; EMBED_BENCH_ARGS: texts threads "batches".
+EMBED_BENCH_ARGS ?= 2000 2 "1 16 64"
+.PHONY: bench-embed
+bench-embed:
+	$(CARGO) build --release --workspace --example embed_speed
+	tests/embed_bench/run.sh bench-results/embed-$$(date -u +%Y%m%dT%H%M%SZ) $(EMBED_BENCH_ARGS)
 
 chaos:
 	$(CARGO) build --release --workspace --bins
