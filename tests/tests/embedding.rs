@@ -238,9 +238,11 @@ async fn a_redelivered_batch_doubles_nothing_and_what_names_no_message_is_skippe
     let config = fake_config(&fake);
     // Categorisation embeds exchanges through the same model; this test counts the embed
     // worker's calls alone.
-    let app = spawn_app_with(
-        AppOptions::without(&["categorise"]).configured(move |c| c.embedding = config),
-    )
+    let app = spawn_app_with(AppOptions::without(&["categorise"]).configured(move |c| {
+        c.embedding = config;
+        // Recall embeds each turn's message through the same model.
+        c.recall.enabled = false;
+    }))
     .await;
     two_conversations(&app).await;
     let embedded_once = fake.texts_embedded();

@@ -131,6 +131,7 @@ async fn search_messages(
         limit: limit(p.limit)?,
         exclude: Vec::new(),
         exclude_kinds: Vec::new(),
+        inbound_before: None,
     };
     let embedding = &state.config.embedding;
     // Loaded once per process, not per search.

@@ -67,6 +67,7 @@ pub async fn recall(
     if !config.enabled || config.top_k == 0 || text.is_empty() {
         return Ok(None);
     }
+    let inbound_before = req.answering.iter().max().copied();
     let mut exclude = req.answering.clone();
     if let Some((session, engine_session)) = req.held_by {
         let held: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
@@ -93,6 +94,7 @@ pub async fn recall(
             identity: Some(req.agent_identity.to_string()),
             limit: config.top_k.min(crate::search::MAX_LIMIT as usize) as i64,
             exclude,
+            inbound_before,
             // The conversation only: not the notices Switchboard sent, not what was never sent.
             exclude_kinds: crate::NOT_CONVERSATION
                 .iter()

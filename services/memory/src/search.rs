@@ -43,6 +43,9 @@ pub struct SearchQuery {
     /// Outbound rows of these kinds (`messages.metadata.kind`) are not returned (recall leaves
     /// out notices and what was never sent).
     pub exclude_kinds: Vec<String>,
+    /// Only the person's messages that came before this one (recall: messages sent after the
+    /// one being answered wait for turns of their own and are not memory yet).
+    pub inbound_before: Option<Uuid>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -183,7 +186,8 @@ pub async fn search(
                AND ($6::timestamptz IS NULL OR m.created_at >= $6)
                AND ($7::timestamptz IS NULL OR m.created_at < $7)
                AND NOT (m.id = ANY($11::uuid[]))
-               AND NOT (coalesce(m.metadata->>'kind', '') = ANY($12::text[]))";
+               AND NOT (coalesce(m.metadata->>'kind', '') = ANY($12::text[]))
+               AND ($13::uuid IS NULL OR m.direction <> 'inbound' OR m.id < $13)";
     let vector_branch = if vector.is_some() {
         let n = dimensions;
         let model = sql_literal(model);
@@ -252,6 +256,7 @@ pub async fn search(
         .bind(q.limit)
         .bind(&q.exclude)
         .bind(&q.exclude_kinds)
+        .bind(q.inbound_before)
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;

@@ -77,6 +77,7 @@ pub async fn search_command(config: Config, a: SearchArgs) -> anyhow::Result<()>
         limit: a.limit,
         exclude: Vec::new(),
         exclude_kinds: Vec::new(),
+        inbound_before: None,
     };
     let results = search(&db, embedder.as_deref(), &config.embedding.model, &q).await?;
     if a.json {
