@@ -105,6 +105,43 @@ async fn categorised_events(app: &TestApp) -> Vec<ExchangeCategorised> {
     events
 }
 
+/// The one `message.logged` of `direction` on the stream, published again under a new stream
+/// message id (not a duplicate the stream would drop: a second delivery), and the pipeline
+/// settled after it.
+async fn deliver_logged_again(app: &TestApp, direction: &str) {
+    let stream = app
+        .js
+        .get_stream(app.topology.events_stream())
+        .await
+        .expect("the events stream");
+    let subject = app.topology.event("message.logged");
+    let mut logged = Vec::new();
+    for seq in 1..=stream.cached_info().state.last_sequence {
+        if let Ok(m) = stream.get_raw_message(seq).await
+            && m.subject.as_str() == subject
+        {
+            let e: switchboard_kit::proto::MessageLogged =
+                prost::Message::decode(m.payload.clone()).expect("a MessageLogged");
+            if e.direction == direction {
+                logged.push(m);
+            }
+        }
+    }
+    assert_eq!(logged.len(), 1);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        switchboard_kit::runtime::HEADER_TYPE,
+        <switchboard_kit::proto::MessageLogged as prost::Name>::full_name().as_str(),
+    );
+    app.js
+        .publish_with_headers(subject, headers, logged[0].payload.clone())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored again");
+    app.settle().await;
+}
+
 #[tokio::test]
 async fn each_exchange_is_labelled_once_by_the_model_stored_on_both_messages_and_announced() {
     let fake = FakeModel::start(64).await;
@@ -368,38 +405,7 @@ async fn an_event_delivered_again_labels_nothing_twice() {
     app.settle().await;
 
     // The reply's `message.logged` again, as a replay or a second publisher would send it.
-    let stream = app
-        .js
-        .get_stream(app.topology.events_stream())
-        .await
-        .expect("the events stream");
-    let subject = app.topology.event("message.logged");
-    let mut logged = Vec::new();
-    for seq in 1..=stream.cached_info().state.last_sequence {
-        if let Ok(m) = stream.get_raw_message(seq).await
-            && m.subject.as_str() == subject
-        {
-            let e: switchboard_kit::proto::MessageLogged =
-                prost::Message::decode(m.payload.clone()).expect("a MessageLogged");
-            if e.direction == "outbound" {
-                logged.push(m);
-            }
-        }
-    }
-    assert_eq!(logged.len(), 1);
-    // A new message id: not a duplicate the stream would drop, a second delivery.
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(
-        switchboard_kit::runtime::HEADER_TYPE,
-        <switchboard_kit::proto::MessageLogged as prost::Name>::full_name().as_str(),
-    );
-    app.js
-        .publish_with_headers(subject, headers, logged[0].payload.clone())
-        .await
-        .expect("publish")
-        .await
-        .expect("stored again");
-    app.settle().await;
+    deliver_logged_again(&app, "outbound").await;
 
     assert_eq!(wait_for_exchanges(&app, 1).await.len(), 1);
     assert_eq!(
@@ -439,37 +445,7 @@ async fn a_message_logged_after_its_reply_was_labelled_joins_that_label() {
         .unwrap();
 
     // The message's own `message.logged`, delivered now.
-    let stream = app
-        .js
-        .get_stream(app.topology.events_stream())
-        .await
-        .expect("the events stream");
-    let subject = app.topology.event("message.logged");
-    let mut logged = Vec::new();
-    for seq in 1..=stream.cached_info().state.last_sequence {
-        if let Ok(m) = stream.get_raw_message(seq).await
-            && m.subject.as_str() == subject
-        {
-            let e: switchboard_kit::proto::MessageLogged =
-                prost::Message::decode(m.payload.clone()).expect("a MessageLogged");
-            if e.direction == "inbound" {
-                logged.push(m);
-            }
-        }
-    }
-    assert_eq!(logged.len(), 1);
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(
-        switchboard_kit::runtime::HEADER_TYPE,
-        <switchboard_kit::proto::MessageLogged as prost::Name>::full_name().as_str(),
-    );
-    app.js
-        .publish_with_headers(subject, headers, logged[0].payload.clone())
-        .await
-        .expect("publish")
-        .await
-        .expect("stored again");
-    app.settle().await;
+    deliver_logged_again(&app, "inbound").await;
 
     let after = wait_for_exchanges(&app, 1).await.remove(0);
     assert_eq!(
