@@ -20,6 +20,16 @@ impl InboundMessage {
     }
 }
 
+impl SummaryDue {
+    /// The dedupe id of a due item: the same for every publisher (the summary worker's sweeper,
+    /// the session stage on a reset) that sees the same newest unsummarised message and summary
+    /// version; a new one once a version was written (a run that merged only part of what was
+    /// due must not make the next item a duplicate).
+    pub fn dedupe_id(memory_key: &str, newest: &uuid::Uuid, version: i64) -> String {
+        format!("{memory_key}:{newest}:v{version}")
+    }
+}
+
 impl Turn {
     /// The turn's answer when it was given without the agent (`outbound_text`: a message the
     /// agent started, or one Switchboard answered itself).

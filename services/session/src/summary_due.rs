@@ -26,12 +26,14 @@ pub(crate) async fn summary_due(
     } else {
         return Ok(None);
     };
-    let newest: Option<Uuid> = sqlx::query_scalar(
-        "SELECT m.id FROM switchboard.messages m
+    // Unsummarised by the mark each summary version sets on what it merged (not by id after
+    // the summary's last: a message logged late has an older id).
+    let newest: Option<(Uuid, i64)> = sqlx::query_as(
+        "SELECT m.id, coalesce(y.version, 0) FROM switchboard.messages m
            JOIN switchboard.sessions s ON s.id = m.session_id
            LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
           WHERE s.memory_key = $1 AND NOT ($2 AND s.id = $3)
-            AND (y.last_message_in_summary IS NULL OR m.id > y.last_message_in_summary)
+            AND m.summary_version IS NULL
           ORDER BY m.id DESC LIMIT 1",
     )
     .bind(&opened.memory_key)
@@ -39,7 +41,7 @@ pub(crate) async fn summary_due(
     .bind(opened.session_id)
     .fetch_optional(db)
     .await?;
-    let Some(newest) = newest else {
+    let Some((newest, version)) = newest else {
         return Ok(None);
     };
     let due = SummaryDue {
@@ -49,6 +51,6 @@ pub(crate) async fn summary_due(
         reason: reason.into(),
     };
     // The summary worker's sweeper names the same item the same way.
-    let id = format!("{}:{newest}", opened.memory_key);
+    let id = SummaryDue::dedupe_id(&opened.memory_key, &newest, version);
     Ok(Some(Output::new(topology.summary_due(), id, &due)))
 }

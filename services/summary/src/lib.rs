@@ -60,11 +60,9 @@ impl Reason {
     }
 }
 
-/// The dedupe id of a due item: the same for every publisher that sees the same newest
-/// unsummarised message and summary version; a new one once a version was written (a run
-/// that merged only part of what was due must not make the next sweep's item a duplicate).
+/// The dedupe id of a due item ([`SummaryDue::dedupe_id`]).
 pub fn due_id(memory_key: &str, newest: &uuid::Uuid, version: i64) -> String {
-    format!("{memory_key}:{newest}:v{version}")
+    SummaryDue::dedupe_id(memory_key, newest, version)
 }
 
 #[derive(Debug, thiserror::Error)]
