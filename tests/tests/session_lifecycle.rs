@@ -334,9 +334,11 @@ async fn the_journal_tells_a_sessions_story_in_order() {
     let expected = [
         ("message_in", 1),
         ("turn_started", 1),
+        ("recall", 1),
         ("reply", 1),
         ("message_in", 2),
         ("turn_started", 2),
+        ("recall", 2),
         ("reply", 2),
     ];
     assert_eq!(

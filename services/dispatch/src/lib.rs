@@ -16,7 +16,9 @@
 //! dispatcher's lease ends with its heartbeat.
 pub mod attachments;
 pub mod breaker;
+pub mod flush;
 pub mod prompt;
+mod recall;
 pub mod runner;
 pub mod schedule;
 
@@ -329,6 +331,8 @@ pub struct TurnDispatcher {
     uploads: attachments::Uploads,
     /// The curated memory (memory.md) of each turn's person + identity.
     memories: MemoryStore,
+    /// Each call's recall of the person's earlier messages.
+    recall: recall::Recaller,
 }
 
 impl TurnDispatcher {
@@ -354,6 +358,7 @@ impl TurnDispatcher {
         );
         let uploads = attachments::Uploads::new(db.clone(), config.workspace.max_attachment_bytes);
         let memories = MemoryStore::new(db.clone(), config.memory.max_chars);
+        let recall = recall::Recaller::new(db.clone(), config);
         Self {
             id: Uuid::new_v4(),
             last_beat: Default::default(),
@@ -375,6 +380,7 @@ impl TurnDispatcher {
             ),
             uploads,
             memories,
+            recall,
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
@@ -690,6 +696,7 @@ impl TurnDispatcher {
             reply,
             next,
             consumed,
+            recall,
             ..
         } = settlement;
         let mut tx = self.db.begin().await?;
@@ -762,7 +769,20 @@ impl TurnDispatcher {
         if stored == 0 {
             return Ok(false);
         }
-        let mut entries = vec![Journal::new(
+        // What the call recalled comes before its reply in the story.
+        let mut entries: Vec<Journal> = recall
+            .iter()
+            .map(|recall| {
+                Journal::new(
+                    session,
+                    format!("recall:{session}:{seq}"),
+                    "recall",
+                    seq,
+                    recall.clone(),
+                )
+            })
+            .collect();
+        entries.push(Journal::new(
             session,
             format!("reply:{session}:{seq}"),
             "reply",
@@ -774,7 +794,7 @@ impl TurnDispatcher {
                 "tool_calls_count": reply.tool_calls_count,
                 "joined": (first..=seq).collect::<Vec<i64>>(),
             }),
-        )];
+        ));
         if let Some(reason) = reply.reset {
             entries.push(Journal::new(
                 session,
@@ -976,7 +996,7 @@ impl TurnDispatcher {
                 .map(|lease| (slot, lease)),
             Err(_) => None,
         };
-        let (lease, after) = if let Some((slot, lease)) = fast {
+        let (mut lease, after) = if let Some((slot, lease)) = fast {
             _slot = slot;
             (lease, turn.seq - 1)
         } else {
@@ -1053,6 +1073,27 @@ impl TurnDispatcher {
             (None, own, Some((pending, at))) => (own.or(Some(*pending)), Some(*at)),
             (None, own, None) => (own, None),
         };
+        // Before the reset, the agent writes what it must keep (once per turn).
+        if let Some(reason) = reset {
+            let correlation_id = turn
+                .message
+                .as_ref()
+                .and_then(|m| m.inbound.as_ref())
+                .map(|i| i.correlation_id.as_str())
+                .unwrap_or(&attempt.correlation_id);
+            let before = flush::Before {
+                turn,
+                session,
+                call,
+                call_timeout,
+                agent,
+                person_id: &person_id,
+                reset: reason,
+                correlation_id,
+            };
+            let flushed = self.flush_before_reset(&before, &mut lease).await;
+            self.or_release(session, call, flushed).await?;
+        }
         let notice = |text: &str| match reset {
             Some(r) => format!("{}\n\n{text}", self.notices.for_reason(r)),
             None => text.to_string(),
@@ -1071,6 +1112,7 @@ impl TurnDispatcher {
             first: turn.seq,
             // A pending reset applied here is cleared unless a newer one came meanwhile.
             consumed,
+            recall: None,
         };
 
         // A message the agent started, or one Switchboard answered itself, has its answer: no
@@ -1177,6 +1219,14 @@ impl TurnDispatcher {
             .keep_attachments(&group, lease.workspace.as_deref())
             .await;
         let attachments = self.or_release(session, call, kept).await?;
+        let held_by = match (reset, &lease.engine_session) {
+            (None, Some(engine)) => Some((session, engine.as_str())),
+            _ => None,
+        };
+        let recalled = self
+            .recall
+            .for_call(&group, &person_id, &turn.agent_identity, held_by)
+            .await;
         let prompt = prompt::build_joined_prompt(
             &group,
             &prompt::PromptContext {
@@ -1187,6 +1237,7 @@ impl TurnDispatcher {
                     .memory
                     .as_ref()
                     .map(|m| (m.body.as_str(), m.updated_at)),
+                recall: recalled.as_ref().and_then(|r| r.block.as_deref()),
                 reset,
                 now,
                 stale: stale.is_some(),
@@ -1295,15 +1346,16 @@ impl TurnDispatcher {
             }
         };
         if let Some(folder) = &memory_file {
-            self.keep_agent_memory(
-                session,
-                call,
-                &person_id,
-                &turn.agent_identity,
-                &lease,
-                folder,
-            )
-            .await;
+            let _ = self
+                .keep_agent_memory(
+                    session,
+                    call,
+                    &person_id,
+                    &turn.agent_identity,
+                    &lease,
+                    folder,
+                )
+                .await;
         }
         let processing_ms = if resp.processing_ms > 0 {
             resp.processing_ms
@@ -1317,6 +1369,7 @@ impl TurnDispatcher {
         );
         s.reply.processing_ms = processing_ms;
         s.reply.tool_calls_count = resp.tool_calls_count;
+        s.recall = recalled.map(|r| r.detail);
         if group.len() > 1 {
             s.reply.answers = group
                 .iter()
@@ -1330,7 +1383,8 @@ impl TurnDispatcher {
 
     /// Store what the agent left in memory.md, if it changed it. A failure here does not fail
     /// the turn (the answer is given): it is logged and counted, and the file keeps the edit
-    /// until the session's next turn.
+    /// until the session's next turn. Returns what became of the edit (`None`: not read or
+    /// not stored).
     async fn keep_agent_memory(
         &self,
         session: Uuid,
@@ -1339,17 +1393,17 @@ impl TurnDispatcher {
         identity: &str,
         lease: &Lease,
         folder: &std::path::Path,
-    ) {
+    ) -> Option<switchboard_memory::curated::AgentWrite> {
         let body = match switchboard_kit::workspace::read_memory(folder).await {
             Ok(Some(body)) => body,
-            Ok(None) => return,
+            Ok(None) => return Some(switchboard_memory::curated::AgentWrite::Unchanged),
             Err(e) => {
                 tracing::warn!(%session, error = %e, "could not read memory.md back");
                 metrics::counter!("sb_memory_store_failures_total").increment(1);
-                return;
+                return None;
             }
         };
-        match self
+        let written = self
             .memories
             .agent_wrote(
                 session,
@@ -1359,19 +1413,20 @@ impl TurnDispatcher {
                 lease.memory.as_ref(),
                 &body,
             )
-            .await
-        {
+            .await;
+        match written {
             Ok(switchboard_memory::curated::AgentWrite::Conflict) => tracing::warn!(
                 %session,
                 "memory.md was edited by the agent while someone else wrote the memory; the \
                  newer memory is kept"
             ),
             Ok(_) => {}
-            Err(e) => {
+            Err(ref e) => {
                 tracing::warn!(%session, error = %e, "could not store the agent's memory.md");
                 metrics::counter!("sb_memory_store_failures_total").increment(1);
             }
         }
+        written.ok()
     }
 
     /// Keep what the messages carry besides text in the session's workspace; the prompt's
@@ -1756,6 +1811,8 @@ struct Settlement {
     /// The first turn the call answered (earlier than the committed one when it joined
     /// several: those are done, joined into it).
     first: i64,
+    /// What the call's prompt recalled (the journal's `recall` entry).
+    recall: Option<serde_json::Value>,
 }
 
 impl Stage for TurnDispatcher {

@@ -25,6 +25,8 @@ pub struct PromptContext<'a> {
     pub memory: Option<(&'a str, DateTime<Utc>)>,
     /// The identity's summary and when it was last written.
     pub summary: Option<(&'a str, DateTime<Utc>)>,
+    /// The person's earlier messages recalled for this message (the block's body).
+    pub recall: Option<&'a str>,
     /// This turn starts a fresh engine session, and why.
     pub reset: Option<ResetReason>,
     /// When the turn is built (how long the message waited is measured to it).
@@ -127,6 +129,15 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         ),
         _ => "Summary of earlier conversations: none yet.\n".to_string(),
     };
+    let recall = match ctx.recall {
+        Some(r) => format!(
+            "Recalled from earlier conversations with this person (their messages most related \
+             to this one; the curated memory wins where they disagree), between the two RECALL \
+             lines:\nRECALL-{marker}\n{}RECALL-{marker}\n",
+            neutral(r),
+        ),
+        None => String::new(),
+    };
     let attachments: String = ctx
         .attachments
         .iter()
@@ -185,6 +196,7 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         "[Switchboard turn {seq} | agent {agent} ({identity})]\n\
          {memory}\
          {summary}\
+         {recall}\
          Current user: {name} | id {pid} | type {ptype} | role {role}\n\
          Authority ({ptype}): {auth}\n\
          Channel: {channel} via {provider}\n\
@@ -258,6 +270,22 @@ fn inbound_id(turn: &Turn) -> String {
         .unwrap_or_default()
 }
 
+/// What the flush before a reset asks of the agent (see `flush.rs`).
+pub const FLUSH_INSTRUCTION: &str = "The session is about to be reset; write into memory.md what \
+you must keep about this person; answer briefly.";
+
+/// The prompt of the silent turn that runs on the old engine session before a reset: the
+/// instruction, why the session is reset, and that the answer reaches nobody. Nothing of the
+/// person's is in it (no fence): the engine session already holds the conversation.
+pub fn flush_prompt(reason: ResetReason) -> String {
+    format!(
+        "[Switchboard: memory flush before a reset ({})]\n{FLUSH_INSTRUCTION}\n\
+         (Your answer is logged, never sent to the person. memory.md is in your workspace; \
+         what you write there is in every later prompt of this person.)",
+        reason.as_str()
+    )
+}
+
 /// The person's text back out of a prompt (used by the demo runner).
 pub fn fenced_text(prompt: &str) -> Option<&str> {
     let start = prompt.find("<<<MSG-")?;
@@ -307,6 +335,7 @@ mod tests {
             config,
             memory: None,
             summary: None,
+            recall: None,
             reset: None,
             now: DateTime::from_timestamp_millis(1_795_000_010_000).unwrap(),
             stale: false,

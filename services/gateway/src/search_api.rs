@@ -111,9 +111,12 @@ async fn search_messages(
         from: time("from", p.from)?,
         to: time("to", p.to)?,
         limit: limit(p.limit)?,
+        exclude: Vec::new(),
+        exclude_kinds: Vec::new(),
     };
     let embedding = &state.config.embedding;
-    let embedder = switchboard_memory::embed::from_config(embedding);
+    // Loaded once per process, not per search.
+    let embedder = switchboard_memory::embed::shared(embedding).await;
     let results = search(
         &state.db,
         embedder.as_deref(),

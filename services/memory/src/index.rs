@@ -16,6 +16,17 @@ pub enum LagScope<'a> {
 
 /// Seconds the index under `model` is behind for `scope`, and how many messages wait.
 pub async fn lag(db: &PgPool, model: &str, scope: LagScope<'_>) -> Result<IndexLag, sqlx::Error> {
+    lag_excluding(db, model, scope, &[]).await
+}
+
+/// [`lag`] over the messages not in `exclude` (recall: the message being answered and what the
+/// engine session holds are not waited for, so they do not make the index look behind).
+pub async fn lag_excluding(
+    db: &PgPool,
+    model: &str,
+    scope: LagScope<'_>,
+    exclude: &[uuid::Uuid],
+) -> Result<IndexLag, sqlx::Error> {
     let (person, identity) = match scope {
         LagScope::Everyone => (None, None),
         LagScope::Person {
@@ -28,12 +39,14 @@ pub async fn lag(db: &PgPool, model: &str, scope: LagScope<'_>) -> Result<IndexL
            FROM switchboard.messages m
           WHERE ($2::text IS NULL OR m.person_id = $2)
             AND ($3::text IS NULL OR m.agent_identity = $3)
+            AND NOT (m.id = ANY($4::uuid[]))
             AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
                              WHERE v.message_id = m.id AND v.model = $1)",
     )
     .bind(model)
     .bind(person)
     .bind(identity)
+    .bind(exclude)
     .fetch_one(db)
     .await?;
     Ok(IndexLag {

@@ -11,7 +11,13 @@ pub mod extractive;
 pub mod forget;
 pub mod forget_streams;
 pub mod index;
+pub mod recall;
 pub mod search;
 
 pub use chat::{ChatError, ChatModel};
+
+/// Outbound rows that are not part of the conversation (`messages.metadata.kind`): the agent's
+/// silent answer to the flush before a reset and a heartbeat's "nothing needs attention". They
+/// are logged, never sent; summaries and recall leave them out.
+pub const NOT_CONVERSATION: &[&str] = &["memory_flush", "heartbeat_ok"];
 pub use embed::{EmbedError, Embedder};

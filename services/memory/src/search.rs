@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::embed::{EmbedError, Embedder, pg_vector};
-use crate::index::{IndexLag, LagScope, lag};
+use crate::index::{IndexLag, LagScope, lag_excluding};
 
 /// The most hits one search answers with.
 pub const MAX_LIMIT: i64 = 100;
@@ -37,6 +37,12 @@ pub struct SearchQuery {
     /// Messages before this time.
     pub to: Option<DateTime<Utc>>,
     pub limit: i64,
+    /// Messages never to return (recall leaves out what the agent's engine session already
+    /// holds and the message being answered).
+    pub exclude: Vec<Uuid>,
+    /// Outbound rows of these kinds (`messages.metadata.kind`) are not returned (recall leaves
+    /// out notices and what was never sent).
+    pub exclude_kinds: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +181,9 @@ pub async fn search(
                AND ($4::text IS NULL OR m.agent_name = $4)
                AND ($5::text IS NULL OR m.channel = $5)
                AND ($6::timestamptz IS NULL OR m.created_at >= $6)
-               AND ($7::timestamptz IS NULL OR m.created_at < $7)";
+               AND ($7::timestamptz IS NULL OR m.created_at < $7)
+               AND NOT (m.id = ANY($11::uuid[]))
+               AND NOT (coalesce(m.metadata->>'kind', '') = ANY($12::text[]))";
     let vector_branch = if vector.is_some() {
         let n = dimensions;
         let model = sql_literal(model);
@@ -242,6 +250,8 @@ pub async fn search(
         .bind(candidates)
         .bind(&text)
         .bind(q.limit)
+        .bind(&q.exclude)
+        .bind(&q.exclude_kinds)
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
@@ -252,7 +262,7 @@ pub async fn search(
         },
         None => LagScope::Everyone,
     };
-    let index_lag = lag(db, model, scope).await?;
+    let index_lag = lag_excluding(db, model, scope, &q.exclude).await?;
     Ok(SearchResults {
         hits,
         model: model.to_string(),

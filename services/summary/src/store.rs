@@ -96,12 +96,14 @@ pub async fn unsummarised(
            FROM switchboard.messages m
            JOIN switchboard.sessions s ON s.id = m.session_id
           WHERE s.memory_key = $1 AND ($2::uuid IS NULL OR m.id > $2)
+            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($4::text[]))
           ORDER BY m.id
           LIMIT $3",
     )
     .bind(memory_key)
     .bind(after)
     .bind(limit)
+    .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_all(db)
     .await
 }
@@ -217,6 +219,7 @@ pub async fn quiet(db: &PgPool, idle_gap_s: u64, limit: i64) -> Result<Vec<Quiet
            CROSS JOIN LATERAL (
                 SELECT m.id, m.created_at FROM switchboard.messages m
                  WHERE m.session_id = ANY (k.sessions)
+                   AND NOT (coalesce(m.metadata->>'kind', '') = ANY($3::text[]))
                  ORDER BY m.id DESC LIMIT 1) n
           WHERE (y.last_message_in_summary IS NULL OR n.id > y.last_message_in_summary)
             AND n.created_at < now() - $1 * interval '1 second'
@@ -225,6 +228,7 @@ pub async fn quiet(db: &PgPool, idle_gap_s: u64, limit: i64) -> Result<Vec<Quiet
     )
     .bind(idle_gap_s as f64)
     .bind(limit)
+    .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_all(db)
     .await
 }

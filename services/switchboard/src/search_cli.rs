@@ -75,6 +75,8 @@ pub async fn search_command(config: Config, a: SearchArgs) -> anyhow::Result<()>
         from: a.from,
         to: a.to,
         limit: a.limit,
+        exclude: Vec::new(),
+        exclude_kinds: Vec::new(),
     };
     let results = search(&db, embedder.as_deref(), &config.embedding.model, &q).await?;
     if a.json {

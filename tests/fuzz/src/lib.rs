@@ -314,6 +314,7 @@ pub fn work_payloads(data: &[u8]) {
             config: &config,
             memory: None,
             summary: None,
+            recall: None,
             reset: None,
             now,
             stale: false,

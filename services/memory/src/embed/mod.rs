@@ -12,6 +12,9 @@ use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
 #[cfg(feature = "local-embedder")]
 pub mod local;
 pub mod openai;
+mod shared;
+
+pub use shared::shared;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbedError {

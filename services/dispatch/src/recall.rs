@@ -1,0 +1,102 @@
+//! Recall for a turn's prompt: the person's earlier messages with this agent identity that
+//! bear on what they just said, found by `switchboard_memory::recall` and recorded in the
+//! session's journal with the reply. Recall never fails a turn: when it cannot be had (the
+//! database, the embedder), the turn goes on without it and the journal says why.
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use switchboard_kit::config::Config;
+use switchboard_kit::memory_config::{EmbeddingConfig, RecallConfig};
+use switchboard_kit::proto::Turn;
+use switchboard_memory::embed::{self, EmbedError, Embedder};
+use switchboard_memory::recall::{RecallRequest, recall};
+use uuid::Uuid;
+
+/// What one turn recalled: the prompt's block and the journal's record of it.
+pub(crate) struct Recalled {
+    /// The block's body (`None`: nothing to show, e.g. a first conversation).
+    pub block: Option<String>,
+    pub detail: serde_json::Value,
+}
+
+pub(crate) struct Recaller {
+    db: PgPool,
+    config: RecallConfig,
+    embedding: EmbeddingConfig,
+}
+
+impl Recaller {
+    pub fn new(db: PgPool, config: &Config) -> Self {
+        Self {
+            db,
+            config: config.recall.clone(),
+            embedding: config.embedding.clone(),
+        }
+    }
+
+    /// What the turns `group` (one call's messages, in order) recall of `person_id`'s history
+    /// with `identity`. `held_by`: the session and the engine session the call resumes (its
+    /// turns are in the agent's context already); `None` for a fresh engine session.
+    pub async fn for_call(
+        &self,
+        group: &[Turn],
+        person_id: &str,
+        identity: &str,
+        held_by: Option<(Uuid, &str)>,
+    ) -> Option<Recalled> {
+        if !self.config.enabled || person_id.is_empty() {
+            return None;
+        }
+        let mut text = String::new();
+        let mut answering = Vec::new();
+        for t in group {
+            let Some(inbound) = t.message.as_ref().and_then(|m| m.inbound.as_ref()) else {
+                continue;
+            };
+            // A scheduled instruction or heartbeat is not the person speaking.
+            if !inbound.scheduled.is_empty() {
+                continue;
+            }
+            if let Ok(id) = inbound.id.parse::<Uuid>() {
+                answering.push(id);
+            }
+            text.push_str(&inbound.text);
+            text.push('\n');
+        }
+        let embedder: Result<Arc<dyn Embedder>, EmbedError> = embed::shared(&self.embedding).await;
+        let req = RecallRequest {
+            person_id,
+            agent_identity: identity,
+            text: &text,
+            held_by,
+            answering,
+        };
+        match recall(
+            &self.db,
+            embedder.as_deref(),
+            &self.embedding.model,
+            &self.config,
+            &req,
+        )
+        .await
+        {
+            Ok(Some(r)) => {
+                metrics::counter!("sb_recall_total", "outcome" => "recalled").increment(1);
+                metrics::histogram!("sb_recall_messages").record(r.hits.len() as f64);
+                Some(Recalled {
+                    block: r.render(self.config.max_chars),
+                    detail: r.journal_detail(),
+                })
+            }
+            Ok(None) => None,
+            Err(e) => {
+                metrics::counter!("sb_recall_total", "outcome" => "failed").increment(1);
+                tracing::warn!(person = person_id, error = %e, "recall failed; the turn goes on without it");
+                Some(Recalled {
+                    block: None,
+                    detail: serde_json::json!({ "error": e.to_string() }),
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! Recall: what a turn's prompt carries of the person's earlier messages with this agent
+//! identity. The top-k messages most relevant to what the person just said (the hybrid ranking
+//! of [`crate::search`], always filtered to the turn's person and identity in the SQL itself),
+//! leaving out what the agent's engine session already holds, plus the person's recent
+//! category counts. Each turn's recall is recorded in the session's journal
+//! ([`Recall::journal_detail`]) so "why did the agent know this" has an answer.
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use switchboard_kit::memory_config::RecallConfig;
+use uuid::Uuid;
+
+use crate::embed::{EmbedError, Embedder};
+use crate::index::IndexLag;
+use crate::search::{MAX_QUERY_CHARS, SearchError, SearchHit, SearchQuery, search};
+
+/// A recalled message is cut to this many characters in the prompt.
+const MAX_HIT_CHARS: usize = 400;
+/// The most labels the "recent topics" line names.
+const MAX_TOPICS: i64 = 5;
+
+/// Whose memory to recall from, and for what.
+#[derive(Debug, Clone)]
+pub struct RecallRequest<'a> {
+    pub person_id: &'a str,
+    pub agent_identity: &'a str,
+    /// What the person just said (the turn's message, or the messages it joins).
+    pub text: &'a str,
+    /// The session whose engine session is resumed, with that engine session's id: the
+    /// messages of its turns are in the agent's context already. `None`: a fresh engine
+    /// session, which holds nothing.
+    pub held_by: Option<(Uuid, &'a str)>,
+    /// The messages this turn answers (never recalled to themselves).
+    pub answering: Vec<Uuid>,
+}
+
+/// One label and how often the person's exchanges got it lately.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Topic {
+    pub label: String,
+    pub count: i64,
+}
+
+/// What a turn recalls.
+#[derive(Debug, Clone)]
+pub struct Recall {
+    pub hits: Vec<SearchHit>,
+    pub topics: Vec<Topic>,
+    /// Over how many days the topics were counted.
+    pub topic_days: u32,
+    pub model: String,
+    pub index_lag: IndexLag,
+    /// Why meaning was not part of the ranking, when it was not.
+    pub vector_error: Option<String>,
+}
+
+/// The earlier messages of `req.person_id` with `req.agent_identity` most relevant to
+/// `req.text`, and their recent topics. `None` when recall is off or there is no text to recall
+/// for (a heartbeat's batch, an empty message).
+pub async fn recall(
+    db: &PgPool,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    config: &RecallConfig,
+    req: &RecallRequest<'_>,
+) -> Result<Option<Recall>, SearchError> {
+    let text: String = req.text.trim().chars().take(MAX_QUERY_CHARS).collect();
+    if !config.enabled || config.top_k == 0 || text.is_empty() {
+        return Ok(None);
+    }
+    let mut exclude = req.answering.clone();
+    if let Some((session, engine_session)) = req.held_by {
+        let held: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
+            "SELECT inbound_id, reply_id FROM switchboard.turns
+              WHERE session_id = $1 AND engine_session_id = $2",
+        )
+        .bind(session)
+        .bind(engine_session)
+        .fetch_all(db)
+        .await?;
+        exclude.extend(
+            held.into_iter()
+                .flat_map(|(inbound, reply)| std::iter::once(inbound).chain(reply)),
+        );
+    }
+    let results = search(
+        db,
+        embedder,
+        model,
+        &SearchQuery {
+            text,
+            // Isolation where the data lives: both are in every branch's predicate.
+            person: Some(req.person_id.to_string()),
+            identity: Some(req.agent_identity.to_string()),
+            limit: config.top_k.min(crate::search::MAX_LIMIT as usize) as i64,
+            exclude,
+            // The conversation only: not the notices Switchboard sent, not what was never sent.
+            exclude_kinds: crate::NOT_CONVERSATION
+                .iter()
+                .chain(&["notice"])
+                .map(|k| k.to_string())
+                .collect(),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let topics = if config.category_days > 0 {
+        sqlx::query_as(
+            "SELECT label, count(*) AS count FROM switchboard.exchange_categories
+              WHERE person_id = $1 AND agent_identity = $2
+                AND created_at >= now() - $3 * interval '1 day'
+              GROUP BY label ORDER BY count(*) DESC, label LIMIT $4",
+        )
+        .bind(req.person_id)
+        .bind(req.agent_identity)
+        .bind(config.category_days as f64)
+        .bind(MAX_TOPICS)
+        .fetch_all(db)
+        .await?
+    } else {
+        Vec::new()
+    };
+    Ok(Some(Recall {
+        hits: results.hits,
+        topics,
+        topic_days: config.category_days,
+        model: results.model,
+        index_lag: results.index_lag,
+        vector_error: results.vector_error,
+    }))
+}
+
+fn at(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((end, _)) => format!("{} […]", &text[..end]),
+    }
+}
+
+impl Recall {
+    /// The recall block's body for the prompt (the prompt builder fences it), at most
+    /// `max_chars` characters: whole lines only, the most relevant first, and a line saying
+    /// what was left out. `None` when there is nothing to say at all.
+    pub fn render(&self, max_chars: usize) -> Option<String> {
+        let mut lines = Vec::new();
+        for h in &self.hits {
+            let who = if h.direction == "inbound" {
+                "they wrote"
+            } else {
+                "you answered"
+            };
+            lines.push(format!(
+                "- {} via {} ({}), {who}: {}",
+                at(h.at),
+                h.channel,
+                h.agent,
+                cut(&h.text.replace('\n', " "), MAX_HIT_CHARS)
+            ));
+        }
+        if !self.topics.is_empty() {
+            let topics: Vec<String> = self
+                .topics
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{} ({} time{})",
+                        t.label,
+                        t.count,
+                        if t.count == 1 { "" } else { "s" }
+                    )
+                })
+                .collect();
+            lines.push(format!(
+                "Their topics over the last {} days: {}.",
+                self.topic_days,
+                topics.join(", ")
+            ));
+        }
+        let mut notes = Vec::new();
+        if self.index_lag.messages_waiting > 0 {
+            notes.push(format!(
+                "the index is behind by {} message{} (oldest {:.0} s): the latest may be missing",
+                self.index_lag.messages_waiting,
+                if self.index_lag.messages_waiting == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+                self.index_lag.seconds
+            ));
+        }
+        if let Some(e) = &self.vector_error {
+            notes.push(format!("found by words only ({e})"));
+        }
+        if lines.is_empty() && notes.is_empty() {
+            return None;
+        }
+        let mut out = String::new();
+        let mut left_out = 0;
+        for line in &lines {
+            if out.chars().count() + line.chars().count() + 1 > max_chars {
+                left_out += 1;
+                continue;
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+        if left_out > 0 {
+            notes.push(format!(
+                "{left_out} more line{} left out (recall is capped at {max_chars} characters)",
+                if left_out == 1 { "" } else { "s" }
+            ));
+        }
+        if lines.is_empty() || left_out == lines.len() {
+            out.push_str("(nothing relevant recalled)\n");
+        }
+        for n in notes {
+            out.push_str(&format!("Note: {n}.\n"));
+        }
+        Some(out)
+    }
+
+    /// The journal entry's detail: which messages, with which scores, how far behind the
+    /// index was.
+    pub fn journal_detail(&self) -> serde_json::Value {
+        serde_json::json!({
+            "messages": self.hits.iter().map(|h| serde_json::json!({
+                "message_id": h.message_id,
+                "score": h.score,
+                "by_meaning": h.by_meaning,
+                "by_words": h.by_words,
+            })).collect::<Vec<_>>(),
+            "topics": self.topics.iter().map(|t| serde_json::json!({
+                "label": t.label,
+                "count": t.count,
+            })).collect::<Vec<_>>(),
+            "model": self.model,
+            "index_lag_s": self.index_lag.seconds,
+            "messages_waiting": self.index_lag.messages_waiting,
+            "vector_error": self.vector_error,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(text: &str, direction: &str) -> SearchHit {
+        SearchHit {
+            message_id: Uuid::now_v7(),
+            text: text.into(),
+            direction: direction.into(),
+            session_id: Uuid::now_v7(),
+            person_id: "phone:+1".into(),
+            agent: "reggie_oc".into(),
+            agent_identity: "reggie".into(),
+            channel: "sms".into(),
+            at: DateTime::from_timestamp(1_790_000_000, 0).unwrap(),
+            category: None,
+            score: 0.03,
+            by_meaning: true,
+            by_words: false,
+        }
+    }
+
+    fn recall(hits: Vec<SearchHit>, waiting: i64) -> Recall {
+        Recall {
+            hits,
+            topics: vec![Topic {
+                label: "roster_query".into(),
+                count: 3,
+            }],
+            topic_days: 7,
+            model: "m".into(),
+            index_lag: IndexLag {
+                seconds: 12.0,
+                messages_waiting: waiting,
+            },
+            vector_error: None,
+        }
+    }
+
+    #[test]
+    fn the_block_names_who_said_what_when_and_the_topics() {
+        let r = recall(
+            vec![
+                hit("my Friday shift", "inbound"),
+                hit("Friday 9-5", "outbound"),
+            ],
+            0,
+        );
+        let text = r.render(2_000).unwrap();
+        assert!(text.contains("they wrote: my Friday shift"), "{text}");
+        assert!(text.contains("you answered: Friday 9-5"), "{text}");
+        assert!(text.contains("roster_query (3 times)"), "{text}");
+        assert!(!text.contains("behind"), "{text}");
+    }
+
+    #[test]
+    fn a_lagging_index_is_said_and_a_capped_block_says_what_it_left_out() {
+        let long = "x".repeat(300);
+        let r = recall(vec![hit(&long, "inbound"), hit(&long, "inbound")], 4);
+        let text = r.render(400).unwrap();
+        assert!(text.contains("behind by 4 messages"), "{text}");
+        // The second message and the topics line did not fit.
+        assert!(text.contains("2 more lines left out"), "{text}");
+        assert_eq!(text.matches("they wrote").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn nothing_to_recall_and_an_index_in_step_is_no_block() {
+        let mut r = recall(Vec::new(), 0);
+        r.topics.clear();
+        assert_eq!(r.render(2_000), None);
+    }
+}

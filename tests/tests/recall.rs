@@ -1,0 +1,247 @@
+//! Recall: a turn's prompt carries the person's earlier messages with this agent identity that
+//! bear on what they just said (never anyone else's, never what the agent's engine session
+//! holds already), and the session's journal says what was recalled and how far behind the
+//! index was. Embeddings come from a fake OpenAI-compatible server (deterministic vectors over
+//! the words), written by the real embedding worker.
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use switchboard_e2e::{FakeModel, FakeRunner, TestApp, spawn_app_configured};
+use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn app_with_embeddings() -> (TestApp, FakeModel) {
+    let fake = FakeModel::start(64).await;
+    let url = fake.url.clone();
+    let app = spawn_app_configured(move |c| {
+        c.embedding = EmbeddingConfig {
+            provider: EmbeddingProvider::OpenAi,
+            model: "fake-embed".into(),
+            dimensions: 64,
+            base_url: url,
+            ..Default::default()
+        };
+    })
+    .await;
+    (app, fake)
+}
+
+/// The body of a prompt's recall block (between its two RECALL lines), if it has one.
+fn recall_block(prompt: &str) -> Option<String> {
+    let mut lines = prompt.lines().skip_while(|l| !l.starts_with("RECALL-"));
+    lines.next()?;
+    let body: Vec<&str> = lines.take_while(|l| !l.starts_with("RECALL-")).collect();
+    Some(body.join("\n"))
+}
+
+/// Wait until every logged message has its vector (the embedding worker caught up).
+async fn indexed(app: &TestApp) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (messages, vectors): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM switchboard.messages),
+                    (SELECT count(*) FROM switchboard.message_vectors)",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        if messages > 0 && messages == vectors {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{vectors} of {messages} messages indexed within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An SMS from `phone`, answered: the `n`th SMS sent.
+async fn text(app: &TestApp, phone: &str, body: &str, n: usize) {
+    app.send_sms(phone, body).await;
+    app.wait_for_sms(n, WAIT).await;
+}
+
+async fn inbound_id(app: &TestApp, text: &str) -> Uuid {
+    sqlx::query_scalar(
+        "SELECT id FROM switchboard.messages WHERE direction = 'inbound' AND message = $1",
+    )
+    .bind(text)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
+/// The session's journal entries of `kind`, oldest first, as the sessions API shows them.
+async fn journal(app: &TestApp, kind: &str) -> Vec<Value> {
+    let session: Uuid = sqlx::query_scalar("SELECT id FROM switchboard.sessions LIMIT 1")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    let key = app.api_key("ops", &["sessions:read"]);
+    let body: Value = reqwest::Client::new()
+        .get(format!(
+            "{}/api/v1/sessions/{session}/events",
+            app.gateway_url
+        ))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fresh_session_recalls_the_persons_earlier_message_on_the_same_matter_and_the_journal_says_so()
+ {
+    let (app, _fake) = app_with_embeddings().await;
+    let phone = "+14155550301";
+    text(
+        &app,
+        phone,
+        "My March payslip is missing the overtime hours",
+        1,
+    )
+    .await;
+    text(&app, phone, "Also the canteen coffee machine is broken", 2).await;
+    indexed(&app).await;
+
+    // A reset: the new engine session knows nothing of the earlier turns.
+    text(&app, phone, "/reset is my March payslip fixed yet", 3).await;
+    let calls = app.runner.calls();
+    let prompt = &calls.last().unwrap().prompt;
+    let block = recall_block(prompt).expect("the prompt has a recall block");
+    let lines: Vec<&str> = block.lines().filter(|l| l.starts_with("- ")).collect();
+    assert!(
+        lines[0].contains("they wrote: My March payslip is missing the overtime hours"),
+        "the payslip message is recalled first:\n{block}"
+    );
+    assert!(
+        !block.contains("/reset"),
+        "the message being answered is not recalled to itself:\n{block}"
+    );
+    // Memory and summary come before recall: the curated memory wins where they disagree.
+    let at = |needle: &str| prompt.find(needle).unwrap();
+    assert!(
+        at("Curated memory") < at("Summary of earlier")
+            && at("Summary of earlier") < at("Recalled")
+    );
+
+    let entries = journal(&app, "recall").await;
+    let last = entries.last().expect("a recall entry in the journal");
+    let recalled: Vec<&str> = last["detail"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["message_id"].as_str().unwrap())
+        .collect();
+    let payslip = inbound_id(&app, "My March payslip is missing the overtime hours").await;
+    assert_eq!(recalled[0], payslip.to_string(), "{last}");
+    assert_eq!(last["detail"]["messages_waiting"], 0, "{last}");
+    assert!(last["detail"]["index_lag_s"].is_number(), "{last}");
+    assert!(last["detail"]["messages"][0]["score"].as_f64().unwrap() > 0.0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn what_the_engine_session_already_holds_is_not_recalled_until_a_reset_clears_it() {
+    let (app, _fake) = app_with_embeddings().await;
+    let phone = "+14155550302";
+    text(
+        &app,
+        phone,
+        "My March payslip is missing the overtime hours",
+        1,
+    )
+    .await;
+    indexed(&app).await;
+    text(&app, phone, "Any news on the March payslip?", 2).await;
+    let calls = app.runner.calls();
+    let resumed = &calls[1];
+    assert!(
+        resumed.session_id.is_some(),
+        "the engine session was resumed"
+    );
+    let block = recall_block(&resumed.prompt).unwrap_or_default();
+    assert!(
+        !block.contains("missing the overtime"),
+        "the resumed engine session holds that turn already:\n{block}"
+    );
+
+    indexed(&app).await;
+    text(&app, phone, "/reset the March payslip again", 3).await;
+    let fresh = app.runner.calls().last().unwrap().clone();
+    assert!(fresh.session_id.is_none(), "a fresh engine session");
+    let block = recall_block(&fresh.prompt).expect("a recall block");
+    assert!(
+        block.contains("they wrote: My March payslip is missing the overtime hours")
+            && block.contains("they wrote: Any news on the March payslip?"),
+        "after the reset, both earlier turns are recalled:\n{block}"
+    );
+    assert_eq!(journal(&app, "recall").await.len(), 3, "one entry per turn");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn fifty_people_with_near_identical_messages_each_recall_only_their_own() {
+    let (app, _fake) = app_with_embeddings().await;
+    let phone = |i: usize| format!("+1415555{:04}", 4000 + i);
+    let people = 50;
+    for i in 0..people {
+        app.send_sms(
+            &phone(i),
+            &format!("my payslip code is P{i:02}x and it is wrong"),
+        )
+        .await;
+    }
+    app.wait_for_sms(people, WAIT).await;
+    indexed(&app).await;
+    for i in 0..people {
+        app.send_sms(&phone(i), "/reset my payslip code is wrong")
+            .await;
+    }
+    app.wait_for_sms(2 * people, WAIT).await;
+
+    let mut checked = 0;
+    for call in app.runner.calls() {
+        // The second turn of each (`/reset` is taken off the text the agent sees).
+        if FakeRunner::said(&call.prompt) != "my payslip code is wrong" {
+            continue;
+        }
+        let block = recall_block(&call.prompt).expect("a recall block");
+        let person = switchboard_e2e::fakes::person_of(&call.prompt);
+        let i: usize = person
+            .trim_start_matches("phone:+1415555")
+            .parse::<usize>()
+            .unwrap()
+            - 4000;
+        let own = format!("P{i:02}x");
+        assert!(
+            block.contains(&own),
+            "{person} recalls their own code:\n{block}"
+        );
+        let others: Vec<String> = (0..people)
+            .filter(|j| *j != i)
+            .map(|j| format!("P{j:02}x"))
+            .filter(|code| block.contains(code.as_str()))
+            .collect();
+        assert!(
+            others.is_empty(),
+            "{person}'s recall carries {others:?}:\n{block}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, people, "every person's second turn was checked");
+    app.shutdown().await;
+}
