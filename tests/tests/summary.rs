@@ -536,3 +536,162 @@ async fn a_model_down_longer_than_the_stages_maximum_wait_dead_letters_the_item_
     assert_eq!(summary_row(&app, &memory_key(&app).await).await, None);
     app.shutdown().await;
 }
+
+/// A message id minted at the gateway 1 ms after `of` (UUIDv7: its first 48 bits are the ms).
+fn minted_just_after(of: Uuid) -> Uuid {
+    let b = of.as_bytes();
+    let ms = u64::from_be_bytes([0, 0, b[0], b[1], b[2], b[3], b[4], b[5]]) + 1;
+    let mut id = *Uuid::now_v7().as_bytes();
+    id[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    Uuid::from_bytes(id)
+}
+
+/// What a lagging log stage does: a message of Ana's, minted as `id` long ago, logged now (in
+/// the session of the message `beside`).
+async fn log_late(app: &TestApp, id: Uuid, beside: Uuid, text: &str) {
+    sqlx::query(
+        "INSERT INTO switchboard.messages
+             (id, session_id, person_id, agent_name, agent_identity, direction, channel, message,
+              correlation_id, created_at)
+         SELECT $1, session_id, person_id, agent_name, agent_identity, 'inbound', channel, $2,
+                'late-' || $1::text, now()
+           FROM switchboard.messages WHERE id = $3",
+    )
+    .bind(id)
+    .bind(text)
+    .bind(beside)
+    .execute(&app.db)
+    .await
+    .unwrap();
+}
+
+/// Which summary version merged each of Ana's messages, oldest id first.
+async fn marks(app: &TestApp) -> Vec<(Uuid, Option<i64>)> {
+    sqlx::query_as(
+        "SELECT id, summary_version FROM switchboard.messages WHERE person_id = '17' ORDER BY id",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap()
+}
+
+/// The new messages of each prompt the model got, in order.
+fn new_messages(model: &FakeModel) -> Vec<String> {
+    model
+        .chats()
+        .iter()
+        .map(|c| {
+            c.user
+                .rsplit_once("New messages, oldest first:\n")
+                .unwrap()
+                .1
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_message_logged_after_a_newer_one_was_summarised_is_merged_by_the_next_version_and_nothing_twice()
+ {
+    let model = FakeModel::start(8).await;
+    let app = app_with_model(Some(&model)).await;
+    ana(&app).await;
+    text(&app, "Can I swap my Sunday shift?", 1).await;
+    text(&app, "Ben would take it.", 2).await;
+    time_passes(&app).await;
+    let key = memory_key(&app).await;
+    let said = logged(&app).await;
+    let v1 = summary_covering(&app, &key, said[3].0).await;
+    assert_eq!((v1.version, v1.messages_covered), (1, 4));
+
+    // Ana's first SMS had a second part, minted at the gateway right after it, that its log
+    // stage wrote only now: older than everything version 1 merged.
+    let late = minted_just_after(said[0].0);
+    assert!(said[0].0 < late && late < said[3].0);
+    log_late(&app, late, said[0].0, "Sunday the 14th, not the 7th.").await;
+    time_passes(&app).await;
+
+    let v2 = summary_at(&app, &key, 2).await;
+    assert_eq!(
+        (
+            v2.messages_covered,
+            v2.first_message_in_summary,
+            v2.last_message_in_summary
+        ),
+        (5, Some(said[0].0), Some(said[3].0)),
+        "version 2 covers the late message too: {v2:?}"
+    );
+    // Version 2 was given the late message, and only it.
+    let prompts = new_messages(&model);
+    assert_eq!(
+        prompts.last().unwrap().lines().collect::<Vec<_>>().len(),
+        1,
+        "{prompts:?}"
+    );
+    assert!(
+        prompts
+            .last()
+            .unwrap()
+            .contains("person: Sunday the 14th, not the 7th."),
+        "{prompts:?}"
+    );
+    // Each message merged by exactly one version, and nothing more to do.
+    app.settle().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    app.settle().await;
+    let marked = marks(&app).await;
+    let versions: Vec<Option<i64>> = marked.iter().map(|(_, v)| *v).collect();
+    let late_at = marked.iter().position(|(id, _)| *id == late).unwrap();
+    let mut expected = vec![Some(1); 5];
+    expected[late_at] = Some(2);
+    assert_eq!(versions, expected);
+    let (session, _) = sessions_of_ana(&app).await[0];
+    let merged: Vec<i64> = summarised_entries(&app, session)
+        .await
+        .iter()
+        .map(|d| d["messages_merged"].as_i64().unwrap())
+        .collect();
+    assert_eq!(merged, [4, 1]);
+    assert_eq!(summary_row(&app, &key).await.unwrap().version, 2);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_key_with_a_message_logged_late_is_summarised_soon_after_it_goes_quiet_not_after_the_dedupe_window()
+ {
+    let model = FakeModel::start(8).await;
+    let app = app_with_model(Some(&model)).await;
+    ana(&app).await;
+    text(&app, "Can I swap my Sunday shift?", 1).await;
+    text(&app, "Ben would take it.", 2).await;
+    app.settle().await;
+    let said = logged(&app).await;
+    // A part of Ana's first SMS is logged only now, while the rest has been quiet for hours.
+    let late = minted_just_after(said[0].0);
+    log_late(&app, late, said[0].0, "Sunday the 14th, not the 7th.").await;
+    sqlx::query(
+        "UPDATE switchboard.messages SET created_at = created_at - interval '2 hours'
+          WHERE id <> $1",
+    )
+    .bind(late)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let key = memory_key(&app).await;
+    // Sweeps pass while it is fresh (a run may stop before it, and merge what came first).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    app.settle().await;
+
+    // The conversation is quiet: all of it is summarised within seconds (the sweeper looks
+    // every second), not once JetStream's duplicate window (600 s) has passed.
+    time_passes(&app).await;
+    let done = summary_covering(&app, &key, said[3].0).await;
+    assert_eq!(done.messages_covered, 5, "{done:?}");
+    app.settle().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    app.settle().await;
+    assert!(marks(&app).await.iter().all(|(_, v)| v.is_some()));
+    let row = summary_row(&app, &key).await.unwrap();
+    assert_eq!(row.messages_covered, 5, "nothing merged twice: {row:?}");
+    app.shutdown().await;
+}

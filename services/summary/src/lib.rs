@@ -4,11 +4,15 @@
 //! reads it (dispatch puts it in the prompt and `summary.md`).
 //!
 //! - [`sweep`]: each worker process finds quiet conversations and publishes `SummaryDue` on
-//!   `{p}.events.summary.due`, with a dedupe id of (memory key, newest message), so replicas publishing
-//!   the same item make one message.
-//! - [`SummaryStage`] (`summary`): merges with the configured model, or extractively when none
-//!   is, and writes with compare-and-set on the version: a replica that lost the race writes
-//!   nothing, so no message is summarised twice.
+//!   `{p}.events.summary.due`, with a dedupe id of (memory key, newest unsummarised message,
+//!   summary version), so replicas publishing the same item make one message, and once a run
+//!   has written a version the next sweep's item is a new one.
+//! - [`SummaryStage`] (`summary`): merges the messages no version has merged yet
+//!   (`messages.summary_version` NULL, so one logged late with an old id is merged by the next
+//!   version) with the configured model, or extractively when none is, and writes with
+//!   compare-and-set on the version, marking exactly the merged messages in the same
+//!   transaction: a replica that lost the race writes nothing, so no message is summarised
+//!   twice.
 //! - A summary is never lost or emptied: when the model fails, times out, answers garbage,
 //!   nothing, or over the cap, the old summary stays, the messages stay unsummarised, and the
 //!   item waits and is tried again (a dead letter with the reason only after `max_wait`).
@@ -30,7 +34,9 @@ pub mod sweep;
 use merge::MergeError;
 use store::{NewSummary, Written};
 
-/// Messages logged less than this long ago are left for a later run (see `handle`).
+/// Messages logged less than this long ago are left for a later run (see `handle`): so that
+/// a message logged a moment late is still merged in its place. One logged later still is
+/// merged by the next version (it stays unsummarised until then).
 pub const LOG_SETTLE: Duration = Duration::from_secs(10);
 
 /// Why a summary was asked for (`SummaryDue.reason`).
@@ -54,9 +60,11 @@ impl Reason {
     }
 }
 
-/// The dedupe id of a due item: the same for every publisher that sees the same newest message.
-pub fn due_id(memory_key: &str, newest: &uuid::Uuid) -> String {
-    format!("{memory_key}:{newest}")
+/// The dedupe id of a due item: the same for every publisher that sees the same newest
+/// unsummarised message and summary version; a new one once a version was written (a run
+/// that merged only part of what was due must not make the next sweep's item a duplicate).
+pub fn due_id(memory_key: &str, newest: &uuid::Uuid, version: i64) -> String {
+    format!("{memory_key}:{newest}:v{version}")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +130,7 @@ impl Stage for SummaryStage {
             .await
             .map_err(transient)?;
         let limit = i64::try_from(self.config.max_messages.max(1)).unwrap_or(i64::MAX);
-        let mut messages = store::unsummarised(&self.db, &due.memory_key, read.last_message, limit)
+        let mut messages = store::unsummarised(&self.db, &due.memory_key, limit)
             .await
             .map_err(transient)?;
         if messages.is_empty() {
@@ -135,7 +143,8 @@ impl Stage for SummaryStage {
         }
         let fetched = messages.len();
         // Stop before the first message logged too recently: one logged a moment later with
-        // an older id (its turn's log stage lagging) would be passed over for good.
+        // an older id (its turn's log stage lagging) is then merged in its place. (One logged
+        // later still is merged by the next version.)
         let now = chrono::Utc::now();
         let settled = messages
             .iter()
@@ -171,7 +180,7 @@ impl Stage for SummaryStage {
             Ok(done) => done,
             Err(e) => return Err(self.refused(&due, e, attempt)),
         };
-        let (first, last) = (messages[0].id, messages[messages.len() - 1].id);
+        let ids: Vec<uuid::Uuid> = messages.iter().map(|m| m.id).collect();
         let written = store::write(
             &self.db,
             &read,
@@ -181,9 +190,7 @@ impl Stage for SummaryStage {
                 agent_identity: &due.agent_identity,
                 text: &text,
                 method: method.as_str(),
-                first_message: first,
-                last_message: last,
-                merged,
+                merged: &ids,
             },
         )
         .await
@@ -191,6 +198,7 @@ impl Stage for SummaryStage {
         let Written::Version {
             version,
             first,
+            last,
             covered,
         } = written
         else {
@@ -209,13 +217,13 @@ impl Stage for SummaryStage {
             messages_covered: covered,
         };
         let mut out = vec![self.event(&due, summarised(&due, &after, merged))];
-        if fetched as i64 == limit || messages.len() < settled {
-            // Capped (by `max_messages` or the prompt): the rest goes in a run of its own, at
-            // once (a new id: the item that brought this run has the old newest message in
-            // its id). Messages too fresh wait for the sweeper.
+        if fetched as i64 == limit || messages.len() < fetched {
+            // Capped (by `max_messages` or the prompt) or stopped at a message logged too
+            // recently: the rest goes in a run of its own (a new id, made from the version
+            // just written), at once or once they have settled (that run defers until then).
             out.push(Output::new(
                 self.topology.summary_due(),
-                format!("{}:after:{last}", due.memory_key),
+                format!("{}:after:v{version}", due.memory_key),
                 &due,
             ));
         }

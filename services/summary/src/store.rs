@@ -1,6 +1,7 @@
 //! What the summary worker reads and writes: the summary row of a memory key, the messages it
-//! does not cover yet (every engine variant's and channel's, in id order), and the
-//! compare-and-set write with its journal entries.
+//! has not merged yet (every engine variant's and channel's, in id order: those whose
+//! `messages.summary_version` is NULL), and the compare-and-set write that marks the messages it
+//! merged, with its journal entries.
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use switchboard_kit::status::SessionEventKind;
@@ -39,18 +40,19 @@ pub struct NewSummary<'a> {
     pub agent_identity: &'a str,
     pub text: &'a str,
     pub method: &'a str,
-    pub first_message: Uuid,
-    pub last_message: Uuid,
-    pub merged: i64,
+    /// Exactly the messages this version merges (it marks them with its version).
+    pub merged: &'a [Uuid],
 }
 
 /// What a write came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Written {
-    /// This write made `version`, covering `covered` messages in all.
+    /// This write made `version`, covering `covered` messages in all, from `first` to `last`
+    /// (the least and greatest message id any version merged).
     Version {
         version: i64,
         first: Uuid,
+        last: Uuid,
         covered: i64,
     },
     /// Another replica wrote first (the version moved on): nothing was written.
@@ -84,24 +86,24 @@ pub async fn current(db: &PgPool, memory_key: &str) -> Result<Current, sqlx::Err
         .unwrap_or_default())
 }
 
-/// The messages of `memory_key` after `after` (all when `None`), oldest first, at most `limit`.
+/// The conversation messages of `memory_key` no version has merged yet, oldest id first, at
+/// most `limit`: also those logged after a newer message was summarised (their ids are minted
+/// at the gateway, long before a lagging log writes them).
 pub async fn unsummarised(
     db: &PgPool,
     memory_key: &str,
-    after: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<Message>, sqlx::Error> {
     sqlx::query_as(
         "SELECT m.id, m.direction, m.channel, m.agent_name, m.message, m.created_at
            FROM switchboard.messages m
            JOIN switchboard.sessions s ON s.id = m.session_id
-          WHERE s.memory_key = $1 AND ($2::uuid IS NULL OR m.id > $2)
-            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($4::text[]))
+          WHERE s.memory_key = $1 AND m.summary_version IS NULL
+            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($3::text[]))
           ORDER BY m.id
-          LIMIT $3",
+          LIMIT $2",
     )
     .bind(memory_key)
-    .bind(after)
     .bind(limit)
     .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_all(db)
@@ -109,28 +111,37 @@ pub async fn unsummarised(
 }
 
 /// Write `new` over what was read, if nobody else did since (compare-and-set on the version),
-/// with one journal entry in each session of the memory key, in one transaction.
+/// mark the messages it merged with its version, and add one journal entry in each session of
+/// the memory key, in one transaction.
 pub async fn write(
     db: &PgPool,
     read: &Current,
     new: &NewSummary<'_>,
 ) -> Result<Written, sqlx::Error> {
+    let (Some(&first_merged), Some(&last_merged)) =
+        (new.merged.iter().min(), new.merged.iter().max())
+    else {
+        return Ok(Written::LostRace);
+    };
+    let merged = new.merged.len() as i64;
     let mut tx = db.begin().await?;
-    let written: Option<(i64, Uuid, i64)> = if read.exists {
+    // Least and greatest: a message logged late may be older than what was merged before.
+    let written: Option<(i64, Uuid, Uuid, i64)> = if read.exists {
         sqlx::query_as(
             "UPDATE switchboard.summaries
                 SET summary = $2, version = version + 1,
-                    first_message_in_summary = coalesce(first_message_in_summary, $3),
-                    last_message_in_summary = $4, messages_covered = messages_covered + $5,
+                    first_message_in_summary = least(first_message_in_summary, $3),
+                    last_message_in_summary = greatest(last_message_in_summary, $4),
+                    messages_covered = messages_covered + $5,
                     method = $6, updated_at = now()
               WHERE memory_key = $1 AND version = $7
-          RETURNING version, first_message_in_summary, messages_covered",
+          RETURNING version, first_message_in_summary, last_message_in_summary, messages_covered",
         )
         .bind(new.memory_key)
         .bind(new.text)
-        .bind(new.first_message)
-        .bind(new.last_message)
-        .bind(new.merged)
+        .bind(first_merged)
+        .bind(last_merged)
+        .bind(merged)
         .bind(new.method)
         .bind(read.version)
         .fetch_optional(&mut *tx)
@@ -142,23 +153,47 @@ pub async fn write(
                  last_message_in_summary, messages_covered, method, updated_at, created_at)
              VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $8, now(), now())
              ON CONFLICT (memory_key) DO NOTHING
-          RETURNING version, first_message_in_summary, messages_covered",
+          RETURNING version, first_message_in_summary, last_message_in_summary, messages_covered",
         )
         .bind(new.memory_key)
         .bind(new.agent_identity)
         .bind(new.person_id)
         .bind(new.text)
-        .bind(new.first_message)
-        .bind(new.last_message)
-        .bind(new.merged)
+        .bind(first_merged)
+        .bind(last_merged)
+        .bind(merged)
         .bind(new.method)
         .fetch_optional(&mut *tx)
         .await?
     };
-    let Some((version, first, covered)) = written else {
+    let Some((version, first, last, covered)) = written else {
         tx.rollback().await?;
         return Ok(Written::LostRace);
     };
+    // Exactly the merged messages carry this version (the compare-and-set above makes this
+    // the only writer of the key's marks until commit).
+    sqlx::query(
+        "UPDATE switchboard.messages SET summary_version = $2
+          WHERE id = ANY($1::uuid[]) AND summary_version IS NULL",
+    )
+    .bind(new.merged)
+    .bind(version)
+    .execute(&mut *tx)
+    .await?;
+    // What is not conversation is never merged: marked too, up to this version's last
+    // message, so that the unsummarised index does not keep it for ever.
+    sqlx::query(
+        "UPDATE switchboard.messages m SET summary_version = $2
+           FROM switchboard.sessions s
+          WHERE s.id = m.session_id AND s.memory_key = $1 AND m.summary_version IS NULL
+            AND m.id <= $3 AND coalesce(m.metadata->>'kind', '') = ANY($4::text[])",
+    )
+    .bind(new.memory_key)
+    .bind(version)
+    .bind(last_merged)
+    .bind(switchboard_memory::NOT_CONVERSATION)
+    .execute(&mut *tx)
+    .await?;
     let sessions: Vec<Uuid> =
         sqlx::query_scalar("SELECT id FROM switchboard.sessions WHERE memory_key = $1")
             .bind(new.memory_key)
@@ -168,10 +203,13 @@ pub async fn write(
     let detail = serde_json::json!({
         "version": version,
         "method": new.method,
-        "messages_merged": new.merged,
+        "messages_merged": merged,
         "messages_covered": covered,
         "first_message_id": first,
-        "last_message_id": new.last_message,
+        "last_message_id": last,
+        // This version's own messages (a late-logged one may be older than earlier versions').
+        "first_merged_id": first_merged,
+        "last_merged_id": last_merged,
     });
     // One entry per session and version: the key makes a repeated write impossible anyway.
     sqlx::query(
@@ -191,39 +229,40 @@ pub async fn write(
     Ok(Written::Version {
         version,
         first,
+        last,
         covered,
     })
 }
 
-/// A memory key whose conversation went quiet with messages its summary does not cover.
+/// A memory key whose conversation went quiet with messages no summary version merged yet.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Quiet {
     pub memory_key: String,
     pub person_id: String,
     pub agent_identity: String,
-    /// Its newest message (not covered: the due item's dedupe id is made from it).
+    /// Its newest unsummarised message, by id (the due item's dedupe id is made from it).
     pub newest: Uuid,
+    /// The version of its summary (0 when none): in the dedupe id too, so that once a run has
+    /// written a version, the next sweep's item is a new one.
+    pub version: i64,
 }
 
-/// Memory keys whose newest message is older than `idle_gap_s` and newer than their summary,
-/// at most `limit` of them, the longest quiet first.
+/// Memory keys with unsummarised conversation messages, the newest of them (by log time)
+/// older than `idle_gap_s`, at most `limit` of them, the longest quiet first.
 pub async fn quiet(db: &PgPool, idle_gap_s: u64, limit: i64) -> Result<Vec<Quiet>, sqlx::Error> {
     sqlx::query_as(
-        "WITH keys AS (
-             SELECT memory_key, min(person_id) AS person_id,
-                    min(agent_identity) AS agent_identity, array_agg(id) AS sessions
-               FROM switchboard.sessions GROUP BY memory_key)
-         SELECT k.memory_key, k.person_id, k.agent_identity, n.id AS newest
-           FROM keys k
-           LEFT JOIN switchboard.summaries y ON y.memory_key = k.memory_key
-           CROSS JOIN LATERAL (
-                SELECT m.id, m.created_at FROM switchboard.messages m
-                 WHERE m.session_id = ANY (k.sessions)
-                   AND NOT (coalesce(m.metadata->>'kind', '') = ANY($3::text[]))
-                 ORDER BY m.id DESC LIMIT 1) n
-          WHERE (y.last_message_in_summary IS NULL OR n.id > y.last_message_in_summary)
-            AND n.created_at < now() - $1 * interval '1 second'
-          ORDER BY n.created_at
+        "SELECT s.memory_key, min(s.person_id) AS person_id,
+                min(s.agent_identity) AS agent_identity,
+                (array_agg(m.id ORDER BY m.id DESC))[1] AS newest,
+                coalesce(max(y.version), 0) AS version
+           FROM switchboard.messages m
+           JOIN switchboard.sessions s ON s.id = m.session_id
+           LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
+          WHERE m.summary_version IS NULL
+            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($3::text[]))
+          GROUP BY s.memory_key
+         HAVING max(m.created_at) < now() - $1 * interval '1 second'
+          ORDER BY max(m.created_at)
           LIMIT $2",
     )
     .bind(idle_gap_s as f64)

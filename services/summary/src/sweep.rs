@@ -1,7 +1,8 @@
 //! The sweeper: every `[summary] sweep_every_s`, each summary worker finds the conversations
 //! that went quiet with messages their summary does not cover, and asks for their summary. So a
 //! summary happens even if the person never writes again. Every replica sweeps; the items they
-//! publish for the same newest message carry the same dedupe id, so JetStream keeps one.
+//! publish for the same newest unsummarised message and summary version carry the same dedupe
+//! id, so JetStream keeps one.
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -58,7 +59,7 @@ impl Sweeper {
             };
             let out = Output::new(
                 self.topology.summary_due(),
-                due_id(&q.memory_key, &q.newest),
+                due_id(&q.memory_key, &q.newest, q.version),
                 &due,
             );
             self.runtime.publish("summary", &out).await?;
