@@ -1281,28 +1281,52 @@ children_of() {
     done
 }
 
+# start_time PID: when PID started (clock ticks since boot, /proc/PID/stat field 22), to tell it
+# from a later process given the same pid: pid_max is 32768 here, and a machine busy compiling
+# hands a killed backend's pid to a new process within seconds (seen: chaos-small failing with
+# "pid still alive 10s after SIGKILL" while the pid was someone else's).
+start_time() {
+    local stat rest
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    rest="${stat##*) }" # after the command name, which may hold spaces
+    printf '%s' "$rest" | cut -d' ' -f20
+}
+
+# same_alive PID START: PID is alive (not a zombie) and is still the process that started at START.
+same_alive() {
+    pid_alive "$1" || return 1
+    [ "$(start_time "$1" 2>/dev/null || true)" = "$2" ]
+}
+
 # kill_tree_now PID: SIGKILL a process and all its children at the same instant. The parent is
 # stopped first so that it forks no child between the listing and the kill. Waits (bounded)
 # until all are dead; returns 1 if PID itself is left as a zombie nobody has reaped yet.
 kill_tree_now() {
-    local pid="$1" kids p i
+    local pid="$1" kids p i procs=() entry pstart
+    pstart="$(start_time "$pid" 2>/dev/null || true)"
     kill -STOP "$pid" 2>/dev/null || true
     kids="$(children_of "$pid")"
+    for p in $kids "$pid"; do
+        procs+=("${p}:$(start_time "$p" 2>/dev/null || echo gone)")
+    done
     # shellcheck disable=SC2086
     kill -KILL $kids "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do # 10 s
+    for ((i = 0; i < 300; i++)); do # 30 s: tearing down a backend's memory is slow under load
         local alive=0
-        for p in $kids "$pid"; do
-            if pid_alive "$p"; then alive=1; fi
+        for entry in "${procs[@]}"; do
+            if same_alive "${entry%%:*}" "${entry#*:}"; then alive=1; fi
         done
         [ "$alive" = 1 ] || break
         sleep 0.1
     done
-    for p in $kids "$pid"; do
-        pid_alive "$p" && die "pid ${p} still alive 10s after SIGKILL"
+    for entry in "${procs[@]}"; do
+        p="${entry%%:*}"
+        if same_alive "$p" "${entry#*:}"; then
+            die "pid ${p} still alive 30s after SIGKILL (state $(awk '/^State:/ {print $2, $3}' "/proc/${p}/status" 2>/dev/null))"
+        fi
     done
     for ((i = 0; i < 50; i++)); do # 5 s for the reaper
-        [ -e "/proc/${pid}" ] || return 0
+        [ "$(start_time "$pid" 2>/dev/null || true)" = "$pstart" ] || return 0
         sleep 0.1
     done
     return 1
@@ -1330,12 +1354,14 @@ crash_locked() {
     nats)
         pid="$(nats_pid)" || die "NATS of stack '${NAME}' is not running"
         log "SIGKILL NATS (pid ${pid})"
+        local started
+        started="$(start_time "$pid" 2>/dev/null || true)"
         kill -KILL "$pid" 2>/dev/null || true
-        for ((i = 0; i < 100; i++)); do
-            pid_alive "$pid" || break
+        for ((i = 0; i < 300; i++)); do
+            same_alive "$pid" "$started" || break
             sleep 0.1
         done
-        pid_alive "$pid" && die "NATS (pid ${pid}) still alive 10s after SIGKILL"
+        same_alive "$pid" "$started" && die "NATS (pid ${pid}) still alive 30s after SIGKILL"
         wait_ports_released "$NATS_PORT" "$NATS_MON_PORT"
         rm -f "$NATS_PID_FILE"
         start_nats
@@ -1349,7 +1375,7 @@ crash_locked() {
         if ! kill_tree_now "$pid"; then
             # Dead, but not yet reaped by whoever inherited them: Postgres would take a zombie
             # postmaster for a live one and refuse to start.
-            pid_alive "$pid" && die "Postgres (pid ${pid}) still alive 10s after SIGKILL"
+            pid_alive "$pid" && die "Postgres (pid ${pid}) still alive 30s after SIGKILL"
             warn "the killed postmaster was not reaped; removing its stale postmaster.pid"
             rm -f "$(pg_data)/postmaster.pid"
         fi

@@ -15,7 +15,12 @@
 //! order, no reply is delivered twice, a message joined into a collect call is answered once
 //! by that call's reply (and some were joined), every person whose turn waited on the down
 //! runner is told once on their channel and nobody else is, no dead letter, and the pipeline
-//! settles.
+//! settles. The memory workers (`embed`, `categorise`, `summary`, on a fake OpenAI-compatible
+//! model) are SIGKILLed like the others, and every person's messages carry a canary of their
+//! own: no prompt (runner or model) carries another person's canary, every logged message has
+//! exactly one vector, every exchange one label and one `exchange.categorised` event, and each
+//! memory key's summary versions are 1..n, each merging exactly the messages it marks with its
+//! version (none twice, none miscounted), all of them summarised once the run has drained.
 use switchboard_e2e::load::channels::Channel;
 use switchboard_e2e::load::chaos::{self, ChaosOptions, MIN_KILLS_PER_KIND, WORKER_KINDS};
 use switchboard_e2e::load::stack::repo_dir;
@@ -67,6 +72,11 @@ async fn workers_nats_and_postgres_killed_lose_nothing_and_keep_every_persons_or
     assert!(
         outage.waits_recorded > 0 && outage.people_told > 0,
         "the outage made turns wait and people were told: {outage:?}"
+    );
+    let memory = v.memory.clone().expect("the memory workers ran");
+    assert!(
+        memory.prompts_with_memory > 0 && memory.summary_versions > 0 && memory.exchanges > 0,
+        "memory reached the prompts (else the canary check proves little): {memory:?}"
     );
     let failures = report.failures();
     assert!(

@@ -16,7 +16,7 @@ use switchboard_channels::api::Scope;
 use switchboard_memory::analytics::{AnalyticsError, AnalyticsQuery, categories};
 
 use crate::api::{caller, refuse, unavailable};
-use crate::search_api::{bad, given, query, time};
+use crate::query_params::{bad, given, query, time};
 use crate::{GatewayState, Refused};
 
 pub fn routes() -> Router<GatewayState> {

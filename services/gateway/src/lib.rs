@@ -13,6 +13,7 @@ pub mod hub;
 pub mod identity_api;
 pub mod memory_api;
 pub mod outbound_api;
+mod query_params;
 pub mod search_api;
 pub mod sessions_api;
 pub mod uploads;

@@ -24,6 +24,7 @@ use switchboard_channels::api::Scope;
 use switchboard_memory::curated::{CUT_MARKER, CuratedMemory, MemoryStore};
 
 use crate::api::{key_or_turn, outside_turn, refuse, unavailable};
+use crate::query_params::{bad, query};
 use crate::{GatewayState, Refused, read_body};
 use switchboard_kit::turn_token::TurnClaims;
 
@@ -39,10 +40,6 @@ struct Which {
 #[derive(Deserialize)]
 struct NewMemory {
     body: String,
-}
-
-fn bad(code: &'static str, message: impl Into<String>) -> Refused {
-    refuse(ApiError::bad_request(code, message))
 }
 
 fn store(state: &GatewayState) -> MemoryStore {
@@ -115,7 +112,7 @@ async fn show(
 ) -> Result<Response, Refused> {
     let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::MemoryRead).map_err(refuse)?;
-    let Query(which) = which.map_err(|e| bad("invalid_query", e.body_text()))?;
+    let which = query(which)?;
     let which = confine(turn.as_ref(), &person, which.identity)?;
     let store = store(&state);
     match identity(&state, which)? {
@@ -147,7 +144,7 @@ async fn replace(
 ) -> Result<Response, Refused> {
     let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::MemoryWrite).map_err(refuse)?;
-    let Query(which) = which.map_err(|e| bad("invalid_query", e.body_text()))?;
+    let which = query(which)?;
     let which = confine(turn.as_ref(), &person, which.identity)?;
     let Some(identity) = identity(&state, which)? else {
         return Err(bad(

@@ -16,53 +16,16 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use chrono::{DateTime, NaiveDate, Utc};
 use serde::Deserialize;
-use switchboard_channels::ApiError;
 use switchboard_channels::api::Scope;
 use switchboard_memory::search::{DEFAULT_LIMIT, MAX_LIMIT, SearchError, SearchQuery, search};
 
 use crate::api::{key_or_turn, outside_turn, refuse, unavailable};
+use crate::query_params::{bad, given, query, query_limit, time};
 use crate::{GatewayState, Refused};
 
 pub fn routes() -> Router<GatewayState> {
     Router::new().route("/api/v1/search", get(search_messages))
-}
-
-pub(crate) fn bad(code: &'static str, message: impl Into<String>) -> Refused {
-    refuse(ApiError::bad_request(code, message))
-}
-
-/// The query string, or 400 `invalid_query` (an unknown parameter, a repeated one).
-pub(crate) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Refused> {
-    query
-        .map(|Query(q)| q)
-        .map_err(|e| bad("invalid_query", e.body_text()))
-}
-
-/// A query parameter's value; an empty one is the same as none.
-pub(crate) fn given(value: Option<String>) -> Option<String> {
-    value
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-}
-
-/// `from` / `to`: an RFC 3339 time, or a day (`2026-11-30`, its midnight UTC).
-pub(crate) fn time(name: &str, value: Option<String>) -> Result<Option<DateTime<Utc>>, Refused> {
-    let Some(v) = given(value) else {
-        return Ok(None);
-    };
-    if let Ok(t) = DateTime::parse_from_rfc3339(&v) {
-        return Ok(Some(t.with_timezone(&Utc)));
-    }
-    if let Ok(day) = NaiveDate::parse_from_str(&v, "%Y-%m-%d") {
-        return Ok(Some(day.and_time(chrono::NaiveTime::MIN).and_utc()));
-    }
-    let shown: String = v.chars().filter(|c| !c.is_control()).take(60).collect();
-    Err(bad(
-        "invalid_time",
-        format!("{name} must be an RFC 3339 time or a YYYY-MM-DD day, not {shown:?}"),
-    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,22 +39,6 @@ struct SearchParams {
     from: Option<String>,
     to: Option<String>,
     limit: Option<String>,
-}
-
-fn limit(value: Option<String>) -> Result<i64, Refused> {
-    let Some(value) = given(value) else {
-        return Ok(DEFAULT_LIMIT);
-    };
-    value
-        .parse::<i64>()
-        .ok()
-        .filter(|n| (1..=MAX_LIMIT).contains(n))
-        .ok_or_else(|| {
-            bad(
-                "invalid_limit",
-                format!("limit must be a whole number from 1 to {MAX_LIMIT}"),
-            )
-        })
 }
 
 async fn search_messages(
@@ -128,7 +75,7 @@ async fn search_messages(
         channel: given(p.channel),
         from: time("from", p.from)?,
         to: time("to", p.to)?,
-        limit: limit(p.limit)?,
+        limit: query_limit(p.limit, DEFAULT_LIMIT, MAX_LIMIT)?,
         exclude: Vec::new(),
         exclude_kinds: Vec::new(),
         inbound_before: None,

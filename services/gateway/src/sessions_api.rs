@@ -33,6 +33,7 @@ use switchboard_kit::turn_token::TurnClaims;
 use uuid::Uuid;
 
 use crate::api::{caller, key_or_turn, outside_turn, refuse, unavailable};
+use crate::query_params::{bad, given, query, query_limit};
 use crate::{GatewayState, Refused, read_body};
 
 pub fn routes() -> Router<GatewayState> {
@@ -60,10 +61,6 @@ const STATUSES: [SessionStatus; 4] = [
     SessionStatus::Waiting,
     SessionStatus::Terminated,
 ];
-
-fn bad(code: &'static str, message: impl Into<String>) -> Refused {
-    refuse(ApiError::bad_request(code, message))
-}
 
 fn session_not_found(id: Uuid) -> Refused {
     refuse(ApiError::new(
@@ -128,37 +125,6 @@ fn session_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Refused
             format!("{shown:?} is not a session id (a UUID)"),
         )
     })
-}
-
-/// The query string, or 400 `invalid_query` (an unknown parameter, a repeated one).
-fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Refused> {
-    query
-        .map(|Query(q)| q)
-        .map_err(|e| bad("invalid_query", e.body_text()))
-}
-
-/// A query parameter's value; an empty one is the same as none.
-fn given(value: Option<String>) -> Option<String> {
-    value
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-}
-
-/// `limit`: 1 to [`MAX_LIMIT`], [`DEFAULT_LIMIT`] when not given.
-fn limit(value: Option<String>) -> Result<i64, Refused> {
-    let Some(value) = given(value) else {
-        return Ok(DEFAULT_LIMIT);
-    };
-    value
-        .parse::<i64>()
-        .ok()
-        .filter(|n| (1..=MAX_LIMIT).contains(n))
-        .ok_or_else(|| {
-            bad(
-                "invalid_limit",
-                format!("limit must be a whole number from 1 to {MAX_LIMIT}"),
-            )
-        })
 }
 
 /// `after`: the `next` cursor a page gave (an id).
@@ -438,7 +404,7 @@ async fn list(
     let q = query(q)?;
     let status = status(q.status)?;
     let after = cursor(q.after)?;
-    let limit = limit(q.limit)?;
+    let limit = query_limit(q.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let rows: Vec<SessionRow> = sqlx::query_as(&format!(
         "SELECT {SESSION_COLUMNS}
            FROM switchboard.sessions s
@@ -499,7 +465,10 @@ async fn messages(
     let turn = session_reader(&state, &headers).await?;
     let id = session_id(path)?;
     let q = query(q)?;
-    let (after, limit) = (cursor(q.after)?, limit(q.limit)?);
+    let (after, limit) = (
+        cursor(q.after)?,
+        query_limit(q.limit, DEFAULT_LIMIT, MAX_LIMIT)?,
+    );
     turn_may_read(&state, turn.as_ref(), id).await?;
     exists(&state, id).await?;
     let rows = message_page(&state.db, id, after, limit + 1)
@@ -518,7 +487,10 @@ async fn events(
     reader(&state, &headers).await?;
     let id = session_id(path)?;
     let q = query(q)?;
-    let (after, limit) = (cursor(q.after)?, limit(q.limit)?);
+    let (after, limit) = (
+        cursor(q.after)?,
+        query_limit(q.limit, DEFAULT_LIMIT, MAX_LIMIT)?,
+    );
     exists(&state, id).await?;
     let rows: Vec<EventView> = sqlx::query_as(
         "SELECT id, kind, seq, at, detail
@@ -661,11 +633,6 @@ mod tests {
 
     #[test]
     fn a_page_is_checked_before_anything_is_read() {
-        assert_eq!(limit(None).unwrap(), DEFAULT_LIMIT);
-        assert_eq!(limit(Some("500".into())).unwrap(), 500);
-        assert_eq!(code(limit(Some("0".into()))), "invalid_limit");
-        assert_eq!(code(limit(Some("501".into()))), "invalid_limit");
-        assert_eq!(code(limit(Some("ten".into()))), "invalid_limit");
         assert_eq!(cursor(Some(String::new())).unwrap(), None);
         assert_eq!(code(cursor(Some("x".into()))), "invalid_cursor");
         assert_eq!(

@@ -224,6 +224,8 @@ pub struct LoadClients {
     api: ApiClients,
     /// Makes Twilio's `MessageSid`s this run's own.
     tag: String,
+    /// Every message carries its person's canary after its text (chaos runs).
+    canaries: Option<super::canary::Canaries>,
 }
 
 impl LoadClients {
@@ -270,7 +272,14 @@ impl LoadClients {
             },
             twilio: gateway,
             tag: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
+            canaries: None,
         }
+    }
+
+    /// Every message carries its person's canary (`s<sender>#<index> cnry-…`).
+    pub fn with_canaries(mut self, canaries: super::canary::Canaries) -> Self {
+        self.canaries = Some(canaries);
+        self
     }
 
     pub fn channel_of(&self, sender: usize) -> Channel {
@@ -281,7 +290,10 @@ impl LoadClients {
     /// attempt at one message carries the same ids (MessageSid, TextMagic id, chat client id,
     /// Idempotency-Key), as a retrying provider or client does.
     pub async fn post(&self, sender: usize, index: u32) -> Posted {
-        let text = message_text(sender, index);
+        let text = match &self.canaries {
+            Some(c) => c.mark(sender, &message_text(sender, index)),
+            None => message_text(sender, index),
+        };
         let answered = |status: reqwest::StatusCode, provider_id: String| {
             if status.is_success() {
                 Posted::Accepted {

@@ -21,6 +21,7 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use sqlx::Row as _;
 
+use super::canary::Canaries;
 use super::channels::{self, Channel, LoadClients, Mix};
 use super::chaos_check::WaitingRow;
 use super::chaos_check::{
@@ -29,13 +30,22 @@ use super::chaos_check::{
 };
 use super::fakes::{LoadRunner, LoadTextMagic, LoadTwilio, RunnerOutage, RunnerStats, SendStats};
 use super::loadgen::{LoadGen, LoadStats, in_groups};
+use super::memory_run::{self, MemoryModel};
 use super::pipeline::{self, Knobs, Pipeline};
 use super::stack::Stack;
 use super::{message_text, now_us};
 
 /// The worker kinds a chaos run kills, each at least [`MIN_KILLS_PER_KIND`] times.
-pub const WORKER_KINDS: [&str; 6] = [
-    "gateway", "identify", "session", "dispatch", "log", "deliver",
+pub const WORKER_KINDS: [&str; 9] = [
+    "gateway",
+    "identify",
+    "session",
+    "dispatch",
+    "log",
+    "deliver",
+    "embed",
+    "categorise",
+    "summary",
 ];
 pub const MIN_KILLS_PER_KIND: usize = 2;
 
@@ -72,6 +82,9 @@ pub struct ChaosOptions {
     pub replicas: Vec<(&'static str, usize)>,
     /// How long to wait for the last replies after the load and the kills stopped.
     pub drain_timeout: Duration,
+    /// How long to wait after the drain for the memory workers to catch up (every message
+    /// embedded, every exchange labelled, every memory key summarised).
+    pub memory_timeout: Duration,
     pub dir: PathBuf,
     pub knobs: Knobs,
     pub progress: bool,
@@ -105,8 +118,13 @@ impl ChaosOptions {
                 ("log", 1),
                 ("deliver", 2),
                 ("dispatch", 2),
+                ("embed", 1),
+                ("categorise", 1),
+                // Two, so that their compare-and-set on the summary's version is raced.
+                ("summary", 2),
             ],
             drain_timeout: Duration::from_secs(180),
+            memory_timeout: Duration::from_secs(180),
             dir,
             knobs: chaos_knobs(),
             progress: true,
@@ -114,8 +132,9 @@ impl ChaosOptions {
     }
 
     /// The bounded version that runs inside `make test`: 600 turns, 60 sessions, a kill every
-    /// 1.5 s for 19.5 s (every worker kind twice), NATS and Postgres each SIGKILLed once, the
-    /// runner down for 10 s (from 4 s: 2 s of 503, then connections refused).
+    /// 1 s for 19.5 s (19 kills: every one of the 9 worker kinds twice), NATS and Postgres each
+    /// SIGKILLed once, the runner down for 10 s (from 4 s: 2 s of 503, then connections
+    /// refused).
     pub fn small(dir: PathBuf) -> Self {
         Self {
             stack_name: "chaos-small".into(),
@@ -127,7 +146,7 @@ impl ChaosOptions {
             rate: 30.0,
             group: 10,
             seed: rand::rng().random(),
-            kill_every: Duration::from_millis(1_500),
+            kill_every: Duration::from_millis(1_000),
             kill_for: Some(Duration::from_millis(19_500)),
             crash_nats_at: Some(Duration::from_secs(6)),
             crash_pg_at: Some(Duration::from_secs(13)),
@@ -142,8 +161,12 @@ impl ChaosOptions {
                 ("log", 1),
                 ("deliver", 1),
                 ("dispatch", 2),
+                ("embed", 1),
+                ("categorise", 1),
+                ("summary", 1),
             ],
             drain_timeout: Duration::from_secs(90),
+            memory_timeout: Duration::from_secs(60),
             dir,
             knobs: chaos_knobs(),
             progress: false,
@@ -366,6 +389,9 @@ impl ChaosReport {
                 d.resent_pid
             );
         }
+        if let Some(m) = &v.memory {
+            super::memory_report::print(m);
+        }
         if v.passed() {
             println!("  findings: none");
         } else {
@@ -402,13 +428,16 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let runner = LoadRunner::start(o.runner_delay).await;
     let twilio = LoadTwilio::start(pipeline::ACCOUNT_SID, pipeline::AUTH_TOKEN).await;
     let textmagic = LoadTextMagic::start("load-textmagic", "load-textmagic-key").await;
+    let memory = MemoryModel::start(Canaries::random()).await;
     let mut config =
         pipeline::config_for_run(stack, "chaos", &runner.url, &twilio, &o.knobs).await?;
     channels::configure(&mut config, &textmagic);
+    memory.configure(&mut config);
     let order = pipeline::layout(&o.replicas);
     let mut pipeline = Pipeline::start(&o.dir, config, &order, |_, _| {}).await?;
-    let clients =
-        LoadClients::start(pipeline.gateway.clone(), &pipeline.db, o.mix, o.sessions).await?;
+    let clients = LoadClients::start(pipeline.gateway.clone(), &pipeline.db, o.mix, o.sessions)
+        .await?
+        .with_canaries(memory.canaries);
     let events: Arc<Mutex<Vec<Event>>> = Default::default();
     let event = {
         let events = events.clone();
@@ -605,6 +634,20 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let settled = pipeline.settle(Duration::from_secs(30)).await;
     bar.finish_and_clear();
     event(format!("drained (settled: {settled})"));
+    let (caught_up, waited) = memory_run::wait_caught_up(
+        &mut pipeline,
+        if server_lost.load(Ordering::SeqCst) {
+            Duration::ZERO
+        } else {
+            o.memory_timeout
+        },
+        &event,
+    )
+    .await?;
+    event(format!(
+        "memory workers caught up: {caught_up} (after {:.1} s)",
+        waited.as_secs_f64()
+    ));
     let client_replies = replies.at_clients(&accepted).await;
     load.clients().close();
 
@@ -620,6 +663,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     )
     .await?;
     evidence.runner_outage = runner_outage;
+    evidence.memory = Some(memory_run::collect(&pipeline, &memory, caught_up, waited).await?);
     evidence.refused_calls = runner.refused();
     evidence.notice_text = pipeline.config.dispatch.runner_down_notice.clone();
     for a in &mut evidence.accepted {
@@ -973,7 +1017,7 @@ mod tests {
             Duration::from_secs(2),
             Duration::from_secs(20),
         );
-        assert!(e.is_err(), "10 kills cannot hit 6 kinds twice");
+        assert!(e.is_err(), "10 kills cannot hit 9 kinds twice");
     }
 
     #[test]

@@ -86,8 +86,14 @@ use super::channels::{Channel, ClientReply};
 use super::fakes::{CallRecord, RefusedCall, RunnerOutage, SendRecord};
 use super::{parse_answers, parse_text};
 
+mod memory;
 mod reruns;
 mod waited;
+
+pub use memory::{
+    CategoryRow, LoggedMessage, MEMORY_STAGES, MemoryEvidence, MemoryTally, ModelPrompt,
+    SummarisedEntry, SummaryRow, VectorRow,
+};
 
 pub use waited::PICKUP_GRACE_US;
 
@@ -264,6 +270,9 @@ pub struct Evidence {
     /// The journal's `waiting` entries.
     #[serde(default)]
     pub waiting: Vec<WaitingRow>,
+    /// What the memory workers left, and the prompts' canaries ([`memory`]).
+    #[serde(default)]
+    pub memory: Option<MemoryEvidence>,
 }
 
 /// The kinds of broken promise, in the order the report shows them.
@@ -304,6 +313,20 @@ pub enum Kind {
     DeadLettersUnreadable,
     NotSettled,
     ServerDidNotRecover,
+    ForeignCanary,
+    ModelPromptMixed,
+    KeyMixesPeople,
+    SummaryOfAnotherPerson,
+    NotEmbeddedOnce,
+    VectorOfAnotherPerson,
+    NotCategorisedOnce,
+    LabelWithoutItsMessage,
+    CategorisedEventsNotOnce,
+    SummaryVersions,
+    SummaryCoverage,
+    NotSummarised,
+    MemoryNotCaughtUp,
+    MemoryEvidenceUnreadable,
 }
 
 impl Kind {
@@ -362,6 +385,30 @@ impl Kind {
             Kind::DeadLettersUnreadable => "dead-letter list unreadable",
             Kind::NotSettled => "pipeline did not settle",
             Kind::ServerDidNotRecover => "servers that did not come back after a crash",
+            Kind::ForeignCanary => "runner prompts carrying another person's canary",
+            Kind::ModelPromptMixed => {
+                "summary or label model prompts carrying more than one person's canary"
+            }
+            Kind::KeyMixesPeople => "memory keys holding more than one person's messages",
+            Kind::SummaryOfAnotherPerson => "summaries carrying another person's canary",
+            Kind::NotEmbeddedOnce => {
+                "logged messages without exactly one vector under the configured model"
+            }
+            Kind::VectorOfAnotherPerson => "vectors filed under another person than their message",
+            Kind::NotCategorisedOnce => "exchanges without exactly one label",
+            Kind::LabelWithoutItsMessage => {
+                "exchanges labelled without the person's message they answer"
+            }
+            Kind::CategorisedEventsNotOnce => {
+                "exchanges announced (exchange.categorised) other than exactly once"
+            }
+            Kind::SummaryVersions => {
+                "memory keys whose journal does not hold summary versions 1..n once each"
+            }
+            Kind::SummaryCoverage => "summaries that passed a message over or covered one twice",
+            Kind::NotSummarised => "memory keys with messages never summarised",
+            Kind::MemoryNotCaughtUp => "memory workers that did not catch up after the drain",
+            Kind::MemoryEvidenceUnreadable => "memory evidence that could not be read",
         }
     }
 }
@@ -455,6 +502,9 @@ pub struct Verdict {
     pub collect_people: u64,
     #[serde(default)]
     pub outage: Option<OutageTally>,
+    /// The memory workers' figures (runs with memory workers).
+    #[serde(default)]
+    pub memory: Option<MemoryTally>,
 }
 
 impl Verdict {
@@ -1018,6 +1068,7 @@ pub fn judge(e: &Evidence) -> Verdict {
             );
         }
     }
+    memory::judge(e, &mut v);
     v
 }
 
@@ -1507,6 +1558,8 @@ fn judge_notices(
 
 #[cfg(test)]
 mod joined_tests;
+#[cfg(test)]
+mod memory_tests;
 #[cfg(test)]
 mod outage_tests;
 #[cfg(test)]

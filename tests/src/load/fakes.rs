@@ -111,6 +111,9 @@ pub struct CallRecord {
     /// The turn number from the prompt's first line (the first message's turn).
     pub seq: Option<i64>,
     pub idempotency_key: String,
+    /// The canaries the prompt carried (chaos runs mark every message with its person's).
+    #[serde(default)]
+    pub canaries: super::canary::PromptCanaries,
 }
 
 impl CallRecord {
@@ -371,9 +374,13 @@ impl LoadRunner {
         let started = now_us();
         let inner = &s.inner;
         let person = person_of(&body.prompt);
-        let texts: Vec<String> = fenced_texts(&body.prompt)
+        let fenced = fenced_texts(&body.prompt);
+        let canaries = super::canary::PromptCanaries::of_prompt(&body.prompt, &fenced);
+        // The message texts without their canaries (`s<sender>#<index>`): what every order
+        // check reads and what the answer echoes.
+        let texts: Vec<String> = fenced
             .into_iter()
-            .map(str::to_string)
+            .map(|t| super::canary::strip(t).to_string())
             .collect();
         if inner.unavailable.load(Ordering::SeqCst) {
             inner.refused.lock().unwrap().push(RefusedCall {
@@ -471,6 +478,7 @@ impl LoadRunner {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("")
                     .to_string(),
+                canaries,
             });
             log.len() - 1
         };

@@ -18,12 +18,15 @@
 //! - [`chaos`]: the chaos run (load, seeded kills, server crashes) and its evidence;
 //!   [`chaos_check`]: the verdict on that evidence.
 pub mod bench_verdict;
+pub mod canary;
 pub mod channels;
 pub mod chaos;
 pub mod chaos_check;
 pub mod fakes;
 pub mod floor;
 pub mod loadgen;
+pub mod memory_report;
+pub mod memory_run;
 pub mod pipeline;
 pub mod procs;
 pub mod report;
