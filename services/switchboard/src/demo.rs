@@ -40,6 +40,9 @@ struct DemoState {
     webhooks: std::collections::BTreeMap<String, WebhookSourceConfig>,
     outbox: Arc<Mutex<Vec<OutboxMessage>>>,
     turns: Arc<Mutex<HashMap<String, u32>>>,
+    /// The last prompt the demo engine was given, to show what an agent sees (memory, summary,
+    /// recall around the person's message).
+    last_prompt: Arc<Mutex<Option<String>>>,
 }
 
 pub fn router(config: &Config) -> Router {
@@ -49,9 +52,11 @@ pub fn router(config: &Config) -> Router {
         webhooks: config.webhooks.clone(),
         outbox: Default::default(),
         turns: Default::default(),
+        last_prompt: Default::default(),
     };
     Router::new()
         .route("/demo/runner/run", post(run))
+        .route("/demo/runner/last-prompt", get(last_prompt))
         .route(
             "/demo/twilio/2010-04-01/Accounts/{account}/Messages.json",
             post(send_sms).get(list_sms),
@@ -82,6 +87,7 @@ async fn run(State(s): State<DemoState>, Json(req): Json<RunRequest>) -> impl In
         *n += 1;
         *n
     };
+    *s.last_prompt.lock().expect("lock") = Some(req.prompt.clone());
     let said = switchboard_dispatch::prompt::fenced_text(&req.prompt).unwrap_or("");
     let text = format!(
         "{} (demo engine): you said \"{said}\". Turn {turn} of engine session {session_id}.",
@@ -93,6 +99,17 @@ async fn run(State(s): State<DemoState>, Json(req): Json<RunRequest>) -> impl In
         "processing_ms": 1,
         "tool_calls_count": 0,
     }))
+}
+
+/// The whole prompt of the demo engine's last turn, as plain text (404 before the first).
+async fn last_prompt(State(s): State<DemoState>) -> impl IntoResponse {
+    match s.last_prompt.lock().expect("lock").clone() {
+        Some(prompt) => (StatusCode::OK, prompt),
+        None => (
+            StatusCode::NOT_FOUND,
+            "the demo engine has run no turn yet\n".into(),
+        ),
+    }
 }
 
 #[derive(Deserialize)]

@@ -1,0 +1,294 @@
+//! The README's "Try it" for memory, as a new user runs it: `switchboard up` on the example
+//! `switchboard.toml` (the demo runner and outboxes), driven by the `switchboard` CLI and the
+//! REST API exactly as the README shows. Only the ports, the database, the subject prefix and
+//! the workspace folder differ, so that it shares the test stack with other tests.
+//!
+//! What it proves is what the README promises a user will see: `/remember` answered without
+//! the agent and in the next prompt (above the recalled earlier message, after a reset);
+//! `switchboard search` finds a paraphrase and says how far behind the index is; `switchboard
+//! analytics categories` counts the labelled exchanges; `switchboard forget` erases the person
+//! and says what it removed, after which search finds nothing of them.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use switchboard_e2e::{fresh_database, write_private};
+
+/// The repository's root (the example configuration lives there).
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the repository")
+        .to_path_buf()
+}
+
+fn switchboard_bin() -> PathBuf {
+    let bin = std::env::current_exe()
+        .expect("test binary path")
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .join("switchboard");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo build --bins",
+        bin.display()
+    );
+    bin
+}
+
+/// `switchboard up` (or the CLI) on the example configuration with this run's overrides, as
+/// the README's `eval "$(deploy/local/stack.sh env run)"` gives them.
+struct Demo {
+    config: PathBuf,
+    env: Vec<(String, String)>,
+    gateway: String,
+}
+
+impl Demo {
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(switchboard_bin());
+        cmd.arg("--config").arg(&self.config);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("SB_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+
+    /// Run one CLI command; its standard output (it must succeed).
+    fn cli(&self, args: &[&str]) -> String {
+        let Output {
+            status,
+            stdout,
+            stderr,
+        } = self
+            .command()
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run the switchboard CLI");
+        let (out, err) = (
+            String::from_utf8_lossy(&stdout).into_owned(),
+            String::from_utf8_lossy(&stderr).into_owned(),
+        );
+        assert!(status.success(), "switchboard {args:?} failed: {out}{err}");
+        out
+    }
+
+    /// `switchboard sms send --from <from> --text <text>`: what it printed (the reply).
+    fn text(&self, from: &str, text: &str) -> String {
+        self.cli(&["sms", "send", "--from", from, "--text", text])
+    }
+
+    async fn last_prompt(&self) -> String {
+        reqwest::get(format!("{}/demo/runner/last-prompt", self.gateway))
+            .await
+            .expect("the demo engine answers")
+            .text()
+            .await
+            .expect("text")
+    }
+}
+
+/// Poll `check` on the CLI's output of `args` until it holds (the memory workers run
+/// asynchronously); panics with the last output after `timeout`.
+fn wait_for(demo: &Demo, args: &[&str], timeout: Duration, check: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let out = demo.cli(args);
+        if check(&out) {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "switchboard {args:?} did not show it within {timeout:?}: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+async fn start_demo(dir: &Path) -> (Demo, tokio::process::Child) {
+    let port = || switchboard_kit::net::free_port("127.0.0.1").expect("a free port");
+    let (http, admin) = (port(), port());
+    let example =
+        std::fs::read_to_string(repo().join("switchboard.toml")).expect("the example config");
+    let config = dir.join("switchboard.toml");
+    write_private(
+        &config,
+        &example
+            .replace("127.0.0.1:8080", &format!("127.0.0.1:{http}"))
+            .replace("127.0.0.1:8081", &format!("127.0.0.1:{admin}")),
+    )
+    .expect("write the configuration");
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} (the test stack's)"));
+    let mut env = vec![
+        ("SB_NATS_URL".to_string(), var("SB_NATS_URL")),
+        (
+            "SB_DATABASE_URL".to_string(),
+            fresh_database(&var("SB_DATABASE_URL")).await,
+        ),
+        (
+            "SB_SUBJECT_PREFIX".to_string(),
+            format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        ),
+        (
+            "SB_WORKSPACE__ROOT".to_string(),
+            dir.join("workspaces").display().to_string(),
+        ),
+    ];
+    if let Ok(model) = std::env::var("SB_EMBEDDING__MODEL_DIR") {
+        env.push(("SB_EMBEDDING__MODEL_DIR".into(), model));
+    }
+    let demo = Demo {
+        config,
+        env,
+        gateway: format!("http://127.0.0.1:{http}"),
+    };
+    let up = tokio::process::Command::from(demo.command())
+        .arg("up")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start switchboard up");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
+        .await
+        .map(|r| !r.status().is_success())
+        .unwrap_or(true)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "switchboard up did not get ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    (demo, up)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_memory_walkthrough_works_as_written_on_the_example_configuration() {
+    let dir = std::env::temp_dir().join(format!("sb-try-it-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (demo, _up) = start_demo(&dir).await;
+    let ana = "+14155550100";
+
+    let reply = demo.text(ana, "When is my next shift?");
+    assert!(
+        reply.contains(r#"you said "When is my next shift?""#),
+        "{reply}"
+    );
+    let reply = demo.text(ana, "/remember I can't work Sundays");
+    assert!(
+        reply.contains("Noted. I will remember: I can't work Sundays"),
+        "answered without the agent: {reply}"
+    );
+    assert!(
+        !demo.last_prompt().await.contains("/remember"),
+        "the demo engine never saw /remember"
+    );
+
+    // Search by meaning: a paraphrase finds the question, and the answer says how far behind
+    // the index is.
+    let found = wait_for(
+        &demo,
+        &["search", "what time do I work tomorrow"],
+        Duration::from_secs(60),
+        |out| out.contains("When is my next shift?") && out.contains("(0 messages waiting"),
+    );
+    let first = found.lines().next().unwrap_or_default();
+    assert!(
+        first.contains("When is my next shift?"),
+        "the paraphrase ranks the question first: {found}"
+    );
+    assert!(found.contains("index lag: "), "{found}");
+
+    // A new conversation: the next prompt carries the curated memory, and the earlier question
+    // recalled (the new engine session does not hold it).
+    let reply = demo.text(ana, "/reset");
+    assert!(reply.contains("New conversation started."), "{reply}");
+    let reply = demo.text(ana, "What time do I work tomorrow?");
+    assert!(reply.contains("Turn 1 of engine session"), "{reply}");
+    let prompt = demo.last_prompt().await;
+    let memory = prompt
+        .find("I can't work Sundays")
+        .unwrap_or_else(|| panic!("the prompt carries the curated memory: {prompt}"));
+    let recalled = prompt
+        .find("When is my next shift?")
+        .unwrap_or_else(|| panic!("the prompt recalls the earlier question: {prompt}"));
+    assert!(memory < recalled, "memory comes before recall: {prompt}");
+
+    // Analytics: the labelled exchanges, per day, per person, per channel.
+    let counts = wait_for(
+        &demo,
+        &["analytics", "categories"],
+        Duration::from_secs(60),
+        |out| out.contains(&format!("phone:{ana}")) && out.contains("sms"),
+    );
+    assert!(counts.contains("exchanges per label per day"), "{counts}");
+
+    // The same through the REST API, with a key of the README's scopes.
+    let key = demo.cli(&[
+        "api-keys",
+        "create",
+        "--owner",
+        "ops",
+        "--scope",
+        "search:read",
+        "--scope",
+        "analytics:read",
+        "--scope",
+        "memory:read",
+        "--scope",
+        "people:forget",
+    ]);
+    let key = key.trim();
+    let http = reqwest::Client::new();
+    let get = |path: &str| {
+        http.get(format!("{}{path}", demo.gateway))
+            .bearer_auth(key)
+            .send()
+    };
+    let memory: serde_json::Value =
+        get("/api/v1/people/phone:%2B14155550100/memory?identity=reggie")
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(memory["body"], "- I can't work Sundays", "{memory}");
+    let hits: serde_json::Value = get("/api/v1/search?q=shift&limit=2")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(hits["hits"].as_array().map(Vec::len), Some(2), "{hits}");
+    assert!(hits["index_lag_s"].is_number(), "{hits}");
+
+    // Forget: what was removed per kind; afterwards nothing of them is found.
+    let forgot = demo.cli(&["forget", &format!("phone:{ana}")]);
+    assert!(forgot.contains(&format!("forgot phone:{ana}")), "{forgot}");
+    for kind in ["messages", "message_vectors", "memories", "sessions"] {
+        assert!(
+            forgot.lines().any(|l| l.trim_start().starts_with(kind)),
+            "{kind} removed: {forgot}"
+        );
+    }
+    let after = demo.cli(&["search", "shift"]);
+    assert!(after.contains("no messages found"), "{after}");
+    let gone = http
+        .delete(format!(
+            "{}/api/v1/people/phone:%2B14155550100",
+            demo.gateway
+        ))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404, "a forgotten person is unknown");
+    let _ = std::fs::remove_dir_all(&dir);
+}
