@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchboard_e2e::{TestApp, spawn_app_configured};
+use switchboard_memory::curated::Remembered;
 
 const PERSON: &str = "+14155550177";
 const WAIT: Duration = Duration::from_secs(20);
@@ -236,4 +237,64 @@ async fn an_operator_reads_and_replaces_a_memory_and_a_long_one_is_cut_visibly()
     app.wait_for_sms(2, WAIT).await;
     let call = app.runner.calls().pop().unwrap();
     assert!(call.prompt.contains(&long[..40]), "{}", call.prompt);
+}
+
+#[tokio::test]
+async fn remember_past_the_cap_keeps_what_fits_and_tells_the_person_what_was_not_kept() {
+    let root = workspace_root();
+    let app = spawn_app_configured(move |c| {
+        c.workspace.root = root;
+        c.memory.max_chars = 40;
+    })
+    .await;
+    app.send_sms(PERSON, "/remember my badge number is 4471")
+        .await;
+    app.wait_for_sms(1, WAIT).await;
+    app.send_sms(PERSON, "/remember I need step-free access at every site")
+        .await;
+    let sent = app.wait_for_sms(2, WAIT).await;
+    assert!(
+        sent[1]
+            .body
+            .starts_with("Noted, but your memory here is full (40 characters)"),
+        "the person is told the end was not kept: {}",
+        sent[1].body
+    );
+    let person = person_of_sms(&app).await;
+    let (body, version, _) = memory_row(&app, &person).await.expect("a memory");
+    assert!(
+        body.starts_with("- my badge number is 4471\n- I need st")
+            && body.contains("[… memory cut here:"),
+        "kept up to the cap, with the marker: {body}"
+    );
+    assert_eq!(version, 2);
+
+    app.send_sms(PERSON, "/remember I work nights").await;
+    let sent = app.wait_for_sms(3, WAIT).await;
+    assert!(
+        sent[2]
+            .body
+            .starts_with("Not kept: your memory here is full"),
+        "{}",
+        sent[2].body
+    );
+    let (after, version, _) = memory_row(&app, &person).await.unwrap();
+    assert_eq!(
+        (after.as_str(), version),
+        (body.as_str(), 2),
+        "nothing written"
+    );
+
+    // A redelivered /remember writes once and gets the first delivery's answer.
+    let session: uuid::Uuid = sqlx::query_scalar("SELECT id FROM switchboard.sessions LIMIT 1")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    let store = switchboard_memory::curated::MemoryStore::new(app.db.clone(), 40);
+    let once = || store.remember(session, "m-redelivered", "someone-else", "reggie", "hi");
+    let first = once().await.unwrap();
+    let again = once().await.unwrap();
+    assert_eq!((first, again), (Remembered::Kept, Remembered::Kept));
+    let (body, version, _) = memory_row(&app, "someone-else").await.unwrap();
+    assert_eq!((body.as_str(), version), ("- hi", 1), "written once");
 }

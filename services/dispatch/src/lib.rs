@@ -1123,8 +1123,10 @@ impl TurnDispatcher {
         // runner call, the text is committed as the turn's reply, in the turn's place (after
         // the replies before it).
         if let Some(text) = given {
+            let mut text = text.to_string();
             // `/remember <text>` (answered by identify): kept in the person's memory here, in
-            // the turn's order, once however often the turn is redelivered.
+            // the turn's order, once however often the turn is redelivered; the answer says so
+            // when the memory was too full to keep it all.
             let inbound = turn.message.as_ref().and_then(|m| m.inbound.as_ref());
             if let Some(inbound) = inbound.filter(|i| i.is_from_person())
                 && let Some(remembered) =
@@ -1141,14 +1143,17 @@ impl TurnDispatcher {
                     )
                     .await
                     .map_err(DispatchError::from);
-                self.or_release(session, call, kept).await?;
+                let kept = self.or_release(session, call, kept).await?;
+                if let Some(shortfall) = kept.shortfall(self.memories.max_chars()) {
+                    text = shortfall;
+                }
             }
             let next = if reset.is_some() {
                 NextEngineSession::Cleared
             } else {
                 NextEngineSession::Keep
             };
-            let s = settlement(notice(text), String::new(), next);
+            let s = settlement(notice(&text), String::new(), next);
             return self.settle(turn, session, after, call, s).await.map(retold);
         }
         // `/new` alone: the reset is the whole turn; the next message starts the engine

@@ -38,6 +38,56 @@ pub enum AgentWrite {
     Conflict,
 }
 
+/// What `/remember` did with the line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remembered {
+    Kept,
+    /// Kept up to the cap: the end of the line (or of the memory) was not kept, and the
+    /// memory carries the cut marker.
+    Cut,
+    /// The memory was already full (it carries the cut marker): nothing of the line was kept.
+    Full,
+}
+
+/// Note in the `/remember`'s journal entry what was kept, for a redelivery's answer.
+async fn outcome(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    message_id: &str,
+    done: Remembered,
+) -> Result<(), sqlx::Error> {
+    let kept = match done {
+        Remembered::Kept => "kept",
+        Remembered::Cut => "cut",
+        Remembered::Full => "full",
+    };
+    sqlx::query(
+        "UPDATE switchboard.session_events SET detail = detail || jsonb_build_object('kept', $2::text)
+          WHERE key = 'memory_written:remember:' || $1",
+    )
+    .bind(message_id)
+    .bind(kept)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+impl Remembered {
+    /// What the person is told instead of "Noted", when not all of it was kept.
+    pub fn shortfall(self, max_chars: usize) -> Option<String> {
+        match self {
+            Remembered::Kept => None,
+            Remembered::Cut => Some(format!(
+                "Noted, but your memory here is full ({max_chars} characters): the end of it was \
+                 not kept. Ask to tidy it up, or an operator can edit it."
+            )),
+            Remembered::Full => Some(format!(
+                "Not kept: your memory here is full ({max_chars} characters). Ask to tidy it up, \
+                 or an operator can edit it."
+            )),
+        }
+    }
+}
+
 /// `body` within `max` characters: the beginning kept, and a marker line saying how many
 /// characters were not kept.
 pub fn capped(body: &str, max: usize) -> (String, bool) {
@@ -65,6 +115,11 @@ pub struct MemoryStore {
 impl MemoryStore {
     pub fn new(db: PgPool, max_chars: usize) -> Self {
         Self { db, max_chars }
+    }
+
+    /// `[memory] max_chars`: the cap of every write.
+    pub fn max_chars(&self) -> usize {
+        self.max_chars
     }
 
     pub async fn get(
@@ -121,7 +176,7 @@ impl MemoryStore {
 
     /// Add a line the person asked to be remembered (`/remember`), once per message however
     /// often it is redelivered: the journal entry keyed by the message gates the write, in the
-    /// same statement. Whether this call wrote it.
+    /// same transaction. Capped by the same rule as every other write ([`capped`]).
     pub async fn remember(
         &self,
         session_id: Uuid,
@@ -129,39 +184,76 @@ impl MemoryStore {
         person_id: &str,
         agent_identity: &str,
         text: &str,
-    ) -> Result<bool, sqlx::Error> {
-        let line = format!("- {}", text.trim());
-        let written: Option<i64> = sqlx::query_scalar(
-            "WITH journal AS (
-                INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
-                VALUES ($1, $2, 'memory_written:remember:' || $3, 'memory_written',
-                        jsonb_build_object('by', 'person', 'message_id', $3::text))
-                ON CONFLICT (key) DO NOTHING
-                RETURNING 1)
-             INSERT INTO switchboard.memories (person_id, agent_identity, body, updated_by)
-             SELECT $4, $5, $6, 'person' FROM journal
-             ON CONFLICT (person_id, agent_identity) DO UPDATE
-                SET body = CASE
-                        WHEN char_length(switchboard.memories.body || E'\\n' || EXCLUDED.body) <= $7
-                        THEN switchboard.memories.body || E'\\n' || EXCLUDED.body
-                        ELSE left(switchboard.memories.body || E'\\n' || EXCLUDED.body, $7)
-                             || format(E'\\n[… memory cut here: %s more characters were not kept (limit %s)]',
-                                       char_length(switchboard.memories.body || E'\\n' || EXCLUDED.body) - $7, $7)
-                    END,
-                    updated_by = 'person', version = switchboard.memories.version + 1,
-                    updated_at = now()
-             RETURNING version",
+    ) -> Result<Remembered, sqlx::Error> {
+        let mut tx = self.db.begin().await?;
+        let first: Option<i32> = sqlx::query_scalar(
+            "INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
+             VALUES ($1, $2, 'memory_written:remember:' || $3, 'memory_written',
+                     jsonb_build_object('by', 'person', 'message_id', $3::text))
+             ON CONFLICT (key) DO NOTHING
+             RETURNING 1",
         )
         .bind(Uuid::now_v7())
         .bind(session_id)
         .bind(message_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if first.is_none() {
+            // Redelivered: what the first delivery did, so the answer is the same.
+            let was: Option<String> = sqlx::query_scalar(
+                "SELECT detail->>'kept' FROM switchboard.session_events
+                  WHERE key = 'memory_written:remember:' || $1",
+            )
+            .bind(message_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .flatten();
+            return Ok(match was.as_deref() {
+                Some("cut") => Remembered::Cut,
+                Some("full") => Remembered::Full,
+                _ => Remembered::Kept,
+            });
+        }
+        // Locked: two `/remember`s of one person in two sessions of the identity append both.
+        let current: Option<String> = sqlx::query_scalar(
+            "SELECT body FROM switchboard.memories
+              WHERE person_id = $1 AND agent_identity = $2 FOR UPDATE",
+        )
         .bind(person_id)
         .bind(agent_identity)
-        .bind(&line)
-        .bind(self.max_chars as i32)
-        .fetch_optional(&self.db)
+        .fetch_optional(&mut *tx)
         .await?;
-        Ok(written.is_some())
+        let line = format!("- {}", text.trim());
+        let (body, cut) = match current.as_deref() {
+            // Already cut: the line would land after the marker; nothing of it would be kept.
+            Some(body) if body.contains(CUT_MARKER) => {
+                outcome(&mut tx, message_id, Remembered::Full).await?;
+                tx.commit().await?;
+                return Ok(Remembered::Full);
+            }
+            Some(body) if !body.is_empty() => capped(&format!("{body}\n{line}"), self.max_chars),
+            _ => capped(&line, self.max_chars),
+        };
+        sqlx::query(
+            "INSERT INTO switchboard.memories (person_id, agent_identity, body, updated_by)
+             VALUES ($1, $2, $3, 'person')
+             ON CONFLICT (person_id, agent_identity) DO UPDATE
+                SET body = EXCLUDED.body, updated_by = 'person',
+                    version = switchboard.memories.version + 1, updated_at = now()",
+        )
+        .bind(person_id)
+        .bind(agent_identity)
+        .bind(&body)
+        .execute(&mut *tx)
+        .await?;
+        let done = if cut {
+            Remembered::Cut
+        } else {
+            Remembered::Kept
+        };
+        outcome(&mut tx, message_id, done).await?;
+        tx.commit().await?;
+        Ok(done)
     }
 
     /// Store what the agent left in memory.md after a turn (`call` names the runner call, so a
