@@ -298,3 +298,77 @@ async fn remember_past_the_cap_keeps_what_fits_and_tells_the_person_what_was_not
     let (body, version, _) = memory_row(&app, "someone-else").await.unwrap();
     assert_eq!((body.as_str(), version), ("- hi", 1), "written once");
 }
+
+#[tokio::test]
+async fn an_agents_edit_made_on_an_older_memory_does_not_overwrite_a_newer_one() {
+    let root = workspace_root();
+    let app = spawn_app_configured(move |c| c.workspace.root = root).await;
+    let key = app.api_key("crm", &["messages:write", "messages:read"]);
+    let ops = app.api_key("ops", &["memory:read", "memory:write"]);
+
+    app.runner.set_hold(true);
+    let asking = {
+        let gateway = app.gateway_url.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{gateway}/api/v1/messages"))
+                .bearer_auth(key)
+                .json(&json!({"agent": "reggie_oc", "text": "I moved house", "wait": true}))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::timeout(WAIT, app.runner.received.notified())
+        .await
+        .expect("the agent was called");
+    let call = app.runner.calls().pop().unwrap();
+    let folder = PathBuf::from(call.workspace.expect("a workspace"));
+    let person: String = sqlx::query_scalar(
+        "SELECT person_id FROM switchboard.sessions WHERE agent_name = 'reggie_oc'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    // While the agent works, an operator writes the memory.
+    let put = reqwest::Client::new()
+        .put(format!(
+            "{}/api/v1/people/{person}/memory?identity=reggie",
+            app.gateway_url
+        ))
+        .bearer_auth(&ops)
+        .json(&json!({"body": "- new address on file (ops)"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    // The agent's edit was made on the memory it started from (none).
+    std::fs::write(folder.join("memory.md"), "- lives in Leeds\n").unwrap();
+    app.runner.set_hold(false);
+    app.runner.release.notify_one();
+    assert_eq!(
+        asking.await.unwrap().status(),
+        200,
+        "the reply still goes out"
+    );
+
+    let (body, version, by) = memory_row(&app, &person).await.unwrap();
+    assert_eq!(
+        (body.as_str(), version, by.as_str()),
+        ("- new address on file (ops)", 1, "api:ops"),
+        "the operator's newer memory stays"
+    );
+    let by_agent: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchboard.session_events
+          WHERE kind = 'memory_written' AND detail->>'by' = 'agent'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(by_agent, 0, "no journal entry claims the agent's write");
+    assert!(
+        app.metrics().await.contains("sb_memory_conflicts_total 1"),
+        "the conflict is counted"
+    );
+}

@@ -175,6 +175,7 @@ struct LeaseRow {
     memory_version: Option<i64>,
     memory_by: Option<String>,
     memory_at: Option<DateTime<Utc>>,
+    memory_identity: Option<String>,
 }
 
 /// A runner call's lease outlives the agent's timeout by this much, so only a call that is
@@ -548,7 +549,8 @@ impl TurnDispatcher {
              SELECT l.engine_session_id, l.pending_reset, l.pending_reset_at, l.workspace_path,
                     m.summary, m.updated_at AS summary_at, l.waiting_notice,
                     c.body AS memory, c.version AS memory_version,
-                    c.updated_by AS memory_by, c.updated_at AS memory_at
+                    c.updated_by AS memory_by, c.updated_at AS memory_at,
+                    c.agent_identity AS memory_identity
                FROM leased l
                LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key
                -- The curated memory of the turn's person (not the session's: a session
@@ -567,11 +569,17 @@ impl TurnDispatcher {
         .fetch_optional(&self.db)
         .await?;
         Ok(leased.map(|row| {
-            let memory = match (row.memory, row.memory_version, row.memory_by, row.memory_at) {
-                (Some(body), Some(version), Some(updated_by), Some(updated_at)) => {
+            let memory = match (
+                row.memory,
+                row.memory_version,
+                row.memory_by,
+                row.memory_at,
+                row.memory_identity,
+            ) {
+                (Some(body), Some(version), Some(updated_by), Some(updated_at), Some(identity)) => {
                     Some(CuratedMemory {
                         person_id: person_id.to_string(),
-                        agent_identity: String::new(),
+                        agent_identity: identity,
                         body,
                         version,
                         updated_by,
