@@ -13,9 +13,20 @@ use uuid::Uuid;
 const WAIT: Duration = Duration::from_secs(30);
 
 async fn app_with_embeddings() -> (TestApp, FakeModel) {
+    app_with(false).await
+}
+
+/// With `workspaces`, sessions get a workspace (memory.md), and so a reset its flush first.
+async fn app_with(workspaces: bool) -> (TestApp, FakeModel) {
     let fake = FakeModel::start(64).await;
     let url = fake.url.clone();
     let app = spawn_app_configured(move |c| {
+        if workspaces {
+            c.workspace.root = std::env::temp_dir()
+                .join(format!("sb-recall-{}", Uuid::new_v4().simple()))
+                .to_string_lossy()
+                .into_owned();
+        }
         c.embedding = EmbeddingConfig {
             provider: EmbeddingProvider::OpenAi,
             model: "fake-embed".into(),
@@ -36,18 +47,21 @@ fn recall_block(prompt: &str) -> Option<String> {
     Some(body.join("\n"))
 }
 
-/// Wait until every logged message has its vector (the embedding worker caught up).
-async fn indexed(app: &TestApp) {
+/// Wait until at least `logged` messages are logged and every logged message has its vector
+/// (the log and embedding workers caught up: a reply sent does not mean its exchange is
+/// logged yet). The flush's silent answer is not conversation: never embedded.
+async fn indexed(app: &TestApp, logged: i64) {
     let deadline = Instant::now() + WAIT;
     loop {
         let (messages, vectors): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM switchboard.messages),
+            "SELECT (SELECT count(*) FROM switchboard.messages
+                      WHERE coalesce(metadata->>'kind', '') <> 'memory_flush'),
                     (SELECT count(*) FROM switchboard.message_vectors)",
         )
         .fetch_one(&app.db)
         .await
         .unwrap();
-        if messages > 0 && messages == vectors {
+        if messages >= logged && messages == vectors {
             return;
         }
         assert!(
@@ -115,7 +129,7 @@ async fn a_fresh_session_recalls_the_persons_earlier_message_on_the_same_matter_
     )
     .await;
     text(&app, phone, "Also the canteen coffee machine is broken", 2).await;
-    indexed(&app).await;
+    indexed(&app, 4).await;
 
     // A reset: the new engine session knows nothing of the earlier turns.
     text(&app, phone, "/reset is my March payslip fixed yet", 3).await;
@@ -165,7 +179,7 @@ async fn what_the_engine_session_already_holds_is_not_recalled_until_a_reset_cle
         1,
     )
     .await;
-    indexed(&app).await;
+    indexed(&app, 2).await;
     text(&app, phone, "Any news on the March payslip?", 2).await;
     let calls = app.runner.calls();
     let resumed = &calls[1];
@@ -179,7 +193,7 @@ async fn what_the_engine_session_already_holds_is_not_recalled_until_a_reset_cle
         "the resumed engine session holds that turn already:\n{block}"
     );
 
-    indexed(&app).await;
+    indexed(&app, 4).await;
     text(&app, phone, "/reset the March payslip again", 3).await;
     let fresh = app.runner.calls().last().unwrap().clone();
     assert!(fresh.session_id.is_none(), "a fresh engine session");
@@ -206,7 +220,7 @@ async fn fifty_people_with_near_identical_messages_each_recall_only_their_own() 
         .await;
     }
     app.wait_for_sms(people, WAIT).await;
-    indexed(&app).await;
+    indexed(&app, 100).await;
     for i in 0..people {
         app.send_sms(&phone(i), "/reset my payslip code is wrong")
             .await;
@@ -243,5 +257,86 @@ async fn fifty_people_with_near_identical_messages_each_recall_only_their_own() 
         checked += 1;
     }
     assert_eq!(checked, people, "every person's second turn was checked");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_agents_silent_answer_to_the_flush_is_never_recalled_nor_summarised() {
+    const FLUSH_ANSWER: &str =
+        "Kept in memory.md: March payslip missing overtime hours, fix pending";
+    let (app, _fake) = app_with(true).await;
+    app.runner.answer_when(
+        switchboard_dispatch::prompt::FLUSH_INSTRUCTION,
+        FLUSH_ANSWER,
+    );
+    let phone = "+14155550303";
+    text(
+        &app,
+        phone,
+        "My March payslip is missing the overtime hours",
+        1,
+    )
+    .await;
+    // The reset runs the silent flush on the old engine session: its answer is logged.
+    text(&app, phone, "/reset", 2).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let flushed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM switchboard.messages WHERE metadata->>'kind' = 'memory_flush'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        if flushed == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the flush answer is logged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    indexed(&app, 2).await;
+
+    text(
+        &app,
+        phone,
+        "is the overtime on my March payslip fixed yet",
+        3,
+    )
+    .await;
+    let prompt = app.runner.calls().last().unwrap().prompt.clone();
+    let block = recall_block(&prompt).expect("a recall block");
+    assert!(
+        block.contains("they wrote: My March payslip is missing the overtime hours"),
+        "the person's message is recalled:\n{block}"
+    );
+    assert!(
+        !block.contains("Kept in memory.md"),
+        "the agent's silent flush answer (on the same matter) is not:\n{block}"
+    );
+    let entries = journal(&app, "recall").await;
+    let last = entries.last().expect("a recall entry");
+    assert_eq!(
+        last["detail"]["messages_waiting"], 0,
+        "the flush answer, never embedded, does not make the index look behind: {last}"
+    );
+    assert!(!block.contains("waiting"), "{block}");
+
+    // The reset asked for a summary of what the old engine session heard: it has the
+    // person's message, not the flush answer.
+    let deadline = Instant::now() + WAIT;
+    let summary: String = loop {
+        let s: Option<String> = sqlx::query_scalar("SELECT summary FROM switchboard.summaries")
+            .fetch_optional(&app.db)
+            .await
+            .unwrap();
+        if let Some(s) = s.filter(|s| s.contains("payslip")) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no summary within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        !summary.contains("Kept in memory.md"),
+        "the flush answer is not summarised: {summary}"
+    );
     app.shutdown().await;
 }

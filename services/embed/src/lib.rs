@@ -293,14 +293,17 @@ async fn store(
     Ok(dimensions as i32)
 }
 
-/// Messages that have no vector under `model` yet (what `switchboard reembed` has left to do).
+/// Messages that have no vector under `model` yet (what `switchboard reembed` has left to do);
+/// what is not conversation is never embedded ([`switchboard_memory::NOT_CONVERSATION`]).
 pub async fn missing(db: &PgPool, model: &str) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT count(*) FROM switchboard.messages m
           WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                             WHERE v.message_id = m.id AND v.model = $1)",
+                             WHERE v.message_id = m.id AND v.model = $1)
+            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($2::text[]))",
     )
     .bind(model)
+    .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_one(db)
     .await
 }
@@ -319,11 +322,13 @@ pub async fn reembed_step(
            FROM switchboard.messages m
           WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
                              WHERE v.message_id = m.id AND v.model = $1)
+            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($3::text[]))
           ORDER BY m.id
           LIMIT $2",
     )
     .bind(embedder.model())
     .bind(limit as i64)
+    .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_all(db)
     .await?
     .into_iter()

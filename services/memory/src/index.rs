@@ -1,6 +1,8 @@
 //! How far behind the vector index is: what search answers and recall blocks report, and what
 //! `sb_embed_lag_seconds` shows. Lag is the age of the oldest logged message that has no vector
-//! under the current model yet (0 when every message has one).
+//! under the current model yet (0 when every message has one). What is not conversation (the
+//! flush's silent answer, a heartbeat's "nothing needs attention": [`crate::NOT_CONVERSATION`])
+//! is never embedded, so it never counts as waiting.
 use sqlx::PgPool;
 
 /// Whose messages the lag is measured over: everyone's (search across people) or one person +
@@ -40,6 +42,7 @@ pub async fn lag_excluding(
           WHERE ($2::text IS NULL OR m.person_id = $2)
             AND ($3::text IS NULL OR m.agent_identity = $3)
             AND NOT (m.id = ANY($4::uuid[]))
+            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($5::text[]))
             AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
                              WHERE v.message_id = m.id AND v.model = $1)",
     )
@@ -47,6 +50,7 @@ pub async fn lag_excluding(
     .bind(person)
     .bind(identity)
     .bind(exclude)
+    .bind(crate::NOT_CONVERSATION)
     .fetch_one(db)
     .await?;
     Ok(IndexLag {
