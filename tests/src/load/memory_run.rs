@@ -123,9 +123,11 @@ async fn outstanding(p: &Pipeline) -> anyhow::Result<Outstanding> {
     let unembedded: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM switchboard.messages m
           WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                             WHERE v.message_id = m.id AND v.model = $1)",
+                             WHERE v.message_id = m.id AND v.model = $1)
+            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($2::text[]))",
     )
     .bind(model)
+    .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_one(&p.db)
     .await?;
     let uncategorised: i64 = sqlx::query_scalar(

@@ -8,8 +8,9 @@
 //!   a prompt to the summary or label model carrying two people's canaries, a memory key whose
 //!   messages carry two people's canaries, and a summary carrying a canary of someone other
 //!   than its person are each a leak.
-//! - **Embedded once.** Every logged message has exactly one vector under the configured model,
-//!   filed under the message's own person.
+//! - **Embedded once.** Every logged message of the conversation (not a flush's silent answer,
+//!   not a heartbeat's "nothing needs attention") has exactly one vector under the configured
+//!   model, filed under the message's own person.
 //! - **Categorised once.** Every exchange (a reply, and the message it answers) has one
 //!   `exchange_categories` row naming that message, and exactly one `exchange.categorised`
 //!   event on the stream.
@@ -299,7 +300,8 @@ fn embedded(m: &MemoryEvidence, v: &mut Verdict, t: &mut MemoryTally) {
             );
         }
     }
-    for msg in &m.messages {
+    // What is not conversation is never embedded (nor recalled, nor summarised).
+    for msg in m.messages.iter().filter(|x| x.is_conversation()) {
         t.messages += 1;
         match vectors.get(msg.id.as_str()).copied().unwrap_or(0) {
             1 => t.embedded_once += 1,
