@@ -285,17 +285,7 @@ pub async fn search(
     model: &str,
     q: &SearchQuery,
 ) -> Result<SearchResults, SearchError> {
-    q.check()?;
-    let text = q.text.trim().to_string();
-    let (vector, dimensions, vector_error) = query_vector(embedder, &text).await;
-    let with_vector = vector.is_some();
-    let sql = ranking_sql(model, dimensions, with_vector);
-    let mut tx = db.begin().await?;
-    ranking_settings(&mut tx, with_vector).await?;
-    let hits: Vec<SearchHit> = sqlx::query_as_with(&sql, ranking_arguments(vector, &text, q)?)
-        .fetch_all(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    let (hits, vector_error) = rank(db, embedder, model, q).await?;
     let scope = match &q.person {
         Some(person_id) => LagScope::Person {
             person_id,
@@ -310,6 +300,28 @@ pub async fn search(
         index_lag,
         vector_error,
     })
+}
+
+/// [`search`]'s ranking alone, without the index lag: the hits, and why meaning was not part
+/// of the ranking when it was not. (The memory bench times the two parts apart.)
+pub async fn rank(
+    db: &PgPool,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    q: &SearchQuery,
+) -> Result<(Vec<SearchHit>, Option<String>), SearchError> {
+    q.check()?;
+    let text = q.text.trim().to_string();
+    let (vector, dimensions, vector_error) = query_vector(embedder, &text).await;
+    let with_vector = vector.is_some();
+    let sql = ranking_sql(model, dimensions, with_vector);
+    let mut tx = db.begin().await?;
+    ranking_settings(&mut tx, with_vector).await?;
+    let hits: Vec<SearchHit> = sqlx::query_as_with(&sql, ranking_arguments(vector, &text, q)?)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok((hits, vector_error))
 }
 
 /// The plan of [`search`]'s ranking statement for `q`, as run (`EXPLAIN (ANALYZE, BUFFERS)` of
