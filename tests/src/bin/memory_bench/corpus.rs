@@ -291,7 +291,7 @@ impl Query {
 }
 
 pub fn make_queries(corpus: &Corpus, n: usize, seed: u64) -> (Vec<Query>, Vec<Query>, Vec<Query>) {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f_0e41);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f0e);
     let mut vector = vec![0f32; DIMS];
     let regular = corpus.people.iter().filter(|p| !p.skewed).count();
     let recall = (0..n)

@@ -46,6 +46,8 @@ use measure::{Bench, BenchEmbedder, Kind, Series, load_average, measure};
 const TARGET_RECALL_P99_MS: f64 = 10.0;
 const TARGET_SEARCH_P99_MS: f64 = 50.0;
 const TARGET_RECALL_AT_10: f64 = 0.95;
+/// Whole searches timed with each --ef-search value after the product's own setting.
+const EXTRA_RUN_FULL_CALLS: usize = 20;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -83,10 +85,11 @@ struct Args {
     /// own setting is measured first).
     #[arg(long, value_delimiter = ',')]
     ef_search: Vec<u32>,
-    /// Searches timed as a whole call (ranking + index lag): the first this many queries;
-    /// the ranking alone is timed over all of them. Default: all.
-    #[arg(long)]
-    full_calls: Option<usize>,
+    /// Searches timed as a whole call (ranking + index lag): the first this many queries
+    /// (at most 20 with the other --ef-search values; the lag query takes seconds at 1M); the
+    /// ranking alone is timed over all of them.
+    #[arg(long, default_value_t = 100)]
+    full_calls: usize,
     /// Results go to <out>/<time>/memory.json (default bench-results).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -407,7 +410,11 @@ async fn measure_all(
             (Kind::Search, &search_q, exact_search),
             (Kind::SearchAgent, &agent_q, exact_agent),
         ] {
-            let full_calls = args.full_calls.unwrap_or(args.queries);
+            // The other ef_search settings are about the ranking: a few whole calls only.
+            let full_calls = match ef {
+                None => args.full_calls,
+                Some(_) => args.full_calls.min(EXTRA_RUN_FULL_CALLS),
+            };
             let s = measure(&bench, kind, q, e, full_calls).await?;
             println!(
                 "  {:<28} p50 {:.2} ms  p99 {:.2} ms  recall@10 {:.3}",
