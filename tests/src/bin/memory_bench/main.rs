@@ -111,6 +111,43 @@ struct Check {
     pass: bool,
 }
 
+/// What the loaded stack takes on disk per vector (1M: 4.7 GB of stack, plus the temporary
+/// files of the index builds and of the queries; measured).
+const DISK_PER_VECTOR: u64 = 7_000;
+
+/// Refuses to start a load the disk cannot hold: the stack's folder is on a disk others use
+/// too, and Postgres failing on a full disk takes every process on it down with it.
+fn check_disk(vectors: usize) -> anyhow::Result<()> {
+    let dir = std::env::var_os("SB_STACK_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_dir().join(".stack"));
+    std::fs::create_dir_all(&dir)?;
+    let out = Command::new("df").arg("-Pk").arg(&dir).output()?;
+    let free_kb: Option<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok());
+    let need = vectors as u64 * DISK_PER_VECTOR + (1 << 30);
+    match free_kb {
+        Some(kb) if kb * 1024 < need => anyhow::bail!(
+            "{} has {:.1} GB free; loading {vectors} vectors needs about {:.1} GB \
+             (try --vectors 100000)",
+            dir.display(),
+            kb as f64 / 1e6 * 1.024,
+            need as f64 / 1e9
+        ),
+        Some(_) => Ok(()),
+        None => {
+            eprintln!(
+                "warning: could not read the free space of {}",
+                dir.display()
+            );
+            Ok(())
+        }
+    }
+}
+
 fn destroy_stack(name: &str) {
     let status = Command::new("bash")
         .arg(repo_dir().join("deploy/local/stack.sh"))
@@ -129,6 +166,9 @@ async fn main() -> anyhow::Result<()> {
         "--vectors must be at least {} and --queries, --topics positive",
         SKEWED_PEOPLE * PER_PERSON * 10
     );
+    if args.database_url.is_none() {
+        check_disk(args.vectors)?;
+    }
     let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
     let out = args
         .out
