@@ -85,9 +85,14 @@ CHAOS_ARGS ?=
 
 .PHONY: bench chaos
 
+# Then recall and search at 1,000,000 stored vectors (memory_bench, docs/bench-memory.md: its own
+# stack, 16322/17532, destroyed after; tens of minutes on 2 cores). MEMORY_BENCH_ARGS, e.g.
+# --vectors 100000 for a quick try. Both run; the target fails when either misses a target.
+MEMORY_BENCH_ARGS ?=
 bench:
 	$(CARGO) build --release --workspace --bins
-	target/release/bench $(BENCH_ARGS)
+	status=0; target/release/bench $(BENCH_ARGS) || status=1; \
+	  target/release/memory_bench $(MEMORY_BENCH_ARGS) || status=1; exit $$status
 
 # The embedding runtime beside PyTorch + sentence-transformers (docs/embedding-runtime.md): the
 # peer's venv is made once under .stack/bin-cache; EMBED_BENCH_ARGS: texts threads "batches".

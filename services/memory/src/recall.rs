@@ -53,16 +53,13 @@ pub struct Recall {
     pub vector_error: Option<String>,
 }
 
-/// The earlier messages of `req.person_id` with `req.agent_identity` most relevant to
-/// `req.text`, and their recent topics. `None` when recall is off or there is no text to recall
-/// for (a heartbeat's batch, an empty message).
-pub async fn recall(
+/// The search a turn's recall runs: `None` when recall is off or there is no text to recall for
+/// (a heartbeat's batch, an empty message).
+async fn recall_query(
     db: &PgPool,
-    embedder: Result<&dyn Embedder, &EmbedError>,
-    model: &str,
     config: &RecallConfig,
     req: &RecallRequest<'_>,
-) -> Result<Option<Recall>, SearchError> {
+) -> Result<Option<SearchQuery>, SearchError> {
     let text: String = req.text.trim().chars().take(MAX_QUERY_CHARS).collect();
     if !config.enabled || config.top_k == 0 || text.is_empty() {
         return Ok(None);
@@ -83,28 +80,38 @@ pub async fn recall(
                 .flat_map(|(inbound, reply)| std::iter::once(inbound).chain(reply)),
         );
     }
-    let results = search(
-        db,
-        embedder,
-        model,
-        &SearchQuery {
-            text,
-            // Isolation where the data lives: both are in every branch's predicate.
-            person: Some(req.person_id.to_string()),
-            identity: Some(req.agent_identity.to_string()),
-            limit: config.top_k.min(crate::search::MAX_LIMIT as usize) as i64,
-            exclude,
-            inbound_before,
-            // The conversation only: not the notices Switchboard sent, not what was never sent.
-            exclude_kinds: crate::NOT_CONVERSATION
-                .iter()
-                .chain(&["notice"])
-                .map(|k| k.to_string())
-                .collect(),
-            ..Default::default()
-        },
-    )
-    .await?;
+    Ok(Some(SearchQuery {
+        text,
+        // Isolation where the data lives: both are in every branch's predicate.
+        person: Some(req.person_id.to_string()),
+        identity: Some(req.agent_identity.to_string()),
+        limit: config.top_k.min(crate::search::MAX_LIMIT as usize) as i64,
+        exclude,
+        inbound_before,
+        // The conversation only: not the notices Switchboard sent, not what was never sent.
+        exclude_kinds: crate::NOT_CONVERSATION
+            .iter()
+            .chain(&["notice"])
+            .map(|k| k.to_string())
+            .collect(),
+        ..Default::default()
+    }))
+}
+
+/// The earlier messages of `req.person_id` with `req.agent_identity` most relevant to
+/// `req.text`, and their recent topics. `None` when recall is off or there is no text to recall
+/// for (a heartbeat's batch, an empty message).
+pub async fn recall(
+    db: &PgPool,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    config: &RecallConfig,
+    req: &RecallRequest<'_>,
+) -> Result<Option<Recall>, SearchError> {
+    let Some(query) = recall_query(db, config, req).await? else {
+        return Ok(None);
+    };
+    let results = search(db, embedder, model, &query).await?;
     let topics = if config.category_days > 0 {
         sqlx::query_as(
             "SELECT label, count(*) AS count FROM switchboard.exchange_categories
@@ -129,6 +136,22 @@ pub async fn recall(
         index_lag: results.index_lag,
         vector_error: results.vector_error,
     }))
+}
+
+/// The plan of the ranking statement [`recall`] runs for `req` ([`crate::search::explain`]).
+pub async fn explain(
+    db: &PgPool,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    config: &RecallConfig,
+    req: &RecallRequest<'_>,
+) -> Result<Option<String>, SearchError> {
+    match recall_query(db, config, req).await? {
+        Some(query) => Ok(Some(
+            crate::search::explain(db, embedder, model, &query).await?,
+        )),
+        None => Ok(None),
+    }
 }
 
 fn at(t: DateTime<Utc>) -> String {

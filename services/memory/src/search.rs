@@ -5,7 +5,8 @@
 //! person cannot rank another's message. Every answer says how far behind the vector index is.
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments as _, PgPool};
 use uuid::Uuid;
 
 use crate::embed::{EmbedError, Embedder, pg_vector};
@@ -157,26 +158,25 @@ fn sql_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-/// Search the messages. `embedder` is the configured one (`Err`: why it is not usable; the
-/// search then ranks by words alone and says so); `model` is the model whose vectors are
-/// searched and whose lag is reported.
-pub async fn search(
-    db: &PgPool,
+/// The query's vector under `embedder` (as `pg_vector` text) and its length, or why there is
+/// none.
+async fn query_vector(
     embedder: Result<&dyn Embedder, &EmbedError>,
-    model: &str,
-    q: &SearchQuery,
-) -> Result<SearchResults, SearchError> {
-    q.check()?;
-    let text = q.text.trim().to_string();
-    let (vector, dimensions, vector_error) = match embedder {
-        Ok(e) => match e.embed(std::slice::from_ref(&text)).await {
+    text: &str,
+) -> (Option<String>, usize, Option<String>) {
+    match embedder {
+        Ok(e) => match e.embed(&[text.to_string()]).await {
             Ok(mut v) if v.len() == 1 => (Some(pg_vector(&v.remove(0))), e.dimensions(), None),
             Ok(_) => (None, 0, Some("the embedder answered no vector".into())),
             Err(err) => (None, 0, Some(err.to_string())),
         },
         Err(err) => (None, 0, Some(err.to_string())),
-    };
-    let candidates = q.limit * CANDIDATES_PER_HIT;
+    }
+}
+
+/// The hybrid ranking statement: `model`'s vectors of `dimensions` (no vector branch when the
+/// query has no vector).
+fn ranking_sql(model: &str, dimensions: usize, with_vector: bool) -> String {
     // Both branches carry the same filters; the person and identity are checked on the vector
     // rows themselves too (isolation where the data lives).
     let filters = "($2::text IS NULL OR m.person_id = $2)
@@ -188,7 +188,7 @@ pub async fn search(
                AND NOT (m.id = ANY($11::uuid[]))
                AND NOT (coalesce(m.metadata->>'kind', '') = ANY($12::text[]))
                AND ($13::uuid IS NULL OR m.direction <> 'inbound' OR m.id < $13)";
-    let vector_branch = if vector.is_some() {
+    let vector_branch = if with_vector {
         let n = dimensions;
         let model = sql_literal(model);
         format!(
@@ -209,7 +209,7 @@ pub async fn search(
         // No query vector: an empty branch of the same shape ($1 is NULL).
         "SELECT NULL::uuid AS id, 0::bigint AS r WHERE $1::text IS NOT NULL".to_string()
     };
-    let sql = format!(
+    format!(
         "WITH vec AS ({vector_branch}),
               txt AS (
                 SELECT t.id, row_number() OVER (ORDER BY t.rank DESC, t.id DESC) AS r
@@ -234,32 +234,58 @@ pub async fn search(
           WHERE {filters}
           ORDER BY f.score DESC, m.id DESC
           LIMIT $10"
-    );
-    let mut tx = db.begin().await?;
-    if vector.is_some() {
+    )
+}
+
+/// The ranking statement's parameters, in order.
+fn ranking_arguments(
+    vector: Option<String>,
+    text: &str,
+    q: &SearchQuery,
+) -> Result<PgArguments, SearchError> {
+    let mut a = PgArguments::default();
+    let encode = |e| SearchError::Database(sqlx::Error::Encode(e));
+    a.add(vector).map_err(encode)?;
+    a.add(&q.person).map_err(encode)?;
+    a.add(&q.identity).map_err(encode)?;
+    a.add(&q.agent).map_err(encode)?;
+    a.add(&q.channel).map_err(encode)?;
+    a.add(q.from).map_err(encode)?;
+    a.add(q.to).map_err(encode)?;
+    a.add(q.limit * CANDIDATES_PER_HIT).map_err(encode)?;
+    a.add(text).map_err(encode)?;
+    a.add(q.limit).map_err(encode)?;
+    a.add(&q.exclude).map_err(encode)?;
+    a.add(&q.exclude_kinds).map_err(encode)?;
+    a.add(q.inbound_before).map_err(encode)?;
+    Ok(a)
+}
+
+/// The settings the ranking statement runs under, in its transaction.
+async fn ranking_settings(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    with_vector: bool,
+) -> Result<(), SearchError> {
+    if with_vector {
         // With filters, an HNSW scan that stops at ef_search candidates can return fewer rows
         // than asked for (or none); the iterative scan keeps going until enough pass.
         sqlx::query("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
     }
-    let hits: Vec<SearchHit> = sqlx::query_as(&sql)
-        .bind(vector)
-        .bind(&q.person)
-        .bind(&q.identity)
-        .bind(&q.agent)
-        .bind(&q.channel)
-        .bind(q.from)
-        .bind(q.to)
-        .bind(candidates)
-        .bind(&text)
-        .bind(q.limit)
-        .bind(&q.exclude)
-        .bind(&q.exclude_kinds)
-        .bind(q.inbound_before)
-        .fetch_all(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    Ok(())
+}
+
+/// Search the messages. `embedder` is the configured one (`Err`: why it is not usable; the
+/// search then ranks by words alone and says so); `model` is the model whose vectors are
+/// searched and whose lag is reported.
+pub async fn search(
+    db: &PgPool,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    q: &SearchQuery,
+) -> Result<SearchResults, SearchError> {
+    let (hits, vector_error) = rank(db, embedder, model, q).await?;
     let scope = match &q.person {
         Some(person_id) => LagScope::Person {
             person_id,
@@ -274,6 +300,54 @@ pub async fn search(
         index_lag,
         vector_error,
     })
+}
+
+/// [`search`]'s ranking alone, without the index lag: the hits, and why meaning was not part
+/// of the ranking when it was not. (The memory bench times the two parts apart.)
+pub async fn rank(
+    db: &PgPool,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    q: &SearchQuery,
+) -> Result<(Vec<SearchHit>, Option<String>), SearchError> {
+    q.check()?;
+    let text = q.text.trim().to_string();
+    let (vector, dimensions, vector_error) = query_vector(embedder, &text).await;
+    let with_vector = vector.is_some();
+    let sql = ranking_sql(model, dimensions, with_vector);
+    let mut tx = db.begin().await?;
+    ranking_settings(&mut tx, with_vector).await?;
+    let hits: Vec<SearchHit> = sqlx::query_as_with(&sql, ranking_arguments(vector, &text, q)?)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok((hits, vector_error))
+}
+
+/// The plan of [`search`]'s ranking statement for `q`, as run (`EXPLAIN (ANALYZE, BUFFERS)` of
+/// the same statement with the same parameters and settings): what the memory bench records
+/// beside its figures, so they are read with the plan that produced them.
+pub async fn explain(
+    db: &PgPool,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    q: &SearchQuery,
+) -> Result<String, SearchError> {
+    q.check()?;
+    let text = q.text.trim().to_string();
+    let (vector, dimensions, _) = query_vector(embedder, &text).await;
+    let with_vector = vector.is_some();
+    let sql = format!(
+        "EXPLAIN (ANALYZE, BUFFERS) {}",
+        ranking_sql(model, dimensions, with_vector)
+    );
+    let mut tx = db.begin().await?;
+    ranking_settings(&mut tx, with_vector).await?;
+    let lines: Vec<String> = sqlx::query_scalar_with(&sql, ranking_arguments(vector, &text, q)?)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(lines.join("\n"))
 }
 
 #[cfg(test)]
