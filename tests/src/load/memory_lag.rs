@@ -117,7 +117,8 @@ pub struct LagRun {
     /// The measured window, seconds since the load started.
     pub window_start_s: f64,
     pub window_end_s: f64,
-    /// How long after the window the harness waited for the workers to catch up.
+    /// How long after the window's end the lag was sampled (drain, settle and the wait for
+    /// the workers to catch up).
     pub catch_up_waited_s: f64,
 }
 
@@ -132,8 +133,7 @@ impl LagRun {
                 let at = |t: f64| {
                     s.points
                         .iter()
-                        .filter(|p| p.at_s <= t)
-                        .next_back()
+                        .rfind(|p| p.at_s <= t)
                         .copied()
                         .unwrap_or_default()
                 };
@@ -458,7 +458,7 @@ pub fn judge(
                     match s.caught_up_after_s {
                         Some(c) => format!("{c:.1} s"),
                         None => format!(
-                            "not within the {:.0} s waited ({} rows were waiting at the window's end)",
+                            "not within the {:.0} s sampled after the window ({} rows were waiting at its end)",
                             s.waited_s,
                             s.end_window_waiting.map_or("?".into(), |w| w.to_string())
                         ),
