@@ -48,6 +48,10 @@ use switchboard_e2e::load::bench_verdict::{
 use switchboard_e2e::load::fakes::{LoadRunner, LoadTwilio, RunnerStats, SendStats};
 use switchboard_e2e::load::floor::{self, FloorOptions, FloorResult};
 use switchboard_e2e::load::loadgen::{LoadGen, LoadStats, round_robin};
+use switchboard_e2e::load::memory_lag::{
+    self, Embedder, LagRun, LagSampler, LagSource, MemoryMeasured, MemorySide, MemoryWorkers,
+};
+use switchboard_e2e::load::memory_run;
 use switchboard_e2e::load::pipeline::{self, Knobs, Pipeline};
 use switchboard_e2e::load::procs::{self, CpuSnapshot, MemoryPeaks, MemorySampler};
 use switchboard_e2e::load::report::{self, PlotSeries};
@@ -141,6 +145,19 @@ struct Args {
     /// The targets are for one process per worker; this reports the figure beside them.
     #[arg(long)]
     one_process: bool,
+    /// Scenarios 1 and 2: run the memory workers (embed, categorise, summary) beside the reply
+    /// path, sample their lag every second, and run scenario 2 again without them to compare
+    /// (docs/bench-memory-workers.md). Off: their targets are not run.
+    #[arg(long, value_enum, default_value = "on")]
+    memory_workers: MemoryWorkers,
+    /// The memory workers' embedder: `local` (the product's default, MiniLM in the embed
+    /// worker; SB_EMBEDDING__MODEL_DIR names its files) or `fake` (vectors over HTTP).
+    #[arg(long, value_enum, default_value = "local")]
+    memory_embedder: Embedder,
+    /// How long after scenarios 1 and 2 to wait for the memory workers to catch up (default:
+    /// the targets file's max_catch_up_s).
+    #[arg(long)]
+    catch_up_secs: Option<u64>,
     /// Leave the stack running afterwards.
     #[arg(long)]
     keep_stack: bool,
@@ -195,6 +212,16 @@ struct ScenarioDetail {
     /// Lines in the worker logs (RUST_LOG=warn: warnings and errors), and the first few.
     worker_log_lines: u64,
     worker_log_examples: Vec<String>,
+    /// The memory workers ran beside the reply path.
+    memory_workers: bool,
+    /// Scenario 2 again, without the memory workers, to compare with.
+    without_memory: bool,
+    /// The memory stages' lag, sampled every second (scenarios 1 and 2, both runs of 2).
+    memory_lag: Option<LagRun>,
+    /// /proc/loadavg (1, 5, 15 min) when the load started and when the window ended: the
+    /// machine may be shared.
+    load_average_before: Option<[f64; 3]>,
+    load_average_after: Option<[f64; 3]>,
     #[serde(skip)]
     overhead_us: Vec<u64>,
 }
@@ -213,6 +240,12 @@ struct Spec {
     warmup: Duration,
     duration: Duration,
     knobs: Knobs,
+    /// Start the memory workers too.
+    memory_workers: bool,
+    /// The run without the memory workers that scenario 2 is compared with.
+    without_memory: bool,
+    /// How long to wait for the memory workers to catch up after the load.
+    catch_up: Duration,
 }
 
 #[tokio::main]
@@ -301,11 +334,12 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 d.overhead_us.clone()
             },
-            unanswered: scenario_of(&measured, d.id).map_or(0, |s| s.overhead.unanswered),
+            unanswered: measured_of(&measured, d).map_or(0, |s| s.overhead.unanswered),
         })
         .collect();
     if !series.is_empty() {
-        report::plot(&out.join("bench.png"), "Switchboard bench", &series)?;
+        let lag = lag_lines(&details);
+        report::plot(&out.join("bench.png"), "Switchboard bench", &series, &lag)?;
     }
     println!(
         "\nwrote {} and {}",
@@ -316,6 +350,34 @@ async fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// What a scenario's run measured (scenario 2 without the memory workers apart).
+fn measured_of<'a>(m: &'a Measured, d: &ScenarioDetail) -> Option<&'a ScenarioMeasured> {
+    if d.without_memory {
+        return m
+            .memory_workers
+            .as_ref()
+            .and_then(|w| w.half_load_without.as_ref());
+    }
+    scenario_of(m, d.id)
+}
+
+/// One plot line per memory stage and run that sampled lag.
+fn lag_lines(details: &[ScenarioDetail]) -> Vec<report::PlotLagLine> {
+    let run = |d: &ScenarioDetail| {
+        let without = if d.without_memory {
+            " without memory workers"
+        } else {
+            ""
+        };
+        format!("scenario {}{without}", d.id)
+    };
+    details
+        .iter()
+        .filter_map(|d| d.memory_lag.as_ref().map(|l| l.plot_lines(&run(d))))
+        .flatten()
+        .collect()
 }
 
 fn scenario_of(m: &Measured, id: u8) -> Option<&ScenarioMeasured> {
@@ -377,6 +439,17 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
     let mut details = Vec::new();
     let mut floor_result = None;
     let warmup = Duration::from_secs(args.warmup);
+    let memory_on = args.memory_workers == MemoryWorkers::On;
+    let catch_up = Duration::from_secs(
+        args.catch_up_secs
+            .unwrap_or(t.memory_workers.max_catch_up_s.ceil() as u64),
+    );
+    if memory_on {
+        println!(
+            "bench: memory workers on in scenarios 1 and 2, embedder: {}",
+            args.memory_embedder.as_str()
+        );
+    }
 
     if args.scenarios.contains(&1) {
         let spec = Spec {
@@ -388,9 +461,18 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
             warmup,
             duration: Duration::from_secs(args.secs.unwrap_or(t.max_throughput.window_s)),
             knobs: knobs(args),
+            memory_workers: memory_on,
+            without_memory: false,
+            catch_up,
         };
         let (m, d) = run_scenario(stack, &spec, args, out).await?;
         measured.max_throughput = Some(m);
+        if let Some(lag) = &d.memory_lag {
+            measured
+                .memory_workers
+                .get_or_insert_with(|| memory_measured(args))
+                .max_throughput_lag = lag.summary();
+        }
         details.push(d);
         if !args.no_floor {
             let f = run_floor(stack, args, spec.duration).await?;
@@ -424,10 +506,28 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
             warmup,
             duration: Duration::from_secs(args.half_secs.unwrap_or(t.half_load.window_s)),
             knobs: knobs(args),
+            memory_workers: memory_on,
+            without_memory: false,
+            catch_up,
         };
         let (m, d) = run_scenario(stack, &spec, args, out).await?;
         measured.half_load = Some(m);
         details.push(d);
+        if memory_on {
+            // The same run (rate, senders, window, lag sampling) with the memory workers stopped.
+            let spec = Spec {
+                name: "half load (open loop) without the memory workers",
+                memory_workers: false,
+                without_memory: true,
+                ..spec
+            };
+            let (m, d) = run_scenario(stack, &spec, args, out).await?;
+            measured
+                .memory_workers
+                .get_or_insert_with(|| memory_measured(args))
+                .half_load_without = Some(m);
+            details.push(d);
+        }
     }
     if args.scenarios.contains(&3) {
         let runner =
@@ -455,6 +555,9 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
                 max_ack_pending: (in_flight as i64 * 2).max(20_000),
                 ..knobs(args)
             },
+            memory_workers: false,
+            without_memory: false,
+            catch_up,
         };
         let (m, d) = run_scenario(stack, &spec, args, out).await?;
         measured.in_flight = Some(m);
@@ -463,11 +566,18 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
     Ok((measured, details, floor_result))
 }
 
+fn memory_measured(args: &Args) -> MemoryMeasured {
+    MemoryMeasured {
+        embedder: args.memory_embedder.as_str().into(),
+        ..Default::default()
+    }
+}
+
 fn print_results(m: &Measured, details: &[ScenarioDetail], floor: Option<&FloorResult>) {
     println!();
     println!("==== results ====");
     for d in details {
-        let Some(r) = scenario_of(m, d.id) else {
+        let Some(r) = measured_of(m, d) else {
             continue;
         };
         println!(
@@ -527,6 +637,12 @@ fn print_results(m: &Measured, details: &[ScenarioDetail], floor: Option<&FloorR
             d.twilio.total,
             d.twilio.doubles,
             r.dead_letters.count
+        );
+        memory_lag::print(
+            d.memory_workers,
+            d.memory_lag.as_ref(),
+            d.load_average_before,
+            d.load_average_after,
         );
         if d.worker_log_lines > 0 {
             println!(
@@ -614,13 +730,32 @@ async fn run_scenario(
     out: &Path,
 ) -> anyhow::Result<(ScenarioMeasured, ScenarioDetail)> {
     println!("\n---- scenario {}: {} ----", spec.id, spec.name);
-    let dir = out.join(format!("scenario-{}", spec.id));
+    let tag = if spec.without_memory { "n" } else { "" };
+    let dir = out.join(format!(
+        "scenario-{}{}",
+        spec.id,
+        if spec.without_memory {
+            "-without-memory"
+        } else {
+            ""
+        }
+    ));
     let runner = LoadRunner::start(spec.runner_delay).await;
     runner.record_timing(true);
     let twilio = LoadTwilio::start(pipeline::ACCOUNT_SID, pipeline::AUTH_TOKEN).await;
-    let run = format!("bench{}x", spec.id);
+    let run = format!("bench{}x{tag}", spec.id);
     let mut config =
         pipeline::config_for_run(stack, &run, &runner.url, &twilio, &spec.knobs).await?;
+    // The run without the memory workers is configured as the one with them.
+    let sample_lag = spec.memory_workers || spec.without_memory;
+    // The fake chat model answers until the memory workers have caught up.
+    let memory_side = if sample_lag {
+        let m = MemorySide::start(args.memory_embedder).await;
+        m.configure(&mut config);
+        Some(m)
+    } else {
+        None
+    };
     let database = floor::database_name(&config.database_url)?;
     let counter = if args.count_statements {
         let c = StatementCounter::start(&config.database_url).await?;
@@ -634,12 +769,15 @@ async fn run_scenario(
     let per_worker = [
         "gateway", "identify", "session", "log", "deliver", "dispatch",
     ];
-    let order: &[&str] = if args.one_process {
-        &["up"]
+    let mut order: Vec<&str> = if args.one_process {
+        vec!["up"]
     } else {
-        &per_worker
+        per_worker.to_vec()
     };
-    let pipeline = Pipeline::start(&dir, config, order, |_, _| {})
+    if spec.memory_workers && !args.one_process {
+        order.extend(memory_lag::WORKERS);
+    }
+    let mut pipeline = Pipeline::start(&dir, config, &order, |_, _| {})
         .await
         .context("starting the pipeline")?;
     let pids = pipeline.workers.pids();
@@ -670,6 +808,19 @@ async fn run_scenario(
     let start = Instant::now();
     let start_us = now_us();
     let until = start + spec.warmup + spec.duration;
+    let load_average_before = memory_lag::load_average();
+    let lag_sampler = sample_lag.then(|| {
+        LagSampler::start(
+            LagSource {
+                db: pipeline.db.clone(),
+                js: pipeline.js.clone(),
+                topology: pipeline.topology.clone(),
+                embedding_model: pipeline.config.embedding.model.clone(),
+                idle_gap_s: pipeline.config.summary.idle_gap_s,
+            },
+            start,
+        )
+    });
     let senders = spec.senders;
     let (load_desc, offered) = match spec.mode {
         Mode::Closed => (format!("closed loop, {senders} senders"), None),
@@ -732,6 +883,7 @@ async fn run_scenario(
     }
     let cpu_after = CpuSnapshot::take(&pids, nats_pid, pg_pid);
     let end_us = now_us();
+    let load_average_after = memory_lag::load_average();
     bar.finish_and_clear();
     let peak_rss_mb = pids
         .iter()
@@ -766,6 +918,36 @@ async fn run_scenario(
     let accepted = load.accepted();
     // The stages behind the reply (the outbound log) finish too: the I/O counted is all of it.
     let settled = pipeline.settle(Duration::from_secs(15)).await;
+    // The memory workers catch up (their I/O then counts with the turns': what a turn costs),
+    // within `catch_up` of the window's end, as the target counts it (the drain and settle
+    // are part of that time).
+    if spec.memory_workers {
+        let since_end = Duration::from_micros(now_us().saturating_sub(end_us));
+        let (caught_up, _) = memory_run::wait_caught_up(
+            &mut pipeline,
+            spec.catch_up.saturating_sub(since_end),
+            &|e| eprintln!("bench: {e}"),
+        )
+        .await?;
+        if caught_up {
+            // One more sample, so the series shows it.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        println!(
+            "memory workers caught up: {caught_up} ({:.1} s after the window)",
+            now_us().saturating_sub(end_us) as f64 / 1e6
+        );
+    }
+    let memory_lag = lag_sampler.map(|s| {
+        let since = |us: u64| us.saturating_sub(start_us) as f64 / 1e6;
+        LagRun {
+            stages: s.stop(),
+            window_start_s: since(warm_us),
+            window_end_s: since(end_us),
+            catch_up_waited_s: since(now_us()) - since(end_us),
+        }
+    });
+    drop(memory_side);
     let seq_after = floor::stream_sequences(&pipeline.js, &streams).await;
     // Read from the dead-letter stream itself: a list that cannot be read is a finding, never
     // "no dead letters".
@@ -968,6 +1150,11 @@ async fn run_scenario(
         io_counted_after_disconnect: disconnected,
         worker_log_lines,
         worker_log_examples,
+        memory_workers: spec.memory_workers,
+        without_memory: spec.without_memory,
+        memory_lag,
+        load_average_before,
+        load_average_after,
         overhead_us,
     };
     println!(

@@ -24,6 +24,8 @@ use std::path::Path;
 use anyhow::Context as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use super::memory_lag::{MemoryMeasured, MemoryWorkersTarget};
+
 /// Examples kept per kind of finding.
 pub const EXAMPLES: usize = 10;
 
@@ -41,6 +43,7 @@ pub struct Targets {
     pub floor: FloorTarget,
     pub half_load: HalfLoadTarget,
     pub in_flight: InFlightTarget,
+    pub memory_workers: MemoryWorkersTarget,
 }
 
 /// The machine the targets apply to.
@@ -123,6 +126,9 @@ pub struct Measured {
     pub floor: Option<FloorMeasured>,
     pub half_load: Option<ScenarioMeasured>,
     pub in_flight: Option<ScenarioMeasured>,
+    /// Scenarios 1 and 2 with the memory workers (absent in a run from before they were).
+    #[serde(default)]
+    pub memory_workers: Option<MemoryMeasured>,
 }
 
 /// The machine the run ran on.
@@ -794,6 +800,11 @@ pub fn judge(t: &Targets, m: &Measured) -> Vec<Check> {
             c.integrity(IN_FLIGHT, s);
         }
     }
+    c.0.extend(super::memory_lag::judge(
+        &t.memory_workers,
+        m.memory_workers.as_ref(),
+        m.half_load.as_ref(),
+    ));
     c.0
 }
 
@@ -919,6 +930,25 @@ mod tests {
                 Some(950.0),
                 200_000,
             )),
+            memory_workers: Some(MemoryMeasured {
+                embedder: "test".into(),
+                max_throughput_lag: ["embed", "categorise", "summary"]
+                    .map(|stage| super::super::memory_lag::StageLagSummary {
+                        stage: stage.into(),
+                        mid_window_age_s: Some(2.0),
+                        end_window_age_s: Some(2.5),
+                        caught_up_after_s: Some(12.0),
+                        ..Default::default()
+                    })
+                    .to_vec(),
+                half_load_without: Some(clean(
+                    1250.0,
+                    0,
+                    t.half_load.window_s,
+                    Some(1250.0),
+                    1_900,
+                )),
+            }),
         }
     }
 
@@ -944,6 +974,7 @@ mod tests {
         assert_eq!(t.in_flight.window_s, 60);
         assert_eq!(t.in_flight.max_overhead_p99_ms, 1000.0);
         assert_eq!(t.in_flight.max_stack_rss_mb, 500.0);
+        assert_eq!(t.memory_workers.max_overhead_ratio, 1.10);
     }
 
     #[test]
@@ -1057,6 +1088,9 @@ mod tests {
     fn latency_and_memory_targets_fail_with_the_measured_value() {
         let mut m = passing();
         m.half_load.as_mut().unwrap().overhead = overhead(&vec![15_000; 1000], 0);
+        // As slow without the memory workers: only the absolute targets are missed.
+        let without = m.memory_workers.as_mut().unwrap();
+        without.half_load_without.as_mut().unwrap().overhead = overhead(&vec![15_000; 1000], 0);
         m.in_flight.as_mut().unwrap().stack_rss_mb = 812.0;
         let v = verdict(&targets(), &m);
         let text = failure_text(&v);
@@ -1174,10 +1208,14 @@ mod tests {
             ..Default::default()
         };
         let missed = verdict(&targets(), &m);
-        assert_eq!(missed.len(), 4, "{}", failure_text(&missed));
+        // 2 half load, 2 in flight, 8 memory workers (lag and catch-up per stage, 2 ratios).
+        assert_eq!(missed.len(), 12, "{}", failure_text(&missed));
         assert!(missed.iter().all(|c| c.outcome == Outcome::NotRun));
         let checks = judge(&targets(), &m);
-        assert_eq!(not_run(&checks), vec![HALF_LOAD, IN_FLIGHT]);
+        assert_eq!(
+            not_run(&checks),
+            vec![HALF_LOAD, IN_FLIGHT, super::super::memory_lag::MEMORY]
+        );
         let text = failure_text(&missed);
         assert!(
             text.contains("[NOT RUN] in flight: whole-stack RSS"),

@@ -25,6 +25,7 @@ pub mod chaos_check;
 pub mod fakes;
 pub mod floor;
 pub mod loadgen;
+pub mod memory_lag;
 pub mod memory_report;
 pub mod memory_run;
 pub mod pipeline;

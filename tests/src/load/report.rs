@@ -100,6 +100,13 @@ pub struct PlotSeries {
     pub unanswered: u64,
 }
 
+/// One memory stage's lag in one scenario: (seconds since the scenario started, age of the
+/// oldest unprocessed message in seconds).
+pub struct PlotLagLine {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
 fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -112,14 +119,25 @@ fn register_font() {
     });
 }
 
-/// Throughput over time (top) and the distribution of the pipeline overhead (bottom, as a
-/// cumulative curve) of each scenario, in one PNG.
-pub fn plot(path: &Path, title: &str, series: &[PlotSeries]) -> anyhow::Result<()> {
+/// Throughput over time (top), the distribution of the pipeline overhead (as a cumulative
+/// curve) of each scenario and, when there are any, the memory workers' lag over time
+/// (bottom), in one PNG.
+pub fn plot(
+    path: &Path,
+    title: &str,
+    series: &[PlotSeries],
+    lag: &[PlotLagLine],
+) -> anyhow::Result<()> {
     register_font();
-    let root = BitMapBackend::new(path, (1400, 1000)).into_drawing_area();
+    let height = if lag.is_empty() { 1000 } else { 1480 };
+    let root = BitMapBackend::new(path, (1400, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 26))?;
-    let (top, bottom) = root.split_vertically(480);
+    let (top, rest) = root.split_vertically(480);
+    let (bottom, lag_area) = rest.split_vertically(if lag.is_empty() { 520 } else { 500 });
+    if !lag.is_empty() {
+        plot_lag(&lag_area, lag)?;
+    }
 
     let max_t = series
         .iter()
@@ -210,6 +228,56 @@ pub fn plot(path: &Path, title: &str, series: &[PlotSeries]) -> anyhow::Result<(
     }
     draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().context("writing the PNG")?;
+    Ok(())
+}
+
+/// The memory workers' lag: one line per stage and scenario.
+fn plot_lag<DB>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    lag: &[PlotLagLine],
+) -> anyhow::Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+{
+    let max_t = lag
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.0))
+        .fold(1.0f64, f64::max);
+    let max_y = lag
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            "Memory workers' lag: age of the oldest unprocessed message (summary: overdue past the idle gap)",
+            ("sans-serif", 18),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_t, 0.0..max_y)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the scenario started")
+        .y_desc("lag, s")
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    for (i, l) in lag.iter().enumerate() {
+        // Colours after the scenarios', so a stage's line is not read as a scenario's.
+        let color = Palette99::pick(i + 4).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                l.points.iter().copied(),
+                color.stroke_width(2),
+            ))?
+            .label(l.name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     Ok(())
 }
 
