@@ -34,7 +34,7 @@ if [ ! -f "${VENV}/.complete" ]; then
 fi
 ONNX="${CACHE}/minilm-${ONNX_SHA256:0:12}.onnx"
 if [ ! -f "$ONNX" ]; then
-    "${VENV}/bin/python" "${REPO}/tests/embed_bench/minilm_onnx.py" "$MODEL_DIR" "${ONNX}.tmp"
+    "${VENV}/bin/python" "${REPO}/deploy/local/minilm_onnx.py" "$MODEL_DIR" "${ONNX}.tmp"
     echo "${ONNX_SHA256}  ${ONNX}.tmp" | sha256sum --quiet -c - ||
         { echo "the derived ONNX graph does not match its sha256 (model or onnx changed?)" >&2; exit 1; }
     mv "${ONNX}.tmp" "$ONNX"
