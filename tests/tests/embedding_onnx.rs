@@ -6,8 +6,13 @@
 //!
 //! Reads `SB_EMBEDDING__MODEL_DIR`, `SB_EMBEDDING__ONNX_RUNTIME` and `SB_EMBEDDING__ONNX_MODEL`,
 //! which `deploy/local/stack.sh up|env` prints (and `make test` exports).
+use std::time::{Duration, Instant};
+
+use switchboard_e2e::{TestApp, spawn_app_configured};
 use switchboard_kit::memory_config::{EmbeddingConfig, LocalRuntime};
 use switchboard_memory::embed::{self, EmbedError, cosine};
+
+const WAIT: Duration = Duration::from_secs(30);
 
 fn stack_var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -155,4 +160,68 @@ async fn a_wrong_onnx_runtime_library_is_refused_with_a_clear_error_and_auto_fal
         ..stack
     };
     assert_eq!(embed::from_config(&none).unwrap().runtime(), "candle");
+}
+
+/// Every message's text and stored vector, once each message has one.
+async fn stored_vectors(app: &TestApp, messages: usize) -> Vec<(String, String, Vec<f32>)> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT m.message, v.model, v.embedding::text
+               FROM switchboard.messages m
+               JOIN switchboard.message_vectors v ON v.message_id = m.id",
+        )
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+        if rows.len() >= messages {
+            return rows
+                .into_iter()
+                .map(|(text, model, v)| {
+                    let v = v
+                        .trim_matches(['[', ']'])
+                        .split(',')
+                        .map(|x| x.parse().expect("a vector component"))
+                        .collect();
+                    (text, model, v)
+                })
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {messages} messages have a vector",
+            rows.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_embedding_worker_on_onnx_runtime_gives_every_message_its_reference_vector() {
+    let reference = reference();
+    let config = EmbeddingConfig {
+        // ONNX Runtime only: a failure to load it must not pass as candle here.
+        runtime: LocalRuntime::Onnx,
+        ..stack_config()
+    };
+    let in_app = config.clone();
+    let app = spawn_app_configured(move |c| c.embedding = in_app).await;
+    let texts = &reference.texts[..3];
+    for (i, text) in texts.iter().enumerate() {
+        let from = format!("+1415555072{i}");
+        assert_eq!(app.send_sms(&from, text).await.status(), 200);
+    }
+    app.wait_for_sms(texts.len(), WAIT).await;
+    // Each inbound message and the agent's answer to it.
+    let stored = stored_vectors(&app, texts.len() * 2).await;
+    for (text, want) in texts.iter().zip(&reference.vectors) {
+        let (_, model, got) = stored
+            .iter()
+            .find(|(t, _, _)| t == text)
+            .unwrap_or_else(|| panic!("{text:?} has a vector"));
+        assert_eq!(model, "all-MiniLM-L6-v2");
+        let same = cosine(want, got);
+        assert!(same >= 0.9999, "{text:.40?}: stored vector's cosine {same}");
+    }
+    app.shutdown().await;
 }
