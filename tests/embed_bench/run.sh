@@ -31,7 +31,11 @@ EMBED_SPEED="${EMBED_SPEED:-${REPO}/target/release/examples/embed_speed}"
 # when EMBED_BENCH_TORCH_FROM_PYPI=1 says so.
 TORCH=torch==2.15.0
 TORCH_INDEX="${EMBED_BENCH_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
-PEER_PKGS=(sentence-transformers==6.2.0 transformers==5.24.0 onnxruntime==1.31.1 numpy==2.4.6 tokenizers==0.23.3)
+ORT_PKGS=(onnxruntime==1.31.1 numpy==2.4.6 tokenizers==0.23.3)
+PEER_PKGS=(sentence-transformers==6.2.0 transformers==5.24.0 "${ORT_PKGS[@]}")
+# Without the peer: Python's onnxruntime alone (the same graph), so the run still shows the Rust
+# provider beside another runtime; the verdict then stays NO VERDICT.
+ORT_VENV="${CACHE}/embed-bench-ort-venv"
 
 for f in "${MODEL_DIR}/model.safetensors" "$SB_EMBEDDING__ONNX_RUNTIME" "$SB_EMBEDDING__ONNX_MODEL"; do
     [ -f "$f" ] || { echo "embed bench: no ${f}: run 'make test' or 'make run' once (deploy/local/stack.sh fetches it)" >&2; exit 1; }
@@ -76,7 +80,20 @@ if peer_venv 2> "${OUT}/embed-peers.log"; then
         echo "embed bench: measure.py failed (see ${OUT}/embed-peers.log)" >&2
 else
     tail -n 3 "${OUT}/embed-peers.log" >&2
-    echo "embed bench: no peer (see ${OUT}/embed-peers.log)" >&2
+    echo "embed bench: no peer (see ${OUT}/embed-peers.log); measuring Python's onnxruntime instead" >&2
+    if [ ! -f "${ORT_VENV}/.complete" ]; then
+        rm -rf "$ORT_VENV"
+        "$PYTHON" -m venv "$ORT_VENV" && "${ORT_VENV}/bin/pip" install --quiet --disable-pip-version-check \
+            --no-input "${ORT_PKGS[@]}" >> "${OUT}/embed-peers.log" 2>&1 && touch "${ORT_VENV}/.complete" || true
+    fi
+    if [ -f "${ORT_VENV}/.complete" ]; then
+        # shellcheck disable=SC2086
+        "${ORT_VENV}/bin/python" "${REPO}/tests/embed_bench/measure.py" --no-torch \
+            --model-dir "$MODEL_DIR" --onnx "python=${SB_EMBEDDING__ONNX_MODEL}" --texts "${OUT}/embed-texts.txt" \
+            --threads "$THREADS" --batches $BATCHES --other "rust-onnx=${OUT}/embed-onnx" \
+            --other "candle=${OUT}/embed-candle" --json "${OUT}/embed-others.json" 2>> "${OUT}/embed-peers.log" ||
+            echo "embed bench: measure.py failed (see ${OUT}/embed-peers.log)" >&2
+    fi
 fi
 status=0
 "$PYTHON" "${REPO}/tests/embed_bench/verdict.py" "$OUT" "$N" || status=$?

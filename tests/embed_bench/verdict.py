@@ -8,7 +8,8 @@ vector's cosine to sentence-transformers' >= 0.9999 (fp32).
 
 Reads <results_dir>/embed-rust.jsonl (embed_speed's lines, onnx and candle), the vectors it
 wrote (embed-onnx_b<batch>.f32, embed-candle_b<batch>.f32) and embed-peers.json (measure.py's,
-absent when the peer could not be installed); writes embed-summary.json and prints one line
+absent when the peer could not be installed; embed-others.json then has Python's onnxruntime,
+measured without it); writes embed-summary.json and prints one line
 starting PASS, FAIL or NO VERDICT. Exit status 0, 1 and 2 likewise. Standard library only.
 """
 import json
@@ -45,12 +46,17 @@ def main():
         peers = json.load(open(f"{out}/embed-peers.json"))
     except FileNotFoundError:
         peers = []
+    # Without the peer: Python's onnxruntime on the same graph, the reference of its cosines.
+    try:
+        others = json.load(open(f"{out}/embed-others.json"))
+    except FileNotFoundError:
+        others = []
     ours = [r for r in rust if r["runtime"] == "onnx"]
     candle = [r for r in rust if r["runtime"] == "candle"]
     peer = [r for r in peers if r["runtime"] == "pytorch+sentence-transformers"]
     summary = {"texts": n, "min_ratio": MIN_RATIO, "min_cosine": MIN_COSINE, "default": ours,
                "candle": candle, "peer": peer,
-               "others": [r for r in peers if r not in peer]}
+               "others": [r for r in peers if r not in peer] + others}
     # Agreement with sentence-transformers (measure.py compares our vector files with its own).
     agreement = [r for r in peers if r["runtime"] == "rust-onnx" and "cosine_min" in r]
     # And with candle, an independent implementation, which needs no peer.
@@ -68,10 +74,16 @@ def main():
         verdict, status = "FAIL: the default provider (embed_speed onnx) did not run", 1
     elif not peer:
         best = max(ours, key=lambda r: r["msgs_per_cpu_s"])
+        python = [r for r in others if r["runtime"].startswith("onnxruntime") and "msgs_per_cpu_s" in r]
+        beside = ""
+        if python:
+            p = max(python, key=lambda r: r["msgs_per_cpu_s"])
+            beside = (f"; Python onnxruntime on the same graph {p['msgs_per_cpu_s']} msgs/CPU-s "
+                      f"at batch {p['batch']} ({best['msgs_per_cpu_s'] / p['msgs_per_cpu_s']:.2f}x)")
         verdict, status = (
             f"NO VERDICT: the peer (PyTorch + sentence-transformers) was not measured (see "
             f"embed-peers.log); ours: {best['msgs_per_cpu_s']} msgs/CPU-s, {best['msgs_per_s']} "
-            f"msgs/s at batch {best['batch']}",
+            f"msgs/s at batch {best['batch']}{beside}",
             2,
         )
     else:
