@@ -45,7 +45,9 @@ pub trait Embedder: Send + Sync {
     /// The length of every vector it returns.
     fn dimensions(&self) -> usize;
     /// What computes the vectors, for logs and status (e.g. `ONNX Runtime 1.31.1 (…)`).
-    fn runtime(&self) -> &str;
+    fn runtime(&self) -> &str {
+        "unspecified"
+    }
     /// One L2-normalised vector per text, in the texts' order.
     fn embed<'a>(&'a self, texts: &'a [String])
     -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>>;
