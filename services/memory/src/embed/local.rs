@@ -15,12 +15,11 @@ use candle_transformers::models::bert::{BertModel, Config as BertConfig};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use switchboard_kit::memory_config::EmbeddingConfig;
-use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+use tokenizers::Tokenizer;
 
 use super::{EmbedError, Embedder};
 
-/// Longer inputs are cut here, as sentence-transformers does for this model.
-pub const MAX_TOKENS: usize = 256;
+pub use super::tokenize::MAX_TOKENS;
 
 /// The files a model folder must hold.
 pub const MODEL_FILES: [&str; 3] = ["model.safetensors", "config.json", "tokenizer.json"];
@@ -74,6 +73,9 @@ impl Embedder for LocalEmbedder {
     }
     fn dimensions(&self) -> usize {
         self.model.hidden_size
+    }
+    fn runtime(&self) -> &str {
+        "candle"
     }
     fn embed<'a>(
         &'a self,
@@ -134,21 +136,7 @@ impl Model {
         let vb = VarBuilder::from_tensors(weights, DType::F32, &device);
         let bert = BertModel::load(vb, &config).map_err(|e| unusable("model.safetensors", &e))?;
 
-        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map_err(|e| unusable("tokenizer.json", &e))?;
-        // The shipped tokenizer pads every input to 128 tokens (about 5x slower on short
-        // messages) and cuts at 128: pad to the batch's longest instead, cut at 256.
-        let padding = PaddingParams {
-            strategy: PaddingStrategy::BatchLongest,
-            ..tokenizer.get_padding().cloned().unwrap_or_default()
-        };
-        tokenizer.with_padding(Some(padding));
-        tokenizer
-            .with_truncation(Some(TruncationParams {
-                max_length: MAX_TOKENS,
-                ..Default::default()
-            }))
-            .map_err(|e| unusable("tokenizer.json", &e))?;
+        let tokenizer = super::tokenize::load(dir)?;
         Ok(Self {
             bert,
             tokenizer,

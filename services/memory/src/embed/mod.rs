@@ -2,8 +2,9 @@
 //! is stored with every vector (`message_vectors.model`).
 //!
 //! - [`openai::OpenAiEmbedder`]: an OpenAI-compatible `POST {base_url}/embeddings`.
-//! - [`local::LocalEmbedder`]: all-MiniLM-L6-v2 in the process, offline (`[embedding] provider =
-//!   "local"`, the default).
+//! - all-MiniLM-L6-v2 in the process, offline (`[embedding] provider = "local"`, the default), on
+//!   [`onnx::OnnxEmbedder`] (ONNX Runtime, the default runtime when the stack provides it) or
+//!   [`local::LocalEmbedder`] (candle, the fallback): same model id, interchangeable vectors.
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -11,8 +12,12 @@ use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
 
 #[cfg(feature = "local-embedder")]
 pub mod local;
+#[cfg(feature = "local-embedder")]
+pub mod onnx;
 pub mod openai;
 mod shared;
+#[cfg(feature = "local-embedder")]
+mod tokenize;
 
 pub use shared::shared;
 
@@ -39,6 +44,10 @@ pub trait Embedder: Send + Sync {
     fn model(&self) -> &str;
     /// The length of every vector it returns.
     fn dimensions(&self) -> usize;
+    /// What computes the vectors, for logs and status (e.g. `ONNX Runtime 1.31.1 (…)`).
+    fn runtime(&self) -> &str {
+        "unspecified"
+    }
     /// One L2-normalised vector per text, in the texts' order.
     fn embed<'a>(&'a self, texts: &'a [String])
     -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>>;
@@ -49,12 +58,45 @@ pub fn from_config(config: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedE
     match config.provider {
         EmbeddingProvider::OpenAi => Ok(Arc::new(openai::OpenAiEmbedder::new(config)?)),
         #[cfg(feature = "local-embedder")]
-        EmbeddingProvider::Local => Ok(Arc::new(local::LocalEmbedder::new(config)?)),
+        EmbeddingProvider::Local => local_embedder(config),
         #[cfg(not(feature = "local-embedder"))]
         EmbeddingProvider::Local => Err(EmbedError::Unusable(
             "this build has no local embedder (switchboard-memory without `local-embedder`)".into(),
         )),
     }
+}
+
+/// The local provider on the runtime `[embedding] runtime` asks for: ONNX Runtime when it is
+/// configured and loads (`auto`, the default) and candle otherwise, saying which in the log.
+#[cfg(feature = "local-embedder")]
+fn local_embedder(config: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedError> {
+    use switchboard_kit::memory_config::LocalRuntime;
+    let embedder: Arc<dyn Embedder> = match config.runtime {
+        LocalRuntime::Onnx => Arc::new(onnx::OnnxEmbedder::new(config)?),
+        LocalRuntime::Candle => Arc::new(local::LocalEmbedder::new(config)?),
+        LocalRuntime::Auto
+            if config.onnx_runtime.trim().is_empty() || config.onnx_model.trim().is_empty() =>
+        {
+            tracing::info!(
+                "[embedding] onnx_runtime/onnx_model are not set: the local embedder runs on \
+                 candle (about half ONNX Runtime's speed; `deploy/local/stack.sh env` prints them)"
+            );
+            Arc::new(local::LocalEmbedder::new(config)?)
+        }
+        LocalRuntime::Auto => match onnx::OnnxEmbedder::new(config) {
+            Ok(onnx) => Arc::new(onnx),
+            Err(e) => {
+                tracing::warn!("the local embedder falls back to candle: {e}");
+                Arc::new(local::LocalEmbedder::new(config)?)
+            }
+        },
+    };
+    tracing::info!(
+        model = embedder.model(),
+        runtime = embedder.runtime(),
+        "local embedder ready"
+    );
+    Ok(embedder)
 }
 
 /// `v` scaled to length 1 (a zero vector stays zero).

@@ -116,6 +116,9 @@ impl Embedder for OpenAiEmbedder {
     fn dimensions(&self) -> usize {
         self.dimensions
     }
+    fn runtime(&self) -> &str {
+        "OpenAI-compatible /embeddings"
+    }
     fn embed<'a>(
         &'a self,
         texts: &'a [String],

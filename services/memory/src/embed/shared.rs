@@ -18,11 +18,15 @@ fn cache() -> &'static Cache {
 /// What makes two configurations the same embedder.
 fn key(c: &EmbeddingConfig) -> String {
     format!(
-        "{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
+        "{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
         c.provider,
         c.model,
         c.dimensions,
         c.model_dir,
+        c.runtime,
+        c.onnx_runtime,
+        c.onnx_model,
+        c.threads,
         c.base_url,
         c.api_key.expose(),
         c.timeout_s,
