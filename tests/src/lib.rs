@@ -190,6 +190,21 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(AppOptions::default()).await
 }
 
+/// The local embedder's files as the stack fetched them (`stack.sh env` prints the variables):
+/// the model, and ONNX Runtime with the derived graph (the product's default runtime; candle
+/// when they are absent). A worker given a configuration file does not read `SB_*` itself.
+pub fn local_embedder_from_stack(e: &mut switchboard_kit::memory_config::EmbeddingConfig) {
+    for (var, field) in [
+        ("SB_EMBEDDING__MODEL_DIR", &mut e.model_dir),
+        ("SB_EMBEDDING__ONNX_RUNTIME", &mut e.onnx_runtime),
+        ("SB_EMBEDDING__ONNX_MODEL", &mut e.onnx_model),
+    ] {
+        if let Ok(value) = std::env::var(var) {
+            *field = value;
+        }
+    }
+}
+
 pub async fn fresh_database(admin_url: &str) -> String {
     let name = format!("sbt_{}", uuid::Uuid::new_v4().simple());
     let mut conn = sqlx::PgConnection::connect(admin_url)
@@ -256,10 +271,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.textmagic.api_base = textmagic.url.clone();
     config.textmagic.webhook_token = Secret::new(TEXTMAGIC_TOKEN);
     config.chat.jwt_secret = Secret::new(CHAT_SECRET);
-    // The local embedding model's files, fetched by the stack (`stack.sh env` prints it).
-    if let Ok(dir) = std::env::var("SB_EMBEDDING__MODEL_DIR") {
-        config.embedding.model_dir = dir;
-    }
+    local_embedder_from_stack(&mut config.embedding);
     config.agents = vec![
         AgentConfig {
             name: "reggie_oc".into(),

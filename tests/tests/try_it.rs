@@ -139,8 +139,15 @@ async fn start_demo(dir: &Path) -> (Demo, tokio::process::Child) {
             dir.join("workspaces").display().to_string(),
         ),
     ];
-    if let Ok(model) = std::env::var("SB_EMBEDDING__MODEL_DIR") {
-        env.push(("SB_EMBEDDING__MODEL_DIR".into(), model));
+    // The local embedder's files, as `stack.sh env` gives them to `make run`.
+    for var in [
+        "SB_EMBEDDING__MODEL_DIR",
+        "SB_EMBEDDING__ONNX_RUNTIME",
+        "SB_EMBEDDING__ONNX_MODEL",
+    ] {
+        if let Ok(value) = std::env::var(var) {
+            env.push((var.into(), value));
+        }
     }
     let demo = Demo {
         config,

@@ -134,9 +134,7 @@ pub fn config(s: &Setup<'_>) -> Config {
     c.twilio.auth_token = Secret::new(s.twilio.auth_token.clone());
     c.twilio.from_number = TWILIO_NUMBER.into();
     c.twilio.api_base = s.twilio.url.clone();
-    if let Ok(dir) = std::env::var("SB_EMBEDDING__MODEL_DIR") {
-        c.embedding.model_dir = dir;
-    }
+    crate::local_embedder_from_stack(&mut c.embedding);
     c.agents = vec![AgentConfig {
         name: AGENT.into(),
         identity: "reggie".into(),
