@@ -387,7 +387,7 @@ fn stack_env() -> Vec<std::ffi::OsString> {
 }
 
 /// The `switchboard` binary next to the test binaries (`make test` builds it first).
-fn switchboard_bin() -> PathBuf {
+pub fn switchboard_bin() -> PathBuf {
     let dir = std::env::current_exe()
         .expect("test binary path")
         .parent()

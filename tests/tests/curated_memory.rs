@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchboard_e2e::{TestApp, spawn_app_configured};
+use switchboard_e2e::{RunnerCall, TestApp, spawn_app_configured};
 use switchboard_memory::curated::Remembered;
 
 const PERSON: &str = "+14155550177";
@@ -34,6 +34,25 @@ async fn person_of_sms(app: &TestApp) -> String {
         .fetch_one(&app.db)
         .await
         .unwrap()
+}
+
+/// Ask reggie_oc `text` through the API (waiting for the answer) while the runner holds the
+/// call; the request, and the call once the agent has it.
+async fn ask_while_held(
+    app: &TestApp,
+    key: &str,
+    text: &str,
+) -> (tokio::task::JoinHandle<reqwest::Response>, RunnerCall) {
+    app.runner.set_hold(true);
+    let request = reqwest::Client::new()
+        .post(format!("{}/api/v1/messages", app.gateway_url))
+        .bearer_auth(key)
+        .json(&json!({"agent": "reggie_oc", "text": text, "wait": true}));
+    let asking = tokio::spawn(async move { request.send().await.unwrap() });
+    tokio::time::timeout(WAIT, app.runner.received.notified())
+        .await
+        .expect("the agent was called");
+    (asking, app.runner.calls().pop().unwrap())
 }
 
 #[tokio::test]
@@ -98,26 +117,7 @@ async fn what_the_agent_writes_into_memory_md_is_kept_for_every_engine_variant()
     let key = app.api_key("crm", &["messages:write", "messages:read"]);
 
     // The agent edits memory.md while it answers.
-    app.runner.set_hold(true);
-    let asking = {
-        let gateway = app.gateway_url.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(format!("{gateway}/api/v1/messages"))
-                .bearer_auth(key)
-                .json(
-                    &json!({"agent": "reggie_oc", "text": "I prefer morning shifts", "wait": true}),
-                )
-                .send()
-                .await
-                .unwrap()
-        })
-    };
-    tokio::time::timeout(WAIT, app.runner.received.notified())
-        .await
-        .expect("the agent was called");
-    let call = app.runner.calls().pop().unwrap();
+    let (asking, call) = ask_while_held(&app, &key, "I prefer morning shifts").await;
     let folder = PathBuf::from(call.workspace.expect("a workspace"));
     assert_eq!(
         std::fs::read_to_string(folder.join("memory.md")).unwrap(),
@@ -306,24 +306,7 @@ async fn an_agents_edit_made_on_an_older_memory_does_not_overwrite_a_newer_one()
     let key = app.api_key("crm", &["messages:write", "messages:read"]);
     let ops = app.api_key("ops", &["memory:read", "memory:write"]);
 
-    app.runner.set_hold(true);
-    let asking = {
-        let gateway = app.gateway_url.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(format!("{gateway}/api/v1/messages"))
-                .bearer_auth(key)
-                .json(&json!({"agent": "reggie_oc", "text": "I moved house", "wait": true}))
-                .send()
-                .await
-                .unwrap()
-        })
-    };
-    tokio::time::timeout(WAIT, app.runner.received.notified())
-        .await
-        .expect("the agent was called");
-    let call = app.runner.calls().pop().unwrap();
+    let (asking, call) = ask_while_held(&app, &key, "I moved house").await;
     let folder = PathBuf::from(call.workspace.expect("a workspace"));
     let person: String = sqlx::query_scalar(
         "SELECT person_id FROM switchboard.sessions WHERE agent_name = 'reggie_oc'",

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use switchboard_e2e::{fresh_database, write_private};
+use switchboard_e2e::{fresh_database, switchboard_bin, write_private};
 
 /// The repository's root (the example configuration lives there).
 fn repo() -> PathBuf {
@@ -20,21 +20,6 @@ fn repo() -> PathBuf {
         .parent()
         .expect("tests/ is in the repository")
         .to_path_buf()
-}
-
-fn switchboard_bin() -> PathBuf {
-    let bin = std::env::current_exe()
-        .expect("test binary path")
-        .parent()
-        .and_then(|p| p.parent())
-        .expect("target dir")
-        .join("switchboard");
-    assert!(
-        bin.exists(),
-        "{} is missing: cargo build --bins",
-        bin.display()
-    );
-    bin
 }
 
 /// `switchboard up` (or the CLI) on the example configuration with this run's overrides, as
