@@ -262,17 +262,7 @@ async fn a_quiet_persons_sms_and_chat_with_both_engines_are_merged_in_order_into
     );
     // The model was given each message once, in the order they were said, with its channel.
     // (Each prompt's new messages come after its previous summary, which the fake repeats.)
-    let prompts: String = model
-        .chats()
-        .iter()
-        .map(|c| {
-            c.user
-                .rsplit_once("New messages, oldest first:\n")
-                .unwrap()
-                .1
-                .to_string()
-        })
-        .collect();
+    let prompts: String = new_messages(&model).concat();
     let sms = prompts
         .find("sms via reggie_oc] person: My Friday shift")
         .unwrap();

@@ -293,19 +293,14 @@ async fn store(
     Ok(dimensions as i32)
 }
 
-/// Messages that have no vector under `model` yet (what `switchboard reembed` has left to do);
-/// what is not conversation is never embedded ([`switchboard_memory::NOT_CONVERSATION`]).
+/// Messages that have no vector under `model` yet (what `switchboard reembed` has left to do):
+/// the index lag's count, by its one rule ([`switchboard_memory::index::lag`]).
 pub async fn missing(db: &PgPool, model: &str) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM switchboard.messages m
-          WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                             WHERE v.message_id = m.id AND v.model = $1)
-            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($2::text[]))",
+    Ok(
+        switchboard_memory::index::lag(db, model, switchboard_memory::index::LagScope::Everyone)
+            .await?
+            .messages_waiting,
     )
-    .bind(model)
-    .bind(switchboard_memory::NOT_CONVERSATION)
-    .fetch_one(db)
-    .await
 }
 
 /// Embed up to `limit` of the oldest messages that have no vector under the embedder's model

@@ -16,6 +16,7 @@ use sqlx::Row as _;
 use switchboard_kit::config::Config;
 use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider, LlmConfig};
 use switchboard_kit::proto::ExchangeCategorised;
+use switchboard_memory::index::LagScope;
 
 use super::canary::{self, Canaries};
 use super::chaos_check::{
@@ -120,16 +121,9 @@ impl Outstanding {
 
 async fn outstanding(p: &Pipeline) -> anyhow::Result<Outstanding> {
     let model = &p.config.embedding.model;
-    let unembedded: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM switchboard.messages m
-          WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                             WHERE v.message_id = m.id AND v.model = $1)
-            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($2::text[]))",
-    )
-    .bind(model)
-    .bind(switchboard_memory::NOT_CONVERSATION)
-    .fetch_one(&p.db)
-    .await?;
+    let unembedded = switchboard_memory::index::lag(&p.db, model, LagScope::Everyone)
+        .await?
+        .messages_waiting;
     let uncategorised: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM switchboard.messages m
           WHERE m.direction = 'outbound'
