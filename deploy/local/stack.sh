@@ -38,6 +38,9 @@
 #   SB_STACK_DIR          root of all state (default: <repo>/.stack)
 #   SB_STACK_FAST=1       Postgres runs with fsync=off, synchronous_commit=off,
 #                         full_page_writes=off (for throwaway test data only)
+#   SB_STACK_PG_CONF      more Postgres settings, one 'name = value' a line, appended
+#                         to the stack's switchboard.conf by up/restart (the memory
+#                         bench gives shared_buffers what a production server would)
 #   SB_STACK_TIMEOUT      seconds to wait for readiness (default 30)
 #   SB_NATS_MONITOR_PORT  NATS HTTP monitoring port (default nats_port+1000)
 #   SB_STACK_PG_USER      system user for Postgres when run as root
@@ -987,6 +990,9 @@ write_pg_conf() {
             printf 'fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n'
         else
             printf 'fsync = on\nsynchronous_commit = on\nfull_page_writes = on\n'
+        fi
+        if [ -n "${SB_STACK_PG_CONF:-}" ]; then
+            printf '# SB_STACK_PG_CONF:\n%s\n' "$SB_STACK_PG_CONF"
         fi
     } >"$conf"
     # Who may connect: TCP only with a password (scram-sha-256), every role. The Unix

@@ -27,8 +27,9 @@ VENV="${CACHE}/embed-bench-venv"
 # The release build `make bench` makes (another build only to try the script).
 EMBED_SPEED="${EMBED_SPEED:-${REPO}/target/release/examples/embed_speed}"
 # The peer's versions, pinned: a different torch is a different peer. torch is the CPU build from
-# PyTorch's own index; PyPI's torch is the CUDA build (~4 GB with its CUDA libraries), taken only
-# when EMBED_BENCH_TORCH_FROM_PYPI=1 says so.
+# PyTorch's own index when it is reachable; else PyPI's, the CUDA build (~6 GB of venv with its
+# CUDA libraries; on a machine without a GPU it runs the same CPU kernels), unless
+# EMBED_BENCH_TORCH_FROM_PYPI=0 refuses it.
 TORCH=torch==2.15.0
 TORCH_INDEX="${EMBED_BENCH_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 ORT_PKGS=(onnxruntime==1.31.1 numpy==2.4.6 tokenizers==0.23.3)
@@ -50,12 +51,14 @@ peer_venv() {
     "$PYTHON" -m venv "$VENV" || return 1
     local pip=("${VENV}/bin/pip" install --quiet --disable-pip-version-check --no-input)
     if ! "${pip[@]}" --retries 0 --timeout 20 --index-url "$TORCH_INDEX" "$TORCH" >&2; then
-        if [ "${EMBED_BENCH_TORCH_FROM_PYPI:-0}" != 1 ]; then
+        if [ "${EMBED_BENCH_TORCH_FROM_PYPI:-1}" != 1 ]; then
             echo "embed bench: the peer's ${TORCH} (CPU build) cannot be installed: ${TORCH_INDEX} is" \
-                "not reachable from here, and PyPI's torch is the CUDA build (~4 GB with its libraries;" \
-                "EMBED_BENCH_TORCH_FROM_PYPI=1 takes it)" >&2
+                "not reachable from here, and EMBED_BENCH_TORCH_FROM_PYPI=0 refuses PyPI's (the CUDA" \
+                "build, ~6 GB with its libraries)" >&2
             return 1
         fi
+        echo "embed bench: ${TORCH_INDEX} is not reachable: taking PyPI's ${TORCH} (the CUDA build," \
+            "~6 GB with its libraries, run on the CPU)" >&2
         "${pip[@]}" "$TORCH" >&2 || return 1
     fi
     "${pip[@]}" "${PEER_PKGS[@]}" >&2 || return 1

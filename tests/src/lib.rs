@@ -206,7 +206,8 @@ pub fn local_embedder_from_stack(e: &mut switchboard_kit::memory_config::Embeddi
 }
 
 pub async fn fresh_database(admin_url: &str) -> String {
-    let name = format!("sbt_{}", uuid::Uuid::new_v4().simple());
+    // A UUIDv7 carries its creation time: how old a left-over database is.
+    let name = format!("{TEST_DATABASE_PREFIX}{}", uuid::Uuid::now_v7().simple());
     let mut conn = sqlx::PgConnection::connect(admin_url)
         .await
         .expect("connect to the test Postgres");
@@ -214,8 +215,53 @@ pub async fn fresh_database(admin_url: &str) -> String {
         .execute(&mut conn)
         .await
         .expect("create test database");
+    drop_stale_databases(&mut conn).await;
     let (base, _) = admin_url.rsplit_once('/').expect("database url has a path");
     format!("{base}/{name}")
+}
+
+const TEST_DATABASE_PREFIX: &str = "sbt_";
+/// Test databases older than this are left over from earlier runs (a run takes minutes):
+/// nothing drops a test's database when it ends, and a developer's stack would otherwise fill
+/// the disk (seen: 1,134 of them, 10 GB).
+const STALE_TEST_DATABASE: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
+/// Drop the test databases made more than [`STALE_TEST_DATABASE`] ago (best effort: one in
+/// use is left for the next time).
+async fn drop_stale_databases(conn: &mut sqlx::PgConnection) {
+    let Ok(names) = sqlx::query_scalar::<_, String>(
+        "SELECT datname::text FROM pg_database WHERE starts_with(datname, $1)",
+    )
+    .bind(TEST_DATABASE_PREFIX)
+    .fetch_all(&mut *conn)
+    .await
+    else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    for name in names {
+        let Some(id) = name
+            .strip_prefix(TEST_DATABASE_PREFIX)
+            .and_then(|s| uuid::Uuid::parse_str(s).ok())
+        else {
+            continue;
+        };
+        let stale = match id.get_timestamp() {
+            Some(t) => {
+                let (secs, nanos) = t.to_unix();
+                let made = std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+                now.duration_since(made)
+                    .is_ok_and(|age| age > STALE_TEST_DATABASE)
+            }
+            // Named by a UUIDv4 before the names carried their time: from an earlier version.
+            None => id.get_version_num() == 4,
+        };
+        if stale {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
+                .execute(&mut *conn)
+                .await;
+        }
+    }
 }
 
 /// Write `contents` to `path` readable by its owner only (a worker's configuration holds the

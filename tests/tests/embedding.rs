@@ -445,11 +445,16 @@ async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new
         "the old model's vectors stay beside the new ones"
     );
 
-    // Stopped half way (two vectors missing): a second run does only what is left.
+    // Stopped half way (two vectors never written, nor their marks): a second run does only
+    // what is left.
     sqlx::query(
-        "DELETE FROM switchboard.message_vectors WHERE model = 'fake-embed-v2'
-            AND message_id IN (SELECT message_id FROM switchboard.message_vectors
-                                WHERE model = 'fake-embed-v2' ORDER BY message_id LIMIT 2)",
+        "WITH gone AS (
+           DELETE FROM switchboard.message_vectors WHERE model = 'fake-embed-v2'
+              AND message_id IN (SELECT message_id FROM switchboard.message_vectors
+                                  WHERE model = 'fake-embed-v2' ORDER BY message_id LIMIT 2)
+           RETURNING message_id)
+         UPDATE switchboard.messages SET embedded_model = NULL
+          WHERE id IN (SELECT message_id FROM gone)",
     )
     .execute(&app.db)
     .await

@@ -265,6 +265,10 @@ async fn store(
             got: v.len(),
         });
     }
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    let mut tx = db.begin().await?;
+    // The marks first (their lock order), then the vectors, committed together.
+    index::mark_embedded(&mut tx, embedder.model(), &ids).await?;
     sqlx::query(
         "INSERT INTO switchboard.message_vectors
             (message_id, model, person_id, agent_identity, dimensions, embedding)
@@ -273,7 +277,7 @@ async fn store(
                 AS u(id, person_id, agent_identity, embedding)
          ON CONFLICT DO NOTHING",
     )
-    .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+    .bind(&ids)
     .bind(embedder.model())
     .bind(dimensions as i32)
     .bind(rows.iter().map(|r| r.person_id.clone()).collect::<Vec<_>>())
@@ -288,8 +292,9 @@ async fn store(
             .map(|v| embed::pg_vector(v))
             .collect::<Vec<_>>(),
     )
-    .execute(db)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(dimensions as i32)
 }
 
@@ -305,25 +310,25 @@ pub async fn missing(db: &PgPool, model: &str) -> Result<i64, sqlx::Error> {
 
 /// Embed up to `limit` of the oldest messages that have no vector under the embedder's model
 /// (`switchboard reembed`, one step); how many were embedded (0: none is left). Resumable: what
-/// it did is in the table, and the vectors of other models are left as they are.
+/// it did is in the table (and in the marks, made for the model first), and the vectors of
+/// other models are left as they are.
 pub async fn reembed_step(
     db: &PgPool,
     embedder: &dyn Embedder,
     limit: usize,
     batch: usize,
 ) -> Result<usize, EmbedStageError> {
+    index::ensure_marks(db, embedder.model()).await?;
     let rows: Vec<Row> = sqlx::query_as::<_, (Uuid, String, String, String, Uuid)>(
         "SELECT m.id, m.message, m.person_id, m.agent_identity, m.session_id
            FROM switchboard.messages m
-          WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                             WHERE v.message_id = m.id AND v.model = $1)
-            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($3::text[]))
-          ORDER BY m.id
+          WHERE m.embedded_model IS NULL AND m.conversation
+            AND EXISTS (SELECT 1 FROM switchboard.embedding_marks WHERE model = $1)
+          ORDER BY m.created_at, m.id
           LIMIT $2",
     )
     .bind(embedder.model())
     .bind(limit as i64)
-    .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_all(db)
     .await?
     .into_iter()
@@ -410,6 +415,18 @@ fn task(app: &App) -> Task {
             Ok(e) => {
                 if let Err(err) = ensure_index(&app.db, e.model(), e.dimensions()).await {
                     tracing::warn!(model = e.model(), error = %err, "could not create the model's vector index");
+                }
+                // Without the marks for this model the lag is still exact, only slower: the
+                // next start (or `switchboard reembed`) tries again.
+                match index::ensure_marks(&app.db, e.model()).await {
+                    Ok(true) => tracing::info!(
+                        model = e.model(),
+                        "marked every message by whether it has a vector under the model"
+                    ),
+                    Ok(false) => {}
+                    Err(err) => {
+                        tracing::warn!(model = e.model(), error = %err, "could not mark the messages for the model")
+                    }
                 }
             }
             Err(e) => {

@@ -93,7 +93,15 @@ pub struct EmbeddingConfig {
     pub timeout_s: u64,
     /// Texts embedded in one call.
     pub batch: usize,
+    /// Candidates the vector index's graph walk keeps in a search across people (pgvector's
+    /// `hnsw.ef_search`): more finds more of the true nearest messages, and takes longer
+    /// (docs/bench-memory.md measures both at 1,000,000 vectors). A person's recall and search
+    /// are exact whatever this says.
+    pub hnsw_ef_search: u32,
 }
+
+/// `[embedding] hnsw_ef_search` when not set: chosen by measurement (docs/bench-memory.md).
+pub const DEFAULT_HNSW_EF_SEARCH: u32 = 40;
 
 impl Default for EmbeddingConfig {
     fn default() -> Self {
@@ -110,6 +118,7 @@ impl Default for EmbeddingConfig {
             api_key: Secret::default(),
             timeout_s: 30,
             batch: 64,
+            hnsw_ef_search: DEFAULT_HNSW_EF_SEARCH,
         }
     }
 }

@@ -23,6 +23,12 @@ pub async fn lag(db: &PgPool, model: &str, scope: LagScope<'_>) -> Result<IndexL
 
 /// [`lag`] over the messages not in `exclude` (recall: the message being answered and what the
 /// engine session holds are not waited for, so they do not make the index look behind).
+///
+/// When the marks are for `model` (the steady state: [`ensure_marks`]), the waiting messages are
+/// the entries of the partial index `messages_unembedded`, a handful whatever the log's size.
+/// Otherwise (no embedding worker of that model has started yet) every message is looked up
+/// among the vectors: exact, and slow on a large log. One statement either way: the branch not
+/// taken is cut by its one-time filter.
 pub async fn lag_excluding(
     db: &PgPool,
     model: &str,
@@ -36,27 +42,107 @@ pub async fn lag_excluding(
             agent_identity,
         } => (Some(person_id), agent_identity),
     };
-    let (seconds, waiting): (Option<f64>, i64) = sqlx::query_as(
-        "SELECT extract(epoch FROM now() - min(m.created_at))::float8, count(*)
-           FROM switchboard.messages m
-          WHERE ($2::text IS NULL OR m.person_id = $2)
+    let scope = "m.conversation
+            AND ($2::text IS NULL OR m.person_id = $2)
             AND ($3::text IS NULL OR m.agent_identity = $3)
-            AND NOT (m.id = ANY($4::uuid[]))
-            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($5::text[]))
-            AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                             WHERE v.message_id = m.id AND v.model = $1)",
-    )
+            AND NOT (m.id = ANY($4::uuid[]))";
+    let (seconds, waiting): (Option<f64>, i64) = sqlx::query_as(&format!(
+        "WITH marked AS (SELECT EXISTS (SELECT 1 FROM switchboard.embedding_marks
+                                         WHERE model = $1) AS yes)
+         SELECT extract(epoch FROM now() - min(w.created_at))::float8, count(*)
+           FROM (SELECT m.created_at FROM switchboard.messages m
+                  WHERE (SELECT yes FROM marked) AND m.embedded_model IS NULL AND {scope}
+                 UNION ALL
+                 SELECT m.created_at FROM switchboard.messages m
+                  WHERE NOT (SELECT yes FROM marked) AND {scope}
+                    AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                                     WHERE v.message_id = m.id AND v.model = $1)) w"
+    ))
     .bind(model)
     .bind(person)
     .bind(identity)
     .bind(exclude)
-    .bind(crate::NOT_CONVERSATION)
     .fetch_one(db)
     .await?;
     Ok(IndexLag {
         seconds: seconds.unwrap_or(0.0).max(0.0),
         messages_waiting: waiting,
     })
+}
+
+/// Make the marks (`messages.embedded_model`) be for `model`: when they are for another model
+/// (or none yet), mark every message again by whether it has a vector under `model`, in one
+/// transaction holding the marks' row, so that no concurrent [`mark_embedded`] is lost. Run by
+/// the embedding worker and `switchboard reembed` before they embed; a no-op in the steady
+/// state, a pass over the whole log after a change of model. Whether it marked again.
+pub async fn ensure_marks(db: &PgPool, model: &str) -> Result<bool, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    // The row is created if missing, then held: concurrent callers queue here.
+    sqlx::query(
+        "INSERT INTO switchboard.embedding_marks (model) VALUES ('') ON CONFLICT (id) DO NOTHING",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let marked: String =
+        sqlx::query_scalar("SELECT model FROM switchboard.embedding_marks FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await?;
+    if marked == model {
+        tx.commit().await?;
+        return Ok(false);
+    }
+    // Unmark what has no vector under `model`, then mark what has.
+    sqlx::query(
+        "UPDATE switchboard.messages m SET embedded_model = NULL
+          WHERE m.embedded_model IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                             WHERE v.message_id = m.id AND v.model = $1)",
+    )
+    .bind(model)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE switchboard.messages m SET embedded_model = $1
+           FROM switchboard.message_vectors v
+          WHERE v.message_id = m.id AND v.model = $1 AND m.embedded_model IS DISTINCT FROM $1",
+    )
+    .bind(model)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("UPDATE switchboard.embedding_marks SET model = $1, marked_at = now()")
+        .bind(model)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Mark `ids` as having a vector under `model`, in the transaction that wrote the vectors, if
+/// the marks are for `model` (a worker still running an older model leaves them alone). The
+/// marks' row is read `FOR SHARE`, so a concurrent [`ensure_marks`] either sees these vectors
+/// or runs first and is then seen here. Call it before anything else in the transaction locks
+/// message rows (the order [`ensure_marks`] takes: the marks' row, then the messages).
+pub async fn mark_embedded(
+    tx: &mut sqlx::PgConnection,
+    model: &str,
+    ids: &[uuid::Uuid],
+) -> Result<(), sqlx::Error> {
+    let marked: Option<String> =
+        sqlx::query_scalar("SELECT model FROM switchboard.embedding_marks FOR SHARE")
+            .fetch_optional(&mut *tx)
+            .await?;
+    if marked.as_deref() != Some(model) {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE switchboard.messages SET embedded_model = $1
+          WHERE id = ANY($2) AND embedded_model IS DISTINCT FROM $1",
+    )
+    .bind(model)
+    .bind(ids)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// How far behind the index is.

@@ -18,6 +18,8 @@ pub use chat::{ChatError, ChatModel};
 
 /// Outbound rows that are not part of the conversation (`messages.metadata.kind`): the agent's
 /// silent answer to the flush before a reset and a heartbeat's "nothing needs attention". They
-/// are logged, never sent; summaries and recall leave them out.
+/// are logged, never sent; summaries and recall leave them out. The generated column
+/// `messages.conversation` lists the same kinds (migration `embed_marks`; a test checks that
+/// they agree), for the statements and partial indexes that need it.
 pub const NOT_CONVERSATION: &[&str] = &["memory_flush", "heartbeat_ok"];
 pub use embed::{EmbedError, Embedder};

@@ -111,8 +111,10 @@ pub async fn recall(
     let Some(query) = recall_query(db, config, req).await? else {
         return Ok(None);
     };
-    let results = search(db, embedder, model, &query).await?;
-    let topics = if config.category_days > 0 {
+    let topics = async {
+        if config.category_days == 0 {
+            return Ok(Vec::new());
+        }
         sqlx::query_as(
             "SELECT label, count(*) AS count FROM switchboard.exchange_categories
               WHERE person_id = $1 AND agent_identity = $2
@@ -124,10 +126,11 @@ pub async fn recall(
         .bind(config.category_days as f64)
         .bind(MAX_TOPICS)
         .fetch_all(db)
-        .await?
-    } else {
-        Vec::new()
+        .await
+        .map_err(SearchError::from)
     };
+    // A turn waits for its recall: the topics are read beside the search, not after it.
+    let (results, topics) = tokio::try_join!(search(db, embedder, model, &query), topics)?;
     Ok(Some(Recall {
         hits: results.hits,
         topics,

@@ -98,14 +98,12 @@ pub async fn unsummarised(
         "SELECT m.id, m.direction, m.channel, m.agent_name, m.message, m.created_at
            FROM switchboard.messages m
            JOIN switchboard.sessions s ON s.id = m.session_id
-          WHERE s.memory_key = $1 AND m.summary_version IS NULL
-            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($3::text[]))
+          WHERE s.memory_key = $1 AND m.summary_version IS NULL AND m.conversation
           ORDER BY m.id
           LIMIT $2",
     )
     .bind(memory_key)
     .bind(limit)
-    .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_all(db)
     .await
 }
@@ -186,12 +184,11 @@ pub async fn write(
         "UPDATE switchboard.messages m SET summary_version = $2
            FROM switchboard.sessions s
           WHERE s.id = m.session_id AND s.memory_key = $1 AND m.summary_version IS NULL
-            AND m.id <= $3 AND coalesce(m.metadata->>'kind', '') = ANY($4::text[])",
+            AND m.id <= $3 AND NOT m.conversation",
     )
     .bind(new.memory_key)
     .bind(version)
     .bind(last_merged)
-    .bind(switchboard_memory::NOT_CONVERSATION)
     .execute(&mut *tx)
     .await?;
     let sessions: Vec<Uuid> =
@@ -258,8 +255,7 @@ pub async fn quiet(db: &PgPool, idle_gap_s: u64, limit: i64) -> Result<Vec<Quiet
            FROM switchboard.messages m
            JOIN switchboard.sessions s ON s.id = m.session_id
            LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
-          WHERE m.summary_version IS NULL
-            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($3::text[]))
+          WHERE m.summary_version IS NULL AND m.conversation
           GROUP BY s.memory_key
          HAVING max(m.created_at) < now() - $1 * interval '1 second'
           ORDER BY max(m.created_at)
@@ -267,7 +263,6 @@ pub async fn quiet(db: &PgPool, idle_gap_s: u64, limit: i64) -> Result<Vec<Quiet
     )
     .bind(idle_gap_s as f64)
     .bind(limit)
-    .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_all(db)
     .await
 }

@@ -39,6 +39,15 @@ pub async fn run(config: Config, batch: Option<usize>) -> anyhow::Result<()> {
         bar.inc(n as u64);
     }
     bar.finish_and_clear();
+    // Another model's worker starting meanwhile marks the messages for its model again; the
+    // steps then find nothing more to do. Say so rather than claim it is complete.
+    let left = switchboard_embed::missing(&db, &model).await?;
+    if left > 0 {
+        anyhow::bail!(
+            "{done} messages embedded under {model}, {left} still have no vector under it (an \
+             embedding worker of another model started meanwhile?): run again"
+        );
+    }
     println!("{done} messages embedded under {model}; every message has a vector under it");
     Ok(())
 }

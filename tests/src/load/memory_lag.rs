@@ -326,12 +326,10 @@ async fn sample(src: &LagSource, start: Instant) -> Vec<LagPoint> {
            FROM (SELECT s.memory_key, max(m.created_at) AS newest
                    FROM switchboard.messages m
                    JOIN switchboard.sessions s ON s.id = m.session_id
-                  WHERE m.summary_version IS NULL
-                    AND NOT (coalesce(m.metadata->>'kind', '') = ANY($1::text[]))
+                  WHERE m.summary_version IS NULL AND m.conversation
                   GROUP BY s.memory_key) k
-          WHERE k.newest < now() - make_interval(secs => $2)",
+          WHERE k.newest < now() - make_interval(secs => $1)",
     )
-    .bind(switchboard_memory::NOT_CONVERSATION)
     .bind(src.idle_gap_s as f64)
     .fetch_one(&src.db)
     .await

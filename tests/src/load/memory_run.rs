@@ -138,10 +138,8 @@ async fn outstanding(p: &Pipeline) -> anyhow::Result<Outstanding> {
     let unsummarised_keys: i64 = sqlx::query_scalar(
         "SELECT count(DISTINCT s.memory_key)
            FROM switchboard.messages m JOIN switchboard.sessions s ON s.id = m.session_id
-          WHERE m.summary_version IS NULL
-            AND NOT (coalesce(m.metadata->>'kind', '') = ANY($1::text[]))",
+          WHERE m.summary_version IS NULL AND m.conversation",
     )
-    .bind(switchboard_memory::NOT_CONVERSATION)
     .fetch_one(&p.db)
     .await?;
     let stream = p.js.get_stream(p.topology.events_stream()).await?;

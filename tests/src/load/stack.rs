@@ -27,12 +27,18 @@ fn script() -> PathBuf {
 }
 
 fn run(args: &[&str], fast: bool) -> anyhow::Result<String> {
+    run_with(args, fast, "")
+}
+
+/// [`run`], with `pg_conf` (Postgres settings, one per line) as `SB_STACK_PG_CONF`.
+fn run_with(args: &[&str], fast: bool, pg_conf: &str) -> anyhow::Result<String> {
     let mut cmd = Command::new("bash");
     cmd.arg(script()).args(args);
     cmd.env_remove("SB_STACK_FAST");
     if fast {
         cmd.env("SB_STACK_FAST", "1");
     }
+    cmd.env("SB_STACK_PG_CONF", pg_conf);
     let out = cmd
         .output()
         .with_context(|| format!("running stack.sh {args:?}"))?;
@@ -49,11 +55,24 @@ impl Stack {
     /// `stack.sh up <name> <nats_port> <pg_port>`; `fast` sets `SB_STACK_FAST=1` (Postgres
     /// without fsync, for throwaway data).
     pub fn up(name: &str, nats_port: u16, pg_port: u16, fast: bool) -> anyhow::Result<Stack> {
+        Self::up_tuned(name, nats_port, pg_port, fast, "")
+    }
+
+    /// [`Stack::up`] with Postgres settings of its own (`pg_conf`, one `name = value` a line:
+    /// `SB_STACK_PG_CONF`), e.g. the memory a production server would give its buffers.
+    pub fn up_tuned(
+        name: &str,
+        nats_port: u16,
+        pg_port: u16,
+        fast: bool,
+        pg_conf: &str,
+    ) -> anyhow::Result<Stack> {
         // A stack left from an interrupted run may have other settings: start from scratch.
         let _ = run(&["destroy", name], false);
-        let out = run(
+        let out = run_with(
             &["up", name, &nats_port.to_string(), &pg_port.to_string()],
             fast,
+            pg_conf,
         )?;
         let var = |key: &str| {
             out.lines()

@@ -232,7 +232,7 @@ pub fn generate(
                 .to_rfc3339();
             let direction = if k % 2 == 0 { "inbound" } else { "outbound" };
             let m = format!(
-                "{id}\t{}\t{}\t{agent}\t{identity}\t{direction}\t{channel}\t{text}\tbench-{i}\t{at}\n",
+                "{id}\t{}\t{}\t{agent}\t{identity}\t{direction}\t{channel}\t{text}\tbench-{i}\t{at}\t{model}\n",
                 session_id(p, a),
                 person.id
             );

@@ -99,8 +99,10 @@ pub fn brute_force(corpus: &Corpus, rows: &Rows, queries: &[Query]) -> Vec<Vec<u
     out
 }
 
-/// The exact top 10 of each query: its candidates ordered by the halfvec cosine distance the
-/// index orders by (an expression the index cannot serve, so the order is exact).
+/// The exact top 10 of each query: its candidates ordered by the distance the product ranks
+/// that kind of query by, computed in Postgres: a person's (recall) by the stored vectors' own
+/// f32 cosine distance, a search across people by the halfvec cosine distance its index orders
+/// by (an expression the index cannot serve, so the order is exact).
 pub async fn exact_top10(
     db: &PgPool,
     model: &str,
@@ -111,10 +113,15 @@ pub async fn exact_top10(
     let mut out = Vec::with_capacity(queries.len());
     for (q, c) in queries.iter().zip(candidates) {
         let ids: Vec<Uuid> = c.iter().map(|&i| rows.ids[i]).collect();
+        let distance = if q.person.is_some() {
+            format!("embedding <=> $3::vector({DIMS})")
+        } else {
+            format!("(embedding::halfvec({DIMS}) <=> $3::halfvec({DIMS})) + 0")
+        };
         let top: Vec<Uuid> = sqlx::query_scalar(&format!(
             "SELECT message_id FROM switchboard.message_vectors
               WHERE model = $1 AND message_id = ANY($2)
-              ORDER BY (embedding::halfvec({DIMS}) <=> $3::halfvec({DIMS})) + 0, message_id
+              ORDER BY {distance}, message_id
               LIMIT 10"
         ))
         .bind(model)

@@ -76,6 +76,13 @@ pub async fn load(
     )
     .await
     .context("loading sessions")?;
+    // Every message is loaded with its vector and mark, as the embedding worker leaves them
+    // (the steady state the lag is measured in).
+    sqlx::query("INSERT INTO switchboard.embedding_marks (model) VALUES ($1)")
+        .bind(model)
+        .execute(&mut conn)
+        .await
+        .context("the marks' model")?;
 
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
@@ -92,8 +99,8 @@ pub async fn load(
                     copy(
                         &mut conn,
                         "COPY switchboard.messages (id, session_id, person_id, agent_name, \
-                         agent_identity, direction, channel, message, correlation_id, created_at) \
-                         FROM STDIN",
+                         agent_identity, direction, channel, message, correlation_id, created_at, \
+                         embedded_model) FROM STDIN",
                         &chunk.messages,
                     )
                     .await

@@ -29,6 +29,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use anyhow::Context as _;
 use clap::Parser;
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
@@ -81,8 +82,14 @@ struct Args {
     /// For the index builds.
     #[arg(long, default_value = "2GB")]
     maintenance_work_mem: String,
-    /// Also measure with these `hnsw.ef_search` values (set on the database; the product's
-    /// own setting is measured first).
+    /// Postgres' `shared_buffers` on the bench's stack: `auto` is a quarter of this machine's
+    /// memory (PostgreSQL's own guidance for a dedicated server, as production would run it;
+    /// the local stack's default, 128MB, holds a 1M-vector index's every page in the OS cache
+    /// behind a system call).
+    #[arg(long, default_value = "auto")]
+    shared_buffers: String,
+    /// Also measure with these `hnsw.ef_search` values (as `[embedding] hnsw_ef_search` sets
+    /// it for each search; the product's default is measured first).
     #[arg(long, value_delimiter = ',')]
     ef_search: Vec<u32>,
     /// Searches timed as a whole call (ranking + index lag): the first this many queries
@@ -97,7 +104,7 @@ struct Args {
 
 #[derive(Debug, Serialize)]
 struct Run {
-    /// `hnsw.ef_search` as the product's statements saw it.
+    /// `hnsw.ef_search` of the searches across people (`[embedding] hnsw_ef_search`).
     ef_search: String,
     series: Vec<Series>,
     /// The product's prepared ranking statements: how often Postgres planned them generically.
@@ -148,6 +155,26 @@ fn check_disk(vectors: usize) -> anyhow::Result<()> {
     }
 }
 
+/// The bench stack's own Postgres settings (`SB_STACK_PG_CONF`).
+fn pg_conf(shared_buffers: &str) -> anyhow::Result<String> {
+    let buffers = if shared_buffers == "auto" {
+        let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+        let kb: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .context("MemTotal in /proc/meminfo")?;
+        format!("{}MB", kb / 4 / 1024)
+    } else {
+        anyhow::ensure!(
+            shared_buffers.chars().all(|c| c.is_ascii_alphanumeric()),
+            "--shared-buffers takes a size such as 4GB"
+        );
+        shared_buffers.to_string()
+    };
+    Ok(format!("shared_buffers = {buffers}"))
+}
+
 fn destroy_stack(name: &str) {
     let status = Command::new("bash")
         .arg(repo_dir().join("deploy/local/stack.sh"))
@@ -189,8 +216,11 @@ async fn main() -> anyhow::Result<()> {
         None => {
             let s = {
                 let (n, np, pp) = (args.stack_name.clone(), args.nats_port, args.pg_port);
+                let conf = pg_conf(&args.shared_buffers)?;
+                println!("memory_bench: Postgres with {}", conf.replace('\n', ", "));
                 // Without fsync: the data is generated, and thrown away after the run.
-                tokio::task::spawn_blocking(move || Stack::up(&n, np, pp, true)).await??
+                tokio::task::spawn_blocking(move || Stack::up_tuned(&n, np, pp, true, &conf))
+                    .await??
             };
             let url = s.fresh_database("membench").await?;
             stack = Some(s);
@@ -418,26 +448,20 @@ async fn measure_all(
         })
     };
 
-    let mut settings: Vec<Option<u32>> = vec![None];
-    settings.extend(args.ef_search.iter().copied().map(Some));
+    // The product's own setting first, then the others asked for.
+    let product = EmbeddingConfig::default().hnsw_ef_search;
+    let mut settings: Vec<u32> = vec![product];
+    settings.extend(args.ef_search.iter().copied().filter(|&e| e != product));
     let mut runs = Vec::new();
     for ef in settings {
-        let db_name = facts["database"].as_str().unwrap_or_default();
-        let set = match ef {
-            None => format!("ALTER DATABASE \"{db_name}\" RESET hnsw.ef_search"),
-            Some(v) => format!("ALTER DATABASE \"{db_name}\" SET hnsw.ef_search = {v}"),
-        };
-        sqlx::query(&set).execute(&admin).await?;
-        // One connection: the prepared statements' plan counters below are all of them.
-        let db = PgPoolOptions::new().max_connections(1).connect(url).await?;
-        // pgvector defines its settings when the session first loads it.
-        sqlx::query("SELECT '[1]'::vector").execute(&db).await?;
-        let ef_search: String = sqlx::query_scalar("SELECT current_setting('hnsw.ef_search')")
-            .fetch_one(&db)
-            .await?;
+        // Three connections, as a process of the product has at least: a call's statements
+        // that can run side by side do.
+        let db = PgPoolOptions::new().max_connections(3).connect(url).await?;
+        let ef_search = ef.to_string();
         println!("\nmemory_bench: measuring with hnsw.ef_search = {ef_search}");
         let bench = Bench {
             db,
+            ef_search: ef,
             corpus,
             embedder: BenchEmbedder {
                 model: model.to_string(),
@@ -451,9 +475,10 @@ async fn measure_all(
             (Kind::SearchAgent, &agent_q, exact_agent),
         ] {
             // The other ef_search settings are about the ranking: a few whole calls only.
-            let full_calls = match ef {
-                None => args.full_calls,
-                Some(_) => args.full_calls.min(EXTRA_RUN_FULL_CALLS),
+            let full_calls = if ef == product {
+                args.full_calls
+            } else {
+                args.full_calls.min(EXTRA_RUN_FULL_CALLS)
             };
             let s = measure(&bench, kind, q, e, full_calls).await?;
             println!(

@@ -76,6 +76,8 @@ impl Kind {
 
 pub struct Bench<'a> {
     pub db: PgPool,
+    /// `hnsw.ef_search` of the searches across people, as `[embedding] hnsw_ef_search` sets it.
+    pub ef_search: u32,
     pub corpus: &'a Corpus,
     pub embedder: BenchEmbedder,
 }
@@ -117,22 +119,28 @@ impl Bench<'_> {
                     .map(|h| h.message_id)
                     .collect()
             }
-            Kind::Search | Kind::SearchAgent if whole => {
-                search::search(&self.db, Ok(embedder), model, &search_query(q, text, limit))
-                    .await?
-                    .hits
-                    .into_iter()
-                    .map(|h| h.message_id)
-                    .collect()
-            }
-            Kind::Search | Kind::SearchAgent => {
-                search::rank(&self.db, Ok(embedder), model, &search_query(q, text, limit))
-                    .await?
-                    .0
-                    .into_iter()
-                    .map(|h| h.message_id)
-                    .collect()
-            }
+            Kind::Search | Kind::SearchAgent if whole => search::search(
+                &self.db,
+                Ok(embedder),
+                model,
+                &search_query(q, text, limit, self.ef_search),
+            )
+            .await?
+            .hits
+            .into_iter()
+            .map(|h| h.message_id)
+            .collect(),
+            Kind::Search | Kind::SearchAgent => search::rank(
+                &self.db,
+                Ok(embedder),
+                model,
+                &search_query(q, text, limit, self.ef_search),
+            )
+            .await?
+            .0
+            .into_iter()
+            .map(|h| h.message_id)
+            .collect(),
         })
     }
 
@@ -165,7 +173,7 @@ impl Bench<'_> {
                     &self.db,
                     Ok(embedder),
                     model,
-                    &search_query(q, &q.text, search::DEFAULT_LIMIT as usize),
+                    &search_query(q, &q.text, search::DEFAULT_LIMIT as usize, self.ef_search),
                 )
                 .await?
             }
@@ -173,11 +181,12 @@ impl Bench<'_> {
     }
 }
 
-pub fn search_query(q: &Query, text: &str, limit: usize) -> SearchQuery {
+pub fn search_query(q: &Query, text: &str, limit: usize, ef_search: u32) -> SearchQuery {
     SearchQuery {
         text: text.to_string(),
         agent: q.agent.map(|a| AGENTS[a].0.to_string()),
         limit: limit as i64,
+        ef_search,
         ..Default::default()
     }
 }
