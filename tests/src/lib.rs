@@ -593,6 +593,18 @@ impl TestApp {
         wait_for_sent("SMS", n, timeout, || self.twilio.sent()).await
     }
 
+    /// Each `(from, text)` texts the agent by Twilio SMS; returns once every one is answered
+    /// and the pipeline has settled.
+    pub async fn text_and_settle(&self, messages: &[(&str, &str)]) {
+        let before = self.twilio.sent().len();
+        for (from, text) in messages {
+            assert_eq!(self.send_sms(from, text).await.status(), 200);
+        }
+        self.wait_for_sms(before + messages.len(), Duration::from_secs(30))
+            .await;
+        self.settle().await;
+    }
+
     /// Wait until every stage has consumed and acked everything (twice in a row, so work that
     /// is being retried is not mistaken for done).
     pub async fn settle(&self) {

@@ -153,14 +153,11 @@ async fn publish_logged(app: &TestApp, logged: &MessageLogged) {
 
 /// Two people write; the agent answers each. Returns once the pipeline is quiet.
 async fn two_conversations(app: &TestApp) {
-    for (from, text) in [
+    app.text_and_settle(&[
         ("+14155550701", "when is my next shift"),
         ("+14155550702", "the fire alarm in building C went off"),
-    ] {
-        assert_eq!(app.send_sms(from, text).await.status(), 200);
-    }
-    app.wait_for_sms(2, WAIT).await;
-    app.settle().await;
+    ])
+    .await;
 }
 
 #[tokio::test]

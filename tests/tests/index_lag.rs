@@ -70,14 +70,11 @@ async fn the_index_lag_counts_exactly_the_messages_without_a_vector_also_across_
     let fake = FakeModel::start(16).await;
     let config = fake_config(&fake);
     let app = spawn_app_configured(move |c| c.embedding = config).await;
-    for (from, text) in [
+    app.text_and_settle(&[
         ("+14155550711", "when is my next shift"),
         ("+14155550712", "the fire alarm in building C went off"),
-    ] {
-        assert_eq!(app.send_sms(from, text).await.status(), 200);
-    }
-    app.wait_for_sms(2, WAIT).await;
-    app.settle().await;
+    ])
+    .await;
 
     let marked: Vec<(bool, Option<String>)> =
         sqlx::query_as("SELECT conversation, embedded_model FROM switchboard.messages ORDER BY id")

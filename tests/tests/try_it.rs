@@ -95,7 +95,21 @@ fn wait_for(demo: &Demo, args: &[&str], timeout: Duration, check: impl Fn(&str) 
     }
 }
 
+/// [`try_start_demo`] until it starts: a port picked free may be taken by another test's
+/// process before `switchboard up` binds it (seen once in a full run: `up` exited, and the
+/// other process answered `/readyz` on the admin port).
 async fn start_demo(dir: &Path) -> (Demo, tokio::process::Child) {
+    for _ in 0..3 {
+        if let Some(started) = try_start_demo(dir).await {
+            return started;
+        }
+    }
+    panic!("switchboard up did not start three times (see its log above)");
+}
+
+/// `switchboard up` on the example configuration with free ports and a fresh database; `None`
+/// when it exited instead of getting ready.
+async fn try_start_demo(dir: &Path) -> Option<(Demo, tokio::process::Child)> {
     let port = || switchboard_kit::net::free_port("127.0.0.1").expect("a free port");
     let (http, admin) = (port(), port());
     let example =
@@ -139,7 +153,7 @@ async fn start_demo(dir: &Path) -> (Demo, tokio::process::Child) {
         env,
         gateway: format!("http://127.0.0.1:{http}"),
     };
-    let up = tokio::process::Command::from(demo.command())
+    let mut up = tokio::process::Command::from(demo.command())
         .arg("up")
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -147,18 +161,24 @@ async fn start_demo(dir: &Path) -> (Demo, tokio::process::Child) {
         .spawn()
         .expect("start switchboard up");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
-        .await
-        .map(|r| !r.status().is_success())
-        .unwrap_or(true)
-    {
+    loop {
+        if let Ok(Some(status)) = up.try_wait() {
+            eprintln!("switchboard up exited ({status}) before it was ready: trying other ports");
+            return None;
+        }
+        let ready = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        // Ours, not another process on a port it took: the gateway answers too.
+        if ready && tokio::net::TcpStream::connect(("127.0.0.1", http)).await.is_ok() {
+            return Some((demo, up));
+        }
         assert!(
             Instant::now() < deadline,
             "switchboard up did not get ready"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    (demo, up)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,6 +23,9 @@ use uuid::Uuid;
 const MIGRATION_MODEL: &str = "all-MiniLM-L6-v2";
 /// pgvector's HNSW over `halfvec` takes at most this many dimensions.
 const HNSW_MAX_DIMENSIONS: usize = 4_000;
+/// The HNSW graph's parameters, as the migration `hnsw_graph` builds the default model's.
+const HNSW_M: u32 = 32;
+const HNSW_EF_CONSTRUCTION: u32 = 64;
 /// How often the lag gauge is refreshed.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -375,6 +378,7 @@ pub async fn ensure_index(db: &PgPool, model: &str, dimensions: usize) -> Result
     let statement = format!(
         "CREATE INDEX IF NOT EXISTS {name} ON switchboard.message_vectors
              USING hnsw ((embedding::halfvec({dimensions})) halfvec_cosine_ops)
+             WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})
              WHERE model = '{model}'",
         name = index_name(model),
         model = model.replace('\'', "''"),

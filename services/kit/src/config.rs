@@ -1195,6 +1195,13 @@ impl Config {
                 "runtime.turn_partitions must be > 0".into(),
             ));
         }
+        if !(1..=crate::memory_config::MAX_HNSW_EF_SEARCH).contains(&self.embedding.hnsw_ef_search)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "embedding.hnsw_ef_search must be from 1 to {} (pgvector's range)",
+                crate::memory_config::MAX_HNSW_EF_SEARCH
+            )));
+        }
         Ok(())
     }
 
@@ -1425,6 +1432,9 @@ mod tests {
             "[webhooks.shop]\nsecret = \"k\"\nsender_field = \"u\"\ntimestamp_window_s = 0\n",
             // Without a secret nothing could be verified or signed.
             "[webhooks.shop]\nsender_field = \"u\"\n",
+            // pgvector refuses it at every search.
+            "[embedding]\nhnsw_ef_search = 1001\n",
+            "[embedding]\nhnsw_ef_search = 0\n",
         ] {
             assert!(matches!(parse(bad), Err(ConfigError::Invalid(_))), "{bad}");
         }

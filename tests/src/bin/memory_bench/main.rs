@@ -193,6 +193,11 @@ async fn main() -> anyhow::Result<()> {
         "--vectors must be at least {} and --queries, --topics positive",
         SKEWED_PEOPLE * PER_PERSON * 10
     );
+    let max_ef = switchboard_kit::memory_config::MAX_HNSW_EF_SEARCH;
+    anyhow::ensure!(
+        args.ef_search.iter().all(|e| (1..=max_ef).contains(e)),
+        "--ef-search values go from 1 to {max_ef} (pgvector's range)"
+    );
     if args.database_url.is_none() {
         check_disk(args.vectors)?;
     }
