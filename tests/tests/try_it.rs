@@ -170,7 +170,11 @@ async fn try_start_demo(dir: &Path) -> Option<(Demo, tokio::process::Child)> {
             .await
             .is_ok_and(|r| r.status().is_success());
         // Ours, not another process on a port it took: the gateway answers too.
-        if ready && tokio::net::TcpStream::connect(("127.0.0.1", http)).await.is_ok() {
+        if ready
+            && tokio::net::TcpStream::connect(("127.0.0.1", http))
+                .await
+                .is_ok()
+        {
             return Some((demo, up));
         }
         assert!(
