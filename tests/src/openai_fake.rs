@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
+use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
 
 /// One chat completion request the fake received.
 #[derive(Debug, Clone)]
@@ -94,6 +95,17 @@ impl FakeModel {
     /// The vector the fake gives `text` (for tests that compare).
     pub fn vector_of(&self, text: &str) -> Vec<f32> {
         bag_of_words(text, self.shared.dimensions)
+    }
+
+    /// `[embedding]` for this fake as the OpenAI-compatible provider, under `model`.
+    pub fn embedding_config(&self, model: &str) -> EmbeddingConfig {
+        EmbeddingConfig {
+            provider: EmbeddingProvider::OpenAi,
+            model: model.into(),
+            dimensions: self.shared.dimensions,
+            base_url: self.url.clone(),
+            ..Default::default()
+        }
     }
 }
 

@@ -24,13 +24,7 @@ fn llm(fake: &FakeModel) -> LlmConfig {
 }
 
 fn embedding(fake: &FakeModel) -> EmbeddingConfig {
-    EmbeddingConfig {
-        provider: EmbeddingProvider::OpenAi,
-        model: "fake-embed".into(),
-        dimensions: 64,
-        base_url: fake.url.clone(),
-        ..Default::default()
-    }
+    fake.embedding_config("fake-embed")
 }
 
 /// An exchange as stored.

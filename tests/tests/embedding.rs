@@ -15,7 +15,7 @@ use async_nats::jetstream::consumer;
 use futures::StreamExt;
 use prost::Message as _;
 use switchboard_e2e::{AppOptions, FakeModel, TestApp, spawn_app_configured, spawn_app_with};
-use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
+use switchboard_kit::memory_config::EmbeddingConfig;
 use switchboard_kit::proto::{MessageEmbedded, MessageLogged};
 use switchboard_memory::embed::{self, cosine};
 
@@ -43,12 +43,8 @@ fn local_config() -> EmbeddingConfig {
 
 fn fake_config(fake: &FakeModel) -> EmbeddingConfig {
     EmbeddingConfig {
-        provider: EmbeddingProvider::OpenAi,
-        model: "fake-embed".into(),
-        dimensions: 16,
-        base_url: fake.url.clone(),
         batch: 3,
-        ..Default::default()
+        ..fake.embedding_config("fake-embed")
     }
 }
 

@@ -6,20 +6,9 @@
 use std::time::Duration;
 
 use switchboard_e2e::{FakeModel, TestApp, spawn_app_configured};
-use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
 use switchboard_memory::index::{self, IndexLag, LagScope};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn fake_config(fake: &FakeModel) -> EmbeddingConfig {
-    EmbeddingConfig {
-        provider: EmbeddingProvider::OpenAi,
-        model: "fake-embed".into(),
-        dimensions: 16,
-        base_url: fake.url.clone(),
-        ..Default::default()
-    }
-}
 
 async fn lag(app: &TestApp, model: &str, scope: LagScope<'_>) -> IndexLag {
     index::lag(&app.db, model, scope).await.expect("the lag")
@@ -68,7 +57,7 @@ async fn people(app: &TestApp) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_lag_counts_exactly_the_messages_without_a_vector_also_across_a_model_change() {
     let fake = FakeModel::start(16).await;
-    let config = fake_config(&fake);
+    let config = fake.embedding_config("fake-embed");
     let app = spawn_app_configured(move |c| c.embedding = config).await;
     app.text_and_settle(&[
         ("+14155550711", "when is my next shift"),
@@ -167,4 +156,58 @@ async fn what_is_not_conversation_is_the_same_for_the_database_and_the_code() {
         let expected = !kind.is_some_and(|k| switchboard_memory::NOT_CONVERSATION.contains(&k));
         assert_eq!(conversation, expected, "kind {kind:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vector_written_while_the_marks_are_remade_for_its_model_is_not_left_waiting() {
+    let fake = FakeModel::start(16).await;
+    let config = fake.embedding_config("fake-embed");
+    let app = spawn_app_configured(move |c| c.embedding = config).await;
+    app.text_and_settle(&[("+14155550714", "when is my next shift")])
+        .await;
+    let person = people(&app).await.remove(0);
+    let late = log_unembedded(&app, &person, None).await;
+
+    // A worker of the new model writes `late`'s vector (its marks are still for the old
+    // model, so it marks nothing) while the marks are being remade for the new model.
+    let mut writer = app.db.begin().await.unwrap();
+    index::mark_embedded(&mut writer, "fake-embed-v2", &[late])
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO switchboard.message_vectors
+            (message_id, model, person_id, agent_identity, dimensions, embedding)
+         SELECT id, 'fake-embed-v2', person_id, agent_identity, 3, '[1,2,3]'
+           FROM switchboard.messages WHERE id = $1",
+    )
+    .bind(late)
+    .execute(&mut *writer)
+    .await
+    .unwrap();
+    let db = app.db.clone();
+    let remark = tokio::spawn(async move { index::ensure_marks(&db, "fake-embed-v2").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !remark.is_finished(),
+        "marking again waits for the transaction that holds the marks' row"
+    );
+    writer.commit().await.unwrap();
+    assert!(remark.await.unwrap().unwrap(), "marked again");
+
+    let marked: Option<String> =
+        sqlx::query_scalar("SELECT embedded_model FROM switchboard.messages WHERE id = $1")
+            .bind(late)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        marked.as_deref(),
+        Some("fake-embed-v2"),
+        "its vector was seen"
+    );
+    let v2 = lag(&app, "fake-embed-v2", LagScope::Everyone).await;
+    assert_eq!(
+        v2.messages_waiting, 2,
+        "the first exchange waits for the new model, the message with its vector does not: {v2:?}"
+    );
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use switchboard_e2e::{FakeAnswer, FakeModel};
 use switchboard_kit::config::Secret;
-use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider, LlmConfig};
+use switchboard_kit::memory_config::{EmbeddingConfig, LlmConfig};
 use switchboard_memory::{ChatError, ChatModel, EmbedError};
 
 fn llm(fake: &FakeModel) -> LlmConfig {
@@ -82,13 +82,7 @@ fn no_model_configured_means_no_chat_model() {
 #[tokio::test]
 async fn embeddings_come_back_normalised_in_order_and_a_wrong_size_is_refused() {
     let fake = FakeModel::start(16).await;
-    let config = EmbeddingConfig {
-        provider: EmbeddingProvider::OpenAi,
-        model: "fake-embed".into(),
-        dimensions: 16,
-        base_url: fake.url.clone(),
-        ..Default::default()
-    };
+    let config = fake.embedding_config("fake-embed");
     let embedder = switchboard_memory::embed::from_config(&config).unwrap();
     let texts = vec![
         "when is my next shift".to_string(),

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use switchboard_e2e::{FakeModel, FakeRunner, TestApp, spawn_app_configured};
-use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -19,7 +18,7 @@ async fn app_with_embeddings() -> (TestApp, FakeModel) {
 /// With `workspaces`, sessions get a workspace (memory.md), and so a reset its flush first.
 async fn app_with(workspaces: bool) -> (TestApp, FakeModel) {
     let fake = FakeModel::start(64).await;
-    let url = fake.url.clone();
+    let embedding = fake.embedding_config("fake-embed");
     let app = spawn_app_configured(move |c| {
         if workspaces {
             c.workspace.root = std::env::temp_dir()
@@ -27,13 +26,7 @@ async fn app_with(workspaces: bool) -> (TestApp, FakeModel) {
                 .to_string_lossy()
                 .into_owned();
         }
-        c.embedding = EmbeddingConfig {
-            provider: EmbeddingProvider::OpenAi,
-            model: "fake-embed".into(),
-            dimensions: 64,
-            base_url: url,
-            ..Default::default()
-        };
+        c.embedding = embedding;
     })
     .await;
     (app, fake)

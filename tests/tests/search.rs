@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use switchboard_e2e::{AppOptions, FakeAnswer, FakeModel, TestApp, spawn_app_with};
-use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider, LlmConfig};
+use switchboard_kit::memory_config::LlmConfig;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -27,6 +27,7 @@ async fn app_with_models() -> (TestApp, FakeModel) {
         })
     });
     let url = fake.url.clone();
+    let embedding = fake.embedding_config(MODEL);
     // The tests play the embedding worker themselves ([`embed_everything`]), so they decide
     // what the index holds when they search.
     let app = spawn_app_with(AppOptions::without(&["embed"]).configured(move |c| {
@@ -35,13 +36,7 @@ async fn app_with_models() -> (TestApp, FakeModel) {
             model: "fake-chat".into(),
             ..Default::default()
         };
-        c.embedding = EmbeddingConfig {
-            provider: EmbeddingProvider::OpenAi,
-            model: MODEL.into(),
-            dimensions: 64,
-            base_url: url,
-            ..Default::default()
-        };
+        c.embedding = embedding;
     }))
     .await;
     (app, fake)

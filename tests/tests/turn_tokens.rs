@@ -7,7 +7,6 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 use switchboard_e2e::{AppOptions, FakeModel, TestApp, spawn_app_with};
-use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider};
 use switchboard_kit::turn_token::{TurnClaims, TurnTokens};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -17,15 +16,9 @@ const BOB: &str = "+14155550182";
 /// An app whose embedder is the fake OpenAI-compatible server (search ranks by meaning too).
 async fn app() -> (TestApp, FakeModel) {
     let fake = FakeModel::start(64).await;
-    let url = fake.url.clone();
+    let embedding = fake.embedding_config("fake-embed");
     let app = spawn_app_with(AppOptions::default().configured(move |c| {
-        c.embedding = EmbeddingConfig {
-            provider: EmbeddingProvider::OpenAi,
-            model: "fake-embed".into(),
-            dimensions: 64,
-            base_url: url,
-            ..Default::default()
-        };
+        c.embedding = embedding;
     }))
     .await;
     (app, fake)

@@ -312,16 +312,16 @@ pub async fn missing(db: &PgPool, model: &str) -> Result<i64, sqlx::Error> {
 }
 
 /// Embed up to `limit` of the oldest messages that have no vector under the embedder's model
-/// (`switchboard reembed`, one step); how many were embedded (0: none is left). Resumable: what
-/// it did is in the table (and in the marks, made for the model first), and the vectors of
-/// other models are left as they are.
+/// (`switchboard reembed`, one step); how many were embedded (0: none is left). The marks must
+/// be for that model ([`index::ensure_marks`], once before the first step): the waiting
+/// messages are found by them, and none is found while they are for another. Resumable: what
+/// it did is in the table and the marks, and the vectors of other models are left as they are.
 pub async fn reembed_step(
     db: &PgPool,
     embedder: &dyn Embedder,
     limit: usize,
     batch: usize,
 ) -> Result<usize, EmbedStageError> {
-    index::ensure_marks(db, embedder.model()).await?;
     let rows: Vec<Row> = sqlx::query_as::<_, (Uuid, String, String, String, Uuid)>(
         "SELECT m.id, m.message, m.person_id, m.agent_identity, m.session_id
            FROM switchboard.messages m

@@ -16,6 +16,10 @@ pub async fn run(config: Config, batch: Option<usize>) -> anyhow::Result<()> {
     switchboard_embed::ensure_index(&db, &model, embedder.dimensions())
         .await
         .context("creating the model's vector index")?;
+    // Marked for this model first: what is left is then read off the marks' partial index.
+    switchboard_memory::index::ensure_marks(&db, &model)
+        .await
+        .context("marking the messages for the model")?;
     let batch = batch.unwrap_or(config.embedding.batch).max(1);
     let missing = switchboard_embed::missing(&db, &model).await?;
     let bar = ProgressBar::new(missing.max(0) as u64);

@@ -14,7 +14,7 @@ use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
 use sqlx::Row as _;
 use switchboard_kit::config::Config;
-use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider, LlmConfig};
+use switchboard_kit::memory_config::{EmbeddingConfig, LlmConfig};
 use switchboard_kit::proto::ExchangeCategorised;
 use switchboard_memory::index::LagScope;
 
@@ -87,12 +87,8 @@ impl MemoryModel {
             ..Default::default()
         };
         c.embedding = EmbeddingConfig {
-            provider: EmbeddingProvider::OpenAi,
-            model: EMBEDDING_MODEL.into(),
-            dimensions: DIMENSIONS,
-            base_url: self.model.url.clone(),
             timeout_s: 10,
-            ..Default::default()
+            ..self.model.embedding_config(EMBEDDING_MODEL)
         };
         c.summary.idle_gap_s = IDLE_GAP_S;
         c.summary.sweep_every_s = SWEEP_EVERY_S;
