@@ -23,9 +23,9 @@ use uuid::Uuid;
 const MIGRATION_MODEL: &str = "all-MiniLM-L6-v2";
 /// pgvector's HNSW over `halfvec` takes at most this many dimensions.
 const HNSW_MAX_DIMENSIONS: usize = 4_000;
-/// The HNSW graph's parameters, as the migration `hnsw_graph` builds the default model's.
+/// The HNSW graph's parameters, as the migration `hnsw_construction` builds the default model's.
 const HNSW_M: u32 = 32;
-const HNSW_EF_CONSTRUCTION: u32 = 64;
+const HNSW_EF_CONSTRUCTION: u32 = 128;
 /// How often the lag gauge is refreshed.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -459,6 +459,13 @@ pub const STAGE: Registration = Registration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn other_models_get_the_graph_the_migration_gives_the_default_one() {
+        let migration = include_str!("../../../migrations/20261201000003_hnsw_construction.sql");
+        let parameters = format!("m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION}");
+        assert!(migration.contains(&parameters), "{parameters}");
+    }
 
     #[test]
     fn each_model_gets_an_index_name_postgres_keeps_whole() {

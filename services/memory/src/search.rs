@@ -198,14 +198,32 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, exact: bool) -
                AND NOT (m.id = ANY($11::uuid[]))
                AND NOT (coalesce(m.metadata->>'kind', '') = ANY($12::text[]))
                AND ($13::uuid IS NULL OR m.direction <> 'inbound' OR m.id < $13)";
-    let vector_branch = if with_vector {
+    let vector_branch = if with_vector && exact {
         let n = dimensions;
-        // The HNSW index serves exactly this expression; the exact path uses another.
-        let distance = if exact {
-            format!("mv.embedding <=> $1::vector({n})")
-        } else {
-            format!("mv.embedding::halfvec({n}) <=> $1::halfvec({n})")
-        };
+        let model = sql_literal(model);
+        // The distances are computed as the person's vectors are read, and only message ids
+        // and distances go on to the join with the messages' filters (the `OFFSET 0` keeps the
+        // two apart): joined first, 1,745 vectors of 1.5 kB each were hashed and carried
+        // along, most of a heavy person's recall at 1M (docs/bench-memory.md).
+        format!(
+            "SELECT v.message_id AS id,
+                    row_number() OVER (ORDER BY v.distance, v.message_id) AS r
+               FROM (SELECT d.message_id, d.distance
+                       FROM (SELECT mv.message_id, mv.embedding <=> $1::vector({n}) AS distance
+                               FROM switchboard.message_vectors mv
+                              WHERE mv.model = {model}
+                                AND mv.person_id = $2
+                                AND ($3::text IS NULL OR mv.agent_identity = $3)
+                             OFFSET 0) d
+                       JOIN switchboard.messages m ON m.id = d.message_id
+                      WHERE {filters}
+                      ORDER BY d.distance, d.message_id
+                      LIMIT $8) v"
+        )
+    } else if with_vector {
+        let n = dimensions;
+        // The HNSW index serves exactly this expression.
+        let distance = format!("mv.embedding::halfvec({n}) <=> $1::halfvec({n})");
         let model = sql_literal(model);
         format!(
             "SELECT v.message_id AS id,
