@@ -201,10 +201,11 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, exact: bool) -
     let vector_branch = if with_vector && exact {
         let n = dimensions;
         let model = sql_literal(model);
-        // The distances are computed as the person's vectors are read, and only message ids
-        // and distances go on to the join with the messages' filters (the `OFFSET 0` keeps the
-        // two apart): joined first, 1,745 vectors of 1.5 kB each were hashed and carried
-        // along, most of a heavy person's recall at 1M (docs/bench-memory.md).
+        // The person's vectors are read once, each distance computed as it is read, and sorted
+        // as (id, distance) pairs; the messages' filters are then checked row by row in that
+        // order (a subquery per row, which Postgres does not turn into a join) until `$8` pass:
+        // a heavy person's 1,745 vectors at 1M were hashed with their 1.5 kB each and joined
+        // with all 1,745 of their messages before (docs/bench-memory.md).
         format!(
             "SELECT v.message_id AS id,
                     row_number() OVER (ORDER BY v.distance, v.message_id) AS r
@@ -214,9 +215,10 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, exact: bool) -
                               WHERE mv.model = {model}
                                 AND mv.person_id = $2
                                 AND ($3::text IS NULL OR mv.agent_identity = $3)
+                              ORDER BY 2, 1
                              OFFSET 0) d
-                       JOIN switchboard.messages m ON m.id = d.message_id
-                      WHERE {filters}
+                      WHERE coalesce((SELECT true FROM switchboard.messages m
+                                       WHERE m.id = d.message_id AND {filters}), false)
                       ORDER BY d.distance, d.message_id
                       LIMIT $8) v"
         )
