@@ -80,11 +80,21 @@ impl MemorySide {
     }
 
     /// `[llm]` at the fake model, summaries within seconds of a conversation going quiet (as in
-    /// a chaos run), and `[embedding]` as chosen.
-    pub fn configure(&self, c: &mut Config) {
-        let product_default: EmbeddingConfig = c.embedding.clone();
+    /// a chaos run), and `[embedding]` as chosen: the local one with the files the stack
+    /// fetched (`stack_files`: [`Stack::embedding_files`](super::stack::Stack)), as `make run`
+    /// configures it.
+    pub fn configure(&self, c: &mut Config, stack_files: &[(String, String)]) {
+        let mut product_default: EmbeddingConfig = c.embedding.clone();
         self.model.configure(c);
         if self.embedder == Embedder::Local {
+            for (key, value) in stack_files {
+                match key.as_str() {
+                    "model_dir" => product_default.model_dir = value.clone(),
+                    "onnx_runtime" => product_default.onnx_runtime = value.clone(),
+                    "onnx_model" => product_default.onnx_model = value.clone(),
+                    _ => {}
+                }
+            }
             c.embedding = product_default;
         }
     }
@@ -306,6 +316,7 @@ async fn sample(src: &LagSource, start: Instant) -> Vec<LagPoint> {
         switchboard_memory::index::LagScope::Everyone,
     )
     .await
+    .inspect_err(|e| eprintln!("lag sample: embed: {e}"))
     .ok()
     .map(|l| (l.seconds, l.messages_waiting));
     let categorise: Option<(f64, i64)> = sqlx::query_as(
@@ -318,11 +329,12 @@ async fn sample(src: &LagSource, start: Instant) -> Vec<LagPoint> {
     )
     .fetch_one(&src.db)
     .await
+    .inspect_err(|e| eprintln!("lag sample: categorise: {e}"))
     .ok();
     // A memory key is due once its newest unsummarised message is idle_gap_s old; its age is
     // how long it has waited past that.
     let summary: Option<(f64, i64)> = sqlx::query_as(
-        "SELECT coalesce(max(extract(epoch FROM now() - k.newest)::float8 - $2), 0), count(*)
+        "SELECT coalesce(max(extract(epoch FROM now() - k.newest)::float8 - $1), 0), count(*)
            FROM (SELECT s.memory_key, max(m.created_at) AS newest
                    FROM switchboard.messages m
                    JOIN switchboard.sessions s ON s.id = m.session_id
@@ -333,6 +345,7 @@ async fn sample(src: &LagSource, start: Instant) -> Vec<LagPoint> {
     .bind(src.idle_gap_s as f64)
     .fetch_one(&src.db)
     .await
+    .inspect_err(|e| eprintln!("lag sample: summary: {e}"))
     .ok();
     [embed, categorise, summary]
         .into_iter()

@@ -19,6 +19,10 @@ pub struct Stack {
     pub nats_url: String,
     /// The `switchboard` database; [`Stack::fresh_database`] makes new ones next to it.
     pub database_url: String,
+    /// The local embedder's files the stack fetched (`SB_EMBEDDING__MODEL_DIR`,
+    /// `__ONNX_RUNTIME`, `__ONNX_MODEL`, as `stack.sh up` prints them): what `make run` gives
+    /// the embed worker.
+    pub embedding_files: Vec<(String, String)>,
     dir: PathBuf,
 }
 
@@ -83,10 +87,16 @@ impl Stack {
         let root = std::env::var_os("SB_STACK_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| repo_dir().join(".stack"));
+        let embedding_files = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("export SB_EMBEDDING__")?.split_once('='))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.trim_matches('\'').to_string()))
+            .collect();
         Ok(Stack {
             name: name.into(),
             nats_url: var("SB_NATS_URL")?,
             database_url: var("SB_DATABASE_URL")?,
+            embedding_files,
             dir: root.join(name),
         })
     }
