@@ -154,6 +154,11 @@ struct Args {
     /// worker; SB_EMBEDDING__MODEL_DIR names its files) or `fake` (vectors over HTTP).
     #[arg(long, value_enum, default_value = "local")]
     memory_embedder: Embedder,
+    /// Turn recall off in every scenario (`[recall] enabled = false`): what recall costs the
+    /// reply path. The workers take their configuration from the file the bench writes, never
+    /// from `SB_*` variables, so this is the way to change it.
+    #[arg(long)]
+    no_recall: bool,
     /// How long after scenarios 1 and 2 to wait for the memory workers to catch up (default:
     /// the targets file's max_catch_up_s).
     #[arg(long)]
@@ -746,6 +751,9 @@ async fn run_scenario(
     let run = format!("bench{}x{tag}", spec.id);
     let mut config =
         pipeline::config_for_run(stack, &run, &runner.url, &twilio, &spec.knobs).await?;
+    if args.no_recall {
+        config.recall.enabled = false;
+    }
     // The run without the memory workers is configured as the one with them.
     let sample_lag = spec.memory_workers || spec.without_memory;
     // The fake chat model answers until the memory workers have caught up.
