@@ -194,12 +194,21 @@ pub async fn spawn_app() -> TestApp {
 /// the model, and ONNX Runtime with the derived graph (the product's default runtime; candle
 /// when they are absent). A worker given a configuration file does not read `SB_*` itself.
 pub fn local_embedder_from_stack(e: &mut switchboard_kit::memory_config::EmbeddingConfig) {
-    for (var, field) in [
+    local_embedder_from(e, |var| std::env::var(var).ok());
+}
+
+/// [`local_embedder_from_stack`] with the variables looked up by `var` (e.g. in what a
+/// `stack.sh up` printed: [`load::stack::Stack::var`]).
+pub fn local_embedder_from(
+    e: &mut switchboard_kit::memory_config::EmbeddingConfig,
+    var: impl Fn(&str) -> Option<String>,
+) {
+    for (name, field) in [
         ("SB_EMBEDDING__MODEL_DIR", &mut e.model_dir),
         ("SB_EMBEDDING__ONNX_RUNTIME", &mut e.onnx_runtime),
         ("SB_EMBEDDING__ONNX_MODEL", &mut e.onnx_model),
     ] {
-        if let Ok(value) = std::env::var(var) {
+        if let Some(value) = var(name) {
             *field = value;
         }
     }

@@ -759,7 +759,7 @@ async fn run_scenario(
     // The fake chat model answers until the memory workers have caught up.
     let memory_side = if sample_lag {
         let m = MemorySide::start(args.memory_embedder).await;
-        m.configure(&mut config, &stack.embedding_files);
+        m.configure(&mut config, stack);
         Some(m)
     } else {
         None

@@ -33,6 +33,7 @@ use super::canary::Canaries;
 use super::chaos_check::MEMORY_STAGES;
 use super::memory_run::MemoryModel;
 use super::report::PlotLagLine;
+use super::stack::Stack;
 
 /// Whether scenarios 1 and 2 run the memory workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -80,21 +81,13 @@ impl MemorySide {
     }
 
     /// `[llm]` at the fake model, summaries within seconds of a conversation going quiet (as in
-    /// a chaos run), and `[embedding]` as chosen: the local one with the files the stack
-    /// fetched (`stack_files`: [`Stack::embedding_files`](super::stack::Stack)), as `make run`
-    /// configures it.
-    pub fn configure(&self, c: &mut Config, stack_files: &[(String, String)]) {
+    /// a chaos run), and `[embedding]` as chosen: the local one with the files `stack` fetched,
+    /// as `make run` configures it.
+    pub fn configure(&self, c: &mut Config, stack: &Stack) {
         let mut product_default: EmbeddingConfig = c.embedding.clone();
         self.model.configure(c);
         if self.embedder == Embedder::Local {
-            for (key, value) in stack_files {
-                match key.as_str() {
-                    "model_dir" => product_default.model_dir = value.clone(),
-                    "onnx_runtime" => product_default.onnx_runtime = value.clone(),
-                    "onnx_model" => product_default.onnx_model = value.clone(),
-                    _ => {}
-                }
-            }
+            crate::local_embedder_from(&mut product_default, |var| stack.var(var));
             c.embedding = product_default;
         }
     }

@@ -19,10 +19,9 @@ pub struct Stack {
     pub nats_url: String,
     /// The `switchboard` database; [`Stack::fresh_database`] makes new ones next to it.
     pub database_url: String,
-    /// The local embedder's files the stack fetched (`SB_EMBEDDING__MODEL_DIR`,
-    /// `__ONNX_RUNTIME`, `__ONNX_MODEL`, as `stack.sh up` prints them): what `make run` gives
-    /// the embed worker.
-    pub embedding_files: Vec<(String, String)>,
+    /// Every `export NAME=value` `stack.sh up` printed (e.g. the local embedder's files, which
+    /// `make run` gives the embed worker): read with [`Stack::var`].
+    exports: Vec<(String, String)>,
     dir: PathBuf,
 }
 
@@ -78,27 +77,34 @@ impl Stack {
             fast,
             pg_conf,
         )?;
+        let exports: Vec<(String, String)> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let var = |key: &str| {
-            out.lines()
-                .find_map(|l| l.strip_prefix(&format!("export {key}=")))
-                .map(str::to_string)
+            exports
+                .iter()
+                .find_map(|(k, v)| (k == key).then(|| v.clone()))
                 .with_context(|| format!("stack.sh up printed no {key}"))
         };
         let root = std::env::var_os("SB_STACK_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| repo_dir().join(".stack"));
-        let embedding_files = out
-            .lines()
-            .filter_map(|l| l.strip_prefix("export SB_EMBEDDING__")?.split_once('='))
-            .map(|(k, v)| (k.to_ascii_lowercase(), v.trim_matches('\'').to_string()))
-            .collect();
         Ok(Stack {
             name: name.into(),
             nats_url: var("SB_NATS_URL")?,
             database_url: var("SB_DATABASE_URL")?,
-            embedding_files,
+            exports,
             dir: root.join(name),
         })
+    }
+
+    /// A variable `stack.sh up` printed, as it printed it.
+    pub fn var(&self, name: &str) -> Option<String> {
+        self.exports
+            .iter()
+            .find_map(|(k, v)| (k == name).then(|| v.clone()))
     }
 
     pub fn down(&self) {
