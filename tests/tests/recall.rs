@@ -200,6 +200,45 @@ async fn what_the_engine_session_already_holds_is_not_recalled_until_a_reset_cle
     app.shutdown().await;
 }
 
+/// Held messages (and the one being answered) nearer to the new message than anything else
+/// must not crowd out the person's older, recallable message: the filters are applied while the
+/// vector candidates are ranked, not only after the few best are taken.
+#[tokio::test]
+async fn messages_the_engine_session_holds_do_not_crowd_an_older_message_out_of_recall() {
+    let fake = FakeModel::start(64).await;
+    let embedding = fake.embedding_config("fake-embed");
+    let app = spawn_app_configured(move |c| {
+        c.embedding = embedding;
+        // One hit: each branch ranks four candidates, fewer than the six held messages.
+        c.recall.top_k = 1;
+    })
+    .await;
+    let phone = "+14155550304";
+    let old = "My March payslip is missing the overtime hours";
+    text(&app, phone, old, 1).await;
+    // A fresh engine session, then turns on the same matter in words the old message lacks
+    // ("again"), so only its meaning can recall it: each one, and its echoed reply, is nearer
+    // to the next turn than the old message is.
+    let again = "March payslip overtime hours missing again";
+    text(&app, phone, &format!("/reset {again}"), 2).await;
+    text(&app, phone, again, 3).await;
+    text(&app, phone, again, 4).await;
+    indexed(&app, 8).await;
+    text(&app, phone, again, 5).await;
+
+    let prompt = app.runner.calls().last().unwrap().prompt.clone();
+    let block = recall_block(&prompt).unwrap_or_default();
+    assert!(
+        block.contains(&format!("they wrote: {old}")),
+        "the older message is recalled past the six held ones nearer to the query:\n{block}"
+    );
+    assert!(
+        !block.contains("again"),
+        "nothing the engine session holds is recalled:\n{block}"
+    );
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn fifty_people_with_near_identical_messages_each_recall_only_their_own() {
     let (app, _fake) = app_with_embeddings().await;
