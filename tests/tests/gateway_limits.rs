@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use switchboard_e2e::{TestApp, spawn_app_configured};
+use switchboard_e2e::{ChatClient, TestApp, spawn_app_configured};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -244,5 +244,55 @@ async fn metrics_are_served_on_the_admin_address_not_the_public_port() {
         page.contains("sb_gateway_rejected_total{channel=\"sms\",reason=\"missing_signature\""),
         "the refusal is counted on the admin page:\n{page}"
     );
+    app.shutdown().await;
+}
+
+/// Chat sockets reading the mailbox (here: all stuck behind a lock on it, as thousands
+/// reconnecting after a restart would queue) wait on connections of their own: a message
+/// posted meanwhile is accepted, never left waiting behind them for a database connection.
+#[tokio::test]
+async fn sockets_stuck_reading_the_mailbox_never_hold_the_connections_accepting_messages() {
+    let app = spawn_app_configured(|_| {}).await;
+    let key = app.api_key("ops", &[]);
+    let mut lock = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE switchboard.mailbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    // More sockets than the process has Postgres connections in all (8 in these tests).
+    let mut sockets = Vec::new();
+    for i in 0..12 {
+        sockets.push(ChatClient::as_user(&app.gateway_url, &format!("reader-{i}")).await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND query LIKE '%switchboard.mailbox%'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        if waiting >= 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sockets never read the mailbox"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let posted = app
+        .post_api_message(&key, serde_json::json!({"text": "still taken?"}), None)
+        .await;
+    let status = posted.status();
+    let body = posted.text().await.unwrap();
+    lock.rollback().await.unwrap();
+    assert!(
+        status.is_success(),
+        "the message is accepted while the sockets wait: {status} {body}"
+    );
+    drop(sockets);
     app.shutdown().await;
 }

@@ -107,6 +107,7 @@ pub struct ApiKeyInfo {
     pub key_prefix: String,
     pub scopes: Vec<String>,
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When a request last used the key, to the minute.
     pub last_used_at: Option<chrono::DateTime<chrono::Utc>>,
     pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
 }
@@ -238,10 +239,18 @@ impl ApiKeys {
                 "an API key is required: Authorization: Bearer <key>",
             ));
         };
+        // `last_used_at` is kept to the minute: a lookup that writes nothing commits without
+        // waiting for Postgres's log to reach the disk, and a key's every request would
+        // otherwise be a flushed commit before its message is even stored.
         let row: Option<(Uuid, String, Vec<String>)> = sqlx::query_as(
-            "UPDATE switchboard.api_keys SET last_used_at = now()
-              WHERE key_hash = $1 AND revoked_at IS NULL
-             RETURNING id, owner, scopes",
+            "WITH k AS (SELECT id, owner, scopes, last_used_at FROM switchboard.api_keys
+                         WHERE key_hash = $1 AND revoked_at IS NULL),
+                  touched AS (UPDATE switchboard.api_keys a SET last_used_at = now()
+                                FROM k
+                               WHERE a.id = k.id AND a.revoked_at IS NULL
+                                 AND (k.last_used_at IS NULL
+                                      OR k.last_used_at < now() - interval '1 minute'))
+             SELECT id, owner, scopes FROM k",
         )
         .bind(hash(key))
         .fetch_optional(&self.db)

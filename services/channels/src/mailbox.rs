@@ -248,11 +248,16 @@ impl Mailbox {
 
     /// Note that an entry reached a socket (first time only), so a client connecting later
     /// without saying what it saw is not sent it again.
-    pub async fn mark_pushed(&self, seq: i64) -> Result<(), MailboxError> {
+    /// One statement for all the entries a socket was just handed.
+    pub async fn mark_pushed(&self, seqs: &[i64]) -> Result<(), MailboxError> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
         sqlx::query(
-            "UPDATE switchboard.mailbox SET pushed_at = now() WHERE seq = $1 AND pushed_at IS NULL",
+            "UPDATE switchboard.mailbox SET pushed_at = now()
+              WHERE seq = ANY($1) AND pushed_at IS NULL",
         )
-        .bind(seq)
+        .bind(seqs)
         .execute(&self.db)
         .await?;
         Ok(())

@@ -155,32 +155,35 @@ pub(crate) enum RequestKind {
 
 /// Record an accepted API request and give it its correlation id: a new one, or, for a key
 /// this owner already used on this route, the one the first request was given. The row also
-/// says who may read the message's status.
+/// says who may read the message's status. `true` with a new id, `false` with the first
+/// request's.
 pub(crate) async fn record_request(
     state: &GatewayState,
     owner: &str,
     agent: &str,
     kind: RequestKind,
     idempotency_key: Option<&str>,
-) -> Result<Uuid, Refused> {
+) -> Result<(Uuid, bool), Refused> {
     let scope = match kind {
         RequestKind::Message => "messages",
         RequestKind::Outbound => "outbound",
     };
+    let new_id = Uuid::now_v7();
     let correlation_id: String = sqlx::query_scalar(
         "INSERT INTO switchboard.api_requests (correlation_id, owner, agent, idempotency_key)
          VALUES ($1, $2, $3, $4)
          ON CONFLICT (owner, idempotency_key) DO UPDATE SET owner = EXCLUDED.owner
          RETURNING correlation_id",
     )
-    .bind(Uuid::now_v7().to_string())
+    .bind(new_id.to_string())
     .bind(owner)
     .bind(agent)
     .bind(idempotency_key.map(|k| format!("{scope}/{k}")))
     .fetch_one(&state.db)
     .await
     .map_err(unavailable)?;
-    correlation_id.parse().map_err(unavailable)
+    let id: Uuid = correlation_id.parse().map_err(unavailable)?;
+    Ok((id, id == new_id))
 }
 
 async fn send_message(
@@ -201,7 +204,7 @@ async fn send_message(
     .map_err(refuse)?;
     check_agent(&state.config, &message.agent).map_err(refuse)?;
 
-    let id = record_request(
+    let (id, first) = record_request(
         &state,
         &caller.owner,
         &message.agent,
@@ -262,13 +265,18 @@ async fn send_message(
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = state.shutdown.wait() => break,
             }
-            let status = status_of(&state, &correlation_id).await?;
+            let status = accepted_status(&state, &correlation_id).await;
             if status.status != "pending" {
                 return Ok((StatusCode::OK, Json(status)).into_response());
             }
         }
     }
-    let status = status_of(&state, &correlation_id).await?;
+    // A message sent for the first time is pending: nothing to read. A retry's may be answered.
+    let status = if first {
+        pending(&correlation_id)
+    } else {
+        accepted_status(&state, &correlation_id).await
+    };
     let code = if status.status == "pending" {
         StatusCode::ACCEPTED
     } else {
@@ -309,6 +317,25 @@ async fn message_status(
         )));
     }
     Ok(Json(status_of(&state, &correlation_id).await?).into_response())
+}
+
+/// The status of a message just accepted. It is taken whatever happens now: a status that
+/// cannot be read yet (the database busy or down) is `pending`, never an error that would
+/// make a caller without an Idempotency-Key send it again.
+async fn accepted_status(state: &GatewayState, correlation_id: &str) -> MessageStatus {
+    status_of(state, correlation_id)
+        .await
+        .unwrap_or_else(|_| pending(correlation_id))
+}
+
+fn pending(correlation_id: &str) -> MessageStatus {
+    MessageStatus {
+        correlation_id: correlation_id.into(),
+        status: "pending",
+        replies: Vec::new(),
+        notices: Vec::new(),
+        error: None,
+    }
 }
 
 /// Answered once a reply is in the mailbox (or, sent by a provider, in the delivery ledger as

@@ -155,9 +155,7 @@ async fn serve(
                 .mailbox
                 .not_pushed(channel, &user.sub, newest, sent.limit)
                 .await?;
-            for entry in &backlog {
-                push(&state, &mut socket, entry).await?;
-            }
+            push(&state, &mut socket, &backlog).await?;
             newest
         }
     };
@@ -251,27 +249,37 @@ impl Sent<'_> {
                 return Ok(());
             }
         };
-        for entry in &entries {
-            push(state, socket, entry).await?;
-            self.seq = entry.seq;
+        push(state, socket, &entries).await?;
+        if let Some(last) = entries.last() {
+            self.seq = last.seq;
         }
         Ok(())
     }
 }
 
+/// Send `entries` in order, then mark them pushed in one statement.
 async fn push(
     state: &GatewayState,
     socket: &mut WebSocket,
-    entry: &MailboxEntry,
+    entries: &[MailboxEntry],
 ) -> anyhow::Result<()> {
-    send(socket, &ServerFrame::reply(entry)).await?;
-    metrics::counter!("sb_gateway_chat_replies_pushed_total", "channel" => entry.channel.clone())
-        .increment(1);
-    if let Err(e) = state.mailbox.mark_pushed(entry.seq).await {
-        // Only the "not yet pushed" replay for a client without `since` depends on it.
-        tracing::warn!(error = %e, seq = entry.seq, "could not mark a reply pushed");
+    let mut sent = Vec::with_capacity(entries.len());
+    let mut result = Ok(());
+    for entry in entries {
+        if let Err(e) = send(socket, &ServerFrame::reply(entry)).await {
+            result = Err(e);
+            break;
+        }
+        metrics::counter!("sb_gateway_chat_replies_pushed_total", "channel" => entry.channel.clone())
+            .increment(1);
+        sent.push(entry.seq);
     }
-    Ok(())
+    // What was sent before a socket failed was handed over all the same.
+    if let Err(e) = state.mailbox.mark_pushed(&sent).await {
+        // Only the "not yet pushed" replay for a client without `since` depends on it.
+        tracing::warn!(error = %e, entries = sent.len(), "could not mark replies pushed");
+    }
+    result
 }
 
 async fn send(socket: &mut WebSocket, frame: &ServerFrame) -> anyhow::Result<()> {

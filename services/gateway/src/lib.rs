@@ -72,7 +72,14 @@ impl GatewayState {
             arrivals,
             chat_tokens,
             api_keys: ApiKeys::new(app.db.clone()),
-            mailbox: Mailbox::new(app.db.clone(), app.nats.clone(), app.topology.mailbox()),
+            mailbox: Mailbox::new(
+                switchboard_kit::db::connect_lazy(
+                    &app.config.database_url,
+                    app.config.gateway.mailbox_pool_size,
+                )?,
+                app.nats.clone(),
+                app.topology.mailbox(),
+            ),
             hub: Arc::default(),
             db: app.db.clone(),
             shutdown: app.shutdown.clone(),

@@ -160,7 +160,7 @@ async fn send_outbound(
         return Err(no_channel(channel));
     };
 
-    let id = record_request(
+    let (id, _) = record_request(
         &state,
         &caller.owner,
         &agent,

@@ -173,6 +173,16 @@ pub struct GatewayConfig {
     pub request_timeout_ms: u64,
     /// Connections served at once; more wait in the listen backlog until one closes.
     pub max_connections: usize,
+    /// Postgres connections of a gateway process (and of `switchboard up`), unless
+    /// `runtime.db_pool_size` says otherwise. Accepting a message waits on commits, not on the
+    /// CPU, and Postgres flushes the commits waiting together with one write of its log: more
+    /// connections take more messages per flush (8 starved when the memory workers' index
+    /// writes made each flush slower: the chaos run in the README).
+    pub db_pool_size: u32,
+    /// Postgres connections reading the mailbox for sockets and waiting API requests, apart
+    /// from those accepting messages: thousands of sockets catching up (after a restart, say)
+    /// wait for these, never in front of a message being accepted.
+    pub mailbox_pool_size: u32,
     /// Signs the turn tokens agents call the API with (`turn_token`). Unset: a key generated
     /// once and kept in Postgres (`switchboard.turn_token_secret`), shared by every replica.
     pub turn_token_secret: Secret,
@@ -188,6 +198,8 @@ impl Default for GatewayConfig {
             header_timeout_ms: 10_000,
             request_timeout_ms: 30_000,
             max_connections: 4_096,
+            db_pool_size: 32,
+            mailbox_pool_size: 4,
             turn_token_secret: Secret::default(),
         }
     }
@@ -1203,6 +1215,15 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// This configuration for a process serving the gateway: its Postgres pool is
+    /// `gateway.db_pool_size` unless `runtime.db_pool_size` is set.
+    pub fn for_gateway(mut self) -> Self {
+        if self.runtime.db_pool_size == 0 {
+            self.runtime.db_pool_size = self.gateway.db_pool_size.max(1);
+        }
+        self
     }
 
     pub fn agent(&self, name: &str) -> Option<&AgentConfig> {

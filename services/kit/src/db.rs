@@ -38,6 +38,19 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
         })
 }
 
+/// A pool for `url` that connects when first used (a second pool of a process whose first,
+/// [`connect`]ed, showed the database is there).
+pub fn connect_lazy(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    PgPoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy(url)
+        .map_err(|source| DbError::Connect {
+            url: crate::endpoint::redact_url(url),
+            source,
+        })
+}
+
 /// The schema the migrations put the product's tables in.
 pub const SCHEMA: &str = "switchboard";
 

@@ -54,7 +54,7 @@ pub async fn run_worker(config: switchboard_kit::Config, names: &[String]) -> an
 
 /// A process running the gateway alone.
 pub async fn run_gateway(config: switchboard_kit::Config) -> anyhow::Result<()> {
-    let app = App::start(config, "gateway", stages::ALL, STARTUP_WAIT).await?;
+    let app = App::start(config.for_gateway(), "gateway", stages::ALL, STARTUP_WAIT).await?;
     app.shutdown.trigger_on_signals();
     let (routes, follower) = gateway_routes(&app)?;
     let serve = app

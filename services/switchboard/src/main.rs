@@ -359,7 +359,7 @@ async fn main() -> anyhow::Result<()> {
 async fn up(config: Config) -> anyhow::Result<()> {
     let _ = switchboard_kit::telemetry::metrics();
     let app = App::start(
-        config,
+        config.for_gateway(),
         "up",
         stages::ALL,
         switchboard_kit::startup::STARTUP_WAIT,
