@@ -271,8 +271,9 @@ async fn send_message(
             }
         }
     }
-    // A message sent for the first time is pending: nothing to read. A retry's may be answered.
-    let status = if first {
+    // A message sent for the first time, not waited for, is pending: nothing to read. A
+    // retry's may be answered, and a waited-for one may carry notices.
+    let status = if first && !message.wait {
         pending(&correlation_id)
     } else {
         accepted_status(&state, &correlation_id).await
