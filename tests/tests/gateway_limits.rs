@@ -283,16 +283,28 @@ async fn sockets_stuck_reading_the_mailbox_never_hold_the_connections_accepting_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let posted = app
-        .post_api_message(&key, serde_json::json!({"text": "still taken?"}), None)
-        .await;
+    let post = || {
+        app.post_api_message(
+            &key,
+            serde_json::json!({"text": "still taken?"}),
+            Some("m1"),
+        )
+    };
+    let posted = post().await;
     let status = posted.status();
     let body = posted.text().await.unwrap();
+    // The retry's status needs the mailbox, which cannot be read now: the message is still
+    // taken (pending), never a 503 that a caller would answer by sending it again.
+    let retried = post().await;
+    let retry_status = retried.status();
+    let retry_body: serde_json::Value = retried.json().await.unwrap();
     lock.rollback().await.unwrap();
     assert!(
         status.is_success(),
         "the message is accepted while the sockets wait: {status} {body}"
     );
+    assert_eq!(retry_status, 202, "{retry_body}");
+    assert_eq!(retry_body["status"], "pending", "{retry_body}");
     drop(sockets);
     app.shutdown().await;
 }

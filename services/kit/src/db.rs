@@ -27,28 +27,31 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
     if url.trim().is_empty() {
         return Err(DbError::NoUrl);
     }
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
+    pool_options(max_connections)
         .connect(url)
         .await
-        .map_err(|source| DbError::Connect {
-            url: crate::endpoint::redact_url(url),
-            source,
-        })
+        .map_err(|source| connect_error(url, source))
+}
+
+fn pool_options(max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(10))
+}
+
+fn connect_error(url: &str, source: sqlx::Error) -> DbError {
+    DbError::Connect {
+        url: crate::endpoint::redact_url(url),
+        source,
+    }
 }
 
 /// A pool for `url` that connects when first used (a second pool of a process whose first,
 /// [`connect`]ed, showed the database is there).
 pub fn connect_lazy(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
-    PgPoolOptions::new()
-        .max_connections(max_connections.max(1))
-        .acquire_timeout(Duration::from_secs(10))
+    pool_options(max_connections)
         .connect_lazy(url)
-        .map_err(|source| DbError::Connect {
-            url: crate::endpoint::redact_url(url),
-            source,
-        })
+        .map_err(|source| connect_error(url, source))
 }
 
 /// The schema the migrations put the product's tables in.
