@@ -22,7 +22,7 @@ help:
 	@echo "make run    - start NATS + Postgres (embedded), build, run everything (switchboard up)"
 	@echo "make stop   - stop what make run started"
 	@echo "make test   - start a separate test stack, install the pinned OpenClaw, run every test, stop it"
-	@echo "make check  - cargo fmt --check and clippy -D warnings"
+	@echo "make check  - cargo fmt --check, clippy -D warnings, and no unused dependency (cargo-machete)"
 
 build:
 	$(CARGO) build --workspace --bins
@@ -68,9 +68,19 @@ test:
 	@# A short, bounded libFuzzer run of every fuzz target (no sanitizer: builds in ~6 min cold).
 	$(MAKE) --no-print-directory fuzz-smoke FUZZ_SANITIZER=none FUZZ_SECONDS=5
 
-check:
+# cargo-machete finds a dependency no source of its crate names; built once into the stack's
+# cache (about two minutes), pinned so every machine checks with the same rules.
+MACHETE_VERSION := 0.9.2
+MACHETE         := .stack/bin-cache/cargo-machete-$(MACHETE_VERSION)/bin/cargo-machete
+
+$(MACHETE):
+	$(CARGO) install cargo-machete --locked --version $(MACHETE_VERSION) \
+	  --root .stack/bin-cache/cargo-machete-$(MACHETE_VERSION)
+
+check: $(MACHETE)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(MACHETE) --with-metadata
 
 clean-stack:
 	$(STACK) destroy run || true

@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use sqlx::{Connection, PgPool, Row};
+use sqlx::{Connection, PgPool};
 use switchboard::stages;
 use switchboard_kit::Topology;
 use switchboard_kit::config::{AgentConfig, Config, Secret};
@@ -174,7 +174,7 @@ impl LoggedWorker {
 }
 
 /// A log row as a user would check it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct LogRow {
     pub direction: String,
     pub message: String,
@@ -658,7 +658,7 @@ impl TestApp {
     }
 
     pub async fn log_rows(&self) -> Vec<LogRow> {
-        sqlx::query(
+        sqlx::query_as(
             "SELECT direction, message, correlation_id, session_id, person_id, processing_ms,
                     tool_calls_count, id
                FROM switchboard.messages ORDER BY id",
@@ -666,18 +666,6 @@ impl TestApp {
         .fetch_all(&self.db)
         .await
         .expect("read the log")
-        .into_iter()
-        .map(|r| LogRow {
-            direction: r.get(0),
-            message: r.get(1),
-            correlation_id: r.get(2),
-            session_id: r.get(3),
-            person_id: r.get(4),
-            processing_ms: r.get(5),
-            tool_calls_count: r.get(6),
-            id: r.get(7),
-        })
-        .collect()
     }
 
     pub async fn dead_letters(&self, stage: &str) -> Vec<DeadLetter> {

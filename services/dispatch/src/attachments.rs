@@ -325,6 +325,54 @@ async fn write_atomically(dir: &Path, file: &str, body: &[u8]) -> std::io::Resul
     tokio::fs::rename(&tmp, dir.join(file)).await
 }
 
+impl crate::TurnDispatcher {
+    /// Keep what the messages carry besides text in the session's workspace; the prompt's
+    /// lines for it.
+    pub(crate) async fn keep_attachments(
+        &self,
+        group: &[switchboard_kit::proto::Turn],
+        workspace: Option<&str>,
+    ) -> Result<Vec<String>, crate::DispatchError> {
+        let mut lines = Vec::new();
+        for turn in group {
+            let Some(inbound) = turn.message.as_ref().and_then(|m| m.inbound.as_ref()) else {
+                continue;
+            };
+            let count = inbound.media_urls.len() + inbound.uploads.len();
+            if count == 0 {
+                continue;
+            }
+            let Some(folder) = workspace.map(Path::new) else {
+                lines.push(format!(
+                    "{count} attachment(s) not kept: no workspace is configured"
+                ));
+                continue;
+            };
+            if !inbound.media_urls.is_empty() {
+                let kept = self
+                    .media
+                    .keep(folder, &inbound.id, &inbound.media_urls)
+                    .await;
+                lines.extend(kept.iter().map(Fetched::describe));
+            }
+            if !inbound.uploads.is_empty() {
+                let kept = self
+                    .uploads
+                    .keep(
+                        folder,
+                        &inbound.id,
+                        &inbound.sender,
+                        &inbound.uploads,
+                        inbound.media_urls.len(),
+                    )
+                    .await?;
+                lines.extend(kept.iter().map(Fetched::describe));
+            }
+        }
+        Ok(lines)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,16 +12,16 @@
 //! gets the runner's cached answer. A flush
 //! that fails (runner error, timeout) is recorded with the reason and does not stop the reset.
 use std::path::Path;
-use std::time::Duration;
 
 use switchboard_kit::config::AgentConfig;
 use switchboard_kit::proto::Turn;
-use switchboard_kit::status::ResetReason;
+use switchboard_kit::status::{ResetReason, SessionEventKind};
 use switchboard_memory::curated::AgentWrite;
 use uuid::Uuid;
 
+use crate::lease::CallLease;
 use crate::runner::RunRequest;
-use crate::{DispatchError, Lease, TurnDispatcher, prompt};
+use crate::{DispatchError, TurnDispatcher, prompt};
 
 /// `metadata.kind` of the logged answer of a flush (never delivered, never a reply).
 pub const MEMORY_FLUSH_KIND: &str = "memory_flush";
@@ -53,10 +53,6 @@ enum Outcome {
 /// The turn the flush comes before, and what it knows.
 pub(crate) struct Before<'a> {
     pub turn: &'a Turn,
-    pub session: Uuid,
-    /// The turn's runner-call lease (extended after the flush, which used part of its time).
-    pub call: Uuid,
-    pub call_timeout: Duration,
     pub agent: &'a AgentConfig,
     pub person_id: &'a str,
     pub reset: ResetReason,
@@ -66,19 +62,20 @@ pub(crate) struct Before<'a> {
 impl TurnDispatcher {
     /// Flush before the turn's reset, if the agent wants it, the old engine session exists and
     /// this turn has not flushed yet. The lease's memory is read again afterwards, so the
-    /// turn's own prompt carries what the agent wrote.
+    /// turn's own prompt carries what the agent wrote; the lease is extended after the flush,
+    /// which used part of its time.
     pub(crate) async fn flush_before_reset(
         &self,
         before: &Before<'_>,
-        lease: &mut Lease,
+        lease: &mut CallLease,
     ) -> Result<(), DispatchError> {
-        let Some(old) = lease.engine_session.clone() else {
+        let Some(old) = lease.found.engine_session.clone() else {
             return Ok(());
         };
         if !before.agent.memory_flush {
             return Ok(());
         }
-        let (session, seq) = (before.session, before.turn.seq);
+        let (session, seq) = (lease.session, before.turn.seq);
         let done: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM switchboard.session_events WHERE key = $1)",
         )
@@ -88,14 +85,14 @@ impl TurnDispatcher {
         if done {
             return Ok(());
         }
-        let outcome = match lease.workspace.clone() {
+        let outcome = match lease.found.workspace.clone() {
             None => Outcome::NoWorkspace,
             Some(folder) => {
                 self.ask_to_flush(before, lease, &old, Path::new(&folder))
                     .await
             }
         };
-        self.record_flush(before, &old, &outcome).await?;
+        self.record_flush(before, session, &old, &outcome).await?;
         switchboard_kit::failpoint::crash_at("dispatch.flush_recorded");
         // The flush used part of the call's time: the turn's own call gets all of it again.
         let extended = sqlx::query(
@@ -104,8 +101,8 @@ impl TurnDispatcher {
               WHERE id = $1 AND running_call = $2",
         )
         .bind(session)
-        .bind(before.call)
-        .bind(before.call_timeout.as_millis() as f64)
+        .bind(lease.call)
+        .bind(lease.timeout.as_millis() as f64)
         .execute(&self.db)
         .await?
         .rows_affected();
@@ -121,12 +118,17 @@ impl TurnDispatcher {
     async fn ask_to_flush(
         &self,
         before: &Before<'_>,
-        lease: &mut Lease,
+        lease: &mut CallLease,
         old: &str,
         folder: &Path,
     ) -> Outcome {
-        let session = before.session;
-        let body = lease.memory.as_ref().map(|m| m.body.as_str()).unwrap_or("");
+        let session = lease.session;
+        let body = lease
+            .found
+            .memory
+            .as_ref()
+            .map(|m| m.body.as_str())
+            .unwrap_or("");
         if let Err(e) = switchboard_kit::workspace::refresh_memory(folder, body).await {
             tracing::warn!(%session, error = %e, "could not write memory.md for the flush");
             return Outcome::Failed {
@@ -166,7 +168,7 @@ impl TurnDispatcher {
                 Uuid::now_v7(),
                 before.person_id,
                 &before.turn.agent_identity,
-                lease,
+                &lease.found,
                 folder,
             )
             .await;
@@ -177,7 +179,7 @@ impl TurnDispatcher {
                 .get(before.person_id, &before.turn.agent_identity)
                 .await
             {
-                Ok(now) => lease.memory = now,
+                Ok(now) => lease.found.memory = now,
                 Err(e) => {
                     tracing::warn!(%session, error = %e, "could not read the flushed memory back")
                 }
@@ -202,10 +204,11 @@ impl TurnDispatcher {
     async fn record_flush(
         &self,
         before: &Before<'_>,
+        session: Uuid,
         old: &str,
         outcome: &Outcome,
     ) -> Result<(), DispatchError> {
-        let (session, seq) = (before.session, before.turn.seq);
+        let seq = before.turn.seq;
         let mut detail = serde_json::json!({
             "reset": before.reset.as_str(),
             "engine_session_id": old,
@@ -248,7 +251,7 @@ impl TurnDispatcher {
         }
         let entered: Option<Uuid> = sqlx::query_scalar(
             "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
-             VALUES ($1, $2, $3, 'memory_flush', $4, $5)
+             VALUES ($1, $2, $3, $6, $4, $5)
              ON CONFLICT (key) DO NOTHING
              RETURNING id",
         )
@@ -257,6 +260,7 @@ impl TurnDispatcher {
         .bind(journal_key(session, old))
         .bind(seq)
         .bind(&detail)
+        .bind(SessionEventKind::MemoryFlush)
         .fetch_optional(&mut *tx)
         .await?;
         if let (

@@ -13,6 +13,7 @@ use serde::Serialize;
 use switchboard_channels::api::{self, ApiCaller, Scope};
 use switchboard_channels::{ApiError, MailboxEntry, Received, client_message_key};
 use switchboard_kit::proto::Person;
+use switchboard_kit::status::{DeliveryStatus, TurnStatus};
 use switchboard_kit::turn_token::{self, TurnClaims};
 use uuid::Uuid;
 
@@ -353,9 +354,10 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
         let joined: Option<Uuid> = sqlx::query_scalar(
             "SELECT m.reply_id FROM switchboard.turns t
                JOIN switchboard.turns m ON m.session_id = t.session_id AND m.seq = t.joined_into
-              WHERE t.inbound_id = $1 AND t.status = 'done' AND t.reply_id IS NULL",
+              WHERE t.inbound_id = $1 AND t.status = $2 AND t.reply_id IS NULL",
         )
         .bind(correlation_id.parse::<Uuid>().unwrap_or_default())
+        .bind(TurnStatus::Done)
         .fetch_optional(&state.db)
         .await
         .map_err(unavailable)?
@@ -384,9 +386,10 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
                FROM switchboard.turns t
                JOIN switchboard.sessions s ON s.id = t.session_id
                JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
-              WHERE t.inbound_id = $1 AND d.status = 'sent'",
+              WHERE t.inbound_id = $1 AND d.status = $2",
     )
     .bind(id)
+    .bind(DeliveryStatus::Sent)
     .fetch_optional(&state.db)
     .await
     .map_err(unavailable)?;
@@ -408,9 +411,11 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
         "SELECT COALESCE(d.last_error, t.error)
            FROM switchboard.turns t
            LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
-          WHERE t.inbound_id = $1 AND (t.status = 'failed' OR d.status = 'failed')",
+          WHERE t.inbound_id = $1 AND (t.status = $2 OR d.status = $3)",
     )
     .bind(id)
+    .bind(TurnStatus::Failed)
+    .bind(DeliveryStatus::Failed)
     .fetch_optional(&state.db)
     .await
     .map_err(unavailable)?;

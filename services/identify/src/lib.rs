@@ -94,6 +94,15 @@ pub fn contact_of(person_id: &str) -> Option<(&'static str, String)> {
     (!rest.is_empty()).then(|| (kind, rest.to_string()))
 }
 
+/// A known person, as the contact point lookup reads them.
+#[derive(sqlx::FromRow)]
+struct PersonRow {
+    person_id: String,
+    person_type: String,
+    name: String,
+    role: String,
+}
+
 pub struct IdentityResolver {
     db: PgPool,
     config: IdentityConfig,
@@ -162,7 +171,7 @@ impl IdentityResolver {
         if address.is_empty() {
             return Err(IdentityError::EmptyAddress);
         }
-        let row = sqlx::query(
+        let row: Option<PersonRow> = sqlx::query_as(
             "SELECT p.person_id, p.person_type, p.name, p.role
                FROM switchboard.contact_points c
                JOIN switchboard.people p USING (person_id)
@@ -174,10 +183,10 @@ impl IdentityResolver {
         .await?;
         if let Some(r) = row {
             return Ok(Person {
-                person_id: r.get(0),
-                person_type: r.get(1),
-                name: r.get(2),
-                role: r.get(3),
+                person_id: r.person_id,
+                person_type: r.person_type,
+                name: r.name,
+                role: r.role,
                 email: String::new(),
             });
         }

@@ -291,10 +291,11 @@ impl LinkProofs {
         let (column, value) = waiting.column();
         sqlx::query_scalar(&format!(
             "SELECT EXISTS (SELECT 1 FROM switchboard.link_claims
-                             WHERE {column} = $1 AND status = 'pending'
+                             WHERE {column} = $1 AND status = $2
                                AND created_at > now() - interval '1 day')"
         ))
         .bind(value)
+        .bind(ClaimStatus::Pending)
         .fetch_one(&self.db)
         .await
     }
@@ -382,11 +383,13 @@ impl LinkProofs {
         }
         // A new code replaces the one asked for before.
         sqlx::query(
-            "UPDATE switchboard.link_claims SET status = 'superseded', settled_at = now()
-              WHERE claimant_id = $1 AND phone = $2 AND status = 'pending'",
+            "UPDATE switchboard.link_claims SET status = $3, settled_at = now()
+              WHERE claimant_id = $1 AND phone = $2 AND status = $4",
         )
         .bind(&person.person_id)
         .bind(&phone)
+        .bind(ClaimStatus::Superseded)
+        .bind(ClaimStatus::Pending)
         .execute(&mut **tx)
         .await?;
         let claim: Claim = sqlx::query_as(
@@ -425,11 +428,12 @@ impl LinkProofs {
     ) -> Result<Option<Answer>, ProofError> {
         let (column, value) = waiting.column();
         let claims: Vec<Claim> = sqlx::query_as(&format!(
-            "{CLAIMS} WHERE {column} = $1 AND status = 'pending'
+            "{CLAIMS} WHERE {column} = $1 AND status = $2
                         AND created_at > now() - interval '1 day'
               ORDER BY created_at DESC FOR UPDATE"
         ))
         .bind(value)
+        .bind(ClaimStatus::Pending)
         .fetch_all(&mut **tx)
         .await?;
         let live: Vec<&Claim> = claims.iter().filter(|c| c.live).collect();
@@ -487,9 +491,9 @@ impl LinkProofs {
             }
         };
         let status = if answer.outcome == ProofOutcome::Taken {
-            "used_up"
+            ClaimStatus::UsedUp
         } else {
-            "linked"
+            ClaimStatus::Linked
         };
         sqlx::query(
             "UPDATE switchboard.link_claims SET status = $2, settled_at = now() WHERE id = $1",
@@ -511,13 +515,14 @@ impl LinkProofs {
         let left: Vec<(i32, String)> = sqlx::query_as(
             "UPDATE switchboard.link_claims
                 SET wrong_codes = wrong_codes + 1,
-                    status = CASE WHEN wrong_codes + 1 > $2 THEN 'used_up' ELSE status END,
+                    status = CASE WHEN wrong_codes + 1 > $2 THEN $3 ELSE status END,
                     settled_at = CASE WHEN wrong_codes + 1 > $2 THEN now() END
               WHERE id = ANY($1)
               RETURNING $2 - wrong_codes, phone",
         )
         .bind(&ids)
         .bind(self.config.max_wrong_codes as i32)
+        .bind(ClaimStatus::UsedUp)
         .fetch_all(&mut **tx)
         .await?;
         let (tries, phone) = left.into_iter().max().unwrap_or_default();
@@ -620,6 +625,18 @@ impl Waiting {
             Waiting::Claimant(c) => ("claimant_id", c),
         }
     }
+}
+
+/// A link claim (`switchboard.link_claims.status`): `pending` until its code is proved
+/// (`linked`, or `used_up` when the number turned out to be someone else's), it ran out of
+/// tries (`used_up`), or a newer code replaced it (`superseded`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+enum ClaimStatus {
+    Pending,
+    Linked,
+    UsedUp,
+    Superseded,
 }
 
 const CLAIMS: &str = "SELECT id, claimant_id, claimant_name, phone, code,

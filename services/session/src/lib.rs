@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use switchboard_kit::config::{AgentConfig, ChannelConfig, SessionScope, WorkspaceConfig};
 use switchboard_kit::lifecycle::{ResetPolicy, reset_command};
 use switchboard_kit::proto::{IdentifiedMessage, SessionCreated, Turn};
@@ -108,6 +108,15 @@ pub struct OpenedTurn {
     pub memory_key: String,
     /// The fresh engine session the turn starts with, if any.
     pub reset: Option<ResetReason>,
+}
+
+/// A turn already placed for a message (a retry keeps it).
+#[derive(sqlx::FromRow)]
+struct PlacedTurn {
+    session_id: Uuid,
+    seq: i64,
+    inbound_id: Uuid,
+    reset: Option<ResetReason>,
 }
 
 pub struct SessionStore {
@@ -270,7 +279,7 @@ impl SessionStore {
         .await?;
 
         // A retry of a message we already placed keeps its original turn.
-        if let Some(r) = sqlx::query(
+        if let Some(r) = sqlx::query_as::<_, PlacedTurn>(
             "SELECT session_id, seq, inbound_id, reset FROM switchboard.turns
               WHERE channel = $1 AND provider_message_id = $2",
         )
@@ -281,12 +290,12 @@ impl SessionStore {
         {
             tx.commit().await?;
             return Ok(Opened::Turn(OpenedTurn {
-                session_id: r.get(0),
-                seq: r.get(1),
-                inbound_id: r.get(2),
+                session_id: r.session_id,
+                seq: r.seq,
+                inbound_id: r.inbound_id,
                 scope_key,
                 memory_key,
-                reset: r.get(3),
+                reset: r.reset,
             }));
         }
 

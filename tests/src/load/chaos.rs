@@ -19,7 +19,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom as _;
 use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
-use sqlx::Row as _;
 
 use super::canary::Canaries;
 use super::channels::{self, Channel, LoadClients, Mix};
@@ -809,7 +808,17 @@ async fn collect_evidence(
     let db = &pipeline.db;
     // The database's times, on the harness's clock.
     let offset_us = chrono::Utc::now().timestamp_micros() - now_us() as i64;
-    let turns = sqlx::query(
+    // (provider message id, status, seq, reply id, joined into, opened at µs, picked at µs)
+    type Turns = (
+        String,
+        String,
+        i64,
+        Option<String>,
+        Option<i64>,
+        i64,
+        Option<i64>,
+    );
+    let turns = sqlx::query_as::<_, Turns>(
         "SELECT provider_message_id, status, seq, reply_id::text, joined_into,
                 (extract(epoch FROM created_at) * 1000000)::bigint,
                 (extract(epoch FROM picked_at) * 1000000)::bigint
@@ -818,17 +827,17 @@ async fn collect_evidence(
     .fetch_all(db)
     .await?
     .into_iter()
-    .map(|row| TurnRow {
-        provider_message_id: row.get(0),
-        status: row.get(1),
-        seq: row.get(2),
-        reply_id: row.get(3),
-        joined_into: row.get(4),
-        opened_us: Some((row.get::<i64, _>(5) - offset_us).max(0) as u64),
-        picked_us: row
-            .get::<Option<i64>, _>(6)
-            .map(|at| (at - offset_us).max(0) as u64),
-    })
+    .map(
+        |(provider_message_id, status, seq, reply_id, joined_into, opened, picked)| TurnRow {
+            provider_message_id,
+            status,
+            seq,
+            reply_id,
+            joined_into,
+            opened_us: Some((opened - offset_us).max(0) as u64),
+            picked_us: picked.map(|at| (at - offset_us).max(0) as u64),
+        },
+    )
     .collect();
     let inbound_logged = sqlx::query_scalar::<_, Option<String>>(
         "SELECT external_id FROM switchboard.messages WHERE direction = 'inbound'",
@@ -843,56 +852,54 @@ async fn collect_evidence(
     )
     .fetch_all(db)
     .await?;
-    let mailbox = sqlx::query(
+    type Mailbox = (i64, String, i32, String, String, String, String);
+    let mailbox = sqlx::query_as::<_, Mailbox>(
         "SELECT seq, reply_id::text, part, channel, address, text, kind FROM switchboard.mailbox",
     )
     .fetch_all(db)
     .await?
     .into_iter()
-    .map(|row| {
-        let text: String = row.get(5);
-        MailboxRow {
-            seq: row.get(0),
-            reply_id: row.get(1),
-            part: row.get(2),
-            channel: row.get(3),
-            address: row.get(4),
+    .map(
+        |(seq, reply_id, part, channel, address, text, kind)| MailboxRow {
+            seq,
+            reply_id,
+            part,
+            channel,
+            address,
             text: text.strip_prefix("echo: ").unwrap_or(&text).to_string(),
-            kind: row.get(6),
-        }
-    })
+            kind,
+        },
+    )
     .collect();
     // The journal's waits, on the harness's clock.
-    let waiting = sqlx::query(
+    let waiting = sqlx::query_as::<_, (String, Option<String>, Option<i64>, i64)>(
         "SELECT s.person_id, e.detail->>'notice_id', e.seq,
                 (extract(epoch FROM e.at) * 1000000)::bigint
            FROM switchboard.session_events e
            JOIN switchboard.sessions s ON s.id = e.session_id
-          WHERE e.kind = 'waiting' ORDER BY e.at",
+          WHERE e.kind = $1 ORDER BY e.at",
     )
+    .bind(switchboard_kit::status::SessionEventKind::Waiting)
     .fetch_all(db)
     .await?
     .into_iter()
-    .map(|row| {
-        let at_us: i64 = row.get(3);
-        WaitingRow {
-            person: row.get(0),
-            notice_id: row.get::<Option<String>, _>(1).unwrap_or_default(),
-            seq: row.get::<Option<i64>, _>(2).unwrap_or(-1),
-            at_us: (at_us - offset_us).max(0) as u64,
-        }
+    .map(|(person, notice_id, seq, at_us)| WaitingRow {
+        person,
+        notice_id: notice_id.unwrap_or_default(),
+        seq: seq.unwrap_or(-1),
+        at_us: (at_us - offset_us).max(0) as u64,
     })
     .collect();
-    let ledger = sqlx::query(
+    let ledger = sqlx::query_as::<_, (String, String, Vec<String>)>(
         "SELECT reply_id::text, status, provider_message_ids FROM switchboard.deliveries",
     )
     .fetch_all(db)
     .await?
     .into_iter()
-    .map(|row| LedgerRow {
-        reply_id: row.get(0),
-        status: row.get(1),
-        provider_message_ids: row.get(2),
+    .map(|(reply_id, status, provider_message_ids)| LedgerRow {
+        reply_id,
+        status,
+        provider_message_ids,
     })
     .collect();
     let (dead_letters, dead_letters_unreadable) =

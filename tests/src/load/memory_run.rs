@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
-use sqlx::Row as _;
 use switchboard_kit::config::Config;
 use switchboard_kit::memory_config::{EmbeddingConfig, LlmConfig};
 use switchboard_kit::proto::ExchangeCategorised;
@@ -196,6 +195,31 @@ pub async fn wait_caught_up(
     Ok((false, started.elapsed()))
 }
 
+/// A logged message as [`collect`] reads it.
+#[derive(sqlx::FromRow)]
+struct MessageRead {
+    id: String,
+    memory_key: String,
+    person_id: String,
+    direction: String,
+    kind: Option<String>,
+    message: String,
+    logged_ms: i64,
+    summary_version: Option<i64>,
+}
+
+/// A `summarised` journal entry as [`collect`] reads it.
+#[derive(sqlx::FromRow)]
+struct SummarisedRead {
+    memory_key: String,
+    session_id: String,
+    version: Option<i64>,
+    last_message: String,
+    merged: Option<i64>,
+    covered: Option<i64>,
+    at_ms: i64,
+}
+
 /// What the memory workers left, read in one snapshot of the database, the
 /// `exchange.categorised` events on the stream, and the model's prompts.
 pub async fn collect(
@@ -208,91 +232,94 @@ pub async fn collect(
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .execute(&mut *tx)
         .await?;
-    let messages = sqlx::query(
-        "SELECT m.id::text, coalesce(s.memory_key, ''), m.person_id, m.direction,
-                m.metadata->>'kind', m.message,
-                (extract(epoch FROM m.created_at) * 1000)::bigint, m.summary_version
+    let messages = sqlx::query_as::<_, MessageRead>(
+        "SELECT m.id::text AS id, coalesce(s.memory_key, '') AS memory_key, m.person_id,
+                m.direction, m.metadata->>'kind' AS kind, m.message,
+                (extract(epoch FROM m.created_at) * 1000)::bigint AS logged_ms, m.summary_version
            FROM switchboard.messages m LEFT JOIN switchboard.sessions s ON s.id = m.session_id",
     )
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
-    .map(|r| {
-        let text: String = r.get(5);
-        LoggedMessage {
-            id: r.get(0),
-            memory_key: r.get(1),
-            person_id: r.get(2),
-            direction: r.get(3),
-            kind: r.get(4),
-            logged_ms: r.get(6),
-            summary_version: r.get(7),
-            canaries: canary::find(&text).into_iter().map(String::from).collect(),
-        }
+    .map(|r| LoggedMessage {
+        canaries: canary::find(&r.message)
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        id: r.id,
+        memory_key: r.memory_key,
+        person_id: r.person_id,
+        direction: r.direction,
+        kind: r.kind,
+        logged_ms: r.logged_ms,
+        summary_version: r.summary_version,
     })
     .collect();
-    let vectors =
-        sqlx::query("SELECT message_id::text, model, person_id FROM switchboard.message_vectors")
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .map(|r| VectorRow {
-                message_id: r.get(0),
-                model: r.get(1),
-                person_id: r.get(2),
-            })
-            .collect();
-    let categories = sqlx::query(
+    let vectors = sqlx::query_as::<_, (String, String, String)>(
+        "SELECT message_id::text, model, person_id FROM switchboard.message_vectors",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|(message_id, model, person_id)| VectorRow {
+        message_id,
+        model,
+        person_id,
+    })
+    .collect();
+    let categories = sqlx::query_as::<_, (String, Option<String>, String, String)>(
         "SELECT outbound_id::text, inbound_id::text, person_id, label
            FROM switchboard.exchange_categories",
     )
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
-    .map(|r| CategoryRow {
-        outbound_id: r.get(0),
-        inbound_id: r.get(1),
-        person_id: r.get(2),
-        label: r.get(3),
+    .map(|(outbound_id, inbound_id, person_id, label)| CategoryRow {
+        outbound_id,
+        inbound_id,
+        person_id,
+        label,
     })
     .collect();
-    let summaries = sqlx::query(
+    let summaries = sqlx::query_as::<_, (String, i64, Option<String>, i64, String)>(
         "SELECT memory_key, version, last_message_in_summary::text, messages_covered, summary
            FROM switchboard.summaries",
     )
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
-    .map(|r| {
-        let text: String = r.get(4);
-        SummaryRow {
-            memory_key: r.get(0),
-            version: r.get(1),
-            last_message: r.get(2),
-            messages_covered: r.get(3),
+    .map(
+        |(memory_key, version, last_message, messages_covered, text)| SummaryRow {
+            memory_key,
+            version,
+            last_message,
+            messages_covered,
             canaries: canary::find(&text).into_iter().map(String::from).collect(),
-        }
-    })
-    .collect();
-    let summarised = sqlx::query(
-        "SELECT s.memory_key, e.session_id::text, (e.detail->>'version')::bigint,
-                coalesce(e.detail->>'last_message_id', ''),
-                (e.detail->>'messages_merged')::bigint, (e.detail->>'messages_covered')::bigint,
-                (extract(epoch FROM e.at) * 1000)::bigint
-           FROM switchboard.session_events e JOIN switchboard.sessions s ON s.id = e.session_id
-          WHERE e.kind = 'summarised'",
+        },
     )
+    .collect();
+    let summarised = sqlx::query_as::<_, SummarisedRead>(
+        "SELECT s.memory_key, e.session_id::text AS session_id,
+                (e.detail->>'version')::bigint AS version,
+                coalesce(e.detail->>'last_message_id', '') AS last_message,
+                (e.detail->>'messages_merged')::bigint AS merged,
+                (e.detail->>'messages_covered')::bigint AS covered,
+                (extract(epoch FROM e.at) * 1000)::bigint AS at_ms
+           FROM switchboard.session_events e JOIN switchboard.sessions s ON s.id = e.session_id
+          WHERE e.kind = $1",
+    )
+    .bind(switchboard_kit::status::SessionEventKind::Summarised)
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
     .map(|r| SummarisedEntry {
-        memory_key: r.get(0),
-        session_id: r.get(1),
-        version: r.get::<Option<i64>, _>(2).unwrap_or(-1),
-        last_message: r.get(3),
-        merged: r.get::<Option<i64>, _>(4).unwrap_or(-1),
-        covered: r.get::<Option<i64>, _>(5).unwrap_or(-1),
-        at_ms: r.get(6),
+        memory_key: r.memory_key,
+        session_id: r.session_id,
+        version: r.version.unwrap_or(-1),
+        last_message: r.last_message,
+        merged: r.merged.unwrap_or(-1),
+        covered: r.covered.unwrap_or(-1),
+        at_ms: r.at_ms,
     })
     .collect();
     tx.commit().await?;

@@ -1,0 +1,380 @@
+//! The delivery ledger (`switchboard.deliveries`): one row per reply, leased to the deliverer
+//! sending it, recording each part the provider accepted and the attempt at the next one, so a
+//! redelivered reply is never sent twice (see the crate's documentation for the one window it
+//! leaves).
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use switchboard_kit::proto::Reply;
+use switchboard_kit::retry::{self, Backoff};
+use switchboard_kit::status::{DeliveryStatus, TurnStatus};
+use uuid::Uuid;
+
+/// What the ledger says of the part a claim resumes at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartAttempt {
+    /// The claim itself recorded that the attempt starts now: nobody tried the part before.
+    Started,
+    /// Nobody tried the part yet, and the ledger does not say so: record it before sending.
+    NotStarted,
+    /// An earlier attempt at the part started at this time, and nothing says whether the
+    /// provider took it.
+    Uncertain(DateTime<Utc>),
+}
+
+/// Where a reply stands in the ledger.
+pub enum Claim {
+    /// This deliverer holds the lease; `parts_sent` parts already went out.
+    Send {
+        parts_sent: usize,
+        ids: Vec<String>,
+        /// Whether the next part was tried before.
+        attempt: PartAttempt,
+    },
+    AlreadySent(Vec<String>),
+    AlreadyFailed(String),
+    /// Recorded as not to be sent.
+    Skipped,
+    /// Another deliverer holds the lease (or held it and died): try again once it ends.
+    Busy {
+        retry_in: Duration,
+    },
+}
+
+/// The ledger row a claim took, as [`DeliveryLedger::claim`] reads it back.
+#[derive(sqlx::FromRow)]
+struct LeasedRow {
+    parts_sent: i32,
+    provider_message_ids: Vec<String>,
+    attempts: i32,
+    /// The part an attempt was recorded at, and when it started.
+    attempt_part: Option<i32>,
+    attempt_started_at: Option<DateTime<Utc>>,
+}
+
+/// Where a reply stands, as [`DeliveryLedger::current`] reads it.
+#[derive(sqlx::FromRow)]
+struct CurrentRow {
+    status: DeliveryStatus,
+    provider_message_ids: Vec<String>,
+    last_error: Option<String>,
+    /// How long the lease still holds (0 when it ended), in seconds.
+    lease_left_s: Option<f64>,
+}
+
+pub struct DeliveryLedger {
+    pub(crate) db: PgPool,
+    /// How long a claim holds the reply.
+    pub(crate) lease: Duration,
+}
+
+impl DeliveryLedger {
+    pub fn new(db: PgPool, lease: Duration) -> Self {
+        Self { db, lease }
+    }
+
+    /// The same ledger, taking replies for `lease` (a channel's own, see [`Egress::lease`]).
+    pub fn with_lease(&self, lease: Duration) -> Self {
+        Self {
+            db: self.db.clone(),
+            lease,
+        }
+    }
+
+    pub async fn claim(&self, reply: &Reply, id: Uuid, parts: usize) -> Result<Claim, sqlx::Error> {
+        let session: Uuid = reply.session_id.parse().unwrap_or_default();
+        // One statement: create the ledger row leased to us, or take the lease of a pending row
+        // whose lease ended. No row back means sent, failed, or leased by someone else. A new
+        // row also records that the attempt at its first part starts now, so the common case
+        // costs no extra write; a taken-over row keeps the attempt an earlier claim recorded.
+        let leased: Option<LeasedRow> = sqlx::query_as(
+            "INSERT INTO switchboard.deliveries
+                (reply_id, session_id, channel, provider, recipient, status, parts_total,
+                 leased_until, attempts, attempt_part, attempt_started_at)
+             VALUES ($1, $2, $3, $4, $5, $8, $6, now() + make_interval(secs => $7), 1,
+                     0, now())
+             ON CONFLICT (reply_id) DO UPDATE
+                SET leased_until = EXCLUDED.leased_until,
+                    attempts = switchboard.deliveries.attempts + 1, updated_at = now()
+              WHERE switchboard.deliveries.status = $8
+                AND (switchboard.deliveries.leased_until IS NULL
+                     OR switchboard.deliveries.leased_until < now())
+             RETURNING parts_sent, provider_message_ids, attempts, attempt_part,
+                       attempt_started_at",
+        )
+        .bind(id)
+        .bind(session)
+        .bind(&reply.channel)
+        .bind(&reply.provider)
+        .bind(&reply.recipient)
+        .bind(parts as i32)
+        .bind(self.lease.as_secs_f64())
+        .bind(DeliveryStatus::Pending)
+        .fetch_optional(&self.db)
+        .await?;
+        if let Some(r) = leased {
+            let parts_sent = r.parts_sent;
+            // Only the claim that inserted the row has `attempts = 1`; any other found the
+            // attempt already there, recorded by someone before it.
+            let attempt = match r.attempt_started_at {
+                Some(at) if r.attempt_part == Some(parts_sent) && r.attempts > 1 => {
+                    PartAttempt::Uncertain(at)
+                }
+                Some(_) if r.attempt_part == Some(parts_sent) => PartAttempt::Started,
+                _ => PartAttempt::NotStarted,
+            };
+            return Ok(Claim::Send {
+                parts_sent: parts_sent as usize,
+                ids: r.provider_message_ids,
+                attempt,
+            });
+        }
+        self.current(id).await
+    }
+
+    /// Where a reply stands, without taking its lease: sent, failed, or leased by another
+    /// attempt (for how much longer).
+    async fn current(&self, id: Uuid) -> Result<Claim, sqlx::Error> {
+        let r: CurrentRow = sqlx::query_as(
+            "SELECT status, provider_message_ids, last_error,
+                    GREATEST(EXTRACT(EPOCH FROM leased_until - now()), 0)::float8 AS lease_left_s
+               FROM switchboard.deliveries WHERE reply_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.db)
+        .await?;
+        Ok(match r.status {
+            DeliveryStatus::Sent => Claim::AlreadySent(r.provider_message_ids),
+            DeliveryStatus::Failed => Claim::AlreadyFailed(r.last_error.unwrap_or_default()),
+            DeliveryStatus::Skipped => Claim::Skipped,
+            DeliveryStatus::Pending => Claim::Busy {
+                retry_in: Duration::from_secs_f64(
+                    r.lease_left_s.unwrap_or(0.0).min(self.lease.as_secs_f64()),
+                ),
+            },
+        })
+    }
+
+    /// Whether the reply to the turn before `seq` is settled (sent or failed for good), so this
+    /// one may go out after it. Turns that failed have no reply and do not hold anything up;
+    /// turns answered by a later turn's call (joined into it) are passed over.
+    pub async fn predecessor_settled(&self, session: Uuid, seq: i64) -> Result<bool, sqlx::Error> {
+        if seq <= 1 {
+            return Ok(true);
+        }
+        let row: Option<(TurnStatus, Option<DeliveryStatus>)> = sqlx::query_as(
+            "SELECT t.status, d.status
+               FROM switchboard.turns t
+               LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+              WHERE t.session_id = $1 AND t.seq < $2
+                AND NOT (t.status = $3 AND t.reply_id IS NULL)
+              ORDER BY t.seq DESC LIMIT 1",
+        )
+        .bind(session)
+        .bind(seq)
+        .bind(TurnStatus::Done)
+        .fetch_optional(&self.db)
+        .await?;
+        Ok(match row {
+            None => true,
+            Some((turn, delivery)) => {
+                turn == TurnStatus::Failed || delivery.is_some_and(DeliveryStatus::is_settled)
+            }
+        })
+    }
+
+    /// Record that the attempt at part `index` (0-based) starts now, before it is handed to the
+    /// provider. False if the reply is no longer where this deliverer left it (another one
+    /// took over and moved on).
+    pub async fn attempt_started(&self, id: Uuid, index: usize) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE switchboard.deliveries
+                SET attempt_part = $2, attempt_started_at = now(), updated_at = now()
+              WHERE reply_id = $1 AND status = $3 AND parts_sent = $2",
+        )
+        .bind(id)
+        .bind(index as i32)
+        .bind(DeliveryStatus::Pending)
+        .execute(&self.db)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Which of `candidates` (provider ids) the replies to the session's turns before `seq`
+    /// recorded as theirs: a message in the provider's log that is one of those is not this
+    /// reply's, however alike their texts.
+    pub async fn recorded_by_earlier_replies(
+        &self,
+        session: Uuid,
+        seq: i64,
+        candidates: &[String],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        // The log is only searched back to the attempt's start, so the last few replies are
+        // the only ones whose messages can be in it.
+        sqlx::query_scalar(
+            "SELECT DISTINCT sent.id
+               FROM switchboard.turns t
+               JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+              CROSS JOIN LATERAL unnest(d.provider_message_ids) AS sent(id)
+              WHERE t.session_id = $1 AND t.seq < $2 AND t.seq >= $2 - 16
+                AND sent.id = ANY($3)",
+        )
+        .bind(session)
+        .bind(seq)
+        .bind(candidates)
+        .fetch_all(&self.db)
+        .await
+    }
+
+    /// Record that part `index` (0-based) went out. The last part's write also marks the reply
+    /// sent, so a reply of one part costs one write after the send; earlier parts renew the
+    /// lease and record that the attempt at the next part starts now (it is sent right after).
+    /// Idempotent: written again after a lost answer (the database restarted between commit
+    /// and reply), it changes nothing.
+    pub async fn part_sent(
+        &self,
+        id: Uuid,
+        provider_id: &str,
+        index: usize,
+        last: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE switchboard.deliveries
+                SET parts_sent = $5 + 1,
+                    provider_message_ids = array_append(provider_message_ids, $2),
+                    status = CASE WHEN $4 THEN $6 ELSE status END,
+                    last_error = CASE WHEN $4 THEN NULL ELSE last_error END,
+                    leased_until = CASE WHEN $4 THEN NULL
+                                        ELSE now() + make_interval(secs => $3) END,
+                    attempt_part = CASE WHEN $4 THEN NULL ELSE $5 + 1 END,
+                    attempt_started_at = CASE WHEN $4 THEN NULL ELSE now() END,
+                    updated_at = now()
+              WHERE reply_id = $1 AND status = $7 AND parts_sent = $5",
+        )
+        .bind(id)
+        .bind(provider_id)
+        .bind(self.lease.as_secs_f64())
+        .bind(last)
+        .bind(index as i32)
+        .bind(DeliveryStatus::Sent)
+        .bind(DeliveryStatus::Pending)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    /// [`Self::part_sent`], retried until it is written or `until` passes. Only this process
+    /// knows the provider accepted the part: giving up on the write means the next attempt
+    /// sends it again, so a database outage shorter than the lease costs no double send.
+    pub async fn record_part_sent(
+        &self,
+        id: Uuid,
+        provider_id: &str,
+        index: usize,
+        last: bool,
+        until: Instant,
+    ) -> Result<(), sqlx::Error> {
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        retry::until(until, backoff, "recording a sent part", || {
+            self.part_sent(id, provider_id, index, last)
+        })
+        .await
+    }
+
+    /// Record a reply that is not to be sent (a heartbeat's "nothing to report"), so the
+    /// session's later replies go ahead of it.
+    pub async fn skip(&self, reply: &Reply, id: Uuid) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO switchboard.deliveries
+                (reply_id, session_id, channel, provider, recipient, status)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (reply_id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(reply.session_id.parse::<Uuid>().unwrap_or_default())
+        .bind(&reply.channel)
+        .bind(&reply.provider)
+        .bind(&reply.recipient)
+        .bind(DeliveryStatus::Skipped)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn finish(&self, id: Uuid, error: Option<&str>) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE switchboard.deliveries
+                SET status = $2, last_error = $3, leased_until = NULL, updated_at = now()
+              WHERE reply_id = $1",
+        )
+        .bind(id)
+        .bind(if error.is_some() {
+            DeliveryStatus::Failed
+        } else {
+            DeliveryStatus::Sent
+        })
+        .bind(error)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    /// Record a reply given up on as failed, so the session's later replies go ahead: a new
+    /// row if no attempt claimed it, else a pending row whose lease has ended. A reply that was
+    /// sent stays sent; one whose lease is held waits for that attempt.
+    pub async fn give_up(
+        &self,
+        reply: &Reply,
+        id: Uuid,
+        error: &str,
+    ) -> Result<Claim, sqlx::Error> {
+        let session: Uuid = reply.session_id.parse().unwrap_or_default();
+        let failed = sqlx::query(
+            "INSERT INTO switchboard.deliveries
+                (reply_id, session_id, channel, provider, recipient, status, last_error)
+             VALUES ($1, $2, $3, $4, $5, $7, $6)
+             ON CONFLICT (reply_id) DO UPDATE
+                SET status = EXCLUDED.status, last_error = EXCLUDED.last_error,
+                    leased_until = NULL, updated_at = now()
+              WHERE switchboard.deliveries.status = $8
+                AND (switchboard.deliveries.leased_until IS NULL
+                     OR switchboard.deliveries.leased_until < now())
+             RETURNING last_error",
+        )
+        .bind(id)
+        .bind(session)
+        .bind(&reply.channel)
+        .bind(&reply.provider)
+        .bind(&reply.recipient)
+        .bind(error)
+        .bind(DeliveryStatus::Failed)
+        .bind(DeliveryStatus::Pending)
+        .fetch_optional(&self.db)
+        .await?;
+        if failed.is_some() {
+            return Ok(Claim::AlreadyFailed(error.to_string()));
+        }
+        // Sent, failed already, or leased: what `claim` would say, without taking a lease.
+        self.current(id).await
+    }
+
+    /// Let another attempt take over at once. `unsent`: the provider refused the part it was
+    /// given (it said slow down), so the part is known not to have gone out and the next
+    /// attempt need not ask the provider's log about it.
+    pub async fn release(&self, id: Uuid, error: &str, unsent: bool) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE switchboard.deliveries
+                SET leased_until = NULL, last_error = $2, updated_at = now(),
+                    attempt_part = CASE WHEN $3 THEN NULL ELSE attempt_part END,
+                    attempt_started_at = CASE WHEN $3 THEN NULL ELSE attempt_started_at END
+              WHERE reply_id = $1",
+        )
+        .bind(id)
+        .bind(error)
+        .bind(unsent)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,89 @@
+//! The runner's outage, as a session lives it: while the agent's runner is down (the
+//! [`crate::breaker`] says so, or the call just found it), the session's turn gives its call
+//! slot back and waits for the runner, the session says `waiting`, and the person is told
+//! once per outage.
+use std::time::Duration;
+
+use switchboard_kit::proto::Turn;
+use switchboard_kit::status::{SessionEventKind, SessionStatus};
+use switchboard_kit::{Attempt, Wake};
+use uuid::Uuid;
+
+use crate::journal::Journal;
+use crate::lease::CallLease;
+use crate::{DispatchError, TurnDispatcher};
+
+impl TurnDispatcher {
+    /// The turn waits for its agent's runner to come back (for `after`, or until `recovery`):
+    /// the call slot is given back, the session says `waiting`, and the person is told, once
+    /// per outage (the notice's id is kept until the session's next answer, so telling again
+    /// is the same message).
+    pub(crate) async fn wait_for_runner(
+        &self,
+        turn: &Turn,
+        lease: &mut CallLease,
+        after: Duration,
+        recovery: Wake,
+        attempt: &Attempt,
+    ) -> DispatchError {
+        let session = lease.session;
+        let fresh = Uuid::now_v7();
+        let marked: Result<Option<(Uuid, bool)>, sqlx::Error> = async {
+            let mut tx = self.db.begin().await?;
+            let marked: Option<(Uuid, bool)> = sqlx::query_as(
+                "UPDATE switchboard.sessions
+                    SET running_call = NULL, running_by = NULL, running_until = NULL,
+                        status = $4, waiting_since = COALESCE(waiting_since, now()),
+                        waiting_notice = COALESCE(waiting_notice, $3)
+                  WHERE id = $1 AND running_call = $2
+                 RETURNING waiting_notice, waiting_notice = $3",
+            )
+            .bind(session)
+            .bind(lease.call)
+            .bind(fresh)
+            .bind(SessionStatus::Waiting)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some((notice, true)) = marked {
+                let entry = Journal::new(
+                    session,
+                    format!("waiting:{session}:{notice}"),
+                    SessionEventKind::Waiting,
+                    turn.seq,
+                    serde_json::json!({ "notice_id": notice }),
+                );
+                Journal::write(&mut tx, &[entry]).await?;
+            }
+            tx.commit().await?;
+            // A dispatcher killed here recorded the wait and never told the person: the
+            // turn's redelivery tells them (tests/tests/ordered_dispatch.rs).
+            switchboard_kit::failpoint::crash_at("dispatch.wait_recorded");
+            Ok(marked)
+        }
+        .await;
+        if marked.is_ok() {
+            // Cleared by the statement above (or taken over by another call before it).
+            lease.cleared();
+        }
+        self.wakers.wake(session);
+        let notice = match marked {
+            // Told when the outage began for this session, or again after a redelivery (the
+            // first telling may not have been published): the same notice either way.
+            Ok(Some((notice, first))) if first || attempt.waits == 0 => {
+                let text = self.config.runner_down_notice.clone();
+                vec![self.notice_output(turn, session, notice, text)]
+            }
+            Ok(_) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "could not mark the session waiting");
+                Vec::new()
+            }
+        };
+        metrics::counter!("sb_dispatch_turns_waiting_for_runner_total").increment(1);
+        DispatchError::RunnerDown {
+            after,
+            notice,
+            recovery,
+        }
+    }
+}

@@ -1,0 +1,575 @@
+//! One turn's run, in the order it happens: acquire the session's call slot (or find the turn
+//! answered, or wait), plan the call (the reset's flush, the answer Switchboard gives itself,
+//! the messages joining it, the prompt), call the runner, and settle (commit the answer by
+//! compare-and-set, or find the one another call committed). The slot is given back in one
+//! place whatever happened: [`CallLease::finish`].
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use switchboard_kit::config::{AgentConfig, QueueMode, StaleTurns};
+use switchboard_kit::proto::Turn;
+use switchboard_kit::retry::{self, Backoff};
+use switchboard_kit::status::ResetReason;
+use switchboard_kit::{Attempt, Output, Wake};
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+use crate::lease::{CALL_DEADLINE_MARGIN, CallFor, CallLease};
+use crate::queue::Group;
+use crate::recall::Recalled;
+use crate::runner::{RunRequest, RunnerError};
+use crate::turn_store::{NextEngineSession, Settlement, StoredReply};
+use crate::{DispatchError, TurnDispatcher, breaker, flush, prompt};
+
+/// How long a runner's answer is kept trying to be stored (the commit is a compare-and-set
+/// on the call's lease, so a late success is still exactly one answer).
+const COMMIT_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// The turn as it runs: whose it is, and the reset it starts.
+struct TurnRun<'a> {
+    turn: &'a Turn,
+    attempt: &'a Attempt,
+    agent: &'a AgentConfig,
+    session: Uuid,
+    person_id: String,
+    /// The reset this turn starts: its own (decided when it was opened), else one asked for
+    /// outside the conversation.
+    reset: Option<ResetReason>,
+    /// The pending reset it applies: when it was asked for (cleared at the commit unless a
+    /// newer one came meanwhile).
+    consumed: Option<Option<DateTime<Utc>>>,
+}
+
+impl TurnRun<'_> {
+    fn correlation(&self) -> &str {
+        self.turn
+            .message
+            .as_ref()
+            .and_then(|m| m.inbound.as_ref())
+            .map(|i| i.correlation_id.as_str())
+            .unwrap_or(&self.attempt.correlation_id)
+    }
+
+    /// The turn's answer, ready to commit (`reply_id` fresh, the turn's reset with it).
+    fn settlement(
+        &self,
+        text: String,
+        engine_session_id: String,
+        next: NextEngineSession,
+    ) -> Settlement {
+        Settlement {
+            reply: StoredReply {
+                engine_session_id,
+                ..StoredReply::new(Uuid::now_v7(), text, self.reset)
+            },
+            next,
+            first: self.turn.seq,
+            consumed: self.consumed,
+            recall: None,
+        }
+    }
+}
+
+/// What [`TurnDispatcher::acquire`] found.
+enum Acquired {
+    /// The call slot is this turn's.
+    Leased(Box<CallLease>),
+    /// The turn was settled before (by this process before a crash, or by another replica):
+    /// what it published then, again.
+    Settled(Vec<Output>),
+}
+
+/// What the turn does with the slot.
+enum Plan {
+    /// Answered without the agent: a given answer, or `/new` alone.
+    Answer(Settlement),
+    /// A runner call.
+    Call(PlannedCall),
+}
+
+/// A runner call, ready to make.
+struct PlannedCall {
+    group: Group,
+    prompt: String,
+    /// The call's Idempotency-Key.
+    key: String,
+    recalled: Option<Recalled>,
+    /// The call only checks whether the runner is back (this process's breaker is open).
+    check: bool,
+    /// Resolves when this process finds the runner back.
+    recovery: Wake,
+    /// The workspace folder whose memory.md the agent may edit.
+    memory_file: Option<std::path::PathBuf>,
+    turn_token: String,
+    api_url: String,
+}
+
+impl TurnDispatcher {
+    /// Run one turn. Returns the reply (and events) to publish.
+    pub(crate) async fn dispatch_turn(
+        &self,
+        turn: &Turn,
+        attempt: &Attempt,
+    ) -> Result<Vec<Output>, DispatchError> {
+        let session: Uuid = turn
+            .session_id
+            .parse()
+            .map_err(|_| DispatchError::Malformed("session_id"))?;
+        let (agent, slots) = self
+            .agents
+            .get(&turn.agent_name)
+            .ok_or_else(|| DispatchError::UnknownAgent(turn.agent_name.clone()))?;
+        let person_id = turn
+            .message
+            .as_ref()
+            .and_then(|m| m.person.as_ref())
+            .map(|p| p.person_id.clone())
+            .unwrap_or_default();
+        let mut lease = match self
+            .acquire(turn, session, agent, slots, &person_id)
+            .await?
+        {
+            Acquired::Leased(lease) => *lease,
+            Acquired::Settled(outputs) => return Ok(outputs),
+        };
+        // The turn's own reset, else one asked for outside the conversation. A message the
+        // agent started does not take an operator's reset: the person's next message does,
+        // and is told.
+        let own_reset = ResetReason::parse(&turn.reset);
+        let (reset, consumed) = match (turn.given_answer(), own_reset, &lease.found.pending_reset) {
+            (Some(_), own, _) => (own, None),
+            (None, own, Some((pending, at))) => (own.or(Some(*pending)), Some(*at)),
+            (None, own, None) => (own, None),
+        };
+        let run = TurnRun {
+            turn,
+            attempt,
+            agent,
+            session,
+            person_id,
+            reset,
+            consumed,
+        };
+        // The session waited for the runner and its person was told. A redelivered turn (its
+        // dispatcher died) tells them again with its answer, under the same notice id (sent
+        // once however often it is published): the dispatcher that recorded the wait may have
+        // died before publishing the notice, and the runner be back by now. (Whether this
+        // delivery parked before does not matter: the notice may still never have gone out.)
+        let retell = lease.found.waiting_notice.filter(|_| attempt.delivered > 1);
+        let result = self.run_leased(&run, &mut lease).await;
+        lease.finish().await;
+        let mut outputs = result?;
+        if let Some(notice) = retell {
+            let text = self.config.runner_down_notice.clone();
+            outputs.insert(0, self.notice_output(turn, session, notice, text));
+        }
+        Ok(outputs)
+    }
+
+    /// Take the session's call slot, only when this turn is next and the slot is free;
+    /// otherwise the turn is parked (no handler slot held) until the session moves. The lease
+    /// commits against the turn's predecessor, or the turn itself when a failed latest turn is
+    /// run again (a replay).
+    async fn acquire(
+        &self,
+        turn: &Turn,
+        session: Uuid,
+        agent: &AgentConfig,
+        slots: &Arc<Semaphore>,
+        person_id: &str,
+    ) -> Result<Acquired, DispatchError> {
+        let timeout = Duration::from_secs(agent.timeout_s) + CALL_DEADLINE_MARGIN;
+        let call = |after| CallFor {
+            session,
+            seq: turn.seq,
+            after,
+            timeout,
+            person_id,
+        };
+        // The usual case in one statement: this turn is next and the slot is free. (Only with
+        // a free agent slot at hand: a redelivered or early turn must not queue for one
+        // before the checks below.)
+        if let Ok(slot) = slots.clone().try_acquire_owned()
+            && let Some(lease) = self.slots.take(&call(turn.seq - 1), slot).await?
+        {
+            return Ok(Acquired::Leased(Box::new(lease)));
+        }
+        // Woken by this process moving the session on, or by the session watch.
+        let waiting = self.wakers.wait_on(session);
+        let last = self.turns.cursor(session).await?;
+        let mut ready = None;
+        if turn.seq <= last {
+            match self.turns.stored_reply(session, turn.seq).await {
+                // Already done (by us before a crash, or by another replica): same answer.
+                Ok(stored) => return Ok(Acquired::Settled(self.outputs(turn, session, &stored))),
+                // Answered by a later turn's call: its reply is that turn's to send.
+                Err(DispatchError::JoinedInto { .. }) => return Ok(Acquired::Settled(Vec::new())),
+                // It failed for good, and nothing ran after it: run it again in place.
+                Err(DispatchError::FailedEarlier { .. }) if turn.seq == last => {
+                    ready = Some(last);
+                }
+                Err(e) => return Err(e),
+            }
+        } else if turn.seq == last + 1 {
+            ready = Some(last);
+        }
+        if let Some(after) = ready {
+            // The agent's concurrency slot first, so a lease is never held while queueing.
+            let slot = slots
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("semaphore never closed");
+            if let Some(lease) = self.slots.take(&call(after), slot).await? {
+                return Ok(Acquired::Leased(Box::new(lease)));
+            }
+        }
+        if agent.queue_mode == QueueMode::Interrupt {
+            self.interrupt_running_call(session, turn, agent).await;
+        }
+        Err(DispatchError::NotYet {
+            seq: turn.seq,
+            next: last + 1,
+            wake: Wake::new(waiting.woken()),
+        })
+    }
+
+    /// Everything the turn does while it holds the call slot.
+    async fn run_leased(
+        &self,
+        run: &TurnRun<'_>,
+        lease: &mut CallLease,
+    ) -> Result<Vec<Output>, DispatchError> {
+        // Before the reset, the agent writes what it must keep (once per engine session).
+        if let Some(reset) = run.reset {
+            let before = flush::Before {
+                turn: run.turn,
+                agent: run.agent,
+                person_id: &run.person_id,
+                reset,
+                correlation_id: run.correlation(),
+            };
+            self.flush_before_reset(&before, lease).await?;
+        }
+        let call = match self.plan(run, lease).await? {
+            Plan::Answer(settlement) => return self.settle(run.turn, lease, settlement).await,
+            Plan::Call(call) => call,
+        };
+        let last = call.group.last().clone();
+        let settlement = self.call(run, lease, call).await?;
+        self.settle(&last, lease, settlement).await
+    }
+
+    /// The answer without the agent, or the runner call to make. Errors: the runner is down
+    /// and the session waits for it, or the turn is too old to run (`stale_turns = expire`).
+    async fn plan(&self, run: &TurnRun<'_>, lease: &mut CallLease) -> Result<Plan, DispatchError> {
+        let (turn, agent, session) = (run.turn, run.agent, run.session);
+        let notice = |text: &str| match run.reset {
+            Some(r) => format!("{}\n\n{text}", self.notices.for_reason(r)),
+            None => text.to_string(),
+        };
+        // A message the agent started, or one Switchboard answered itself, has its answer: no
+        // runner call, the text is committed as the turn's reply, in the turn's place (after
+        // the replies before it).
+        if let Some(text) = turn.given_answer() {
+            let mut text = text.to_string();
+            // `/remember <text>` (answered by identify): kept in the person's memory here, in
+            // the turn's order, once however often the turn is redelivered; the answer says so
+            // when the memory was too full to keep it all.
+            let inbound = turn.message.as_ref().and_then(|m| m.inbound.as_ref());
+            if let Some(inbound) = inbound.filter(|i| i.is_from_person())
+                && let Some(remembered) =
+                    switchboard_kit::lifecycle::remember_command(&inbound.text)
+            {
+                let kept = self
+                    .memories
+                    .remember(
+                        session,
+                        &inbound.id,
+                        &run.person_id,
+                        &turn.agent_identity,
+                        remembered,
+                    )
+                    .await?;
+                if let Some(shortfall) = kept.shortfall(self.memories.max_chars()) {
+                    text = shortfall;
+                }
+            }
+            let next = if run.reset.is_some() {
+                NextEngineSession::Cleared
+            } else {
+                NextEngineSession::Keep
+            };
+            return Ok(Plan::Answer(run.settlement(
+                notice(&text),
+                String::new(),
+                next,
+            )));
+        }
+        // `/new` alone: the reset is the whole turn; the next message starts the engine
+        // session.
+        if ResetReason::parse(&turn.reset) == Some(ResetReason::Command)
+            && prompt::person_text(turn, &self.prompt).is_empty()
+        {
+            let text = self.notices.for_reason(ResetReason::Command).to_string();
+            return Ok(Plan::Answer(run.settlement(
+                text,
+                String::new(),
+                NextEngineSession::Cleared,
+            )));
+        }
+        let memory_file = self.write_workspace_files(session, &lease.found).await;
+        // While the runner is down, only the breaker's probe calls it; the turns of sessions
+        // told of the outage wait. A session not told yet calls once itself (a check, which
+        // leaves the probes' schedule alone): this process's breaker may still be open after
+        // another replica found the runner back, and nobody is told the agent is unavailable
+        // on a stale word, only after their own turn found it down.
+        // A wait for the runner ends when this process finds it back (taken before the
+        // breaker is asked and the runner called, so a recovery in between is not missed).
+        let recovery = Wake::new(self.breakers.recovery(&agent.runner_url));
+        let check = match self.breakers.admit(&agent.runner_url, Instant::now()) {
+            breaker::Admission::Call => false,
+            breaker::Admission::Wait(after) if lease.found.waiting_notice.is_some() => {
+                return Err(self
+                    .wait_for_runner(turn, lease, after, recovery, run.attempt)
+                    .await);
+            }
+            breaker::Admission::Wait(_) => true,
+        };
+        // The turn can run now: is it older than turns may get?
+        let now = Utc::now();
+        let stale = turn_age(turn, now).filter(|age| {
+            self.config.max_turn_age_s > 0
+                && *age > chrono::Duration::seconds(self.config.max_turn_age_s as i64)
+        });
+        if stale.is_some() {
+            metrics::counter!("sb_dispatch_stale_turns_total").increment(1);
+        }
+        // Messages that arrived while the previous turn ran join this call (collect,
+        // interrupt); the reply is committed at the last of them.
+        let group = if agent.queue_mode.joins() && stale.is_none() {
+            self.joinable(session, turn).await?
+        } else {
+            Group::alone(turn)
+        };
+        if group.turns.len() > 1 {
+            metrics::counter!("sb_dispatch_joined_messages_total")
+                .increment(group.turns.len() as u64);
+        }
+        let attachments = self
+            .keep_attachments(&group.turns, lease.found.workspace.as_deref())
+            .await?;
+        let held_by = match (run.reset, &lease.found.engine_session) {
+            (None, Some(engine)) => Some((session, engine.as_str())),
+            _ => None,
+        };
+        let recalled = self
+            .recall
+            .for_call(&group.turns, &run.person_id, &turn.agent_identity, held_by)
+            .await;
+        let prompt = prompt::build_joined_prompt(
+            &group.turns,
+            &prompt::PromptContext {
+                attachments: &attachments,
+                config: &self.prompt,
+                summary: lease
+                    .found
+                    .summary
+                    .as_ref()
+                    .map(|(s, at)| (s.as_str(), *at)),
+                memory: lease
+                    .found
+                    .memory
+                    .as_ref()
+                    .map(|m| (m.body.as_str(), m.updated_at)),
+                recall: recalled.as_ref().and_then(|r| r.block.as_deref()),
+                reset: run.reset,
+                now,
+                stale: stale.is_some(),
+            },
+        );
+        let (turn_token, api_url) = self
+            .credentials
+            .for_turn(
+                agent,
+                &run.person_id,
+                &session.to_string(),
+                run.correlation(),
+            )
+            .await?;
+        if let Some(waited) = stale
+            && self.config.stale_turns == StaleTurns::Expire
+        {
+            if !check {
+                self.breakers
+                    .probe_unused(&agent.runner_url, Instant::now());
+            }
+            return Err(DispatchError::Expired {
+                waited,
+                max_s: self.config.max_turn_age_s,
+            });
+        }
+        let key = group.call_key(session);
+        if agent.queue_mode == QueueMode::Interrupt {
+            self.mark_cancellable(lease, &key, group.last().seq).await?;
+        }
+        Ok(Plan::Call(PlannedCall {
+            group,
+            prompt,
+            key,
+            recalled,
+            check,
+            recovery,
+            memory_file,
+            turn_token,
+            api_url: api_url.to_string(),
+        }))
+    }
+
+    /// Make the planned runner call; the answer, ready to commit.
+    async fn call(
+        &self,
+        run: &TurnRun<'_>,
+        lease: &mut CallLease,
+        call: PlannedCall,
+    ) -> Result<Settlement, DispatchError> {
+        let (turn, agent) = (run.turn, run.agent);
+        let request = RunRequest {
+            turn_token: Some(call.turn_token),
+            api_url: Some(call.api_url.as_str()),
+            agent: &agent.name,
+            prompt: &call.prompt,
+            session_id: if run.reset.is_some() {
+                None
+            } else {
+                lease.found.engine_session.as_deref()
+            },
+            correlation_id: run.correlation(),
+            workspace: lease.found.workspace.as_deref(),
+            queue_mode: agent.queue_mode.as_str(),
+        };
+        let started = Instant::now();
+        let resp = match self.runner.run(agent, &request, &call.key).await {
+            Ok(resp) => {
+                self.breakers.succeeded(&agent.runner_url);
+                resp
+            }
+            Err(e) if e.means_runner_down() => {
+                // A check call's failure is not the breaker's (it would push the next probe
+                // back). This replica's breaker opens on its own failures only; a session
+                // already waiting on this outage (recorded by another replica) waits here
+                // too, so a turn handed between dispatchers does not spend its failure budget
+                // on the outage.
+                if call.check
+                    || self.breakers.failed(&agent.runner_url, Instant::now())
+                    || lease.found.waiting_notice.is_some()
+                {
+                    let after = Duration::from_millis(self.config.breaker_probe_ms.max(10));
+                    return Err(self
+                        .wait_for_runner(turn, lease, after, call.recovery, run.attempt)
+                        .await);
+                }
+                return Err(e.into());
+            }
+            Err(RunnerError::Cancelled) => {
+                // Interrupted by a newer message: run again at once, joined with it.
+                self.breakers.succeeded(&agent.runner_url);
+                self.interrupted(lease, turn.seq).await?;
+                return Err(DispatchError::Interrupted { seq: turn.seq });
+            }
+            Err(e) => {
+                // The turn's own problem (an engine error, a timeout); an answer says the
+                // runner is up.
+                if !matches!(e, RunnerError::Unavailable(_)) {
+                    self.breakers.succeeded(&agent.runner_url);
+                }
+                return Err(e.into());
+            }
+        };
+        if let Some(folder) = &call.memory_file {
+            let _ = self
+                .keep_agent_memory(
+                    lease.session,
+                    lease.call,
+                    &run.person_id,
+                    &turn.agent_identity,
+                    &lease.found,
+                    folder,
+                )
+                .await;
+        }
+        let notice = match run.reset {
+            Some(r) => format!("{}\n\n{}", self.notices.for_reason(r), resp.text),
+            None => resp.text,
+        };
+        let mut settlement = run.settlement(notice, resp.session_id, NextEngineSession::Answered);
+        settlement.reply.processing_ms = if resp.processing_ms > 0 {
+            resp.processing_ms
+        } else {
+            started.elapsed().as_millis() as i64
+        };
+        settlement.reply.tool_calls_count = resp.tool_calls_count;
+        settlement.recall = call.recalled.map(|r| r.detail);
+        if call.group.turns.len() > 1 {
+            settlement.reply.answers = call
+                .group
+                .turns
+                .iter()
+                .filter_map(|t| t.message.as_ref()?.inbound.as_ref().map(|i| i.id.clone()))
+                .collect();
+        }
+        Ok(settlement)
+    }
+
+    /// Commit the turn's answer (compare-and-set on the cursor and the call slot) and return
+    /// what to publish: this reply, or the one another call of the turn committed.
+    async fn settle(
+        &self,
+        turn: &Turn,
+        lease: &mut CallLease,
+        settlement: Settlement,
+    ) -> Result<Vec<Output>, DispatchError> {
+        let session = lease.session;
+        // The agent has answered: a database hiccup must not make it answer again, so the
+        // commit is tried again for a while before the turn fails (and is run again).
+        let committed = {
+            let lease = &*lease;
+            retry::until(
+                Instant::now() + COMMIT_RETRY_FOR,
+                Backoff::new(Duration::from_millis(50), Duration::from_secs(2)),
+                "storing the agent's reply",
+                || self.turns.commit(lease, turn.seq, &settlement),
+            )
+            .await?
+        };
+        if committed {
+            lease.cleared();
+            return Ok(self.outputs(turn, session, &settlement.reply));
+        }
+        lease.release().await?;
+        match self.turns.stored_reply(session, turn.seq).await {
+            // Another call of this turn committed while we ran it: its answer stands.
+            Ok(stored) => {
+                tracing::warn!(%session, seq = turn.seq, "turn committed elsewhere; re-emitting that reply");
+                Ok(self.outputs(turn, session, &stored))
+            }
+            Err(DispatchError::JoinedInto { .. }) => Ok(Vec::new()),
+            // Another call of this turn holds the slot and is still running: its answer will
+            // stand; come back for it.
+            Err(DispatchError::FailedEarlier { .. }) => {
+                Err(DispatchError::Superseded { seq: turn.seq })
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// How long ago the turn's message was received (`None`: it does not say).
+fn turn_age(turn: &Turn, now: DateTime<Utc>) -> Option<chrono::Duration> {
+    let received = turn.message.as_ref()?.inbound.as_ref()?.received_at_ms;
+    if received <= 0 {
+        return None;
+    }
+    Some(now.signed_duration_since(DateTime::from_timestamp_millis(received)?))
+}

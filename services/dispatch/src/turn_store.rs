@@ -1,0 +1,399 @@
+//! What the dispatcher keeps of a session's turns: the cursor (`sessions.last_seq`, the last
+//! turn done or failed for good), each turn's stored reply, and the compare-and-set commits
+//! that move the cursor, each with its journal entries in the same transaction.
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use switchboard_kit::status::{ResetReason, SessionEventKind, SessionStatus, TurnStatus};
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+use crate::DispatchError;
+use crate::journal::Journal;
+use crate::lease::CallLease;
+use crate::wakers::Wakers;
+
+/// A turn's stored outcome.
+pub(crate) struct StoredReply {
+    pub reply_id: Uuid,
+    pub text: String,
+    pub engine_session_id: String,
+    pub processing_ms: i64,
+    pub tool_calls_count: i64,
+    /// The fresh engine session the turn started (the reply tells the person).
+    pub reset: Option<ResetReason>,
+    /// The inbound messages a joined call answered, in order (empty: this turn's alone).
+    pub answers: Vec<String>,
+}
+
+impl StoredReply {
+    /// A reply of Switchboard's own (a notice, an answer without the agent), not yet stored.
+    pub fn new(reply_id: Uuid, text: String, reset: Option<ResetReason>) -> Self {
+        Self {
+            reply_id,
+            text,
+            engine_session_id: String::new(),
+            processing_ms: 0,
+            tool_calls_count: 0,
+            reset,
+            answers: Vec::new(),
+        }
+    }
+}
+
+/// A turn's row as [`TurnStore::stored_reply`] reads it.
+#[derive(sqlx::FromRow)]
+struct TurnRow {
+    status: TurnStatus,
+    error: Option<String>,
+    reply_id: Option<Uuid>,
+    reply_text: Option<String>,
+    engine_session_id: Option<String>,
+    processing_ms: Option<i64>,
+    tool_calls_count: Option<i64>,
+    reset: Option<ResetReason>,
+    joined_into: Option<i64>,
+    /// The inbound ids of the turns joined into this one, in order.
+    joined: Option<Vec<String>>,
+}
+
+/// The engine session a session goes on with after a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NextEngineSession {
+    /// As it was: the turn was answered without the agent.
+    Keep,
+    /// The one the runner answered with.
+    Answered,
+    /// None: the turn only reset the session (`/new` alone); the next turn starts one.
+    Cleared,
+}
+
+impl NextEngineSession {
+    fn as_str(self) -> &'static str {
+        match self {
+            NextEngineSession::Keep => "keep",
+            NextEngineSession::Answered => "answered",
+            NextEngineSession::Cleared => "cleared",
+        }
+    }
+}
+
+/// A turn's answer, ready to commit.
+pub(crate) struct Settlement {
+    pub reply: StoredReply,
+    pub next: NextEngineSession,
+    /// The pending reset this turn applied: when it was asked for.
+    pub consumed: Option<Option<DateTime<Utc>>>,
+    /// The first turn the call answered (earlier than the committed one when it joined
+    /// several: those are done, joined into it).
+    pub first: i64,
+    /// What the call's prompt recalled (the journal's `recall` entry).
+    pub recall: Option<serde_json::Value>,
+}
+
+pub(crate) struct TurnStore {
+    db: PgPool,
+    /// Checks a turn may repeat at will (is it next? can it take the call slot?) run at most
+    /// the pool's size less two at once, so under overload the answers agents already gave
+    /// always find a connection: a waiting turn is delayed, an answer is never lost to a busy
+    /// pool (which would fail the turn and run the agent again).
+    checks: Arc<Semaphore>,
+    wakers: Wakers,
+}
+
+impl TurnStore {
+    pub fn new(db: PgPool, checks: Arc<Semaphore>, wakers: Wakers) -> Self {
+        Self { db, checks, wakers }
+    }
+
+    /// The session's cursor: the last turn done (or failed for good).
+    pub async fn cursor(&self, session: Uuid) -> Result<i64, DispatchError> {
+        let _admitted = self.checks.acquire().await.expect("never closed");
+        sqlx::query_scalar("SELECT last_seq FROM switchboard.sessions WHERE id = $1")
+            .bind(session)
+            .fetch_optional(&self.db)
+            .await?
+            .ok_or(DispatchError::UnknownSession(session))
+    }
+
+    /// The reply turn `seq` stored. Errors: it failed ([`DispatchError::FailedEarlier`], also
+    /// while it is still open), or was answered by a later turn's call
+    /// ([`DispatchError::JoinedInto`]).
+    pub async fn stored_reply(
+        &self,
+        session: Uuid,
+        seq: i64,
+    ) -> Result<StoredReply, DispatchError> {
+        let _admitted = self.checks.acquire().await.expect("never closed");
+        let row: TurnRow = sqlx::query_as(
+            "SELECT status, error, reply_id, reply_text, engine_session_id, processing_ms,
+                    tool_calls_count, reset, joined_into,
+                    (SELECT array_agg(j.inbound_id::text ORDER BY j.seq)
+                       FROM switchboard.turns j
+                      WHERE j.session_id = t.session_id AND j.joined_into = t.seq
+                        AND j.status = $3 AND j.seq < t.seq) AS joined
+               FROM switchboard.turns t WHERE session_id = $1 AND seq = $2",
+        )
+        .bind(session)
+        .bind(seq)
+        .bind(TurnStatus::Done)
+        .fetch_one(&self.db)
+        .await?;
+        if row.status != TurnStatus::Done {
+            return Err(DispatchError::FailedEarlier {
+                session,
+                seq,
+                error: row.error.unwrap_or_default(),
+            });
+        }
+        let Some(reply_id) = row.reply_id else {
+            return Err(DispatchError::JoinedInto {
+                seq,
+                into: row.joined_into.unwrap_or(seq),
+            });
+        };
+        let mut answers = row.joined.unwrap_or_default();
+        if !answers.is_empty() {
+            let own: Option<String> = sqlx::query_scalar(
+                "SELECT inbound_id::text FROM switchboard.turns WHERE session_id = $1 AND seq = $2",
+            )
+            .bind(session)
+            .bind(seq)
+            .fetch_optional(&self.db)
+            .await?;
+            answers.extend(own);
+        }
+        Ok(StoredReply {
+            answers,
+            reply_id,
+            text: row.reply_text.unwrap_or_default(),
+            engine_session_id: row.engine_session_id.unwrap_or_default(),
+            processing_ms: row.processing_ms.unwrap_or(0),
+            tool_calls_count: row.tool_calls_count.unwrap_or(0),
+            reset: row.reset,
+        })
+    }
+
+    /// Move the cursor from the lease's `after` to `seq` and store the reply, only if the
+    /// cursor is still there and this call holds the session's slot. Returns false if another
+    /// dispatcher got there first. The settlement's `next` says which engine session the
+    /// session goes on with; a pending reset this turn applied (`consumed`: when it was asked
+    /// for) is cleared unless a newer one came meanwhile. The journal records the reply (and
+    /// the reset) in the same transaction, which also clears the call slot.
+    pub async fn commit(
+        &self,
+        lease: &CallLease,
+        seq: i64,
+        settlement: &Settlement,
+    ) -> Result<bool, DispatchError> {
+        let Settlement {
+            reply,
+            next,
+            consumed,
+            recall,
+            first,
+        } = settlement;
+        let session = lease.session;
+        let mut tx = self.db.begin().await?;
+        // Only the call holding the session's slot may commit: a call whose lease lapsed (its
+        // dispatcher stalled) and was taken over is not committed, whoever finishes first.
+        let previous: Option<(Option<String>,)> = sqlx::query_as(
+            "WITH before AS (
+                SELECT engine_session_id FROM switchboard.sessions
+                 WHERE id = $1 AND last_seq = $4 AND running_call = $5 FOR UPDATE)
+             UPDATE switchboard.sessions s
+                SET last_seq = $2, updated_at = now(), status = $10,
+                    engine_session_id = CASE $6 WHEN 'keep' THEN s.engine_session_id
+                                                WHEN 'cleared' THEN NULL ELSE $3 END,
+                    resets = s.resets + $7,
+                    pending_reset = CASE WHEN $8 AND s.pending_reset_at IS NOT DISTINCT FROM $9
+                                         THEN NULL ELSE s.pending_reset END,
+                    pending_reset_at = CASE WHEN $8 AND s.pending_reset_at IS NOT DISTINCT FROM $9
+                                            THEN NULL ELSE s.pending_reset_at END,
+                    waiting_since = NULL, waiting_notice = NULL,
+                    running_call = NULL, running_by = NULL, running_until = NULL
+               FROM before
+              WHERE s.id = $1
+             RETURNING before.engine_session_id",
+        )
+        .bind(session)
+        .bind(seq)
+        .bind(&reply.engine_session_id)
+        .bind(lease.after)
+        .bind(lease.call)
+        .bind(next.as_str())
+        .bind(i32::from(reply.reset.is_some()))
+        .bind(consumed.is_some())
+        .bind(consumed.flatten())
+        .bind(SessionStatus::Idle)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((previous,)) = previous else {
+            return Ok(false);
+        };
+        if *first < seq {
+            sqlx::query(
+                "UPDATE switchboard.turns
+                    SET status = $4, error = NULL, joined_into = $3, completed_at = now()
+                  WHERE session_id = $1 AND seq >= $2 AND seq < $3 AND status <> $4",
+            )
+            .bind(session)
+            .bind(first)
+            .bind(seq)
+            .bind(TurnStatus::Done)
+            .execute(&mut *tx)
+            .await?;
+        }
+        // A done turn keeps its first reply (a replayed failed turn can be run by two copies).
+        let stored = sqlx::query(
+            "UPDATE switchboard.turns
+                SET status = $9, error = NULL, reply_id = $3, reply_text = $4,
+                    engine_session_id = $5, processing_ms = $6, tool_calls_count = $7,
+                    completed_at = now(), reset = $8
+              WHERE session_id = $1 AND seq = $2 AND status <> $9",
+        )
+        .bind(session)
+        .bind(seq)
+        .bind(reply.reply_id)
+        .bind(&reply.text)
+        .bind(&reply.engine_session_id)
+        .bind(reply.processing_ms)
+        .bind(reply.tool_calls_count)
+        .bind(reply.reset)
+        .bind(TurnStatus::Done)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if stored == 0 {
+            return Ok(false);
+        }
+        // What the call recalled comes before its reply in the story.
+        let mut entries: Vec<Journal> = recall
+            .iter()
+            .map(|recall| {
+                Journal::new(
+                    session,
+                    format!("recall:{session}:{seq}"),
+                    SessionEventKind::Recall,
+                    seq,
+                    recall.clone(),
+                )
+            })
+            .collect();
+        entries.push(Journal::new(
+            session,
+            format!("reply:{session}:{seq}"),
+            SessionEventKind::Reply,
+            seq,
+            serde_json::json!({
+                "reply_id": reply.reply_id,
+                "engine_session_id": reply.engine_session_id,
+                "processing_ms": reply.processing_ms,
+                "tool_calls_count": reply.tool_calls_count,
+                "joined": (*first..=seq).collect::<Vec<i64>>(),
+            }),
+        ));
+        if let Some(reason) = reply.reset {
+            entries.push(Journal::new(
+                session,
+                format!("reset:{session}:{seq}"),
+                SessionEventKind::Reset,
+                seq,
+                serde_json::json!({
+                    "reason": reason.as_str(),
+                    "previous_engine_session_id": previous,
+                }),
+            ));
+        }
+        Journal::write(&mut tx, &entries).await?;
+        tx.commit().await?;
+        self.wakers.wake(session);
+        Ok(true)
+    }
+
+    /// Give up on a turn so that the session's later turns are not blocked behind it forever.
+    /// False: a live dispatcher still holds the session's call lease (the turn may yet be
+    /// answered), so nothing changed. A reset the turn would have started is left pending
+    /// for the next turn: the person is still told, and the engine session still starts over.
+    pub async fn mark_failed(
+        &self,
+        session: Uuid,
+        seq: i64,
+        reset: Option<ResetReason>,
+        error: &str,
+    ) -> Result<bool, DispatchError> {
+        let mut tx = self.db.begin().await?;
+        let moved = sqlx::query(
+            "UPDATE switchboard.sessions s SET last_seq = $2, status = $4, updated_at = now(),
+                    running_call = NULL, running_by = NULL, running_until = NULL,
+                    pending_reset = COALESCE($3, s.pending_reset),
+                    pending_reset_at = CASE WHEN $3 IS NULL THEN s.pending_reset_at ELSE now() END
+              WHERE s.id = $1 AND s.last_seq = $2 - 1
+                AND (s.running_call IS NULL OR s.running_until < now()
+                     OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
+                                     WHERE d.id = s.running_by AND d.alive_until > now()))",
+        )
+        .bind(session)
+        .bind(seq)
+        .bind(reset)
+        .bind(SessionStatus::Idle)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if moved == 1 {
+            sqlx::query(
+                "UPDATE switchboard.turns SET status = $4, error = $3, completed_at = now()
+                  WHERE session_id = $1 AND seq = $2",
+            )
+            .bind(session)
+            .bind(seq)
+            .bind(error)
+            .bind(TurnStatus::Failed)
+            .execute(&mut *tx)
+            .await?;
+            let entry = Journal::new(
+                session,
+                format!("failure:{session}:{seq}"),
+                SessionEventKind::Failure,
+                seq,
+                serde_json::json!({ "error": error }),
+            );
+            Journal::write(&mut tx, &[entry]).await?;
+            tx.commit().await?;
+            self.wakers.wake(session);
+            return Ok(true);
+        }
+        tx.rollback().await?;
+        // Not moved: either the cursor is already past this turn (done, or failed before), or
+        // a live call lease holds it.
+        Ok(self.cursor(session).await? >= seq)
+    }
+
+    /// Record that turn `seq` expired; the id of the notice that tells the person (kept in
+    /// the journal entry, so a repeated give-up tells the same message).
+    pub async fn record_expired(
+        &self,
+        session: Uuid,
+        seq: i64,
+        reason: &str,
+    ) -> Result<Uuid, DispatchError> {
+        let notice: String = sqlx::query_scalar(
+            "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
+             VALUES ($1, $2, $3, $7, $4,
+                     jsonb_build_object('notice_id', $5::text, 'reason', $6::text))
+             ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key
+             RETURNING detail->>'notice_id'",
+        )
+        .bind(Uuid::now_v7())
+        .bind(session)
+        .bind(format!("expired:{session}:{seq}"))
+        .bind(seq)
+        .bind(Uuid::now_v7().to_string())
+        .bind(reason)
+        .bind(SessionEventKind::Expired)
+        .fetch_one(&self.db)
+        .await?;
+        Ok(notice.parse().unwrap_or_else(|_| Uuid::now_v7()))
+    }
+}

@@ -1,0 +1,84 @@
+//! The session's workspace files around a runner call: summary.md and memory.md written
+//! before it (the prompt carries both anyway), memory.md read back after it and kept if the
+//! agent changed it.
+use std::path::{Path, PathBuf};
+
+use switchboard_memory::curated::AgentWrite;
+use uuid::Uuid;
+
+use crate::TurnDispatcher;
+use crate::lease::SessionAtCall;
+
+impl TurnDispatcher {
+    /// Write summary.md and memory.md into the session's workspace; the folder whose
+    /// memory.md the agent may edit (`None`: the session has no workspace).
+    pub(crate) async fn write_workspace_files(
+        &self,
+        session: Uuid,
+        found: &SessionAtCall,
+    ) -> Option<PathBuf> {
+        let folder = PathBuf::from(found.workspace.as_ref()?);
+        if let Some((summary, _)) = &found.summary
+            && let Err(e) = switchboard_kit::workspace::refresh_summary(&folder, summary).await
+        {
+            // The prompt carries the summary anyway.
+            tracing::warn!(%session, error = %e, "could not write summary.md in the workspace");
+        }
+        // The person's curated memory, as the agent reads and edits it this turn.
+        let body = found.memory.as_ref().map(|m| m.body.as_str()).unwrap_or("");
+        if let Err(e) = switchboard_kit::workspace::refresh_memory(&folder, body).await {
+            // The prompt carries the memory anyway; an edit of the agent's is not read back
+            // from a file we could not write.
+            tracing::warn!(%session, error = %e, "could not write memory.md in the workspace");
+        }
+        Some(folder)
+    }
+
+    /// Store what the agent left in memory.md, if it changed it. A failure here does not fail
+    /// the turn (the answer is given): it is logged and counted, and the file keeps the edit
+    /// until the session's next turn. Returns what became of the edit (`None`: not read or
+    /// not stored).
+    pub(crate) async fn keep_agent_memory(
+        &self,
+        session: Uuid,
+        call: Uuid,
+        person_id: &str,
+        identity: &str,
+        found: &SessionAtCall,
+        folder: &Path,
+    ) -> Option<AgentWrite> {
+        let body = match switchboard_kit::workspace::read_memory(folder).await {
+            Ok(Some(body)) => body,
+            Ok(None) => return Some(AgentWrite::Unchanged),
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "could not read memory.md back");
+                metrics::counter!("sb_memory_store_failures_total").increment(1);
+                return None;
+            }
+        };
+        let written = self
+            .memories
+            .agent_wrote(
+                session,
+                call,
+                person_id,
+                identity,
+                found.memory.as_ref(),
+                &body,
+            )
+            .await;
+        match written {
+            Ok(AgentWrite::Conflict) => tracing::warn!(
+                %session,
+                "memory.md was edited by the agent while someone else wrote the memory; the \
+                 newer memory is kept"
+            ),
+            Ok(_) => {}
+            Err(ref e) => {
+                tracing::warn!(%session, error = %e, "could not store the agent's memory.md");
+                metrics::counter!("sb_memory_store_failures_total").increment(1);
+            }
+        }
+        written.ok()
+    }
+}
