@@ -16,6 +16,8 @@ mod chat;
 mod dispatch;
 mod gateway;
 mod identity;
+/// Public so that `lib.rs` can keep it at `memory_config`, the path the memory crates name.
+pub mod memory;
 mod prompt;
 mod runtime;
 mod schedules;
@@ -29,6 +31,10 @@ pub use chat::ChatConfig;
 pub use dispatch::{DispatchConfig, StaleTurns};
 pub use gateway::{ApiConfig, GatewayConfig, RateLimitConfig};
 pub use identity::{IdentityConfig, IdentityLookup, LinkProofConfig, SmsSender};
+pub use memory::{
+    CategoriseConfig, CategoryLabel, DEFAULT_HNSW_EF_SEARCH, EmbeddingConfig, EmbeddingProvider,
+    LlmConfig, LocalRuntime, MAX_HNSW_EF_SEARCH, MemoryConfig, RecallConfig, SummaryConfig,
+};
 pub use prompt::PromptConfig;
 pub use runtime::{AdminConfig, RuntimeConfig};
 pub use schedules::{ScheduleConfig, ScheduleKind};
@@ -70,12 +76,12 @@ pub struct Config {
     /// `[stages.<name>]`: per-stage overrides of the runtime knobs (see [`crate::stage`]).
     pub stages: BTreeMap<String, crate::stage::StageOverrides>,
     pub demo: DemoConfig,
-    pub llm: crate::memory_config::LlmConfig,
-    pub embedding: crate::memory_config::EmbeddingConfig,
-    pub summary: crate::memory_config::SummaryConfig,
-    pub categorise: crate::memory_config::CategoriseConfig,
-    pub recall: crate::memory_config::RecallConfig,
-    pub memory: crate::memory_config::MemoryConfig,
+    pub llm: memory::LlmConfig,
+    pub embedding: memory::EmbeddingConfig,
+    pub summary: memory::SummaryConfig,
+    pub categorise: memory::CategoriseConfig,
+    pub recall: memory::RecallConfig,
+    pub memory: memory::MemoryConfig,
 }
 
 impl std::fmt::Debug for Config {
@@ -333,11 +339,10 @@ impl Config {
                 "runtime.turn_partitions must be > 0".into(),
             ));
         }
-        if !(1..=crate::memory_config::MAX_HNSW_EF_SEARCH).contains(&self.embedding.hnsw_ef_search)
-        {
+        if !(1..=memory::MAX_HNSW_EF_SEARCH).contains(&self.embedding.hnsw_ef_search) {
             return Err(ConfigError::Invalid(format!(
                 "embedding.hnsw_ef_search must be from 1 to {} (pgvector's range)",
-                crate::memory_config::MAX_HNSW_EF_SEARCH
+                memory::MAX_HNSW_EF_SEARCH
             )));
         }
         Ok(())
