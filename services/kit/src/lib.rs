@@ -29,7 +29,6 @@ pub mod failpoint;
 pub mod forgotten;
 pub mod http;
 pub mod lifecycle;
-pub mod memory_config;
 pub mod net;
 pub mod proto;
 pub mod retry;
@@ -45,6 +44,8 @@ pub mod turn_token;
 pub mod workspace;
 
 pub use config::Config;
+/// `config::memory` under the name it had before `config` became a folder.
+pub use config::memory as memory_config;
 pub use runtime::{Attempt, BatchStage, Hold, Outcome, Output, Stage, StageError, Wake};
 pub use settle::{GiveUp, MessageOutcome};
 pub use shutdown::Shutdown;

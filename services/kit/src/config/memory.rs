@@ -2,7 +2,7 @@
 //! `[categorise]`, `[recall]` and `[memory]`.
 use serde::{Deserialize, Serialize};
 
-use crate::config::Secret;
+use super::Secret;
 
 /// `[llm]`: an OpenAI-compatible chat model (`POST {base_url}/chat/completions`) for summaries
 /// and categories. Empty `base_url`: none configured, the offline defaults are used (an

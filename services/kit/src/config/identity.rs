@@ -1,0 +1,106 @@
+//! `[identity]`: who a sender is (directory lookups), and the links a person proves with a
+//! texted code (`[identity.proof]`).
+use serde::{Deserialize, Serialize};
+
+use super::Config;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct IdentityConfig {
+    /// Region used to read phone numbers written without a country code.
+    pub default_region: String,
+    /// Extra lookups against the operator's own tables, tried in order after the directory.
+    pub lookups: Vec<IdentityLookup>,
+    /// `[identity.proof]`: links a person proves with a code texted to their phone.
+    pub proof: LinkProofConfig,
+}
+
+impl Default for IdentityConfig {
+    fn default() -> Self {
+        Self {
+            default_region: "US".into(),
+            lookups: Vec::new(),
+            proof: LinkProofConfig::default(),
+        }
+    }
+}
+
+/// "link my phone +61…" in chat (or the API) texts a one-time code to that number; the code
+/// texted back from it, or typed where it was asked for, within `code_ttl_s` records the link.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct LinkProofConfig {
+    /// Off: the words are passed to the agent like any message.
+    pub enabled: bool,
+    /// How long a code may be used.
+    pub code_ttl_s: u64,
+    /// Wrong codes a claim survives; the next one voids it (a new code must be asked for).
+    pub max_wrong_codes: u32,
+    /// Codes one person may ask for, and one number may be sent, in an hour.
+    pub codes_per_hour: u32,
+    /// The provider that texts the code (`twilio`, `textmagic`); empty: Twilio when its
+    /// account is set, else TextMagic when its account is set.
+    pub sms_provider: String,
+}
+
+impl Default for LinkProofConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            code_ttl_s: 600,
+            max_wrong_codes: 4,
+            codes_per_hour: 3,
+            sms_provider: String::new(),
+        }
+    }
+}
+
+/// Who sends an SMS Switchboard starts itself: the provider and the number it is sent from
+/// (empty when the provider picks it, as a Twilio Messaging Service does).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SmsSender {
+    pub provider: String,
+    pub from: String,
+}
+
+/// `sql` takes the normalised address as `$1` and returns one row with text columns
+/// `person_id`, `name`, `role` (the last two may be NULL).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct IdentityLookup {
+    pub person_type: String,
+    /// Which contact kinds it applies to (`phone`, `chat_user`, ...).
+    #[serde(default = "default_lookup_kind")]
+    pub kind: String,
+    pub sql: String,
+}
+
+fn default_lookup_kind() -> String {
+    "phone".into()
+}
+
+impl Config {
+    /// The provider that texts link codes ([`LinkProofConfig::sms_provider`]), if one is set up.
+    pub fn proof_sms_sender(&self) -> Option<SmsSender> {
+        let twilio = || {
+            let t = &self.twilio;
+            (!t.account_sid.is_empty()
+                && (!t.from_number.is_empty() || !t.messaging_service_sid.is_empty()))
+            .then(|| SmsSender {
+                provider: "twilio".into(),
+                from: t.from_number.clone(),
+            })
+        };
+        let textmagic = || {
+            (!self.textmagic.username.is_empty()).then(|| SmsSender {
+                provider: "textmagic".into(),
+                from: self.textmagic.from_number.clone(),
+            })
+        };
+        match self.identity.proof.sms_provider.as_str() {
+            "" => twilio().or_else(textmagic),
+            "twilio" => twilio(),
+            "textmagic" => textmagic(),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! Configuration: `switchboard.toml` (or the file named by `SB_CONFIG`), overridden by `SB_…`
+//! environment variables with nested keys joined by `__` (e.g. `SB_TWILIO__API_BASE`).
+//!
+//! One file per owner of a part of the file (a service, a provider, the worker runtime); this
+//! one holds the top level, loading and the checks made at load. Every type is re-exported here,
+//! so `config::AgentConfig` and the like name them wherever they live.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+mod agents;
+mod chat;
+mod dispatch;
+mod gateway;
+mod identity;
+/// Public so that `lib.rs` can keep it at `memory_config`, the path the memory crates name.
+pub mod memory;
+mod prompt;
+mod runtime;
+mod schedules;
+mod secret;
+mod session;
+mod sms;
+mod webhooks;
+
+pub use agents::{AgentConfig, ChannelConfig, QueueMode};
+pub use chat::ChatConfig;
+pub use dispatch::{DispatchConfig, StaleTurns};
+pub use gateway::{ApiConfig, GatewayConfig, RateLimitConfig};
+pub use identity::{IdentityConfig, IdentityLookup, LinkProofConfig, SmsSender};
+pub use memory::{
+    CategoriseConfig, CategoryLabel, DEFAULT_HNSW_EF_SEARCH, EmbeddingConfig, EmbeddingProvider,
+    LlmConfig, LocalRuntime, MAX_HNSW_EF_SEARCH, MemoryConfig, RecallConfig, SummaryConfig,
+};
+pub use prompt::PromptConfig;
+pub use runtime::{AdminConfig, RuntimeConfig};
+pub use schedules::{ScheduleConfig, ScheduleKind};
+pub use secret::Secret;
+pub use session::{ResetNotices, SessionConfig, SessionScope, WorkspaceConfig};
+pub use sms::{TextMagicConfig, TwilioConfig};
+pub use webhooks::{WebhookSourceConfig, valid_source_name};
+
+/// `Debug` shows `nats_url` and `database_url` without their passwords.
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct Config {
+    pub nats_url: String,
+    pub database_url: String,
+    /// Prefix of every subject and stream. Production uses the default `sb`; tests use their own
+    /// so that many runs share one NATS server.
+    pub subject_prefix: String,
+    /// `text` or `json`.
+    pub log_format: String,
+    pub gateway: GatewayConfig,
+    pub admin: AdminConfig,
+    pub twilio: TwilioConfig,
+    pub textmagic: TextMagicConfig,
+    pub chat: ChatConfig,
+    pub api: ApiConfig,
+    pub rate_limit: RateLimitConfig,
+    /// `[webhooks.<source>]`: the sources that may post to `/webhooks/generic/<source>`.
+    pub webhooks: BTreeMap<String, WebhookSourceConfig>,
+    pub channels: BTreeMap<String, ChannelConfig>,
+    pub agents: Vec<AgentConfig>,
+    pub identity: IdentityConfig,
+    pub runtime: RuntimeConfig,
+    pub session: SessionConfig,
+    pub dispatch: DispatchConfig,
+    pub workspace: WorkspaceConfig,
+    pub prompt: PromptConfig,
+    /// `[[schedules]]`: inputs agents get on a timetable.
+    pub schedules: Vec<ScheduleConfig>,
+    /// `[stages.<name>]`: per-stage overrides of the runtime knobs (see [`crate::stage`]).
+    pub stages: BTreeMap<String, crate::stage::StageOverrides>,
+    pub demo: DemoConfig,
+    pub llm: memory::LlmConfig,
+    pub embedding: memory::EmbeddingConfig,
+    pub summary: memory::SummaryConfig,
+    pub categorise: memory::CategoriseConfig,
+    pub recall: memory::RecallConfig,
+    pub memory: memory::MemoryConfig,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::endpoint::redact_url;
+        f.debug_struct("Config")
+            .field("nats_url", &redact_url(&self.nats_url))
+            .field("database_url", &redact_url(&self.database_url))
+            .field("subject_prefix", &self.subject_prefix)
+            .field("log_format", &self.log_format)
+            .field("gateway", &self.gateway)
+            .field("admin", &self.admin)
+            .field("twilio", &self.twilio)
+            .field("textmagic", &self.textmagic)
+            .field("chat", &self.chat)
+            .field("api", &self.api)
+            .field("rate_limit", &self.rate_limit)
+            .field("webhooks", &self.webhooks)
+            .field("channels", &self.channels)
+            .field("agents", &self.agents)
+            .field("identity", &self.identity)
+            .field("runtime", &self.runtime)
+            .field("session", &self.session)
+            .field("dispatch", &self.dispatch)
+            .field("workspace", &self.workspace)
+            .field("prompt", &self.prompt)
+            .field("schedules", &self.schedules)
+            .field("stages", &self.stages)
+            .field("demo", &self.demo)
+            .field("llm", &self.llm)
+            .field("embedding", &self.embedding)
+            .field("summary", &self.summary)
+            .field("categorise", &self.categorise)
+            .field("recall", &self.recall)
+            .field("memory", &self.memory)
+            .finish()
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            nats_url: "nats://127.0.0.1:14222".into(),
+            database_url: "postgres://switchboard@127.0.0.1:15432/switchboard".into(),
+            subject_prefix: "sb".into(),
+            log_format: "text".into(),
+            gateway: GatewayConfig::default(),
+            admin: AdminConfig::default(),
+            twilio: TwilioConfig::default(),
+            textmagic: TextMagicConfig::default(),
+            chat: ChatConfig::default(),
+            api: ApiConfig::default(),
+            rate_limit: RateLimitConfig::default(),
+            webhooks: BTreeMap::new(),
+            channels: ["sms", "admin_chat", "header_widget", "api", "webhook"]
+                .into_iter()
+                .map(|channel| {
+                    let default_agent = "reggie_oc".into();
+                    (
+                        channel.to_string(),
+                        ChannelConfig {
+                            default_agent,
+                            ..Default::default()
+                        },
+                    )
+                })
+                .collect(),
+            agents: Vec::new(),
+            identity: IdentityConfig::default(),
+            runtime: RuntimeConfig::default(),
+            session: SessionConfig::default(),
+            dispatch: DispatchConfig::default(),
+            workspace: WorkspaceConfig::default(),
+            prompt: PromptConfig::default(),
+            schedules: Vec::new(),
+            stages: BTreeMap::new(),
+            demo: DemoConfig::default(),
+            llm: Default::default(),
+            embedding: Default::default(),
+            summary: Default::default(),
+            categorise: Default::default(),
+            recall: Default::default(),
+            memory: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct DemoConfig {
+    /// `switchboard up` also serves a demo runner (`/demo/runner`) and a demo Twilio outbox
+    /// (`/demo/twilio`), so the product can be tried with no external accounts.
+    pub enabled: bool,
+}
+
+/// Merge `SB_…` variables with their scalar values kept as written. Figment's `Env` reads
+/// `SB_TWILIO__FROM_NUMBER=+61400000000` as an integer, which a string field then refuses; here
+/// it stays text, and lossy extraction turns text into a number or flag only where a field wants
+/// one. Arrays and tables (`SB_X='[1, 2]'`) are still parsed; a quoted value loses its quotes.
+fn merge_env_as_text(mut figment: Figment, env: Env) -> Figment {
+    use figment::value::Value;
+    for (key, raw) in env.iter() {
+        let parsed: Value = raw.parse().expect("parsing a Value is infallible");
+        let value = match parsed {
+            Value::Num(..) | Value::Bool(..) | Value::Char(..) | Value::Empty(..) => {
+                Value::from(raw)
+            }
+            other => other,
+        };
+        // A `(key path, value)` pair is a provider that nests the value at `a.b.c`.
+        figment = figment.merge((key.as_str().to_string(), value));
+    }
+    figment
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// The file named by `SB_CONFIG`, else `switchboard.toml` in the working directory (if any),
+    /// overridden by `SB_…` variables.
+    pub fn load() -> Result<Self, ConfigError> {
+        let path = std::env::var_os("SB_CONFIG")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("switchboard.toml"));
+        Self::load_from(&path)
+    }
+
+    pub fn load_from(path: &Path) -> Result<Self, ConfigError> {
+        let figment = merge_env_as_text(
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::file(path)),
+            Env::prefixed("SB_").split("__").ignore(&["config"]),
+        );
+        // Lossy: a value the environment gave as text becomes the number or flag a field needs.
+        let config: Config = figment.extract_lossy().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashSet::new();
+        for a in &self.agents {
+            if a.name.is_empty() || a.identity.is_empty() || a.runner_url.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {:?} needs name, identity and runner_url",
+                    a.name
+                )));
+            }
+            crate::lifecycle::ResetPolicy::of(a)
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+            if !seen.insert(a.name.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {} listed twice",
+                    a.name
+                )));
+            }
+        }
+        for (channel, c) in &self.channels {
+            for (number, agent) in &c.recipients {
+                if self.agent(agent).is_none() {
+                    return Err(ConfigError::Invalid(format!(
+                        "channels.{channel}.recipients: {number} goes to agent {agent:?}, which \
+                         is not configured"
+                    )));
+                }
+            }
+        }
+        for (name, source) in &self.webhooks {
+            let invalid = |why: &str| Err(ConfigError::Invalid(format!("webhooks.{name}: {why}")));
+            if !valid_source_name(name) {
+                return invalid("a source name is 1 to 64 ASCII letters, digits, '-' or '_'");
+            }
+            for (key, path) in [
+                ("sender_field", &source.sender_field),
+                ("text_field", &source.text_field),
+                ("id_field", &source.id_field),
+            ] {
+                if path.is_empty() || path.split('.').any(str::is_empty) {
+                    return invalid(&format!("{key} must be a dotted path like user.id"));
+                }
+            }
+            if !source.agent.is_empty() && self.agent(&source.agent).is_none() {
+                return invalid(&format!("agent {:?} is not configured", source.agent));
+            }
+            if source.timestamp_window_s == 0 {
+                return invalid("timestamp_window_s must be > 0");
+            }
+            if source.signing_key().is_none() {
+                return invalid(&format!(
+                    "secret is required (or SB_WEBHOOKS__{}__SECRET)",
+                    name.to_ascii_uppercase()
+                ));
+            }
+        }
+        let proof = &self.identity.proof;
+        if !matches!(proof.sms_provider.as_str(), "" | "twilio" | "textmagic") {
+            return Err(ConfigError::Invalid(format!(
+                "identity.proof.sms_provider {:?}: twilio, textmagic or empty",
+                proof.sms_provider
+            )));
+        }
+        if proof.enabled && (proof.code_ttl_s == 0 || proof.codes_per_hour == 0) {
+            return Err(ConfigError::Invalid(
+                "identity.proof: code_ttl_s and codes_per_hour must be > 0 (or enabled = false)"
+                    .into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for s in &self.schedules {
+            let invalid = |why: String| {
+                Err(ConfigError::Invalid(format!(
+                    "schedules {:?}: {why}",
+                    s.name
+                )))
+            };
+            if !valid_source_name(&s.name) || !names.insert(s.name.as_str()) {
+                return invalid("each needs a unique name of letters, digits, '-' or '_'".into());
+            }
+            if self.agent(&s.agent).is_none() {
+                return invalid(format!("agent {:?} is not configured", s.agent));
+            }
+            if s.person.trim().is_empty() == s.people.trim().is_empty() {
+                return invalid("give either person or people (a query), not both".into());
+            }
+            if s.text.trim().is_empty() {
+                return invalid("text is empty".into());
+            }
+            match (s.kind, s.deliver_to.trim().is_empty()) {
+                (ScheduleKind::Heartbeat, true) => {
+                    return invalid(
+                        "a heartbeat needs deliver_to: the person (id) its answer is sent to"
+                            .into(),
+                    );
+                }
+                (ScheduleKind::Person, false) => {
+                    return invalid(
+                        "deliver_to is for kind = \"heartbeat\"; a person schedule answers \
+                         each person"
+                            .into(),
+                    );
+                }
+                _ => {}
+            }
+            if let Err(why) = s.timetable() {
+                return invalid(why);
+            }
+        }
+        if self.runtime.turn_partitions == 0 {
+            return Err(ConfigError::Invalid(
+                "runtime.turn_partitions must be > 0".into(),
+            ));
+        }
+        if !(1..=memory::MAX_HNSW_EF_SEARCH).contains(&self.embedding.hnsw_ef_search) {
+            return Err(ConfigError::Invalid(format!(
+                "embedding.hnsw_ef_search must be from 1 to {} (pgvector's range)",
+                memory::MAX_HNSW_EF_SEARCH
+            )));
+        }
+        Ok(())
+    }
+
+    /// This configuration for a process serving the gateway: its Postgres pool is
+    /// `gateway.db_pool_size` unless `runtime.db_pool_size` is set.
+    pub fn for_gateway(mut self) -> Self {
+        if self.runtime.db_pool_size == 0 {
+            self.runtime.db_pool_size = self.gateway.db_pool_size.max(1);
+        }
+        self
+    }
+
+    pub fn agent(&self, name: &str) -> Option<&AgentConfig> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,189 @@
+use super::*;
+
+/// `toml` over the defaults, validated, as `Config::load` reads a file.
+fn parse(toml: &str) -> Result<Config, ConfigError> {
+    let c: Config = Figment::from(Serialized::defaults(Config::default()))
+        .merge(Toml::string(toml))
+        .extract()
+        .map_err(|e| ConfigError::Load(Box::new(e)))?;
+    c.validate()?;
+    Ok(c)
+}
+
+#[test]
+fn secrets_are_not_printed_by_debug() {
+    let mut c = Config::default();
+    c.twilio.auth_token = Secret::new("hunter2");
+    assert!(!format!("{c:?}").contains("hunter2"));
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment's test jail API
+fn environment_overrides_nested_keys() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "sb.toml",
+            r#"
+            nats_url = "nats://file:1"
+            [twilio]
+            api_base = "http://file"
+            [[agents]]
+            name = "reggie_oc"
+            identity = "reggie"
+            engine = "openclaw"
+            runner_url = "http://runner"
+            "#,
+        )?;
+        jail.set_env("SB_TWILIO__API_BASE", "http://env");
+        jail.set_env("SB_NATS_URL", "nats://env:2");
+        // Values that look like numbers, unquoted, into text fields; text into numbers.
+        jail.set_env("SB_TWILIO__FROM_NUMBER", "+61400000000");
+        jail.set_env("SB_TWILIO__ACCOUNT_SID", "12345");
+        jail.set_env("SB_TEXTMAGIC__WEBHOOK_TOKEN", "00731");
+        jail.set_env("SB_GATEWAY__MAX_TEXT_CHARS", "99");
+        jail.set_env("SB_DEMO__ENABLED", "true");
+        jail.set_env("SB_TEXTMAGIC__USERNAME", "\"quoted\"");
+        let c = Config::load_from(Path::new("sb.toml")).expect("loads");
+        assert_eq!(c.twilio.from_number, "+61400000000");
+        assert_eq!(c.twilio.account_sid, "12345");
+        assert_eq!(c.textmagic.webhook_token.expose(), "00731");
+        assert_eq!(c.gateway.max_text_chars, 99);
+        assert!(c.demo.enabled);
+        assert_eq!(c.textmagic.username, "quoted");
+        assert_eq!(c.twilio.api_base, "http://env");
+        assert_eq!(c.nats_url, "nats://env:2");
+        assert_eq!(c.agent("reggie_oc").unwrap().timeout_s, 120);
+        Ok(())
+    });
+}
+
+/// A shipped configuration file: every key in it is one the product reads (a typo there
+/// would be ignored silently), and it loads over the defaults.
+fn load_known_keys_only(relative: &str) -> Config {
+    use figment::value::{Dict, Value};
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
+    let file: Dict = Figment::from(Toml::file(&example))
+        .extract()
+        .expect("example parses");
+    let known: Dict = Figment::from(Serialized::defaults(Config::default()))
+        .extract()
+        .expect("defaults serialise");
+    fn check(path: &str, file: &Dict, known: &Dict) {
+        for (key, value) in file {
+            let here = format!("{path}{key}");
+            // Maps and lists of the operator's own entries: any names allowed.
+            if matches!(
+                key.as_str(),
+                "channels" | "agents" | "lookups" | "stages" | "authority" | "schedules"
+            ) {
+                continue;
+            }
+            // Webhook sources: any names, but each entry's keys are checked.
+            if key == "webhooks" {
+                let source: Dict =
+                    Figment::from(Serialized::defaults(WebhookSourceConfig::default()))
+                        .extract()
+                        .expect("defaults serialise");
+                let Value::Dict(_, sources) = value else {
+                    panic!("switchboard.toml: webhooks must be a table");
+                };
+                for (name, entry) in sources {
+                    let Value::Dict(_, entry) = entry else {
+                        panic!("switchboard.toml: webhooks.{name} must be a table");
+                    };
+                    check(&format!("{here}.{name}."), entry, &source);
+                }
+                continue;
+            }
+            let Some(k) = known.get(key) else {
+                panic!("unknown key {here}");
+            };
+            if let (Value::Dict(_, f), Value::Dict(_, k)) = (value, k) {
+                check(&format!("{here}."), f, k);
+            }
+        }
+    }
+    check("", &file, &known);
+    Figment::from(Serialized::defaults(Config::default()))
+        .merge(Toml::file(&example))
+        .extract()
+        .expect("example loads")
+}
+
+#[test]
+fn the_production_example_runs_no_demo_and_holds_no_secret() {
+    let c = load_known_keys_only("../../deploy/switchboard.production.toml");
+    assert!(!c.demo.enabled);
+    assert!(c.twilio.auth_token.is_empty() && c.textmagic.api_key.is_empty());
+    assert!(c.textmagic.webhook_token.is_empty() && c.chat.jwt_secret.is_empty());
+    assert!(c.agents.iter().all(|a| a.token.is_empty()));
+    assert!(c.nats_url.is_empty() && c.database_url.is_empty());
+    assert!(c.api.wait_max_ms < c.gateway.request_timeout_ms);
+}
+
+#[test]
+fn the_example_configuration_names_only_known_keys() {
+    let c = load_known_keys_only("../../switchboard.toml");
+    assert_eq!(c.session.arrival_gap_timeout_ms, 120_000);
+    assert_eq!(c.dispatch.liveness_ms, 6_000);
+    assert!(c.demo.enabled);
+    let demo = &c.webhooks["demo"];
+    assert!(!demo.secret.is_empty() && !demo.sender_field.is_empty());
+}
+
+#[test]
+fn a_number_may_be_given_its_own_agent_and_only_a_configured_one() {
+    let agent = |name: &str| {
+        format!(
+            "[[agents]]\nname = \"{name}\"\nidentity = \"reggie\"\nengine = \"openclaw\"\n\
+             runner_url = \"http://r\"\n"
+        )
+    };
+    let agents = agent("reggie_oc") + &agent("reggie_fd");
+    let c = parse(&format!(
+        "{agents}[channels.sms]\ndefault_agent = \"reggie_oc\"\n\
+         [channels.sms.recipients]\n\"+15555550198\" = \"reggie_fd\"\n"
+    ))
+    .unwrap();
+    let sms = &c.channels["sms"];
+    assert_eq!(sms.agent_for("15555550198"), "reggie_fd");
+    assert_eq!(sms.agent_for("+15555550199"), "reggie_oc");
+    assert_eq!(sms.agent_for(""), "reggie_oc");
+    assert!(
+        parse(&format!(
+            "{agents}[channels.sms.recipients]\n\"+15555550198\" = \"nobody\"\n"
+        ))
+        .is_err(),
+        "a number given to an agent that is not configured"
+    );
+}
+
+#[test]
+fn a_webhook_source_needs_a_sender_field_and_gets_the_documented_defaults() {
+    let c = parse("[webhooks.shop]\nsecret = \"k\"\nsender_field = \"user.id\"\n").unwrap();
+    let shop = &c.webhooks["shop"];
+    assert_eq!(
+        (shop.text_field.as_str(), shop.id_field.as_str()),
+        ("text", "id")
+    );
+    assert_eq!(shop.timestamp_window_s, 300);
+    assert!(shop.agent.is_empty() && shop.callback_url.is_empty());
+    assert_eq!(c.channels["webhook"].default_agent, "reggie_oc");
+    assert!(
+        parse("[webhooks.shop]\nsecret = \"k\"\n").is_err(),
+        "sender_field is required"
+    );
+    for bad in [
+        "[webhooks.\"a.b\"]\nsecret = \"k\"\nsender_field = \"u\"\n",
+        "[webhooks.shop]\nsecret = \"k\"\nsender_field = \"user.\"\n",
+        "[webhooks.shop]\nsecret = \"k\"\nsender_field = \"u\"\nagent = \"nobody\"\n",
+        "[webhooks.shop]\nsecret = \"k\"\nsender_field = \"u\"\ntimestamp_window_s = 0\n",
+        // Without a secret nothing could be verified or signed.
+        "[webhooks.shop]\nsender_field = \"u\"\n",
+        // pgvector refuses it at every search.
+        "[embedding]\nhnsw_ef_search = 1001\n",
+        "[embedding]\nhnsw_ef_search = 0\n",
+    ] {
+        assert!(matches!(parse(bad), Err(ConfigError::Invalid(_))), "{bad}");
+    }
+}
