@@ -13,7 +13,9 @@
 //!
 //! (Queue mode `interrupt` changes a cancelled call's key by design, `~<n>`; the chaos run
 //! has no interrupt agent and its fake runner cancels nothing, so no such re-run is expected.)
-use super::{CallRecord, Evidence, Kind, SEND_RECORD_LAG_US, ServerCrash, Verdict, secs};
+use super::doubles::SEND_RECORD_LAG_US;
+use super::{Evidence, Kind, ServerCrash, Verdict, secs};
+use crate::load::fakes::CallRecord;
 
 /// Judge `again`, a call of the turn whose first call was `first`, of `person`.
 pub(super) fn judge_rerun(

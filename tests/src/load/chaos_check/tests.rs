@@ -1,6 +1,8 @@
 //! Each broken promise, recorded as a run would record it, must fail the verdict with its
 //! evidence; a clean run, with the re-runs a killed dispatcher allows, passes.
 use super::*;
+use crate::load::channels::{Channel, ClientReply};
+use crate::load::fakes::{CallRecord, SendRecord};
 use crate::load::{message_text, sender_phone};
 
 pub(super) const DELIVER_PID: u32 = 4242;

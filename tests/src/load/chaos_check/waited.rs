@@ -14,9 +14,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{
-    AcceptedMessage, Channel, Evidence, Kill, Kind, ServerCrash, TOLD_GRACE_US, TurnRow, Verdict,
-    secs,
+    AcceptedMessage, Evidence, Kill, Kind, ServerCrash, TOLD_GRACE_US, TurnRow, Verdict, secs,
 };
+use crate::load::channels::Channel;
 use crate::load::fakes::RunnerOutage;
 
 /// A turn a dispatcher took up this long before the runner was back had time to meet it down
