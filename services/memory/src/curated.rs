@@ -8,6 +8,7 @@
 //! what is over the cap is cut at the end, with a marker saying how much.
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
+use switchboard_kit::status::SessionEventKind;
 use uuid::Uuid;
 
 /// The marker's start, so readers can tell a cut memory.
@@ -188,7 +189,7 @@ impl MemoryStore {
         let mut tx = self.db.begin().await?;
         let first: Option<i32> = sqlx::query_scalar(
             "INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
-             VALUES ($1, $2, 'memory_written:remember:' || $3, 'memory_written',
+             VALUES ($1, $2, $4::text || ':remember:' || $3, $4,
                      jsonb_build_object('by', 'person', 'message_id', $3::text))
              ON CONFLICT (key) DO NOTHING
              RETURNING 1",
@@ -196,6 +197,7 @@ impl MemoryStore {
         .bind(Uuid::now_v7())
         .bind(session_id)
         .bind(message_id)
+        .bind(SessionEventKind::MemoryWritten)
         .fetch_optional(&mut *tx)
         .await?;
         if first.is_none() {
@@ -308,7 +310,7 @@ impl MemoryStore {
         };
         sqlx::query(
             "INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
-             VALUES ($1, $2, 'memory_written:agent:' || $3::text, 'memory_written',
+             VALUES ($1, $2, $6::text || ':agent:' || $3::text, $6,
                      jsonb_build_object('by', 'agent', 'version', $4::bigint, 'cut', $5::boolean))
              ON CONFLICT (key) DO NOTHING",
         )
@@ -317,6 +319,7 @@ impl MemoryStore {
         .bind(call)
         .bind(version)
         .bind(cut)
+        .bind(SessionEventKind::MemoryWritten)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

@@ -17,7 +17,7 @@ use switchboard_kit::config::{AgentConfig, ChannelConfig, SessionScope, Workspac
 use switchboard_kit::lifecycle::{ResetPolicy, reset_command};
 use switchboard_kit::proto::{IdentifiedMessage, SessionCreated, Turn};
 use switchboard_kit::startup::{App, Task};
-use switchboard_kit::status::ResetReason;
+use switchboard_kit::status::{ResetReason, SessionEventKind};
 use switchboard_kit::workspace;
 use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
@@ -339,7 +339,7 @@ impl SessionStore {
                 VALUES ($1, $2, $3, $4, $5, $6, $9)
                 RETURNING session_id, seq)
              INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
-             SELECT $7, session_id, 'message_in:' || session_id || ':' || seq, 'message_in', seq, $8
+             SELECT $7, session_id, $10::text || ':' || session_id || ':' || seq, $10, seq, $8
                FROM turn",
         )
         .bind(session_id)
@@ -357,6 +357,7 @@ impl SessionStore {
                 .joins()
                 .then(|| prost::Message::encode_to_vec(msg)),
         )
+        .bind(SessionEventKind::MessageIn)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
