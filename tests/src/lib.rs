@@ -460,7 +460,7 @@ pub fn switchboard_bin() -> PathBuf {
 
 fn tracing_subscriber_init() -> Option<()> {
     if std::env::var_os("RUST_LOG").is_some() {
-        switchboard_kit::telemetry::init("text");
+        switchboard_kit::telemetry::init(switchboard_kit::config::LogFormat::Text);
     }
     Some(())
 }

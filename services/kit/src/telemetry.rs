@@ -7,13 +7,13 @@ use tracing_subscriber::EnvFilter;
 /// Install the log subscriber once per process. `RUST_LOG` overrides the default `info` level.
 /// Message bodies are only logged at `debug`. Logs go to stderr: stdout is what the CLI's
 /// commands print (an API key, a JSON listing) and must stay parseable at any log level.
-pub fn init(format: &str) {
+pub fn init(format: crate::config::LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,async_nats=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let _ = if format == "json" {
+    let _ = if format == crate::config::LogFormat::Json {
         builder.json().try_init()
     } else {
         builder.try_init()

@@ -268,7 +268,7 @@ async fn main() -> anyhow::Result<()> {
         Some(path) => Config::load_from(path)?,
         None => Config::load()?,
     };
-    switchboard_kit::telemetry::init(&config.log_format);
+    switchboard_kit::telemetry::init(config.log_format);
     match cli.command {
         Command::Up => up(config).await,
         Command::Worker { names } => switchboard::run_worker(config, &names).await,

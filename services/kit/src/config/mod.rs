@@ -44,6 +44,15 @@ pub use sms::{TextMagicConfig, TwilioConfig};
 pub use webhooks::{WebhookSourceConfig, valid_source_name};
 
 /// `Debug` shows `nats_url` and `database_url` without their passwords.
+/// How a process writes its logs (to stderr): lines for people, or JSON for a log pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(default)]
 pub struct Config {
@@ -53,7 +62,7 @@ pub struct Config {
     /// so that many runs share one NATS server.
     pub subject_prefix: String,
     /// `text` or `json`.
-    pub log_format: String,
+    pub log_format: LogFormat,
     pub gateway: GatewayConfig,
     pub admin: AdminConfig,
     pub twilio: TwilioConfig,
@@ -127,7 +136,7 @@ impl Default for Config {
             nats_url: "nats://127.0.0.1:14222".into(),
             database_url: "postgres://switchboard@127.0.0.1:15432/switchboard".into(),
             subject_prefix: "sb".into(),
-            log_format: "text".into(),
+            log_format: LogFormat::Text,
             gateway: GatewayConfig::default(),
             admin: AdminConfig::default(),
             twilio: TwilioConfig::default(),

@@ -11,6 +11,16 @@ fn parse(toml: &str) -> Result<Config, ConfigError> {
 }
 
 #[test]
+fn a_log_format_misspelt_is_refused_at_load_not_taken_for_text() {
+    assert_eq!(
+        parse("log_format = \"json\"").unwrap().log_format,
+        LogFormat::Json
+    );
+    let err = format!("{:#}", parse("log_format = \"jsno\"").unwrap_err());
+    assert!(err.contains("jsno") && err.contains("log_format"), "{err}");
+}
+
+#[test]
 fn secrets_are_not_printed_by_debug() {
     let mut c = Config::default();
     c.twilio.auth_token = Secret::new("hunter2");
