@@ -265,10 +265,6 @@ impl TurnDispatcher {
     /// and the session waits for it, or the turn is too old to run (`stale_turns = expire`).
     async fn plan(&self, run: &TurnRun<'_>, lease: &mut CallLease) -> Result<Plan, DispatchError> {
         let (turn, agent, session) = (run.turn, run.agent, run.session);
-        let notice = |text: &str| match run.reset {
-            Some(r) => format!("{}\n\n{text}", self.notices.for_reason(r)),
-            None => text.to_string(),
-        };
         // A message the agent started, or one Switchboard answered itself, has its answer: no
         // runner call, the text is committed as the turn's reply, in the turn's place (after
         // the replies before it).
@@ -302,7 +298,7 @@ impl TurnDispatcher {
                 NextEngineSession::Keep
             };
             return Ok(Plan::Answer(run.settlement(
-                notice(&text),
+                self.told_of_reset(run.reset, &text),
                 String::new(),
                 next,
             )));
@@ -499,11 +495,8 @@ impl TurnDispatcher {
                 )
                 .await;
         }
-        let notice = match run.reset {
-            Some(r) => format!("{}\n\n{}", self.notices.for_reason(r), resp.text),
-            None => resp.text,
-        };
-        let mut settlement = run.settlement(notice, resp.session_id, NextEngineSession::Answered);
+        let text = self.told_of_reset(run.reset, &resp.text);
+        let mut settlement = run.settlement(text, resp.session_id, NextEngineSession::Answered);
         settlement.reply.processing_ms = if resp.processing_ms > 0 {
             resp.processing_ms
         } else {
@@ -520,6 +513,15 @@ impl TurnDispatcher {
                 .collect();
         }
         Ok(settlement)
+    }
+
+    /// The answer as the person gets it: after the notice of the fresh engine session the turn
+    /// started, if it started one.
+    fn told_of_reset(&self, reset: Option<ResetReason>, text: &str) -> String {
+        match reset {
+            Some(r) => format!("{}\n\n{text}", self.notices.for_reason(r)),
+            None => text.to_string(),
+        }
     }
 
     /// Commit the turn's answer (compare-and-set on the cursor and the call slot) and return
