@@ -2,9 +2,11 @@
 //! `make test` (`SB_NATS_URL`, `SB_DATABASE_URL`), on a fresh database and subject prefix, with
 //! Twilio and the agent runner faked as real HTTP servers.
 pub mod chat;
-pub mod fakes;
 pub mod load;
-pub mod openai_fake;
+
+/// The third parties, one fake each (the `switchboard-fakes` crate).
+pub use switchboard_fakes as fakes;
+pub use switchboard_fakes::model as openai_fake;
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -286,7 +286,7 @@ pub fn flush_prompt(reason: ResetReason) -> String {
     )
 }
 
-/// The person's text back out of a prompt (used by the demo runner).
+/// The person's text back out of a prompt (the fuzz checks read what a prompt fenced).
 pub fn fenced_text(prompt: &str) -> Option<&str> {
     let start = prompt.find("<<<MSG-")?;
     let after = &prompt[start + 3..];

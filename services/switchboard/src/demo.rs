@@ -1,24 +1,25 @@
-//! The demo parts of `switchboard up` (`demo.enabled = true`): an agent runner that answers
-//! without any engine, and an outbox that keeps sent SMS in memory, reached through Twilio's and
-//! TextMagic's send APIs and listed through their message lists (which the deliverer asks
-//! before sending again a part whose earlier attempt may have gone out), and a receiver of
-//! signed generic webhook callbacks (`/demo/webhook/<source>`) that files them in the same
-//! outbox. All speak the real wire formats, so the product path is the same as in production.
+//! The demo parts of `switchboard up` (`demo.enabled = true`): the shared fakes of
+//! `switchboard-fakes` mounted in the product's own server — an agent runner that answers
+//! without any engine (`/demo/runner`), Twilio's and TextMagic's send APIs and message lists
+//! (`/demo/twilio`, `/demo/textmagic`; the deliverer asks the lists before sending again a part
+//! whose earlier attempt may have gone out) — and a receiver of signed generic webhook
+//! callbacks (`/demo/webhook/<source>`). What they took is listed at `/demo/outbox`. All speak
+//! the real wire formats, so the product path is the same as in production.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use switchboard_channels::generic;
 use switchboard_channels::textmagic::textmagic_number;
-use switchboard_kit::config::{Config, TextMagicConfig, TwilioConfig, WebhookSourceConfig};
+use switchboard_fakes::{FakeRunner, FakeTextMagic, FakeTwilio, Provider, SendObserver, SentSms};
+use switchboard_kit::config::{Config, WebhookSourceConfig};
 
 #[derive(Clone, Serialize)]
 pub struct OutboxMessage {
@@ -33,76 +34,102 @@ pub struct OutboxMessage {
     created: DateTime<Utc>,
 }
 
+impl OutboxMessage {
+    fn of_sms(sms: SentSms) -> Self {
+        Self {
+            provider: match sms.provider {
+                Provider::Twilio => "twilio",
+                Provider::TextMagic => "textmagic",
+            },
+            sid: sms.sid,
+            to: sms.to,
+            from: sms.from,
+            body: sms.body,
+            sent_at: sms.created.to_rfc3339(),
+            created: sms.created,
+        }
+    }
+}
+
 #[derive(Clone)]
 struct DemoState {
-    twilio: TwilioConfig,
-    textmagic: TextMagicConfig,
+    twilio: FakeTwilio,
+    textmagic: FakeTextMagic,
     webhooks: std::collections::BTreeMap<String, WebhookSourceConfig>,
-    outbox: Arc<Mutex<Vec<OutboxMessage>>>,
-    turns: Arc<Mutex<HashMap<String, u32>>>,
+    /// Webhook callbacks taken (the SMS are the fakes' own).
+    callbacks: Arc<Mutex<Vec<OutboxMessage>>>,
     /// The last prompt the demo engine was given, to show what an agent sees (memory, summary,
     /// recall around the person's message).
     last_prompt: Arc<Mutex<Option<String>>>,
 }
 
+/// Logs each SMS the demo's providers take, as a provider's dashboard would show it.
+struct LogSends;
+
+impl SendObserver for LogSends {
+    fn accepted(&self, sms: &SentSms) {
+        tracing::info!(provider = ?sms.provider, to = %sms.to, chars = sms.body.chars().count(), "demo outbox: SMS sent");
+    }
+}
+
+/// The demo engine: names the agent, repeats what the person said, and counts the engine
+/// session's turns.
+fn demo_runner(last_prompt: Arc<Mutex<Option<String>>>) -> FakeRunner {
+    let runner = FakeRunner::unrecorded();
+    runner.name_sessions_with(|| format!("demo-{}", uuid::Uuid::new_v4()));
+    let turns: Mutex<HashMap<String, u32>> = Mutex::default();
+    runner.answer_with(move |call, session_id| {
+        let turn = {
+            let mut turns = turns.lock().expect("lock");
+            let n = turns.entry(session_id.to_string()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        *last_prompt.lock().expect("lock") = Some(call.prompt.clone());
+        format!(
+            "{} (demo engine): you said \"{}\". Turn {turn} of engine session {session_id}.",
+            call.agent,
+            FakeRunner::said(&call.prompt)
+        )
+    });
+    runner
+}
+
 pub fn router(config: &Config) -> Router {
+    let twilio = FakeTwilio::new(
+        &config.twilio.account_sid,
+        config.twilio.auth_token.expose(),
+    );
+    let textmagic = FakeTextMagic::new(
+        &config.textmagic.username,
+        config.textmagic.api_key.expose(),
+    );
+    twilio.observe(Arc::new(LogSends));
+    textmagic.observe(Arc::new(LogSends));
+    let last_prompt: Arc<Mutex<Option<String>>> = Arc::default();
+    let runner = demo_runner(last_prompt.clone());
     let state = DemoState {
-        twilio: config.twilio.clone(),
-        textmagic: config.textmagic.clone(),
+        twilio: twilio.clone(),
+        textmagic: textmagic.clone(),
         webhooks: config.webhooks.clone(),
-        outbox: Default::default(),
-        turns: Default::default(),
-        last_prompt: Default::default(),
+        callbacks: Default::default(),
+        last_prompt,
     };
     Router::new()
-        .route("/demo/runner/run", post(run))
-        .route("/demo/runner/last-prompt", get(last_prompt))
-        .route(
-            "/demo/twilio/2010-04-01/Accounts/{account}/Messages.json",
-            post(send_sms).get(list_sms),
+        .nest("/demo/runner", runner.router())
+        .nest("/demo/twilio", twilio.router())
+        .nest("/demo/textmagic", textmagic.router())
+        .merge(
+            Router::new()
+                .route("/demo/runner/last-prompt", get(show_last_prompt))
+                .route("/demo/webhook/{source}", post(receive_callback))
+                .route("/demo/outbox", get(outbox))
+                .with_state(state),
         )
-        .route(
-            "/demo/textmagic/api/v2/messages",
-            post(send_textmagic).get(list_textmagic),
-        )
-        .route("/demo/webhook/{source}", post(receive_callback))
-        .route("/demo/outbox", get(outbox))
-        .with_state(state)
-}
-
-#[derive(Deserialize)]
-struct RunRequest {
-    agent: String,
-    prompt: String,
-    session_id: Option<String>,
-}
-
-async fn run(State(s): State<DemoState>, Json(req): Json<RunRequest>) -> impl IntoResponse {
-    let session_id = req
-        .session_id
-        .unwrap_or_else(|| format!("demo-{}", uuid::Uuid::new_v4()));
-    let turn = {
-        let mut turns = s.turns.lock().expect("lock");
-        let n = turns.entry(session_id.clone()).or_insert(0);
-        *n += 1;
-        *n
-    };
-    *s.last_prompt.lock().expect("lock") = Some(req.prompt.clone());
-    let said = switchboard_dispatch::prompt::fenced_text(&req.prompt).unwrap_or("");
-    let text = format!(
-        "{} (demo engine): you said \"{said}\". Turn {turn} of engine session {session_id}.",
-        req.agent
-    );
-    Json(serde_json::json!({
-        "text": text,
-        "session_id": session_id,
-        "processing_ms": 1,
-        "tool_calls_count": 0,
-    }))
 }
 
 /// The whole prompt of the demo engine's last turn, as plain text (404 before the first).
-async fn last_prompt(State(s): State<DemoState>) -> impl IntoResponse {
+async fn show_last_prompt(State(s): State<DemoState>) -> impl IntoResponse {
     match s.last_prompt.lock().expect("lock").clone() {
         Some(prompt) => (StatusCode::OK, prompt),
         None => (
@@ -110,233 +137,6 @@ async fn last_prompt(State(s): State<DemoState>) -> impl IntoResponse {
             "the demo engine has run no turn yet\n".into(),
         ),
     }
-}
-
-#[derive(Deserialize)]
-struct SendForm {
-    #[serde(rename = "To")]
-    to: String,
-    #[serde(rename = "From", default)]
-    from: String,
-    #[serde(rename = "Body")]
-    body: String,
-}
-
-/// Twilio's 401 unless the request carries the configured account's Basic credentials.
-fn twilio_auth(
-    s: &DemoState,
-    account: &str,
-    headers: &HeaderMap,
-) -> Result<(), (StatusCode, Json<serde_json::Value>)> {
-    let expected = format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!(
-            "{}:{}",
-            s.twilio.account_sid,
-            s.twilio.auth_token.expose()
-        ))
-    );
-    let auth = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if account != s.twilio.account_sid || auth != expected {
-        return Err((
-            StatusCode::UNAUTHORIZED,
-            Json(serde_json::json!({"code": 20003, "message": "Authenticate", "status": 401})),
-        ));
-    }
-    Ok(())
-}
-
-async fn send_sms(
-    State(s): State<DemoState>,
-    Path(account): Path<String>,
-    headers: HeaderMap,
-    Form(form): Form<SendForm>,
-) -> impl IntoResponse {
-    if let Err(refused) = twilio_auth(&s, &account, &headers) {
-        return refused;
-    }
-    let created = Utc::now();
-    let msg = OutboxMessage {
-        provider: "twilio",
-        sid: format!("SM{}", uuid::Uuid::new_v4().simple()),
-        to: form.to,
-        from: form.from,
-        body: form.body,
-        sent_at: created.to_rfc3339(),
-        created,
-    };
-    tracing::info!(to = %msg.to, chars = msg.body.chars().count(), "demo outbox: SMS sent");
-    s.outbox.lock().expect("lock").push(msg.clone());
-    (
-        StatusCode::CREATED,
-        Json(
-            serde_json::json!({"sid": msg.sid, "to": msg.to, "from": msg.from, "body": msg.body, "status": "queued"}),
-        ),
-    )
-}
-
-#[derive(Deserialize)]
-struct TwilioListQuery {
-    #[serde(rename = "To")]
-    to: Option<String>,
-    #[serde(rename = "From")]
-    from: Option<String>,
-    #[serde(rename = "DateSent>")]
-    date_sent_after: Option<chrono::NaiveDate>,
-}
-
-/// Twilio's Messages list: what the outbox took through Twilio, most recent first, filtered by
-/// `To`, `From` and `DateSent>=`; one page (a demo outbox stays small).
-async fn list_sms(
-    State(s): State<DemoState>,
-    Path(account): Path<String>,
-    headers: HeaderMap,
-    Query(q): Query<TwilioListQuery>,
-) -> impl IntoResponse {
-    if let Err(refused) = twilio_auth(&s, &account, &headers) {
-        return refused;
-    }
-    let rfc2822 = |t: DateTime<Utc>| t.format("%a, %d %b %Y %H:%M:%S %z").to_string();
-    let messages: Vec<_> = s
-        .outbox
-        .lock()
-        .expect("lock")
-        .iter()
-        .rev()
-        .filter(|m| m.provider == "twilio")
-        .filter(|m| q.to.as_ref().is_none_or(|t| &m.to == t))
-        .filter(|m| q.from.as_ref().is_none_or(|f| &m.from == f))
-        .filter(|m| {
-            q.date_sent_after
-                .is_none_or(|d| m.created.date_naive() >= d)
-        })
-        .map(|m| {
-            serde_json::json!({
-                "sid": m.sid, "account_sid": account, "to": m.to, "from": m.from, "body": m.body,
-                "status": "sent", "direction": "outbound-api",
-                "date_created": rfc2822(m.created), "date_sent": rfc2822(m.created),
-            })
-        })
-        .collect();
-    (
-        StatusCode::OK,
-        Json(serde_json::json!({"messages": messages, "page": 0, "next_page_uri": null})),
-    )
-}
-
-#[derive(Deserialize)]
-struct TextMagicMessage {
-    text: String,
-    phones: String,
-    #[serde(default)]
-    from: String,
-}
-
-/// TextMagic's `POST /api/v2/messages`: `X-TM-Username`/`X-TM-Key`, JSON, 201 with ids.
-/// TextMagic's 401 unless the request carries the configured username and key.
-fn textmagic_auth(
-    s: &DemoState,
-    headers: &HeaderMap,
-) -> Result<(), (StatusCode, Json<serde_json::Value>)> {
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-    };
-    if header("x-tm-username") != s.textmagic.username
-        || header("x-tm-key") != s.textmagic.api_key.expose()
-    {
-        return Err((
-            StatusCode::UNAUTHORIZED,
-            Json(serde_json::json!({"code": 401, "message": "Unauthorized"})),
-        ));
-    }
-    Ok(())
-}
-
-async fn send_textmagic(
-    State(s): State<DemoState>,
-    headers: HeaderMap,
-    Json(m): Json<TextMagicMessage>,
-) -> impl IntoResponse {
-    if let Err(refused) = textmagic_auth(&s, &headers) {
-        return refused;
-    }
-    let mut outbox = s.outbox.lock().expect("lock");
-    let created = Utc::now();
-    let id = 49_575_710 + outbox.len();
-    let msg = OutboxMessage {
-        provider: "textmagic",
-        sid: id.to_string(),
-        to: m.phones,
-        from: m.from,
-        body: m.text,
-        sent_at: created.to_rfc3339(),
-        created,
-    };
-    tracing::info!(to = %msg.to, chars = msg.body.chars().count(), "demo outbox: TextMagic SMS sent");
-    outbox.push(msg);
-    (
-        StatusCode::CREATED,
-        Json(
-            serde_json::json!({"id": id, "href": format!("/api/v2/sessions/{id}"),
-            "type": "message", "sessionId": id, "messageId": id}),
-        ),
-    )
-}
-
-#[derive(Deserialize)]
-struct TextMagicListQuery {
-    page: Option<usize>,
-    limit: Option<usize>,
-}
-
-/// TextMagic's outbound message list: what the outbox took through TextMagic, newest first,
-/// by `page` and `limit`.
-async fn list_textmagic(
-    State(s): State<DemoState>,
-    headers: HeaderMap,
-    Query(q): Query<TextMagicListQuery>,
-) -> impl IntoResponse {
-    if let Err(refused) = textmagic_auth(&s, &headers) {
-        return refused;
-    }
-    let (page, limit) = (
-        q.page.unwrap_or(1).max(1),
-        q.limit.unwrap_or(10).clamp(1, 1000),
-    );
-    let sent: Vec<OutboxMessage> = s
-        .outbox
-        .lock()
-        .expect("lock")
-        .iter()
-        .rev()
-        .filter(|m| m.provider == "textmagic")
-        .cloned()
-        .collect();
-    let resources: Vec<_> = sent
-        .iter()
-        .skip((page - 1) * limit)
-        .take(limit)
-        .map(|m| {
-            serde_json::json!({
-                "id": m.sid.parse::<u64>().unwrap_or_default(), "receiver": m.to,
-                "sender": m.from, "text": m.body, "status": "d",
-                "messageTime": m.created.format("%Y-%m-%dT%H:%M:%S%z").to_string(),
-            })
-        })
-        .collect();
-    (
-        StatusCode::OK,
-        Json(serde_json::json!({
-            "page": page, "limit": limit, "pageCount": sent.len().div_ceil(limit).max(1),
-            "resources": resources,
-        })),
-    )
 }
 
 #[derive(Deserialize)]
@@ -376,7 +176,7 @@ async fn receive_callback(
         return (StatusCode::BAD_REQUEST, "not a reply callback");
     };
     let delivery = header(generic::DELIVERY_HEADER).unwrap_or_default();
-    let mut outbox = s.outbox.lock().expect("lock");
+    let mut outbox = s.callbacks.lock().expect("lock");
     if outbox
         .iter()
         .any(|m| m.provider == "generic" && m.sid == delivery)
@@ -403,7 +203,15 @@ struct OutboxQuery {
 }
 
 async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> impl IntoResponse {
-    let all = s.outbox.lock().expect("lock").clone();
+    let mut all: Vec<OutboxMessage> = s
+        .twilio
+        .sent()
+        .into_iter()
+        .chain(s.textmagic.sent())
+        .map(OutboxMessage::of_sms)
+        .chain(s.callbacks.lock().expect("lock").iter().cloned())
+        .collect();
+    all.sort_by_key(|m| m.created);
     let filtered: Vec<OutboxMessage> = all
         .into_iter()
         // TextMagic writes numbers without `+`: compare digits.

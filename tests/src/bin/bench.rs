@@ -45,13 +45,13 @@ use switchboard_e2e::load::bench_verdict::{
     self, Check, Findings, FloorMeasured, MachineSeen, Measured, Outcome, Overhead,
     ScenarioMeasured, Targets,
 };
-use switchboard_e2e::load::fakes::{LoadRunner, LoadTwilio, RunnerStats, SendStats};
 use switchboard_e2e::load::floor::{self, FloorOptions, FloorResult};
 use switchboard_e2e::load::loadgen::{LoadGen, LoadStats, round_robin};
 use switchboard_e2e::load::memory_lag::{
     self, Embedder, LagRun, LagSampler, LagSource, MemoryMeasured, MemorySide, MemoryWorkers,
 };
 use switchboard_e2e::load::memory_run;
+use switchboard_e2e::load::observers::{LoadRunner, LoadTwilio, RunnerStats, SendStats};
 use switchboard_e2e::load::pipeline::{self, Knobs, Pipeline};
 use switchboard_e2e::load::procs::{self, CpuSnapshot, MemoryPeaks, MemorySampler};
 use switchboard_e2e::load::report::{self, PlotSeries};

@@ -26,7 +26,7 @@ use switchboard_kit::config::{Config, Secret};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::Message;
 
-use super::fakes::LoadTextMagic;
+use super::observers::LoadTextMagic;
 use super::pipeline::GatewayClient;
 use super::{message_text, now_us, sender_phone};
 

@@ -27,9 +27,11 @@ use super::chaos_check::{
     AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, MailboxRow, ServerCrash, TurnRow,
     Verdict, judge,
 };
-use super::fakes::{LoadRunner, LoadTextMagic, LoadTwilio, RunnerOutage, RunnerStats, SendStats};
 use super::loadgen::{LoadGen, LoadStats, in_groups};
 use super::memory_run::{self, MemoryModel};
+use super::observers::{
+    LoadRunner, LoadTextMagic, LoadTwilio, RunnerOutage, RunnerStats, SendStats,
+};
 use super::pipeline::{self, Knobs, Pipeline};
 use super::stack::Stack;
 use super::{message_text, now_us};

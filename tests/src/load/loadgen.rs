@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc};
 
 use super::channels::{Channel, LoadClients, Posted};
-use super::fakes::LoadTwilio;
+use super::observers::LoadTwilio;
 use super::pipeline::GatewayClient;
 use super::{message_text, now_us};
 

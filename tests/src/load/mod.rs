@@ -4,13 +4,14 @@
 //!
 //! Everything here runs the real worker binaries (`switchboard-<name>`), each its own process
 //! with its own configuration file, on a stack instance of its own (`deploy/local/stack.sh`).
-//! The third parties are faked as real HTTP servers in the harness process ([`fakes`]), and
-//! their cost is measured apart from the pipeline's.
+//! The third parties are the shared fakes (`switchboard-fakes`, real HTTP servers) in the
+//! harness process, watched through [`observers`]; their cost is measured apart from the
+//! pipeline's.
 //!
 //! - [`stack`]: bring a named stack up and down, restart one server, fresh databases.
 //! - [`procs`]: worker processes (spawn, kill, restart) and `/proc` accounting (CPU, RSS).
-//! - [`fakes`]: the load runner and the load Twilio, which record what order, overlap and
-//!   duplicates checks need, and when each reply arrived.
+//! - [`observers`]: what the runner and the SMS providers' fakes saw, as order, overlap and
+//!   duplicates checks need it, and when each reply arrived.
 //! - [`pipeline`]: the generated configuration and the gateway client (signed SMS).
 //! - [`loadgen`]: senders, open-loop (target rate) and closed-loop (one turn per sender).
 //! - [`floor`]: the same durable publishes, consumes, acks and database writes per turn, no logic.
@@ -22,12 +23,12 @@ pub mod canary;
 pub mod channels;
 pub mod chaos;
 pub mod chaos_check;
-pub mod fakes;
 pub mod floor;
 pub mod loadgen;
 pub mod memory_lag;
 pub mod memory_report;
 pub mod memory_run;
+pub mod observers;
 pub mod pipeline;
 pub mod procs;
 pub mod report;

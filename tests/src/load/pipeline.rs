@@ -10,7 +10,7 @@ use switchboard_kit::Topology;
 use switchboard_kit::config::{AgentConfig, Config, Secret};
 use switchboard_kit::startup::App;
 
-use super::fakes::LoadTwilio;
+use super::observers::LoadTwilio;
 use super::procs::Workers;
 
 pub const ACCOUNT_SID: &str = "ACload00000000000000000000000000";

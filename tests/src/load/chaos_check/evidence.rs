@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::memory::MemoryEvidence;
 use super::secs;
 use crate::load::channels::{Channel, ClientReply};
-use crate::load::fakes::{CallRecord, RefusedCall, RunnerOutage, SendRecord};
+use crate::load::observers::{CallRecord, RefusedCall, RunnerOutage, SendRecord};
 
 /// One message the gateway accepted (answered 200).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::{AcceptedMessage, Evidence, LedgerRow, MailboxRow, TurnRow};
 use crate::load::channels::{Channel, ClientReply};
-use crate::load::fakes::SendRecord;
+use crate::load::observers::SendRecord;
 use crate::load::parse_answers;
 
 /// What [`judge`](super::judge) looks messages, turns and replies up by, built once from the

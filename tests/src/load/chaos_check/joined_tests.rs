@@ -3,7 +3,7 @@
 use super::tests::{clean_run, kill_dispatcher, only_kind};
 use super::*;
 use crate::load::channels::Channel;
-use crate::load::fakes::CallRecord;
+use crate::load::observers::CallRecord;
 
 /// [`clean_run`] with Twilio sender 1 talking to the collect agent: its two messages were
 /// one runner call and one reply, committed at the second turn, the first recording the

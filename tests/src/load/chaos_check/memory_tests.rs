@@ -2,7 +2,7 @@
 //! recorded as a run would record it, fails it with its evidence.
 use super::*;
 use crate::load::canary::{Canaries, PromptCanaries};
-use crate::load::fakes::CallRecord;
+use crate::load::observers::CallRecord;
 use crate::load::{message_text, sender_phone};
 
 const SALT: u64 = 99;

@@ -46,7 +46,7 @@
 //! - any dead letter, a dead-letter list that could not be read, a pipeline that did not settle.
 //!
 //! **The runner's outage, and who must be told.** The fake runner answers 503 for a while,
-//! then stops listening (connections refused), then listens again ([`RunnerOutage`](super::fakes::RunnerOutage)). What the
+//! then stops listening (connections refused), then listens again ([`RunnerOutage`](super::observers::RunnerOutage)). What the
 //! evidence can show, and so what is checked:
 //! - *Notices* are what the person got that is not an answer: an SMS whose text is the
 //!   configured `dispatch.runner_down_notice`, a chat `notice` frame, an entry of an API

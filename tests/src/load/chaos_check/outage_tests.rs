@@ -3,7 +3,7 @@
 use super::tests::{DELIVER_PID, clean_run, only_kind};
 use super::*;
 use crate::load::channels::{Channel, ClientReply};
-use crate::load::fakes::{RefusedCall, RunnerOutage, SendRecord};
+use crate::load::observers::{RefusedCall, RunnerOutage, SendRecord};
 use crate::load::{message_text, sender_phone};
 
 pub(super) const NOTICE: &str =

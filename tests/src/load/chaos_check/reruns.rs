@@ -15,7 +15,7 @@
 //! has no interrupt agent and its fake runner cancels nothing, so no such re-run is expected.)
 use super::doubles::SEND_RECORD_LAG_US;
 use super::{Evidence, Kind, ServerCrash, Verdict, secs};
-use crate::load::fakes::CallRecord;
+use crate::load::observers::CallRecord;
 
 /// Judge `again`, a call of the turn whose first call was `first`, of `person`.
 pub(super) fn judge_rerun(

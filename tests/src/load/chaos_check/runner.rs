@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{Evidence, Kind, Verdict, reruns, secs};
 use crate::load::channels::Channel;
-use crate::load::fakes::CallRecord;
+use crate::load::observers::CallRecord;
 use crate::load::parse_text;
 
 /// One runner call as the order checks see it: the person's messages it carried.

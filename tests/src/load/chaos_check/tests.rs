@@ -2,7 +2,7 @@
 //! evidence; a clean run, with the re-runs a killed dispatcher allows, passes.
 use super::*;
 use crate::load::channels::{Channel, ClientReply};
-use crate::load::fakes::{CallRecord, SendRecord};
+use crate::load::observers::{CallRecord, SendRecord};
 use crate::load::{message_text, sender_phone};
 
 pub(super) const DELIVER_PID: u32 = 4242;
@@ -555,12 +555,12 @@ fn evidence_survives_a_round_trip_through_its_file() {
 fn the_user_agent_names_the_sending_process() {
     let ua = switchboard_channels::user_agent();
     assert_eq!(
-        crate::load::fakes::pid_of_user_agent(&ua),
+        crate::load::observers::pid_of_user_agent(&ua),
         Some(std::process::id()),
         "{ua}"
     );
     assert_eq!(
-        crate::load::fakes::pid_of_user_agent("python-requests/2"),
+        crate::load::observers::pid_of_user_agent("python-requests/2"),
         None
     );
 }

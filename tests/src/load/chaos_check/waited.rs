@@ -17,7 +17,7 @@ use super::{
     AcceptedMessage, Evidence, Kill, Kind, ServerCrash, TOLD_GRACE_US, TurnRow, Verdict, secs,
 };
 use crate::load::channels::Channel;
-use crate::load::fakes::RunnerOutage;
+use crate::load::observers::RunnerOutage;
 
 /// A turn a dispatcher took up this long before the runner was back had time to meet it down
 /// (a call refused, or a breaker already open) and wait; one taken up later may have been

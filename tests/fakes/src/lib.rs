@@ -1,0 +1,21 @@
+//! Third parties as real HTTP servers speaking their real wire formats, one fake per provider:
+//! Twilio ([`twilio`]), TextMagic ([`textmagic`]), an agent host's runner ([`runner`]), an
+//! OpenAI-compatible model ([`model`]) and a webhook source's callback receiver
+//! ([`webhook`]). The demo (`switchboard up` with `demo.enabled`) mounts them in its own
+//! server, the end-to-end tests start them on ports of their own, and the load tools watch
+//! every send and call through [`SendObserver`] and [`RunObserver`] without keeping them all.
+pub mod model;
+pub mod runner;
+mod serve;
+pub mod sms;
+pub mod textmagic;
+pub mod twilio;
+pub mod webhook;
+
+pub use model::{ChatCall, FakeAnswer, FakeModel, bag_of_words};
+pub use runner::{FakeRunner, RunObserver, RunnerCall, fenced_texts, person_of};
+pub use serve::{Failures, serve};
+pub use sms::{Provider, SendObserver, SentSms};
+pub use textmagic::FakeTextMagic;
+pub use twilio::FakeTwilio;
+pub use webhook::{CallbackRequest, FakeCallbackReceiver, hmac_sha256, webhook_signature};
