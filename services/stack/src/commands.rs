@@ -450,20 +450,28 @@ pub fn env(settings: &Settings, name: &str) -> Result<String> {
     Ok(s.env_text())
 }
 
+/// Write to `out`; a reader that went away (`stack status x | head -3`) is no error.
+fn emit(out: &mut dyn Write, text: &str) -> Result<()> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::Io {
+            what: "writing the status".into(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// `status <name>`: what runs, on `out`; whether both servers are running and ready.
 pub fn status(settings: &Settings, name: &str, out: &mut dyn Write) -> Result<bool> {
     let mut s = Stack::open(settings, name)?;
-    let io = |e| Error::Io {
-        what: "writing the status".into(),
-        source: e,
-    };
     if !s.load_state()? {
-        writeln!(
+        emit(
             out,
-            "stack '{name}': not created (no {})",
-            s.paths.ports.display()
-        )
-        .map_err(io)?;
+            &format!(
+                "stack '{name}': not created (no {})\n",
+                s.paths.ports.display()
+            ),
+        )?;
         return Ok(false);
     }
     let mut nats = "stopped".to_string();
@@ -495,18 +503,19 @@ pub fn status(settings: &Settings, name: &str, out: &mut dyn Write) -> Result<bo
         .as_ref()
         .map(|d| d.display().to_string())
         .unwrap_or_default();
-    write!(
+    emit(
         out,
-        "stack '{name}' (state in {})\n  NATS      127.0.0.1:{} (monitoring http://127.0.0.1:{}): {nats}\n  Postgres  127.0.0.1:{} (data {pg_dir}/data{}): {pg}\n",
-        s.paths.dir.display(),
-        port(s.state.nats_port),
-        port(s.state.nats_monitor_port),
-        port(s.state.pg_port),
-        if s.state.pg_fast { ", fsync off" } else { "" },
-    )
-    .map_err(io)?;
+        &format!(
+            "stack '{name}' (state in {})\n  NATS      127.0.0.1:{} (monitoring http://127.0.0.1:{}): {nats}\n  Postgres  127.0.0.1:{} (data {pg_dir}/data{}): {pg}\n",
+            s.paths.dir.display(),
+            port(s.state.nats_port),
+            port(s.state.nats_monitor_port),
+            port(s.state.pg_port),
+            if s.state.pg_fast { ", fsync off" } else { "" },
+        ),
+    )?;
     s.load_credentials()?;
     // The passwords stay out of status output (it gets pasted); 'env' prints them.
-    write!(out, "{}", env::redact(&s.env_text())).map_err(io)?;
+    emit(out, &env::redact(&s.env_text()))?;
     Ok(ready)
 }

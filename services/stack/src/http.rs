@@ -1,7 +1,8 @@
 //! The little HTTP the stack needs, over std's TCP: NATS' health check on loopback, and the one
 //! download that is no wheel (pgvector's source from Debian, over plain HTTP and checked by
-//! sha256 afterwards). HTTP/1.0, so that no server answers in chunks; redirects to `http://`
-//! are followed; `http_proxy` (and `no_proxy`) are honoured as curl and Python do.
+//! sha256 afterwards). HTTP/1.1 with `Connection: close` (some proxies refuse HTTP/1.0 with 426),
+//! chunked answers decoded; redirects to `http://` are followed; `http_proxy` (and `no_proxy`)
+//! are honoured as curl and Python do.
 use std::io::{Read as _, Write as _};
 use std::net::{TcpStream, ToSocketAddrs as _};
 use std::time::{Duration, Instant};
@@ -111,11 +112,10 @@ fn request(url: &str, timeout: Duration) -> Result<(u16, Option<String>, Vec<u8>
     } else {
         format!("{}:{}", target.host, target.port)
     };
-    write!(
-        stream,
-        "GET {request_target} HTTP/1.0\r\nHost: {host_header}\r\nUser-Agent: switchboard-stack\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(io)?;
+    let request = format!(
+        "GET {request_target} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: switchboard-stack\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).map_err(io)?;
     let mut response = Vec::new();
     let mut buf = [0u8; 64 * 1024];
     loop {
@@ -135,18 +135,46 @@ fn request(url: &str, timeout: Duration) -> Result<(u16, Option<String>, Vec<u8>
     split_response(&response).ok_or_else(|| HttpError::Malformed { url: url.into() })
 }
 
-/// A response's status, `Location` header and body.
+/// A response's status, `Location` header and body (chunks joined).
 fn split_response(response: &[u8]) -> Option<(u16, Option<String>, Vec<u8>)> {
     let end = response.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = std::str::from_utf8(&response[..end]).ok()?;
     let mut lines = head.split("\r\n");
     let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let location = lines.find_map(|l| {
-        let (name, value) = l.split_once(':')?;
-        name.eq_ignore_ascii_case("location")
-            .then(|| value.trim().to_string())
-    });
-    Some((status, location, response[end + 4..].to_vec()))
+    let (mut location, mut chunked) = (None, false);
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        if name.eq_ignore_ascii_case("location") {
+            location = Some(value.trim().to_string());
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.to_ascii_lowercase().contains("chunked");
+        }
+    }
+    let body = &response[end + 4..];
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_vec()
+    };
+    Some((status, location, body))
+}
+
+/// A chunked body's data: `<hex size>[;ext]\r\n<data>\r\n` ... `0\r\n\r\n`.
+fn dechunk(mut body: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = body.windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&body[..eol]).ok()?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        body = &body[eol + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(body.get(..size)?);
+        body = body.get(size + 2..)?;
+    }
 }
 
 /// GET `url`, following up to 5 redirects; the body of a 2xx answer.
@@ -224,6 +252,14 @@ mod tests {
             (302, Some("/elsewhere".into()), b"body".to_vec())
         );
         assert!(split_response(b"HTTP/1.1 200 OK\r\n").is_none());
+        let chunked =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\na;x=1\r\n0123456789\r\n0\r\n\r\n";
+        assert_eq!(
+            split_response(chunked).unwrap(),
+            (200, None, b"abc0123456789".to_vec())
+        );
+        let cut = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc";
+        assert!(split_response(cut).is_none(), "a cut-off chunk");
     }
 
     #[test]
@@ -231,11 +267,15 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let server = std::thread::spawn(move || {
-            for answer in ["HTTP/1.0 200 OK\r\n\r\nok", "HTTP/1.0 503 No\r\n\r\n"] {
+            for answer in ["HTTP/1.1 200 OK\r\n\r\nok", "HTTP/1.1 503 No\r\n\r\n"] {
                 let (mut s, _) = listener.accept().unwrap();
-                let mut req = [0u8; 1024];
-                let n = s.read(&mut req).unwrap();
-                assert!(req[..n].starts_with(b"GET /healthz HTTP/1.0\r\n"));
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !req.ends_with(b"\r\n\r\n") {
+                    let n = s.read(&mut buf).unwrap();
+                    req.extend_from_slice(&buf[..n]);
+                }
+                assert!(req.starts_with(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:"));
                 s.write_all(answer.as_bytes()).unwrap();
             }
         });
