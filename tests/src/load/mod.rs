@@ -3,7 +3,7 @@
 //! and Postgres restarted, then every message accounted for).
 //!
 //! Everything here runs the real worker binaries (`switchboard-<name>`), each its own process
-//! with its own configuration file, on a stack instance of its own (`deploy/local/stack.sh`).
+//! with its own configuration file, on a stack instance of its own (the `stack` tool, services/stack).
 //! The third parties are faked as real HTTP servers in the harness process ([`fakes`]), and
 //! their cost is measured apart from the pipeline's.
 //!
