@@ -175,7 +175,7 @@ mod tests {
         }
     }
 
-    /// The lines deploy/local/stack.sh printed for the same stack (print_env).
+    /// The lines the former deploy/local/stack.sh printed for the same stack (print_env).
     #[test]
     fn the_lines_are_the_scripts() {
         let c = creds();

@@ -1,5 +1,6 @@
-//! nats.conf as deploy/local/stack.sh wrote it (testdata/, made by the script for the same
-//! inputs; only the two lines naming the tool differ), and the prefix checks.
+//! nats.conf as the former deploy/local/stack.sh wrote it (testdata/, made by that script, in
+//! git history, for the same inputs; only the two lines naming the tool differ), and the prefix
+//! checks.
 use std::path::Path;
 
 use super::*;

@@ -615,7 +615,7 @@ mod tests {
 
     const DATA: &str = "/tmp/stk-golden/root/demo/pg/data";
 
-    /// As deploy/local/stack.sh wrote it (write_pg_conf), but for the first line.
+    /// As the former deploy/local/stack.sh wrote it (write_pg_conf), but for the first line.
     #[test]
     fn the_settings_are_the_scripts() {
         let (fast, long) = render_conf(

@@ -107,7 +107,8 @@ ANALYTICS_PREFIX={}
 mod tests {
     use super::*;
 
-    /// What deploy/local/stack.sh wrote (save_ports), as stacks made before this tool have it.
+    /// What the former deploy/local/stack.sh wrote (save_ports), as stacks made before this tool
+    /// have it.
     const FROM_THE_SCRIPT: &str =
         "# Written by deploy/local/stack.sh for stack 'test'. Read by env/down/status.
 NATS_PORT=24222
