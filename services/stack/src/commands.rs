@@ -283,6 +283,8 @@ pub fn up(
     s.state.save(&s.paths.ports, name)?;
     s.write_credential_files()?;
 
+    // From here a failure or an interruption stops what this `up` started: no half stacks.
+    sys::catch_interrupts();
     let t0 = Instant::now();
     let started = (|| {
         if !nats_up {
@@ -294,15 +296,22 @@ pub fn up(
                 s.paths.nats_log.display()
             )));
         }
+        sys::check_interrupted()?;
         if !pg_up {
             s.start_pg()?;
         }
-        s.ensure_pg_database()
+        sys::check_interrupted()?;
+        s.ensure_pg_database()?;
+        sys::check_interrupted()
     })();
     if let Err(e) = started {
-        eprintln!("stack: ERROR: {e}");
+        // The children an interruption reached (pg_ctl, psql) fail of it: the signal is the cause.
+        let interrupted = sys::interrupted();
+        if interrupted.is_none() {
+            eprintln!("stack: ERROR: {e}");
+        }
         s.up_cleanup();
-        return Err(Error::Reported);
+        return Err(interrupted.map_or(Error::Reported, Error::Interrupted));
     }
     let pg_dir = s.state.pg_dir.clone().unwrap_or_default();
     log!(

@@ -28,6 +28,10 @@ pub enum Error {
     /// not where it should be).
     #[error("{0}")]
     Failed(String),
+    /// A signal (SIGINT, SIGTERM, SIGHUP) arrived while `up` started the servers: exit status
+    /// 128 + the signal, as a shell gives.
+    #[error("interrupted (signal {0})")]
+    Interrupted(i32),
     /// Already reported on stderr (e.g. before `up` stopped what it had started).
     #[error("(reported above)")]
     Reported,
@@ -61,6 +65,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) => 2,
+            Error::Interrupted(signal) => u8::try_from(128 + signal).unwrap_or(1),
             _ => 1,
         }
     }

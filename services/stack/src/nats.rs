@@ -354,6 +354,7 @@ impl Stack {
             .map_err(|e| Error::io("writing", &self.paths.nats_pid, e))?;
         let deadline = Instant::now() + Duration::from_secs(self.settings.timeout_s);
         while !self.nats_healthy() {
+            sys::check_interrupted()?;
             if !sys::pid_alive(pid) {
                 let other = self.nats_pid();
                 if other.is_none_or(|p| p == pid || !sys::pid_alive(p)) {

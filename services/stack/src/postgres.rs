@@ -412,6 +412,7 @@ impl Stack {
             .stdout(to_stderr())
             .status()
             .is_ok_and(|s| s.success());
+        sys::check_interrupted()?;
         if !started {
             sys::succeeds(self.as_pg("pg_ctl").arg("stop").arg("-D").arg(&data).args([
                 "-m",
@@ -425,6 +426,7 @@ impl Stack {
         }
         let deadline = Instant::now() + Duration::from_secs(timeout);
         while !self.pg_ready() {
+            sys::check_interrupted()?;
             if Instant::now() >= deadline {
                 self.stop_pg();
                 return Err(Error::server(

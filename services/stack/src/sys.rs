@@ -6,6 +6,7 @@ use std::os::fd::{AsFd as _, AsRawFd as _};
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::error::IoContext as _;
@@ -66,6 +67,36 @@ pub fn is_root() -> bool {
 pub fn set_umask() {
     // SAFETY: umask has no preconditions and cannot fail.
     unsafe { libc::umask(0o022) };
+}
+
+/// The signal that interrupted us (0: none), once [`catch_interrupts`] has been called.
+static INTERRUPT: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn note_interrupt(signal: libc::c_int) {
+    INTERRUPT.store(signal, Ordering::SeqCst);
+}
+
+/// From now on SIGINT, SIGTERM and SIGHUP do not end the process but are noted, for
+/// [`interrupted`]: `up` stops what it started before it exits (the script's `trap ... EXIT`).
+/// A child started later gets the default handling back (exec resets caught signals).
+pub fn catch_interrupts() {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores into an atomic (async-signal-safe).
+        unsafe { libc::signal(signal, note_interrupt as *const () as libc::sighandler_t) };
+    }
+}
+
+/// The signal that arrived since [`catch_interrupts`], if any.
+pub fn interrupted() -> Option<i32> {
+    match INTERRUPT.load(Ordering::SeqCst) {
+        0 => None,
+        signal => Some(signal),
+    }
+}
+
+/// An error if a signal arrived since [`catch_interrupts`].
+pub fn check_interrupted() -> Result<()> {
+    interrupted().map_or(Ok(()), |s| Err(Error::Interrupted(s)))
 }
 
 /// Send `signal` to `pid`; false if it could not be sent (gone, or not ours).

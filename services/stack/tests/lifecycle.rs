@@ -272,3 +272,68 @@ fn wrong_arguments_exit_2_and_bad_values_1() {
     assert_eq!(never.status.code(), Some(1));
     assert!(text(&never.stderr).contains("has never been brought up"));
 }
+
+/// As the script's `trap ... EXIT` did: an `up` interrupted while it starts the servers stops
+/// what it started and exits 128 + the signal.
+#[test]
+fn an_interrupted_up_stops_what_it_started() {
+    const NAME: &str = "stack-interrupted-it";
+    let _ = stack(&["destroy", NAME]);
+    struct Destroy;
+    impl Drop for Destroy {
+        fn drop(&mut self) {
+            let _ = stack(&["destroy", NAME]);
+        }
+    }
+    let _destroy = Destroy;
+    let dir = stack_dir().with_file_name(NAME);
+    let up = Command::new(env!("CARGO_BIN_EXE_stack"))
+        .args(["up", NAME, "26432", "27642", "26532"])
+        .env("SB_STACK_FAST", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start stack up");
+    // NATS has been started (its pid file is written right after): interrupt.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !dir.join("nats/nats.pid").is_file() {
+        assert!(std::time::Instant::now() < deadline, "NATS never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let nats_pid: i32 = loop {
+        if let Ok(pid) = pid_in(&dir.join("nats/nats.pid")).parse() {
+            break pid;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(up.id() as i32, libc::SIGINT) };
+    let out = up.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "no export lines: {}",
+        text(&out.stdout)
+    );
+    assert!(
+        stderr.contains("stopping the NATS this 'up' started"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("stack: ERROR: interrupted (signal 2)"),
+        "{stderr}"
+    );
+    assert!(
+        !Path::new(&format!("/proc/{nats_pid}")).exists() || {
+            // Gone, or a zombie of nobody's until init reaps it.
+            let status =
+                std::fs::read_to_string(format!("/proc/{nats_pid}/status")).unwrap_or_default();
+            status.contains("State:\tZ")
+        }
+    );
+    let status = stack(&["status", NAME]);
+    assert_eq!(status.status.code(), Some(3));
+    let shown = text(&status.stdout);
+    assert!(!shown.contains("running"), "{shown}");
+}
