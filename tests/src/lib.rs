@@ -192,7 +192,7 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(AppOptions::default()).await
 }
 
-/// The local embedder's files as the stack fetched them (`stack.sh env` prints the variables):
+/// The local embedder's files as the stack fetched them (`stack env` prints the variables):
 /// the model, and ONNX Runtime with the derived graph (the product's default runtime; candle
 /// when they are absent). A worker given a configuration file does not read `SB_*` itself.
 pub fn local_embedder_from_stack(e: &mut switchboard_kit::memory_config::EmbeddingConfig) {
@@ -200,7 +200,7 @@ pub fn local_embedder_from_stack(e: &mut switchboard_kit::memory_config::Embeddi
 }
 
 /// [`local_embedder_from_stack`] with the variables looked up by `var` (e.g. in what a
-/// `stack.sh up` printed: [`load::stack::Stack::var`]).
+/// `stack up` printed: [`load::stack::Stack::var`]).
 pub fn local_embedder_from(
     e: &mut switchboard_kit::memory_config::EmbeddingConfig,
     var: impl Fn(&str) -> Option<String>,

@@ -6,7 +6,7 @@
 //!
 //! The tests of the local model read its folder from `SB_EMBEDDING__MODEL_DIR`, and its default
 //! runtime's files from `SB_EMBEDDING__ONNX_RUNTIME` and `SB_EMBEDDING__ONNX_MODEL`, which
-//! `deploy/local/stack.sh up|env` prints (and `make test` exports); without the latter two the
+//! `stack up|env` (services/stack) prints (and `make test` exports); without the latter two the
 //! local model runs on candle (tests/tests/embedding_onnx.rs checks ONNX Runtime itself).
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -25,7 +25,7 @@ fn model_dir() -> String {
     std::env::var("SB_EMBEDDING__MODEL_DIR").unwrap_or_else(|_| {
         panic!(
             "SB_EMBEDDING__MODEL_DIR is not set: run with `make test`, or export what \
-             `deploy/local/stack.sh env test` prints (the stack fetches the model)"
+             `target/debug/stack env test` prints (the stack fetches the model)"
         )
     })
 }

@@ -5,7 +5,7 @@
 //! hang; without ONNX Runtime the local embedder still works, on candle.
 //!
 //! Reads `SB_EMBEDDING__MODEL_DIR`, `SB_EMBEDDING__ONNX_RUNTIME` and `SB_EMBEDDING__ONNX_MODEL`,
-//! which `deploy/local/stack.sh up|env` prints (and `make test` exports).
+//! which `stack up|env` (services/stack) prints (and `make test` exports).
 use std::time::{Duration, Instant};
 
 use switchboard_e2e::{TestApp, spawn_app_configured};
@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(30);
 fn stack_var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!(
-            "{name} is not set: run with `make test`, or export what `deploy/local/stack.sh env \
+            "{name} is not set: run with `make test`, or export what `target/debug/stack env \
              test` prints (the stack fetches the model and ONNX Runtime)"
         )
     })

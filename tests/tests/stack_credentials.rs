@@ -1,10 +1,10 @@
-//! The embedded stack (`deploy/local/stack.sh`) lets in only who holds the credentials it
+//! The embedded stack (the `stack` tool, services/stack) lets in only who holds the credentials it
 //! generated: NATS refuses a connection without them or with a wrong password, Postgres
 //! refuses TCP logins without the password (the product's role included, the superuser too),
 //! the product's role is no superuser, each NATS user can do only what it is for (the
 //! read-only `analytics` user reads the public events and cannot publish into the work
 //! subjects, create consumers or read other clients' replies), the files that hold the secrets
-//! are readable by their owner only, and `stack.sh status` shows no password.
+//! are readable by their owner only, and `stack status` shows no password.
 //!
 //! The stack's `up`/`env` print `SB_STACK_CREDENTIALS_DIR`; against servers of your own
 //! (`SB_NATS_URL`/`SB_DATABASE_URL` set by hand, no stack) there is nothing to check here. When
@@ -39,7 +39,7 @@ fn stack() -> Option<StackUnderTest> {
         assert!(
             !embedded,
             "`make test` started the embedded stack (SB_TEST_EMBEDDED_STACK is set) but \
-             SB_STACK_CREDENTIALS_DIR is not: `stack.sh up` must print it"
+             SB_STACK_CREDENTIALS_DIR is not: `stack up` must print it"
         );
         eprintln!(
             "skipped: SB_STACK_CREDENTIALS_DIR is not set and SB_TEST_EMBEDDED_STACK is not \
@@ -192,7 +192,7 @@ async fn each_nats_user_can_do_only_what_it_is_for() {
     );
 }
 
-/// analytics, connected as its comment in `stack.sh` says it must (its own inbox prefix).
+/// analytics, connected as services/stack/src/nats.rs says it must (its own inbox prefix).
 async fn analytics_client(
     s: &StackUnderTest,
 ) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
@@ -270,12 +270,12 @@ async fn stack_status_shows_the_urls_without_any_password() {
     let stack_dir = s.credentials.parent().expect("<stack>/credentials");
     let name = stack_dir.file_name().unwrap().to_str().unwrap();
     let root = stack_dir.parent().expect("the stacks' root");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let out = std::process::Command::new(repo.join("deploy/local/stack.sh"))
+    let stack = switchboard_e2e::load::stack::stack_bin().expect("the stack tool");
+    let out = std::process::Command::new(stack)
         .args(["status", name])
         .env("SB_STACK_DIR", root)
         .output()
-        .expect("run stack.sh status");
+        .expect("run stack status");
     let shown = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -23,7 +23,7 @@ fn repo() -> PathBuf {
 }
 
 /// `switchboard up` (or the CLI) on the example configuration with this run's overrides, as
-/// the README's `eval "$(deploy/local/stack.sh env run)"` gives them.
+/// the README's `eval "$(target/debug/stack env run)"` gives them.
 struct Demo {
     config: PathBuf,
     env: Vec<(String, String)>,
@@ -138,7 +138,7 @@ async fn try_start_demo(dir: &Path) -> Option<(Demo, tokio::process::Child)> {
             dir.join("workspaces").display().to_string(),
         ),
     ];
-    // The local embedder's files, as `stack.sh env` gives them to `make run`.
+    // The local embedder's files, as `stack env` gives them to `make run`.
     for var in [
         "SB_EMBEDDING__MODEL_DIR",
         "SB_EMBEDDING__ONNX_RUNTIME",

@@ -3,10 +3,10 @@
 //! and Postgres restarted, then every message accounted for).
 //!
 //! Everything here runs the real worker binaries (`switchboard-<name>`), each its own process
-//! with its own configuration file, on a stack instance of its own (`deploy/local/stack.sh`).
-//! The third parties are the shared fakes (`switchboard-fakes`, real HTTP servers) in the
-//! harness process, watched through [`observers`]; their cost is measured apart from the
-//! pipeline's.
+//! with its own configuration file, on a stack instance of its own (the `stack` tool,
+//! services/stack). The third parties are the shared fakes (`switchboard-fakes`, real HTTP
+//! servers) in the harness process, watched through [`observers`]; their cost is measured
+//! apart from the pipeline's.
 //!
 //! - [`stack`]: bring a named stack up and down, restart one server, fresh databases.
 //! - [`procs`]: worker processes (spawn, kill, restart) and `/proc` accounting (CPU, RSS).

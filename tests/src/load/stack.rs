@@ -1,4 +1,5 @@
-//! A named stack instance of `deploy/local/stack.sh` (NATS + Postgres), owned by one run.
+//! A named instance of the local stack (NATS + Postgres; the `stack` tool of services/stack),
+//! owned by one run.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -19,14 +20,29 @@ pub struct Stack {
     pub nats_url: String,
     /// The `switchboard` database; [`Stack::fresh_database`] makes new ones next to it.
     pub database_url: String,
-    /// Every `export NAME=value` `stack.sh up` printed (e.g. the local embedder's files, which
+    /// Every `export NAME=value` `stack up` printed (e.g. the local embedder's files, which
     /// `make run` gives the embed worker): read with [`Stack::var`].
     exports: Vec<(String, String)>,
     dir: PathBuf,
 }
 
-fn script() -> PathBuf {
-    repo_dir().join("deploy/local/stack.sh")
+/// The `stack` tool built beside the running program: `target/<profile>/stack` (a test binary
+/// runs from `target/<profile>/deps/`). `make test`, `make bench` and `make chaos` build it with
+/// the workspace's binaries.
+pub fn stack_bin() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("the running program's path")?;
+    let dir = exe.parent().context("the program's folder")?;
+    [dir, dir.parent().unwrap_or(dir)]
+        .iter()
+        .map(|d| d.join("stack"))
+        .find(|bin| bin.is_file())
+        .with_context(|| {
+            format!(
+                "no `stack` binary beside {}: build it (cargo build -p switchboard-stack --bin \
+                 stack, with --release for a release program)",
+                exe.display()
+            )
+        })
 }
 
 fn run(args: &[&str], fast: bool) -> anyhow::Result<String> {
@@ -35,8 +51,8 @@ fn run(args: &[&str], fast: bool) -> anyhow::Result<String> {
 
 /// [`run`], with `pg_conf` (Postgres settings, one per line) as `SB_STACK_PG_CONF`.
 fn run_with(args: &[&str], fast: bool, pg_conf: &str) -> anyhow::Result<String> {
-    let mut cmd = Command::new("bash");
-    cmd.arg(script()).args(args);
+    let mut cmd = Command::new(stack_bin()?);
+    cmd.args(args);
     cmd.env_remove("SB_STACK_FAST");
     if fast {
         cmd.env("SB_STACK_FAST", "1");
@@ -44,10 +60,10 @@ fn run_with(args: &[&str], fast: bool, pg_conf: &str) -> anyhow::Result<String> 
     cmd.env("SB_STACK_PG_CONF", pg_conf);
     let out = cmd
         .output()
-        .with_context(|| format!("running stack.sh {args:?}"))?;
+        .with_context(|| format!("running stack {args:?}"))?;
     if !out.status.success() {
         bail!(
-            "stack.sh {args:?} failed: {}",
+            "stack {args:?} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -55,7 +71,7 @@ fn run_with(args: &[&str], fast: bool, pg_conf: &str) -> anyhow::Result<String> 
 }
 
 impl Stack {
-    /// `stack.sh up <name> <nats_port> <pg_port>`; `fast` sets `SB_STACK_FAST=1` (Postgres
+    /// `stack up <name> <nats_port> <pg_port>`; `fast` sets `SB_STACK_FAST=1` (Postgres
     /// without fsync, for throwaway data).
     pub fn up(name: &str, nats_port: u16, pg_port: u16, fast: bool) -> anyhow::Result<Stack> {
         Self::up_tuned(name, nats_port, pg_port, fast, "")
@@ -86,7 +102,7 @@ impl Stack {
             exports
                 .iter()
                 .find_map(|(k, v)| (k == key).then(|| v.clone()))
-                .with_context(|| format!("stack.sh up printed no {key}"))
+                .with_context(|| format!("stack up printed no {key}"))
         };
         let root = std::env::var_os("SB_STACK_DIR")
             .map(PathBuf::from)
@@ -100,7 +116,7 @@ impl Stack {
         })
     }
 
-    /// A variable `stack.sh up` printed, as it printed it.
+    /// A variable `stack up` printed, as it printed it.
     pub fn var(&self, name: &str) -> Option<String> {
         self.exports
             .iter()

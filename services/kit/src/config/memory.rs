@@ -80,7 +80,7 @@ pub struct EmbeddingConfig {
     /// Local provider: which runtime runs the model.
     pub runtime: LocalRuntime,
     /// Local provider on ONNX Runtime: the path of `libonnxruntime.so` (version 1.31.x, from
-    /// the `onnxruntime` wheel; `deploy/local/stack.sh env` prints the copy it fetches).
+    /// the `onnxruntime` wheel; `target/debug/stack env <name>` prints the copy it fetches).
     pub onnx_runtime: String,
     /// Local provider on ONNX Runtime: the model's graph (`minilm_onnx.py` derives it from
     /// `model_dir`'s safetensors); the tokenizer still comes from `model_dir`.

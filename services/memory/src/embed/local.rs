@@ -47,7 +47,7 @@ impl LocalEmbedder {
         if dir.is_empty() {
             return Err(EmbedError::Unusable(
                 "[embedding] provider = \"local\" needs model_dir, the folder with \
-                 model.safetensors, config.json and tokenizer.json (`deploy/local/stack.sh env` \
+                 model.safetensors, config.json and tokenizer.json (`target/debug/stack env <name>` \
                  prints SB_EMBEDDING__MODEL_DIR for the copy `make run`/`make test` fetch)"
                     .into(),
             ));

@@ -79,7 +79,7 @@ fn local_embedder(config: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedEr
         {
             tracing::info!(
                 "[embedding] onnx_runtime/onnx_model are not set: the local embedder runs on \
-                 candle (about half ONNX Runtime's speed; `deploy/local/stack.sh env` prints them)"
+                 candle (about half ONNX Runtime's speed; `target/debug/stack env <name>` prints them)"
             );
             Arc::new(local::LocalEmbedder::new(config)?)
         }

@@ -1,5 +1,5 @@
 //! The local provider on ONNX Runtime: the default runtime when `[embedding] onnx_runtime` and
-//! `onnx_model` are set (`deploy/local/stack.sh env` prints both), about twice candle's and
+//! `onnx_model` are set (`target/debug/stack env <name>` prints both), about twice candle's and
 //! PyTorch's speed on short messages (docs/embedding-runtime.md).
 //!
 //! - The runtime is `libonnxruntime.so` from the pinned `onnxruntime` wheel, loaded at run time
@@ -113,7 +113,7 @@ fn required<'a>(value: &'a str, key: &str, what: &str) -> Result<&'a Path, Embed
     let value = value.trim();
     if value.is_empty() {
         return Err(EmbedError::Unusable(format!(
-            "[embedding] {key} is empty: the ONNX runtime needs {what} (`deploy/local/stack.sh env` \
+            "[embedding] {key} is empty: the ONNX runtime needs {what} (`target/debug/stack env <name>` \
              prints the copies `make run`/`make test` fetch)"
         )));
     }
@@ -183,7 +183,7 @@ fn runtime(path: &Path) -> Result<Arc<Runtime>, EmbedError> {
     if !(version == RUNTIME_VERSION || version.starts_with(&format!("{RUNTIME_VERSION}."))) {
         return Err(EmbedError::Unusable(format!(
             "[embedding] onnx_runtime {} is ONNX Runtime {version}; this build needs \
-             {RUNTIME_VERSION}.x (the pinned onnxruntime 1.31.1 wheel deploy/local/stack.sh \
+             {RUNTIME_VERSION}.x (the pinned onnxruntime 1.31.1 wheel the stack tool \
              fetches), or set [embedding] runtime = \"candle\"",
             path.display()
         )));

