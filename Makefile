@@ -92,7 +92,7 @@ clean-stack: stack-tool
 	$(STACK) destroy run || true
 	$(STACK) destroy test || true
 
-# ---- benchmarks and chaos runs (tests/src/bin, tests/src/load) -----------------------------
+# ---- benchmarks and chaos runs (tests/load: bench, chaos, memory_bench) -----------------------------
 # Each brings up its own stack instance (bench: 16222/17432, chaos: 18222/19432; every port below
 # Linux's ephemeral range, 32768+) and stops it. Never run the two at once: both are CPU-bound.
 # Results, plots and worker logs go to bench-results/<timestamp>/ (git-ignored). The load tools

@@ -2,7 +2,6 @@
 //! `make test` (`SB_NATS_URL`, `SB_DATABASE_URL`), on a fresh database and subject prefix, with
 //! Twilio and the agent runner faked as real HTTP servers.
 pub mod chat;
-pub mod load;
 
 /// The third parties, one fake each (the `switchboard-fakes` crate).
 pub use switchboard_fakes as fakes;
@@ -12,6 +11,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use async_nats::jetstream;
 use sqlx::{Connection, PgPool};
 use switchboard::stages;
@@ -200,7 +200,7 @@ pub fn local_embedder_from_stack(e: &mut switchboard_kit::memory_config::Embeddi
 }
 
 /// [`local_embedder_from_stack`] with the variables looked up by `var` (e.g. in what a
-/// `stack up` printed: [`load::stack::Stack::var`]).
+/// `stack up` printed: the load tools' `Stack::var`).
 pub fn local_embedder_from(
     e: &mut switchboard_kit::memory_config::EmbeddingConfig,
     var: impl Fn(&str) -> Option<String>,
@@ -441,6 +441,25 @@ fn stack_env() -> Vec<std::ffi::OsString> {
         .map(|(k, _)| k)
         .filter(|k| k.to_string_lossy().starts_with("SB_"))
         .collect()
+}
+
+/// The `stack` tool built beside the running program: `target/<profile>/stack` (a test binary
+/// runs from `target/<profile>/deps/`). `make test`, `make bench` and `make chaos` build it with
+/// the workspace's binaries.
+pub fn stack_bin() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("the running program's path")?;
+    let dir = exe.parent().context("the program's folder")?;
+    [dir, dir.parent().unwrap_or(dir)]
+        .iter()
+        .map(|d| d.join("stack"))
+        .find(|bin| bin.is_file())
+        .with_context(|| {
+            format!(
+                "no `stack` binary beside {}: build it (cargo build -p switchboard-stack --bin \
+                 stack, with --release for a release program)",
+                exe.display()
+            )
+        })
 }
 
 /// The `switchboard` binary next to the test binaries (`make test` builds it first).

@@ -270,7 +270,7 @@ async fn stack_status_shows_the_urls_without_any_password() {
     let stack_dir = s.credentials.parent().expect("<stack>/credentials");
     let name = stack_dir.file_name().unwrap().to_str().unwrap();
     let root = stack_dir.parent().expect("the stacks' root");
-    let stack = switchboard_e2e::load::stack::stack_bin().expect("the stack tool");
+    let stack = switchboard_e2e::stack_bin().expect("the stack tool");
     let out = std::process::Command::new(stack)
         .args(["status", name])
         .env("SB_STACK_DIR", root)
