@@ -67,7 +67,14 @@ fn stack_dir() -> PathBuf {
     let root = std::env::var_os("SB_STACK_DIR")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.stack"));
+        .unwrap_or_else(|| {
+            // The tool prints its state folder resolved (no `..`), so this is resolved too.
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../..")
+                .canonicalize()
+                .expect("the repository root")
+                .join(".stack")
+        });
     root.join(NAME)
 }
 
