@@ -303,7 +303,7 @@ async fn ranking_settings(
 ) -> Result<(), SearchError> {
     // With filters, an HNSW scan that stops at ef_search candidates can return fewer rows
     // than asked for (or none); the iterative scan keeps going until enough pass.
-    sqlx::query("SET LOCAL hnsw.iterative_scan = relaxed_order")
+    sqlx::query!("SET LOCAL hnsw.iterative_scan = relaxed_order")
         .execute(&mut **tx)
         .await?;
     if ef_search > 0 {
