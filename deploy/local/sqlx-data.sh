@@ -74,9 +74,9 @@ if [ -z "$database_url" ]; then
     database_url="$SB_DATABASE_URL"
 fi
 
-# Every workspace source file that uses the macros (the fuzz workspace uses none).
-mapfile -t sources < <(grep -rlE --include='*.rs' 'sqlx::query(_as|_scalar)?!' services tests |
-    grep -v '^tests/fuzz/' | sort)
+# Every workspace source file that uses the macros (the fuzz workspace has no SQL of its own).
+mapfile -t sources < <(grep -rlE --include='*.rs' '(^|[^[:alnum:]_])query(_as|_scalar)?!' \
+    services tests | grep -v '^tests/fuzz/' | sort)
 [ "${#sources[@]}" -gt 0 ] || die "no source uses sqlx::query!, query_as! or query_scalar!"
 touch "${sources[@]}"
 mkdir -p "$scratch/data"
