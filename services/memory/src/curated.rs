@@ -61,11 +61,13 @@ async fn outcome(
         Remembered::Cut => "cut",
         Remembered::Full => "full",
     };
+    // The entry's key as `remember` made it: its kind, then the message.
     sqlx::query!(
         "UPDATE switchboard.session_events SET detail = detail || jsonb_build_object('kept', $2::text)
-          WHERE key = 'memory_written:remember:' || $1",
+          WHERE key = $3::text || ':remember:' || $1",
         message_id,
         kept,
+        SessionEventKind::MemoryWritten as SessionEventKind,
     )
     .execute(&mut **tx)
     .await?;
@@ -207,8 +209,9 @@ impl MemoryStore {
             // Redelivered: what the first delivery did, so the answer is the same.
             let was: Option<String> = sqlx::query_scalar!(
                 r#"SELECT detail->>'kept' AS "kept?" FROM switchboard.session_events
-                    WHERE key = 'memory_written:remember:' || $1"#,
+                    WHERE key = $2::text || ':remember:' || $1"#,
                 message_id,
+                SessionEventKind::MemoryWritten as SessionEventKind,
             )
             .fetch_optional(&mut *tx)
             .await?

@@ -212,7 +212,7 @@ pub async fn write(
     // One entry per session and version: the key makes a repeated write impossible anyway.
     sqlx::query!(
         "INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
-         SELECT e.id, e.session_id, 'summarised:' || e.session_id || ':' || $3::bigint, $4, $5
+         SELECT e.id, e.session_id, $4::text || ':' || e.session_id || ':' || $3::bigint, $4, $5
            FROM unnest($1::uuid[], $2::uuid[]) AS e(id, session_id)
          ON CONFLICT (key) DO NOTHING",
         &ids,
