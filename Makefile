@@ -17,13 +17,15 @@ EXTERNAL := $(and $(SB_NATS_URL),$(SB_DATABASE_URL))
 # nats://user:***@host, and nats://***@host for a token (the user name is the secret there).
 REDACT_URL := sed -E -e 's|(://[^:/@]*):[^@/]*@|\1:***@|g' -e t -e 's|://[^:@/]*@|://***@|g'
 
-.PHONY: help run stop test check build clean-stack stack-tool
+.PHONY: help run stop test check build clean-stack stack-tool sqlx-prepare sqlx-check
 
 help:
 	@echo "make run    - start NATS + Postgres (embedded), build, run everything (switchboard up)"
 	@echo "make stop   - stop what make run started"
 	@echo "make test   - start a separate test stack, install the pinned OpenClaw, run every test, stop it"
-	@echo "make check  - cargo fmt --check, clippy -D warnings, and no unused dependency (cargo-machete)"
+	@echo "make check  - cargo fmt --check, clippy -D warnings, no unused dependency (cargo-machete),"
+	@echo "              and .sqlx/ current (make sqlx-check)"
+	@echo "make sqlx-prepare - write .sqlx/ (the compile-checked SQL's data) from the migrations"
 
 build:
 	$(CARGO) build --workspace --bins
@@ -87,6 +89,19 @@ check: $(MACHETE)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(MACHETE) --with-metadata
+	$(MAKE) --no-print-directory sqlx-check
+
+# The compile-checked SQL (sqlx::query!, query_as!, query_scalar!) is built from .sqlx/, never
+# from a database (.cargo/config.toml sets SQLX_OFFLINE=true), so the build needs no server and
+# no sqlx-cli. After changing a statement or a migration, `make sqlx-prepare` writes .sqlx/ again
+# (commit it); `make sqlx-check` (in `make check`) fails while it is not what that would write.
+# Both describe the statements to a fresh stack instance of their own (ports 12222/13432) with
+# migrations/ applied, or to SQLX_DATA_DATABASE_URL: deploy/local/sqlx-data.sh.
+sqlx-prepare: stack-tool
+	CARGO="$(CARGO)" STACK="$(STACK)" deploy/local/sqlx-data.sh prepare
+
+sqlx-check: stack-tool
+	CARGO="$(CARGO)" STACK="$(STACK)" deploy/local/sqlx-data.sh check
 
 clean-stack: stack-tool
 	$(STACK) destroy run || true

@@ -205,14 +205,15 @@ impl CategoriseStage {
         if let Some(stored) = self.stored(outbound_id).await.map_err(err)? {
             return Ok(vec![self.event(e, &stored)]);
         }
-        let reply: Option<(String, Option<String>)> = sqlx::query_as(
-            "SELECT message, metadata->>'kind' FROM switchboard.messages WHERE id = $1",
+        let reply = sqlx::query!(
+            r#"SELECT message, metadata->>'kind' AS "kind?" FROM switchboard.messages
+                WHERE id = $1"#,
+            outbound_id,
         )
-        .bind(outbound_id)
         .fetch_optional(&self.db)
         .await
         .map_err(|e| err(e.into()))?;
-        let Some((reply_text, kind)) = reply else {
+        let Some((reply_text, kind)) = reply.map(|r| (r.message, r.kind)) else {
             // The row is gone since it was logged (the person was forgotten): nothing to label.
             tracing::info!(message_id = %outbound_id, "categorise: the reply is no longer stored");
             metrics::counter!("sb_categorise_skipped_total", "reason" => "reply_gone").increment(1);
@@ -224,16 +225,17 @@ impl CategoriseStage {
             // needs attention" was never sent to anyone.
             return Ok(Vec::new());
         }
-        let inbound: Option<(Uuid, String)> = sqlx::query_as(
+        let inbound: Option<(Uuid, String)> = sqlx::query!(
             "SELECT id, message FROM switchboard.messages
               WHERE session_id = $1 AND correlation_id = $2 AND direction = 'inbound'
               ORDER BY id DESC LIMIT 1",
+            session_id,
+            e.correlation_id,
         )
-        .bind(session_id)
-        .bind(&e.correlation_id)
         .fetch_optional(&self.db)
         .await
-        .map_err(|e| err(e.into()))?;
+        .map_err(|e| err(e.into()))?
+        .map(|m| (m.id, m.message));
         let logged_ms_ago = switchboard_kit::now_ms() - e.logged_at_ms;
         if inbound.is_none()
             && !e.correlation_id.is_empty()
@@ -293,7 +295,7 @@ impl CategoriseStage {
         if e.correlation_id.is_empty() {
             return Ok(Vec::new());
         }
-        let joined = sqlx::query(
+        let joined = sqlx::query!(
             "WITH joined AS (
                  UPDATE switchboard.exchange_categories c SET inbound_id = $1
                    FROM switchboard.messages o
@@ -302,10 +304,10 @@ impl CategoriseStage {
                  RETURNING c.label)
              UPDATE switchboard.messages SET category = (SELECT min(label) FROM joined)
               WHERE id = $1 AND EXISTS (SELECT 1 FROM joined)",
+            inbound_id,
+            session_id,
+            e.correlation_id,
         )
-        .bind(inbound_id)
-        .bind(session_id)
-        .bind(&e.correlation_id)
         .execute(&self.db)
         .await?
         .rows_affected();
@@ -316,22 +318,22 @@ impl CategoriseStage {
     }
 
     async fn stored(&self, outbound_id: Uuid) -> Result<Option<Stored>, CategoriseError> {
-        let row: Option<(Option<Uuid>, String, String, Option<String>)> = sqlx::query_as(
+        let row = sqlx::query!(
             "SELECT inbound_id, label, source, raw_label
                FROM switchboard.exchange_categories WHERE outbound_id = $1",
+            outbound_id,
         )
-        .bind(outbound_id)
         .fetch_optional(&self.db)
         .await?;
-        Ok(row.map(|(inbound_id, label, source, raw_label)| Stored {
-            inbound_id,
-            label,
-            source: if source == "model" {
+        Ok(row.map(|r| Stored {
+            inbound_id: r.inbound_id,
+            label: r.label,
+            source: if r.source == "model" {
                 LabelSource::Model
             } else {
                 LabelSource::Embedding
             },
-            raw_label,
+            raw_label: r.raw_label,
         }))
     }
 
@@ -347,22 +349,22 @@ impl CategoriseStage {
         chosen: &Chosen,
     ) -> Result<(Stored, bool), CategoriseError> {
         let mut tx = self.db.begin().await?;
-        let inserted = sqlx::query(
+        let inserted = sqlx::query!(
             "INSERT INTO switchboard.exchange_categories
                 (outbound_id, inbound_id, session_id, person_id, agent_identity, channel, label,
                  source, raw_label)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT DO NOTHING",
+            outbound_id,
+            inbound_id,
+            session_id,
+            e.person_id,
+            e.agent_identity,
+            e.channel,
+            chosen.label,
+            chosen.source.as_str(),
+            chosen.raw_label,
         )
-        .bind(outbound_id)
-        .bind(inbound_id)
-        .bind(session_id)
-        .bind(&e.person_id)
-        .bind(&e.agent_identity)
-        .bind(&e.channel)
-        .bind(&chosen.label)
-        .bind(chosen.source.as_str())
-        .bind(&chosen.raw_label)
         .execute(&mut *tx)
         .await?
         .rows_affected()
@@ -375,16 +377,18 @@ impl CategoriseStage {
             })?;
             return Ok((stored, false));
         }
-        sqlx::query("UPDATE switchboard.messages SET category = $1 WHERE id = $2 OR id = $3")
-            .bind(&chosen.label)
-            .bind(outbound_id)
-            .bind(inbound_id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query!(
+            "UPDATE switchboard.messages SET category = $1 WHERE id = $2 OR id = $3",
+            chosen.label,
+            outbound_id,
+            inbound_id,
+        )
+        .execute(&mut *tx)
+        .await?;
         let mut inbound_id = inbound_id;
         if inbound_id.is_none() && !e.correlation_id.is_empty() {
             // Logged since it was looked for: its own event may have found no label to join.
-            inbound_id = sqlx::query_scalar(
+            inbound_id = sqlx::query_scalar!(
                 "WITH late AS (
                      SELECT id FROM switchboard.messages
                       WHERE session_id = $2 AND correlation_id = $3 AND direction = 'inbound'
@@ -395,11 +399,11 @@ impl CategoriseStage {
                      RETURNING inbound_id)
                  UPDATE switchboard.messages SET category = $4
                   WHERE id = (SELECT inbound_id FROM joined) RETURNING id",
+                outbound_id,
+                session_id,
+                e.correlation_id,
+                chosen.label,
             )
-            .bind(outbound_id)
-            .bind(session_id)
-            .bind(&e.correlation_id)
-            .bind(&chosen.label)
             .fetch_optional(&mut *tx)
             .await?;
         }

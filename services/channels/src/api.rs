@@ -100,7 +100,7 @@ impl std::str::FromStr for Scope {
 }
 
 /// A key as the store knows it (never the key itself).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ApiKeyInfo {
     pub id: Uuid,
     pub owner: String,
@@ -192,23 +192,25 @@ impl ApiKeys {
         let mut scopes: Vec<String> = scopes.iter().map(|s| s.as_str().to_string()).collect();
         scopes.sort();
         scopes.dedup();
-        let info: ApiKeyInfo = sqlx::query_as(
+        let info = sqlx::query_as!(
+            ApiKeyInfo,
             "INSERT INTO switchboard.api_keys (id, owner, key_hash, key_prefix, scopes)
              VALUES ($1, $2, $3, $4, $5)
              RETURNING id, owner, key_prefix, scopes, created_at, last_used_at, revoked_at",
+            Uuid::now_v7(),
+            owner,
+            hash(&key),
+            &key[..KEY_PREFIX.len() + 6],
+            &scopes,
         )
-        .bind(Uuid::now_v7())
-        .bind(owner)
-        .bind(hash(&key))
-        .bind(&key[..KEY_PREFIX.len() + 6])
-        .bind(&scopes)
         .fetch_one(&self.db)
         .await?;
         Ok((key, info))
     }
 
     pub async fn list(&self) -> Result<Vec<ApiKeyInfo>, ApiKeyError> {
-        Ok(sqlx::query_as(
+        Ok(sqlx::query_as!(
+            ApiKeyInfo,
             "SELECT id, owner, key_prefix, scopes, created_at, last_used_at, revoked_at
                FROM switchboard.api_keys ORDER BY created_at",
         )
@@ -218,12 +220,13 @@ impl ApiKeys {
 
     /// Revoke a key: it stops working at once, on every gateway.
     pub async fn revoke(&self, id: Uuid) -> Result<ApiKeyInfo, ApiKeyError> {
-        sqlx::query_as(
+        sqlx::query_as!(
+            ApiKeyInfo,
             "UPDATE switchboard.api_keys SET revoked_at = COALESCE(revoked_at, now())
               WHERE id = $1
              RETURNING id, owner, key_prefix, scopes, created_at, last_used_at, revoked_at",
+            id,
         )
-        .bind(id)
         .fetch_optional(&self.db)
         .await?
         .ok_or(ApiKeyError::NotFound(id))
@@ -242,17 +245,17 @@ impl ApiKeys {
         // `last_used_at` is kept to the minute: a lookup that writes nothing commits without
         // waiting for Postgres's log to reach the disk, and a key's every request would
         // otherwise be a flushed commit before its message is even stored.
-        let row: Option<(Uuid, String, Vec<String>)> = sqlx::query_as(
-            "WITH k AS (SELECT id, owner, scopes, last_used_at FROM switchboard.api_keys
+        let row = sqlx::query!(
+            r#"WITH k AS (SELECT id, owner, scopes, last_used_at FROM switchboard.api_keys
                          WHERE key_hash = $1 AND revoked_at IS NULL),
                   touched AS (UPDATE switchboard.api_keys a SET last_used_at = now()
                                 FROM k
                                WHERE a.id = k.id AND a.revoked_at IS NULL
                                  AND (k.last_used_at IS NULL
                                       OR k.last_used_at < now() - interval '1 minute'))
-             SELECT id, owner, scopes FROM k",
+             SELECT id AS "id!", owner AS "owner!", scopes AS "scopes!" FROM k"#,
+            hash(key),
         )
-        .bind(hash(key))
         .fetch_optional(&self.db)
         .await
         .map_err(|e| {
@@ -263,8 +266,8 @@ impl ApiKeys {
                 "the key could not be checked; retry",
             )
         })?;
-        let (key_id, owner, scopes) =
-            row.ok_or_else(|| unauthorized("the API key is unknown or revoked"))?;
+        let row = row.ok_or_else(|| unauthorized("the API key is unknown or revoked"))?;
+        let (key_id, owner, scopes) = (row.id, row.owner, row.scopes);
         Ok(ApiCaller {
             key_id,
             owner,

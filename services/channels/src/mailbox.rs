@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::egress::{Egress, OutboundPart, SendError};
 
 /// One reply (part) in a mailbox, as stored, announced and pushed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MailboxEntry {
     /// Ascending per database: a client that saw entry `seq` asks for what came after it.
     pub seq: i64,
@@ -62,9 +62,6 @@ pub struct Mailbox {
     subject: String,
 }
 
-const COLUMNS: &str = "seq, reply_id, part, channel, address, agent, correlation_id, \
-                       in_reply_to, text, created_at, kind";
-
 impl Mailbox {
     pub fn new(db: PgPool, nats: async_nats::Client, subject: String) -> Self {
         Self { db, nats, subject }
@@ -95,38 +92,50 @@ impl Mailbox {
         // commits before the next draws its `seq`: for every address, what a reader sees is all
         // of its entries up to some `seq`.
         let mut tx = self.db.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))")
-            .bind(&reply.channel)
-            .bind(part.to())
-            .execute(&mut *tx)
-            .await?;
-        let entry: MailboxEntry = sqlx::query_as(&format!(
-            "WITH new AS (
+        sqlx::query!(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))",
+            reply.channel,
+            part.to(),
+        )
+        .execute(&mut *tx)
+        .await?;
+        let kind = if reply.kind == "notice" {
+            "notice"
+        } else {
+            "reply"
+        };
+        // The entry's columns are named for the first SELECT of the union; none is NULL.
+        let entry = sqlx::query_as!(
+            MailboxEntry,
+            r#"WITH new AS (
                 INSERT INTO switchboard.mailbox
                     (reply_id, part, channel, address, agent, session_id, correlation_id,
                      in_reply_to, text, kind)
                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
                 ON CONFLICT (reply_id, part) DO NOTHING
-                RETURNING {COLUMNS})
-             SELECT {COLUMNS} FROM new
+                RETURNING seq, reply_id, part, channel, address, agent, correlation_id,
+                          in_reply_to, text, created_at, kind)
+             SELECT seq AS "seq!", reply_id AS "reply_id!", part AS "part!",
+                    channel AS "channel!", address AS "address!", agent AS "agent!",
+                    correlation_id AS "correlation_id!", in_reply_to AS "in_reply_to!",
+                    text AS "text!", created_at AS "created_at!", kind AS "kind!"
+               FROM new
              UNION ALL
-             SELECT {COLUMNS} FROM switchboard.mailbox WHERE reply_id = $1 AND part = $2
-             LIMIT 1"
-        ))
-        .bind(reply_id)
-        .bind(part.index as i32)
-        .bind(&reply.channel)
-        .bind(part.to())
-        .bind(&reply.agent_name)
-        .bind(session)
-        .bind(&reply.correlation_id)
-        .bind(in_reply_to)
-        .bind(part.text)
-        .bind(if reply.kind == "notice" {
-            "notice"
-        } else {
-            "reply"
-        })
+             SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
+                    text, created_at, kind
+               FROM switchboard.mailbox WHERE reply_id = $1 AND part = $2
+             LIMIT 1"#,
+            reply_id,
+            part.index as i32,
+            reply.channel,
+            part.to(),
+            reply.agent_name,
+            session,
+            reply.correlation_id,
+            in_reply_to,
+            part.text,
+            kind,
+        )
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -153,17 +162,29 @@ impl Mailbox {
         seq: i64,
         limit: i64,
     ) -> Result<Vec<MailboxEntry>, MailboxError> {
-        self.for_address(channel, address, "seq > $3", seq, limit)
-            .await
+        Ok(sqlx::query_as!(
+            MailboxEntry,
+            "SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
+                    text, created_at, kind
+               FROM switchboard.mailbox
+              WHERE channel = $1 AND address = $2 AND seq > $3
+              ORDER BY seq LIMIT $4",
+            channel,
+            address,
+            seq,
+            limit,
+        )
+        .fetch_all(&self.db)
+        .await?)
     }
 
     /// The `seq` of the newest entry for `address` on `channel` (0 if none).
     pub async fn newest(&self, channel: &str, address: &str) -> Result<i64, MailboxError> {
-        Ok(sqlx::query_scalar::<_, Option<i64>>(
+        Ok(sqlx::query_scalar!(
             "SELECT max(seq) FROM switchboard.mailbox WHERE channel = $1 AND address = $2",
+            channel,
+            address,
         )
-        .bind(channel)
-        .bind(address)
         .fetch_one(&self.db)
         .await?
         .unwrap_or(0))
@@ -178,35 +199,18 @@ impl Mailbox {
         seq: i64,
         limit: i64,
     ) -> Result<Vec<MailboxEntry>, MailboxError> {
-        self.for_address(
+        Ok(sqlx::query_as!(
+            MailboxEntry,
+            "SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
+                    text, created_at, kind
+               FROM switchboard.mailbox
+              WHERE channel = $1 AND address = $2 AND seq <= $3 AND pushed_at IS NULL
+              ORDER BY seq LIMIT $4",
             channel,
             address,
-            "seq <= $3 AND pushed_at IS NULL",
             seq,
             limit,
         )
-        .await
-    }
-
-    /// Entries for `address` on `channel` that `filter` (on `seq`, bound as `$3`) keeps,
-    /// oldest first, at most `limit`.
-    async fn for_address(
-        &self,
-        channel: &str,
-        address: &str,
-        filter: &str,
-        seq: i64,
-        limit: i64,
-    ) -> Result<Vec<MailboxEntry>, MailboxError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM switchboard.mailbox
-              WHERE channel = $1 AND address = $2 AND {filter}
-              ORDER BY seq LIMIT $4"
-        ))
-        .bind(channel)
-        .bind(address)
-        .bind(seq)
-        .bind(limit)
         .fetch_all(&self.db)
         .await?)
     }
@@ -216,32 +220,38 @@ impl Mailbox {
         &self,
         correlation_id: &str,
     ) -> Result<Vec<MailboxEntry>, MailboxError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM switchboard.mailbox WHERE correlation_id = $1
-              ORDER BY seq"
-        ))
-        .bind(correlation_id)
+        Ok(sqlx::query_as!(
+            MailboxEntry,
+            "SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
+                    text, created_at, kind
+               FROM switchboard.mailbox WHERE correlation_id = $1
+              ORDER BY seq",
+            correlation_id,
+        )
         .fetch_all(&self.db)
         .await?)
     }
 
     /// The parts of one reply, in order.
     pub async fn for_reply(&self, reply_id: Uuid) -> Result<Vec<MailboxEntry>, MailboxError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM switchboard.mailbox WHERE reply_id = $1 ORDER BY seq"
-        ))
-        .bind(reply_id)
+        Ok(sqlx::query_as!(
+            MailboxEntry,
+            "SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
+                    text, created_at, kind
+               FROM switchboard.mailbox WHERE reply_id = $1 ORDER BY seq",
+            reply_id,
+        )
         .fetch_all(&self.db)
         .await?)
     }
 
     /// The entry a reply's part was stored as, if it was.
     pub async fn find(&self, reply_id: Uuid, part: i32) -> Result<Option<i64>, MailboxError> {
-        Ok(sqlx::query_scalar(
+        Ok(sqlx::query_scalar!(
             "SELECT seq FROM switchboard.mailbox WHERE reply_id = $1 AND part = $2",
+            reply_id,
+            part,
         )
-        .bind(reply_id)
-        .bind(part)
         .fetch_optional(&self.db)
         .await?)
     }
@@ -253,11 +263,11 @@ impl Mailbox {
         if seqs.is_empty() {
             return Ok(());
         }
-        sqlx::query(
+        sqlx::query!(
             "UPDATE switchboard.mailbox SET pushed_at = now()
               WHERE seq = ANY($1) AND pushed_at IS NULL",
+            seqs,
         )
-        .bind(seqs)
         .execute(&self.db)
         .await?;
         Ok(())

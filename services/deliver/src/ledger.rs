@@ -43,7 +43,6 @@ pub enum Claim {
 }
 
 /// The ledger row a claim took, as [`DeliveryLedger::claim`] reads it back.
-#[derive(sqlx::FromRow)]
 struct LeasedRow {
     parts_sent: i32,
     provider_message_ids: Vec<String>,
@@ -54,7 +53,6 @@ struct LeasedRow {
 }
 
 /// Where a reply stands, as [`DeliveryLedger::current`] reads it.
-#[derive(sqlx::FromRow)]
 struct CurrentRow {
     status: DeliveryStatus,
     provider_message_ids: Vec<String>,
@@ -88,7 +86,8 @@ impl DeliveryLedger {
         // whose lease ended. No row back means sent, failed, or leased by someone else. A new
         // row also records that the attempt at its first part starts now, so the common case
         // costs no extra write; a taken-over row keeps the attempt an earlier claim recorded.
-        let leased: Option<LeasedRow> = sqlx::query_as(
+        let leased = sqlx::query_as!(
+            LeasedRow,
             "INSERT INTO switchboard.deliveries
                 (reply_id, session_id, channel, provider, recipient, status, parts_total,
                  leased_until, attempts, attempt_part, attempt_started_at)
@@ -102,15 +101,15 @@ impl DeliveryLedger {
                      OR switchboard.deliveries.leased_until < now())
              RETURNING parts_sent, provider_message_ids, attempts, attempt_part,
                        attempt_started_at",
+            id,
+            session,
+            reply.channel,
+            reply.provider,
+            reply.recipient,
+            parts as i32,
+            self.lease.as_secs_f64(),
+            DeliveryStatus::Pending as DeliveryStatus,
         )
-        .bind(id)
-        .bind(session)
-        .bind(&reply.channel)
-        .bind(&reply.provider)
-        .bind(&reply.recipient)
-        .bind(parts as i32)
-        .bind(self.lease.as_secs_f64())
-        .bind(DeliveryStatus::Pending)
         .fetch_optional(&self.db)
         .await?;
         if let Some(r) = leased {
@@ -136,12 +135,14 @@ impl DeliveryLedger {
     /// Where a reply stands, without taking its lease: sent, failed, or leased by another
     /// attempt (for how much longer).
     async fn current(&self, id: Uuid) -> Result<Claim, sqlx::Error> {
-        let r: CurrentRow = sqlx::query_as(
-            "SELECT status, provider_message_ids, last_error,
-                    GREATEST(EXTRACT(EPOCH FROM leased_until - now()), 0)::float8 AS lease_left_s
-               FROM switchboard.deliveries WHERE reply_id = $1",
+        let r = sqlx::query_as!(
+            CurrentRow,
+            r#"SELECT status AS "status: DeliveryStatus", provider_message_ids, last_error,
+                      GREATEST(EXTRACT(EPOCH FROM leased_until - now()), 0)::float8
+                        AS "lease_left_s?"
+                 FROM switchboard.deliveries WHERE reply_id = $1"#,
+            id,
         )
-        .bind(id)
         .fetch_one(&self.db)
         .await?;
         Ok(match r.status {
@@ -163,23 +164,23 @@ impl DeliveryLedger {
         if seq <= 1 {
             return Ok(true);
         }
-        let row: Option<(TurnStatus, Option<DeliveryStatus>)> = sqlx::query_as(
-            "SELECT t.status, d.status
-               FROM switchboard.turns t
-               LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
-              WHERE t.session_id = $1 AND t.seq < $2
-                AND NOT (t.status = $3 AND t.reply_id IS NULL)
-              ORDER BY t.seq DESC LIMIT 1",
+        let row = sqlx::query!(
+            r#"SELECT t.status AS "turn: TurnStatus", d.status AS "delivery?: DeliveryStatus"
+                 FROM switchboard.turns t
+                 LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+                WHERE t.session_id = $1 AND t.seq < $2
+                  AND NOT (t.status = $3 AND t.reply_id IS NULL)
+                ORDER BY t.seq DESC LIMIT 1"#,
+            session,
+            seq,
+            TurnStatus::Done as TurnStatus,
         )
-        .bind(session)
-        .bind(seq)
-        .bind(TurnStatus::Done)
         .fetch_optional(&self.db)
         .await?;
         Ok(match row {
             None => true,
-            Some((turn, delivery)) => {
-                turn == TurnStatus::Failed || delivery.is_some_and(DeliveryStatus::is_settled)
+            Some(r) => {
+                r.turn == TurnStatus::Failed || r.delivery.is_some_and(DeliveryStatus::is_settled)
             }
         })
     }
@@ -188,14 +189,14 @@ impl DeliveryLedger {
     /// provider. False if the reply is no longer where this deliverer left it (another one
     /// took over and moved on).
     pub async fn attempt_started(&self, id: Uuid, index: usize) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
+        let done = sqlx::query!(
             "UPDATE switchboard.deliveries
                 SET attempt_part = $2, attempt_started_at = now(), updated_at = now()
               WHERE reply_id = $1 AND status = $3 AND parts_sent = $2",
+            id,
+            index as i32,
+            DeliveryStatus::Pending as DeliveryStatus,
         )
-        .bind(id)
-        .bind(index as i32)
-        .bind(DeliveryStatus::Pending)
         .execute(&self.db)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -212,17 +213,17 @@ impl DeliveryLedger {
     ) -> Result<Vec<String>, sqlx::Error> {
         // The log is only searched back to the attempt's start, so the last few replies are
         // the only ones whose messages can be in it.
-        sqlx::query_scalar(
-            "SELECT DISTINCT sent.id
-               FROM switchboard.turns t
-               JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
-              CROSS JOIN LATERAL unnest(d.provider_message_ids) AS sent(id)
-              WHERE t.session_id = $1 AND t.seq < $2 AND t.seq >= $2 - 16
-                AND sent.id = ANY($3)",
+        sqlx::query_scalar!(
+            r#"SELECT DISTINCT sent.id AS "id!"
+                 FROM switchboard.turns t
+                 JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+                CROSS JOIN LATERAL unnest(d.provider_message_ids) AS sent(id)
+                WHERE t.session_id = $1 AND t.seq < $2 AND t.seq >= $2 - 16
+                  AND sent.id = ANY($3)"#,
+            session,
+            seq,
+            candidates,
         )
-        .bind(session)
-        .bind(seq)
-        .bind(candidates)
         .fetch_all(&self.db)
         .await
     }
@@ -239,7 +240,7 @@ impl DeliveryLedger {
         index: usize,
         last: bool,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE switchboard.deliveries
                 SET parts_sent = $5 + 1,
                     provider_message_ids = array_append(provider_message_ids, $2),
@@ -251,14 +252,14 @@ impl DeliveryLedger {
                     attempt_started_at = CASE WHEN $4 THEN NULL ELSE now() END,
                     updated_at = now()
               WHERE reply_id = $1 AND status = $7 AND parts_sent = $5",
+            id,
+            provider_id,
+            self.lease.as_secs_f64(),
+            last,
+            index as i32,
+            DeliveryStatus::Sent as DeliveryStatus,
+            DeliveryStatus::Pending as DeliveryStatus,
         )
-        .bind(id)
-        .bind(provider_id)
-        .bind(self.lease.as_secs_f64())
-        .bind(last)
-        .bind(index as i32)
-        .bind(DeliveryStatus::Sent)
-        .bind(DeliveryStatus::Pending)
         .execute(&self.db)
         .await?;
         Ok(())
@@ -285,36 +286,37 @@ impl DeliveryLedger {
     /// Record a reply that is not to be sent (a heartbeat's "nothing to report"), so the
     /// session's later replies go ahead of it.
     pub async fn skip(&self, reply: &Reply, id: Uuid) -> Result<(), sqlx::Error> {
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO switchboard.deliveries
                 (reply_id, session_id, channel, provider, recipient, status)
              VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (reply_id) DO NOTHING",
+            id,
+            reply.session_id.parse::<Uuid>().unwrap_or_default(),
+            reply.channel,
+            reply.provider,
+            reply.recipient,
+            DeliveryStatus::Skipped as DeliveryStatus,
         )
-        .bind(id)
-        .bind(reply.session_id.parse::<Uuid>().unwrap_or_default())
-        .bind(&reply.channel)
-        .bind(&reply.provider)
-        .bind(&reply.recipient)
-        .bind(DeliveryStatus::Skipped)
         .execute(&self.db)
         .await?;
         Ok(())
     }
 
     pub async fn finish(&self, id: Uuid, error: Option<&str>) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "UPDATE switchboard.deliveries
-                SET status = $2, last_error = $3, leased_until = NULL, updated_at = now()
-              WHERE reply_id = $1",
-        )
-        .bind(id)
-        .bind(if error.is_some() {
+        let status = if error.is_some() {
             DeliveryStatus::Failed
         } else {
             DeliveryStatus::Sent
-        })
-        .bind(error)
+        };
+        sqlx::query!(
+            "UPDATE switchboard.deliveries
+                SET status = $2, last_error = $3, leased_until = NULL, updated_at = now()
+              WHERE reply_id = $1",
+            id,
+            status as DeliveryStatus,
+            error,
+        )
         .execute(&self.db)
         .await?;
         Ok(())
@@ -330,7 +332,7 @@ impl DeliveryLedger {
         error: &str,
     ) -> Result<Claim, sqlx::Error> {
         let session: Uuid = reply.session_id.parse().unwrap_or_default();
-        let failed = sqlx::query(
+        let failed = sqlx::query_scalar!(
             "INSERT INTO switchboard.deliveries
                 (reply_id, session_id, channel, provider, recipient, status, last_error)
              VALUES ($1, $2, $3, $4, $5, $7, $6)
@@ -341,15 +343,15 @@ impl DeliveryLedger {
                 AND (switchboard.deliveries.leased_until IS NULL
                      OR switchboard.deliveries.leased_until < now())
              RETURNING last_error",
+            id,
+            session,
+            reply.channel,
+            reply.provider,
+            reply.recipient,
+            error,
+            DeliveryStatus::Failed as DeliveryStatus,
+            DeliveryStatus::Pending as DeliveryStatus,
         )
-        .bind(id)
-        .bind(session)
-        .bind(&reply.channel)
-        .bind(&reply.provider)
-        .bind(&reply.recipient)
-        .bind(error)
-        .bind(DeliveryStatus::Failed)
-        .bind(DeliveryStatus::Pending)
         .fetch_optional(&self.db)
         .await?;
         if failed.is_some() {
@@ -363,16 +365,16 @@ impl DeliveryLedger {
     /// given (it said slow down), so the part is known not to have gone out and the next
     /// attempt need not ask the provider's log about it.
     pub async fn release(&self, id: Uuid, error: &str, unsent: bool) -> Result<(), sqlx::Error> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE switchboard.deliveries
                 SET leased_until = NULL, last_error = $2, updated_at = now(),
                     attempt_part = CASE WHEN $3 THEN NULL ELSE attempt_part END,
                     attempt_started_at = CASE WHEN $3 THEN NULL ELSE attempt_started_at END
               WHERE reply_id = $1",
+            id,
+            error,
+            unsent,
         )
-        .bind(id)
-        .bind(error)
-        .bind(unsent)
         .execute(&self.db)
         .await?;
         Ok(())

@@ -178,7 +178,6 @@ pub struct Uploads {
     max_bytes: u64,
 }
 
-#[derive(sqlx::FromRow)]
 struct UploadRow {
     id: uuid::Uuid,
     name: String,
@@ -204,12 +203,13 @@ impl Uploads {
     ) -> Result<Vec<Fetched>, sqlx::Error> {
         let parsed: Vec<Option<uuid::Uuid>> = ids.iter().map(|i| i.parse().ok()).collect();
         let wanted: Vec<uuid::Uuid> = parsed.iter().flatten().copied().collect();
-        let rows: Vec<UploadRow> = sqlx::query_as(
+        let rows = sqlx::query_as!(
+            UploadRow,
             "SELECT id, name, content_type, bytes FROM switchboard.chat_uploads
               WHERE id = ANY($1) AND owner = $2",
+            &wanted,
+            owner,
         )
-        .bind(&wanted)
-        .bind(owner)
         .fetch_all(&self.db)
         .await?;
         let dir = folder.join("attachments");
@@ -242,11 +242,11 @@ impl Uploads {
                 });
                 continue;
             }
-            let data: Option<Vec<u8>> = sqlx::query_scalar(
+            let data = sqlx::query_scalar!(
                 "SELECT data FROM switchboard.chat_uploads WHERE id = $1 AND owner = $2",
+                row.id,
+                owner,
             )
-            .bind(row.id)
-            .bind(owner)
             .fetch_optional(&self.db)
             .await?;
             let Some(data) = data else {

@@ -76,10 +76,10 @@ impl TurnDispatcher {
             return Ok(());
         }
         let (session, seq) = (lease.session, before.turn.seq);
-        let done: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM switchboard.session_events WHERE key = $1)",
+        let done = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM switchboard.session_events WHERE key = $1) AS "done!""#,
+            journal_key(session, &old),
         )
-        .bind(journal_key(session, &old))
         .fetch_one(&self.db)
         .await?;
         if done {
@@ -95,14 +95,14 @@ impl TurnDispatcher {
         self.record_flush(before, session, &old, &outcome).await?;
         switchboard_kit::failpoint::crash_at("dispatch.flush_recorded");
         // The flush used part of the call's time: the turn's own call gets all of it again.
-        let extended = sqlx::query(
+        let extended = sqlx::query!(
             "UPDATE switchboard.sessions
                 SET running_until = now() + $3 * interval '1 millisecond'
               WHERE id = $1 AND running_call = $2",
+            session,
+            lease.call,
+            lease.timeout.as_millis() as f64,
         )
-        .bind(session)
-        .bind(lease.call)
-        .bind(lease.timeout.as_millis() as f64)
         .execute(&self.db)
         .await?
         .rows_affected();
@@ -249,18 +249,18 @@ impl TurnDispatcher {
             switchboard_kit::forgotten::dropped("dispatch", "memory_flush");
             return Ok(());
         }
-        let entered: Option<Uuid> = sqlx::query_scalar(
+        let entered = sqlx::query_scalar!(
             "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
              VALUES ($1, $2, $3, $6, $4, $5)
              ON CONFLICT (key) DO NOTHING
              RETURNING id",
+            Uuid::now_v7(),
+            session,
+            journal_key(session, old),
+            seq,
+            detail,
+            SessionEventKind::MemoryFlush as SessionEventKind,
         )
-        .bind(Uuid::now_v7())
-        .bind(session)
-        .bind(journal_key(session, old))
-        .bind(seq)
-        .bind(&detail)
-        .bind(SessionEventKind::MemoryFlush)
         .fetch_optional(&mut *tx)
         .await?;
         if let (
@@ -275,25 +275,25 @@ impl TurnDispatcher {
         {
             // Logged like a reply, but not as one: it is never published on the reply
             // subject, so no deliverer ever sees it.
-            sqlx::query(
+            sqlx::query!(
                 "INSERT INTO switchboard.messages
                     (id, session_id, person_id, agent_name, agent_identity, direction, channel,
                      message, processing_ms, tool_calls_count, correlation_id, metadata)
                  VALUES ($1, $2, $3, $4, $5, 'outbound', $6, $7, $8, 0, $9,
                          jsonb_build_object('kind', $10::text, 'reset', $11::text))
                  ON CONFLICT DO NOTHING",
+                reply_id,
+                session,
+                before.person_id,
+                before.turn.agent_name,
+                before.turn.agent_identity,
+                inbound.map_or("", |i| i.channel.as_str()),
+                text,
+                processing_ms,
+                before.correlation_id,
+                MEMORY_FLUSH_KIND,
+                before.reset.as_str(),
             )
-            .bind(reply_id)
-            .bind(session)
-            .bind(before.person_id)
-            .bind(&before.turn.agent_name)
-            .bind(&before.turn.agent_identity)
-            .bind(inbound.map_or("", |i| i.channel.as_str()))
-            .bind(text)
-            .bind(processing_ms)
-            .bind(before.correlation_id)
-            .bind(MEMORY_FLUSH_KIND)
-            .bind(before.reset.as_str())
             .execute(&mut *tx)
             .await?;
         }

@@ -41,18 +41,18 @@ impl Journal {
         let kinds: Vec<SessionEventKind> = entries.iter().map(|e| e.kind).collect();
         let seqs: Vec<i64> = entries.iter().map(|e| e.seq).collect();
         let details: Vec<&serde_json::Value> = entries.iter().map(|e| &e.detail).collect();
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
              SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[],
                                   $6::jsonb[])
              ON CONFLICT (key) DO NOTHING",
+            &ids,
+            &sessions,
+            keys as Vec<&str>,
+            kinds as Vec<SessionEventKind>,
+            &seqs,
+            details as Vec<&serde_json::Value>,
         )
-        .bind(ids)
-        .bind(sessions)
-        .bind(keys)
-        .bind(kinds)
-        .bind(seqs)
-        .bind(details)
         .execute(&mut **tx)
         .await?;
         Ok(())

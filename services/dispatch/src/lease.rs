@@ -40,7 +40,6 @@ pub(crate) struct SessionAtCall {
 }
 
 /// What taking the call slot reads, as one row.
-#[derive(sqlx::FromRow)]
 struct LeaseRow {
     engine_session_id: Option<String>,
     pending_reset: Option<ResetReason>,
@@ -148,19 +147,19 @@ impl CallSlots {
     pub async fn heartbeat(&self) -> Result<(), DispatchError> {
         if self.last_beat.load(Ordering::Relaxed) == 0 {
             // First beat of this process: forget dispatchers long dead.
-            sqlx::query(
+            sqlx::query!(
                 "DELETE FROM switchboard.dispatchers WHERE alive_until < now() - interval '1 day'",
             )
             .execute(&self.beat_db)
             .await?;
         }
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO switchboard.dispatchers (id, alive_until)
              VALUES ($1, now() + $2 * interval '1 millisecond')
              ON CONFLICT (id) DO UPDATE SET alive_until = EXCLUDED.alive_until",
+            self.id,
+            self.liveness.as_millis() as f64,
         )
-        .bind(self.id)
-        .bind(self.liveness.as_millis() as f64)
         .execute(&self.beat_db)
         .await?;
         self.last_beat
@@ -191,8 +190,7 @@ impl CallSlots {
 
     /// This process makes no more runner calls: its leases end now, not at its liveness.
     pub async fn retire(&self) {
-        let _ = sqlx::query("DELETE FROM switchboard.dispatchers WHERE id = $1")
-            .bind(self.id)
+        let _ = sqlx::query!("DELETE FROM switchboard.dispatchers WHERE id = $1", self.id)
             .execute(&self.beat_db)
             .await;
     }
@@ -209,8 +207,9 @@ impl CallSlots {
         self.ensure_alive().await?;
         let _admitted = self.checks.acquire().await.expect("never closed");
         let id = Uuid::now_v7();
-        let leased: Option<LeaseRow> = sqlx::query_as(
-            "WITH leased AS (
+        let leased = sqlx::query_as!(
+            LeaseRow,
+            r#"WITH leased AS (
                 UPDATE switchboard.sessions s
                    SET running_call = $3, running_by = $4, status = $9,
                        running_until = now() + $5 * interval '1 millisecond',
@@ -233,28 +232,32 @@ impl CallSlots {
                 UPDATE switchboard.turns t SET picked_at = now()
                   FROM leased l
                  WHERE t.session_id = l.id AND t.seq = $7 AND t.picked_at IS NULL)
-             SELECT l.engine_session_id, l.pending_reset, l.pending_reset_at, l.workspace_path,
-                    m.summary, m.updated_at AS summary_at, l.waiting_notice,
-                    c.body AS memory, c.version AS memory_version,
-                    c.updated_by AS memory_by, c.updated_at AS memory_at,
-                    c.agent_identity AS memory_identity
+             -- Every column may be NULL: those of the session's, and those of the joins.
+             SELECT l.engine_session_id AS "engine_session_id?",
+                    l.pending_reset AS "pending_reset?: ResetReason",
+                    l.pending_reset_at AS "pending_reset_at?", l.workspace_path AS "workspace_path?",
+                    m.summary AS "summary?", m.updated_at AS "summary_at?",
+                    l.waiting_notice AS "waiting_notice?",
+                    c.body AS "memory?", c.version AS "memory_version?",
+                    c.updated_by AS "memory_by?", c.updated_at AS "memory_at?",
+                    c.agent_identity AS "memory_identity?"
                FROM leased l
                LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key
                -- The curated memory of the turn's person (not the session's: a session
                -- shared by everyone never shares anyone's memory).
                LEFT JOIN switchboard.memories c
-                      ON c.person_id = $8 AND c.agent_identity = l.agent_identity",
+                      ON c.person_id = $8 AND c.agent_identity = l.agent_identity"#,
+            call.session,
+            call.after,
+            id,
+            self.id,
+            call.timeout.as_millis() as f64,
+            Uuid::now_v7(),
+            call.seq,
+            call.person_id,
+            SessionStatus::Running as SessionStatus,
+            SessionEventKind::TurnStarted as SessionEventKind,
         )
-        .bind(call.session)
-        .bind(call.after)
-        .bind(id)
-        .bind(self.id)
-        .bind(call.timeout.as_millis() as f64)
-        .bind(Uuid::now_v7())
-        .bind(call.seq)
-        .bind(call.person_id)
-        .bind(SessionStatus::Running)
-        .bind(SessionEventKind::TurnStarted)
         .fetch_optional(&self.db)
         .await?;
         Ok(leased.map(|row| CallLease {
@@ -329,14 +332,14 @@ impl Drop for CallLease {
 }
 
 async fn release(db: &PgPool, session: Uuid, call: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE switchboard.sessions
             SET running_call = NULL, running_by = NULL, running_until = NULL, status = $3
           WHERE id = $1 AND running_call = $2",
+        session,
+        call,
+        SessionStatus::Idle as SessionStatus,
     )
-    .bind(session)
-    .bind(call)
-    .bind(SessionStatus::Idle)
     .execute(db)
     .await?;
     Ok(())

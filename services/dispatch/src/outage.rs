@@ -30,20 +30,21 @@ impl TurnDispatcher {
         let fresh = Uuid::now_v7();
         let marked: Result<Option<(Uuid, bool)>, sqlx::Error> = async {
             let mut tx = self.db.begin().await?;
-            let marked: Option<(Uuid, bool)> = sqlx::query_as(
-                "UPDATE switchboard.sessions
-                    SET running_call = NULL, running_by = NULL, running_until = NULL,
-                        status = $4, waiting_since = COALESCE(waiting_since, now()),
-                        waiting_notice = COALESCE(waiting_notice, $3)
-                  WHERE id = $1 AND running_call = $2
-                 RETURNING waiting_notice, waiting_notice = $3",
+            let marked = sqlx::query!(
+                r#"UPDATE switchboard.sessions
+                      SET running_call = NULL, running_by = NULL, running_until = NULL,
+                          status = $4, waiting_since = COALESCE(waiting_since, now()),
+                          waiting_notice = COALESCE(waiting_notice, $3)
+                    WHERE id = $1 AND running_call = $2
+                   RETURNING waiting_notice AS "notice!", waiting_notice = $3 AS "fresh!""#,
+                session,
+                lease.call,
+                fresh,
+                SessionStatus::Waiting as SessionStatus,
             )
-            .bind(session)
-            .bind(lease.call)
-            .bind(fresh)
-            .bind(SessionStatus::Waiting)
             .fetch_optional(&mut *tx)
-            .await?;
+            .await?
+            .map(|m| (m.notice, m.fresh));
             if let Some((notice, true)) = marked {
                 let entry = Journal::new(
                     session,

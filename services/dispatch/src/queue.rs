@@ -47,6 +47,13 @@ impl Group {
     }
 }
 
+/// A turn that may join a call, as [`TurnDispatcher::joinable`] reads it.
+struct Joining {
+    seq: i64,
+    payload: Option<Vec<u8>>,
+    reset: Option<ResetReason>,
+}
+
 impl TurnDispatcher {
     /// The session's messages waiting right after `head` that one call may answer with it:
     /// the group planned by an earlier attempt at `head` (so a retry makes the same call,
@@ -59,45 +66,55 @@ impl TurnDispatcher {
         session: Uuid,
         head: &Turn,
     ) -> Result<Group, DispatchError> {
-        let (planned, interrupts): (Option<i64>, i32) = sqlx::query_as(
+        let (planned, interrupts) = sqlx::query!(
             "SELECT joined_into, interrupts FROM switchboard.turns
               WHERE session_id = $1 AND seq = $2",
+            session,
+            head.seq,
         )
-        .bind(session)
-        .bind(head.seq)
         .fetch_optional(&self.db)
         .await?
-        .unwrap_or((None, 0));
-        let rows: Vec<(i64, Option<Vec<u8>>, Option<ResetReason>)> = match planned {
+        .map_or((None, 0), |t| (t.joined_into, t.interrupts));
+        let rows = match planned {
             // Planned alone.
             Some(last) if last <= head.seq => Vec::new(),
             Some(last) => {
-                sqlx::query_as(
-                    "SELECT seq, payload, reset FROM switchboard.turns
-                      WHERE session_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq",
+                sqlx::query_as!(
+                    Joining,
+                    r#"SELECT seq, payload, reset AS "reset: ResetReason" FROM switchboard.turns
+                        WHERE session_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq"#,
+                    session,
+                    head.seq,
+                    last,
                 )
-                .bind(session)
-                .bind(head.seq)
-                .bind(last)
                 .fetch_all(&self.db)
                 .await?
             }
             _ => {
-                sqlx::query_as(
-                    "SELECT seq, payload, reset FROM switchboard.turns
-                      WHERE session_id = $1 AND seq > $2 AND status = $4
-                      ORDER BY seq LIMIT $3",
+                sqlx::query_as!(
+                    Joining,
+                    r#"SELECT seq, payload, reset AS "reset: ResetReason" FROM switchboard.turns
+                        WHERE session_id = $1 AND seq > $2 AND status = $4
+                        ORDER BY seq LIMIT $3"#,
+                    session,
+                    head.seq,
+                    self.config.collect_max.saturating_sub(1).max(1) as i64,
+                    TurnStatus::Open as TurnStatus,
                 )
-                .bind(session)
-                .bind(head.seq)
-                .bind(self.config.collect_max.saturating_sub(1).max(1) as i64)
-                .bind(TurnStatus::Open)
                 .fetch_all(&self.db)
                 .await?
             }
         };
         let mut turns = vec![head.clone()];
-        for (next, (seq, payload, reset)) in (head.seq + 1..).zip(rows) {
+        for (
+            next,
+            Joining {
+                seq,
+                payload,
+                reset,
+            },
+        ) in (head.seq + 1..).zip(rows)
+        {
             let message = payload.and_then(|p| {
                 <switchboard_kit::proto::IdentifiedMessage as prost::Message>::decode(p.as_slice())
                     .ok()
@@ -122,14 +139,14 @@ impl TurnDispatcher {
         // so the runner would run the agent twice on `head`).
         if planned.is_none() {
             let last = turns.last().map_or(head.seq, |t| t.seq);
-            sqlx::query(
+            sqlx::query!(
                 "UPDATE switchboard.turns SET joined_into = $3
                   WHERE session_id = $1 AND seq >= $2 AND seq <= $3 AND status = $4",
+                session,
+                head.seq,
+                last,
+                TurnStatus::Open as TurnStatus,
             )
-            .bind(session)
-            .bind(head.seq)
-            .bind(last)
-            .bind(TurnStatus::Open)
             .execute(&self.db)
             .await?;
         }
@@ -144,14 +161,14 @@ impl TurnDispatcher {
         key: &str,
         last: i64,
     ) -> Result<(), DispatchError> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE switchboard.sessions SET running_key = $3, running_last = $4
               WHERE id = $1 AND running_call = $2",
+            lease.session,
+            lease.call,
+            key,
+            last,
         )
-        .bind(lease.session)
-        .bind(lease.call)
-        .bind(key)
-        .bind(last)
         .execute(&self.db)
         .await?;
         Ok(())
@@ -167,26 +184,26 @@ impl TurnDispatcher {
     ) -> Result<(), DispatchError> {
         let session = lease.session;
         let mut tx = self.db.begin().await?;
-        sqlx::query(
+        sqlx::query!(
             "UPDATE switchboard.turns
                 SET joined_into = NULL,
                     interrupts = interrupts + CASE WHEN seq = $2 THEN 1 ELSE 0 END
               WHERE session_id = $1 AND seq >= $2 AND status = $3",
+            session,
+            head,
+            TurnStatus::Open as TurnStatus,
         )
-        .bind(session)
-        .bind(head)
-        .bind(TurnStatus::Open)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
+        sqlx::query!(
             "UPDATE switchboard.sessions
                 SET running_call = NULL, running_by = NULL, running_until = NULL, status = $3,
                     running_key = NULL, running_last = NULL, running_interrupted = false
               WHERE id = $1 AND running_call = $2",
+            session,
+            lease.call,
+            SessionStatus::Idle as SessionStatus,
         )
-        .bind(session)
-        .bind(lease.call)
-        .bind(SessionStatus::Idle)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -207,14 +224,14 @@ impl TurnDispatcher {
         if turn.given_answer().is_some() || !turn.reset.is_empty() {
             return;
         }
-        let key: Result<Option<String>, sqlx::Error> = sqlx::query_scalar(
-            "UPDATE switchboard.sessions SET running_interrupted = true
-              WHERE id = $1 AND running_call IS NOT NULL AND running_key IS NOT NULL
-                AND NOT running_interrupted AND running_last < $2 AND running_until > now()
-             RETURNING running_key",
+        let key = sqlx::query_scalar!(
+            r#"UPDATE switchboard.sessions SET running_interrupted = true
+                WHERE id = $1 AND running_call IS NOT NULL AND running_key IS NOT NULL
+                  AND NOT running_interrupted AND running_last < $2 AND running_until > now()
+               RETURNING running_key AS "running_key!""#,
+            session,
+            turn.seq,
         )
-        .bind(session)
-        .bind(turn.seq)
         .fetch_optional(&self.db)
         .await;
         match key {

@@ -71,7 +71,6 @@ struct Entry {
 }
 
 /// One person of a heartbeat's batch, as the directory knows them.
-#[derive(sqlx::FromRow)]
 struct Member {
     person_id: String,
     name: Option<String>,
@@ -112,7 +111,6 @@ fn batch_text(text: &str, members: &[Member]) -> String {
 }
 
 /// Where a person's replies go: their latest message's channel, provider and addresses.
-#[derive(sqlx::FromRow)]
 struct Route {
     channel: String,
     provider: String,
@@ -234,12 +232,12 @@ impl Scheduler {
     /// Fire `entry` for `at`, unless a replica already did.
     async fn fire(&self, entry: &Entry, at: DateTime<Utc>) -> Result<(), ScheduleError> {
         let name = &entry.config.name;
-        let done: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM switchboard.schedule_fires
-                             WHERE schedule = $1 AND fire_at = $2)",
+        let done = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM switchboard.schedule_fires
+                               WHERE schedule = $1 AND fire_at = $2) AS "done!""#,
+            name,
+            at,
         )
-        .bind(name)
-        .bind(at)
         .fetch_one(&self.db)
         .await?;
         if done {
@@ -272,13 +270,13 @@ impl Scheduler {
         at: DateTime<Utc>,
         people: i32,
     ) -> Result<(), ScheduleError> {
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO switchboard.schedule_fires (schedule, fire_at, people)
              VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            name,
+            at,
+            people,
         )
-        .bind(name)
-        .bind(at)
-        .bind(people)
         .execute(&self.db)
         .await?;
         Ok(())
@@ -300,11 +298,12 @@ impl Scheduler {
             metrics::counter!("sb_schedule_unreachable_total").increment(1);
             return self.record_fire(&config.name, at, 0).await;
         };
-        let mut members: Vec<Member> = sqlx::query_as(
+        let mut members = sqlx::query_as!(
+            Member,
             "SELECT person_id, name, person_type, role FROM switchboard.people
               WHERE person_id = ANY($1)",
+            people,
         )
-        .bind(people)
         .fetch_all(&self.db)
         .await?;
         // In the order the query gave, and those the directory does not hold by id alone.
@@ -345,9 +344,10 @@ impl Scheduler {
             return Ok(vec![config.person.trim().to_string()]);
         }
         let mut tx = self.db.begin().await?;
-        sqlx::query("SET TRANSACTION READ ONLY")
+        sqlx::query!("SET TRANSACTION READ ONLY")
             .execute(&mut *tx)
             .await?;
+        // The configured directory query, known only at run time: checked when it runs.
         let people: Vec<String> = sqlx::query_scalar(&format!(
             "SELECT person_id::text FROM ({}) AS targets",
             config.people
@@ -359,18 +359,19 @@ impl Scheduler {
     }
 
     async fn route(&self, person: &str) -> Result<Option<Route>, ScheduleError> {
-        Ok(sqlx::query_as(
-            "SELECT m.channel, m.metadata->>'provider' AS provider,
-                    m.metadata->>'sender' AS sender, m.metadata->>'recipient' AS recipient,
-                    s.person_type
-               FROM switchboard.messages m
-               JOIN switchboard.sessions s ON s.id = m.session_id
-              WHERE m.person_id = $1 AND m.direction = 'inbound'
-                AND m.metadata ? 'sender' AND m.metadata ? 'provider'
-              ORDER BY m.id DESC
-              LIMIT 1",
+        Ok(sqlx::query_as!(
+            Route,
+            r#"SELECT m.channel, m.metadata->>'provider' AS "provider!",
+                      m.metadata->>'sender' AS "sender!", m.metadata->>'recipient' AS recipient,
+                      s.person_type
+                 FROM switchboard.messages m
+                 JOIN switchboard.sessions s ON s.id = m.session_id
+                WHERE m.person_id = $1 AND m.direction = 'inbound'
+                  AND m.metadata ? 'sender' AND m.metadata ? 'provider'
+                ORDER BY m.id DESC
+                LIMIT 1"#,
+            person,
         )
-        .bind(person)
         .fetch_optional(&self.db)
         .await?)
     }

@@ -43,7 +43,6 @@ impl StoredReply {
 }
 
 /// A turn's row as [`TurnStore::stored_reply`] reads it.
-#[derive(sqlx::FromRow)]
 struct TurnRow {
     status: TurnStatus,
     error: Option<String>,
@@ -110,11 +109,13 @@ impl TurnStore {
     /// The session's cursor: the last turn done (or failed for good).
     pub async fn cursor(&self, session: Uuid) -> Result<i64, DispatchError> {
         let _admitted = self.checks.acquire().await.expect("never closed");
-        sqlx::query_scalar("SELECT last_seq FROM switchboard.sessions WHERE id = $1")
-            .bind(session)
-            .fetch_optional(&self.db)
-            .await?
-            .ok_or(DispatchError::UnknownSession(session))
+        sqlx::query_scalar!(
+            "SELECT last_seq FROM switchboard.sessions WHERE id = $1",
+            session
+        )
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or(DispatchError::UnknownSession(session))
     }
 
     /// The reply turn `seq` stored. Errors: it failed ([`DispatchError::FailedEarlier`], also
@@ -126,18 +127,20 @@ impl TurnStore {
         seq: i64,
     ) -> Result<StoredReply, DispatchError> {
         let _admitted = self.checks.acquire().await.expect("never closed");
-        let row: TurnRow = sqlx::query_as(
-            "SELECT status, error, reply_id, reply_text, engine_session_id, processing_ms,
-                    tool_calls_count, reset, joined_into,
-                    (SELECT array_agg(j.inbound_id::text ORDER BY j.seq)
-                       FROM switchboard.turns j
-                      WHERE j.session_id = t.session_id AND j.joined_into = t.seq
-                        AND j.status = $3 AND j.seq < t.seq) AS joined
-               FROM switchboard.turns t WHERE session_id = $1 AND seq = $2",
+        let row = sqlx::query_as!(
+            TurnRow,
+            r#"SELECT status AS "status: TurnStatus", error, reply_id, reply_text,
+                      engine_session_id, processing_ms, tool_calls_count,
+                      reset AS "reset: ResetReason", joined_into,
+                      (SELECT array_agg(j.inbound_id::text ORDER BY j.seq)
+                         FROM switchboard.turns j
+                        WHERE j.session_id = t.session_id AND j.joined_into = t.seq
+                          AND j.status = $3 AND j.seq < t.seq) AS joined
+                 FROM switchboard.turns t WHERE session_id = $1 AND seq = $2"#,
+            session,
+            seq,
+            TurnStatus::Done as TurnStatus,
         )
-        .bind(session)
-        .bind(seq)
-        .bind(TurnStatus::Done)
         .fetch_one(&self.db)
         .await?;
         if row.status != TurnStatus::Done {
@@ -155,11 +158,12 @@ impl TurnStore {
         };
         let mut answers = row.joined.unwrap_or_default();
         if !answers.is_empty() {
-            let own: Option<String> = sqlx::query_scalar(
-                "SELECT inbound_id::text FROM switchboard.turns WHERE session_id = $1 AND seq = $2",
+            let own = sqlx::query_scalar!(
+                r#"SELECT inbound_id::text AS "inbound_id!" FROM switchboard.turns
+                    WHERE session_id = $1 AND seq = $2"#,
+                session,
+                seq,
             )
-            .bind(session)
-            .bind(seq)
             .fetch_optional(&self.db)
             .await?;
             answers.extend(own);
@@ -198,8 +202,8 @@ impl TurnStore {
         let mut tx = self.db.begin().await?;
         // Only the call holding the session's slot may commit: a call whose lease lapsed (its
         // dispatcher stalled) and was taken over is not committed, whoever finishes first.
-        let previous: Option<(Option<String>,)> = sqlx::query_as(
-            "WITH before AS (
+        let previous = sqlx::query_scalar!(
+            r#"WITH before AS (
                 SELECT engine_session_id FROM switchboard.sessions
                  WHERE id = $1 AND last_seq = $4 AND running_call = $5 FOR UPDATE)
              UPDATE switchboard.sessions s
@@ -215,53 +219,53 @@ impl TurnStore {
                     running_call = NULL, running_by = NULL, running_until = NULL
                FROM before
               WHERE s.id = $1
-             RETURNING before.engine_session_id",
+             RETURNING before.engine_session_id AS "previous?""#,
+            session,
+            seq,
+            reply.engine_session_id,
+            lease.after,
+            lease.call,
+            next.as_str(),
+            i32::from(reply.reset.is_some()),
+            consumed.is_some(),
+            consumed.flatten(),
+            SessionStatus::Idle as SessionStatus,
         )
-        .bind(session)
-        .bind(seq)
-        .bind(&reply.engine_session_id)
-        .bind(lease.after)
-        .bind(lease.call)
-        .bind(next.as_str())
-        .bind(i32::from(reply.reset.is_some()))
-        .bind(consumed.is_some())
-        .bind(consumed.flatten())
-        .bind(SessionStatus::Idle)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some((previous,)) = previous else {
+        let Some(previous) = previous else {
             return Ok(false);
         };
         if *first < seq {
-            sqlx::query(
+            sqlx::query!(
                 "UPDATE switchboard.turns
                     SET status = $4, error = NULL, joined_into = $3, completed_at = now()
                   WHERE session_id = $1 AND seq >= $2 AND seq < $3 AND status <> $4",
+                session,
+                first,
+                seq,
+                TurnStatus::Done as TurnStatus,
             )
-            .bind(session)
-            .bind(first)
-            .bind(seq)
-            .bind(TurnStatus::Done)
             .execute(&mut *tx)
             .await?;
         }
         // A done turn keeps its first reply (a replayed failed turn can be run by two copies).
-        let stored = sqlx::query(
+        let stored = sqlx::query!(
             "UPDATE switchboard.turns
                 SET status = $9, error = NULL, reply_id = $3, reply_text = $4,
                     engine_session_id = $5, processing_ms = $6, tool_calls_count = $7,
                     completed_at = now(), reset = $8
               WHERE session_id = $1 AND seq = $2 AND status <> $9",
+            session,
+            seq,
+            reply.reply_id,
+            reply.text,
+            reply.engine_session_id,
+            reply.processing_ms,
+            reply.tool_calls_count,
+            reply.reset as Option<ResetReason>,
+            TurnStatus::Done as TurnStatus,
         )
-        .bind(session)
-        .bind(seq)
-        .bind(reply.reply_id)
-        .bind(&reply.text)
-        .bind(&reply.engine_session_id)
-        .bind(reply.processing_ms)
-        .bind(reply.tool_calls_count)
-        .bind(reply.reset)
-        .bind(TurnStatus::Done)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -324,32 +328,32 @@ impl TurnStore {
         error: &str,
     ) -> Result<bool, DispatchError> {
         let mut tx = self.db.begin().await?;
-        let moved = sqlx::query(
-            "UPDATE switchboard.sessions s SET last_seq = $2, status = $4, updated_at = now(),
+        let moved = sqlx::query!(
+            "UPDATE switchboard.sessions s SET last_seq = $2::bigint, status = $4, updated_at = now(),
                     running_call = NULL, running_by = NULL, running_until = NULL,
                     pending_reset = COALESCE($3, s.pending_reset),
                     pending_reset_at = CASE WHEN $3 IS NULL THEN s.pending_reset_at ELSE now() END
-              WHERE s.id = $1 AND s.last_seq = $2 - 1
+              WHERE s.id = $1 AND s.last_seq = $2::bigint - 1
                 AND (s.running_call IS NULL OR s.running_until < now()
                      OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
                                      WHERE d.id = s.running_by AND d.alive_until > now()))",
+            session,
+            seq,
+            reset as Option<ResetReason>,
+            SessionStatus::Idle as SessionStatus,
         )
-        .bind(session)
-        .bind(seq)
-        .bind(reset)
-        .bind(SessionStatus::Idle)
         .execute(&mut *tx)
         .await?
         .rows_affected();
         if moved == 1 {
-            sqlx::query(
+            sqlx::query!(
                 "UPDATE switchboard.turns SET status = $4, error = $3, completed_at = now()
                   WHERE session_id = $1 AND seq = $2",
+                session,
+                seq,
+                error,
+                TurnStatus::Failed as TurnStatus,
             )
-            .bind(session)
-            .bind(seq)
-            .bind(error)
-            .bind(TurnStatus::Failed)
             .execute(&mut *tx)
             .await?;
             let entry = Journal::new(
@@ -378,20 +382,20 @@ impl TurnStore {
         seq: i64,
         reason: &str,
     ) -> Result<Uuid, DispatchError> {
-        let notice: String = sqlx::query_scalar(
-            "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
-             VALUES ($1, $2, $3, $7, $4,
-                     jsonb_build_object('notice_id', $5::text, 'reason', $6::text))
-             ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key
-             RETURNING detail->>'notice_id'",
+        let notice = sqlx::query_scalar!(
+            r#"INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
+               VALUES ($1, $2, $3, $7, $4,
+                       jsonb_build_object('notice_id', $5::text, 'reason', $6::text))
+               ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key
+               RETURNING detail->>'notice_id' AS "notice!""#,
+            Uuid::now_v7(),
+            session,
+            format!("expired:{session}:{seq}"),
+            seq,
+            Uuid::now_v7().to_string(),
+            reason,
+            SessionEventKind::Expired as SessionEventKind,
         )
-        .bind(Uuid::now_v7())
-        .bind(session)
-        .bind(format!("expired:{session}:{seq}"))
-        .bind(seq)
-        .bind(Uuid::now_v7().to_string())
-        .bind(reason)
-        .bind(SessionEventKind::Expired)
         .fetch_one(&self.db)
         .await?;
         Ok(notice.parse().unwrap_or_else(|_| Uuid::now_v7()))

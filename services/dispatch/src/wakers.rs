@@ -56,14 +56,15 @@ impl Wakers {
                 seen.clear();
                 continue;
             }
-            let rows: Vec<(Uuid, i64, Option<Uuid>, bool)> = match sqlx::query_as(
-                "SELECT s.id, s.last_seq, s.running_call,
-                        (s.running_call IS NULL OR s.running_until < now()
-                         OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
-                                         WHERE d.id = s.running_by AND d.alive_until > now()))
-                   FROM switchboard.sessions s WHERE s.id = ANY($1)",
+            let rows = match sqlx::query!(
+                r#"SELECT s.id, s.last_seq, s.running_call,
+                          (s.running_call IS NULL OR s.running_until < now()
+                           OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
+                                           WHERE d.id = s.running_by AND d.alive_until > now()))
+                            AS "free!"
+                     FROM switchboard.sessions s WHERE s.id = ANY($1)"#,
+                &waited_on,
             )
-            .bind(&waited_on)
             .fetch_all(db)
             .await
             {
@@ -75,12 +76,12 @@ impl Wakers {
                 }
             };
             let mut now = HashMap::with_capacity(rows.len());
-            for (id, last, call, free) in rows {
-                let state = (last, call, free);
-                if seen.get(&id) != Some(&state) {
-                    self.wake(id);
+            for row in rows {
+                let state = (row.last_seq, row.running_call, row.free);
+                if seen.get(&row.id) != Some(&state) {
+                    self.wake(row.id);
                 }
-                now.insert(id, state);
+                now.insert(row.id, state);
             }
             seen = now;
         }

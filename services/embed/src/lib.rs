@@ -113,29 +113,19 @@ impl EmbedStage {
         embedder: &dyn Embedder,
         ids: &[Uuid],
     ) -> Result<Vec<Row>, EmbedStageError> {
-        let mut rows: Vec<Row> =
-            sqlx::query_as::<_, (Uuid, String, String, String, Uuid, Option<i32>)>(
-                "SELECT m.id, m.message, m.person_id, m.agent_identity, m.session_id, v.dimensions
-               FROM switchboard.messages m
-               LEFT JOIN switchboard.message_vectors v ON v.message_id = m.id AND v.model = $2
-              WHERE m.id = ANY($1)",
-            )
-            .bind(ids)
-            .bind(embedder.model())
-            .fetch_all(&self.db)
-            .await?
-            .into_iter()
-            .map(
-                |(id, text, person_id, agent_identity, session_id, embedded)| Row {
-                    id,
-                    text,
-                    person_id,
-                    agent_identity,
-                    session_id,
-                    embedded,
-                },
-            )
-            .collect();
+        let mut rows = sqlx::query_as!(
+            Row,
+            r#"SELECT m.id, m.message AS text, m.person_id, m.agent_identity, m.session_id,
+                      v.dimensions AS "embedded?"
+                 FROM switchboard.messages m
+                 LEFT JOIN switchboard.message_vectors v
+                        ON v.message_id = m.id AND v.model = $2
+                WHERE m.id = ANY($1)"#,
+            ids,
+            embedder.model(),
+        )
+        .fetch_all(&self.db)
+        .await?;
 
         let todo: Vec<&Row> = rows.iter().filter(|r| r.embedded.is_none()).collect();
         if todo.is_empty() {
@@ -272,28 +262,24 @@ async fn store(
     let mut tx = db.begin().await?;
     // The marks first (their lock order), then the vectors, committed together.
     index::mark_embedded(&mut tx, embedder.model(), &ids).await?;
-    sqlx::query(
+    // The vectors go as text (pgvector's `[x,y,…]` form) and are cast in the statement: no
+    // `vector` value crosses the protocol, so the statement is checked like any other.
+    let people: Vec<String> = rows.iter().map(|r| r.person_id.clone()).collect();
+    let identities: Vec<String> = rows.iter().map(|r| r.agent_identity.clone()).collect();
+    let embeddings: Vec<String> = vectors.iter().map(|v| embed::pg_vector(v)).collect();
+    sqlx::query!(
         "INSERT INTO switchboard.message_vectors
             (message_id, model, person_id, agent_identity, dimensions, embedding)
          SELECT id, $2, person_id, agent_identity, $3, embedding::vector
            FROM unnest($1::uuid[], $4::text[], $5::text[], $6::text[])
                 AS u(id, person_id, agent_identity, embedding)
          ON CONFLICT DO NOTHING",
-    )
-    .bind(&ids)
-    .bind(embedder.model())
-    .bind(dimensions as i32)
-    .bind(rows.iter().map(|r| r.person_id.clone()).collect::<Vec<_>>())
-    .bind(
-        rows.iter()
-            .map(|r| r.agent_identity.clone())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        vectors
-            .iter()
-            .map(|v| embed::pg_vector(v))
-            .collect::<Vec<_>>(),
+        &ids,
+        embedder.model(),
+        dimensions as i32,
+        &people,
+        &identities,
+        &embeddings,
     )
     .execute(&mut *tx)
     .await?;
@@ -322,25 +308,25 @@ pub async fn reembed_step(
     limit: usize,
     batch: usize,
 ) -> Result<usize, EmbedStageError> {
-    let rows: Vec<Row> = sqlx::query_as::<_, (Uuid, String, String, String, Uuid)>(
+    let rows: Vec<Row> = sqlx::query!(
         "SELECT m.id, m.message, m.person_id, m.agent_identity, m.session_id
            FROM switchboard.messages m
           WHERE m.embedded_model IS NULL AND m.conversation
             AND EXISTS (SELECT 1 FROM switchboard.embedding_marks WHERE model = $1)
           ORDER BY m.created_at, m.id
           LIMIT $2",
+        embedder.model(),
+        limit as i64,
     )
-    .bind(embedder.model())
-    .bind(limit as i64)
     .fetch_all(db)
     .await?
     .into_iter()
-    .map(|(id, text, person_id, agent_identity, session_id)| Row {
-        id,
-        text,
-        person_id,
-        agent_identity,
-        session_id,
+    .map(|m| Row {
+        id: m.id,
+        text: m.message,
+        person_id: m.person_id,
+        agent_identity: m.agent_identity,
+        session_id: m.session_id,
         embedded: None,
     })
     .collect();
@@ -383,6 +369,7 @@ pub async fn ensure_index(db: &PgPool, model: &str, dimensions: usize) -> Result
         name = index_name(model),
         model = model.replace('\'', "''"),
     );
+    // Names and numbers of the model's own index: DDL takes no parameters, so it is built here.
     sqlx::query(&statement).execute(db).await?;
     Ok(())
 }

@@ -170,16 +170,16 @@ pub(crate) async fn record_request(
         RequestKind::Outbound => "outbound",
     };
     let new_id = Uuid::now_v7();
-    let correlation_id: String = sqlx::query_scalar(
+    let correlation_id = sqlx::query_scalar!(
         "INSERT INTO switchboard.api_requests (correlation_id, owner, agent, idempotency_key)
          VALUES ($1, $2, $3, $4)
          ON CONFLICT (owner, idempotency_key) DO UPDATE SET owner = EXCLUDED.owner
          RETURNING correlation_id",
+        new_id.to_string(),
+        owner,
+        agent,
+        idempotency_key.map(|k| format!("{scope}/{k}")),
     )
-    .bind(new_id.to_string())
-    .bind(owner)
-    .bind(agent)
-    .bind(idempotency_key.map(|k| format!("{scope}/{k}")))
     .fetch_one(&state.db)
     .await
     .map_err(unavailable)?;
@@ -241,10 +241,12 @@ async fn send_message(
     if let Published::Limited(limited) = publish(&state, accept).await? {
         // Not taken: the request row goes, so the caller may send the same Idempotency-Key
         // again once the minute is over.
-        let _ = sqlx::query("DELETE FROM switchboard.api_requests WHERE correlation_id = $1")
-            .bind(&correlation_id)
-            .execute(&state.db)
-            .await;
+        let _ = sqlx::query!(
+            "DELETE FROM switchboard.api_requests WHERE correlation_id = $1",
+            correlation_id,
+        )
+        .execute(&state.db)
+        .await;
         let retry_after = limited.retry_after.as_secs().max(1).to_string();
         let e = limited.error(state.config.rate_limit.per_sender_per_minute);
         return Ok((
@@ -304,12 +306,13 @@ async fn message_status(
             Scope::OutboundWrite,
         ])
         .map_err(refuse)?;
-    let owner: Option<String> =
-        sqlx::query_scalar("SELECT owner FROM switchboard.api_requests WHERE correlation_id = $1")
-            .bind(&correlation_id)
-            .fetch_optional(&state.db)
-            .await
-            .map_err(unavailable)?;
+    let owner = sqlx::query_scalar!(
+        "SELECT owner FROM switchboard.api_requests WHERE correlation_id = $1",
+        correlation_id,
+    )
+    .fetch_optional(&state.db)
+    .await
+    .map_err(unavailable)?;
     // Another owner's message is as unknown as one that never was.
     if owner.as_deref() != Some(caller.owner.as_str()) {
         return Err(Refused(ApiError::new(
@@ -351,13 +354,14 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
     // A message answered together with later ones (queue mode collect): the answer is the
     // reply of the turn it was joined into.
     if !entries.iter().any(|e| !e.is_notice()) {
-        let joined: Option<Uuid> = sqlx::query_scalar(
-            "SELECT m.reply_id FROM switchboard.turns t
-               JOIN switchboard.turns m ON m.session_id = t.session_id AND m.seq = t.joined_into
-              WHERE t.inbound_id = $1 AND t.status = $2 AND t.reply_id IS NULL",
+        let joined: Option<Uuid> = sqlx::query_scalar!(
+            r#"SELECT m.reply_id AS "reply_id?" FROM switchboard.turns t
+                 JOIN switchboard.turns m
+                   ON m.session_id = t.session_id AND m.seq = t.joined_into
+                WHERE t.inbound_id = $1 AND t.status = $2 AND t.reply_id IS NULL"#,
+            correlation_id.parse::<Uuid>().unwrap_or_default(),
+            TurnStatus::Done as TurnStatus,
         )
-        .bind(correlation_id.parse::<Uuid>().unwrap_or_default())
-        .bind(TurnStatus::Done)
         .fetch_optional(&state.db)
         .await
         .map_err(unavailable)?
@@ -381,18 +385,20 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
     let id: Uuid = correlation_id.parse().unwrap_or_default();
     // A reply sent through a provider (an agent-started SMS) has no mailbox entry: answered
     // once the delivery ledger says it went out.
-    let delivered: Option<(Uuid, String, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT t.reply_id, s.agent_name, t.reply_text, d.updated_at
-               FROM switchboard.turns t
-               JOIN switchboard.sessions s ON s.id = t.session_id
-               JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
-              WHERE t.inbound_id = $1 AND d.status = $2",
+    let delivered = sqlx::query!(
+        r#"SELECT t.reply_id AS "reply_id!", s.agent_name, t.reply_text AS "reply_text!",
+                  d.updated_at
+             FROM switchboard.turns t
+             JOIN switchboard.sessions s ON s.id = t.session_id
+             JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+            WHERE t.inbound_id = $1 AND d.status = $2"#,
+        id,
+        DeliveryStatus::Sent as DeliveryStatus,
     )
-    .bind(id)
-    .bind(DeliveryStatus::Sent)
     .fetch_optional(&state.db)
     .await
-    .map_err(unavailable)?;
+    .map_err(unavailable)?
+    .map(|d| (d.reply_id, d.agent_name, d.reply_text, d.updated_at));
     if let Some((reply_id, agent, text, sent_at)) = delivered {
         return Ok(MessageStatus {
             correlation_id: correlation_id.into(),
@@ -407,15 +413,15 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
             error: None,
         });
     }
-    let failure: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT COALESCE(d.last_error, t.error)
-           FROM switchboard.turns t
-           LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
-          WHERE t.inbound_id = $1 AND (t.status = $2 OR d.status = $3)",
+    let failure: Option<Option<String>> = sqlx::query_scalar!(
+        r#"SELECT COALESCE(d.last_error, t.error) AS "error?"
+             FROM switchboard.turns t
+             LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+            WHERE t.inbound_id = $1 AND (t.status = $2 OR d.status = $3)"#,
+        id,
+        TurnStatus::Failed as TurnStatus,
+        DeliveryStatus::Failed as DeliveryStatus,
     )
-    .bind(id)
-    .bind(TurnStatus::Failed)
-    .bind(DeliveryStatus::Failed)
     .fetch_optional(&state.db)
     .await
     .map_err(unavailable)?;

@@ -159,11 +159,11 @@ async fn replace(
         .map_err(|e| bad("invalid_body", format!("expected {{\"body\": \"…\"}}: {e}")))?;
     // Only a person the directory or a conversation knows: a typo must not create a memory
     // nobody will ever read.
-    let known: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM switchboard.people WHERE person_id = $1)
-             OR EXISTS (SELECT 1 FROM switchboard.sessions WHERE person_id = $1)",
+    let known = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM switchboard.people WHERE person_id = $1)
+               OR EXISTS (SELECT 1 FROM switchboard.sessions WHERE person_id = $1) AS "known!""#,
+        person,
     )
-    .bind(&person)
     .fetch_one(&state.db)
     .await
     .map_err(unavailable)?;

@@ -61,7 +61,7 @@ struct OutboundAccepted {
 }
 
 /// How the person last reached us: the way back.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 struct Route {
     channel: String,
     provider: Option<String>,
@@ -132,20 +132,21 @@ async fn send_outbound(
 
     // The latest message the person sent (on the named channel), with where it came from.
     // An unknown person and one who never wrote are answered alike: nothing more is revealed.
-    let route: Option<Route> = sqlx::query_as(
-        "SELECT m.channel, m.metadata->>'provider' AS provider,
-                m.metadata->>'sender' AS sender, m.metadata->>'recipient' AS recipient,
-                s.person_type
-           FROM switchboard.messages m
-           JOIN switchboard.sessions s ON s.id = m.session_id
-          WHERE m.person_id = $1 AND m.direction = 'inbound'
-            AND ($2::text IS NULL OR m.channel = $2)
-            AND m.metadata ? 'sender'
-          ORDER BY m.id DESC
-          LIMIT 1",
+    let route = sqlx::query_as!(
+        Route,
+        r#"SELECT m.channel, m.metadata->>'provider' AS "provider?",
+                  m.metadata->>'sender' AS "sender?", m.metadata->>'recipient' AS "recipient?",
+                  s.person_type
+             FROM switchboard.messages m
+             JOIN switchboard.sessions s ON s.id = m.session_id
+            WHERE m.person_id = $1 AND m.direction = 'inbound'
+              AND ($2::text IS NULL OR m.channel = $2)
+              AND m.metadata ? 'sender'
+            ORDER BY m.id DESC
+            LIMIT 1"#,
+        person_id,
+        channel,
     )
-    .bind(person_id)
-    .bind(channel)
     .fetch_optional(&state.db)
     .await
     .map_err(unavailable)?;
@@ -172,12 +173,13 @@ async fn send_outbound(
 
     // A repeated request whose message already has its turn is that message, wherever the
     // person has written since.
-    let placed: Option<String> =
-        sqlx::query_scalar("SELECT channel FROM switchboard.turns WHERE inbound_id = $1")
-            .bind(id)
-            .fetch_optional(&state.db)
-            .await
-            .map_err(unavailable)?;
+    let placed = sqlx::query_scalar!(
+        "SELECT channel FROM switchboard.turns WHERE inbound_id = $1",
+        id
+    )
+    .fetch_optional(&state.db)
+    .await
+    .map_err(unavailable)?;
     let channel = match placed {
         Some(placed) => placed,
         None => {

@@ -28,7 +28,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use switchboard_channels::ApiError;
 use switchboard_channels::api::{ApiCaller, Scope};
-use switchboard_kit::status::{SessionEventKind, SessionStatus};
+use switchboard_kit::status::{ResetReason, SessionEventKind, SessionStatus};
 use switchboard_kit::turn_token::TurnClaims;
 use uuid::Uuid;
 
@@ -97,13 +97,13 @@ async fn turn_may_read(
     let Some(turn) = turn else {
         return Ok(());
     };
-    let theirs: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM switchboard.sessions
-                         WHERE id = $1 AND person_id = $2 AND agent_identity = $3)",
+    let theirs = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM switchboard.sessions
+                           WHERE id = $1 AND person_id = $2 AND agent_identity = $3) AS "theirs!""#,
+        id,
+        turn.person(),
+        turn.identity,
     )
-    .bind(id)
-    .bind(turn.person())
-    .bind(&turn.identity)
     .fetch_one(&state.db)
     .await
     .map_err(unavailable)?;
@@ -171,8 +171,9 @@ fn page<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> Uuid) -> (Vec<T>, Op
 
 // ---- The read model -------------------------------------------------------------------------
 
-/// A session as stored, with the channels its messages used.
-#[derive(Debug, sqlx::FromRow)]
+/// A session as stored, with the channels its messages used (the same columns in
+/// [`find_session`] and [`list`]).
+#[derive(Debug)]
 struct SessionRow {
     id: Uuid,
     person_type: String,
@@ -195,16 +196,6 @@ struct SessionRow {
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
-
-/// The columns of [`SessionRow`] from `switchboard.sessions s`.
-const SESSION_COLUMNS: &str = "
-    s.id, s.person_type, s.person_id, s.agent_name, s.agent_identity, s.engine_type,
-    s.engine_session_id, s.channel,
-    ARRAY(SELECT s.channel
-          UNION SELECT m.channel FROM switchboard.messages m WHERE m.session_id = s.id
-          ORDER BY 1) AS channels,
-    s.memory_key, s.status, s.next_seq, s.last_seq, s.last_message_at, s.pending_reset,
-    s.pending_reset_at, s.resets, s.workspace_path, s.created_at, s.updated_at";
 
 #[derive(Debug, Serialize)]
 struct SessionView {
@@ -289,7 +280,7 @@ impl From<SessionRow> for SessionView {
 }
 
 /// One message in or out, as the messages page and the export show it.
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize)]
 struct MessageView {
     id: Uuid,
     at: DateTime<Utc>,
@@ -303,7 +294,7 @@ struct MessageView {
     tool_calls_count: Option<i64>,
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize)]
 struct EventView {
     id: Uuid,
     kind: SessionEventKind,
@@ -315,7 +306,7 @@ struct EventView {
 
 /// The identity's summary as a session shows it: what it says, when it was written, how
 /// (`model` or `extractive`) and what it covers.
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize)]
 struct SummaryView {
     text: String,
     version: i64,
@@ -329,10 +320,20 @@ struct SummaryView {
 }
 
 async fn find_session(state: &GatewayState, id: Uuid) -> Result<SessionRow, Refused> {
-    sqlx::query_as(&format!(
-        "SELECT {SESSION_COLUMNS} FROM switchboard.sessions s WHERE s.id = $1"
-    ))
-    .bind(id)
+    sqlx::query_as!(
+        SessionRow,
+        r#"SELECT s.id, s.person_type, s.person_id, s.agent_name, s.agent_identity, s.engine_type,
+                  s.engine_session_id, s.channel,
+                  ARRAY(SELECT s.channel
+                        UNION SELECT m.channel FROM switchboard.messages m
+                         WHERE m.session_id = s.id
+                        ORDER BY 1) AS "channels!",
+                  s.memory_key, s.status AS "status: SessionStatus", s.next_seq, s.last_seq,
+                  s.last_message_at, s.pending_reset, s.pending_reset_at, s.resets,
+                  s.workspace_path, s.created_at, s.updated_at
+             FROM switchboard.sessions s WHERE s.id = $1"#,
+        id,
+    )
     .fetch_optional(&state.db)
     .await
     .map_err(unavailable)?
@@ -340,12 +341,13 @@ async fn find_session(state: &GatewayState, id: Uuid) -> Result<SessionRow, Refu
 }
 
 async fn exists(state: &GatewayState, id: Uuid) -> Result<(), Refused> {
-    let found: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM switchboard.sessions WHERE id = $1)")
-            .bind(id)
-            .fetch_one(&state.db)
-            .await
-            .map_err(unavailable)?;
+    let found = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM switchboard.sessions WHERE id = $1) AS "found!""#,
+        id,
+    )
+    .fetch_one(&state.db)
+    .await
+    .map_err(unavailable)?;
     if found {
         Ok(())
     } else {
@@ -360,17 +362,18 @@ async fn message_page(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<MessageView>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        MessageView,
         "SELECT id, created_at AS at, direction, channel, agent_name AS agent, message AS text,
                 correlation_id, processing_ms, tool_calls_count
            FROM switchboard.messages
           WHERE session_id = $1 AND ($2::uuid IS NULL OR id > $2)
           ORDER BY id
           LIMIT $3",
+        session,
+        after,
+        limit,
     )
-    .bind(session)
-    .bind(after)
-    .bind(limit)
     .fetch_all(db)
     .await
 }
@@ -405,25 +408,34 @@ async fn list(
     let status = status(q.status)?;
     let after = cursor(q.after)?;
     let limit = query_limit(q.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
-    let rows: Vec<SessionRow> = sqlx::query_as(&format!(
-        "SELECT {SESSION_COLUMNS}
-           FROM switchboard.sessions s
-          WHERE ($1::text IS NULL OR s.person_id = $1)
-            AND ($2::text IS NULL OR s.agent_name = $2 OR s.agent_identity = $2)
-            AND ($3::text IS NULL OR s.status = $3)
-            AND ($4::text IS NULL OR s.channel = $4 OR EXISTS (
-                    SELECT 1 FROM switchboard.messages m
-                     WHERE m.session_id = s.id AND m.channel = $4))
-            AND ($5::uuid IS NULL OR s.id < $5)
-          ORDER BY s.id DESC
-          LIMIT $6"
-    ))
-    .bind(given(q.person))
-    .bind(given(q.agent))
-    .bind(status.map(SessionStatus::as_str))
-    .bind(given(q.channel))
-    .bind(after)
-    .bind(limit + 1)
+    let rows = sqlx::query_as!(
+        SessionRow,
+        r#"SELECT s.id, s.person_type, s.person_id, s.agent_name, s.agent_identity, s.engine_type,
+                  s.engine_session_id, s.channel,
+                  ARRAY(SELECT s.channel
+                        UNION SELECT m.channel FROM switchboard.messages m
+                         WHERE m.session_id = s.id
+                        ORDER BY 1) AS "channels!",
+                  s.memory_key, s.status AS "status: SessionStatus", s.next_seq, s.last_seq,
+                  s.last_message_at, s.pending_reset, s.pending_reset_at, s.resets,
+                  s.workspace_path, s.created_at, s.updated_at
+             FROM switchboard.sessions s
+            WHERE ($1::text IS NULL OR s.person_id = $1)
+              AND ($2::text IS NULL OR s.agent_name = $2 OR s.agent_identity = $2)
+              AND ($3::text IS NULL OR s.status = $3)
+              AND ($4::text IS NULL OR s.channel = $4 OR EXISTS (
+                      SELECT 1 FROM switchboard.messages m
+                       WHERE m.session_id = s.id AND m.channel = $4))
+              AND ($5::uuid IS NULL OR s.id < $5)
+            ORDER BY s.id DESC
+            LIMIT $6"#,
+        given(q.person),
+        given(q.agent),
+        status.map(SessionStatus::as_str),
+        given(q.channel),
+        after,
+        limit + 1,
+    )
     .fetch_all(&state.db)
     .await
     .map_err(unavailable)?;
@@ -441,13 +453,14 @@ async fn show(
     let id = session_id(path)?;
     turn_may_read(&state, turn.as_ref(), id).await?;
     let session = find_session(&state, id).await?;
-    let summary: Option<SummaryView> = sqlx::query_as(
+    let summary = sqlx::query_as!(
+        SummaryView,
         "SELECT summary AS text, version, method, updated_at AS written_at, updated_at,
                 first_message_in_summary AS first_message_id,
                 last_message_in_summary AS last_message_id, messages_covered
            FROM switchboard.summaries WHERE memory_key = $1",
+        session.memory_key,
     )
-    .bind(&session.memory_key)
     .fetch_optional(&state.db)
     .await
     .map_err(unavailable)?;
@@ -492,16 +505,17 @@ async fn events(
         query_limit(q.limit, DEFAULT_LIMIT, MAX_LIMIT)?,
     );
     exists(&state, id).await?;
-    let rows: Vec<EventView> = sqlx::query_as(
-        "SELECT id, kind, seq, at, detail
-           FROM switchboard.session_events
-          WHERE session_id = $1 AND ($2::uuid IS NULL OR id > $2)
-          ORDER BY id
-          LIMIT $3",
+    let rows = sqlx::query_as!(
+        EventView,
+        r#"SELECT id, kind AS "kind: SessionEventKind", seq, at, detail
+             FROM switchboard.session_events
+            WHERE session_id = $1 AND ($2::uuid IS NULL OR id > $2)
+            ORDER BY id
+            LIMIT $3"#,
+        id,
+        after,
+        limit + 1,
     )
-    .bind(id)
-    .bind(after)
-    .bind(limit + 1)
     .fetch_all(&state.db)
     .await
     .map_err(unavailable)?;
@@ -527,12 +541,14 @@ async fn reset(
         .map_err(refuse)?;
 
     let mut tx = state.db.begin().await.map_err(unavailable)?;
-    let status: Option<SessionStatus> =
-        sqlx::query_scalar("SELECT status FROM switchboard.sessions WHERE id = $1 FOR UPDATE")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(unavailable)?;
+    let status = sqlx::query_scalar!(
+        r#"SELECT status AS "status: SessionStatus" FROM switchboard.sessions
+            WHERE id = $1 FOR UPDATE"#,
+        id,
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(unavailable)?;
     match status {
         None => return Err(session_not_found(id)),
         Some(SessionStatus::Terminated) => {
@@ -544,25 +560,26 @@ async fn reset(
         }
         Some(_) => {}
     }
-    let pending_reset_at: DateTime<Utc> = sqlx::query_scalar(
-        "UPDATE switchboard.sessions SET pending_reset = 'api', pending_reset_at = now()
-          WHERE id = $1
-         RETURNING pending_reset_at",
+    let pending_reset_at = sqlx::query_scalar!(
+        r#"UPDATE switchboard.sessions SET pending_reset = $2, pending_reset_at = now()
+            WHERE id = $1
+           RETURNING pending_reset_at AS "pending_reset_at!""#,
+        id,
+        ResetReason::Api as ResetReason,
     )
-    .bind(id)
     .fetch_one(&mut *tx)
     .await
     .map_err(unavailable)?;
     let entry = Uuid::now_v7();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
          VALUES ($1, $2, $3, $4, $5)",
+        entry,
+        id,
+        format!("reset_requested:{id}:{entry}"),
+        SessionEventKind::ResetRequested as SessionEventKind,
+        serde_json::json!({"by": format!("api:{}", caller.owner)}),
     )
-    .bind(entry)
-    .bind(id)
-    .bind(format!("reset_requested:{id}:{entry}"))
-    .bind(SessionEventKind::ResetRequested)
-    .bind(serde_json::json!({"by": format!("api:{}", caller.owner)}))
     .execute(&mut *tx)
     .await
     .map_err(unavailable)?;

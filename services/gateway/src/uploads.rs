@@ -86,7 +86,7 @@ fn content_type(headers: &HeaderMap) -> String {
 }
 
 /// What the client is answered: the id its message names.
-#[derive(Debug, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, serde::Serialize)]
 struct Stored {
     upload_id: Uuid,
     name: String,
@@ -224,37 +224,40 @@ impl UploadStore {
         let bytes = upload.data.len() as i64;
         // The quota is checked in the statement that stores, so a burst of uploads cannot all
         // pass one check made before any of them was stored (up to concurrent commits).
-        let stored: Option<Stored> = sqlx::query_as(
+        // `$6` and `$10` are bigints (the sum is numeric: Postgres would take them for that).
+        let stored = sqlx::query_as!(
+            Stored,
             "INSERT INTO switchboard.chat_uploads
                 (id, owner, client_key, name, content_type, bytes, sha256, data, expires_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9)
+             SELECT $1, $2, $3, $4, $5, $6::bigint, $7, $8, now() + make_interval(secs => $9)
               WHERE (SELECT coalesce(sum(bytes), 0) FROM switchboard.chat_uploads
-                      WHERE owner = $2 AND expires_at > now()) + $6 <= $10
+                      WHERE owner = $2 AND expires_at > now()) + $6::bigint <= $10::bigint
              ON CONFLICT (owner, client_key) WHERE client_key IS NOT NULL DO NOTHING
              RETURNING id AS upload_id, name, content_type, bytes, sha256, expires_at",
+            Uuid::now_v7(),
+            upload.owner.sub,
+            upload.client_key,
+            upload.name,
+            upload.content_type,
+            bytes,
+            sha256,
+            upload.data,
+            retention.as_secs_f64(),
+            i64::try_from(quota).unwrap_or(i64::MAX),
         )
-        .bind(Uuid::now_v7())
-        .bind(&upload.owner.sub)
-        .bind(upload.client_key)
-        .bind(&upload.name)
-        .bind(&upload.content_type)
-        .bind(bytes)
-        .bind(&sha256)
-        .bind(upload.data)
-        .bind(retention.as_secs_f64())
-        .bind(i64::try_from(quota).unwrap_or(i64::MAX))
         .fetch_optional(&self.db)
         .await?;
         if let Some(stored) = stored {
             return Ok(Put::Stored(stored));
         }
         if let Some(key) = upload.client_key {
-            let earlier: Option<Stored> = sqlx::query_as(
+            let earlier = sqlx::query_as!(
+                Stored,
                 "SELECT id AS upload_id, name, content_type, bytes, sha256, expires_at
                    FROM switchboard.chat_uploads WHERE owner = $1 AND client_key = $2",
+                upload.owner.sub,
+                key,
             )
-            .bind(&upload.owner.sub)
-            .bind(key)
             .fetch_optional(&self.db)
             .await?;
             if let Some(earlier) = earlier {
@@ -265,11 +268,11 @@ impl UploadStore {
                 });
             }
         }
-        let stored: i64 = sqlx::query_scalar(
-            "SELECT coalesce(sum(bytes), 0)::bigint FROM switchboard.chat_uploads
-              WHERE owner = $1 AND expires_at > now()",
+        let stored = sqlx::query_scalar!(
+            r#"SELECT coalesce(sum(bytes), 0)::bigint AS "stored!" FROM switchboard.chat_uploads
+                WHERE owner = $1 AND expires_at > now()"#,
+            upload.owner.sub,
         )
-        .bind(&upload.owner.sub)
         .fetch_one(&self.db)
         .await?;
         Ok(Put::OverQuota { stored })
@@ -278,12 +281,12 @@ impl UploadStore {
     /// Of `ids`, those that are not `owner`'s own upload still kept (someone else's, unknown,
     /// or expired): a message may name only its sender's.
     pub async fn not_owned(&self, owner: &str, ids: &[Uuid]) -> Result<Vec<Uuid>, sqlx::Error> {
-        let found: Vec<Uuid> = sqlx::query_scalar(
+        let found = sqlx::query_scalar!(
             "SELECT id FROM switchboard.chat_uploads
               WHERE id = ANY($1) AND owner = $2 AND expires_at > now()",
+            ids,
+            owner,
         )
-        .bind(ids)
-        .bind(owner)
         .fetch_all(&self.db)
         .await?;
         Ok(ids
@@ -296,7 +299,7 @@ impl UploadStore {
     /// Delete uploads past their retention; how many.
     pub async fn prune(&self) -> Result<u64, sqlx::Error> {
         Ok(
-            sqlx::query("DELETE FROM switchboard.chat_uploads WHERE expires_at <= now()")
+            sqlx::query!("DELETE FROM switchboard.chat_uploads WHERE expires_at <= now()")
                 .execute(&self.db)
                 .await?
                 .rows_affected(),

@@ -95,7 +95,6 @@ pub fn contact_of(person_id: &str) -> Option<(&'static str, String)> {
 }
 
 /// A known person, as the contact point lookup reads them.
-#[derive(sqlx::FromRow)]
 struct PersonRow {
     person_id: String,
     person_type: String,
@@ -131,18 +130,18 @@ impl IdentityResolver {
         if canonical == person.person_id {
             return Ok(person);
         }
-        let known: Option<(String, String, String)> = sqlx::query_as(
+        let known = sqlx::query!(
             "SELECT person_type, name, role FROM switchboard.people WHERE person_id = $1",
+            canonical,
         )
-        .bind(&canonical)
         .fetch_optional(&self.db)
         .await?;
         Ok(match known {
-            Some((person_type, name, role)) => Person {
+            Some(known) => Person {
                 person_id: canonical,
-                person_type,
-                name,
-                role,
+                person_type: known.person_type,
+                name: known.name,
+                role: known.role,
                 email: String::new(),
             },
             None => Person {
@@ -171,14 +170,15 @@ impl IdentityResolver {
         if address.is_empty() {
             return Err(IdentityError::EmptyAddress);
         }
-        let row: Option<PersonRow> = sqlx::query_as(
+        let row = sqlx::query_as!(
+            PersonRow,
             "SELECT p.person_id, p.person_type, p.name, p.role
                FROM switchboard.contact_points c
                JOIN switchboard.people p USING (person_id)
               WHERE c.kind = $1 AND c.address = $2",
+            kind,
+            address,
         )
-        .bind(kind)
-        .bind(&address)
         .fetch_optional(&self.db)
         .await?;
         if let Some(r) = row {
@@ -216,6 +216,7 @@ impl IdentityResolver {
             person_type: lookup.person_type.clone(),
             source,
         };
+        // The configured lookup's own SQL, known only at run time: checked when it runs.
         let row = sqlx::query(&lookup.sql)
             .bind(address)
             .fetch_optional(&self.db)

@@ -31,9 +31,10 @@ pub const MAX_CHAIN: usize = 8;
 /// Serialises every writer of links (any constant, held to the end of the transaction).
 const WRITE_LOCK: i64 = 0x5342_4c49_4e4b; // "SBLINK"
 
-/// What an audit row records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// What an audit row records (`identity_links.action`, `identity_link_audit.action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
 #[serde(rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum LinkAction {
     Link,
     Unlink,
@@ -50,27 +51,14 @@ impl LinkAction {
     }
 }
 
-impl TryFrom<String> for LinkAction {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "link" => Ok(LinkAction::Link),
-            "unlink" => Ok(LinkAction::Unlink),
-            "merge" => Ok(LinkAction::Merge),
-            _ => Err(format!("unknown identity link action {s:?}")),
-        }
-    }
-}
-
 /// A link in force.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Link {
     #[serde(rename = "from")]
     pub from_person_id: String,
     #[serde(rename = "to")]
     pub to_person_id: String,
     /// `link` or `merge`.
-    #[sqlx(try_from = "String")]
     pub action: LinkAction,
     #[serde(rename = "by")]
     pub linked_by: String,
@@ -80,10 +68,9 @@ pub struct Link {
 }
 
 /// One recorded action.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AuditEntry {
     pub id: Uuid,
-    #[sqlx(try_from = "String")]
     pub action: LinkAction,
     #[serde(rename = "from")]
     pub from_person_id: String,
@@ -296,12 +283,12 @@ impl IdentityLinks {
     pub async fn unlink(&self, request: Request<'_>) -> Result<Outcome, LinkError> {
         let (from, to) = self.ids(&request)?;
         let mut tx = self.begin().await?;
-        let removed = sqlx::query(
+        let removed = sqlx::query!(
             "DELETE FROM switchboard.identity_links
               WHERE from_person_id = $1 AND to_person_id = $2",
+            from,
+            to,
         )
-        .bind(&from)
-        .bind(&to)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -322,54 +309,56 @@ impl IdentityLinks {
         let to_type = self.check_person(&mut tx, &to).await?;
         let new_link = check_link(&all_links(&mut tx).await?, &from, &to)?;
 
-        let from_row: Option<(String, String)> =
-            sqlx::query_as("SELECT name, role FROM switchboard.people WHERE person_id = $1")
-                .bind(&from)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let (name, role) = from_row.unwrap_or_default();
+        let (name, role) = sqlx::query!(
+            "SELECT name, role FROM switchboard.people WHERE person_id = $1",
+            from,
+        )
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|p| (p.name, p.role))
+        .unwrap_or_default();
         // Contact points need `to` in the directory.
-        let added = sqlx::query(
+        let added = sqlx::query!(
             "INSERT INTO switchboard.people (person_id, person_type, name, role)
              VALUES ($1, $2, $3, $4) ON CONFLICT (person_id) DO NOTHING",
+            to,
+            to_type,
+            name,
+            role,
         )
-        .bind(&to)
-        .bind(&to_type)
-        .bind(&name)
-        .bind(&role)
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        let copied = sqlx::query(
+        let copied = sqlx::query!(
             "UPDATE switchboard.people
                 SET name = CASE WHEN name = '' THEN $2 ELSE name END,
                     role = CASE WHEN role = '' THEN $3 ELSE role END
               WHERE person_id = $1 AND ((name = '' AND $2 <> '') OR (role = '' AND $3 <> ''))",
+            to,
+            name,
+            role,
         )
-        .bind(&to)
-        .bind(&name)
-        .bind(&role)
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        let mut moved: Vec<String> = sqlx::query_scalar(
-            "UPDATE switchboard.contact_points SET person_id = $2
-              WHERE person_id = $1 RETURNING kind || ':' || address",
+        let mut moved: Vec<String> = sqlx::query_scalar!(
+            r#"UPDATE switchboard.contact_points SET person_id = $2
+              WHERE person_id = $1 RETURNING kind || ':' || address AS "moved!""#,
+            from,
+            to,
         )
-        .bind(&from)
-        .bind(&to)
         .fetch_all(&mut *tx)
         .await?;
         // An id identify made from an address (`phone:+1…`) has no contact point yet: the
         // address becomes `to`'s, unless the directory already gives it to someone.
         if let Some((kind, address)) = contact_of(&from) {
-            let inserted = sqlx::query(
+            let inserted = sqlx::query!(
                 "INSERT INTO switchboard.contact_points (kind, address, person_id)
                  VALUES ($1, $2, $3) ON CONFLICT (kind, address) DO NOTHING",
+                kind,
+                address,
+                to,
             )
-            .bind(kind)
-            .bind(&address)
-            .bind(&to)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -382,12 +371,13 @@ impl IdentityLinks {
             0
         } else {
             // A link made earlier becomes this merge's.
-            sqlx::query(
-                "UPDATE switchboard.identity_links SET action = 'merge'
-                  WHERE from_person_id = $1 AND to_person_id = $2 AND action <> 'merge'",
+            sqlx::query!(
+                "UPDATE switchboard.identity_links SET action = $3
+                  WHERE from_person_id = $1 AND to_person_id = $2 AND action <> $3",
+                from,
+                to,
+                LinkAction::Merge.as_str(),
             )
-            .bind(&from)
-            .bind(&to)
             .execute(&mut *tx)
             .await?
             .rows_affected()
@@ -403,13 +393,15 @@ impl IdentityLinks {
     /// The links in force (those from or to `person`, if given), newest first.
     pub async fn links(&self, person: Option<&str>) -> Result<Vec<Link>, LinkError> {
         let person = person.map(|p| self.person_id(p)).transpose()?;
-        Ok(sqlx::query_as(
-            "SELECT from_person_id, to_person_id, action, linked_by, reason, created_at
-               FROM switchboard.identity_links
-              WHERE $1::text IS NULL OR from_person_id = $1 OR to_person_id = $1
-              ORDER BY created_at DESC, id DESC",
+        Ok(sqlx::query_as!(
+            Link,
+            r#"SELECT from_person_id, to_person_id, action AS "action: LinkAction", linked_by,
+                      reason, created_at
+                 FROM switchboard.identity_links
+                WHERE $1::text IS NULL OR from_person_id = $1 OR to_person_id = $1
+                ORDER BY created_at DESC, id DESC"#,
+            person,
         )
-        .bind(person)
         .fetch_all(&self.db)
         .await?)
     }
@@ -421,15 +413,17 @@ impl IdentityLinks {
         limit: i64,
     ) -> Result<Vec<AuditEntry>, LinkError> {
         let person = person.map(|p| self.person_id(p)).transpose()?;
-        Ok(sqlx::query_as(
-            "SELECT id, action, from_person_id, to_person_id, actor, reason, moved, at
-               FROM switchboard.identity_link_audit
-              WHERE $1::text IS NULL OR from_person_id = $1 OR to_person_id = $1
-              ORDER BY at DESC, id DESC
-              LIMIT $2",
+        Ok(sqlx::query_as!(
+            AuditEntry,
+            r#"SELECT id, action AS "action: LinkAction", from_person_id, to_person_id, actor,
+                      reason, moved, at
+                 FROM switchboard.identity_link_audit
+                WHERE $1::text IS NULL OR from_person_id = $1 OR to_person_id = $1
+                ORDER BY at DESC, id DESC
+                LIMIT $2"#,
+            person,
+            limit,
         )
-        .bind(person)
-        .bind(limit)
         .fetch_all(&self.db)
         .await?)
     }
@@ -438,8 +432,8 @@ impl IdentityLinks {
     pub async fn canonical(&self, person_id: &str) -> Result<String, sqlx::Error> {
         // Only the chain from `person_id`, one hop more than may be followed so a (hand-made)
         // cycle or overlong chain shows as one.
-        let edges: Vec<(String, String)> = sqlx::query_as(
-            "WITH RECURSIVE chain (from_id, to_id, depth) AS (
+        let edges = sqlx::query!(
+            r#"WITH RECURSIVE chain (from_id, to_id, depth) AS (
                  SELECT from_person_id, to_person_id, 1
                    FROM switchboard.identity_links WHERE from_person_id = $1
                UNION ALL
@@ -447,16 +441,17 @@ impl IdentityLinks {
                    FROM switchboard.identity_links l JOIN chain c ON l.from_person_id = c.to_id
                   WHERE c.depth <= $2
              )
-             SELECT from_id, to_id FROM chain",
+             SELECT from_id AS "from_id!", to_id AS "to_id!" FROM chain"#,
+            person_id,
+            MAX_CHAIN as i32,
         )
-        .bind(person_id)
-        .bind(MAX_CHAIN as i32)
         .fetch_all(&self.db)
         .await?;
         if edges.is_empty() {
             return Ok(person_id.to_string());
         }
-        let links: HashMap<String, String> = edges.into_iter().collect();
+        let links: HashMap<String, String> =
+            edges.into_iter().map(|e| (e.from_id, e.to_id)).collect();
         match follow(&links, person_id) {
             Ok(id) => Ok(id.to_string()),
             // Only a hand edit of the table gets here: the message stays its sender's own
@@ -481,8 +476,7 @@ impl IdentityLinks {
     /// A transaction holding the one lock every writer of links takes.
     pub(crate) async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let mut tx = self.db.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(WRITE_LOCK)
+        sqlx::query!("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
             .execute(&mut *tx)
             .await?;
         Ok(tx)
@@ -495,11 +489,12 @@ impl IdentityLinks {
         tx: &mut Transaction<'static, Postgres>,
         id: &str,
     ) -> Result<String, LinkError> {
-        let known: Option<String> =
-            sqlx::query_scalar("SELECT person_type FROM switchboard.people WHERE person_id = $1")
-                .bind(id)
-                .fetch_optional(&mut **tx)
-                .await?;
+        let known = sqlx::query_scalar!(
+            "SELECT person_type FROM switchboard.people WHERE person_id = $1",
+            id,
+        )
+        .fetch_optional(&mut **tx)
+        .await?;
         known
             .or_else(|| id_type(id, &self.config).map(str::to_string))
             .ok_or_else(|| LinkError::UnknownPerson(id.into()))
@@ -509,11 +504,13 @@ impl IdentityLinks {
 async fn all_links(
     tx: &mut Transaction<'static, Postgres>,
 ) -> Result<HashMap<String, String>, sqlx::Error> {
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SELECT from_person_id, to_person_id FROM switchboard.identity_links")
-            .fetch_all(&mut **tx)
-            .await?;
-    Ok(rows.into_iter().collect())
+    let rows = sqlx::query!("SELECT from_person_id, to_person_id FROM switchboard.identity_links")
+        .fetch_all(&mut **tx)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.from_person_id, r.to_person_id))
+        .collect())
 }
 
 async fn insert_link(
@@ -523,17 +520,17 @@ async fn insert_link(
     to: &str,
     action: LinkAction,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO switchboard.identity_links
              (id, from_person_id, to_person_id, linked_by, reason, action)
          VALUES ($1, $2, $3, $4, $5, $6)",
+        Uuid::now_v7(),
+        from,
+        to,
+        request.actor.trim(),
+        request.reason.trim(),
+        action.as_str(),
     )
-    .bind(Uuid::now_v7())
-    .bind(from)
-    .bind(to)
-    .bind(request.actor.trim())
-    .bind(request.reason.trim())
-    .bind(action.as_str())
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -547,19 +544,21 @@ async fn audit(
     request: &Request<'_>,
     moved: &[String],
 ) -> Result<AuditEntry, sqlx::Error> {
-    sqlx::query_as(
-        "INSERT INTO switchboard.identity_link_audit
-             (id, action, from_person_id, to_person_id, actor, reason, moved)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
-         RETURNING id, action, from_person_id, to_person_id, actor, reason, moved, at",
+    sqlx::query_as!(
+        AuditEntry,
+        r#"INSERT INTO switchboard.identity_link_audit
+               (id, action, from_person_id, to_person_id, actor, reason, moved)
+           VALUES ($1, $2, $3, $4, $5, $6, $7)
+           RETURNING id, action AS "action: LinkAction", from_person_id, to_person_id, actor,
+                     reason, moved, at"#,
+        Uuid::now_v7(),
+        action.as_str(),
+        from,
+        to,
+        request.actor.trim(),
+        request.reason.trim(),
+        moved,
     )
-    .bind(Uuid::now_v7())
-    .bind(action.as_str())
-    .bind(from)
-    .bind(to)
-    .bind(request.actor.trim())
-    .bind(request.reason.trim())
-    .bind(moved)
     .fetch_one(&mut **tx)
     .await
 }

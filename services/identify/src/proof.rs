@@ -143,7 +143,7 @@ pub enum ProofError {
 }
 
 /// A claim waiting for its code (or settled).
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 struct Claim {
     id: Uuid,
     claimant_id: String,
@@ -251,14 +251,14 @@ impl LinkProofs {
         let Some(answer) = answer else {
             return Ok(None);
         };
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO switchboard.link_proof_answers (message_id, claim_id, outcome, answer)
              VALUES ($1, $2, $3, $4)",
+            message,
+            answer.code.as_ref().map(|c| c.id),
+            answer.outcome.as_str(),
+            answer.text,
         )
-        .bind(message)
-        .bind(answer.code.as_ref().map(|c| c.id))
-        .bind(answer.outcome.as_str())
-        .bind(&answer.text)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -288,16 +288,31 @@ impl LinkProofs {
     }
 
     async fn any_recent_claim(&self, waiting: &Waiting) -> Result<bool, sqlx::Error> {
-        let (column, value) = waiting.column();
-        sqlx::query_scalar(&format!(
-            "SELECT EXISTS (SELECT 1 FROM switchboard.link_claims
-                             WHERE {column} = $1 AND status = $2
-                               AND created_at > now() - interval '1 day')"
-        ))
-        .bind(value)
-        .bind(ClaimStatus::Pending)
-        .fetch_one(&self.db)
-        .await
+        let pending = ClaimStatus::Pending;
+        match waiting {
+            Waiting::Phone(phone) => {
+                sqlx::query_scalar!(
+                    r#"SELECT EXISTS (SELECT 1 FROM switchboard.link_claims
+                                       WHERE phone = $1 AND status = $2
+                                         AND created_at > now() - interval '1 day') AS "any!""#,
+                    phone,
+                    pending as ClaimStatus,
+                )
+                .fetch_one(&self.db)
+                .await
+            }
+            Waiting::Claimant(claimant) => {
+                sqlx::query_scalar!(
+                    r#"SELECT EXISTS (SELECT 1 FROM switchboard.link_claims
+                                       WHERE claimant_id = $1 AND status = $2
+                                         AND created_at > now() - interval '1 day') AS "any!""#,
+                    claimant,
+                    pending as ClaimStatus,
+                )
+                .fetch_one(&self.db)
+                .await
+            }
+        }
     }
 
     async fn stored_answer(
@@ -305,26 +320,32 @@ impl LinkProofs {
         tx: &mut Transaction<'static, Postgres>,
         message: Uuid,
     ) -> Result<Option<Answer>, ProofError> {
-        let row: Option<(Option<Uuid>, String, String)> = sqlx::query_as(
+        let row = sqlx::query!(
             "SELECT claim_id, outcome, answer FROM switchboard.link_proof_answers
               WHERE message_id = $1",
+            message,
         )
-        .bind(message)
         .fetch_optional(&mut **tx)
         .await?;
-        let Some((claim, outcome, text)) = row else {
+        let Some(row) = row else {
             return Ok(None);
         };
+        let (claim, outcome, text) = (row.claim_id, row.outcome, row.answer);
         let outcome = ALL_OUTCOMES
             .into_iter()
             .find(|o| o.as_str() == outcome)
             .ok_or(ProofError::Corrupt(outcome))?;
         let code = match claim {
             Some(id) => {
-                let claim: Claim = sqlx::query_as(&format!("{CLAIMS} WHERE id = $1"))
-                    .bind(id)
-                    .fetch_one(&mut **tx)
-                    .await?;
+                let claim = sqlx::query_as!(
+                    Claim,
+                    r#"SELECT id, claimant_id, claimant_name, phone, code,
+                              expires_at > now() AS "live!"
+                         FROM switchboard.link_claims WHERE id = $1"#,
+                    id,
+                )
+                .fetch_one(&mut **tx)
+                .await?;
                 Some(self.code_message(&claim))
             }
             None => None,
@@ -366,45 +387,48 @@ impl LinkProofs {
             Plan::Taken => return Ok(taken(&phone)),
             Plan::Link { .. } => {}
         }
-        let (by_person, to_phone): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE claimant_id = $1), count(*) FILTER (WHERE phone = $2)
-               FROM switchboard.link_claims
-              WHERE (claimant_id = $1 OR phone = $2) AND created_at > now() - interval '1 hour'",
+        let recent = sqlx::query!(
+            r#"SELECT count(*) FILTER (WHERE claimant_id = $1) AS "by_person!",
+                      count(*) FILTER (WHERE phone = $2) AS "to_phone!"
+                 FROM switchboard.link_claims
+                WHERE (claimant_id = $1 OR phone = $2)
+                  AND created_at > now() - interval '1 hour'"#,
+            person.person_id,
+            phone,
         )
-        .bind(&person.person_id)
-        .bind(&phone)
         .fetch_one(&mut **tx)
         .await?;
-        if by_person.max(to_phone) >= i64::from(self.config.codes_per_hour) {
+        if recent.by_person.max(recent.to_phone) >= i64::from(self.config.codes_per_hour) {
             return Ok(said(
                 ProofOutcome::TooManyCodes,
                 "Too many codes were asked for in the last hour. Try again later.".into(),
             ));
         }
         // A new code replaces the one asked for before.
-        sqlx::query(
+        sqlx::query!(
             "UPDATE switchboard.link_claims SET status = $3, settled_at = now()
               WHERE claimant_id = $1 AND phone = $2 AND status = $4",
+            person.person_id,
+            phone,
+            ClaimStatus::Superseded as ClaimStatus,
+            ClaimStatus::Pending as ClaimStatus,
         )
-        .bind(&person.person_id)
-        .bind(&phone)
-        .bind(ClaimStatus::Superseded)
-        .bind(ClaimStatus::Pending)
         .execute(&mut **tx)
         .await?;
-        let claim: Claim = sqlx::query_as(
-            "INSERT INTO switchboard.link_claims
-                 (id, requested_by, claimant_id, claimant_name, phone, code, expires_at)
-             VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
-             RETURNING id, claimant_id, claimant_name, phone, code, true AS live",
+        let claim = sqlx::query_as!(
+            Claim,
+            r#"INSERT INTO switchboard.link_claims
+                   (id, requested_by, claimant_id, claimant_name, phone, code, expires_at)
+               VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+               RETURNING id, claimant_id, claimant_name, phone, code, true AS "live!""#,
+            Uuid::now_v7(),
+            message,
+            person.person_id,
+            person.name,
+            phone,
+            new_code(),
+            self.config.code_ttl_s as f64,
         )
-        .bind(Uuid::now_v7())
-        .bind(message)
-        .bind(&person.person_id)
-        .bind(&person.name)
-        .bind(&phone)
-        .bind(new_code())
-        .bind(self.config.code_ttl_s as f64)
         .fetch_one(&mut **tx)
         .await?;
         Ok(Answer {
@@ -426,16 +450,39 @@ impl LinkProofs {
         code: &str,
         channel: &str,
     ) -> Result<Option<Answer>, ProofError> {
-        let (column, value) = waiting.column();
-        let claims: Vec<Claim> = sqlx::query_as(&format!(
-            "{CLAIMS} WHERE {column} = $1 AND status = $2
-                        AND created_at > now() - interval '1 day'
-              ORDER BY created_at DESC FOR UPDATE"
-        ))
-        .bind(value)
-        .bind(ClaimStatus::Pending)
-        .fetch_all(&mut **tx)
-        .await?;
+        let pending = ClaimStatus::Pending;
+        let claims = match waiting {
+            Waiting::Phone(phone) => {
+                sqlx::query_as!(
+                    Claim,
+                    r#"SELECT id, claimant_id, claimant_name, phone, code,
+                              expires_at > now() AS "live!"
+                         FROM switchboard.link_claims
+                        WHERE phone = $1 AND status = $2
+                          AND created_at > now() - interval '1 day'
+                        ORDER BY created_at DESC FOR UPDATE"#,
+                    phone,
+                    pending as ClaimStatus,
+                )
+                .fetch_all(&mut **tx)
+                .await?
+            }
+            Waiting::Claimant(claimant) => {
+                sqlx::query_as!(
+                    Claim,
+                    r#"SELECT id, claimant_id, claimant_name, phone, code,
+                              expires_at > now() AS "live!"
+                         FROM switchboard.link_claims
+                        WHERE claimant_id = $1 AND status = $2
+                          AND created_at > now() - interval '1 day'
+                        ORDER BY created_at DESC FOR UPDATE"#,
+                    claimant,
+                    pending as ClaimStatus,
+                )
+                .fetch_all(&mut **tx)
+                .await?
+            }
+        };
         let live: Vec<&Claim> = claims.iter().filter(|c| c.live).collect();
         if live.is_empty() {
             return Ok(claims.first().map(|c| {
@@ -495,11 +542,11 @@ impl LinkProofs {
         } else {
             ClaimStatus::Linked
         };
-        sqlx::query(
+        sqlx::query!(
             "UPDATE switchboard.link_claims SET status = $2, settled_at = now() WHERE id = $1",
+            claim.id,
+            status as ClaimStatus,
         )
-        .bind(claim.id)
-        .bind(status)
         .execute(&mut **tx)
         .await?;
         Ok(Some(answer))
@@ -512,20 +559,24 @@ impl LinkProofs {
         live: &[&Claim],
     ) -> Result<Answer, ProofError> {
         let ids: Vec<Uuid> = live.iter().map(|c| c.id).collect();
-        let left: Vec<(i32, String)> = sqlx::query_as(
-            "UPDATE switchboard.link_claims
-                SET wrong_codes = wrong_codes + 1,
-                    status = CASE WHEN wrong_codes + 1 > $2 THEN $3 ELSE status END,
-                    settled_at = CASE WHEN wrong_codes + 1 > $2 THEN now() END
-              WHERE id = ANY($1)
-              RETURNING $2 - wrong_codes, phone",
+        let left = sqlx::query!(
+            r#"UPDATE switchboard.link_claims
+                  SET wrong_codes = wrong_codes + 1,
+                      status = CASE WHEN wrong_codes + 1 > $2 THEN $3 ELSE status END,
+                      settled_at = CASE WHEN wrong_codes + 1 > $2 THEN now() END
+                WHERE id = ANY($1)
+                RETURNING $2 - wrong_codes AS "tries!", phone"#,
+            &ids,
+            self.config.max_wrong_codes as i32,
+            ClaimStatus::UsedUp as ClaimStatus,
         )
-        .bind(&ids)
-        .bind(self.config.max_wrong_codes as i32)
-        .bind(ClaimStatus::UsedUp)
         .fetch_all(&mut **tx)
         .await?;
-        let (tries, phone) = left.into_iter().max().unwrap_or_default();
+        let (tries, phone) = left
+            .into_iter()
+            .map(|l| (l.tries, l.phone))
+            .max()
+            .unwrap_or_default();
         Ok(if tries >= 0 {
             said(
                 ProofOutcome::WrongCode,
@@ -568,10 +619,10 @@ impl LinkProofs {
                 to: claimant,
             });
         }
-        let in_directory: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM switchboard.people WHERE person_id = $1)",
+        let in_directory = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM switchboard.people WHERE person_id = $1) AS "known!""#,
+            claimant,
         )
-        .bind(&claimant)
         .fetch_one(&self.db)
         .await?;
         Ok(if contact_of(&claimant).is_some() && !in_directory {
@@ -618,15 +669,6 @@ enum Waiting {
     Claimant(String),
 }
 
-impl Waiting {
-    fn column(&self) -> (&'static str, &str) {
-        match self {
-            Waiting::Phone(p) => ("phone", p),
-            Waiting::Claimant(c) => ("claimant_id", c),
-        }
-    }
-}
-
 /// A link claim (`switchboard.link_claims.status`): `pending` until its code is proved
 /// (`linked`, or `used_up` when the number turned out to be someone else's), it ran out of
 /// tries (`used_up`), or a newer code replaced it (`superseded`).
@@ -638,10 +680,6 @@ enum ClaimStatus {
     UsedUp,
     Superseded,
 }
-
-const CLAIMS: &str = "SELECT id, claimant_id, claimant_name, phone, code,
-                             expires_at > now() AS live
-                        FROM switchboard.link_claims";
 
 const ALL_OUTCOMES: [ProofOutcome; 10] = [
     ProofOutcome::CodeSent,

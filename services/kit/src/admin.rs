@@ -37,7 +37,10 @@ async fn ready(State(r): State<Readiness>) -> (StatusCode, String) {
             "nats: not connected".into(),
         );
     }
-    if let Err(e) = sqlx::query("SELECT 1").execute(&r.db).await {
+    if let Err(e) = sqlx::query_scalar!("SELECT 1 AS one")
+        .fetch_one(&r.db)
+        .await
+    {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("postgres: {e}"));
     }
     (StatusCode::OK, "ready".into())

@@ -68,17 +68,19 @@ pub const SCHEMA: &str = "switchboard";
 /// operator's path (every query names its schema).
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     let mut conn = pool.acquire().await.map_err(migrate_error)?;
-    let path: Vec<String> = sqlx::query_scalar("SELECT unnest(current_schemas(false))::text")
+    let path = sqlx::query_scalar!(r#"SELECT unnest(current_schemas(false))::text AS "schema!""#)
         .fetch_all(&mut *conn)
         .await
         .map_err(migrate_error)?;
     // An install whose schema existed before its first start keeps its ledger there: sqlx
     // finds it on the operator's path, as it always did.
-    let ledger_in_schema: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(format!("{}._sqlx_migrations", quote_ident(SCHEMA)))
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(migrate_error)?;
+    let ledger_in_schema = sqlx::query_scalar!(
+        r#"SELECT to_regclass($1) IS NOT NULL AS "exists!""#,
+        format!("{}._sqlx_migrations", quote_ident(SCHEMA)),
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(migrate_error)?;
     if path.first().map(String::as_str) != Some(SCHEMA) || ledger_in_schema {
         MIGRATOR.run(&mut *conn).await?;
         return Ok(());
@@ -89,13 +91,14 @@ pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     } else {
         rest.join(", ")
     };
+    // The schemas are names, not values: SET takes no parameters, so this one is built here.
     sqlx::query(&format!("SET search_path TO {rest}"))
         .execute(&mut *conn)
         .await
         .map_err(migrate_error)?;
     let ran = MIGRATOR.run(&mut *conn).await;
     // The connection goes back to the pool: with the operator's path again, or not at all.
-    if sqlx::query("RESET search_path")
+    if sqlx::query!("RESET search_path")
         .execute(&mut *conn)
         .await
         .is_err()

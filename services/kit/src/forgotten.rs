@@ -15,20 +15,16 @@ use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
-/// SQL: whether person `$1` was forgotten after the time `$2` (a `timestamptz`).
-pub const FORGOTTEN_AFTER_SQL: &str = "EXISTS (SELECT 1 FROM switchboard.forgotten_people f
-     WHERE f.person_sha256 = sha256(convert_to($1, 'UTF8')) AND f.forgotten_at > $2)";
-
-/// The advisory lock key of a person's erasure.
-const LOCK_KEY_SQL: &str = "hashtextextended('sb-forget:' || $1, 0)";
+// The advisory lock key of a person's erasure, in every statement below that takes it:
+// `hashtextextended('sb-forget:' || person_id, 0)`.
 
 /// Take the person's erasure lock shared, for the rest of the transaction: an erasure of them
 /// waits for this transaction, or this one for the erasure.
 pub async fn lock_shared<'e>(db: impl PgExecutor<'e>, person_id: &str) -> sqlx::Result<()> {
-    sqlx::query(&format!(
-        "SELECT pg_advisory_xact_lock_shared({LOCK_KEY_SQL})"
-    ))
-    .bind(person_id)
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock_shared(hashtextextended('sb-forget:' || $1, 0))",
+        person_id,
+    )
     .execute(db)
     .await?;
     Ok(())
@@ -36,11 +32,11 @@ pub async fn lock_shared<'e>(db: impl PgExecutor<'e>, person_id: &str) -> sqlx::
 
 /// [`lock_shared`] for several people at once (one round trip; `people` sorted and distinct).
 pub async fn lock_shared_all<'e>(db: impl PgExecutor<'e>, people: &[String]) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "SELECT pg_advisory_xact_lock_shared(hashtextextended('sb-forget:' || p, 0))
            FROM unnest($1::text[]) AS p",
+        people,
     )
-    .bind(people)
     .execute(db)
     .await?;
     Ok(())
@@ -48,10 +44,12 @@ pub async fn lock_shared_all<'e>(db: impl PgExecutor<'e>, people: &[String]) -> 
 
 /// Take the person's erasure lock exclusively (the erasure itself), for the transaction.
 pub async fn lock_exclusive<'e>(db: impl PgExecutor<'e>, person_id: &str) -> sqlx::Result<()> {
-    sqlx::query(&format!("SELECT pg_advisory_xact_lock({LOCK_KEY_SQL})"))
-        .bind(person_id)
-        .execute(db)
-        .await?;
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock(hashtextextended('sb-forget:' || $1, 0))",
+        person_id,
+    )
+    .execute(db)
+    .await?;
     Ok(())
 }
 
@@ -65,11 +63,16 @@ pub async fn received_before<'e>(
     if person_id.is_empty() {
         return Ok(false);
     }
-    sqlx::query_scalar(&format!("SELECT {FORGOTTEN_AFTER_SQL}"))
-        .bind(person_id)
-        .bind(received)
-        .fetch_one(db)
-        .await
+    // Whether the person was forgotten after `received`.
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM switchboard.forgotten_people f
+                           WHERE f.person_sha256 = sha256(convert_to($1, 'UTF8'))
+                             AND f.forgotten_at > $2) AS "forgotten!""#,
+        person_id,
+        received,
+    )
+    .fetch_one(db)
+    .await
 }
 
 /// When a message was received, from its `received_at_ms` (0: unknown, taken as now, as the

@@ -141,15 +141,15 @@ impl TurnTokens {
             return Ok(Self::from_secret(configured.expose().as_bytes()));
         }
         let fresh: [u8; 32] = rand::random();
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO switchboard.turn_token_secret (id, secret) VALUES (1, $1)
              ON CONFLICT (id) DO NOTHING",
+            &fresh[..],
         )
-        .bind(&fresh[..])
         .execute(db)
         .await?;
-        let secret: Vec<u8> =
-            sqlx::query_scalar("SELECT secret FROM switchboard.turn_token_secret WHERE id = 1")
+        let secret =
+            sqlx::query_scalar!("SELECT secret FROM switchboard.turn_token_secret WHERE id = 1")
                 .fetch_one(db)
                 .await?;
         Ok(Self::from_secret(&secret))

@@ -110,8 +110,16 @@ impl MessageLog {
         people.sort();
         people.dedup();
         switchboard_kit::forgotten::lock_shared_all(&mut *tx, &people).await?;
-        let dropped: Vec<Uuid> = sqlx::query_scalar(
-            "WITH u AS (
+        let ids: Vec<Uuid> = entries.iter().map(|e| e.id).collect();
+        let sessions: Vec<Uuid> = entries.iter().map(|e| e.session_id).collect();
+        let processing_ms: Vec<Option<i64>> = entries.iter().map(|e| e.processing_ms).collect();
+        let tool_calls: Vec<Option<i64>> = entries.iter().map(|e| e.tool_calls_count).collect();
+        let external_ids: Vec<Option<String>> =
+            entries.iter().map(|e| e.external_id.clone()).collect();
+        let received: Vec<chrono::DateTime<chrono::Utc>> =
+            entries.iter().map(|e| e.received_at).collect();
+        let dropped = sqlx::query_scalar!(
+            r#"WITH u AS (
                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
                                      $6::text[], $7::text[], $8::text[], $9::bigint[],
                                      $10::bigint[], $11::text[], $12::text[], $13::text[],
@@ -133,32 +141,23 @@ impl MessageLog {
                        metadata::jsonb
                   FROM u WHERE id NOT IN (SELECT id FROM dropped)
                 ON CONFLICT DO NOTHING)
-             SELECT id FROM dropped",
+             SELECT id AS "id!" FROM dropped"#,
+            &ids,
+            &sessions,
+            &col(|e| e.person_id.clone()),
+            &col(|e| e.agent_name.clone()),
+            &col(|e| e.agent_identity.clone()),
+            &col(|e| e.direction.as_str().to_string()),
+            &col(|e| e.channel.clone()),
+            &col(|e| e.message.clone()),
+            // Entries that are not replies have none: arrays with NULLs.
+            processing_ms as Vec<Option<i64>>,
+            tool_calls as Vec<Option<i64>>,
+            &col(|e| e.correlation_id.clone()),
+            external_ids as Vec<Option<String>>,
+            &col(|e| e.metadata.to_string()),
+            &received,
         )
-        .bind(entries.iter().map(|e| e.id).collect::<Vec<_>>())
-        .bind(entries.iter().map(|e| e.session_id).collect::<Vec<_>>())
-        .bind(col(|e| e.person_id.clone()))
-        .bind(col(|e| e.agent_name.clone()))
-        .bind(col(|e| e.agent_identity.clone()))
-        .bind(col(|e| e.direction.as_str().to_string()))
-        .bind(col(|e| e.channel.clone()))
-        .bind(col(|e| e.message.clone()))
-        .bind(entries.iter().map(|e| e.processing_ms).collect::<Vec<_>>())
-        .bind(
-            entries
-                .iter()
-                .map(|e| e.tool_calls_count)
-                .collect::<Vec<_>>(),
-        )
-        .bind(col(|e| e.correlation_id.clone()))
-        .bind(
-            entries
-                .iter()
-                .map(|e| e.external_id.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(col(|e| e.metadata.to_string()))
-        .bind(entries.iter().map(|e| e.received_at).collect::<Vec<_>>())
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;

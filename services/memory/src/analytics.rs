@@ -30,14 +30,14 @@ pub enum AnalyticsError {
     Database(#[from] sqlx::Error),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DayCount {
     pub day: NaiveDate,
     pub label: String,
     pub exchanges: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LabelCount {
     pub label: String,
     pub exchanges: i64,
@@ -52,7 +52,7 @@ pub struct PersonLabels {
     pub top_labels: Vec<LabelCount>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ChannelVolume {
     pub channel: String,
     pub exchanges: i64,
@@ -69,16 +69,36 @@ pub struct CategoryAnalytics {
     pub per_channel: Vec<ChannelVolume>,
 }
 
-/// The exchanges counted: `c` the category row, `m` the reply it labels (a macro so that each
-/// statement is one literal).
-macro_rules! filtered {
-    () => {
-        " FROM switchboard.exchange_categories c
-            JOIN switchboard.messages m ON m.id = c.outbound_id
-           WHERE ($1::timestamptz IS NULL OR m.created_at >= $1)
-             AND ($2::timestamptz IS NULL OR m.created_at < $2)
-             AND ($3::text IS NULL OR m.agent_name = $3)
-             AND ($4::text IS NULL OR c.person_id = $4) "
+/// One of a person's top labels, with the person's total (a row of the per-person count).
+struct PersonLabelRow {
+    person_id: String,
+    total: i64,
+    label: String,
+    n: i64,
+}
+
+/// A statement over the exchanges `q` selects into `$record`: `$select`, then the exchanges
+/// counted (`c` the category row, `m` the reply it labels; filters `$1` to `$4`, bound from
+/// `q`), then `$rest`, which may bind more from `$5`. A macro so that each statement is one
+/// literal, checked at compile time.
+macro_rules! counted {
+    ($record:path, $q:expr, $select:literal, $rest:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            $record,
+            $select
+                + " FROM switchboard.exchange_categories c
+                    JOIN switchboard.messages m ON m.id = c.outbound_id
+                   WHERE ($1::timestamptz IS NULL OR m.created_at >= $1)
+                     AND ($2::timestamptz IS NULL OR m.created_at < $2)
+                     AND ($3::text IS NULL OR m.agent_name = $3)
+                     AND ($4::text IS NULL OR c.person_id = $4) "
+                + $rest,
+            $q.from,
+            $q.to,
+            $q.agent.as_deref(),
+            $q.person.as_deref(),
+            $($arg),*
+        )
     };
 }
 
@@ -92,34 +112,28 @@ pub async fn categories(
     {
         return Err(AnalyticsError::Invalid("from must be before to".into()));
     }
-    // The four filters, bound the same way to each statement.
-    macro_rules! bind {
-        ($sql:expr) => {
-            sqlx::query_as($sql)
-                .bind(q.from)
-                .bind(q.to)
-                .bind(q.agent.as_deref())
-                .bind(q.person.as_deref())
-        };
-    }
-    let per_day: Vec<DayCount> = bind!(concat!(
-        "SELECT (m.created_at AT TIME ZONE 'UTC')::date AS day, c.label, count(*) AS exchanges",
-        filtered!(),
+    let per_day = counted!(
+        DayCount,
+        q,
+        r#"SELECT (m.created_at AT TIME ZONE 'UTC')::date AS "day!", c.label,
+                  count(*) AS "exchanges!""#,
         "GROUP BY 1, 2 ORDER BY 1, 2"
-    ))
+    )
     .fetch_all(db)
     .await?;
-    let per_channel: Vec<ChannelVolume> = bind!(concat!(
-        "SELECT c.channel, count(*) AS exchanges",
-        filtered!(),
+    let per_channel = counted!(
+        ChannelVolume,
+        q,
+        r#"SELECT c.channel, count(*) AS "exchanges!""#,
         "GROUP BY 1 ORDER BY 2 DESC, 1"
-    ))
+    )
     .fetch_all(db)
     .await?;
-    let rows: Vec<(String, i64, String, i64)> = bind!(concat!(
+    let rows = counted!(
+        PersonLabelRow,
+        q,
         "WITH counts AS (SELECT c.person_id, c.label, count(*) AS n",
-        filtered!(),
-        "GROUP BY 1, 2),
+        r#"GROUP BY 1, 2),
          people AS (
             SELECT person_id, sum(n)::bigint AS total FROM counts GROUP BY 1
              ORDER BY 2 DESC, 1 LIMIT $5),
@@ -127,17 +141,24 @@ pub async fn categories(
             SELECT person_id, label, n,
                    row_number() OVER (PARTITION BY person_id ORDER BY n DESC, label) AS r
               FROM counts)
-         SELECT p.person_id, p.total, r.label, r.n
+         SELECT p.person_id AS "person_id!", p.total AS "total!", r.label AS "label!",
+                r.n AS "n!"
            FROM people p JOIN ranked r ON r.person_id = p.person_id
           WHERE r.r <= $6
-          ORDER BY p.total DESC, p.person_id, r.r"
-    ))
-    .bind(MAX_PEOPLE)
-    .bind(TOP_LABELS_PER_PERSON)
+          ORDER BY p.total DESC, p.person_id, r.r"#,
+        MAX_PEOPLE,
+        TOP_LABELS_PER_PERSON,
+    )
     .fetch_all(db)
     .await?;
     let mut per_person: Vec<PersonLabels> = Vec::new();
-    for (person_id, total, label, n) in rows {
+    for PersonLabelRow {
+        person_id,
+        total,
+        label,
+        n,
+    } in rows
+    {
         if per_person.last().is_none_or(|p| p.person_id != person_id) {
             per_person.push(PersonLabels {
                 person_id,

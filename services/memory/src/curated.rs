@@ -15,7 +15,7 @@ use uuid::Uuid;
 pub const CUT_MARKER: &str = "[… memory cut here:";
 
 /// One person + identity's memory.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct CuratedMemory {
     pub person_id: String,
     pub agent_identity: String,
@@ -61,12 +61,14 @@ async fn outcome(
         Remembered::Cut => "cut",
         Remembered::Full => "full",
     };
-    sqlx::query(
+    // The entry's key as `remember` made it: its kind, then the message.
+    sqlx::query!(
         "UPDATE switchboard.session_events SET detail = detail || jsonb_build_object('kept', $2::text)
-          WHERE key = 'memory_written:remember:' || $1",
+          WHERE key = $3::text || ':remember:' || $1",
+        message_id,
+        kept,
+        SessionEventKind::MemoryWritten as SessionEventKind,
     )
-    .bind(message_id)
-    .bind(kept)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -128,23 +130,25 @@ impl MemoryStore {
         person_id: &str,
         agent_identity: &str,
     ) -> Result<Option<CuratedMemory>, sqlx::Error> {
-        sqlx::query_as(
+        sqlx::query_as!(
+            CuratedMemory,
             "SELECT person_id, agent_identity, body, version, updated_by, updated_at
                FROM switchboard.memories WHERE person_id = $1 AND agent_identity = $2",
+            person_id,
+            agent_identity,
         )
-        .bind(person_id)
-        .bind(agent_identity)
         .fetch_optional(&self.db)
         .await
     }
 
     /// Every identity's memory of a person.
     pub async fn of_person(&self, person_id: &str) -> Result<Vec<CuratedMemory>, sqlx::Error> {
-        sqlx::query_as(
+        sqlx::query_as!(
+            CuratedMemory,
             "SELECT person_id, agent_identity, body, version, updated_by, updated_at
                FROM switchboard.memories WHERE person_id = $1 ORDER BY agent_identity",
+            person_id,
         )
-        .bind(person_id)
         .fetch_all(&self.db)
         .await
     }
@@ -158,18 +162,19 @@ impl MemoryStore {
         by: &str,
     ) -> Result<(CuratedMemory, bool), sqlx::Error> {
         let (body, cut) = capped(body, self.max_chars);
-        let memory = sqlx::query_as(
+        let memory = sqlx::query_as!(
+            CuratedMemory,
             "INSERT INTO switchboard.memories (person_id, agent_identity, body, updated_by)
              VALUES ($1, $2, $3, $4)
              ON CONFLICT (person_id, agent_identity) DO UPDATE
                 SET body = EXCLUDED.body, updated_by = EXCLUDED.updated_by,
                     version = switchboard.memories.version + 1, updated_at = now()
              RETURNING person_id, agent_identity, body, version, updated_by, updated_at",
+            person_id,
+            agent_identity,
+            body,
+            by,
         )
-        .bind(person_id)
-        .bind(agent_identity)
-        .bind(&body)
-        .bind(by)
         .fetch_one(&self.db)
         .await?;
         Ok((memory, cut))
@@ -187,26 +192,27 @@ impl MemoryStore {
         text: &str,
     ) -> Result<Remembered, sqlx::Error> {
         let mut tx = self.db.begin().await?;
-        let first: Option<i32> = sqlx::query_scalar(
-            "INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
-             VALUES ($1, $2, $4::text || ':remember:' || $3, $4,
-                     jsonb_build_object('by', 'person', 'message_id', $3::text))
-             ON CONFLICT (key) DO NOTHING
-             RETURNING 1",
+        let first = sqlx::query_scalar!(
+            r#"INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
+               VALUES ($1, $2, $4::text || ':remember:' || $3, $4,
+                       jsonb_build_object('by', 'person', 'message_id', $3::text))
+               ON CONFLICT (key) DO NOTHING
+               RETURNING 1 AS "first!""#,
+            Uuid::now_v7(),
+            session_id,
+            message_id,
+            SessionEventKind::MemoryWritten as SessionEventKind,
         )
-        .bind(Uuid::now_v7())
-        .bind(session_id)
-        .bind(message_id)
-        .bind(SessionEventKind::MemoryWritten)
         .fetch_optional(&mut *tx)
         .await?;
         if first.is_none() {
             // Redelivered: what the first delivery did, so the answer is the same.
-            let was: Option<String> = sqlx::query_scalar(
-                "SELECT detail->>'kept' FROM switchboard.session_events
-                  WHERE key = 'memory_written:remember:' || $1",
+            let was: Option<String> = sqlx::query_scalar!(
+                r#"SELECT detail->>'kept' AS "kept?" FROM switchboard.session_events
+                    WHERE key = $2::text || ':remember:' || $1"#,
+                message_id,
+                SessionEventKind::MemoryWritten as SessionEventKind,
             )
-            .bind(message_id)
             .fetch_optional(&mut *tx)
             .await?
             .flatten();
@@ -217,12 +223,12 @@ impl MemoryStore {
             });
         }
         // Locked: two `/remember`s of one person in two sessions of the identity append both.
-        let current: Option<String> = sqlx::query_scalar(
+        let current = sqlx::query_scalar!(
             "SELECT body FROM switchboard.memories
               WHERE person_id = $1 AND agent_identity = $2 FOR UPDATE",
+            person_id,
+            agent_identity,
         )
-        .bind(person_id)
-        .bind(agent_identity)
         .fetch_optional(&mut *tx)
         .await?;
         let line = format!("- {}", text.trim());
@@ -236,16 +242,16 @@ impl MemoryStore {
             Some(body) if !body.is_empty() => capped(&format!("{body}\n{line}"), self.max_chars),
             _ => capped(&line, self.max_chars),
         };
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO switchboard.memories (person_id, agent_identity, body, updated_by)
              VALUES ($1, $2, $3, 'person')
              ON CONFLICT (person_id, agent_identity) DO UPDATE
                 SET body = EXCLUDED.body, updated_by = 'person',
                     version = switchboard.memories.version + 1, updated_at = now()",
+            person_id,
+            agent_identity,
+            body,
         )
-        .bind(person_id)
-        .bind(agent_identity)
-        .bind(&body)
         .execute(&mut *tx)
         .await?;
         let done = if cut {
@@ -277,29 +283,29 @@ impl MemoryStore {
         let mut tx = self.db.begin().await?;
         let version: Option<i64> = match base {
             Some(b) => {
-                sqlx::query_scalar(
+                sqlx::query_scalar!(
                     "UPDATE switchboard.memories
                         SET body = $3, version = version + 1, updated_by = 'agent', updated_at = now()
                       WHERE person_id = $1 AND agent_identity = $2 AND version = $4
                       RETURNING version",
+                    person_id,
+                    agent_identity,
+                    body,
+                    b.version,
                 )
-                .bind(person_id)
-                .bind(agent_identity)
-                .bind(&body)
-                .bind(b.version)
                 .fetch_optional(&mut *tx)
                 .await?
             }
             None => {
-                sqlx::query_scalar(
+                sqlx::query_scalar!(
                     "INSERT INTO switchboard.memories (person_id, agent_identity, body, updated_by)
                      VALUES ($1, $2, $3, 'agent')
                      ON CONFLICT (person_id, agent_identity) DO NOTHING
                      RETURNING version",
+                    person_id,
+                    agent_identity,
+                    body,
                 )
-                .bind(person_id)
-                .bind(agent_identity)
-                .bind(&body)
                 .fetch_optional(&mut *tx)
                 .await?
             }
@@ -308,18 +314,18 @@ impl MemoryStore {
             metrics::counter!("sb_memory_conflicts_total").increment(1);
             return Ok(AgentWrite::Conflict);
         };
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
-             VALUES ($1, $2, $6::text || ':agent:' || $3::text, $6,
+             VALUES ($1, $2, $6::text || ':agent:' || $3::uuid::text, $6,
                      jsonb_build_object('by', 'agent', 'version', $4::bigint, 'cut', $5::boolean))
              ON CONFLICT (key) DO NOTHING",
+            Uuid::now_v7(),
+            session_id,
+            call,
+            version,
+            cut,
+            SessionEventKind::MemoryWritten as SessionEventKind,
         )
-        .bind(Uuid::now_v7())
-        .bind(session_id)
-        .bind(call)
-        .bind(version)
-        .bind(cut)
-        .bind(SessionEventKind::MemoryWritten)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

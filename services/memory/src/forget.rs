@@ -97,7 +97,7 @@ pub async fn forget(
     let mut tx = db.begin().await?;
     forgotten::lock_exclusive(&mut *tx, person_id).await?;
     // Taken after the lock: anything received before it is theirs to erase or drop.
-    let forgotten_at: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+    let forgotten_at: DateTime<Utc> = sqlx::query_scalar!(r#"SELECT clock_timestamp() AS "now!""#)
         .fetch_one(&mut *tx)
         .await?;
     let found = Found::load(&mut tx, person_id).await?;
@@ -112,15 +112,15 @@ pub async fn forget(
         "workspaces".into(),
         remove_workspaces(&found.workspaces).await?,
     );
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO switchboard.forgotten_people (person_sha256, forgotten_at, removed)
          VALUES (sha256(convert_to($1, 'UTF8')), $2, $3)
          ON CONFLICT (person_sha256)
             DO UPDATE SET forgotten_at = EXCLUDED.forgotten_at, removed = EXCLUDED.removed",
+        person_id,
+        forgotten_at,
+        serde_json::to_value(&removed).unwrap_or_default(),
     )
-    .bind(person_id)
-    .bind(forgotten_at)
-    .bind(serde_json::to_value(&removed).unwrap_or_default())
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -143,12 +143,12 @@ pub async fn forget(
         .await
         .map_err(|e| ForgetError::Streams(e.to_string()))?;
     removed.insert("arrival_keys".into(), keys);
-    sqlx::query(
+    sqlx::query!(
         "UPDATE switchboard.forgotten_people SET removed = $2
           WHERE person_sha256 = sha256(convert_to($1, 'UTF8'))",
+        person_id,
+        serde_json::to_value(&removed).unwrap_or_default(),
     )
-    .bind(person_id)
-    .bind(serde_json::to_value(&removed).unwrap_or_default())
     .execute(db)
     .await?;
 
@@ -186,38 +186,41 @@ struct Found {
 
 impl Found {
     async fn load(tx: &mut Transaction<'_, Postgres>, person: &str) -> sqlx::Result<Self> {
-        let sessions: Vec<(Uuid, Option<String>)> = sqlx::query_as(
+        let sessions = sqlx::query!(
             "SELECT id, workspace_path FROM switchboard.sessions WHERE person_id = $1",
+            person,
         )
-        .bind(person)
         .fetch_all(&mut **tx)
         .await?;
-        let ids: Vec<Uuid> = sessions.iter().map(|s| s.0).collect();
-        let messages: Vec<Uuid> = sqlx::query_scalar(
+        let ids: Vec<Uuid> = sessions.iter().map(|s| s.id).collect();
+        let messages = sqlx::query_scalar!(
             "SELECT id FROM switchboard.messages WHERE person_id = $1 OR session_id = ANY($2)",
+            person,
+            &ids,
         )
-        .bind(person)
-        .bind(&ids)
         .fetch_all(&mut **tx)
         .await?;
-        let senders: Vec<(String, String)> = sqlx::query_as(
-            "SELECT DISTINCT channel, metadata->>'sender' FROM switchboard.messages
-              WHERE id = ANY($1) AND direction = 'inbound' AND metadata->>'sender' <> ''",
+        let senders: Vec<(String, String)> = sqlx::query!(
+            r#"SELECT DISTINCT channel, metadata->>'sender' AS "sender!" FROM switchboard.messages
+                WHERE id = ANY($1) AND direction = 'inbound' AND metadata->>'sender' <> ''"#,
+            &messages,
         )
-        .bind(&messages)
         .fetch_all(&mut **tx)
-        .await?;
-        let mut addresses: Vec<String> = sqlx::query_scalar(
+        .await?
+        .into_iter()
+        .map(|s| (s.channel, s.sender))
+        .collect();
+        let mut addresses = sqlx::query_scalar!(
             "SELECT address FROM switchboard.contact_points WHERE person_id = $1",
+            person,
         )
-        .bind(person)
         .fetch_all(&mut **tx)
         .await?;
         addresses.extend(senders.iter().map(|s| s.1.clone()));
         addresses.sort();
         addresses.dedup();
-        let named_elsewhere: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM switchboard.people WHERE person_id = $1)
+        let named_elsewhere = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM switchboard.people WHERE person_id = $1)
                  OR EXISTS (SELECT 1 FROM switchboard.identity_links
                              WHERE from_person_id = $1 OR to_person_id = $1)
                  OR EXISTS (SELECT 1 FROM switchboard.identity_link_audit
@@ -225,9 +228,10 @@ impl Found {
                  OR EXISTS (SELECT 1 FROM switchboard.summaries WHERE person_id = $1)
                  OR EXISTS (SELECT 1 FROM switchboard.memories WHERE person_id = $1)
                  OR EXISTS (SELECT 1 FROM switchboard.message_vectors WHERE person_id = $1)
-                 OR EXISTS (SELECT 1 FROM switchboard.link_claims WHERE claimant_id = $1)",
+                 OR EXISTS (SELECT 1 FROM switchboard.link_claims WHERE claimant_id = $1)
+                 AS "named!""#,
+            person,
         )
-        .bind(person)
         .fetch_one(&mut **tx)
         .await?;
         Ok(Self {
@@ -235,7 +239,10 @@ impl Found {
                 || !sessions.is_empty()
                 || !messages.is_empty()
                 || !addresses.is_empty(),
-            workspaces: sessions.iter().filter_map(|s| s.1.clone()).collect(),
+            workspaces: sessions
+                .iter()
+                .filter_map(|s| s.workspace_path.clone())
+                .collect(),
             sessions: ids,
             messages,
             addresses,
@@ -244,112 +251,176 @@ impl Found {
     }
 }
 
-/// The deletions, in an order the foreign keys allow; each binds `$1` the person, `$2` their
-/// session ids, `$3` their message ids, `$4` their addresses.
-const ERASE: &[(&str, &str)] = &[
-    (
-        "exchange_categories",
-        "DELETE FROM switchboard.exchange_categories WHERE person_id = $1
-            OR session_id = ANY($2) OR outbound_id = ANY($3) OR inbound_id = ANY($3)",
-    ),
-    (
-        "message_vectors",
-        "DELETE FROM switchboard.message_vectors WHERE person_id = $1 OR message_id = ANY($3)",
-    ),
-    (
-        "api_requests",
-        "DELETE FROM switchboard.api_requests WHERE correlation_id IN
-            (SELECT correlation_id FROM switchboard.messages WHERE id = ANY($3))",
-    ),
-    (
-        "mailbox",
-        "DELETE FROM switchboard.mailbox
-          WHERE session_id = ANY($2) OR reply_id = ANY($3) OR address = ANY($4)",
-    ),
-    (
-        "deliveries",
-        "DELETE FROM switchboard.deliveries WHERE session_id = ANY($2) OR reply_id = ANY($3)",
-    ),
-    (
-        "link_proof_answers",
-        "DELETE FROM switchboard.link_proof_answers WHERE message_id = ANY($3)
-            OR claim_id IN (SELECT id FROM switchboard.link_claims
-                             WHERE claimant_id = $1 OR requested_by = ANY($3) OR id = ANY($3))",
-    ),
-    (
-        "link_claims",
-        "DELETE FROM switchboard.link_claims
-          WHERE claimant_id = $1 OR requested_by = ANY($3) OR id = ANY($3)",
-    ),
-    (
-        "messages",
-        "DELETE FROM switchboard.messages WHERE id = ANY($3)",
-    ),
-    (
-        "summaries",
-        "DELETE FROM switchboard.summaries WHERE person_id = $1 OR memory_key IN
-            (SELECT memory_key FROM switchboard.sessions WHERE id = ANY($2))",
-    ),
-    (
-        "memories",
-        // Keyed by person, never by session scope: a person's memory is theirs alone.
-        "DELETE FROM switchboard.memories WHERE person_id = $1",
-    ),
-    (
-        "session_events",
-        "DELETE FROM switchboard.session_events WHERE session_id = ANY($2)",
-    ),
-    (
-        "turns",
-        "DELETE FROM switchboard.turns WHERE session_id = ANY($2)",
-    ),
-    (
-        "sessions",
-        "DELETE FROM switchboard.sessions WHERE id = ANY($2)",
-    ),
-    (
-        "chat_uploads",
-        "DELETE FROM switchboard.chat_uploads WHERE owner = $1 OR owner = ANY($4)",
-    ),
-    (
-        "identity_links",
-        "DELETE FROM switchboard.identity_links WHERE from_person_id = $1 OR to_person_id = $1",
-    ),
-    (
-        "identity_link_audit",
-        "DELETE FROM switchboard.identity_link_audit
-          WHERE from_person_id = $1 OR to_person_id = $1",
-    ),
-    (
-        "contact_points",
-        "DELETE FROM switchboard.contact_points WHERE person_id = $1",
-    ),
-    (
-        "api_keys",
-        "DELETE FROM switchboard.api_keys WHERE owner = $1 OR owner = ANY($4)",
-    ),
-    (
-        "people",
-        "DELETE FROM switchboard.people WHERE person_id = $1",
-    ),
-];
-
+/// Delete every row that names the person, in an order the foreign keys allow; how many rows
+/// went, by table. Each statement binds what it needs of: the person, their session ids,
+/// their message ids, their addresses.
 async fn erase_rows(
     tx: &mut Transaction<'_, Postgres>,
     person: &str,
     found: &Found,
 ) -> sqlx::Result<BTreeMap<String, i64>> {
+    let (sessions, messages, addresses) = (&found.sessions, &found.messages, &found.addresses);
     let mut removed = BTreeMap::new();
-    for (kind, sql) in ERASE {
-        let done = sqlx::query(sql)
-            .bind(person)
-            .bind(&found.sessions)
-            .bind(&found.messages)
-            .bind(&found.addresses)
-            .execute(&mut **tx)
-            .await?;
-        removed.insert((*kind).to_string(), done.rows_affected() as i64);
+    macro_rules! erase {
+        ($table:literal, $query:expr) => {
+            let done = $query.execute(&mut **tx).await?;
+            removed.insert($table.to_string(), done.rows_affected() as i64);
+        };
     }
+    erase!(
+        "exchange_categories",
+        sqlx::query!(
+            "DELETE FROM switchboard.exchange_categories WHERE person_id = $1
+                OR session_id = ANY($2) OR outbound_id = ANY($3) OR inbound_id = ANY($3)",
+            person,
+            sessions,
+            messages,
+        )
+    );
+    erase!(
+        "message_vectors",
+        sqlx::query!(
+            "DELETE FROM switchboard.message_vectors WHERE person_id = $1 OR message_id = ANY($2)",
+            person,
+            messages,
+        )
+    );
+    erase!(
+        "api_requests",
+        sqlx::query!(
+            "DELETE FROM switchboard.api_requests WHERE correlation_id IN
+                (SELECT correlation_id FROM switchboard.messages WHERE id = ANY($1))",
+            messages,
+        )
+    );
+    erase!(
+        "mailbox",
+        sqlx::query!(
+            "DELETE FROM switchboard.mailbox
+              WHERE session_id = ANY($1) OR reply_id = ANY($2) OR address = ANY($3)",
+            sessions,
+            messages,
+            addresses,
+        )
+    );
+    erase!(
+        "deliveries",
+        sqlx::query!(
+            "DELETE FROM switchboard.deliveries WHERE session_id = ANY($1) OR reply_id = ANY($2)",
+            sessions,
+            messages,
+        )
+    );
+    erase!(
+        "link_proof_answers",
+        sqlx::query!(
+            "DELETE FROM switchboard.link_proof_answers WHERE message_id = ANY($2)
+                OR claim_id IN (SELECT id FROM switchboard.link_claims
+                                 WHERE claimant_id = $1 OR requested_by = ANY($2)
+                                    OR id = ANY($2))",
+            person,
+            messages,
+        )
+    );
+    erase!(
+        "link_claims",
+        sqlx::query!(
+            "DELETE FROM switchboard.link_claims
+              WHERE claimant_id = $1 OR requested_by = ANY($2) OR id = ANY($2)",
+            person,
+            messages,
+        )
+    );
+    erase!(
+        "messages",
+        sqlx::query!(
+            "DELETE FROM switchboard.messages WHERE id = ANY($1)",
+            messages,
+        )
+    );
+    erase!(
+        "summaries",
+        sqlx::query!(
+            "DELETE FROM switchboard.summaries WHERE person_id = $1 OR memory_key IN
+                (SELECT memory_key FROM switchboard.sessions WHERE id = ANY($2))",
+            person,
+            sessions,
+        )
+    );
+    // Keyed by person, never by session scope: a person's memory is theirs alone.
+    erase!(
+        "memories",
+        sqlx::query!(
+            "DELETE FROM switchboard.memories WHERE person_id = $1",
+            person,
+        )
+    );
+    erase!(
+        "session_events",
+        sqlx::query!(
+            "DELETE FROM switchboard.session_events WHERE session_id = ANY($1)",
+            sessions,
+        )
+    );
+    erase!(
+        "turns",
+        sqlx::query!(
+            "DELETE FROM switchboard.turns WHERE session_id = ANY($1)",
+            sessions,
+        )
+    );
+    erase!(
+        "sessions",
+        sqlx::query!(
+            "DELETE FROM switchboard.sessions WHERE id = ANY($1)",
+            sessions,
+        )
+    );
+    erase!(
+        "chat_uploads",
+        sqlx::query!(
+            "DELETE FROM switchboard.chat_uploads WHERE owner = $1 OR owner = ANY($2)",
+            person,
+            addresses,
+        )
+    );
+    erase!(
+        "identity_links",
+        sqlx::query!(
+            "DELETE FROM switchboard.identity_links WHERE from_person_id = $1 OR to_person_id = $1",
+            person,
+        )
+    );
+    erase!(
+        "identity_link_audit",
+        sqlx::query!(
+            "DELETE FROM switchboard.identity_link_audit
+              WHERE from_person_id = $1 OR to_person_id = $1",
+            person,
+        )
+    );
+    erase!(
+        "contact_points",
+        sqlx::query!(
+            "DELETE FROM switchboard.contact_points WHERE person_id = $1",
+            person,
+        )
+    );
+    erase!(
+        "api_keys",
+        sqlx::query!(
+            "DELETE FROM switchboard.api_keys WHERE owner = $1 OR owner = ANY($2)",
+            person,
+            addresses,
+        )
+    );
+    erase!(
+        "people",
+        sqlx::query!(
+            "DELETE FROM switchboard.people WHERE person_id = $1",
+            person,
+        )
+    );
     Ok(removed)
 }
 
@@ -359,13 +430,13 @@ async fn removed_senders(
     tx: &mut Transaction<'_, Postgres>,
     found: &Found,
 ) -> sqlx::Result<BTreeSet<(String, String)>> {
-    let rows: Vec<(String, String)> = sqlx::query_as(
+    let rows = sqlx::query!(
         "DELETE FROM switchboard.arrival_cursors WHERE sender = ANY($1) RETURNING channel, sender",
+        &found.addresses,
     )
-    .bind(&found.addresses)
     .fetch_all(&mut **tx)
     .await?;
-    Ok(rows.into_iter().collect())
+    Ok(rows.into_iter().map(|r| (r.channel, r.sender)).collect())
 }
 
 /// Remove each workspace folder; how many there were.

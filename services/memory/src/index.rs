@@ -43,30 +43,45 @@ pub async fn lag_excluding(
             agent_identity,
         } => (Some(person_id), agent_identity),
     };
-    let marked: Option<String> =
-        sqlx::query_scalar("SELECT model FROM switchboard.embedding_marks")
-            .fetch_optional(db)
-            .await?;
-    let waiting = if marked.as_deref() == Some(model) {
-        "m.embedded_model IS NULL"
+    let marked = sqlx::query_scalar!("SELECT model FROM switchboard.embedding_marks")
+        .fetch_optional(db)
+        .await?;
+    let (seconds, waiting) = if marked.as_deref() == Some(model) {
+        let lag = sqlx::query!(
+            r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                      count(*) AS "waiting!"
+                 FROM switchboard.messages m
+                WHERE m.embedded_model IS NULL AND m.conversation
+                  AND ($1::text IS NULL OR m.person_id = $1)
+                  AND ($2::text IS NULL OR m.agent_identity = $2)
+                  AND NOT (m.id = ANY($3::uuid[]))"#,
+            person,
+            identity,
+            exclude,
+        )
+        .fetch_one(db)
+        .await?;
+        (lag.seconds, lag.waiting)
     } else {
-        "NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                      WHERE v.message_id = m.id AND v.model = $1)"
+        let lag = sqlx::query!(
+            r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                      count(*) AS "waiting!"
+                 FROM switchboard.messages m
+                WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                                   WHERE v.message_id = m.id AND v.model = $1)
+                  AND m.conversation
+                  AND ($2::text IS NULL OR m.person_id = $2)
+                  AND ($3::text IS NULL OR m.agent_identity = $3)
+                  AND NOT (m.id = ANY($4::uuid[]))"#,
+            model,
+            person,
+            identity,
+            exclude,
+        )
+        .fetch_one(db)
+        .await?;
+        (lag.seconds, lag.waiting)
     };
-    let (seconds, waiting): (Option<f64>, i64) = sqlx::query_as(&format!(
-        "SELECT extract(epoch FROM now() - min(m.created_at))::float8, count(*)
-           FROM switchboard.messages m
-          WHERE {waiting} AND m.conversation
-            AND ($2::text IS NULL OR m.person_id = $2)
-            AND ($3::text IS NULL OR m.agent_identity = $3)
-            AND NOT (m.id = ANY($4::uuid[]))"
-    ))
-    .bind(model)
-    .bind(person)
-    .bind(identity)
-    .bind(exclude)
-    .fetch_one(db)
-    .await?;
     Ok(IndexLag {
         seconds: seconds.unwrap_or(0.0).max(0.0),
         messages_waiting: waiting,
@@ -81,41 +96,42 @@ pub async fn lag_excluding(
 pub async fn ensure_marks(db: &PgPool, model: &str) -> Result<bool, sqlx::Error> {
     let mut tx = db.begin().await?;
     // The row is created if missing, then held: concurrent callers queue here.
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO switchboard.embedding_marks (model) VALUES ('') ON CONFLICT (id) DO NOTHING",
     )
     .execute(&mut *tx)
     .await?;
-    let marked: String =
-        sqlx::query_scalar("SELECT model FROM switchboard.embedding_marks FOR UPDATE")
-            .fetch_one(&mut *tx)
-            .await?;
+    let marked = sqlx::query_scalar!("SELECT model FROM switchboard.embedding_marks FOR UPDATE")
+        .fetch_one(&mut *tx)
+        .await?;
     if marked == model {
         tx.commit().await?;
         return Ok(false);
     }
     // Unmark what has no vector under `model`, then mark what has.
-    sqlx::query(
+    sqlx::query!(
         "UPDATE switchboard.messages m SET embedded_model = NULL
           WHERE m.embedded_model IS NOT NULL
             AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
                              WHERE v.message_id = m.id AND v.model = $1)",
+        model,
     )
-    .bind(model)
     .execute(&mut *tx)
     .await?;
-    sqlx::query(
+    sqlx::query!(
         "UPDATE switchboard.messages m SET embedded_model = $1
            FROM switchboard.message_vectors v
           WHERE v.message_id = m.id AND v.model = $1 AND m.embedded_model IS DISTINCT FROM $1",
+        model,
     )
-    .bind(model)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("UPDATE switchboard.embedding_marks SET model = $1, marked_at = now()")
-        .bind(model)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query!(
+        "UPDATE switchboard.embedding_marks SET model = $1, marked_at = now()",
+        model,
+    )
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(true)
 }
@@ -130,19 +146,18 @@ pub async fn mark_embedded(
     model: &str,
     ids: &[uuid::Uuid],
 ) -> Result<(), sqlx::Error> {
-    let marked: Option<String> =
-        sqlx::query_scalar("SELECT model FROM switchboard.embedding_marks FOR SHARE")
-            .fetch_optional(&mut *tx)
-            .await?;
+    let marked = sqlx::query_scalar!("SELECT model FROM switchboard.embedding_marks FOR SHARE")
+        .fetch_optional(&mut *tx)
+        .await?;
     if marked.as_deref() != Some(model) {
         return Ok(());
     }
-    sqlx::query(
+    sqlx::query!(
         "UPDATE switchboard.messages SET embedded_model = $1
           WHERE id = ANY($2) AND embedded_model IS DISTINCT FROM $1",
+        model,
+        ids,
     )
-    .bind(model)
-    .bind(ids)
     .execute(&mut *tx)
     .await?;
     Ok(())

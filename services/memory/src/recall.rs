@@ -34,7 +34,7 @@ pub struct RecallRequest<'a> {
 }
 
 /// One label and how often the person's exchanges got it lately.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Topic {
     pub label: String,
     pub count: i64,
@@ -67,17 +67,17 @@ async fn recall_query(
     let inbound_before = req.answering.iter().max().copied();
     let mut exclude = req.answering.clone();
     if let Some((session, engine_session)) = req.held_by {
-        let held: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
+        let held = sqlx::query!(
             "SELECT inbound_id, reply_id FROM switchboard.turns
               WHERE session_id = $1 AND engine_session_id = $2",
+            session,
+            engine_session,
         )
-        .bind(session)
-        .bind(engine_session)
         .fetch_all(db)
         .await?;
         exclude.extend(
             held.into_iter()
-                .flat_map(|(inbound, reply)| std::iter::once(inbound).chain(reply)),
+                .flat_map(|t| std::iter::once(t.inbound_id).chain(t.reply_id)),
         );
     }
     Ok(Some(SearchQuery {
@@ -115,16 +115,17 @@ pub async fn recall(
         if config.category_days == 0 {
             return Ok(Vec::new());
         }
-        sqlx::query_as(
-            "SELECT label, count(*) AS count FROM switchboard.exchange_categories
-              WHERE person_id = $1 AND agent_identity = $2
-                AND created_at >= now() - $3 * interval '1 day'
-              GROUP BY label ORDER BY count(*) DESC, label LIMIT $4",
+        sqlx::query_as!(
+            Topic,
+            r#"SELECT label, count(*) AS "count!" FROM switchboard.exchange_categories
+                WHERE person_id = $1 AND agent_identity = $2
+                  AND created_at >= now() - $3 * interval '1 day'
+                GROUP BY label ORDER BY count(*) DESC, label LIMIT $4"#,
+            req.person_id,
+            req.agent_identity,
+            config.category_days as f64,
+            MAX_TOPICS,
         )
-        .bind(req.person_id)
-        .bind(req.agent_identity)
-        .bind(config.category_days as f64)
-        .bind(MAX_TOPICS)
         .fetch_all(db)
         .await
         .map_err(SearchError::from)

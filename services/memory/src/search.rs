@@ -186,6 +186,11 @@ async fn query_vector(
 /// recalled now and then). The exact distance is the stored vectors' own (`vector`, f32): no
 /// cast to the index's `halfvec` per row (the cast was most of a heavy person's recall: 18 of
 /// 32 ms for 1,745 vectors at 1M), and no rounding either.
+///
+/// Built at run time, so checked when it runs, not by `sqlx::query!`: its text depends on the
+/// model (the partial HNSW index's predicate), the dimensions (the `halfvec(n)` cast the index
+/// is matched by) and which branches the query has; a compile-time statement would need one
+/// literal per model and size.
 fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, exact: bool) -> String {
     // Both branches carry the same filters; the person and identity are checked on the vector
     // rows themselves too (isolation where the data lives).
@@ -303,7 +308,7 @@ async fn ranking_settings(
 ) -> Result<(), SearchError> {
     // With filters, an HNSW scan that stops at ef_search candidates can return fewer rows
     // than asked for (or none); the iterative scan keeps going until enough pass.
-    sqlx::query("SET LOCAL hnsw.iterative_scan = relaxed_order")
+    sqlx::query!("SET LOCAL hnsw.iterative_scan = relaxed_order")
         .execute(&mut **tx)
         .await?;
     if ef_search > 0 {

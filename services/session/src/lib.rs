@@ -77,7 +77,6 @@ pub struct OpenedTurn {
 }
 
 /// A turn already placed for a message (a retry keeps it).
-#[derive(sqlx::FromRow)]
 struct PlacedTurn {
     session_id: Uuid,
     seq: i64,
@@ -127,15 +126,15 @@ impl SessionStore {
         let Some(inbound) = msg.inbound.as_ref().filter(|i| i.arrival_seq > 0) else {
             return Ok(true);
         };
-        let cursor: Option<(i64, i64)> = sqlx::query_as(
+        let cursor = sqlx::query!(
             "SELECT epoch, last_seq FROM switchboard.arrival_cursors
               WHERE channel = $1 AND sender = $2",
+            inbound.channel,
+            inbound.sender,
         )
-        .bind(&inbound.channel)
-        .bind(&inbound.sender)
         .fetch_optional(&self.db)
-        .await?;
-        let cursor = cursor.unwrap_or((inbound.arrival_epoch, 0));
+        .await?
+        .map_or((inbound.arrival_epoch, 0), |c| (c.epoch, c.last_seq));
         let placement = place_arrival(cursor, inbound.arrival_epoch, arrival_seq(inbound), overdue);
         Ok(placement != Placement::Wait)
     }
@@ -223,34 +222,37 @@ impl SessionStore {
             return Ok(Opened::Waiting);
         }
         // Find or create the session, and lock it while this message takes its place.
-        let (session_id, last_message_at, workspace): (Uuid, Option<DateTime<Utc>>, Option<String>) =
-            sqlx::query_as(
+        let session = sqlx::query!(
             "INSERT INTO switchboard.sessions
-                (id, person_type, person_id, agent_identity, agent_name, engine_type, channel, scope_key,
-                 memory_key)
+                (id, person_type, person_id, agent_identity, agent_name, engine_type, channel,
+                 scope_key, memory_key)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (scope_key, agent_name) DO UPDATE SET updated_at = now()
              RETURNING id, last_message_at, workspace_path",
+            Uuid::now_v7(),
+            person.person_type,
+            person.person_id,
+            agent.identity,
+            agent.name,
+            agent.engine,
+            inbound.channel,
+            scope_key,
+            memory_key,
         )
-        .bind(Uuid::now_v7())
-        .bind(&person.person_type)
-        .bind(&person.person_id)
-        .bind(&agent.identity)
-        .bind(&agent.name)
-        .bind(&agent.engine)
-        .bind(&inbound.channel)
-        .bind(&scope_key)
-        .bind(&memory_key)
         .fetch_one(&mut *tx)
         .await?;
+        let (session_id, last_message_at, workspace) =
+            (session.id, session.last_message_at, session.workspace_path);
 
         // A retry of a message we already placed keeps its original turn.
-        if let Some(r) = sqlx::query_as::<_, PlacedTurn>(
-            "SELECT session_id, seq, inbound_id, reset FROM switchboard.turns
-              WHERE channel = $1 AND provider_message_id = $2",
+        if let Some(r) = sqlx::query_as!(
+            PlacedTurn,
+            r#"SELECT session_id, seq, inbound_id, reset AS "reset: ResetReason"
+                 FROM switchboard.turns
+                WHERE channel = $1 AND provider_message_id = $2"#,
+            inbound.channel,
+            provider_id,
         )
-        .bind(&inbound.channel)
-        .bind(&provider_id)
         .fetch_optional(&mut *tx)
         .await?
         {
@@ -279,15 +281,15 @@ impl SessionStore {
                 .await?;
         }
 
-        let seq: i64 = sqlx::query_scalar(
-            "UPDATE switchboard.sessions SET next_seq = next_seq + 1, updated_at = now(),
-                    last_message_at = CASE WHEN $2 THEN GREATEST(last_message_at, $3)
-                                           ELSE last_message_at END
-              WHERE id = $1 RETURNING next_seq - 1",
+        let seq = sqlx::query_scalar!(
+            r#"UPDATE switchboard.sessions SET next_seq = next_seq + 1, updated_at = now(),
+                      last_message_at = CASE WHEN $2 THEN GREATEST(last_message_at, $3)
+                                             ELSE last_message_at END
+                WHERE id = $1 RETURNING next_seq - 1 AS "seq!""#,
+            session_id,
+            person_spoke,
+            received,
         )
-        .bind(session_id)
-        .bind(person_spoke)
-        .bind(received)
         .fetch_one(&mut *tx)
         .await?;
         let entry = serde_json::json!({
@@ -298,7 +300,12 @@ impl SessionStore {
             "reset": reset.map(ResetReason::as_str),
         });
         // The turn and its journal entry in one statement.
-        sqlx::query(
+        // An agent that joins waiting messages reads them from here.
+        let payload = agent
+            .queue_mode
+            .joins()
+            .then(|| prost::Message::encode_to_vec(msg));
+        sqlx::query!(
             "WITH turn AS (
                 INSERT INTO switchboard.turns
                     (session_id, seq, inbound_id, channel, provider_message_id, reset, payload)
@@ -307,23 +314,17 @@ impl SessionStore {
              INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
              SELECT $7, session_id, $10::text || ':' || session_id || ':' || seq, $10, seq, $8
                FROM turn",
+            session_id,
+            seq,
+            inbound_id,
+            inbound.channel,
+            provider_id,
+            reset as Option<ResetReason>,
+            Uuid::now_v7(),
+            entry,
+            payload,
+            SessionEventKind::MessageIn as SessionEventKind,
         )
-        .bind(session_id)
-        .bind(seq)
-        .bind(inbound_id)
-        .bind(&inbound.channel)
-        .bind(&provider_id)
-        .bind(reset)
-        .bind(Uuid::now_v7())
-        .bind(entry)
-        // An agent that joins waiting messages reads them from here.
-        .bind(
-            agent
-                .queue_mode
-                .joins()
-                .then(|| prost::Message::encode_to_vec(msg)),
-        )
-        .bind(SessionEventKind::MessageIn)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -349,13 +350,13 @@ impl SessionStore {
         let sibling: Option<String> = if self.workspace.separate_variants {
             None
         } else {
-            sqlx::query_scalar(
-                "SELECT workspace_path FROM switchboard.sessions
-                  WHERE memory_key = $1 AND id <> $2 AND workspace_path IS NOT NULL
-                  ORDER BY created_at LIMIT 1",
+            sqlx::query_scalar!(
+                r#"SELECT workspace_path AS "workspace_path!" FROM switchboard.sessions
+                    WHERE memory_key = $1 AND id <> $2 AND workspace_path IS NOT NULL
+                    ORDER BY created_at LIMIT 1"#,
+                memory_key,
+                session_id,
             )
-            .bind(memory_key)
-            .bind(session_id)
             .fetch_optional(&mut **tx)
             .await?
         };
@@ -368,11 +369,13 @@ impl SessionStore {
         workspace::prepare(std::path::Path::new(&path))
             .await
             .map_err(|e| SessionError::Workspace(path.clone(), e))?;
-        sqlx::query("UPDATE switchboard.sessions SET workspace_path = $2 WHERE id = $1")
-            .bind(session_id)
-            .bind(&path)
-            .execute(&mut **tx)
-            .await?;
+        sqlx::query!(
+            "UPDATE switchboard.sessions SET workspace_path = $2 WHERE id = $1",
+            session_id,
+            path,
+        )
+        .execute(&mut **tx)
+        .await?;
         Ok(())
     }
 }
@@ -389,17 +392,18 @@ async fn take_arrival(
         return Ok(true);
     }
     // Locks the sender's cursor (created at this message's epoch, nothing placed).
-    let cursor: (i64, i64) = sqlx::query_as(
+    let cursor = sqlx::query!(
         "INSERT INTO switchboard.arrival_cursors (channel, sender, epoch, last_seq)
              VALUES ($1, $2, $3, 0)
              ON CONFLICT (channel, sender) DO UPDATE SET updated_at = now()
              RETURNING epoch, last_seq",
+        inbound.channel,
+        inbound.sender,
+        inbound.arrival_epoch,
     )
-    .bind(&inbound.channel)
-    .bind(&inbound.sender)
-    .bind(inbound.arrival_epoch)
     .fetch_one(&mut **tx)
     .await?;
+    let cursor = (cursor.epoch, cursor.last_seq);
     let seq = arrival_seq(inbound);
     let placement = place_arrival(cursor, inbound.arrival_epoch, seq, overdue);
     match placement {
@@ -417,14 +421,14 @@ async fn take_arrival(
                     "gave up waiting for the sender's earlier messages"
                 );
             }
-            sqlx::query(
+            sqlx::query!(
                 "UPDATE switchboard.arrival_cursors SET epoch = $3, last_seq = $4
                       WHERE channel = $1 AND sender = $2",
+                inbound.channel,
+                inbound.sender,
+                inbound.arrival_epoch,
+                seq,
             )
-            .bind(&inbound.channel)
-            .bind(&inbound.sender)
-            .bind(inbound.arrival_epoch)
-            .bind(seq)
             .execute(&mut **tx)
             .await?;
         }

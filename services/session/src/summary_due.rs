@@ -6,7 +6,6 @@
 use sqlx::PgPool;
 use switchboard_kit::proto::{Person, SummaryDue};
 use switchboard_kit::{Output, Topology};
-use uuid::Uuid;
 
 use crate::OpenedTurn;
 
@@ -28,22 +27,23 @@ pub(crate) async fn summary_due(
     };
     // Unsummarised by the mark each summary version sets on what it merged (not by id after
     // the summary's last: a message logged late has an older id).
-    let newest: Option<(Uuid, i64)> = sqlx::query_as(
-        "SELECT m.id, coalesce(y.version, 0) FROM switchboard.messages m
-           JOIN switchboard.sessions s ON s.id = m.session_id
-           LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
-          WHERE s.memory_key = $1 AND NOT ($2 AND s.id = $3)
-            AND m.summary_version IS NULL
-          ORDER BY m.id DESC LIMIT 1",
+    let newest = sqlx::query!(
+        r#"SELECT m.id, coalesce(y.version, 0) AS "version!" FROM switchboard.messages m
+             JOIN switchboard.sessions s ON s.id = m.session_id
+             LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
+            WHERE s.memory_key = $1 AND NOT ($2 AND s.id = $3)
+              AND m.summary_version IS NULL
+            ORDER BY m.id DESC LIMIT 1"#,
+        opened.memory_key,
+        other_sessions_only,
+        opened.session_id,
     )
-    .bind(&opened.memory_key)
-    .bind(other_sessions_only)
-    .bind(opened.session_id)
     .fetch_optional(db)
     .await?;
-    let Some((newest, version)) = newest else {
+    let Some(newest) = newest else {
         return Ok(None);
     };
+    let (newest, version) = (newest.id, newest.version);
     let due = SummaryDue {
         memory_key: opened.memory_key.clone(),
         person_id: person.person_id.clone(),

@@ -22,7 +22,7 @@ pub struct Current {
 }
 
 /// A message not covered by the summary yet.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Message {
     pub id: Uuid,
     pub direction: String,
@@ -59,30 +59,25 @@ pub enum Written {
     LostRace,
 }
 
-/// summary, method, version, first and last message, messages covered.
-type SummaryRow = (String, String, i64, Option<Uuid>, Option<Uuid>, i64);
-
 pub async fn current(db: &PgPool, memory_key: &str) -> Result<Current, sqlx::Error> {
-    let row: Option<SummaryRow> = sqlx::query_as(
+    let row = sqlx::query!(
         "SELECT summary, method, version, first_message_in_summary, last_message_in_summary,
                 messages_covered
            FROM switchboard.summaries WHERE memory_key = $1",
+        memory_key,
     )
-    .bind(memory_key)
     .fetch_optional(db)
     .await?;
     Ok(row
-        .map(
-            |(text, method, version, first_message, last_message, messages_covered)| Current {
-                exists: true,
-                text,
-                method,
-                version,
-                first_message,
-                last_message,
-                messages_covered,
-            },
-        )
+        .map(|r| Current {
+            exists: true,
+            text: r.summary,
+            method: r.method,
+            version: r.version,
+            first_message: r.first_message_in_summary,
+            last_message: r.last_message_in_summary,
+            messages_covered: r.messages_covered,
+        })
         .unwrap_or_default())
 }
 
@@ -94,16 +89,17 @@ pub async fn unsummarised(
     memory_key: &str,
     limit: i64,
 ) -> Result<Vec<Message>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        Message,
         "SELECT m.id, m.direction, m.channel, m.agent_name, m.message, m.created_at
            FROM switchboard.messages m
            JOIN switchboard.sessions s ON s.id = m.session_id
           WHERE s.memory_key = $1 AND m.summary_version IS NULL AND m.conversation
           ORDER BY m.id
           LIMIT $2",
+        memory_key,
+        limit,
     )
-    .bind(memory_key)
-    .bind(limit)
     .fetch_all(db)
     .await
 }
@@ -125,44 +121,48 @@ pub async fn write(
     let mut tx = db.begin().await?;
     // Least and greatest: a message logged late may be older than what was merged before.
     let written: Option<(i64, Uuid, Uuid, i64)> = if read.exists {
-        sqlx::query_as(
-            "UPDATE switchboard.summaries
+        sqlx::query!(
+            r#"UPDATE switchboard.summaries
                 SET summary = $2, version = version + 1,
                     first_message_in_summary = least(first_message_in_summary, $3),
                     last_message_in_summary = greatest(last_message_in_summary, $4),
                     messages_covered = messages_covered + $5,
                     method = $6, updated_at = now()
               WHERE memory_key = $1 AND version = $7
-          RETURNING version, first_message_in_summary, last_message_in_summary, messages_covered",
+          RETURNING version, first_message_in_summary AS "first!",
+                    last_message_in_summary AS "last!", messages_covered"#,
+            new.memory_key,
+            new.text,
+            first_merged,
+            last_merged,
+            merged,
+            new.method,
+            read.version,
         )
-        .bind(new.memory_key)
-        .bind(new.text)
-        .bind(first_merged)
-        .bind(last_merged)
-        .bind(merged)
-        .bind(new.method)
-        .bind(read.version)
         .fetch_optional(&mut *tx)
         .await?
+        .map(|w| (w.version, w.first, w.last, w.messages_covered))
     } else {
-        sqlx::query_as(
-            "INSERT INTO switchboard.summaries
+        sqlx::query!(
+            r#"INSERT INTO switchboard.summaries
                 (memory_key, agent_identity, person_id, summary, version, first_message_in_summary,
                  last_message_in_summary, messages_covered, method, updated_at, created_at)
              VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $8, now(), now())
              ON CONFLICT (memory_key) DO NOTHING
-          RETURNING version, first_message_in_summary, last_message_in_summary, messages_covered",
+          RETURNING version, first_message_in_summary AS "first!",
+                    last_message_in_summary AS "last!", messages_covered"#,
+            new.memory_key,
+            new.agent_identity,
+            new.person_id,
+            new.text,
+            first_merged,
+            last_merged,
+            merged,
+            new.method,
         )
-        .bind(new.memory_key)
-        .bind(new.agent_identity)
-        .bind(new.person_id)
-        .bind(new.text)
-        .bind(first_merged)
-        .bind(last_merged)
-        .bind(merged)
-        .bind(new.method)
         .fetch_optional(&mut *tx)
         .await?
+        .map(|w| (w.version, w.first, w.last, w.messages_covered))
     };
     let Some((version, first, last, covered)) = written else {
         tx.rollback().await?;
@@ -170,32 +170,33 @@ pub async fn write(
     };
     // Exactly the merged messages carry this version (the compare-and-set above makes this
     // the only writer of the key's marks until commit).
-    sqlx::query(
+    sqlx::query!(
         "UPDATE switchboard.messages SET summary_version = $2
           WHERE id = ANY($1::uuid[]) AND summary_version IS NULL",
+        new.merged,
+        version,
     )
-    .bind(new.merged)
-    .bind(version)
     .execute(&mut *tx)
     .await?;
     // What is not conversation is never merged: marked too, up to this version's last
     // message, so that the unsummarised index does not keep it for ever.
-    sqlx::query(
+    sqlx::query!(
         "UPDATE switchboard.messages m SET summary_version = $2
            FROM switchboard.sessions s
           WHERE s.id = m.session_id AND s.memory_key = $1 AND m.summary_version IS NULL
             AND m.id <= $3 AND NOT m.conversation",
+        new.memory_key,
+        version,
+        last_merged,
     )
-    .bind(new.memory_key)
-    .bind(version)
-    .bind(last_merged)
     .execute(&mut *tx)
     .await?;
-    let sessions: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM switchboard.sessions WHERE memory_key = $1")
-            .bind(new.memory_key)
-            .fetch_all(&mut *tx)
-            .await?;
+    let sessions = sqlx::query_scalar!(
+        "SELECT id FROM switchboard.sessions WHERE memory_key = $1",
+        new.memory_key,
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     let ids: Vec<Uuid> = sessions.iter().map(|_| Uuid::now_v7()).collect();
     let detail = serde_json::json!({
         "version": version,
@@ -209,17 +210,17 @@ pub async fn write(
         "last_merged_id": last_merged,
     });
     // One entry per session and version: the key makes a repeated write impossible anyway.
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO switchboard.session_events (id, session_id, key, kind, detail)
-         SELECT e.id, e.session_id, 'summarised:' || e.session_id || ':' || $3, $4, $5
+         SELECT e.id, e.session_id, $4::text || ':' || e.session_id || ':' || $3::bigint, $4, $5
            FROM unnest($1::uuid[], $2::uuid[]) AS e(id, session_id)
          ON CONFLICT (key) DO NOTHING",
+        &ids,
+        &sessions,
+        version,
+        SessionEventKind::Summarised as SessionEventKind,
+        detail,
     )
-    .bind(&ids)
-    .bind(&sessions)
-    .bind(version)
-    .bind(SessionEventKind::Summarised)
-    .bind(detail)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -232,7 +233,7 @@ pub async fn write(
 }
 
 /// A memory key whose conversation went quiet with messages no summary version merged yet.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quiet {
     pub memory_key: String,
     pub person_id: String,
@@ -247,11 +248,12 @@ pub struct Quiet {
 /// Memory keys with unsummarised conversation messages, the newest of them (by log time)
 /// older than `idle_gap_s`, at most `limit` of them, the longest quiet first.
 pub async fn quiet(db: &PgPool, idle_gap_s: u64, limit: i64) -> Result<Vec<Quiet>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT s.memory_key, min(s.person_id) AS person_id,
-                min(s.agent_identity) AS agent_identity,
-                (array_agg(m.id ORDER BY m.id DESC))[1] AS newest,
-                coalesce(max(y.version), 0) AS version
+    sqlx::query_as!(
+        Quiet,
+        r#"SELECT s.memory_key, min(s.person_id) AS "person_id!",
+                min(s.agent_identity) AS "agent_identity!",
+                (array_agg(m.id ORDER BY m.id DESC))[1] AS "newest!",
+                coalesce(max(y.version), 0) AS "version!"
            FROM switchboard.messages m
            JOIN switchboard.sessions s ON s.id = m.session_id
            LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
@@ -259,10 +261,10 @@ pub async fn quiet(db: &PgPool, idle_gap_s: u64, limit: i64) -> Result<Vec<Quiet
           GROUP BY s.memory_key
          HAVING max(m.created_at) < now() - $1 * interval '1 second'
           ORDER BY max(m.created_at)
-          LIMIT $2",
+          LIMIT $2"#,
+        idle_gap_s as f64,
+        limit,
     )
-    .bind(idle_gap_s as f64)
-    .bind(limit)
     .fetch_all(db)
     .await
 }

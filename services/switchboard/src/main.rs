@@ -438,16 +438,16 @@ async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<
             phone,
         } => {
             let mut tx = db.begin().await?;
-            sqlx::query(
+            sqlx::query!(
                 "INSERT INTO switchboard.people (person_id, person_type, name, role)
                  VALUES ($1, $2, $3, $4)
                  ON CONFLICT (person_id) DO UPDATE
                    SET person_type = EXCLUDED.person_type, name = EXCLUDED.name, role = EXCLUDED.role",
+                id,
+                person_type,
+                name,
+                role,
             )
-            .bind(&id)
-            .bind(&person_type)
-            .bind(&name)
-            .bind(&role)
             .execute(&mut *tx)
             .await?;
             if let Some(phone) = phone {
@@ -455,13 +455,13 @@ async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<
                     &phone,
                     &config.identity.default_region,
                 )?;
-                sqlx::query(
+                sqlx::query!(
                     "INSERT INTO switchboard.contact_points (kind, address, person_id)
                      VALUES ('phone', $1, $2)
                      ON CONFLICT (kind, address) DO UPDATE SET person_id = EXCLUDED.person_id",
+                    e164,
+                    id,
                 )
-                .bind(&e164)
-                .bind(&id)
                 .execute(&mut *tx)
                 .await?;
                 println!("{id} ({person_type}) reachable at {e164}");

@@ -209,44 +209,45 @@ async fn write_row(db: &PgPool, row: &PersonRow) -> Result<Result<Written, Strin
         contacts.push(("email", email.as_str()));
     }
     for (kind, address) in &contacts {
-        let owner: Option<String> = sqlx::query_scalar(
+        let owner = sqlx::query_scalar!(
             "SELECT person_id FROM switchboard.contact_points WHERE kind = $1 AND address = $2",
+            kind,
+            address,
         )
-        .bind(kind)
-        .bind(address)
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(owner) = owner.filter(|o| *o != row.person_id) {
             return Ok(Err(format!("{kind} {address} already belongs to {owner}")));
         }
     }
-    let before: Option<(String, String, String)> = sqlx::query_as(
+    let before = sqlx::query!(
         "SELECT person_type, name, role FROM switchboard.people WHERE person_id = $1 FOR UPDATE",
+        row.person_id,
     )
-    .bind(&row.person_id)
     .fetch_optional(&mut *tx)
-    .await?;
-    sqlx::query(
+    .await?
+    .map(|p| (p.person_type, p.name, p.role));
+    sqlx::query!(
         "INSERT INTO switchboard.people (person_id, person_type, name, role)
          VALUES ($1, $2, $3, $4)
          ON CONFLICT (person_id) DO UPDATE
            SET person_type = EXCLUDED.person_type, name = EXCLUDED.name, role = EXCLUDED.role",
+        row.person_id,
+        row.person_type,
+        row.name,
+        row.role,
     )
-    .bind(&row.person_id)
-    .bind(&row.person_type)
-    .bind(&row.name)
-    .bind(&row.role)
     .execute(&mut *tx)
     .await?;
     let mut contacts_added = 0;
     for (kind, address) in &contacts {
-        contacts_added += sqlx::query(
+        contacts_added += sqlx::query!(
             "INSERT INTO switchboard.contact_points (kind, address, person_id)
              VALUES ($1, $2, $3) ON CONFLICT (kind, address) DO NOTHING",
+            kind,
+            address,
+            row.person_id,
         )
-        .bind(kind)
-        .bind(address)
-        .bind(&row.person_id)
         .execute(&mut *tx)
         .await?
         .rows_affected();
