@@ -4,7 +4,8 @@
 //! authenticate the request and how to read it into a [`Received`] message) and an egress (an
 //! [`Egress`]: how to send one part of a reply and how to read the provider's answer). The
 //! gateway and the deliver stage know no provider: they mount every webhook of [`ADAPTERS`] and
-//! look senders up by the provider name a reply carries. Adding a channel is one module and one
+//! look senders up by the provider name a reply carries; the dispatcher fetches a message's
+//! media through its provider's [`MediaAccess`]. Adding a channel is one module and one
 //! line in [`ADAPTERS`] (see `docs/adding-a-channel.md`).
 pub mod api;
 pub mod chat;
@@ -14,6 +15,7 @@ pub mod form;
 pub mod generic;
 pub mod ingress;
 pub mod mailbox;
+pub mod media;
 pub mod textmagic;
 pub mod twilio;
 
@@ -26,6 +28,7 @@ pub use egress::{Egress, OutboundPart, SEND_LEASE, SendError, split_message};
 pub use error::ApiError;
 pub use ingress::{Ack, Received, Webhook, WebhookRequest, client_id, client_message_key};
 pub use mailbox::{MAILBOX_LEASE, Mailbox, MailboxEgress, MailboxEntry};
+pub use media::{MakeMedia, MediaAccess, MediaSources};
 
 /// Builds a channel's webhook from the configuration.
 pub type MakeWebhook = fn(&Config) -> Arc<dyn Webhook>;
@@ -40,6 +43,8 @@ pub struct Adapter {
     pub webhook: Option<MakeWebhook>,
     /// Its egress (absent for receive-only providers).
     pub egress: Option<MakeEgress>,
+    /// How the media its messages carry are fetched (absent when they carry none).
+    pub media: Option<MakeMedia>,
 }
 
 /// Every channel adapter the product has.

@@ -1,15 +1,15 @@
 //! Media a person sent (Twilio MMS `MediaUrlN`, chat uploads) kept in the session's
 //! workspace (`attachments/`), so the agent can open them, and listed in the prompt.
 //!
-//! Fetched with the Twilio account's credentials (its media URLs require them when "HTTP auth
-//! on media" is on) and only from the Twilio API's own origin (`twilio.api_base`): a URL in a
-//! message is never fetched blindly. Each file is capped (`workspace.max_attachment_bytes`);
+//! Fetched as the message's provider says (its channel adapter's `MediaAccess`: Twilio's
+//! credentials, and only from the Twilio API's own origin): a URL in a message is never
+//! fetched blindly, and a provider without media access has none fetched. Each file is capped (`workspace.max_attachment_bytes`);
 //! one over the cap is not kept and the prompt says so. Fetched at the turn's first run; a
 //! file already there (a retried turn) is not fetched again.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use switchboard_kit::config::Secret;
+use switchboard_channels::MediaSources;
 
 /// What became of one media URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,34 +73,37 @@ fn extension(content_type: &str) -> &'static str {
 
 pub struct MediaFetcher {
     http: reqwest::Client,
-    /// `scheme://host:port` of the Twilio API: the only origin fetched from.
-    origin: Option<url::Url>,
-    account_sid: String,
-    auth_token: Secret,
+    /// Each provider's media access (the channel adapters').
+    sources: MediaSources,
     max_bytes: u64,
 }
 
 impl MediaFetcher {
-    pub fn new(api_base: &str, account_sid: &str, auth_token: Secret, max_bytes: u64) -> Self {
+    pub fn new(sources: MediaSources, max_bytes: u64) -> Self {
         Self {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
                 .timeout(Duration::from_secs(60))
                 .build()
                 .expect("HTTP client"),
-            origin: url::Url::parse(api_base).ok(),
-            account_sid: account_sid.to_string(),
-            auth_token,
+            sources,
             max_bytes,
         }
     }
 
-    /// Keep each of `urls` in `folder/attachments/` as `<message id>-<n>.<ext>`.
-    pub async fn keep(&self, folder: &Path, message_id: &str, urls: &[String]) -> Vec<Fetched> {
+    /// Keep each of `urls` (media of a message `provider` took) in `folder/attachments/` as
+    /// `<message id>-<n>.<ext>`.
+    pub async fn keep(
+        &self,
+        folder: &Path,
+        provider: &str,
+        message_id: &str,
+        urls: &[String],
+    ) -> Vec<Fetched> {
         let mut out = Vec::with_capacity(urls.len());
         for (n, url) in urls.iter().enumerate() {
             let stem = format!("{message_id}-{n}");
-            out.push(match self.keep_one(folder, &stem, url).await {
+            out.push(match self.keep_one(folder, provider, &stem, url).await {
                 Ok(f) => f,
                 Err(why) => {
                     tracing::warn!(%message_id, n, %why, "attachment not kept");
@@ -111,23 +114,22 @@ impl MediaFetcher {
         out
     }
 
-    async fn keep_one(&self, folder: &Path, stem: &str, url: &str) -> Result<Fetched, String> {
+    async fn keep_one(
+        &self,
+        folder: &Path,
+        provider: &str,
+        stem: &str,
+        url: &str,
+    ) -> Result<Fetched, String> {
         let dir = folder.join("attachments");
         if let Some(kept) = already_kept(&dir, stem).await {
             return Ok(kept);
         }
-        let parsed = url::Url::parse(url).map_err(|_| "not a URL".to_string())?;
-        let same_origin = self
-            .origin
-            .as_ref()
-            .is_some_and(|o| o.origin() == parsed.origin());
-        if !same_origin {
-            return Err("not from the provider's media API".into());
-        }
-        let mut req = self.http.get(parsed);
-        if !self.account_sid.is_empty() {
-            req = req.basic_auth(&self.account_sid, Some(self.auth_token.expose()));
-        }
+        let access = self
+            .sources
+            .get(provider)
+            .ok_or_else(|| format!("{provider} messages carry no media this product fetches"))?;
+        let req = access.request(&self.http, url)?;
         let mut resp = req.send().await.map_err(|e| format!("fetch failed: {e}"))?;
         if !resp.status().is_success() {
             return Err(format!("the provider answered {}", resp.status().as_u16()));
@@ -351,7 +353,7 @@ impl crate::TurnDispatcher {
             if !inbound.media_urls.is_empty() {
                 let kept = self
                     .media
-                    .keep(folder, &inbound.id, &inbound.media_urls)
+                    .keep(folder, &inbound.provider, &inbound.id, &inbound.media_urls)
                     .await;
                 lines.extend(kept.iter().map(Fetched::describe));
             }
@@ -387,22 +389,31 @@ mod tests {
         assert_eq!(extension("application/x-unknown"), "bin");
     }
 
+    fn fetcher() -> MediaFetcher {
+        let mut config = switchboard_kit::config::Config::default();
+        config.twilio.api_base = "https://api.twilio.com".into();
+        config.twilio.account_sid = "AC1".into();
+        MediaFetcher::new(MediaSources::from_config(&config), 1_000)
+    }
+
     #[tokio::test]
     async fn a_url_from_anywhere_but_the_providers_api_is_not_fetched() {
-        let f = MediaFetcher::new("https://api.twilio.com", "AC1", Secret::new("t"), 1_000);
         let dir = std::env::temp_dir().join(format!("sb-att-{}", uuid::Uuid::new_v4()));
-        let got = f
-            .keep(
-                &dir,
-                "m",
-                &["http://169.254.169.254/latest/meta-data".into()],
-            )
-            .await;
+        let metadata = ["http://169.254.169.254/latest/meta-data".to_string()];
+        let got = fetcher().keep(&dir, "twilio", "m", &metadata).await;
         assert_eq!(
             got,
             [Fetched::NotKept {
                 why: "not from the provider's media API".into()
             }]
+        );
+        // A provider without media access has nothing fetched, whatever the URL.
+        let twilios =
+            ["https://api.twilio.com/2010-04-01/Accounts/AC1/Messages/MM1/Media/ME1".to_string()];
+        let got = fetcher().keep(&dir, "textmagic", "m", &twilios).await;
+        assert!(
+            matches!(&got[..], [Fetched::NotKept { why }] if why.contains("textmagic")),
+            "{got:?}"
         );
     }
 }

@@ -184,9 +184,7 @@ impl TurnDispatcher {
             notices: config.session.reset_notices.clone(),
             wakers,
             media: attachments::MediaFetcher::new(
-                &config.twilio.api_base,
-                &config.twilio.account_sid,
-                config.twilio.auth_token.clone(),
+                switchboard_channels::MediaSources::from_config(&config),
                 config.workspace.max_attachment_bytes,
             ),
             uploads,

@@ -34,6 +34,7 @@ pub const ADAPTER: Adapter = Adapter {
     provider: PROVIDER,
     webhook: Some(|config| Arc::new(GenericWebhook::new(config))),
     egress: Some(|config| Arc::new(GenericWebhookSender::new(config.webhooks.clone()))),
+    media: None,
 };
 
 /// The signature header's value for `body` sent at `timestamp`:

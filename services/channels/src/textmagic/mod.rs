@@ -14,4 +14,5 @@ pub const ADAPTER: Adapter = Adapter {
     provider: "textmagic",
     webhook: Some(|config| Arc::new(TextMagicWebhook::new(config))),
     egress: Some(|config| Arc::new(TextMagicSender::new(config.textmagic.clone()))),
+    media: None,
 };

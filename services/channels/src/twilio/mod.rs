@@ -1,11 +1,13 @@
 //! Twilio SMS and MMS: `POST /webhooks/twilio/sms` in (signed with `X-Twilio-Signature`),
-//! the Messages API out.
+//! the Messages API out, MMS media fetched from the Twilio API's origin.
+pub mod media;
 pub mod send;
 pub mod signature;
 pub mod webhook;
 
 use std::sync::Arc;
 
+pub use media::TwilioMedia;
 pub use send::{MAX_BODY_CHARS, TwilioSender};
 pub use signature::{twilio_signature, verify_twilio_signature};
 pub use webhook::{MAX_SID_CHARS, ParsedSms, TwilioCheck, TwilioWebhook, parse_twilio_sms};
@@ -16,4 +18,5 @@ pub const ADAPTER: Adapter = Adapter {
     provider: "twilio",
     webhook: Some(|config| Arc::new(TwilioWebhook::new(config))),
     egress: Some(|config| Arc::new(TwilioSender::new(config.twilio.clone()))),
+    media: Some(|config| Arc::new(TwilioMedia::new(&config.twilio))),
 };
