@@ -184,7 +184,7 @@ impl TurnDispatcher {
             notices: config.session.reset_notices.clone(),
             wakers,
             media: attachments::MediaFetcher::new(
-                switchboard_channels::MediaSources::from_config(&config),
+                switchboard_channels::MediaSources::from_config(config),
                 config.workspace.max_attachment_bytes,
             ),
             uploads,
