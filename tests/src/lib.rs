@@ -15,10 +15,10 @@ use anyhow::Context as _;
 use async_nats::jetstream;
 use sqlx::{Connection, PgPool};
 use switchboard::stages;
-use switchboard_kit::Topology;
 use switchboard_kit::config::{AgentConfig, Config, Secret};
 use switchboard_kit::proto::{DeadLetter, Reply};
 use switchboard_kit::startup::App;
+use switchboard_kit::{Registration, Topology};
 use tokio::process::{Child, Command};
 
 pub use chat::{CHAT_SECRET, ChatClient, chat_token};
@@ -63,6 +63,9 @@ pub fn twilio_sms_params(
 }
 
 pub struct AppOptions {
+    /// The stages the app has, in data-path order: the product's (`stages::ALL`), and any a
+    /// test adds ([`AppOptions::with_stage`]). Their consumers are made with the topology.
+    pub stages: Vec<Registration>,
     /// Stages run inside the test process; the others can be started as real worker processes
     /// with [`TestApp::spawn_worker`].
     pub in_process: Vec<&'static str>,
@@ -81,6 +84,31 @@ impl AppOptions {
             ..Default::default()
         }
     }
+}
+
+/// The stages of `stages` that `names` stand for (a stage's or its worker's name), in list
+/// order; a name none of them has is a mistake in the test.
+fn select_stages<'a>(
+    stages: &'a [Registration],
+    names: &[impl AsRef<str>],
+) -> Vec<&'a Registration> {
+    for n in names {
+        assert!(
+            stages
+                .iter()
+                .any(|r| r.spec.name == n.as_ref() || r.worker == n.as_ref()),
+            "no stage or worker is called {:?}",
+            n.as_ref()
+        );
+    }
+    stages
+        .iter()
+        .filter(|r| {
+            names
+                .iter()
+                .any(|n| r.spec.name == n.as_ref() || r.worker == n.as_ref())
+        })
+        .collect()
 }
 
 /// Ask a worker process to stop, as an orchestrator does (SIGTERM): it drains and exits.
@@ -113,6 +141,14 @@ impl AppOptions {
         }
     }
 
+    /// The app with one more stage, run in the test process: what adding a stage to the
+    /// product's list (`stages::ALL`) does (docs/adding-a-stage.md).
+    pub fn with_stage(mut self, stage: Registration) -> Self {
+        self.in_process.push(stage.spec.name);
+        self.stages.push(stage);
+        self
+    }
+
     /// The configuration changed by `tweak` before the app starts.
     pub fn configured(self, tweak: impl FnOnce(&mut Config) + Send + 'static) -> Self {
         Self {
@@ -125,6 +161,7 @@ impl AppOptions {
 impl Default for AppOptions {
     fn default() -> Self {
         Self {
+            stages: stages::ALL.to_vec(),
             in_process: stages::names(),
             tweak: Box::new(|_| {}),
         }
@@ -148,6 +185,8 @@ pub struct TestApp {
     /// Stages left out of the app and not started since: [`TestApp::settle`] does not wait for
     /// their consumers, which nobody reads.
     idle_stages: std::sync::Mutex<Vec<&'static str>>,
+    /// Every stage the app has (the product's and any the test added).
+    stages: Vec<Registration>,
 }
 
 /// A worker process started by [`TestApp::spawn_logged_worker`].
@@ -369,16 +408,13 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     .expect("write test config");
 
     let app = App::connect(config.clone(), "test").await.expect("connect");
-    app.prepare(stages::ALL)
+    app.prepare(&opts.stages)
         .await
         .expect("migrations and topology");
     let (routes, follower) = switchboard::gateway_routes(&app).expect("gateway");
     let admin_listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", admin_listener.local_addr().unwrap());
-    let mut tasks = stages::tasks(
-        &app,
-        &stages::select(&opts.in_process).expect("known stages"),
-    );
+    let mut tasks = stages::tasks(&app, &select_stages(&opts.stages, &opts.in_process));
     tasks.push(follower);
     tasks.push(app.serve_listener(listener, routes).expect("serve"));
     tasks.push(
@@ -389,8 +425,10 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
         .expect("serve admin"),
     );
     let handle = tokio::spawn(app.clone().run(tasks));
-    let idle_stages = stages::names()
-        .into_iter()
+    let idle_stages = opts
+        .stages
+        .iter()
+        .map(|r| r.spec.name)
         .filter(|s| !opts.in_process.contains(s))
         .collect();
 
@@ -408,6 +446,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
         app,
         handle,
         idle_stages: std::sync::Mutex::new(idle_stages),
+        stages: opts.stages,
     }
 }
 
@@ -643,7 +682,7 @@ impl TestApp {
         while quiet < 3 {
             assert!(Instant::now() < deadline, "pipeline did not settle in 30 s");
             let mut busy = false;
-            for stage in stages::ALL {
+            for stage in &self.stages {
                 if self.idle_stages.lock().unwrap().contains(&stage.spec.name) {
                     continue;
                 }
@@ -1117,7 +1156,7 @@ impl TestApp {
 
     /// Start a stage in this process that was left out of [`AppOptions::in_process`].
     pub fn start_stage(&self, name: &str) {
-        let stage = stages::select(&[name]).expect("a known stage");
+        let stage = select_stages(&self.stages, &[name]);
         self.runs(name);
         self.start(stages::tasks(&self.app, &stage));
     }
