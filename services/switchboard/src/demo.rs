@@ -2,24 +2,27 @@
 //! `switchboard-fakes` mounted in the product's own server — an agent runner that answers
 //! without any engine (`/demo/runner`), Twilio's and TextMagic's send APIs and message lists
 //! (`/demo/twilio`, `/demo/textmagic`; the deliverer asks the lists before sending again a part
-//! whose earlier attempt may have gone out) — and a receiver of signed generic webhook
-//! callbacks (`/demo/webhook/<source>`). What they took is listed at `/demo/outbox`. All speak
+//! whose earlier attempt may have gone out) and a generic webhook source's callback receiver
+//! (`/demo/webhook/<source>`, checking each source's signature and window). What they took is
+//! listed at `/demo/outbox`. All speak
 //! the real wire formats, so the product path is the same as in production.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use switchboard_channels::generic;
 use switchboard_channels::textmagic::textmagic_number;
-use switchboard_fakes::{FakeRunner, FakeTextMagic, FakeTwilio, Provider, SendObserver, SentSms};
-use switchboard_kit::config::{Config, WebhookSourceConfig};
+use switchboard_fakes::{
+    CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeTextMagic, FakeTwilio, Provider,
+    SendObserver, SentSms,
+};
+use switchboard_kit::config::Config;
 
 #[derive(Clone, Serialize)]
 pub struct OutboxMessage {
@@ -55,9 +58,7 @@ impl OutboxMessage {
 struct DemoState {
     twilio: FakeTwilio,
     textmagic: FakeTextMagic,
-    webhooks: std::collections::BTreeMap<String, WebhookSourceConfig>,
-    /// Webhook callbacks taken (the SMS are the fakes' own).
-    callbacks: Arc<Mutex<Vec<OutboxMessage>>>,
+    callbacks: FakeCallbackReceiver,
     /// The last prompt the demo engine was given, to show what an agent sees (memory, summary,
     /// recall around the person's message).
     last_prompt: Arc<Mutex<Option<String>>>,
@@ -108,21 +109,31 @@ pub fn router(config: &Config) -> Router {
     textmagic.observe(Arc::new(LogSends));
     let last_prompt: Arc<Mutex<Option<String>>> = Arc::default();
     let runner = demo_runner(last_prompt.clone());
+    // Each generic source with a secret, at /demo/webhook/<source>, within its window.
+    let callbacks =
+        FakeCallbackReceiver::of_sources(config.webhooks.iter().filter_map(|(name, source)| {
+            source.signing_key().map(|_| {
+                (
+                    name.clone(),
+                    source.secret.expose().to_string(),
+                    Some(source.timestamp_window_s),
+                )
+            })
+        }));
     let state = DemoState {
         twilio: twilio.clone(),
         textmagic: textmagic.clone(),
-        webhooks: config.webhooks.clone(),
-        callbacks: Default::default(),
+        callbacks: callbacks.clone(),
         last_prompt,
     };
     Router::new()
         .nest("/demo/runner", runner.router())
         .nest("/demo/twilio", twilio.router())
         .nest("/demo/textmagic", textmagic.router())
+        .nest("/demo/webhook", callbacks.router())
         .merge(
             Router::new()
                 .route("/demo/runner/last-prompt", get(show_last_prompt))
-                .route("/demo/webhook/{source}", post(receive_callback))
                 .route("/demo/outbox", get(outbox))
                 .with_state(state),
         )
@@ -139,62 +150,25 @@ async fn show_last_prompt(State(s): State<DemoState>) -> impl IntoResponse {
     }
 }
 
-#[derive(Deserialize)]
-struct Callback {
-    to: String,
-    text: String,
-}
-
-/// A generic webhook source's callback receiver, as a source would write one: checks the
-/// signature with the source's secret and the timestamp window, drops a delivery it already
-/// took (`X-Switchboard-Delivery`), and files the reply in the outbox.
-async fn receive_callback(
-    State(s): State<DemoState>,
-    Path(source): Path<String>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> impl IntoResponse {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let Some((config, key)) = s
-        .webhooks
-        .get(&source)
-        .and_then(|c| Some((c, c.signing_key()?)))
-    else {
-        return (StatusCode::NOT_FOUND, "no such source with a secret");
-    };
-    if let Err(e) = generic::webhook::check_signature(
-        key,
-        config.timestamp_window_s,
-        header(generic::TIMESTAMP_HEADER),
-        header(generic::SIGNATURE_HEADER),
-        &body,
-        Utc::now(),
-    ) {
-        return (StatusCode::UNAUTHORIZED, e.code());
+impl OutboxMessage {
+    /// A reply callback a generic source took, each delivery once (a redelivery is taken and
+    /// answered again but is the same reply).
+    fn of_callbacks(taken: Vec<CallbackRequest>) -> Vec<Self> {
+        let mut seen = std::collections::HashSet::new();
+        taken
+            .into_iter()
+            .filter(|c| seen.insert((c.source.clone(), c.delivery.clone())))
+            .map(|c| Self {
+                provider: "generic",
+                sid: c.delivery,
+                to: c.body["to"].as_str().unwrap_or_default().to_string(),
+                from: c.source,
+                body: c.body["text"].as_str().unwrap_or_default().to_string(),
+                sent_at: c.received.to_rfc3339(),
+                created: c.received,
+            })
+            .collect()
     }
-    let Ok(callback) = serde_json::from_slice::<Callback>(&body) else {
-        return (StatusCode::BAD_REQUEST, "not a reply callback");
-    };
-    let delivery = header(generic::DELIVERY_HEADER).unwrap_or_default();
-    let mut outbox = s.callbacks.lock().expect("lock");
-    if outbox
-        .iter()
-        .any(|m| m.provider == "generic" && m.sid == delivery)
-    {
-        return (StatusCode::OK, "already taken");
-    }
-    let created = Utc::now();
-    tracing::info!(%source, chars = callback.text.chars().count(), "demo outbox: webhook callback received");
-    outbox.push(OutboxMessage {
-        provider: "generic",
-        sid: delivery.to_string(),
-        to: callback.to,
-        from: source,
-        body: callback.text,
-        sent_at: created.to_rfc3339(),
-        created,
-    });
-    (StatusCode::OK, "ok")
 }
 
 #[derive(Deserialize)]
@@ -209,7 +183,7 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
         .into_iter()
         .chain(s.textmagic.sent())
         .map(OutboxMessage::of_sms)
-        .chain(s.callbacks.lock().expect("lock").iter().cloned())
+        .chain(OutboxMessage::of_callbacks(s.callbacks.accepted()))
         .collect();
     all.sort_by_key(|m| m.created);
     let filtered: Vec<OutboxMessage> = all

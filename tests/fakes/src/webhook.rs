@@ -1,14 +1,16 @@
 //! A generic webhook source's side: its signing (HMAC-SHA256 written out from its definition)
 //! and its callback receiver, a real HTTP server that checks each request's signature.
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
+use chrono::{DateTime, Utc};
 
-use crate::serve::{Failures, serve};
+use crate::serve::{Failures, header, serve};
 
 /// HMAC-SHA256 written out from its definition (RFC 2104) over SHA-256, independent of the
 /// product's `hmac` crate use, so a test that signs with it checks the product's signing
@@ -45,6 +47,8 @@ pub fn webhook_signature(secret: &str, timestamp: &str, body: &[u8]) -> String {
 /// One request a callback receiver got.
 #[derive(Debug, Clone)]
 pub struct CallbackRequest {
+    /// The source it was for (the receiver's path; empty at `/callback`).
+    pub source: String,
     pub body: serde_json::Value,
     /// `X-Switchboard-Delivery`.
     pub delivery: String,
@@ -54,32 +58,57 @@ pub struct CallbackRequest {
     pub signed: bool,
     /// What the receiver answered.
     pub status: u16,
+    /// When it came.
+    pub received: DateTime<Utc>,
 }
 
 /// A generic webhook source's callback receiver, as a source would write one: a real HTTP
-/// server at `url` that checks each request's signature with its own HMAC code (401 when it is
-/// wrong), answers failures on demand, and records every request it got.
+/// server that checks each request's signature with its own HMAC code (401 when it is wrong or,
+/// with a window, too old), answers failures on demand, and records every request it got. One
+/// source's secret at `/callback` ([`Self::start`]), or several by name at `/{source}`
+/// ([`Self::of_sources`], mounted where the demo wants them).
 #[derive(Clone)]
 pub struct FakeCallbackReceiver {
+    /// The callback URL to configure (`…/callback`); empty for a receiver only mounted in
+    /// another server's router.
     pub url: String,
-    secret: String,
+    /// Each source's secret and, when set, its window (a timestamp further than that from now
+    /// is refused); `""` is the source at `/callback`.
+    sources: Arc<BTreeMap<String, (String, Option<u64>)>>,
     requests: Arc<Mutex<Vec<CallbackRequest>>>,
     pub failures: Failures,
 }
 
 impl FakeCallbackReceiver {
+    /// One source's receiver at `<url>/callback`, on a port of its own.
     pub async fn start(secret: &str) -> Self {
-        let mut this = Self {
-            url: String::new(),
-            secret: secret.into(),
-            requests: Default::default(),
-            failures: Default::default(),
-        };
-        let router = Router::new()
-            .route("/callback", post(Self::receive))
-            .with_state(this.clone());
-        this.url = format!("{}/callback", serve(router).await);
+        let mut this = Self::of_sources([(String::new(), secret.to_string(), None)]);
+        this.url = format!("{}/callback", serve(this.router()).await);
         this
+    }
+
+    /// A receiver of several sources' callbacks, each at `/{source}` with its secret and its
+    /// timestamp window (seconds either side of now), when it has one.
+    pub fn of_sources(sources: impl IntoIterator<Item = (String, String, Option<u64>)>) -> Self {
+        Self {
+            url: String::new(),
+            sources: Arc::new(
+                sources
+                    .into_iter()
+                    .map(|(name, secret, window)| (name, (secret, window)))
+                    .collect(),
+            ),
+            requests: Arc::default(),
+            failures: Failures::default(),
+        }
+    }
+
+    /// Its routes: `/callback` and `/{source}`.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/callback", post(Self::receive_default))
+            .route("/{source}", post(Self::receive_source))
+            .with_state(self.clone())
     }
 
     /// Every request, in the order they came.
@@ -112,33 +141,53 @@ impl FakeCallbackReceiver {
         }
     }
 
-    async fn receive(
+    async fn receive_default(
         State(s): State<FakeCallbackReceiver>,
         headers: HeaderMap,
         body: axum::body::Bytes,
     ) -> StatusCode {
-        let header = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string()
+        s.receive(String::new(), &headers, &body)
+    }
+
+    async fn receive_source(
+        State(s): State<FakeCallbackReceiver>,
+        Path(source): Path<String>,
+        headers: HeaderMap,
+        body: axum::body::Bytes,
+    ) -> StatusCode {
+        s.receive(source, &headers, &body)
+    }
+
+    fn receive(&self, source: String, headers: &HeaderMap, body: &[u8]) -> StatusCode {
+        let Some((secret, window)) = self.sources.get(&source) else {
+            return StatusCode::NOT_FOUND;
         };
-        let timestamp = header("x-switchboard-timestamp");
-        let signed = header("x-switchboard-signature")
-            == webhook_signature(&s.secret, &timestamp, &body)
-            && header("content-type") == "application/json";
-        let status = if !signed {
+        let timestamp = header(headers, "x-switchboard-timestamp");
+        let received = Utc::now();
+        let fresh = match (*window, timestamp.parse::<i64>()) {
+            (None, _) => true,
+            (Some(window), Ok(at)) => received.timestamp().abs_diff(at) <= window,
+            (Some(_), Err(_)) => false,
+        };
+        let signed = header(headers, "x-switchboard-signature")
+            == webhook_signature(secret, timestamp, body)
+            && header(headers, "content-type") == "application/json";
+        let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+        let status = if !signed || !fresh {
             StatusCode::UNAUTHORIZED
+        } else if parsed.is_none() {
+            StatusCode::BAD_REQUEST
         } else {
-            s.failures.take().unwrap_or(StatusCode::OK)
+            self.failures.take().unwrap_or(StatusCode::OK)
         };
-        s.requests.lock().unwrap().push(CallbackRequest {
-            body: serde_json::from_slice(&body).unwrap_or_default(),
-            delivery: header("x-switchboard-delivery"),
+        self.requests.lock().unwrap().push(CallbackRequest {
+            source,
+            body: parsed.unwrap_or_default(),
+            delivery: header(headers, "x-switchboard-delivery").to_string(),
             timestamp: timestamp.parse().unwrap_or_default(),
             signed,
             status: status.as_u16(),
+            received,
         });
         status
     }
