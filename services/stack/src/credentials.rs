@@ -61,6 +61,24 @@ pub fn new_secret() -> Result<String> {
 }
 
 impl Credentials {
+    /// Fixed credentials of a stack `demo` in `/s` (32 `A`s, `B`s, `C`s, `D`s), for the
+    /// rendering tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Self {
+        Self::parse(
+            &format!(
+                "NATS_PASSWORD={}\nNATS_ANALYTICS_PASSWORD={}\nPG_PASSWORD={}\nPG_SUPERUSER_PASSWORD={}\n",
+                "A".repeat(32),
+                "B".repeat(32),
+                "C".repeat(32),
+                "D".repeat(32)
+            ),
+            std::path::Path::new("/s"),
+            "demo",
+        )
+        .unwrap()
+    }
+
     pub fn generate() -> Result<Credentials> {
         Ok(Credentials {
             nats_password: new_secret()?,

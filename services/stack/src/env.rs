@@ -143,18 +143,7 @@ mod tests {
     use super::*;
 
     fn creds() -> Credentials {
-        Credentials::parse(
-            &format!(
-                "NATS_PASSWORD={}\nNATS_ANALYTICS_PASSWORD={}\nPG_PASSWORD={}\nPG_SUPERUSER_PASSWORD={}\n",
-                "A".repeat(32),
-                "B".repeat(32),
-                "C".repeat(32),
-                "D".repeat(32)
-            ),
-            Path::new("/s"),
-            "demo",
-        )
-        .unwrap()
+        Credentials::for_tests()
     }
 
     const ROOT: &str = "/tmp/stk-golden/root";

@@ -6,18 +6,7 @@ use std::path::Path;
 use super::*;
 
 fn creds() -> Credentials {
-    Credentials::parse(
-        &format!(
-            "NATS_PASSWORD={}\nNATS_ANALYTICS_PASSWORD={}\nPG_PASSWORD={}\nPG_SUPERUSER_PASSWORD={}\n",
-            "A".repeat(32),
-            "B".repeat(32),
-            "C".repeat(32),
-            "D".repeat(32)
-        ),
-        Path::new("/s"),
-        "demo",
-    )
-    .unwrap()
+    Credentials::for_tests()
 }
 
 fn conf(prefixes: &str, analytics: &str) -> Result<String> {
