@@ -40,7 +40,21 @@ pub struct LinkProofConfig {
     pub codes_per_hour: u32,
     /// The provider that texts the code (`twilio`, `textmagic`); empty: Twilio when its
     /// account is set, else TextMagic when its account is set.
-    pub sms_provider: String,
+    pub sms_provider: ProofSmsProvider,
+}
+
+/// The provider that texts link codes (`identity.proof.sms_provider`). A misspelt name is
+/// refused at load, naming the key and the choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub enum ProofSmsProvider {
+    /// `""`: Twilio when its account is set up, else TextMagic when its is.
+    #[default]
+    #[serde(rename = "")]
+    Auto,
+    #[serde(rename = "twilio")]
+    Twilio,
+    #[serde(rename = "textmagic")]
+    TextMagic,
 }
 
 impl Default for LinkProofConfig {
@@ -50,7 +64,7 @@ impl Default for LinkProofConfig {
             code_ttl_s: 600,
             max_wrong_codes: 4,
             codes_per_hour: 3,
-            sms_provider: String::new(),
+            sms_provider: ProofSmsProvider::Auto,
         }
     }
 }
@@ -96,11 +110,10 @@ impl Config {
                 from: self.textmagic.from_number.clone(),
             })
         };
-        match self.identity.proof.sms_provider.as_str() {
-            "" => twilio().or_else(textmagic),
-            "twilio" => twilio(),
-            "textmagic" => textmagic(),
-            _ => None,
+        match self.identity.proof.sms_provider {
+            ProofSmsProvider::Auto => twilio().or_else(textmagic),
+            ProofSmsProvider::Twilio => twilio(),
+            ProofSmsProvider::TextMagic => textmagic(),
         }
     }
 }

@@ -30,7 +30,7 @@ pub use agents::{AgentConfig, ChannelConfig, QueueMode};
 pub use chat::ChatConfig;
 pub use dispatch::{DispatchConfig, StaleTurns};
 pub use gateway::{ApiConfig, GatewayConfig, RateLimitConfig};
-pub use identity::{IdentityConfig, IdentityLookup, LinkProofConfig, SmsSender};
+pub use identity::{IdentityConfig, IdentityLookup, LinkProofConfig, ProofSmsProvider, SmsSender};
 pub use memory::{
     CategoriseConfig, CategoryLabel, DEFAULT_HNSW_EF_SEARCH, EmbeddingConfig, EmbeddingProvider,
     LlmConfig, LocalRuntime, MAX_HNSW_EF_SEARCH, MemoryConfig, RecallConfig, SummaryConfig,
@@ -291,12 +291,6 @@ impl Config {
             }
         }
         let proof = &self.identity.proof;
-        if !matches!(proof.sms_provider.as_str(), "" | "twilio" | "textmagic") {
-            return Err(ConfigError::Invalid(format!(
-                "identity.proof.sms_provider {:?}: twilio, textmagic or empty",
-                proof.sms_provider
-            )));
-        }
         if proof.enabled && (proof.code_ttl_s == 0 || proof.codes_per_hour == 0) {
             return Err(ConfigError::Invalid(
                 "identity.proof: code_ttl_s and codes_per_hour must be > 0 (or enabled = false)"

@@ -21,6 +21,29 @@ fn a_log_format_misspelt_is_refused_at_load_not_taken_for_text() {
 }
 
 #[test]
+fn a_proof_sms_provider_misspelt_is_refused_at_load_naming_the_choices() {
+    use super::identity::ProofSmsProvider;
+    let provider = |toml: &str| parse(toml).map(|c| c.identity.proof.sms_provider);
+    assert_eq!(provider("").unwrap(), ProofSmsProvider::Auto);
+    assert_eq!(
+        provider("[identity.proof]\nsms_provider = \"\"").unwrap(),
+        ProofSmsProvider::Auto
+    );
+    assert_eq!(
+        provider("[identity.proof]\nsms_provider = \"textmagic\"").unwrap(),
+        ProofSmsProvider::TextMagic
+    );
+    let err = format!(
+        "{:#}",
+        provider("[identity.proof]\nsms_provider = \"twillio\"").unwrap_err()
+    );
+    assert!(
+        err.contains("twillio") && err.contains("sms_provider") && err.contains("textmagic"),
+        "{err}"
+    );
+}
+
+#[test]
 fn secrets_are_not_printed_by_debug() {
     let mut c = Config::default();
     c.twilio.auth_token = Secret::new("hunter2");
