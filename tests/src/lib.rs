@@ -86,31 +86,6 @@ impl AppOptions {
     }
 }
 
-/// The stages of `stages` that `names` stand for (a stage's or its worker's name), in list
-/// order; a name none of them has is a mistake in the test.
-fn select_stages<'a>(
-    stages: &'a [Registration],
-    names: &[impl AsRef<str>],
-) -> Vec<&'a Registration> {
-    for n in names {
-        assert!(
-            stages
-                .iter()
-                .any(|r| r.spec.name == n.as_ref() || r.worker == n.as_ref()),
-            "no stage or worker is called {:?}",
-            n.as_ref()
-        );
-    }
-    stages
-        .iter()
-        .filter(|r| {
-            names
-                .iter()
-                .any(|n| r.spec.name == n.as_ref() || r.worker == n.as_ref())
-        })
-        .collect()
-}
-
 /// Ask a worker process to stop, as an orchestrator does (SIGTERM): it drains and exits.
 pub fn sigterm(worker: &Child) {
     let pid = worker.id().expect("a running worker").to_string();
@@ -414,7 +389,10 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     let (routes, follower) = switchboard::gateway_routes(&app).expect("gateway");
     let admin_listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", admin_listener.local_addr().unwrap());
-    let mut tasks = stages::tasks(&app, &select_stages(&opts.stages, &opts.in_process));
+    let mut tasks = stages::tasks(
+        &app,
+        &stages::select_from(&opts.stages, &opts.in_process).expect("known stages"),
+    );
     tasks.push(follower);
     tasks.push(app.serve_listener(listener, routes).expect("serve"));
     tasks.push(
@@ -1156,7 +1134,7 @@ impl TestApp {
 
     /// Start a stage in this process that was left out of [`AppOptions::in_process`].
     pub fn start_stage(&self, name: &str) {
-        let stage = select_stages(&self.stages, &[name]);
+        let stage = stages::select_from(&self.stages, &[name]).expect("a known stage");
         self.runs(name);
         self.start(stages::tasks(&self.app, &stage));
     }

@@ -24,19 +24,25 @@ pub fn by_name(name: &str) -> Option<&'static Registration> {
 /// The stages `names` stand for: each a stage name or a worker name (`log` is `log-inbound` and
 /// `log-outbound`), in list order, each once.
 pub fn select(names: &[impl AsRef<str>]) -> Result<Vec<&'static Registration>, UnknownStage> {
-    for n in names {
-        let n = n.as_ref();
-        if !ALL.iter().any(|r| r.spec.name == n || r.worker == n) {
-            return Err(UnknownStage(n.to_string()));
-        }
-    }
-    Ok(ALL
+    select_from(ALL, names)
+}
+
+/// [`select`] over `stages` (the product's list, or one a test made longer).
+pub fn select_from<'a>(
+    stages: &'a [Registration],
+    names: &[impl AsRef<str>],
+) -> Result<Vec<&'a Registration>, UnknownStage> {
+    let stands_for = |r: &Registration, n: &str| r.spec.name == n || r.worker == n;
+    if let Some(unknown) = names
         .iter()
-        .filter(|r| {
-            names
-                .iter()
-                .any(|n| r.spec.name == n.as_ref() || r.worker == n.as_ref())
-        })
+        .map(AsRef::as_ref)
+        .find(|n| !stages.iter().any(|r| stands_for(r, n)))
+    {
+        return Err(UnknownStage(unknown.to_string()));
+    }
+    Ok(stages
+        .iter()
+        .filter(|r| names.iter().any(|n| stands_for(r, n.as_ref())))
         .collect())
 }
 
