@@ -33,6 +33,7 @@ use super::observers::{
     LoadRunner, LoadTextMagic, LoadTwilio, RunnerOutage, RunnerStats, SendStats,
 };
 use super::pipeline::{self, Knobs, Pipeline};
+use super::returning;
 use super::stack::Stack;
 use super::{message_text, now_us};
 
@@ -588,7 +589,25 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         runner.listen().await;
     }
     let runner_outage = outage.filter(|p| p.phase == 3).map(|p| p.record);
-    event("load done, faults stopped; draining".into());
+    event("load done, faults stopped".into());
+    // One person per channel comes back once their summary is written (see `returning`).
+    let returned = if server_lost.load(Ordering::SeqCst) {
+        Vec::new()
+    } else {
+        let senders = returning::returners(&o.mix, o.sessions);
+        let index = o.per_session;
+        returning::come_back(
+            &pipeline.db,
+            &load,
+            memory.canaries,
+            &senders,
+            index,
+            o.memory_timeout,
+            &event,
+        )
+        .await
+    };
+    event("draining".into());
 
     // Drain: wait for the replies of every accepted message (workers keep being restarted if
     // they exit).
@@ -664,7 +683,8 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     )
     .await?;
     evidence.runner_outage = runner_outage;
-    evidence.memory = Some(memory_run::collect(&pipeline, &memory, caught_up, waited).await?);
+    evidence.memory =
+        Some(memory_run::collect(&pipeline, &memory, caught_up, waited, returned).await?);
     evidence.refused_calls = runner.refused();
     evidence.notice_text = pipeline.config.dispatch.runner_down_notice.clone();
     for a in &mut evidence.accepted {

@@ -17,7 +17,8 @@
 //! - [`floor`]: the same durable publishes, consumes, acks and database writes per turn, no logic.
 //! - [`report`]: percentiles, JSON and PNG plots.
 //! - [`chaos`]: the chaos run (load, seeded kills, server crashes) and its evidence;
-//!   [`chaos_check`]: the verdict on that evidence.
+//!   [`chaos_check`]: the verdict on that evidence; [`returning`]: people who come back
+//!   after their summary was written.
 pub mod bench_verdict;
 pub mod canary;
 pub mod channels;
@@ -32,6 +33,7 @@ pub mod observers;
 pub mod pipeline;
 pub mod procs;
 pub mod report;
+pub mod returning;
 pub mod stack;
 
 use std::sync::OnceLock;

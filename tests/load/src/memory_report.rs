@@ -13,6 +13,11 @@ pub fn print(m: &MemoryTally) {
         m.model_prompts_mixed
     );
     println!(
+        "  came back: {} people returned after their summary was written, {} found it in the \
+         prompt",
+        m.returned_summarised, m.returned_remembered
+    );
+    println!(
         "  embedded: {} of {} logged messages have exactly one vector",
         m.embedded_once, m.messages
     );

@@ -23,6 +23,7 @@ use super::chaos_check::{
     SummaryRow, VectorRow,
 };
 use super::pipeline::Pipeline;
+use super::returning::Returned;
 use switchboard_fakes::{FakeAnswer, FakeModel};
 
 /// The fake embedding model's name and size.
@@ -227,6 +228,7 @@ pub async fn collect(
     model: &MemoryModel,
     caught_up: bool,
     waited: Duration,
+    returned: Vec<Returned>,
 ) -> anyhow::Result<MemoryEvidence> {
     let mut tx = p.db.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -340,6 +342,7 @@ pub async fn collect(
         model_prompts: model.prompts(),
         caught_up,
         waited_s: waited.as_secs_f64(),
+        returned,
     })
 }
 

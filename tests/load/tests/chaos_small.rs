@@ -15,7 +15,8 @@
 //! order, no reply is delivered twice, a message joined into a collect call is answered once
 //! by that call's reply (and some were joined), every person whose turn waited on the down
 //! runner is told once on their channel and nobody else is, no dead letter, and the pipeline
-//! settles. The memory workers (`embed`, `categorise`, `summary`, on a fake OpenAI-compatible
+//! settles. After the load one person per channel comes back once their conversation has been
+//! summarised, and their prompt must carry that memory. The memory workers (`embed`, `categorise`, `summary`, on a fake OpenAI-compatible
 //! model) are SIGKILLed like the others, and every person's messages carry a canary of their
 //! own: no prompt (runner or model) carries another person's canary, every logged message has
 //! exactly one vector, every exchange one label and one `exchange.categorised` event, and each
@@ -77,6 +78,11 @@ async fn workers_nats_and_postgres_killed_lose_nothing_and_keep_every_persons_or
     assert!(
         memory.prompts_with_memory > 0 && memory.summary_versions > 0 && memory.exchanges > 0,
         "memory reached the prompts (else the canary check proves little): {memory:?}"
+    );
+    assert_eq!(
+        memory.returned_summarised,
+        Channel::ALL.len() as u64,
+        "one person per channel came back after their summary was written: {memory:?}"
     );
     let failures = report.failures();
     assert!(

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use super::{Evidence, Kind, Verdict};
 use crate::canary::Canaries;
 use crate::parse_text;
+use crate::returning::Returned;
 
 /// The stages of the memory workers (their dead letters are counted apart in the report).
 pub const MEMORY_STAGES: [&str; 3] = ["embed", "categorise", "summary"];
@@ -143,6 +144,9 @@ pub struct MemoryEvidence {
     pub caught_up: bool,
     /// How long the run waited for that after the drain, s.
     pub waited_s: f64,
+    /// The people who came back after the load ([`crate::returning`]).
+    #[serde(default)]
+    pub returned: Vec<Returned>,
 }
 
 /// The memory figures of a run, for the report.
@@ -165,6 +169,10 @@ pub struct MemoryTally {
     pub messages_summarised: u64,
     pub messages_unsummarised: u64,
     pub memory_dead_letters: u64,
+    /// People who came back once their summary was written, and of them those whose prompt
+    /// carried memory.
+    pub returned_summarised: u64,
+    pub returned_remembered: u64,
     pub caught_up: bool,
     pub waited_s: f64,
 }
@@ -183,6 +191,7 @@ pub(super) fn judge(e: &Evidence, v: &mut Verdict) {
         ..Default::default()
     };
     canaries(e, m, v, &mut t);
+    returned(e, m, v, &mut t);
     embedded(m, v, &mut t);
     categorised(m, v, &mut t);
     summaries(m, v, &mut t);
@@ -196,6 +205,48 @@ pub(super) fn judge(e: &Evidence, v: &mut Verdict) {
         );
     }
     v.memory = Some(t);
+}
+
+/// A person who came back after their summary was written finds it in the prompt: every
+/// runner call carrying their message carries memory (a canary outside the message fences).
+fn returned(e: &Evidence, m: &MemoryEvidence, v: &mut Verdict, t: &mut MemoryTally) {
+    for r in m
+        .returned
+        .iter()
+        .filter(|r| r.summarised_before && r.accepted)
+    {
+        t.returned_summarised += 1;
+        let calls: Vec<_> = e
+            .runner_calls
+            .iter()
+            .filter(|c| {
+                c.messages()
+                    .iter()
+                    .any(|text| crate::parse_text(text) == Some((r.sender, r.index)))
+            })
+            .collect();
+        if calls.is_empty() {
+            continue; // never run: the answered checks say so
+        }
+        if calls.iter().all(|c| c.canaries.outside_messages > 0) {
+            t.returned_remembered += 1;
+        } else {
+            v.add(
+                Kind::ReturnerForgotten,
+                format!(
+                    "s{}#{} came back after their summary was written, yet {} of its {} runner \
+                     calls carried no memory",
+                    r.sender,
+                    r.index,
+                    calls
+                        .iter()
+                        .filter(|c| c.canaries.outside_messages == 0)
+                        .count(),
+                    calls.len()
+                ),
+            );
+        }
+    }
 }
 
 /// Whose canaries `tokens` are (`None`: nobody's of this run).

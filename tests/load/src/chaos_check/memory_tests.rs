@@ -3,6 +3,7 @@
 use super::*;
 use crate::canary::{Canaries, PromptCanaries};
 use crate::observers::CallRecord;
+use crate::returning::Returned;
 use crate::{message_text, sender_phone};
 
 const SALT: u64 = 99;
@@ -248,4 +249,36 @@ fn a_summary_that_passes_a_message_over_doubles_a_version_or_leaves_messages_fai
     assert_eq!(v.count(Kind::NotSummarised), 1, "{:?}", v.findings);
     assert_eq!(v.count(Kind::MemoryNotCaughtUp), 1, "{:?}", v.findings);
     assert_eq!(v.memory.unwrap().messages_unsummarised, 1);
+}
+
+#[test]
+fn a_person_back_after_their_summary_whose_prompt_forgot_them_fails_the_run() {
+    let mut e = clean_memory_run();
+    // Sender 1's prompt carries their summary; sender 0's carries nothing but the message.
+    memory(&mut e).returned = [0usize, 1]
+        .into_iter()
+        .map(|sender| Returned {
+            sender,
+            index: 0,
+            summarised_before: true,
+            accepted: true,
+            ..Default::default()
+        })
+        .collect();
+    let v = judge(&e);
+    assert_eq!(v.count(Kind::ReturnerForgotten), 1, "{:?}", v.findings);
+    assert!(
+        v.findings[&Kind::ReturnerForgotten][0]
+            .evidence
+            .contains("s0#0"),
+        "{:?}",
+        v.findings
+    );
+    let t = v.memory.unwrap();
+    assert_eq!((t.returned_summarised, t.returned_remembered), (2, 1));
+
+    // One who came back before their summary was written is not held to it.
+    memory(&mut e).returned[0].summarised_before = false;
+    let v = judge(&e);
+    assert!(v.passed(), "{:?}", v.findings);
 }

@@ -47,6 +47,7 @@ pub enum Kind {
     NotSettled,
     ServerDidNotRecover,
     ForeignCanary,
+    ReturnerForgotten,
     ModelPromptMixed,
     KeyMixesPeople,
     SummaryOfAnotherPerson,
@@ -119,6 +120,9 @@ impl Kind {
             Kind::NotSettled => "pipeline did not settle",
             Kind::ServerDidNotRecover => "servers that did not come back after a crash",
             Kind::ForeignCanary => "runner prompts carrying another person's canary",
+            Kind::ReturnerForgotten => {
+                "people back after their summary was written whose prompt carried no memory"
+            }
             Kind::ModelPromptMixed => {
                 "summary or label model prompts carrying more than one person's canary"
             }
