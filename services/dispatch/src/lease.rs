@@ -310,12 +310,43 @@ impl CallLease {
         Ok(())
     }
 
-    /// The turn is over: the slot is given back unless its settlement cleared it. Best
-    /// effort: a lease left behind only delays the session's next call until it ends.
+    /// The turn is over: the slot is given back unless its settlement cleared it. When the
+    /// database cannot be written (it is restarting), giving it back is tried again in the
+    /// background until it is, or until the lease would have ended anyway: a slot left held
+    /// by this live process would otherwise keep the session's next call (the same turn's
+    /// retry, which may have a person to tell) waiting for the call's whole deadline.
     pub async fn finish(mut self) {
-        if let Err(e) = self.release().await {
-            tracing::warn!(session = %self.session, error = %e, "could not release the call slot");
-        }
+        let Err(e) = self.release().await else {
+            return;
+        };
+        tracing::warn!(session = %self.session, error = %e,
+            "could not release the call slot; trying again in the background");
+        self.held = false; // handed to the retry below
+        let (db, wakers, session, call) = (
+            self.db.clone(),
+            self.wakers.clone(),
+            self.session,
+            self.call,
+        );
+        let until = tokio::time::Instant::now() + self.timeout;
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            loop {
+                tokio::time::sleep(delay).await;
+                match release(&db, session, call).await {
+                    Ok(()) => {
+                        wakers.wake(session);
+                        return;
+                    }
+                    Err(e) if tokio::time::Instant::now() >= until => {
+                        tracing::warn!(%session, error = %e,
+                            "gave up releasing the call slot; it lapses at its deadline");
+                        return;
+                    }
+                    Err(_) => delay = (delay * 2).min(Duration::from_secs(1)),
+                }
+            }
+        });
     }
 }
 

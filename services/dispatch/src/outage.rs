@@ -62,23 +62,27 @@ impl TurnDispatcher {
             Ok(marked)
         }
         .await;
-        if marked.is_ok() {
-            // Cleared by the statement above (or taken over by another call before it).
-            lease.cleared();
-        }
+        let marked = match marked {
+            Ok(marked) => marked,
+            Err(e) => {
+                // Not waiting and nobody told: the turn is tried again soon (a database error
+                // is transient), not once the runner is back, so that its person is told as
+                // soon as the database can record it. The slot is given back by `finish`.
+                tracing::warn!(%session, error = %e, "could not mark the session waiting");
+                return DispatchError::Database(e);
+            }
+        };
+        // Cleared by the statement above (or taken over by another call before it).
+        lease.cleared();
         self.wakers.wake(session);
         let notice = match marked {
             // Told when the outage began for this session, or again after a redelivery (the
             // first telling may not have been published): the same notice either way.
-            Ok(Some((notice, first))) if first || attempt.waits == 0 => {
+            Some((notice, first)) if first || attempt.waits == 0 => {
                 let text = self.config.runner_down_notice.clone();
                 vec![self.notice_output(turn, session, notice, text)]
             }
-            Ok(_) => Vec::new(),
-            Err(e) => {
-                tracing::warn!(%session, error = %e, "could not mark the session waiting");
-                Vec::new()
-            }
+            _ => Vec::new(),
         };
         metrics::counter!("sb_dispatch_turns_waiting_for_runner_total").increment(1);
         DispatchError::RunnerDown {
