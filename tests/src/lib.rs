@@ -15,6 +15,7 @@ use anyhow::Context as _;
 use async_nats::jetstream;
 use sqlx::{Connection, PgPool};
 use switchboard::stages;
+use switchboard_channels::{Adapter, Channels};
 use switchboard_kit::config::{AgentConfig, Config, Secret};
 use switchboard_kit::proto::{DeadLetter, Reply};
 use switchboard_kit::startup::App;
@@ -69,6 +70,9 @@ pub struct AppOptions {
     /// Stages run inside the test process; the others can be started as real worker processes
     /// with [`TestApp::spawn_worker`].
     pub in_process: Vec<&'static str>,
+    /// The channel adapters the app has: the product's (`switchboard_channels::ADAPTERS`), and
+    /// any a test adds ([`AppOptions::with_channel`]).
+    pub channels: Channels,
     pub tweak: Box<dyn FnOnce(&mut Config) + Send>,
 }
 
@@ -124,6 +128,13 @@ impl AppOptions {
         self
     }
 
+    /// The app with one more channel adapter: what adding a channel to the product's list
+    /// (`switchboard_channels::ADAPTERS`) does (docs/adding-a-channel.md).
+    pub fn with_channel(mut self, adapter: Adapter) -> Self {
+        self.channels = self.channels.with(adapter);
+        self
+    }
+
     /// The configuration changed by `tweak` before the app starts.
     pub fn configured(self, tweak: impl FnOnce(&mut Config) + Send + 'static) -> Self {
         Self {
@@ -138,6 +149,7 @@ impl Default for AppOptions {
         Self {
             stages: stages::ALL.to_vec(),
             in_process: stages::names(),
+            channels: Channels::product(),
             tweak: Box::new(|_| {}),
         }
     }
@@ -382,7 +394,10 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     )
     .expect("write test config");
 
-    let app = App::connect(config.clone(), "test").await.expect("connect");
+    let app = App::connect(config.clone(), "test")
+        .await
+        .expect("connect")
+        .with(opts.channels.clone());
     app.prepare(&opts.stages)
         .await
         .expect("migrations and topology");

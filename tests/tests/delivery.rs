@@ -1,7 +1,8 @@
 //! A reply goes out once, even when a deliverer dies holding it.
 use std::time::Duration;
 
-use switchboard_deliver::{DeliverStage, DeliveryLedger, Senders};
+use switchboard_channels::Channels;
+use switchboard_deliver::{DeliverStage, DeliveryLedger};
 use switchboard_e2e::{AppOptions, spawn_app_with};
 use switchboard_kit::proto::Reply;
 use switchboard_kit::{Attempt, Stage, StageError};
@@ -43,7 +44,7 @@ async fn a_reply_held_by_a_dead_deliverer_is_sent_once_its_lease_ends() {
 
     let stage = DeliverStage::new(
         DeliveryLedger::new(app.db.clone(), lease),
-        Senders::from_config(&app.config),
+        Channels::product().senders(&app.config),
         app.topology.clone(),
     );
     let delivery = Attempt {
@@ -127,7 +128,7 @@ async fn replies_of_one_session_go_out_in_turn_order() {
     }
     let stage = std::sync::Arc::new(DeliverStage::new(
         DeliveryLedger::new(app.db.clone(), Duration::from_secs(45)),
-        Senders::from_config(&app.config),
+        Channels::product().senders(&app.config),
         app.topology.clone(),
     ));
     let delivery = Attempt {

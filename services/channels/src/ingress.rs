@@ -1,7 +1,21 @@
 //! A channel's way in: a webhook route, the request's authentication, and its reading.
 use http::{HeaderMap, StatusCode};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use crate::ApiError;
+
+/// Whether a secret a request carries is the configured one, in constant time, also in its
+/// length (both sides are hashed first). An empty configured secret matches nothing, so an
+/// unconfigured channel never lets an empty credential in.
+pub fn secret_matches(given: &str, expected: &str) -> bool {
+    if expected.is_empty() {
+        return false;
+    }
+    let given = Sha256::digest(given.as_bytes());
+    let expected = Sha256::digest(expected.as_bytes());
+    given.ct_eq(&expected).into()
+}
 
 /// What a webhook handler gets to look at: the request, as received, and where it was posted.
 #[derive(Debug, Clone, Copy)]

@@ -3,10 +3,11 @@
 //! A channel adapter has an ingress (a [`Webhook`]: the route a provider posts to, how to
 //! authenticate the request and how to read it into a [`Received`] message) and an egress (an
 //! [`Egress`]: how to send one part of a reply and how to read the provider's answer). The
-//! gateway and the deliver stage know no provider: they mount every webhook of [`ADAPTERS`] and
-//! look senders up by the provider name a reply carries; the dispatcher fetches a message's
-//! media through its provider's [`MediaAccess`]. Adding a channel is one module and one
-//! line in [`ADAPTERS`] (see `docs/adding-a-channel.md`).
+//! gateway and the deliver stage know no provider: they mount every webhook of the app's
+//! [`Channels`] ([`ADAPTERS`] in the product) and look senders up by the provider name a reply
+//! carries; the dispatcher fetches a message's media through its provider's [`MediaAccess`].
+//! Adding a channel is one module and one line in [`ADAPTERS`] (see
+//! `docs/adding-a-channel.md`).
 pub mod api;
 pub mod chat;
 pub mod egress;
@@ -23,6 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use switchboard_kit::config::Config;
+use switchboard_kit::startup::App;
 
 pub use egress::{Egress, OutboundPart, SEND_LEASE, SendError, split_message};
 pub use error::ApiError;
@@ -36,6 +38,7 @@ pub type MakeWebhook = fn(&Config) -> Arc<dyn Webhook>;
 pub type MakeEgress = fn(&Config) -> Arc<dyn Egress>;
 
 /// One provider's adapter, as the product lists it.
+#[derive(Clone, Copy)]
 pub struct Adapter {
     /// The provider name inbound messages and replies carry (`InboundMessage.provider`).
     pub provider: &'static str,
@@ -50,12 +53,61 @@ pub struct Adapter {
 /// Every channel adapter the product has.
 pub const ADAPTERS: &[Adapter] = &[twilio::ADAPTER, textmagic::ADAPTER, generic::ADAPTER];
 
-/// Every adapter's webhook, built from `config`.
-pub fn webhooks(config: &Config) -> Vec<Arc<dyn Webhook>> {
-    ADAPTERS
-        .iter()
-        .filter_map(|a| a.webhook.map(|make| make(config)))
-        .collect()
+/// The channel adapters a process has: the product's ([`ADAPTERS`]), and any a test adds the
+/// way `docs/adding-a-channel.md` says ([`Channels::with`], put in the [`App`] with
+/// `App::with`). The gateway mounts their webhooks, the deliver stage sends through their
+/// egresses and the dispatcher fetches media through them, each reading [`Channels::of`] the
+/// app.
+#[derive(Clone)]
+pub struct Channels(Vec<Adapter>);
+
+impl Channels {
+    /// The product's adapters.
+    pub fn product() -> Self {
+        Self(ADAPTERS.to_vec())
+    }
+
+    /// These and `adapter` (replacing one of the same provider).
+    pub fn with(mut self, adapter: Adapter) -> Self {
+        self.0.retain(|a| a.provider != adapter.provider);
+        self.0.push(adapter);
+        self
+    }
+
+    /// The adapters `app` has: the product's unless the app was given others.
+    pub fn of(app: &App) -> Self {
+        app.extensions
+            .get::<Channels>()
+            .cloned()
+            .unwrap_or_else(Self::product)
+    }
+
+    pub fn adapters(&self) -> &[Adapter] {
+        &self.0
+    }
+
+    /// Every adapter's webhook, built from `config`.
+    pub fn webhooks(&self, config: &Config) -> Vec<Arc<dyn Webhook>> {
+        self.0
+            .iter()
+            .filter_map(|a| a.webhook.map(|make| make(config)))
+            .collect()
+    }
+
+    /// Every adapter's egress, by provider name.
+    pub fn senders(&self, config: &Config) -> Senders {
+        Senders(
+            self.0
+                .iter()
+                .filter_map(|a| a.egress.map(|make| (a.provider, make(config))))
+                .collect(),
+        )
+    }
+
+    /// The media access of every adapter that has one.
+    pub fn media(&self, config: &Config) -> MediaSources {
+        MediaSources::of(&self.0, config)
+    }
 }
 
 /// Every adapter's egress, by provider name.
@@ -63,15 +115,6 @@ pub fn webhooks(config: &Config) -> Vec<Arc<dyn Webhook>> {
 pub struct Senders(BTreeMap<&'static str, Arc<dyn Egress>>);
 
 impl Senders {
-    pub fn from_config(config: &Config) -> Self {
-        Self(
-            ADAPTERS
-                .iter()
-                .filter_map(|a| a.egress.map(|make| (a.provider, make(config))))
-                .collect(),
-        )
-    }
-
     /// Add (or replace) the sender of `provider`: for egresses that need more than the
     /// configuration (the mailbox needs the database and NATS).
     pub fn with(mut self, provider: &'static str, egress: Arc<dyn Egress>) -> Self {
@@ -121,12 +164,17 @@ mod tests {
         providers.sort();
         providers.dedup();
         assert_eq!(providers.len(), ADAPTERS.len());
-        let mut routes: Vec<_> = webhooks(&config).iter().map(|w| w.route()).collect();
+        let channels = Channels::product();
+        let mut routes: Vec<_> = channels
+            .webhooks(&config)
+            .iter()
+            .map(|w| w.route())
+            .collect();
         let n = routes.len();
         routes.sort();
         routes.dedup();
         assert_eq!(routes.len(), n);
-        let senders = Senders::from_config(&config);
+        let senders = channels.senders(&config);
         for provider in ["twilio", "textmagic", "generic"] {
             assert!(senders.get(provider).is_some(), "{provider}");
         }

@@ -25,11 +25,6 @@ pub type MakeMedia = fn(&Config) -> Arc<dyn MediaAccess>;
 pub struct MediaSources(BTreeMap<&'static str, Arc<dyn MediaAccess>>);
 
 impl MediaSources {
-    /// The media access of every adapter of [`crate::ADAPTERS`] that has one.
-    pub fn from_config(config: &Config) -> Self {
-        Self::of(crate::ADAPTERS, config)
-    }
-
     /// The media access of each of `adapters` that has one.
     pub fn of(adapters: &[Adapter], config: &Config) -> Self {
         Self(

@@ -45,7 +45,7 @@ use uuid::Uuid;
 
 pub use ledger::{Claim, DeliveryLedger, PartAttempt};
 pub use switchboard_channels::Senders;
-use switchboard_channels::{Egress, Mailbox, MailboxEgress, OutboundPart, SendError};
+use switchboard_channels::{Channels, Egress, Mailbox, MailboxEgress, OutboundPart, SendError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliverError {
@@ -434,11 +434,10 @@ pub fn senders(app: &App) -> Senders {
         app.nats.clone(),
         app.topology.mailbox(),
     )));
-    MAILBOX_PROVIDERS
-        .into_iter()
-        .fold(Senders::from_config(&app.config), |senders, provider| {
-            senders.with(provider, mailbox.clone())
-        })
+    MAILBOX_PROVIDERS.into_iter().fold(
+        Channels::of(app).senders(&app.config),
+        |senders, provider| senders.with(provider, mailbox.clone()),
+    )
 }
 
 fn task(app: &App) -> Task {

@@ -91,6 +91,11 @@ impl MediaFetcher {
         }
     }
 
+    /// The same fetcher over `sources`.
+    pub fn with_sources(self, sources: MediaSources) -> Self {
+        Self { sources, ..self }
+    }
+
     /// Keep each of `urls` (media of a message `provider` took) in `folder/attachments/` as
     /// `<message id>-<n>.<ext>`.
     pub async fn keep(
@@ -393,7 +398,10 @@ mod tests {
         let mut config = switchboard_kit::config::Config::default();
         config.twilio.api_base = "https://api.twilio.com".into();
         config.twilio.account_sid = "AC1".into();
-        MediaFetcher::new(MediaSources::from_config(&config), 1_000)
+        MediaFetcher::new(
+            switchboard_channels::Channels::product().media(&config),
+            1_000,
+        )
     }
 
     #[tokio::test]

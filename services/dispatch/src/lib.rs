@@ -184,7 +184,7 @@ impl TurnDispatcher {
             notices: config.session.reset_notices.clone(),
             wakers,
             media: attachments::MediaFetcher::new(
-                switchboard_channels::MediaSources::from_config(config),
+                switchboard_channels::Channels::product().media(config),
                 config.workspace.max_attachment_bytes,
             ),
             uploads,
@@ -204,6 +204,15 @@ impl TurnDispatcher {
                     .unwrap_or_default()
                     + CALL_DEADLINE_MARGIN,
             ),
+        }
+    }
+
+    /// The same dispatcher fetching media through `media` (the app's channels', see
+    /// `switchboard_channels::Channels::of`) instead of the product's adapters.
+    pub fn with_media(self, media: switchboard_channels::MediaSources) -> Self {
+        Self {
+            media: self.media.with_sources(media),
+            ..self
         }
     }
 
@@ -341,7 +350,10 @@ pub const STAGE: Registration = Registration {
 
 fn task(app: &App) -> Task {
     let c = &app.config;
-    let stage = Arc::new(TurnDispatcher::new(app.db.clone(), app.topology.clone(), c));
+    let stage = Arc::new(
+        TurnDispatcher::new(app.db.clone(), app.topology.clone(), c)
+            .with_media(switchboard_channels::Channels::of(app).media(c)),
+    );
     let run = app.shared_stage_task(stage.clone());
     let scheduler = schedule::Scheduler::new(
         app.db.clone(),

@@ -1,7 +1,7 @@
 //! The gateway: authenticates channel requests, normalises them into `InboundMessage`s,
 //! publishes them durably, and only then answers the channel.
 //!
-//! It knows no provider: every webhook of `switchboard_channels::ADAPTERS` is mounted on its
+//! It knows no provider: every webhook of the app's `switchboard_channels::Channels` is mounted on its
 //! route and handled the same way (see [`receive_webhook`]). Chat sockets ([`chat`]) and the
 //! REST API ([`api`]) are the channels whose far end is a client of ours: their replies come
 //! back through the mailbox, which [`hub`] follows.
@@ -29,7 +29,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use switchboard_channels::api::ApiKeys;
 use switchboard_channels::chat::ChatTokens;
-use switchboard_channels::{Mailbox, OutboundPart, Received, Senders, Webhook, WebhookRequest};
+use switchboard_channels::{
+    Channels, Mailbox, OutboundPart, Received, Senders, Webhook, WebhookRequest,
+};
 use switchboard_kit::arrival::{Admission, ArrivalCounter};
 use switchboard_kit::config::Config;
 use switchboard_kit::proto::{DeadLetter, InboundMessage, Person, Reply};
@@ -54,6 +56,8 @@ pub struct GatewayState {
     pub hub: Arc<hub::Hub>,
     pub db: sqlx::PgPool,
     pub shutdown: Shutdown,
+    /// The channel adapters whose webhooks are mounted.
+    pub channels: Channels,
     /// The providers' senders, for the one notice a rate-limited SMS sender gets.
     pub senders: Senders,
     /// Verifies the turn tokens agents call the API with.
@@ -67,6 +71,7 @@ impl GatewayState {
         let runtime = app.runtime();
         let arrivals = ArrivalCounter::new(runtime.js.clone(), &runtime.topology);
         let chat_tokens = ChatTokens::from_config(&app.config.chat)?.map(Arc::new);
+        let channels = Channels::of(app);
         Ok(Self {
             config: app.config.clone(),
             arrivals,
@@ -83,7 +88,8 @@ impl GatewayState {
             hub: Arc::default(),
             db: app.db.clone(),
             shutdown: app.shutdown.clone(),
-            senders: Senders::from_config(&app.config),
+            senders: channels.senders(&app.config),
+            channels,
             turn_tokens: switchboard_kit::turn_token::TurnTokenKeys::new(
                 app.db.clone(),
                 app.config.gateway.turn_token_secret.clone(),
@@ -153,7 +159,7 @@ pub fn refused_on(channel: &'static str, provider: &'static str, e: ApiError) ->
 
 pub fn router(state: GatewayState) -> Router {
     let mut router = Router::new();
-    for hook in switchboard_channels::webhooks(&state.config) {
+    for hook in state.channels.webhooks(&state.config) {
         let route = hook.route();
         router = router.route(
             route,
@@ -184,14 +190,19 @@ pub fn router(state: GatewayState) -> Router {
 
 /// A webhook path no adapter serves: 400 naming the unknown channel, or 404 when the channel is
 /// known but the path is not one of its routes (a provider configured with a wrong URL).
-async fn unknown_webhook(OriginalUri(uri): OriginalUri) -> Refused {
+async fn unknown_webhook(
+    State(state): State<GatewayState>,
+    OriginalUri(uri): OriginalUri,
+) -> Refused {
     let first = uri
         .path()
         .trim_start_matches("/webhooks/")
         .split('/')
         .next()
         .unwrap_or("");
-    let known: Vec<&str> = switchboard_channels::ADAPTERS
+    let known: Vec<&str> = state
+        .channels
+        .adapters()
         .iter()
         .filter(|a| a.webhook.is_some())
         .map(|a| a.provider)

@@ -26,6 +26,10 @@ pub struct App {
     pub db: PgPool,
     pub topology: Topology,
     pub shutdown: Shutdown,
+    /// What the process has beyond its configuration, by type, for the stages to read when
+    /// they are made: e.g. the channel adapters (`switchboard_channels::Channels`) when a test
+    /// adds one. Set with [`App::with`] before the tasks are made.
+    pub extensions: axum::http::Extensions,
 }
 
 impl App {
@@ -50,7 +54,15 @@ impl App {
             db,
             topology,
             shutdown: Shutdown::new(),
+            extensions: Default::default(),
         })
+    }
+
+    /// The same app with `value` among its [`extensions`](App::extensions) (replacing one of
+    /// its type).
+    pub fn with<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.extensions.insert(value);
+        self
     }
 
     /// [`App::connect`] and [`App::prepare`] for a long-running process, trying again for up

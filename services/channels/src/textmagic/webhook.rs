@@ -5,8 +5,6 @@
 //! set-ups; all three are read the same way. Numbers come as digits without `+`.
 use futures::FutureExt as _;
 use http::StatusCode;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 use switchboard_kit::config::{Config, Secret};
 
 use crate::ApiError;
@@ -207,13 +205,10 @@ impl TextMagicWebhook {
         }
     }
 
-    /// Whether the path's token is the configured one, in constant time (also in its length:
-    /// both sides are hashed first).
+    /// Whether the path's token is the configured one ([`ingress::secret_matches`]).
     fn token_matches(&self, path: &str) -> bool {
         let given = path.strip_prefix(PATH_PREFIX).unwrap_or_default();
-        let given = Sha256::digest(given.as_bytes());
-        let expected = Sha256::digest(self.token.expose().as_bytes());
-        given.ct_eq(&expected).into()
+        ingress::secret_matches(given, self.token.expose())
     }
 }
 

@@ -73,6 +73,10 @@ pub struct Config {
     /// `[webhooks.<source>]`: the sources that may post to `/webhooks/generic/<source>`.
     pub webhooks: BTreeMap<String, WebhookSourceConfig>,
     pub channels: BTreeMap<String, ChannelConfig>,
+    /// `[providers.<name>]`: the settings of a channel adapter that reads its own
+    /// ([`Config::provider_settings`]), so that a new channel needs no section here. Twilio
+    /// and TextMagic keep their sections above.
+    pub providers: BTreeMap<String, figment::value::Dict>,
     pub agents: Vec<AgentConfig>,
     pub identity: IdentityConfig,
     pub runtime: RuntimeConfig,
@@ -110,6 +114,8 @@ impl std::fmt::Debug for Config {
             .field("rate_limit", &self.rate_limit)
             .field("webhooks", &self.webhooks)
             .field("channels", &self.channels)
+            // An adapter's settings may hold secrets: only which providers have them.
+            .field("providers", &self.providers.keys().collect::<Vec<_>>())
             .field("agents", &self.agents)
             .field("identity", &self.identity)
             .field("runtime", &self.runtime)
@@ -158,6 +164,7 @@ impl Default for Config {
                     )
                 })
                 .collect(),
+            providers: BTreeMap::new(),
             agents: Vec::new(),
             identity: IdentityConfig::default(),
             runtime: RuntimeConfig::default(),
@@ -233,6 +240,35 @@ impl Config {
         let config: Config = figment.extract_lossy().map_err(Box::new)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The settings of the adapter of `provider` (`[providers.<provider>]`, an absent section
+    /// read as an empty one), or why they cannot be read, naming the section.
+    pub fn provider_settings<T: serde::de::DeserializeOwned>(
+        &self,
+        provider: &str,
+    ) -> Result<T, ConfigError> {
+        let section = self.providers.get(provider).cloned().unwrap_or_default();
+        // Lossy as the whole file is read: `SB_PROVIDERS__<NAME>__<KEY>` values come as text.
+        Figment::from(Serialized::defaults(section))
+            .extract_lossy()
+            .map_err(|e| ConfigError::Invalid(format!("[providers.{provider}]: {e}")))
+    }
+
+    /// Set `[providers.<provider>]` to `settings` (what a deployment tool or a test writes).
+    pub fn set_provider_settings(
+        &mut self,
+        provider: &str,
+        settings: &impl Serialize,
+    ) -> Result<(), ConfigError> {
+        let invalid = |why: String| ConfigError::Invalid(format!("[providers.{provider}]: {why}"));
+        match figment::value::Value::serialize(settings).map_err(|e| invalid(e.to_string()))? {
+            figment::value::Value::Dict(_, section) => {
+                self.providers.insert(provider.to_string(), section);
+                Ok(())
+            }
+            _ => Err(invalid("settings must be a table".into())),
+        }
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

@@ -90,6 +90,53 @@ fn environment_overrides_nested_keys() {
     });
 }
 
+/// A channel adapter's own settings, as it would declare them.
+#[derive(Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(default)]
+struct PigeonSettings {
+    loft: String,
+    birds: u32,
+    api_key: String,
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment's test jail API
+fn a_providers_section_is_read_by_its_adapter_from_the_file_and_the_environment() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "sb.toml",
+            r#"
+            [providers.pigeon]
+            loft = "roof"
+            api_key = "coo-secret"
+            "#,
+        )?;
+        jail.set_env("SB_PROVIDERS__PIGEON__BIRDS", "12");
+        let c = Config::load_from(Path::new("sb.toml")).expect("loads");
+        let s: PigeonSettings = c.provider_settings("pigeon").expect("readable");
+        assert_eq!((s.loft.as_str(), s.birds), ("roof", 12));
+        assert!(
+            !format!("{c:?}").contains("coo-secret"),
+            "an adapter's settings may hold secrets: Debug names the section only"
+        );
+        let none: PigeonSettings = c.provider_settings("owl").expect("an absent section");
+        assert_eq!(none, PigeonSettings::default());
+        Ok(())
+    });
+    let mut c = Config::default();
+    c.set_provider_settings(
+        "pigeon",
+        &serde_json::json!({"loft": "barn", "birds": "many"}),
+    )
+    .unwrap();
+    let err = c.provider_settings::<PigeonSettings>("pigeon").unwrap_err();
+    assert!(format!("{err}").contains("[providers.pigeon]"), "{err}");
+    assert!(
+        c.set_provider_settings("pigeon", &7).is_err(),
+        "not a table"
+    );
+}
+
 /// A shipped configuration file: every key in it is one the product reads (a typo there
 /// would be ignored silently), and it loads over the defaults.
 fn load_known_keys_only(relative: &str) -> Config {
