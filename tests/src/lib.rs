@@ -338,8 +338,8 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     let addr = listener.local_addr().unwrap();
 
     let mut config = Config {
-        nats_url,
-        database_url,
+        nats_url: nats_url.into(),
+        database_url: database_url.into(),
         subject_prefix: format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
         ..Config::default()
     };

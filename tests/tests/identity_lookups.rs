@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use switchboard_e2e::fakes::person_of;
 use switchboard_e2e::{AppOptions, FakeRunner, TestApp, spawn_app_configured, spawn_app_with};
-use switchboard_kit::config::{Config, IdentityLookup};
+use switchboard_kit::config::{Config, ContactKind, IdentityLookup};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// Rosa's mobile, in the clinic's own table (not in Switchboard's directory).
@@ -16,7 +16,7 @@ const ROSA: &str = "+14155550701";
 fn patients_lookup(c: &mut Config) {
     c.identity.lookups = vec![IdentityLookup {
         person_type: "patient".into(),
-        kind: "phone".into(),
+        kind: ContactKind::Phone,
         sql: "SELECT id::text AS person_id, full_name AS name, ward AS role
                 FROM clinic.patients WHERE mobile = $1"
             .into(),

@@ -17,7 +17,7 @@ pub mod links;
 pub mod proof;
 
 use sqlx::{PgPool, Row};
-use switchboard_kit::config::{IdentityConfig, IdentityLookup};
+use switchboard_kit::config::{ContactKind, IdentityConfig, IdentityLookup};
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, MessageReceived, Person};
 use switchboard_kit::startup::{App, Task};
 use switchboard_kit::{Attempt, Output, Stage, StageError, Topology};
@@ -43,22 +43,15 @@ pub enum IdentityError {
 }
 
 /// The kind of contact point a channel's addresses are.
-pub fn contact_kind(channel: &str) -> &'static str {
-    match channel {
-        "sms" => "phone",
-        "admin_chat" | "header_widget" => "chat_user",
-        "api" => "api_key_owner",
-        // Addressed `<source>:<sender>`: a sender id means something only within its source.
-        "webhook" => "webhook_sender",
-        _ => "address",
-    }
+pub fn contact_kind(channel: &str) -> ContactKind {
+    ContactKind::of_channel(channel)
 }
 
 /// The id prefix of an external person (one nothing but the address identifies) of `kind`.
-fn external_prefix(kind: &str) -> &str {
+fn external_prefix(kind: ContactKind) -> &'static str {
     match kind {
-        "webhook_sender" => "webhook",
-        other => other,
+        ContactKind::WebhookSender => "webhook",
+        other => other.as_str(),
     }
 }
 
@@ -164,7 +157,7 @@ impl IdentityResolver {
     ) -> Result<Person, IdentityError> {
         let kind = contact_kind(channel);
         let address = match kind {
-            "phone" => normalize_phone(address, &self.config.default_region)?,
+            ContactKind::Phone => normalize_phone(address, &self.config.default_region)?,
             _ => address.trim().to_string(),
         };
         if address.is_empty() {
@@ -176,7 +169,7 @@ impl IdentityResolver {
                FROM switchboard.contact_points c
                JOIN switchboard.people p USING (person_id)
               WHERE c.kind = $1 AND c.address = $2",
-            kind,
+            kind.as_str(),
             address,
         )
         .fetch_optional(&self.db)
@@ -404,7 +397,7 @@ mod tests {
         let config = IdentityConfig {
             lookups: vec![IdentityLookup {
                 person_type: "staff".into(),
-                kind: "phone".into(),
+                kind: ContactKind::Phone,
                 sql: String::new(),
             }],
             ..IdentityConfig::default()

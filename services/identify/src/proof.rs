@@ -19,7 +19,7 @@
 //! with what it did in one transaction, keyed by the message, so a redelivered message gets the
 //! same answer and neither a second code nor a second wrong try.
 use sqlx::{PgPool, Postgres, Transaction};
-use switchboard_kit::config::{LinkProofConfig, SmsSender};
+use switchboard_kit::config::{ContactKind, LinkProofConfig, SmsSender};
 use switchboard_kit::proto::{InboundMessage, Person};
 use uuid::Uuid;
 
@@ -214,7 +214,7 @@ impl LinkProofs {
         let Ok(message) = inbound.id.parse::<Uuid>() else {
             return Ok(None);
         };
-        let from_phone = crate::contact_kind(&inbound.channel) == "phone";
+        let from_phone = crate::contact_kind(&inbound.channel) == ContactKind::Phone;
         // Whose claims a code is for: the number it was texted from, or the person who asked.
         let waiting_for = match (&ask, from_phone) {
             // A phone cannot vouch for another number by asking from itself.

@@ -82,14 +82,51 @@ pub struct SmsSender {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct IdentityLookup {
     pub person_type: String,
-    /// Which contact kinds it applies to (`phone`, `chat_user`, ...).
-    #[serde(default = "default_lookup_kind")]
-    pub kind: String,
+    /// Which contact kind it applies to (`phone`, the default; `chat_user`, `api_key_owner`,
+    /// `webhook_sender`, `address`): a misspelt kind is refused at load, not silently never
+    /// matched.
+    #[serde(default)]
+    pub kind: ContactKind,
     pub sql: String,
 }
 
-fn default_lookup_kind() -> String {
-    "phone".into()
+/// The kind of address a contact point is (`contact_points.kind`): every address of one
+/// channel is of one kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContactKind {
+    #[default]
+    Phone,
+    ChatUser,
+    ApiKeyOwner,
+    /// Addressed `<source>:<sender>`: a sender id means something only within its source.
+    WebhookSender,
+    /// Any other channel's address, as given.
+    Address,
+}
+
+impl ContactKind {
+    /// The kind of the addresses of `channel` (`sms`: phones).
+    pub fn of_channel(channel: &str) -> Self {
+        match channel {
+            "sms" => ContactKind::Phone,
+            "admin_chat" | "header_widget" => ContactKind::ChatUser,
+            "api" => ContactKind::ApiKeyOwner,
+            "webhook" => ContactKind::WebhookSender,
+            _ => ContactKind::Address,
+        }
+    }
+
+    /// As `contact_points.kind` stores it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContactKind::Phone => "phone",
+            ContactKind::ChatUser => "chat_user",
+            ContactKind::ApiKeyOwner => "api_key_owner",
+            ContactKind::WebhookSender => "webhook_sender",
+            ContactKind::Address => "address",
+        }
+    }
 }
 
 impl Config {

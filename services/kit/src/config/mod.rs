@@ -30,7 +30,9 @@ pub use agents::{AgentConfig, ChannelConfig, QueueMode};
 pub use chat::ChatConfig;
 pub use dispatch::{DispatchConfig, StaleTurns};
 pub use gateway::{ApiConfig, GatewayConfig, RateLimitConfig};
-pub use identity::{IdentityConfig, IdentityLookup, LinkProofConfig, ProofSmsProvider, SmsSender};
+pub use identity::{
+    ContactKind, IdentityConfig, IdentityLookup, LinkProofConfig, ProofSmsProvider, SmsSender,
+};
 pub use memory::{
     CategoriseConfig, CategoryLabel, DEFAULT_HNSW_EF_SEARCH, EmbeddingConfig, EmbeddingProvider,
     LlmConfig, LocalRuntime, MAX_HNSW_EF_SEARCH, MemoryConfig, RecallConfig, SummaryConfig,
@@ -38,7 +40,7 @@ pub use memory::{
 pub use prompt::PromptConfig;
 pub use runtime::{AdminConfig, RuntimeConfig};
 pub use schedules::{ScheduleConfig, ScheduleKind};
-pub use secret::Secret;
+pub use secret::{ProviderSections, Secret, SecretUrl};
 pub use session::{ResetNotices, SessionConfig, SessionScope, WorkspaceConfig};
 pub use sms::{TextMagicConfig, TwilioConfig};
 pub use webhooks::{WebhookSourceConfig, valid_source_name};
@@ -53,11 +55,11 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default)]
 pub struct Config {
-    pub nats_url: String,
-    pub database_url: String,
+    pub nats_url: SecretUrl,
+    pub database_url: SecretUrl,
     /// Prefix of every subject and stream. Production uses the default `sb`; tests use their own
     /// so that many runs share one NATS server.
     pub subject_prefix: String,
@@ -76,7 +78,7 @@ pub struct Config {
     /// `[providers.<name>]`: the settings of a channel adapter that reads its own
     /// ([`Config::provider_settings`]), so that a new channel needs no section here. Twilio
     /// and TextMagic keep their sections above.
-    pub providers: BTreeMap<String, figment::value::Dict>,
+    pub providers: ProviderSections,
     pub agents: Vec<AgentConfig>,
     pub identity: IdentityConfig,
     pub runtime: RuntimeConfig,
@@ -95,45 +97,6 @@ pub struct Config {
     pub categorise: memory::CategoriseConfig,
     pub recall: memory::RecallConfig,
     pub memory: memory::MemoryConfig,
-}
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::endpoint::redact_url;
-        f.debug_struct("Config")
-            .field("nats_url", &redact_url(&self.nats_url))
-            .field("database_url", &redact_url(&self.database_url))
-            .field("subject_prefix", &self.subject_prefix)
-            .field("log_format", &self.log_format)
-            .field("gateway", &self.gateway)
-            .field("admin", &self.admin)
-            .field("twilio", &self.twilio)
-            .field("textmagic", &self.textmagic)
-            .field("chat", &self.chat)
-            .field("api", &self.api)
-            .field("rate_limit", &self.rate_limit)
-            .field("webhooks", &self.webhooks)
-            .field("channels", &self.channels)
-            // An adapter's settings may hold secrets: only which providers have them.
-            .field("providers", &self.providers.keys().collect::<Vec<_>>())
-            .field("agents", &self.agents)
-            .field("identity", &self.identity)
-            .field("runtime", &self.runtime)
-            .field("session", &self.session)
-            .field("dispatch", &self.dispatch)
-            .field("workspace", &self.workspace)
-            .field("prompt", &self.prompt)
-            .field("schedules", &self.schedules)
-            .field("stages", &self.stages)
-            .field("demo", &self.demo)
-            .field("llm", &self.llm)
-            .field("embedding", &self.embedding)
-            .field("summary", &self.summary)
-            .field("categorise", &self.categorise)
-            .field("recall", &self.recall)
-            .field("memory", &self.memory)
-            .finish()
-    }
 }
 
 impl Default for Config {
@@ -164,7 +127,7 @@ impl Default for Config {
                     )
                 })
                 .collect(),
-            providers: BTreeMap::new(),
+            providers: ProviderSections::default(),
             agents: Vec::new(),
             identity: IdentityConfig::default(),
             runtime: RuntimeConfig::default(),
@@ -217,8 +180,19 @@ fn merge_env_as_text(mut figment: Figment, env: Env) -> Figment {
 pub enum ConfigError {
     #[error("reading configuration: {0}")]
     Load(#[from] Box<figment::Error>),
-    #[error("invalid configuration: {0}")]
-    Invalid(String),
+    /// A value the product cannot run with: where it is (`agents.reggie_oc`, `webhooks.crm`,
+    /// `providers.toy`) and why.
+    #[error("invalid configuration: {key}: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+impl ConfigError {
+    pub fn invalid(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
 }
 
 impl Config {
@@ -248,11 +222,11 @@ impl Config {
         &self,
         provider: &str,
     ) -> Result<T, ConfigError> {
-        let section = self.providers.get(provider).cloned().unwrap_or_default();
+        let section = self.providers.0.get(provider).cloned().unwrap_or_default();
         // Lossy as the whole file is read: `SB_PROVIDERS__<NAME>__<KEY>` values come as text.
         Figment::from(Serialized::defaults(section))
             .extract_lossy()
-            .map_err(|e| ConfigError::Invalid(format!("[providers.{provider}]: {e}")))
+            .map_err(|e| ConfigError::invalid(format!("providers.{provider}"), e.to_string()))
     }
 
     /// Set `[providers.<provider>]` to `settings` (what a deployment tool or a test writes).
@@ -261,10 +235,10 @@ impl Config {
         provider: &str,
         settings: &impl Serialize,
     ) -> Result<(), ConfigError> {
-        let invalid = |why: String| ConfigError::Invalid(format!("[providers.{provider}]: {why}"));
+        let invalid = |why: String| ConfigError::invalid(format!("providers.{provider}"), why);
         match figment::value::Value::serialize(settings).map_err(|e| invalid(e.to_string()))? {
             figment::value::Value::Dict(_, section) => {
-                self.providers.insert(provider.to_string(), section);
+                self.providers.0.insert(provider.to_string(), section);
                 Ok(())
             }
             _ => Err(invalid("settings must be a table".into())),
@@ -275,32 +249,32 @@ impl Config {
         let mut seen = std::collections::HashSet::new();
         for a in &self.agents {
             if a.name.is_empty() || a.identity.is_empty() || a.runner_url.is_empty() {
-                return Err(ConfigError::Invalid(format!(
-                    "agent {:?} needs name, identity and runner_url",
-                    a.name
-                )));
+                return Err(ConfigError::invalid(
+                    format!("agents.{}", a.name),
+                    "an agent needs name, identity and runner_url",
+                ));
             }
             crate::lifecycle::ResetPolicy::of(a)
-                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                .map_err(|e| ConfigError::invalid(format!("agents.{}", a.name), e.to_string()))?;
             if !seen.insert(a.name.as_str()) {
-                return Err(ConfigError::Invalid(format!(
-                    "agent {} listed twice",
-                    a.name
-                )));
+                return Err(ConfigError::invalid(
+                    format!("agents.{}", a.name),
+                    "listed twice",
+                ));
             }
         }
         for (channel, c) in &self.channels {
             for (number, agent) in &c.recipients {
                 if self.agent(agent).is_none() {
-                    return Err(ConfigError::Invalid(format!(
-                        "channels.{channel}.recipients: {number} goes to agent {agent:?}, which \
-                         is not configured"
-                    )));
+                    return Err(ConfigError::invalid(
+                        format!("channels.{channel}.recipients"),
+                        format!("{number} goes to agent {agent:?}, which is not configured"),
+                    ));
                 }
             }
         }
         for (name, source) in &self.webhooks {
-            let invalid = |why: &str| Err(ConfigError::Invalid(format!("webhooks.{name}: {why}")));
+            let invalid = |why: &str| Err(ConfigError::invalid(format!("webhooks.{name}"), why));
             if !valid_source_name(name) {
                 return invalid("a source name is 1 to 64 ASCII letters, digits, '-' or '_'");
             }
@@ -328,19 +302,15 @@ impl Config {
         }
         let proof = &self.identity.proof;
         if proof.enabled && (proof.code_ttl_s == 0 || proof.codes_per_hour == 0) {
-            return Err(ConfigError::Invalid(
-                "identity.proof: code_ttl_s and codes_per_hour must be > 0 (or enabled = false)"
-                    .into(),
+            return Err(ConfigError::invalid(
+                "identity.proof",
+                "code_ttl_s and codes_per_hour must be > 0 (or enabled = false)",
             ));
         }
         let mut names = std::collections::HashSet::new();
         for s in &self.schedules {
-            let invalid = |why: String| {
-                Err(ConfigError::Invalid(format!(
-                    "schedules {:?}: {why}",
-                    s.name
-                )))
-            };
+            let invalid =
+                |why: String| Err(ConfigError::invalid(format!("schedules.{}", s.name), why));
             if !valid_source_name(&s.name) || !names.insert(s.name.as_str()) {
                 return invalid("each needs a unique name of letters, digits, '-' or '_'".into());
             }
@@ -374,15 +344,19 @@ impl Config {
             }
         }
         if self.runtime.turn_partitions == 0 {
-            return Err(ConfigError::Invalid(
-                "runtime.turn_partitions must be > 0".into(),
+            return Err(ConfigError::invalid(
+                "runtime.turn_partitions",
+                "must be > 0",
             ));
         }
         if !(1..=memory::MAX_HNSW_EF_SEARCH).contains(&self.embedding.hnsw_ef_search) {
-            return Err(ConfigError::Invalid(format!(
-                "embedding.hnsw_ef_search must be from 1 to {} (pgvector's range)",
-                memory::MAX_HNSW_EF_SEARCH
-            )));
+            return Err(ConfigError::invalid(
+                "embedding.hnsw_ef_search",
+                format!(
+                    "must be from 1 to {} (pgvector's range)",
+                    memory::MAX_HNSW_EF_SEARCH
+                ),
+            ));
         }
         Ok(())
     }

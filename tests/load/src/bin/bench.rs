@@ -767,7 +767,7 @@ async fn run_scenario(
     let database = floor::database_name(&config.database_url)?;
     let counter = if args.count_statements {
         let c = StatementCounter::start(&config.database_url).await?;
-        config.database_url = c.url.clone();
+        config.database_url = c.url.clone().into();
         Some(c)
     } else {
         None
