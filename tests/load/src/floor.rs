@@ -780,5 +780,6 @@ pub fn io_counts(
                 )
             })
             .collect(),
+        tables: BTreeMap::new(),
     }
 }

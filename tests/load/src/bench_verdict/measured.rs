@@ -155,6 +155,9 @@ pub struct IoCounts {
     /// Messages stored per stream (`last_sequence` delta): publishes, less the ones JetStream
     /// dropped as duplicates. Key-value buckets are streams named `KV_<bucket>`.
     pub stream_messages: BTreeMap<String, u64>,
+    /// Rows written by table (`schema.table`), over the same span.
+    #[serde(default)]
+    pub tables: BTreeMap<String, crate::table_writes::TableWrites>,
 }
 
 impl IoCounts {
@@ -177,6 +180,11 @@ impl IoCounts {
             .filter(|(k, _)| k.starts_with("KV_"))
             .map(|(_, v)| v)
             .sum()
+    }
+
+    /// One line: rows written per turn by table, when they were counted.
+    pub fn tables_per_turn(&self) -> Option<String> {
+        (!self.tables.is_empty()).then(|| crate::table_writes::per_turn(&self.tables, self.turns))
     }
 
     /// One line: the I/O per turn.

@@ -42,7 +42,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use switchboard_load::bench_verdict::{
-    self, Check, Findings, FloorMeasured, MachineSeen, Measured, Outcome, Overhead,
+    self, Check, Findings, FloorMeasured, IoCounts, MachineSeen, Measured, Outcome, Overhead,
     ScenarioMeasured, Targets,
 };
 use switchboard_load::floor::{self, FloorOptions, FloorResult};
@@ -56,6 +56,7 @@ use switchboard_load::pipeline::{self, Knobs, Pipeline};
 use switchboard_load::procs::{self, CpuSnapshot, MemoryPeaks, MemorySampler};
 use switchboard_load::report::{self, PlotSeries};
 use switchboard_load::stack::{Stack, repo_dir};
+use switchboard_load::table_writes;
 use switchboard_load::{message_text, now_us};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -631,6 +632,9 @@ fn print_results(m: &Measured, details: &[ScenarioDetail], floor: Option<&FloorR
             d.memory.harness_mb
         );
         println!("    per turn: {}", r.io.per_turn());
+        if let Some(tables) = r.io.tables_per_turn() {
+            println!("    rows written per turn, by table: {tables}");
+        }
         println!(
             "    gateway: {} accepted, {} non-200 {:?}, {} errors, {} given up, {} not sent; Twilio {} sends, {} doubles; dead letters {}",
             d.gateway.accepted,
@@ -805,8 +809,12 @@ async fn run_scenario(
         format!("KV_{}", topology.arrivals_bucket()),
     ];
 
-    // Counting starts once the startup's statistics have reached pg_stat_database.
+    // Counting starts once the startup's statistics have reached pg_stat_database. The
+    // tables are read on a connection of their own before the database's counters (and after
+    // them at the end), so the reads are not counted.
     tokio::time::sleep(STATS_SETTLE).await;
+    let run_db = table_writes::url_of_database(&stack.database_url, &database)?;
+    let tables_before = table_writes::read(&run_db).await?;
     let pg_before = floor::pg_counters(&stack.database_url, &database).await?;
     let seq_before = floor::stream_sequences(&pipeline.js, &streams).await;
     let statements_before = counter.as_ref().map(StatementCounter::count);
@@ -975,6 +983,7 @@ async fn run_scenario(
     let disconnected =
         floor::wait_for_no_backends(&stack.database_url, &database, Duration::from_secs(15)).await;
     let pg_after = floor::pg_counters(&stack.database_url, &database).await?;
+    let tables_after = table_writes::read(&run_db).await?;
     let counted_by = match &counter {
         Some(c) if c.encrypted() => {
             "not counted: the connections were encrypted, the proxy could not read them".into()
@@ -983,13 +992,16 @@ async fn run_scenario(
         None => "the pipeline's are counted with --count-statements".into(),
     };
     let statements = statements.filter(|_| !counter.as_ref().is_some_and(|c| c.encrypted()));
-    let io = floor::io_counts(
-        turns_total,
-        (&pg_before, &seq_before),
-        (&pg_after, &seq_after),
-        statements,
-        counted_by,
-    );
+    let io = IoCounts {
+        tables: table_writes::growth(&tables_before, &tables_after),
+        ..floor::io_counts(
+            turns_total,
+            (&pg_before, &seq_before),
+            (&pg_after, &seq_after),
+            statements,
+            counted_by,
+        )
+    };
 
     // Latency of the messages accepted in the window; the unanswered ones count as > window.
     let mut overhead_us = Vec::new();
