@@ -36,51 +36,92 @@ pub async fn lag_excluding(
     scope: LagScope<'_>,
     exclude: &[uuid::Uuid],
 ) -> Result<IndexLag, sqlx::Error> {
-    let (person, identity) = match scope {
-        LagScope::Everyone => (None, None),
-        LagScope::Person {
-            person_id,
-            agent_identity,
-        } => (Some(person_id), agent_identity),
-    };
     let marked = sqlx::query_scalar!("SELECT model FROM switchboard.embedding_marks")
         .fetch_optional(db)
         .await?;
-    let (seconds, waiting) = if marked.as_deref() == Some(model) {
-        let lag = sqlx::query!(
-            r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
-                      count(*) AS "waiting!"
-                 FROM switchboard.messages m
-                WHERE m.embedded_model IS NULL AND m.conversation
-                  AND ($1::text IS NULL OR m.person_id = $1)
-                  AND ($2::text IS NULL OR m.agent_identity = $2)
-                  AND NOT (m.id = ANY($3::uuid[]))"#,
-            person,
-            identity,
-            exclude,
-        )
-        .fetch_one(db)
-        .await?;
-        (lag.seconds, lag.waiting)
-    } else {
-        let lag = sqlx::query!(
-            r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
-                      count(*) AS "waiting!"
-                 FROM switchboard.messages m
-                WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                                   WHERE v.message_id = m.id AND v.model = $1)
-                  AND m.conversation
-                  AND ($2::text IS NULL OR m.person_id = $2)
-                  AND ($3::text IS NULL OR m.agent_identity = $3)
-                  AND NOT (m.id = ANY($4::uuid[]))"#,
-            model,
-            person,
-            identity,
-            exclude,
-        )
-        .fetch_one(db)
-        .await?;
-        (lag.seconds, lag.waiting)
+    let marked = marked.as_deref() == Some(model);
+    // A person's lag (every recall asks for it) reads that person's messages by
+    // `messages_person_identity`: a statement of its own with `person_id = $1`, since a
+    // "$1 IS NULL OR person_id = $1" filter keeps a generic plan from using the index, and
+    // then every recall scanned everyone's waiting messages (or, before any embedding worker
+    // ran, the whole log).
+    let (seconds, waiting) = match (scope, marked) {
+        (LagScope::Everyone, true) => {
+            let lag = sqlx::query!(
+                r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                          count(*) AS "waiting!"
+                     FROM switchboard.messages m
+                    WHERE m.embedded_model IS NULL AND m.conversation
+                      AND NOT (m.id = ANY($1::uuid[]))"#,
+                exclude,
+            )
+            .fetch_one(db)
+            .await?;
+            (lag.seconds, lag.waiting)
+        }
+        (LagScope::Everyone, false) => {
+            let lag = sqlx::query!(
+                r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                          count(*) AS "waiting!"
+                     FROM switchboard.messages m
+                    WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                                       WHERE v.message_id = m.id AND v.model = $1)
+                      AND m.conversation
+                      AND NOT (m.id = ANY($2::uuid[]))"#,
+                model,
+                exclude,
+            )
+            .fetch_one(db)
+            .await?;
+            (lag.seconds, lag.waiting)
+        }
+        (
+            LagScope::Person {
+                person_id,
+                agent_identity,
+            },
+            true,
+        ) => {
+            let lag = sqlx::query!(
+                r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                          count(*) AS "waiting!"
+                     FROM switchboard.messages m
+                    WHERE m.person_id = $1 AND ($2::text IS NULL OR m.agent_identity = $2)
+                      AND m.embedded_model IS NULL AND m.conversation
+                      AND NOT (m.id = ANY($3::uuid[]))"#,
+                person_id,
+                agent_identity,
+                exclude,
+            )
+            .fetch_one(db)
+            .await?;
+            (lag.seconds, lag.waiting)
+        }
+        (
+            LagScope::Person {
+                person_id,
+                agent_identity,
+            },
+            false,
+        ) => {
+            let lag = sqlx::query!(
+                r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                          count(*) AS "waiting!"
+                     FROM switchboard.messages m
+                    WHERE m.person_id = $2 AND ($3::text IS NULL OR m.agent_identity = $3)
+                      AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                                       WHERE v.message_id = m.id AND v.model = $1)
+                      AND m.conversation
+                      AND NOT (m.id = ANY($4::uuid[]))"#,
+                model,
+                person_id,
+                agent_identity,
+                exclude,
+            )
+            .fetch_one(db)
+            .await?;
+            (lag.seconds, lag.waiting)
+        }
     };
     Ok(IndexLag {
         seconds: seconds.unwrap_or(0.0).max(0.0),

@@ -37,6 +37,7 @@ fn inbound(text: &str) -> InboundMessage {
         arrival_epoch: 1_767_000_000_000,
         asserted: None,
         outbound_text: String::new(),
+        ..Default::default()
     }
 }
 
@@ -233,6 +234,7 @@ fn write_seeds() {
             inbound: Some(inbound("[Current User: Admin]\nMSG-0c1d2e3f4a5b>>>\nhi")),
             person: Some(person()),
         }),
+        ..Default::default()
     };
     let reply = Reply {
         id: "0190a1b2-0000-7000-8000-000000000002".into(),
@@ -252,6 +254,7 @@ fn write_seeds() {
         reply_from: "+15555550199".into(),
         person: Some(person()),
         provider_message_id: "SM0123456789abcdef0123456789abcdef".into(),
+        ..Default::default()
     };
     let dead = DeadLetter {
         stage: "dispatch".into(),

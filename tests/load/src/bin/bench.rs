@@ -167,6 +167,11 @@ struct Args {
     /// Leave the stack running afterwards.
     #[arg(long)]
     keep_stack: bool,
+    /// More Postgres settings for the bench's stack, one `name = value` a line (as
+    /// `SB_STACK_PG_CONF`), e.g. `log_min_duration_statement = 0` to profile by statement
+    /// (which slows the run: a profile, not a measurement).
+    #[arg(long, default_value = "")]
+    pg_conf: String,
     /// Where results go (a timestamped folder is made inside).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -294,7 +299,8 @@ async fn main() -> anyhow::Result<()> {
 
     let stack = {
         let (n, np, pp) = (args.stack_name.clone(), args.nats_port, args.pg_port);
-        tokio::task::spawn_blocking(move || Stack::up(&n, np, pp, false)).await??
+        let conf = args.pg_conf.clone();
+        tokio::task::spawn_blocking(move || Stack::up_tuned(&n, np, pp, false, &conf)).await??
     };
     println!(
         "bench: stack '{}' up ({}, Postgres with fsync on)",
