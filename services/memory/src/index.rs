@@ -16,6 +16,12 @@ pub enum LagScope<'a> {
     },
 }
 
+/// What a lag statement reads: the oldest waiting message's age, and how many wait.
+struct LagRow {
+    seconds: Option<f64>,
+    waiting: i64,
+}
+
 /// Seconds the index under `model` is behind for `scope`, and how many messages wait.
 pub async fn lag(db: &PgPool, model: &str, scope: LagScope<'_>) -> Result<IndexLag, sqlx::Error> {
     lag_excluding(db, model, scope, &[]).await
@@ -45,9 +51,10 @@ pub async fn lag_excluding(
     // "$1 IS NULL OR person_id = $1" filter keeps a generic plan from using the index, and
     // then every recall scanned everyone's waiting messages (or, before any embedding worker
     // ran, the whole log).
-    let (seconds, waiting) = match (scope, marked) {
+    let lag = match (scope, marked) {
         (LagScope::Everyone, true) => {
-            let lag = sqlx::query!(
+            sqlx::query_as!(
+                LagRow,
                 r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
                           count(*) AS "waiting!"
                      FROM switchboard.messages m
@@ -56,11 +63,11 @@ pub async fn lag_excluding(
                 exclude,
             )
             .fetch_one(db)
-            .await?;
-            (lag.seconds, lag.waiting)
+            .await?
         }
         (LagScope::Everyone, false) => {
-            let lag = sqlx::query!(
+            sqlx::query_as!(
+                LagRow,
                 r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
                           count(*) AS "waiting!"
                      FROM switchboard.messages m
@@ -72,8 +79,7 @@ pub async fn lag_excluding(
                 exclude,
             )
             .fetch_one(db)
-            .await?;
-            (lag.seconds, lag.waiting)
+            .await?
         }
         (
             LagScope::Person {
@@ -82,7 +88,8 @@ pub async fn lag_excluding(
             },
             true,
         ) => {
-            let lag = sqlx::query!(
+            sqlx::query_as!(
+                LagRow,
                 r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
                           count(*) AS "waiting!"
                      FROM switchboard.messages m
@@ -94,8 +101,7 @@ pub async fn lag_excluding(
                 exclude,
             )
             .fetch_one(db)
-            .await?;
-            (lag.seconds, lag.waiting)
+            .await?
         }
         (
             LagScope::Person {
@@ -104,7 +110,8 @@ pub async fn lag_excluding(
             },
             false,
         ) => {
-            let lag = sqlx::query!(
+            sqlx::query_as!(
+                LagRow,
                 r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
                           count(*) AS "waiting!"
                      FROM switchboard.messages m
@@ -119,13 +126,12 @@ pub async fn lag_excluding(
                 exclude,
             )
             .fetch_one(db)
-            .await?;
-            (lag.seconds, lag.waiting)
+            .await?
         }
     };
     Ok(IndexLag {
-        seconds: seconds.unwrap_or(0.0).max(0.0),
-        messages_waiting: waiting,
+        seconds: lag.seconds.unwrap_or(0.0).max(0.0),
+        messages_waiting: lag.waiting,
     })
 }
 
