@@ -188,11 +188,10 @@ mod toy {
                     .json()
                     .await
                     .map_err(unavailable)?;
-                let skew = chrono::Duration::from_std(switchboard_channels::egress::LOG_CLOCK_SKEW)
-                    .expect("small");
+                let earliest = switchboard_channels::egress::not_before(since);
                 Ok(logged
                     .into_iter()
-                    .filter(|m| m.text == part.text && m.created >= since - skew)
+                    .filter(|m| m.text == part.text && m.created >= earliest)
                     .map(|m| m.id)
                     .collect())
             }

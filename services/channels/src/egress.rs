@@ -92,8 +92,9 @@ pub const LOG_CLOCK_SKEW: Duration = Duration::from_secs(5);
 /// sent blind.
 pub const MAX_LOG_PAGES: usize = 20;
 
-/// The earliest creation time a message of the attempt started at `since` can carry.
-pub(crate) fn not_before(since: DateTime<Utc>) -> DateTime<Utc> {
+/// The earliest creation time a message of the attempt started at `since` can carry: what
+/// an [`Egress::find_sent`] compares the provider's creation times with.
+pub fn not_before(since: DateTime<Utc>) -> DateTime<Utc> {
     since - chrono::Duration::from_std(LOG_CLOCK_SKEW).expect("a small duration")
 }
 

@@ -42,11 +42,6 @@ pub enum IdentityError {
     },
 }
 
-/// The kind of contact point a channel's addresses are.
-pub fn contact_kind(channel: &str) -> ContactKind {
-    ContactKind::of_channel(channel)
-}
-
 /// The id prefix of an external person (one nothing but the address identifies) of `kind`.
 fn external_prefix(kind: ContactKind) -> &'static str {
     match kind {
@@ -74,14 +69,14 @@ pub fn id_type<'a>(person_id: &str, config: &'a IdentityConfig) -> Option<&'a st
 }
 
 /// The contact point (kind, address) an id identify made from an address stands for.
-pub fn contact_of(person_id: &str) -> Option<(&'static str, String)> {
+pub fn contact_of(person_id: &str) -> Option<(ContactKind, String)> {
     let (prefix, rest) = person_id.split_once(':')?;
     let kind = match prefix {
-        "phone" => "phone",
-        "chat_user" | "user" => "chat_user",
-        "api_key_owner" | "api" => "api_key_owner",
-        "address" => "address",
-        "webhook" => "webhook_sender",
+        "phone" => ContactKind::Phone,
+        "chat_user" | "user" => ContactKind::ChatUser,
+        "api_key_owner" | "api" => ContactKind::ApiKeyOwner,
+        "address" => ContactKind::Address,
+        "webhook" => ContactKind::WebhookSender,
         _ => return None,
     };
     (!rest.is_empty()).then(|| (kind, rest.to_string()))
@@ -155,7 +150,7 @@ impl IdentityResolver {
         address: &str,
         asserted: Option<&Person>,
     ) -> Result<Person, IdentityError> {
-        let kind = contact_kind(channel);
+        let kind = ContactKind::of_channel(channel);
         let address = match kind {
             ContactKind::Phone => normalize_phone(address, &self.config.default_region)?,
             _ => address.trim().to_string(),
@@ -416,10 +411,16 @@ mod tests {
     fn an_id_made_from_an_address_names_its_contact_point() {
         assert_eq!(
             contact_of("phone:+14155550100"),
-            Some(("phone", "+14155550100".into()))
+            Some((ContactKind::Phone, "+14155550100".into()))
         );
-        assert_eq!(contact_of("user:ana"), Some(("chat_user", "ana".into())));
-        assert_eq!(contact_of("api:crm"), Some(("api_key_owner", "crm".into())));
+        assert_eq!(
+            contact_of("user:ana"),
+            Some((ContactKind::ChatUser, "ana".into()))
+        );
+        assert_eq!(
+            contact_of("api:crm"),
+            Some((ContactKind::ApiKeyOwner, "crm".into()))
+        );
         assert_eq!(contact_of("staff-7"), None);
         assert_eq!(contact_of("staff:17"), None);
     }

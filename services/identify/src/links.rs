@@ -355,7 +355,7 @@ impl IdentityLinks {
             let inserted = sqlx::query!(
                 "INSERT INTO switchboard.contact_points (kind, address, person_id)
                  VALUES ($1, $2, $3) ON CONFLICT (kind, address) DO NOTHING",
-                kind,
+                kind.as_str(),
                 address,
                 to,
             )
@@ -363,7 +363,7 @@ impl IdentityLinks {
             .await?
             .rows_affected();
             if inserted > 0 {
-                moved.push(format!("{kind}:{address}"));
+                moved.push(format!("{}:{address}", kind.as_str()));
             }
         }
         let relabelled = if new_link {

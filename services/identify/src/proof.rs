@@ -214,7 +214,7 @@ impl LinkProofs {
         let Ok(message) = inbound.id.parse::<Uuid>() else {
             return Ok(None);
         };
-        let from_phone = crate::contact_kind(&inbound.channel) == ContactKind::Phone;
+        let from_phone = ContactKind::of_channel(&inbound.channel) == ContactKind::Phone;
         // Whose claims a code is for: the number it was texted from, or the person who asked.
         let waiting_for = match (&ask, from_phone) {
             // A phone cannot vouch for another number by asking from itself.
