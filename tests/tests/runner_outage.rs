@@ -448,3 +448,58 @@ async fn when_the_runner_is_back_every_waiting_person_is_answered_at_once_not_at
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_person_whose_wait_could_not_be_recorded_at_first_is_told_as_soon_as_it_can_be() {
+    // The runner is probed only every 10 s, so a turn that waited for the next probe before
+    // telling anyone would leave its person in silence that long.
+    let app = app_probing_every(Duration::from_secs(10)).await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    // The database refuses the first write that marks a session waiting (as while Postgres
+    // restarts); a sequence counts the attempts, since the failed transaction rolls back.
+    sqlx::raw_sql(
+        "CREATE SEQUENCE switchboard.fail_waiting_once;
+         CREATE FUNCTION switchboard.fail_waiting_once() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.status = 'waiting' AND nextval('switchboard.fail_waiting_once') = 1 THEN
+                 RAISE EXCEPTION 'simulated: the database cannot be written';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER fail_waiting_once BEFORE UPDATE ON switchboard.sessions
+             FOR EACH ROW EXECUTE FUNCTION switchboard.fail_waiting_once();",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    app.send_sms(PERSON, "before").await;
+    app.wait_for_sms(1, WAIT).await;
+
+    app.runner.set_down(true);
+    let down_at = Instant::now();
+    assert_eq!(app.send_sms(PERSON, "are you there?").await.status(), 200);
+    until("the notice", || bodies_to(&app, PERSON).len() == 2).await;
+    assert!(
+        down_at.elapsed() < Duration::from_secs(6),
+        "told {:?} after the runner went down: the turn waited for the next probe",
+        down_at.elapsed()
+    );
+    let failed: i64 = sqlx::query_scalar("SELECT last_value FROM switchboard.fail_waiting_once")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert!(
+        failed >= 2,
+        "the first mark was refused and a later one made"
+    );
+    assert_eq!(bodies_to(&app, PERSON), ["echo: before", notice.as_str()]);
+
+    app.runner.set_down(false);
+    until("the answer", || bodies_to(&app, PERSON).len() == 3).await;
+    assert_eq!(
+        bodies_to(&app, PERSON),
+        ["echo: before", notice.as_str(), "echo: are you there?"],
+        "told once, then answered"
+    );
+    app.shutdown().await;
+}
