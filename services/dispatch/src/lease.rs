@@ -227,11 +227,14 @@ impl CallSlots {
                        jsonb_build_object('call', $3::text, 'resumes', engine_session_id)
                   FROM leased
                 ON CONFLICT (key) DO NOTHING),
-             -- The turn's first pickup, set once (a redelivery keeps the first).
+             -- The turn's first pickup, set once (a redelivery keeps the first). Keyed by
+             -- the parameters, not joined to `leased`: planned while `turns` was nearly
+             -- empty, the join was a sequential scan of every turn, cached for good with
+             -- the statement (one per turn in the bench, growing with the table).
              picked AS (
                 UPDATE switchboard.turns t SET picked_at = now()
-                  FROM leased l
-                 WHERE t.session_id = l.id AND t.seq = $7 AND t.picked_at IS NULL)
+                 WHERE t.session_id = $1 AND t.seq = $7 AND t.picked_at IS NULL
+                   AND EXISTS (SELECT 1 FROM leased))
              -- Every column may be NULL: those of the session's, and those of the joins.
              SELECT l.engine_session_id AS "engine_session_id?",
                     l.pending_reset AS "pending_reset?: ResetReason",

@@ -1,8 +1,9 @@
 //! The Postgres pool and the embedded migrations (`migrations/`).
+use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
@@ -29,6 +30,27 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
     }
     pool_options(max_connections)
         .connect(url)
+        .await
+        .map_err(|source| connect_error(url, source))
+}
+
+/// [`connect`], the connections named `application_name` (unless the URL or `PGAPPNAME` names
+/// them): `pg_stat_activity` and the server's log (`%a`) then tell which worker asked.
+pub async fn connect_as(
+    url: &str,
+    max_connections: u32,
+    application_name: &str,
+) -> Result<PgPool, DbError> {
+    if url.trim().is_empty() {
+        return Err(DbError::NoUrl);
+    }
+    let mut options =
+        PgConnectOptions::from_str(url).map_err(|source| connect_error(url, source))?;
+    if options.get_application_name().is_none() {
+        options = options.application_name(application_name);
+    }
+    pool_options(max_connections)
+        .connect_with(options)
         .await
         .map_err(|source| connect_error(url, source))
 }

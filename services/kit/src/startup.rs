@@ -33,7 +33,8 @@ pub struct App {
 }
 
 impl App {
-    /// Connect to NATS and Postgres. `name` shows up in the NATS server's connection list.
+    /// Connect to NATS and Postgres. `name` shows up in the NATS server's connection list and
+    /// as the Postgres connections' `application_name`.
     pub async fn connect(config: Config, name: &str) -> anyhow::Result<App> {
         // Install the metrics recorder before anything counts.
         let _ = crate::telemetry::metrics();
@@ -45,7 +46,12 @@ impl App {
         )
         .await?;
         let js = jetstream::new(nats.clone());
-        let db = crate::db::connect(&config.database_url, config.runtime.pool_size()).await?;
+        let db = crate::db::connect_as(
+            &config.database_url,
+            config.runtime.pool_size(),
+            &format!("switchboard-{name}"),
+        )
+        .await?;
         let topology = Topology::new(&config.subject_prefix, config.runtime.turn_partitions);
         Ok(App {
             config: Arc::new(config),

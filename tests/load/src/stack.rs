@@ -146,6 +146,13 @@ impl Stack {
             .ok()
     }
 
+    /// The Postgres server's log.
+    pub fn postgres_log(&self) -> Option<PathBuf> {
+        let ports = std::fs::read_to_string(self.dir.join("ports")).ok()?;
+        let pg_dir = ports.lines().find_map(|l| l.strip_prefix("PG_DIR="))?;
+        Some(Path::new(pg_dir).join("postgres.log"))
+    }
+
     /// The postmaster's pid (its children are the backends).
     pub fn postgres_pid(&self) -> Option<u32> {
         let ports = std::fs::read_to_string(self.dir.join("ports")).ok()?;

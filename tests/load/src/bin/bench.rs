@@ -56,6 +56,7 @@ use switchboard_load::pipeline::{self, Knobs, Pipeline};
 use switchboard_load::procs::{self, CpuSnapshot, MemoryPeaks, MemorySampler};
 use switchboard_load::report::{self, PlotSeries};
 use switchboard_load::stack::{Stack, repo_dir};
+use switchboard_load::statement_profile;
 use switchboard_load::table_writes;
 use switchboard_load::{message_text, now_us};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -172,6 +173,10 @@ struct Args {
     /// (which slows the run: a profile, not a measurement).
     #[arg(long, default_value = "")]
     pg_conf: String,
+    /// Profile Postgres by worker and statement (its log, `statements.txt` in each
+    /// scenario's folder; slows the run: a profile, not a measurement).
+    #[arg(long)]
+    profile_statements: bool,
     /// Where results go (a timestamped folder is made inside).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -299,7 +304,10 @@ async fn main() -> anyhow::Result<()> {
 
     let stack = {
         let (n, np, pp) = (args.stack_name.clone(), args.nats_port, args.pg_port);
-        let conf = args.pg_conf.clone();
+        let mut conf = args.pg_conf.clone();
+        if args.profile_statements {
+            conf = format!("{conf}\n{}", statement_profile::PG_CONF);
+        }
         tokio::task::spawn_blocking(move || Stack::up_tuned(&n, np, pp, false, &conf)).await??
     };
     println!(
@@ -824,6 +832,11 @@ async fn run_scenario(
     let pg_before = floor::pg_counters(&stack.database_url, &database).await?;
     let seq_before = floor::stream_sequences(&pipeline.js, &streams).await;
     let statements_before = counter.as_ref().map(StatementCounter::count);
+    let log_before = args
+        .profile_statements
+        .then(|| stack.postgres_log())
+        .flatten()
+        .map(|log| statement_profile::LogMark::now(&log));
 
     let load = LoadGen::new(pipeline.gateway.clone(), twilio.clone(), args.max_posts)
         .with_retry_for(Duration::from_secs(10));
@@ -990,6 +1003,13 @@ async fn run_scenario(
         floor::wait_for_no_backends(&stack.database_url, &database, Duration::from_secs(15)).await;
     let pg_after = floor::pg_counters(&stack.database_url, &database).await?;
     let tables_after = table_writes::read(&run_db).await?;
+    if let Some(before) = &log_before {
+        let after = statement_profile::LogMark::now(&stack.postgres_log().unwrap_or_default());
+        let profile =
+            statement_profile::profile(&before.read_to(&after)?, "switchboard-", turns_total);
+        std::fs::write(dir.join("statements.txt"), profile.render(40))?;
+        println!("{}", profile.render(15));
+    }
     let counted_by = match &counter {
         Some(c) if c.encrypted() => {
             "not counted: the connections were encrypted, the proxy could not read them".into()
