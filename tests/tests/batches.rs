@@ -9,7 +9,7 @@ use prost::Message as _;
 use switchboard::stages;
 use switchboard_e2e::{AppOptions, spawn_app_with};
 use switchboard_kit::proto::{InboundMessage, MessageLogged, Person, Turn};
-use switchboard_kit::{Attempt, Outcome, Source, Stage, StageError, StageSpec};
+use switchboard_kit::{Attempt, BatchStage, Outcome, Source, Stage, StageError, StageSpec};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -217,5 +217,64 @@ async fn a_stage_following_the_public_events_gets_each_event_retries_and_dead_le
         letters[0].error
     );
     assert_eq!(letters[0].subject, app.topology.event("message.logged"));
+    app.shutdown().await;
+}
+
+/// A batch stage of the test's own that lingers: it records the batches it was handed.
+struct Lingering {
+    calls: std::sync::Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+impl BatchStage for Lingering {
+    type Input = MessageLogged;
+    const SPEC: StageSpec = StageSpec::new("test-lingering", Source::Events("message.logged"))
+        .linger(Duration::from_millis(1500));
+
+    async fn handle_batch(&self, events: Vec<MessageLogged>, _: &[Attempt]) -> Vec<Outcome> {
+        let ids = events.iter().map(|e| e.message_id.clone()).collect();
+        self.calls.lock().unwrap().push(ids);
+        events.iter().map(|_| Ok(vec![])).collect()
+    }
+}
+
+#[tokio::test]
+async fn a_lingering_batch_stage_takes_what_comes_within_its_linger_in_one_call() {
+    // Nothing else runs: the events are the test's own.
+    let app = spawn_app_with(AppOptions {
+        in_process: vec![],
+        ..Default::default()
+    })
+    .await;
+    app.topology
+        .apply(&app.js, &app.config.runtime, &[Lingering::SPEC])
+        .await
+        .expect("the stage's consumer");
+    let calls = std::sync::Arc::new(Mutex::new(Vec::new()));
+    app.start(vec![app.app().batch_stage_task(Lingering {
+        calls: calls.clone(),
+    })]);
+    let event = |id: &str| {
+        MessageLogged {
+            message_id: id.into(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    // Three events a little apart, all within the linger of the first: one call, not three
+    // (seen: three calls of one event each while the stage did not linger).
+    for id in ["first", "second", "third"] {
+        publish(&app, app.topology.event("message.logged"), event(id)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let calls = calls.lock().unwrap().clone();
+        let handled: usize = calls.iter().map(Vec::len).sum();
+        if handled >= 3 || Instant::now() > deadline {
+            assert_eq!(calls, vec![vec!["first", "second", "third"]]);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     app.shutdown().await;
 }

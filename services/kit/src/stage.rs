@@ -42,6 +42,9 @@ pub struct StageSpec {
     pub max_wait: Option<Duration>,
     /// Delay before a failed message is tried again.
     pub retry: Option<Backoff>,
+    /// For a [`crate::BatchStage`] off the reply path: how long a batch may wait for more
+    /// messages once its first is here (none: what one pull brought goes at once).
+    pub linger: Option<Duration>,
 }
 
 impl StageSpec {
@@ -55,6 +58,7 @@ impl StageSpec {
             max_deliver: None,
             max_wait: None,
             retry: None,
+            linger: None,
         }
     }
     pub const fn concurrency(mut self, n: usize) -> Self {
@@ -63,6 +67,12 @@ impl StageSpec {
     }
     pub const fn batch(mut self, n: usize) -> Self {
         self.batch = Some(n);
+        self
+    }
+    /// Let a batch wait up to `d` to fill (a stage that only records, whose outputs nobody
+    /// waits for: fewer, larger transactions under load for at most `d` of delay).
+    pub const fn linger(mut self, d: Duration) -> Self {
+        self.linger = Some(d);
         self
     }
     pub const fn max_deliver(mut self, n: u64) -> Self {
@@ -95,6 +105,8 @@ pub struct StageOverrides {
     pub retry_base_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_max_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub linger_ms: Option<u64>,
 }
 
 /// A stage's knobs as it runs: its override, else its spec, else `[runtime]`.
@@ -105,6 +117,8 @@ pub struct StageOptions {
     pub max_deliver: u64,
     pub max_wait: Duration,
     pub retry: Backoff,
+    /// Zero: a batch never waits to fill.
+    pub linger: Duration,
 }
 
 impl StageOptions {
@@ -140,6 +154,11 @@ impl StageOptions {
                     .map(Duration::from_millis)
                     .unwrap_or(spec_retry.max),
             ),
+            linger: o
+                .linger_ms
+                .map(Duration::from_millis)
+                .or(spec.linger)
+                .unwrap_or_default(),
         }
     }
 }

@@ -280,8 +280,16 @@ async fn main() -> anyhow::Result<()> {
                 config.runtime.turn_partitions,
             );
             println!(
-                "{:<14} {:<10} {:<12} {:<24} {:>5} {:>5} {:>8} {:>8}",
-                "stage", "worker", "stream", "reads", "conc", "batch", "deliver", "wait_s"
+                "{:<14} {:<10} {:<12} {:<24} {:>5} {:>5} {:>8} {:>8} {:>9}",
+                "stage",
+                "worker",
+                "stream",
+                "reads",
+                "conc",
+                "batch",
+                "deliver",
+                "wait_s",
+                "linger_ms"
             );
             for r in stages::ALL {
                 let o = switchboard_kit::StageOptions::resolve(
@@ -290,7 +298,7 @@ async fn main() -> anyhow::Result<()> {
                     config.stages.get(r.spec.name),
                 );
                 println!(
-                    "{:<14} {:<10} {:<12} {:<24} {:>5} {:>5} {:>8} {:>8}",
+                    "{:<14} {:<10} {:<12} {:<24} {:>5} {:>5} {:>8} {:>8} {:>9}",
                     r.spec.name,
                     r.worker,
                     topology.stream_of(r.spec.reads),
@@ -298,7 +306,8 @@ async fn main() -> anyhow::Result<()> {
                     o.concurrency,
                     o.batch,
                     o.max_deliver,
-                    o.max_wait.as_secs()
+                    o.max_wait.as_secs(),
+                    o.linger.as_millis()
                 );
             }
             Ok(())

@@ -190,19 +190,33 @@ impl Runtime {
                     }
                     None => continue 'outer,
                 };
-                // Take what is already here, never wait for more: a lone message goes at once.
+                // Take what is already here, and wait for more only as long as the stage
+                // lingers (by default never: a lone message goes at once).
+                let filled_by = tokio::time::Instant::now() + opts.linger;
                 while batch.len() < per_call {
-                    match messages.next().now_or_never() {
-                        Some(Some(Ok(msg))) => batch.push(msg),
-                        Some(Some(Err(e))) => {
+                    let next = match messages.next().now_or_never() {
+                        Some(next) => next,
+                        None if opts.linger.is_zero() => break,
+                        None => tokio::select! {
+                            next = tokio::time::timeout_at(filled_by, messages.next()) => {
+                                match next {
+                                    Ok(next) => next,
+                                    Err(_) => break,
+                                }
+                            }
+                            _ = shutdown.wait() => break,
+                        },
+                    };
+                    match next {
+                        Some(Ok(msg)) => batch.push(msg),
+                        Some(Err(e)) => {
                             tracing::debug!(stage = %name, error = %e, "pull stream error");
                             break;
                         }
-                        Some(None) => {
+                        None => {
                             ended = true;
                             break;
                         }
-                        None => break,
                     }
                 }
                 let this = this.clone();
