@@ -73,7 +73,8 @@ fn passing() -> Measured {
                     ..Default::default()
                 })
                 .to_vec(),
-            half_load_without: Some(clean(1250.0, 0, t.half_load.window_s, Some(1250.0), 1_900)),
+            max_throughput_with: None,
+            half_load_with: Some(clean(1250.0, 0, t.half_load.window_s, Some(1250.0), 2_100)),
         }),
     }
 }
@@ -214,9 +215,9 @@ fn a_double_or_an_order_violation_fails() {
 fn latency_and_memory_targets_fail_with_the_measured_value() {
     let mut m = passing();
     m.half_load.as_mut().unwrap().overhead = overhead(&vec![15_000; 1000], 0);
-    // As slow without the memory workers: only the absolute targets are missed.
-    let without = m.memory_workers.as_mut().unwrap();
-    without.half_load_without.as_mut().unwrap().overhead = overhead(&vec![15_000; 1000], 0);
+    // As slow with the memory workers: only the absolute targets are missed.
+    let with = m.memory_workers.as_mut().unwrap();
+    with.half_load_with.as_mut().unwrap().overhead = overhead(&vec![15_000; 1000], 0);
     m.in_flight.as_mut().unwrap().stack_rss_mb = 812.0;
     let v = verdict(&targets(), &m);
     let text = failure_text(&v);

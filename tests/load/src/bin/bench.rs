@@ -228,11 +228,13 @@ struct ScenarioDetail {
     /// Lines in the worker logs (RUST_LOG=warn: warnings and errors), and the first few.
     worker_log_lines: u64,
     worker_log_examples: Vec<String>,
-    /// The memory workers ran beside the reply path.
+    /// The memory workers ran beside the reply path (the memory scenario's runs of 1 and 2).
     memory_workers: bool,
-    /// Scenario 2 again, without the memory workers, to compare with.
+    /// The reply path configured as the memory runs are (embedder, summary model), without
+    /// the memory workers: the scenario's own run, which the memory run is compared with.
     without_memory: bool,
-    /// The memory stages' lag, sampled every second (scenarios 1 and 2, both runs of 2).
+    /// The memory stages' lag, sampled every second (every run of scenarios 1 and 2 while the
+    /// memory workers are on).
     memory_lag: Option<LagRun>,
     /// /proc/loadavg (1, 5, 15 min) when the load started and when the window ended: the
     /// machine may be shared.
@@ -256,9 +258,9 @@ struct Spec {
     warmup: Duration,
     duration: Duration,
     knobs: Knobs,
-    /// Start the memory workers too.
+    /// Start the memory workers too (the memory scenario's run).
     memory_workers: bool,
-    /// The run without the memory workers that scenario 2 is compared with.
+    /// Configured as the memory run is, without starting the memory workers.
     without_memory: bool,
     /// How long to wait for the memory workers to catch up after the load.
     catch_up: Duration,
@@ -372,13 +374,14 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What a scenario's run measured (scenario 2 without the memory workers apart).
+/// What a scenario's run measured (the memory scenario's runs of 1 and 2 apart).
 fn measured_of<'a>(m: &'a Measured, d: &ScenarioDetail) -> Option<&'a ScenarioMeasured> {
-    if d.without_memory {
-        return m
-            .memory_workers
-            .as_ref()
-            .and_then(|w| w.half_load_without.as_ref());
+    if d.memory_workers {
+        let w = m.memory_workers.as_ref()?;
+        return match d.id {
+            1 => w.max_throughput_with.as_ref(),
+            _ => w.half_load_with.as_ref(),
+        };
     }
     scenario_of(m, d.id)
 }
@@ -386,12 +389,12 @@ fn measured_of<'a>(m: &'a Measured, d: &ScenarioDetail) -> Option<&'a ScenarioMe
 /// One plot line per memory stage and run that sampled lag.
 fn lag_lines(details: &[ScenarioDetail]) -> Vec<report::PlotLagLine> {
     let run = |d: &ScenarioDetail| {
-        let without = if d.without_memory {
-            " without memory workers"
+        let with = if d.memory_workers {
+            " with the memory workers"
         } else {
-            ""
+            " without them"
         };
-        format!("scenario {}{without}", d.id)
+        format!("scenario {}{with}", d.id)
     };
     details
         .iter()
@@ -466,7 +469,8 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
     );
     if memory_on {
         println!(
-            "bench: memory workers on in scenarios 1 and 2, embedder: {}",
+            "bench: scenarios 1 and 2 measure the reply path; each runs again with the memory \
+             workers (the memory scenario), embedder: {}",
             args.memory_embedder.as_str()
         );
     }
@@ -481,19 +485,32 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
             warmup,
             duration: Duration::from_secs(args.secs.unwrap_or(t.max_throughput.window_s)),
             knobs: knobs(args),
-            memory_workers: memory_on,
-            without_memory: false,
+            memory_workers: false,
+            without_memory: memory_on,
             catch_up,
         };
         let (m, d) = run_scenario(stack, &spec, args, out).await?;
         measured.max_throughput = Some(m);
-        if let Some(lag) = &d.memory_lag {
-            measured
-                .memory_workers
-                .get_or_insert_with(|| memory_measured(args))
-                .max_throughput_lag = lag.summary();
-        }
         details.push(d);
+        if memory_on {
+            // The memory scenario: the same run with the memory workers beside the reply path,
+            // their lag sampled.
+            let spec = Spec {
+                name: "max throughput with the memory workers",
+                memory_workers: true,
+                without_memory: false,
+                ..spec
+            };
+            let (m, d) = run_scenario(stack, &spec, args, out).await?;
+            let w = measured
+                .memory_workers
+                .get_or_insert_with(|| memory_measured(args));
+            if let Some(lag) = &d.memory_lag {
+                w.max_throughput_lag = lag.summary();
+            }
+            w.max_throughput_with = Some(m);
+            details.push(d);
+        }
         if !args.no_floor {
             let f = run_floor(stack, args, spec.duration).await?;
             measured.floor = Some(FloorMeasured {
@@ -526,26 +543,26 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
             warmup,
             duration: Duration::from_secs(args.half_secs.unwrap_or(t.half_load.window_s)),
             knobs: knobs(args),
-            memory_workers: memory_on,
-            without_memory: false,
+            memory_workers: false,
+            without_memory: memory_on,
             catch_up,
         };
         let (m, d) = run_scenario(stack, &spec, args, out).await?;
         measured.half_load = Some(m);
         details.push(d);
         if memory_on {
-            // The same run (rate, senders, window, lag sampling) with the memory workers stopped.
+            // The same run (rate, senders, window) with the memory workers beside it.
             let spec = Spec {
-                name: "half load (open loop) without the memory workers",
-                memory_workers: false,
-                without_memory: true,
+                name: "half load (open loop) with the memory workers",
+                memory_workers: true,
+                without_memory: false,
                 ..spec
             };
             let (m, d) = run_scenario(stack, &spec, args, out).await?;
             measured
                 .memory_workers
                 .get_or_insert_with(|| memory_measured(args))
-                .half_load_without = Some(m);
+                .half_load_with = Some(m);
             details.push(d);
         }
     }
@@ -753,12 +770,12 @@ async fn run_scenario(
     out: &Path,
 ) -> anyhow::Result<(ScenarioMeasured, ScenarioDetail)> {
     println!("\n---- scenario {}: {} ----", spec.id, spec.name);
-    let tag = if spec.without_memory { "n" } else { "" };
+    let tag = if spec.memory_workers { "m" } else { "" };
     let dir = out.join(format!(
         "scenario-{}{}",
         spec.id,
-        if spec.without_memory {
-            "-without-memory"
+        if spec.memory_workers {
+            "-with-memory"
         } else {
             ""
         }
@@ -772,7 +789,7 @@ async fn run_scenario(
     if args.no_recall {
         config.recall.enabled = false;
     }
-    // The run without the memory workers is configured as the one with them.
+    // The reply path's run is configured as the one with the memory workers.
     let sample_lag = spec.memory_workers || spec.without_memory;
     // The fake chat model answers until the memory workers have caught up.
     let memory_side = if sample_lag {
