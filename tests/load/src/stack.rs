@@ -146,18 +146,21 @@ impl Stack {
             .ok()
     }
 
-    /// The Postgres server's log.
-    pub fn postgres_log(&self) -> Option<PathBuf> {
+    /// Postgres's folder (`PG_DIR` in the stack's `ports` file).
+    fn postgres_dir(&self) -> Option<PathBuf> {
         let ports = std::fs::read_to_string(self.dir.join("ports")).ok()?;
         let pg_dir = ports.lines().find_map(|l| l.strip_prefix("PG_DIR="))?;
-        Some(Path::new(pg_dir).join("postgres.log"))
+        Some(PathBuf::from(pg_dir))
+    }
+
+    /// The Postgres server's log.
+    pub fn postgres_log(&self) -> Option<PathBuf> {
+        Some(self.postgres_dir()?.join("postgres.log"))
     }
 
     /// The postmaster's pid (its children are the backends).
     pub fn postgres_pid(&self) -> Option<u32> {
-        let ports = std::fs::read_to_string(self.dir.join("ports")).ok()?;
-        let pg_dir = ports.lines().find_map(|l| l.strip_prefix("PG_DIR="))?;
-        std::fs::read_to_string(Path::new(pg_dir).join("data/postmaster.pid"))
+        std::fs::read_to_string(self.postgres_dir()?.join("data/postmaster.pid"))
             .ok()?
             .lines()
             .next()?
