@@ -122,6 +122,23 @@ async fn the_index_lag_counts_exactly_the_messages_without_a_vector_also_across_
             .messages_waiting,
         1
     );
+    // A person's lag, one statement whichever model the marks are for: by the marks for the
+    // new model, by the vectors for the old one.
+    assert_eq!(
+        lag(&app, "fake-embed-v2", of(behind))
+            .await
+            .messages_waiting,
+        3
+    );
+    assert_eq!(
+        lag(&app, "fake-embed-v2", of(other)).await.messages_waiting,
+        2
+    );
+    assert_eq!(
+        lag(&app, "fake-embed", of(behind)).await.messages_waiting,
+        1
+    );
+    assert_eq!(lag(&app, "fake-embed", of(other)).await.messages_waiting, 0);
     // And back: marked again from the vectors, the same answer as before the change.
     assert!(index::ensure_marks(&app.db, "fake-embed").await.unwrap());
     assert_eq!(

@@ -33,93 +33,42 @@ pub async fn lag(db: &PgPool, model: &str, scope: LagScope<'_>) -> Result<IndexL
 /// When the marks are for `model` (the steady state: [`ensure_marks`]), the waiting messages are
 /// the entries of the partial index `messages_unembedded`, a handful whatever the log's size.
 /// Otherwise (no embedding worker of that model has started yet) every message is looked up
-/// among the vectors: exact, and slow on a large log. Two statements, not one with both
-/// branches: Postgres plans the slow branch in parallel and starts its workers (~10 ms) even
-/// when a one-time filter then skips it (seen in the memory bench at 1M).
+/// among the vectors: exact, and slow on a large log. Everyone's lag is two statements, not one
+/// with both branches: Postgres plans the slow branch in parallel and starts its workers
+/// (~10 ms) even when a one-time filter then skips it (seen in the memory bench at 1M). A
+/// person's lag is one statement (their messages only: no parallel plan).
 pub async fn lag_excluding(
     db: &PgPool,
     model: &str,
     scope: LagScope<'_>,
     exclude: &[uuid::Uuid],
 ) -> Result<IndexLag, sqlx::Error> {
-    let marked = sqlx::query_scalar!("SELECT model FROM switchboard.embedding_marks")
-        .fetch_optional(db)
-        .await?;
-    let marked = marked.as_deref() == Some(model);
-    // A person's lag (every recall asks for it) reads that person's messages by
-    // `messages_person_identity`: a statement of its own with `person_id = $1`, since a
-    // "$1 IS NULL OR person_id = $1" filter keeps a generic plan from using the index, and
-    // then every recall scanned everyone's waiting messages (or, before any embedding worker
-    // ran, the whole log).
-    let lag = match (scope, marked) {
-        (LagScope::Everyone, true) => {
-            sqlx::query_as!(
-                LagRow,
-                r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
-                          count(*) AS "waiting!"
-                     FROM switchboard.messages m
-                    WHERE m.embedded_model IS NULL AND m.conversation
-                      AND NOT (m.id = ANY($1::uuid[]))"#,
-                exclude,
-            )
-            .fetch_one(db)
-            .await?
-        }
-        (LagScope::Everyone, false) => {
-            sqlx::query_as!(
-                LagRow,
-                r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
-                          count(*) AS "waiting!"
-                     FROM switchboard.messages m
-                    WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                                       WHERE v.message_id = m.id AND v.model = $1)
-                      AND m.conversation
-                      AND NOT (m.id = ANY($2::uuid[]))"#,
-                model,
-                exclude,
-            )
-            .fetch_one(db)
-            .await?
-        }
-        (
-            LagScope::Person {
-                person_id,
-                agent_identity,
-            },
-            true,
-        ) => {
-            sqlx::query_as!(
-                LagRow,
-                r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
-                          count(*) AS "waiting!"
-                     FROM switchboard.messages m
-                    WHERE m.person_id = $1 AND ($2::text IS NULL OR m.agent_identity = $2)
-                      AND m.embedded_model IS NULL AND m.conversation
-                      AND NOT (m.id = ANY($3::uuid[]))"#,
-                person_id,
-                agent_identity,
-                exclude,
-            )
-            .fetch_one(db)
-            .await?
-        }
-        (
-            LagScope::Person {
-                person_id,
-                agent_identity,
-            },
-            false,
-        ) => {
+    let lag = match scope {
+        // A person's lag (every recall asks for it) reads that person's messages by
+        // `messages_person_identity`: a statement of its own with `person_id = $2`, since a
+        // "$2 IS NULL OR person_id = $2" filter keeps a generic plan from using the index, and
+        // then every recall scanned everyone's waiting messages (or, before any embedding worker
+        // ran, the whole log). Whether the marks are for `model` is read in the same statement
+        // (one round trip fewer on every turn's recall): a person's messages are few, so the
+        // look-up among the vectors when they are not is cheap here.
+        LagScope::Person {
+            person_id,
+            agent_identity,
+        } => {
             sqlx::query_as!(
                 LagRow,
                 r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
                           count(*) AS "waiting!"
                      FROM switchboard.messages m
                     WHERE m.person_id = $2 AND ($3::text IS NULL OR m.agent_identity = $3)
-                      AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                                       WHERE v.message_id = m.id AND v.model = $1)
                       AND m.conversation
-                      AND NOT (m.id = ANY($4::uuid[]))"#,
+                      AND NOT (m.id = ANY($4::uuid[]))
+                      AND CASE WHEN EXISTS (SELECT 1 FROM switchboard.embedding_marks
+                                             WHERE model = $1)
+                               THEN m.embedded_model IS NULL
+                               ELSE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                                                 WHERE v.message_id = m.id AND v.model = $1)
+                          END"#,
                 model,
                 person_id,
                 agent_identity,
@@ -127,6 +76,39 @@ pub async fn lag_excluding(
             )
             .fetch_one(db)
             .await?
+        }
+        LagScope::Everyone => {
+            let marked = sqlx::query_scalar!("SELECT model FROM switchboard.embedding_marks")
+                .fetch_optional(db)
+                .await?;
+            if marked.as_deref() == Some(model) {
+                sqlx::query_as!(
+                    LagRow,
+                    r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                              count(*) AS "waiting!"
+                         FROM switchboard.messages m
+                        WHERE m.embedded_model IS NULL AND m.conversation
+                          AND NOT (m.id = ANY($1::uuid[]))"#,
+                    exclude,
+                )
+                .fetch_one(db)
+                .await?
+            } else {
+                sqlx::query_as!(
+                    LagRow,
+                    r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                              count(*) AS "waiting!"
+                         FROM switchboard.messages m
+                        WHERE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                                           WHERE v.message_id = m.id AND v.model = $1)
+                          AND m.conversation
+                          AND NOT (m.id = ANY($2::uuid[]))"#,
+                    model,
+                    exclude,
+                )
+                .fetch_one(db)
+                .await?
+            }
         }
     };
     Ok(IndexLag {
