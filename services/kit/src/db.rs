@@ -25,13 +25,7 @@ pub enum DbError {
 /// A pool for `url`. Errors name the URL without its password, whoever calls (the CLI's
 /// commands call this directly, not through `App::connect`).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
-    if url.trim().is_empty() {
-        return Err(DbError::NoUrl);
-    }
-    pool_options(max_connections)
-        .connect(url)
-        .await
-        .map_err(|source| connect_error(url, source))
+    connect_named(url, max_connections, None).await
 }
 
 /// [`connect`], the connections named `application_name` (unless the URL or `PGAPPNAME` names
@@ -41,13 +35,21 @@ pub async fn connect_as(
     max_connections: u32,
     application_name: &str,
 ) -> Result<PgPool, DbError> {
+    connect_named(url, max_connections, Some(application_name)).await
+}
+
+async fn connect_named(
+    url: &str,
+    max_connections: u32,
+    application_name: Option<&str>,
+) -> Result<PgPool, DbError> {
     if url.trim().is_empty() {
         return Err(DbError::NoUrl);
     }
     let mut options =
         PgConnectOptions::from_str(url).map_err(|source| connect_error(url, source))?;
-    if options.get_application_name().is_none() {
-        options = options.application_name(application_name);
+    if let Some(name) = application_name.filter(|_| options.get_application_name().is_none()) {
+        options = options.application_name(name);
     }
     pool_options(max_connections)
         .connect_with(options)

@@ -203,17 +203,23 @@ mod tests {
             .retry(Backoff::new(
                 Duration::from_secs(1),
                 Duration::from_secs(10),
-            ));
+            ))
+            .linger(Duration::from_millis(20));
         let plain = StageOptions::resolve(&spec, &rt, None);
         assert_eq!(plain.concurrency, 256);
         assert_eq!(plain.batch, 32);
         assert_eq!(plain.max_deliver, 8);
         assert_eq!(plain.retry.base, Duration::from_secs(1));
+        assert_eq!(plain.linger, Duration::from_millis(20));
+        // No stage lingers unless it says so.
+        let unsaid = StageOptions::resolve(&StageSpec::new("x", Source::Work("reply")), &rt, None);
+        assert_eq!(unsaid.linger, Duration::ZERO);
 
         let o = StageOverrides {
             concurrency: Some(12),
             max_deliver: Some(3),
             retry_max_ms: Some(2_000),
+            linger_ms: Some(0),
             ..Default::default()
         };
         let tuned = StageOptions::resolve(&spec, &rt, Some(&o));
@@ -221,6 +227,8 @@ mod tests {
         assert_eq!(tuned.max_deliver, 3);
         assert_eq!(tuned.retry.base, Duration::from_secs(1));
         assert_eq!(tuned.retry.max, Duration::from_secs(2));
+        // An operator can turn a stage's linger off.
+        assert_eq!(tuned.linger, Duration::ZERO);
     }
 
     #[test]

@@ -179,7 +179,7 @@ async fn query_vector(
 }
 
 /// The hybrid ranking statement: `model`'s vectors of `dimensions` (no vector branch when the
-/// query has no vector). `exact`: one person's messages are ranked by their exact distance
+/// query has no vector). `for_person`: one person's messages are ranked by their exact distance
 /// (the btree on person, then a sort), never by a walk of the HNSW graph: a person's vectors
 /// are few, and a filtered graph walk can miss one of them entirely among near-identical
 /// vectors of other people (seen: recall's fifty-people test, a person's own message not
@@ -191,14 +191,13 @@ async fn query_vector(
 /// model (the partial HNSW index's predicate), the dimensions (the `halfvec(n)` cast the index
 /// is matched by) and which branches the query has; a compile-time statement would need one
 /// literal per model and size.
-/// `exact` is also "the query names a person".
-fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, exact: bool) -> String {
+fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, for_person: bool) -> String {
     // Both branches carry the same filters; the person and identity are checked on the vector
     // rows themselves too (isolation where the data lives). A person's search names the person
     // outright: behind "`$2 IS NULL OR …`" the cached statement's generic plan cannot use the
     // person's index, and the words branch then ranks everyone's matching messages before
     // filtering them (recall's 890 µs a turn in the bench's profile, growing with the log).
-    let person = if exact {
+    let person = if for_person {
         "m.person_id = $2"
     } else {
         "($2::text IS NULL OR m.person_id = $2)"
@@ -214,7 +213,7 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, exact: bool) -
                AND NOT (coalesce(m.metadata->>'kind', '') = ANY($12::text[]))
                AND ($13::uuid IS NULL OR m.direction <> 'inbound' OR m.id < $13)"
     );
-    let vector_branch = if with_vector && exact {
+    let vector_branch = if with_vector && for_person {
         let n = dimensions;
         let model = sql_literal(model);
         // The person's vectors are read once, each distance computed as it is read, and sorted
@@ -374,10 +373,10 @@ pub async fn rank(
     let text = q.text.trim().to_string();
     let (vector, dimensions, vector_error) = query_vector(embedder, &text).await;
     let with_vector = vector.is_some();
-    let exact = q.person.is_some();
-    let sql = ranking_sql(model, dimensions, with_vector, exact);
+    let for_person = q.person.is_some();
+    let sql = ranking_sql(model, dimensions, with_vector, for_person);
     let arguments = ranking_arguments(vector, &text, q)?;
-    if exact || !with_vector {
+    if for_person || !with_vector {
         // No walk of the HNSW graph: none of its settings, so no transaction to hold them
         // (three round trips fewer for every turn's recall).
         let hits = sqlx::query_as_with(&sql, arguments).fetch_all(db).await?;

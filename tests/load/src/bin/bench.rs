@@ -244,6 +244,18 @@ struct ScenarioDetail {
     overhead_us: Vec<u64>,
 }
 
+/// What a run has of the memory half.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Memory {
+    /// No embedder, no memory workers (`--memory-workers off`, scenario 3).
+    Off,
+    /// Configured as the memory scenario's run is (embedder, summary model), its memory
+    /// workers not started: the reply path that run is compared with.
+    Configured,
+    /// The memory scenario's run: the memory workers beside the reply path, their lag sampled.
+    Workers,
+}
+
 enum Mode {
     Closed,
     Open { rate: f64 },
@@ -258,10 +270,7 @@ struct Spec {
     warmup: Duration,
     duration: Duration,
     knobs: Knobs,
-    /// Start the memory workers too (the memory scenario's run).
-    memory_workers: bool,
-    /// Configured as the memory run is, without starting the memory workers.
-    without_memory: bool,
+    memory: Memory,
     /// How long to wait for the memory workers to catch up after the load.
     catch_up: Duration,
 }
@@ -463,6 +472,12 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
     let mut floor_result = None;
     let warmup = Duration::from_secs(args.warmup);
     let memory_on = args.memory_workers == MemoryWorkers::On;
+    // Scenarios 1 and 2 themselves: the reply path, configured as their memory runs are.
+    let reply_path = if memory_on {
+        Memory::Configured
+    } else {
+        Memory::Off
+    };
     let catch_up = Duration::from_secs(
         args.catch_up_secs
             .unwrap_or(t.memory_workers.max_catch_up_s.ceil() as u64),
@@ -485,8 +500,7 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
             warmup,
             duration: Duration::from_secs(args.secs.unwrap_or(t.max_throughput.window_s)),
             knobs: knobs(args),
-            memory_workers: false,
-            without_memory: memory_on,
+            memory: reply_path,
             catch_up,
         };
         let (m, d) = run_scenario(stack, &spec, args, out).await?;
@@ -497,8 +511,7 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
             // their lag sampled.
             let spec = Spec {
                 name: "max throughput with the memory workers",
-                memory_workers: true,
-                without_memory: false,
+                memory: Memory::Workers,
                 ..spec
             };
             let (m, d) = run_scenario(stack, &spec, args, out).await?;
@@ -543,8 +556,7 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
             warmup,
             duration: Duration::from_secs(args.half_secs.unwrap_or(t.half_load.window_s)),
             knobs: knobs(args),
-            memory_workers: false,
-            without_memory: memory_on,
+            memory: reply_path,
             catch_up,
         };
         let (m, d) = run_scenario(stack, &spec, args, out).await?;
@@ -554,8 +566,7 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
             // The same run (rate, senders, window) with the memory workers beside it.
             let spec = Spec {
                 name: "half load (open loop) with the memory workers",
-                memory_workers: true,
-                without_memory: false,
+                memory: Memory::Workers,
                 ..spec
             };
             let (m, d) = run_scenario(stack, &spec, args, out).await?;
@@ -592,8 +603,7 @@ async fn run_all(args: &Args, t: &Targets, stack: &Stack, out: &Path) -> anyhow:
                 max_ack_pending: (in_flight as i64 * 2).max(20_000),
                 ..knobs(args)
             },
-            memory_workers: false,
-            without_memory: false,
+            memory: Memory::Off,
             catch_up,
         };
         let (m, d) = run_scenario(stack, &spec, args, out).await?;
@@ -770,15 +780,12 @@ async fn run_scenario(
     out: &Path,
 ) -> anyhow::Result<(ScenarioMeasured, ScenarioDetail)> {
     println!("\n---- scenario {}: {} ----", spec.id, spec.name);
-    let tag = if spec.memory_workers { "m" } else { "" };
+    let with_workers = spec.memory == Memory::Workers;
+    let tag = if with_workers { "m" } else { "" };
     let dir = out.join(format!(
         "scenario-{}{}",
         spec.id,
-        if spec.memory_workers {
-            "-with-memory"
-        } else {
-            ""
-        }
+        if with_workers { "-with-memory" } else { "" }
     ));
     let runner = LoadRunner::start(spec.runner_delay).await;
     runner.record_timing(true);
@@ -790,7 +797,7 @@ async fn run_scenario(
         config.recall.enabled = false;
     }
     // The reply path's run is configured as the one with the memory workers.
-    let sample_lag = spec.memory_workers || spec.without_memory;
+    let sample_lag = spec.memory != Memory::Off;
     // The fake chat model answers until the memory workers have caught up.
     let memory_side = if sample_lag {
         let m = MemorySide::start(args.memory_embedder).await;
@@ -817,7 +824,7 @@ async fn run_scenario(
     } else {
         per_worker.to_vec()
     };
-    if spec.memory_workers && !args.one_process {
+    if with_workers && !args.one_process {
         order.extend(memory_lag::WORKERS);
     }
     let mut pipeline = Pipeline::start(&dir, config, &order, |_, _| {})
@@ -973,7 +980,7 @@ async fn run_scenario(
     // The memory workers catch up (their I/O then counts with the turns': what a turn costs),
     // within `catch_up` of the window's end, as the target counts it (the drain and settle
     // are part of that time).
-    if spec.memory_workers {
+    if with_workers {
         let since_end = Duration::from_micros(now_us().saturating_sub(end_us));
         let (caught_up, _) = memory_run::wait_caught_up(
             &mut pipeline,
@@ -1213,8 +1220,8 @@ async fn run_scenario(
         io_counted_after_disconnect: disconnected,
         worker_log_lines,
         worker_log_examples,
-        memory_workers: spec.memory_workers,
-        without_memory: spec.without_memory,
+        memory_workers: with_workers,
+        without_memory: spec.memory == Memory::Configured,
         memory_lag,
         load_average_before,
         load_average_after,
