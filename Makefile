@@ -37,7 +37,7 @@ stack-tool:
 
 run: build
 	@if [ -z "$(EXTERNAL)" ]; then \
-	  eval "$$($(STACK) up run $(RUN_PORTS))"; \
+	  eval "$$($(if $(CLUSTER),SB_STACK_NATS_CLUSTER=$(CLUSTER) )$(STACK) up run $(RUN_PORTS))"; \
 	  echo 'the stack takes only its own credentials (.stack/run/credentials/); for other commands'; \
 	  echo '(people import, dlq, api-keys, migrate) in another shell: eval "$$($(STACK) env run)"'; \
 	else \

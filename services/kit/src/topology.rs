@@ -187,6 +187,7 @@ impl Topology {
                 retention: stream::RetentionPolicy::Interest,
                 storage: stream::StorageType::File,
                 duplicate_window: Duration::from_secs(rt.duplicate_window_s),
+                num_replicas: rt.stream_replicas,
                 ..Default::default()
             },
             stream::Config {
@@ -197,6 +198,7 @@ impl Topology {
                 storage: stream::StorageType::File,
                 max_age: Duration::from_secs(rt.events_max_age_days * 24 * 3600),
                 duplicate_window: Duration::from_secs(rt.duplicate_window_s),
+                num_replicas: rt.stream_replicas,
                 ..Default::default()
             },
             stream::Config {
@@ -207,6 +209,7 @@ impl Topology {
                 storage: stream::StorageType::File,
                 max_age: Duration::from_secs(30 * 24 * 3600),
                 duplicate_window: Duration::from_secs(rt.duplicate_window_s),
+                num_replicas: rt.stream_replicas,
                 ..Default::default()
             },
         ]
@@ -237,6 +240,7 @@ impl Topology {
             history: 1,
             max_age: Duration::from_secs(rt.arrival_counter_idle_days * 24 * 3600),
             storage: stream::StorageType::File,
+            num_replicas: rt.stream_replicas,
             ..Default::default()
         }
     }

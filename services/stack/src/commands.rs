@@ -5,7 +5,11 @@
 //! `crash` SIGKILLs it instead (Postgres: the postmaster and every backend at once, as a power cut
 //! or the OOM killer would) and starts it again, so it comes back by crash recovery (chaos runs
 //! use both). `rotate` makes new passwords and restarts the servers of a running stack with them.
+//!
+//! NATS may be a JetStream cluster (`SB_STACK_NATS_CLUSTER=3|5` at `up`, recorded in `ports`):
+//! every verb then acts on every node, and `restart`/`crash` also take `nats-<i>`, node i alone.
 use std::io::Write;
+use std::str::FromStr;
 use std::time::Instant;
 
 use crate::binaries;
@@ -13,25 +17,49 @@ use crate::credentials::{self, Credentials};
 use crate::env::{self, EnvInput};
 use crate::layout::{Cache, Settings, StackPaths, fallback_base, up_ports, validate_name};
 use crate::nats::check_prefixes;
+use crate::nats_cluster::{self, CLUSTER_VAR};
 use crate::pguser::PgUser;
 use crate::pins::PG_PKG;
 use crate::state::State;
 use crate::sys::{self, Lock};
 use crate::{Error, Result, log, warn};
 
-/// One of a stack's two servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// What `restart` and `crash` act on: `nats` (every NATS node), `nats-<i>` (node i alone;
+/// `nats-1` is a single server too) or `pg`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Server {
     Nats,
+    NatsNode(u16),
     Pg,
+}
+
+impl FromStr for Server {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Server, String> {
+        let node = s
+            .strip_prefix("nats-")
+            .filter(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|i| i.parse::<u16>().ok())
+            .filter(|i| *i >= 1);
+        match (s, node) {
+            ("nats", _) => Ok(Server::Nats),
+            ("pg", _) => Ok(Server::Pg),
+            (_, Some(i)) => Ok(Server::NatsNode(i)),
+            _ => Err(format!(
+                "'{s}' is none of nats (every NATS node), nats-<i> (NATS node i, from 1) and pg"
+            )),
+        }
+    }
 }
 
 impl std::fmt::Display for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Server::Nats => "nats",
-            Server::Pg => "pg",
-        })
+        match self {
+            Server::Nats => f.write_str("nats"),
+            Server::NatsNode(i) => write!(f, "nats-{i}"),
+            Server::Pg => f.write_str("pg"),
+        }
     }
 }
 
@@ -45,8 +73,8 @@ pub struct Stack {
     pub creds: Option<Credentials>,
     /// The system user Postgres runs as (when run as root).
     pub pg_user: Option<PgUser>,
-    /// What this invocation started: a failing `up` stops it again.
-    pub started_nats: bool,
+    /// What this invocation started (NATS: the nodes, 1-based): a failing `up` stops it again.
+    pub started_nats: Vec<u16>,
     pub started_pg: bool,
 }
 
@@ -60,7 +88,7 @@ impl Stack {
             state: State::default(),
             creds: None,
             pg_user: None,
-            started_nats: false,
+            started_nats: Vec::new(),
             started_pg: false,
         })
     }
@@ -146,6 +174,8 @@ impl Stack {
                 self.cache.onnx_model.as_path(),
             )),
             nats_port: self.state.nats_port,
+            nats_monitor_port: self.state.nats_monitor_port,
+            nats_nodes: self.state.nats_nodes(),
             pg_port: self.state.pg_port,
             credentials: self.creds.as_ref(),
             cred_dir: &self.paths.cred_dir,
@@ -181,9 +211,14 @@ impl Stack {
             warn!("stopping the Postgres this 'up' started");
             self.stop_pg();
         }
-        if self.started_nats {
+        if !self.started_nats.is_empty() {
             warn!("stopping the NATS this 'up' started");
-            self.stop_nats();
+            let nodes: Vec<_> = self
+                .started_nats
+                .iter()
+                .map(|i| self.nats_node(*i))
+                .collect();
+            self.stop_nodes(&nodes);
         }
     }
 }
@@ -204,6 +239,8 @@ pub fn up(
         monitor_port,
         settings.nats_monitor_port.as_deref(),
     )?;
+    let want_nodes = nats_cluster::cluster_size(settings.nats_cluster.as_deref())?;
+    nats_cluster::check_ports(want_nats, want_mon, want_pg, want_nodes)?;
     let root = &settings.root;
     sys::mkdir_p(root)?;
     let gitignore = root.join(".gitignore");
@@ -223,7 +260,7 @@ pub fn up(
     }
     s.ensure_credentials()?;
 
-    // What is already running, on which ports?
+    // What is already running, on which ports? (NATS: any node of the recorded size.)
     let mut nats_up = s.state.nats_port.is_some() && s.nats_running();
     let mut pg_up = false;
     if s.state.pg_dir.is_some() {
@@ -240,6 +277,20 @@ pub fn up(
             "stack '{name}' already runs NATS on {} (monitoring {}); run 'stack down {name}' first to change ports",
             port(s.state.nats_port),
             port(s.state.nats_monitor_port)
+        )));
+    }
+    if nats_up && s.state.nats_nodes() != want_nodes {
+        let size = |n: u16| {
+            if n == 1 {
+                "a single NATS server".to_string()
+            } else {
+                format!("a NATS cluster of {n} nodes")
+            }
+        };
+        return Err(Error::failed(format!(
+            "stack '{name}' already runs {} and {CLUSTER_VAR} asks for {}; run 'stack down {name}' first to change the cluster size",
+            size(s.state.nats_nodes()),
+            size(want_nodes)
         )));
     }
     if pg_up && s.state.pg_port != Some(want_pg) {
@@ -262,10 +313,14 @@ pub fn up(
         s.stop_pg();
         pg_up = false;
     }
-    if nats_up && pg_up && s.nats_healthy() && s.pg_ready() {
+    let nats_all_up = nats_up && s.nats_nodes().iter().all(|n| s.node_running(n));
+    if nats_all_up && pg_up && s.nats_healthy() && s.pg_ready() {
+        let nats_ports = match (s.state.nats_nodes(), s.state.nats_port) {
+            (nodes @ 2.., Some(p)) => format!("{p}-{}", u32::from(p) + u32::from(nodes) - 1),
+            _ => port(s.state.nats_port),
+        };
         log!(
-            "stack '{name}' is already running (NATS {}, Postgres {})",
-            port(s.state.nats_port),
+            "stack '{name}' is already running (NATS {nats_ports}, Postgres {})",
             port(s.state.pg_port)
         );
         s.write_credential_files()?;
@@ -274,6 +329,9 @@ pub fn up(
 
     s.state.nats_port = Some(want_nats);
     s.state.nats_monitor_port = Some(want_mon);
+    // Stopped (or it would have been refused above): the size asked for now is taken; node 1
+    // keeps the single server's files and data.
+    s.state.set_nats_nodes(want_nodes);
     s.state.pg_port = Some(want_pg);
     if !pg_up {
         s.state.pg_fast = settings.fast;
@@ -287,13 +345,14 @@ pub fn up(
     sys::catch_interrupts();
     let t0 = Instant::now();
     let started = (|| {
-        if !nats_up {
-            s.start_nats()?;
-        } else if !s.nats_healthy() {
+        // Every node not running (all of them, or those a crash left down).
+        s.start_nats()?;
+        if let Some(sick) = s.nats_nodes().into_iter().find(|n| !s.node_healthy(n)) {
             return Err(Error::failed(format!(
-                "NATS (pid {}) runs but is not healthy; see {} or run 'stack down {name}'",
-                s.nats_pid().map(|p| p.to_string()).unwrap_or_default(),
-                s.paths.nats_log.display()
+                "{} (pid {}) runs but is not healthy; see {} or run 'stack down {name}'",
+                sick.label(),
+                s.node_pid(&sick).map(|p| p.to_string()).unwrap_or_default(),
+                sick.files.log.display()
             )));
         }
         sys::check_interrupted()?;
@@ -381,7 +440,8 @@ pub fn destroy(settings: &Settings, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// `restart <name> nats|pg`: stop one server and start it again on the same ports and data.
+/// `restart <name> nats|nats-<i>|pg`: stop one server (`nats`: every node) and start it again
+/// on the same ports and data.
 pub fn restart(settings: &Settings, name: &str, server: Server) -> Result<()> {
     let mut s = Stack::open(settings, name)?;
     let _lock = s.lock()?;
@@ -391,6 +451,7 @@ pub fn restart(settings: &Settings, name: &str, server: Server) -> Result<()> {
             s.stop_nats();
             s.start_nats()?;
         }
+        Server::NatsNode(i) => s.restart_nats_node(i)?,
         Server::Pg => {
             s.stop_pg();
             s.start_pg()?;
@@ -400,13 +461,15 @@ pub fn restart(settings: &Settings, name: &str, server: Server) -> Result<()> {
     Ok(())
 }
 
-/// `crash <name> nats|pg`: SIGKILL one server and start it again (crash recovery).
+/// `crash <name> nats|nats-<i>|pg`: SIGKILL one server (`nats`: every node at once) and start
+/// it again (crash recovery).
 pub fn crash(settings: &Settings, name: &str, server: Server) -> Result<()> {
     let mut s = Stack::open(settings, name)?;
     let _lock = s.lock()?;
     s.load_for_server()?;
     match server {
         Server::Nats => s.crash_nats()?,
+        Server::NatsNode(i) => s.crash_nats_node(i)?,
         Server::Pg => s.crash_pg()?,
     }
     log!("stack '{name}': {server} crashed and came back");
@@ -483,14 +546,36 @@ pub fn status(settings: &Settings, name: &str, out: &mut dyn Write) -> Result<bo
         )?;
         return Ok(false);
     }
-    let mut nats = "stopped".to_string();
-    if s.nats_running() {
-        let pid = s.nats_pid().map(|p| p.to_string()).unwrap_or_default();
-        nats = if s.nats_healthy() {
-            format!("running, healthy (pid {pid})")
+    let port = |p: Option<u16>| p.map(|p| p.to_string()).unwrap_or_default();
+    // One line per NATS node (one for a single server, as always).
+    let mut nats_lines = String::new();
+    let mut nats_ready = true;
+    for node in s.nats_nodes() {
+        let mut state = "stopped".to_string();
+        if s.node_running(&node) {
+            let pid = s.node_pid(&node).map(|p| p.to_string()).unwrap_or_default();
+            state = if s.node_healthy(&node) {
+                format!("running, healthy (pid {pid})")
+            } else {
+                format!("running, NOT healthy (pid {pid})")
+            };
+        }
+        nats_ready &= state.starts_with("running, healthy");
+        nats_lines.push_str(&if let (true, Some(p)) = (node.clustered(), node.ports) {
+            let label = format!("NATS-{}", node.index);
+            format!(
+                "  {label:<10}127.0.0.1:{} (monitoring http://127.0.0.1:{}, routes 127.0.0.1:{}): {state}\n",
+                p.client,
+                p.monitor,
+                p.route,
+            )
         } else {
-            format!("running, NOT healthy (pid {pid})")
-        };
+            format!(
+                "  NATS      127.0.0.1:{} (monitoring http://127.0.0.1:{}): {state}\n",
+                port(s.state.nats_port),
+                port(s.state.nats_monitor_port),
+            )
+        });
     }
     let mut pg = "stopped".to_string();
     if s.pg_running() {
@@ -504,8 +589,7 @@ pub fn status(settings: &Settings, name: &str, out: &mut dyn Write) -> Result<bo
             "running, NOT ready".to_string()
         };
     }
-    let ready = nats.starts_with("running, healthy") && pg.starts_with("running, ready");
-    let port = |p: Option<u16>| p.map(|p| p.to_string()).unwrap_or_default();
+    let ready = nats_ready && pg.starts_with("running, ready");
     let pg_dir = s
         .state
         .pg_dir
@@ -515,10 +599,8 @@ pub fn status(settings: &Settings, name: &str, out: &mut dyn Write) -> Result<bo
     emit(
         out,
         &format!(
-            "stack '{name}' (state in {})\n  NATS      127.0.0.1:{} (monitoring http://127.0.0.1:{}): {nats}\n  Postgres  127.0.0.1:{} (data {pg_dir}/data{}): {pg}\n",
+            "stack '{name}' (state in {})\n{nats_lines}  Postgres  127.0.0.1:{} (data {pg_dir}/data{}): {pg}\n",
             s.paths.dir.display(),
-            port(s.state.nats_port),
-            port(s.state.nats_monitor_port),
             port(s.state.pg_port),
             if s.state.pg_fast { ", fsync off" } else { "" },
         ),
@@ -527,4 +609,112 @@ pub fn status(settings: &Settings, name: &str, out: &mut dyn Write) -> Result<bo
     // The passwords stay out of status output (it gets pasted); 'env' prints them.
     emit(out, &env::redact(&s.env_text()))?;
     Ok(ready)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn settings(root: &Path, vars: &[(&str, &str)]) -> Settings {
+        Settings::from_lookup(|k| {
+            if k == "SB_STACK_DIR" {
+                return Some(root.display().to_string());
+            }
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn servers_are_nats_a_nats_node_or_pg() {
+        assert_eq!("nats".parse::<Server>(), Ok(Server::Nats));
+        assert_eq!("pg".parse::<Server>(), Ok(Server::Pg));
+        assert_eq!("nats-1".parse::<Server>(), Ok(Server::NatsNode(1)));
+        assert_eq!("nats-5".parse::<Server>(), Ok(Server::NatsNode(5)));
+        for bad in [
+            "nats-0",
+            "nats-",
+            "nats-x",
+            "nats--1",
+            "nats-+1",
+            "nats-99999",
+            "redis",
+        ] {
+            assert!(bad.parse::<Server>().is_err(), "{bad}");
+        }
+        for s in ["nats", "nats-3", "pg"] {
+            assert_eq!(s.parse::<Server>().unwrap().to_string(), s);
+        }
+    }
+
+    /// Checked before anything is written: the state root is not even made.
+    #[test]
+    fn up_refuses_a_bad_cluster_size_or_colliding_ports_first() {
+        let root = std::env::temp_dir().join(format!("stack-cmd-{}", std::process::id()));
+        for bad in ["2", "4", "7", "0", "x"] {
+            let s = settings(&root, &[("SB_STACK_NATS_CLUSTER", bad)]);
+            let e = up(&s, "x", "27222", "27432", Some("27322")).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}: {e}");
+            assert!(e.to_string().contains("SB_STACK_NATS_CLUSTER"), "{e}");
+        }
+        let s = settings(&root, &[("SB_STACK_NATS_CLUSTER", "3")]);
+        let e = up(&s, "x", "27222", "27432", Some("27223")).unwrap_err();
+        assert!(e.to_string().starts_with("a NATS cluster of 3"), "{e}");
+        assert!(!root.exists());
+    }
+
+    #[test]
+    fn a_node_past_the_clusters_size_is_refused_naming_the_size() {
+        let root = Path::new("/nonexistent-stack-root");
+        let mut s = Stack::open(&settings(root, &[]), "c").unwrap();
+        s.state.nats_port = Some(27222);
+        s.state.nats_monitor_port = Some(27322);
+        // A single server: nats-1 is it.
+        assert_eq!(s.checked_nats_node(1).unwrap().label(), "NATS");
+        let e = s.checked_nats_node(2).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("single NATS server"), "{e}");
+        s.state.set_nats_nodes(3);
+        let node = s.checked_nats_node(3).unwrap();
+        assert_eq!(node.label(), "NATS node 3");
+        assert_eq!(node.files.pid, root.join("c/nats/nats-3.pid"));
+        let ports = node.ports.unwrap();
+        assert_eq!(
+            (ports.client, ports.monitor, ports.route),
+            (27224, 27324, 27234)
+        );
+        let e = s.checked_nats_node(4).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "stack 'c' runs a NATS cluster of 3 nodes (nats-1 to nats-3); there is no nats-4"
+        );
+        assert_eq!(s.nats_nodes().len(), 3);
+        assert_eq!(s.nats_nodes()[0].files.conf, root.join("c/nats/nats.conf"));
+    }
+
+    #[test]
+    fn the_env_of_a_cluster_stack_lists_its_nodes() {
+        let root = Path::new("/nonexistent-stack-root");
+        let mut s = Stack::open(&settings(root, &[]), "c").unwrap();
+        s.state.nats_port = Some(27222);
+        s.state.nats_monitor_port = Some(27322);
+        s.state.pg_port = Some(27432);
+        s.creds = Some(Credentials::for_tests());
+        let single = s.env_text();
+        assert!(!single.contains("SB_RUNTIME__STREAM_REPLICAS"), "{single}");
+        s.state.set_nats_nodes(3);
+        let cluster = s.env_text();
+        assert!(
+            cluster.contains("@127.0.0.1:27222,nats://switchboard:"),
+            "{cluster}"
+        );
+        assert!(cluster.contains("export SB_RUNTIME__STREAM_REPLICAS=3\n"));
+        assert!(cluster.contains(
+            "export SB_STACK_NATS_MONITOR_URLS=http://127.0.0.1:27322,http://127.0.0.1:27323,http://127.0.0.1:27324\n"
+        ));
+    }
 }

@@ -1,9 +1,16 @@
 //! The `export ...` lines `up`, `env` and `rotate` print on stdout (and credentials/env holds),
 //! and the redacted form `status` shows.
+//!
+//! For a NATS cluster `SB_NATS_URL` lists every node (comma-separated, each with the
+//! credentials; the product takes such a list), and two lines follow the usual ones:
+//! `SB_RUNTIME__STREAM_REPLICAS=<nodes>` (the product's `[runtime] stream_replicas`: its
+//! streams at R<nodes>) and `SB_STACK_NATS_MONITOR_URLS` (every node's monitoring URL, for
+//! harnesses). A single server's lines are what they always were.
 use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::credentials::{Credentials, NATS_APP_USER, PG_APP_ROLE};
+use crate::nats_cluster::{NodePorts, all_node_ports};
 
 /// What the printed lines are made of.
 pub struct EnvInput<'a> {
@@ -12,6 +19,9 @@ pub struct EnvInput<'a> {
     /// ONNX Runtime's library and the MiniLM graph, when both are installed.
     pub onnx: Option<(&'a Path, &'a Path)>,
     pub nats_port: Option<u16>,
+    pub nats_monitor_port: Option<u16>,
+    /// NATS servers (1: a single one, no cluster).
+    pub nats_nodes: u16,
     pub pg_port: Option<u16>,
     /// `None` for a stack from before credentials existed, not yet started again.
     pub credentials: Option<&'a Credentials>,
@@ -23,6 +33,20 @@ pub fn render(e: &EnvInput<'_>) -> String {
     let port = |p: Option<u16>| p.map(|p| p.to_string()).unwrap_or_default();
     let (nats, pg) = (port(e.nats_port), port(e.pg_port));
     let path = |p: &Path| shell_quote(&p.display().to_string());
+    // A cluster's nodes, each with its ports; `None` for a single server.
+    let cluster: Option<Vec<NodePorts>> = match (e.nats_nodes, e.nats_port, e.nats_monitor_port) {
+        (nodes @ 2.., Some(p), Some(m)) => all_node_ports(p, m, nodes),
+        _ => None,
+    };
+    // `userinfo` is `user:password@` or empty.
+    let nats_url = |userinfo: &str| match &cluster {
+        Some(ports) => ports
+            .iter()
+            .map(|p| format!("nats://{userinfo}127.0.0.1:{}", p.client))
+            .collect::<Vec<_>>()
+            .join(","),
+        None => format!("nats://{userinfo}127.0.0.1:{nats}"),
+    };
     let mut out = String::new();
     let _ = writeln!(out, "export SB_EMBEDDING__MODEL_DIR={}", path(e.model_dir));
     if let Some((runtime, model)) = e.onnx {
@@ -33,8 +57,8 @@ pub fn render(e: &EnvInput<'_>) -> String {
         Some(c) => {
             let _ = writeln!(
                 out,
-                "export SB_NATS_URL=nats://{NATS_APP_USER}:{}@127.0.0.1:{nats}",
-                c.nats_password
+                "export SB_NATS_URL={}",
+                nats_url(&format!("{NATS_APP_USER}:{}@", c.nats_password))
             );
             let _ = writeln!(
                 out,
@@ -44,22 +68,38 @@ pub fn render(e: &EnvInput<'_>) -> String {
             let _ = writeln!(out, "export SB_STACK_CREDENTIALS_DIR={}", path(e.cred_dir));
         }
         None => {
-            let _ = writeln!(out, "export SB_NATS_URL=nats://127.0.0.1:{nats}");
+            let _ = writeln!(out, "export SB_NATS_URL={}", nats_url(""));
             let _ = writeln!(
                 out,
                 "export SB_DATABASE_URL=postgres://postgres@127.0.0.1:{pg}/switchboard"
             );
         }
     }
+    if let Some(ports) = &cluster {
+        let _ = writeln!(out, "export SB_RUNTIME__STREAM_REPLICAS={}", ports.len());
+        let monitors: Vec<String> = ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{}", p.monitor))
+            .collect();
+        let _ = writeln!(
+            out,
+            "export SB_STACK_NATS_MONITOR_URLS={}",
+            monitors.join(",")
+        );
+    }
     out
 }
 
 /// The lines as `status` shows them: indented, the password of each URL as `***` (the output
-/// gets pasted; `env` prints the passwords).
+/// gets pasted; `env` prints the passwords). Each URL of a comma-separated list (a cluster's
+/// `SB_NATS_URL`) is redacted.
 pub fn redact(lines: &str) -> String {
     lines
         .lines()
-        .map(|l| format!("  {}\n", redact_line(l)))
+        .map(|l| {
+            let parts: Vec<String> = l.split(',').map(redact_line).collect();
+            format!("  {}\n", parts.join(","))
+        })
         .collect()
 }
 
@@ -158,6 +198,8 @@ mod tests {
             model_dir: model,
             onnx,
             nats_port: Some(26222),
+            nats_monitor_port: Some(27222),
+            nats_nodes: 1,
             pg_port: Some(27432),
             credentials: c,
             cred_dir,
@@ -203,6 +245,47 @@ export SB_DATABASE_URL=postgres://postgres@127.0.0.1:27432/switchboard
   export SB_DATABASE_URL=postgres://switchboard:***@127.0.0.1:27432/switchboard
   export SB_STACK_CREDENTIALS_DIR={ROOT}/demo/credentials
 "));
+    }
+
+    #[test]
+    fn a_cluster_lists_every_node_and_its_replicas_and_monitors() {
+        let c = creds();
+        let (model, cred_dir) = (Path::new("/m"), Path::new("/c"));
+        let single = render(&input(Some(&c), None, model, cred_dir));
+        let mut three = input(Some(&c), None, model, cred_dir);
+        three.nats_nodes = 3;
+        let three = render(&three);
+        assert_eq!(
+            three,
+            "export SB_EMBEDDING__MODEL_DIR=/m
+export SB_NATS_URL=nats://switchboard:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA@127.0.0.1:26222,nats://switchboard:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA@127.0.0.1:26223,nats://switchboard:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA@127.0.0.1:26224
+export SB_DATABASE_URL=postgres://switchboard:CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC@127.0.0.1:27432/switchboard
+export SB_STACK_CREDENTIALS_DIR=/c
+export SB_RUNTIME__STREAM_REPLICAS=3
+export SB_STACK_NATS_MONITOR_URLS=http://127.0.0.1:27222,http://127.0.0.1:27223,http://127.0.0.1:27224
+"
+        );
+        // A single server: no new lines, one URL.
+        assert!(!single.contains("REPLICAS") && !single.contains("MONITOR_URLS"));
+        assert!(single.contains("@127.0.0.1:26222\n"), "{single}");
+
+        let mut five = input(None, None, model, cred_dir);
+        five.nats_nodes = 5;
+        let five = render(&five);
+        assert!(five.contains(
+            "export SB_NATS_URL=nats://127.0.0.1:26222,nats://127.0.0.1:26223,nats://127.0.0.1:26224,nats://127.0.0.1:26225,nats://127.0.0.1:26226\n"
+        ), "{five}");
+        assert!(five.contains("export SB_RUNTIME__STREAM_REPLICAS=5\n"));
+
+        // status shows none of the passwords.
+        let shown = redact(&three);
+        assert!(
+            !shown.contains("AAAA") && !shown.contains("CCCC"),
+            "{shown}"
+        );
+        assert!(shown.contains(
+            "  export SB_NATS_URL=nats://switchboard:***@127.0.0.1:26222,nats://switchboard:***@127.0.0.1:26223,nats://switchboard:***@127.0.0.1:26224\n"
+        ), "{shown}");
     }
 
     #[test]

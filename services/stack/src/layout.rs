@@ -7,7 +7,9 @@
 //! bin-cache/          downloaded once, shared by all names (wheels, unzipped servers, model)
 //! <name>/ports        ports and paths of one stack (state.rs)
 //! <name>/credentials/ mode 0700, files 0600 (credentials.rs)
-//! <name>/nats/        mode 0700: nats.conf (0600), nats.log, nats.pid, jetstream/
+//! <name>/nats/        mode 0700: nats.conf (0600), nats.log, nats.pid, jetstream/; in a
+//!                     cluster node 1 keeps these and node i also has nats-<i>.conf,
+//!                     nats-<i>.log, nats-<i>.pid and node-<i>/jetstream/
 //! <name>/pg/          data/ (PGDATA), postgres.log, initdb.log
 //! .locks/<name>.lock  one `up`/`down`/... of a name at a time
 //! ```
@@ -54,6 +56,10 @@ pub struct Settings {
     pub nats_prefixes: Option<String>,
     /// `SB_STACK_ANALYTICS_PREFIX`: the prefix the `analytics` user reads (up only).
     pub analytics_prefix: Option<String>,
+    /// `SB_STACK_NATS_CLUSTER`: NATS as a JetStream cluster of that many nodes (up only; as
+    /// given: `up` checks it, so that the other verbs, which take the recorded size, never
+    /// fail on it).
+    pub nats_cluster: Option<String>,
 }
 
 impl Settings {
@@ -87,6 +93,7 @@ impl Settings {
             python: get("SB_PYTHON").unwrap_or_else(|| "python3".into()),
             nats_prefixes: get("SB_STACK_NATS_PREFIXES"),
             analytics_prefix: get("SB_STACK_ANALYTICS_PREFIX"),
+            nats_cluster: get("SB_STACK_NATS_CLUSTER"),
         })
     }
 }
@@ -154,7 +161,37 @@ pub struct StackPaths {
     pub lock: PathBuf,
 }
 
+/// The files of one NATS server (node) of a stack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsNodeFiles {
+    pub conf: PathBuf,
+    pub pid: PathBuf,
+    pub log: PathBuf,
+    /// JetStream's `store_dir` (nats-server adds `jetstream/`).
+    pub store_dir: PathBuf,
+}
+
 impl StackPaths {
+    /// Node `node`'s (1-based) files. Node 1 has the single server's, so that a stack's data
+    /// stays node 1's when it becomes a cluster (and back); node i has `nats-<i>.*` beside them
+    /// and its store in `nats/node-<i>/`.
+    pub fn nats_node(&self, node: u16) -> NatsNodeFiles {
+        if node <= 1 {
+            return NatsNodeFiles {
+                conf: self.nats_conf.clone(),
+                pid: self.nats_pid.clone(),
+                log: self.nats_log.clone(),
+                store_dir: self.nats_dir.clone(),
+            };
+        }
+        NatsNodeFiles {
+            conf: self.nats_dir.join(format!("nats-{node}.conf")),
+            pid: self.nats_dir.join(format!("nats-{node}.pid")),
+            log: self.nats_dir.join(format!("nats-{node}.log")),
+            store_dir: self.nats_dir.join(format!("node-{node}")),
+        }
+    }
+
     pub fn new(root: &Path, name: &str) -> StackPaths {
         let dir = root.join(name);
         let nats_dir = dir.join("nats");
@@ -306,6 +343,7 @@ mod tests {
         assert_eq!(s.pg_sysuser, "switchboard-pg");
         assert_eq!(s.python, "python3");
         assert_eq!(s.pg_conf, None);
+        assert_eq!(s.nats_cluster, None);
 
         let env = [
             ("SB_STACK_DIR", "/tmp/st"),
@@ -314,6 +352,7 @@ mod tests {
             ("SB_STACK_PG_CONF", "work_mem = 8MB"),
             ("SB_STACK_PG_USER", ""),
             ("SB_STACK_NATS_PREFIXES", "sb"),
+            ("SB_STACK_NATS_CLUSTER", "3"),
         ];
         let s = Settings::from_lookup(|k| {
             env.iter()
@@ -327,6 +366,7 @@ mod tests {
         assert_eq!(s.pg_conf.as_deref(), Some("work_mem = 8MB"));
         assert_eq!(s.pg_sysuser, "switchboard-pg", "empty is unset");
         assert_eq!(s.nats_prefixes.as_deref(), Some("sb"));
+        assert_eq!(s.nats_cluster.as_deref(), Some("3"));
 
         let fast_2 = Settings::from_lookup(|k| (k == "SB_STACK_FAST").then(|| "2".into()));
         assert!(!fast_2.unwrap().fast);
@@ -360,6 +400,29 @@ mod tests {
         let p = StackPaths::new(Path::new("/s"), "test");
         assert_eq!(p.cred_file, Path::new("/s/test/credentials/secrets"));
         assert_eq!(p.lock, Path::new("/s/.locks/test.lock"));
+    }
+
+    #[test]
+    fn node_1_has_the_single_servers_files_and_node_i_its_own() {
+        let p = StackPaths::new(Path::new("/s"), "c");
+        assert_eq!(
+            p.nats_node(1),
+            NatsNodeFiles {
+                conf: "/s/c/nats/nats.conf".into(),
+                pid: "/s/c/nats/nats.pid".into(),
+                log: "/s/c/nats/nats.log".into(),
+                store_dir: "/s/c/nats".into(),
+            }
+        );
+        assert_eq!(
+            p.nats_node(3),
+            NatsNodeFiles {
+                conf: "/s/c/nats/nats-3.conf".into(),
+                pid: "/s/c/nats/nats-3.pid".into(),
+                log: "/s/c/nats/nats-3.log".into(),
+                store_dir: "/s/c/nats/node-3".into(),
+            }
+        );
     }
 
     #[test]

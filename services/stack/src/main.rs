@@ -19,7 +19,8 @@ use switchboard_stack::{Error, sys};
     after_help = "Environment: SB_STACK_DIR (state root, default <repo>/.stack), SB_STACK_FAST=1 \
         (Postgres without fsync), SB_STACK_PG_CONF (more Postgres settings), SB_STACK_TIMEOUT \
         (seconds, default 30), SB_NATS_MONITOR_PORT, SB_STACK_PG_USER (as root), SB_PYTHON, \
-        SB_STACK_NATS_PREFIXES, SB_STACK_ANALYTICS_PREFIX."
+        SB_STACK_NATS_PREFIXES, SB_STACK_ANALYTICS_PREFIX, SB_STACK_NATS_CLUSTER=3|5 (up: NATS \
+        as a JetStream cluster of that many nodes; node i on the ports + i - 1)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -47,9 +48,20 @@ enum Command {
     /// Down, and delete the name's data and credentials.
     Destroy { name: String },
     /// Stop one server and start it again on the same ports and data.
-    Restart { name: String, server: Server },
-    /// SIGKILL one server (Postgres: the postmaster and every backend) and start it again.
-    Crash { name: String, server: Server },
+    Restart {
+        name: String,
+        /// nats (every NATS node), nats-<i> (NATS node i of a cluster) or pg.
+        #[arg(value_name = "nats|nats-<i>|pg")]
+        server: Server,
+    },
+    /// SIGKILL one server (Postgres: the postmaster and every backend; nats: every node) and
+    /// start it again.
+    Crash {
+        name: String,
+        /// nats (every NATS node), nats-<i> (NATS node i of a cluster) or pg.
+        #[arg(value_name = "nats|nats-<i>|pg")]
+        server: Server,
+    },
     /// New passwords (restarts the servers of a running stack); prints the export lines.
     Rotate { name: String },
 }
@@ -173,6 +185,20 @@ mod tests {
                 server: Server::Nats
             }
         );
+        assert_eq!(
+            parse(&["crash", "chaos", "nats-2"]).unwrap(),
+            Command::Crash {
+                name: "chaos".into(),
+                server: Server::NatsNode(2)
+            }
+        );
+        assert_eq!(
+            parse(&["restart", "x", "nats-1"]).unwrap(),
+            Command::Restart {
+                name: "x".into(),
+                server: Server::NatsNode(1)
+            }
+        );
         for verb in ["status", "env", "destroy", "rotate", "down"] {
             assert!(parse(&[verb, "x"]).is_ok(), "{verb}");
         }
@@ -185,6 +211,11 @@ mod tests {
             &["up", "test", "24222"],
             &["up", "t", "1", "2", "3", "4"],
             &["restart", "x", "redis"],
+            &["crash", "x", "nats-0"],
+            &["crash", "x", "nats-"],
+            &["crash", "x", "nats-x"],
+            &["crash", "x", "nats-+2"],
+            &["restart", "x", "NATS"],
             &["crash", "x"],
             &["status"],
             &["env", "a", "b"],

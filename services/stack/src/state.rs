@@ -23,6 +23,9 @@ pub struct State {
     pub nats_prefixes: String,
     /// `SB_STACK_ANALYTICS_PREFIX` likewise (empty: `sb`).
     pub analytics_prefix: String,
+    /// `SB_STACK_NATS_CLUSTER` as of the last `up`, when NATS is a cluster (`NATS_CLUSTER=3`);
+    /// `None`: one server, and no line, so a single server's file stays as it was.
+    pub nats_cluster: Option<u16>,
 }
 
 impl State {
@@ -44,6 +47,7 @@ impl State {
                 "PG_FAST" => s.pg_fast = value == "1",
                 "NATS_PREFIXES" => s.nats_prefixes = value.to_string(),
                 "ANALYTICS_PREFIX" => s.analytics_prefix = value.to_string(),
+                "NATS_CLUSTER" => s.nats_cluster = value.parse().ok().filter(|n| *n > 1),
                 _ => {}
             }
         }
@@ -57,7 +61,7 @@ impl State {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default()
         };
-        format!(
+        let mut text = format!(
             "# Written by the stack tool (services/stack) for stack '{name}'. Read by env/down/status.
 NATS_PORT={}
 NATS_MONITOR_PORT={}
@@ -78,7 +82,21 @@ ANALYTICS_PREFIX={}
             u8::from(self.pg_fast),
             self.nats_prefixes,
             self.analytics_prefix,
-        )
+        );
+        if let Some(nodes) = self.nats_cluster {
+            text.push_str(&format!("NATS_CLUSTER={nodes}\n"));
+        }
+        text
+    }
+
+    /// How many NATS servers the stack has (1: no cluster).
+    pub fn nats_nodes(&self) -> u16 {
+        self.nats_cluster.unwrap_or(1).max(1)
+    }
+
+    /// Record `nodes` NATS servers (1: a single one).
+    pub fn set_nats_nodes(&mut self, nodes: u16) {
+        self.nats_cluster = (nodes > 1).then_some(nodes);
     }
 
     /// The stack's state, or `None` if it has never been brought up.
@@ -137,8 +155,10 @@ ANALYTICS_PREFIX=
                 pg_fast: true,
                 nats_prefixes: String::new(),
                 analytics_prefix: String::new(),
+                nats_cluster: None,
             }
         );
+        assert_eq!(s.nats_nodes(), 1);
         assert_eq!(s.pg_data(), Some("/work/main/.stack/test/pg/data".into()));
     }
 
@@ -161,6 +181,36 @@ ANALYTICS_PREFIX=
             "{text}"
         );
         assert_eq!(State::parse(&text), fresh);
+    }
+
+    #[test]
+    fn a_clusters_size_is_kept_and_a_single_server_writes_no_line() {
+        let mut s = State::parse(FROM_THE_SCRIPT);
+        s.set_nats_nodes(3);
+        assert_eq!(s.nats_cluster, Some(3));
+        let text = s.render("test");
+        assert!(
+            text.ends_with("\nANALYTICS_PREFIX=\nNATS_CLUSTER=3\n"),
+            "{text}"
+        );
+        let back = State::parse(&text);
+        assert_eq!(back, s);
+        assert_eq!(back.nats_nodes(), 3);
+
+        s.set_nats_nodes(1);
+        assert_eq!(s.nats_cluster, None);
+        let text = s.render("test");
+        assert!(!text.contains("NATS_CLUSTER"), "{text}");
+        assert_eq!(State::parse(&text).nats_nodes(), 1);
+
+        for (line, nodes) in [
+            ("NATS_CLUSTER=5", 5),
+            ("NATS_CLUSTER=1", 1),
+            ("NATS_CLUSTER=", 1),
+            ("NATS_CLUSTER=x", 1),
+        ] {
+            assert_eq!(State::parse(line).nats_nodes(), nodes, "{line}");
+        }
     }
 
     #[test]

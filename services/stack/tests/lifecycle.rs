@@ -28,6 +28,7 @@ fn stack(args: &[&str]) -> Output {
         "SB_NATS_MONITOR_PORT",
         "SB_STACK_NATS_PREFIXES",
         "SB_STACK_ANALYTICS_PREFIX",
+        "SB_STACK_NATS_CLUSTER",
     ] {
         cmd.env_remove(var);
     }

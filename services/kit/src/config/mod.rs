@@ -349,6 +349,13 @@ impl Config {
                 "must be > 0",
             ));
         }
+        // JetStream keeps at most 5 copies of a stream.
+        if !(1..=5).contains(&self.runtime.stream_replicas) {
+            return Err(ConfigError::invalid(
+                "runtime.stream_replicas",
+                "must be from 1 to 5 (1 on a single NATS server, 3 on a three-node cluster)",
+            ));
+        }
         if !(1..=memory::MAX_HNSW_EF_SEARCH).contains(&self.embedding.hnsw_ef_search) {
             return Err(ConfigError::invalid(
                 "embedding.hnsw_ef_search",

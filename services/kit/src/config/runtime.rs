@@ -40,6 +40,11 @@ pub struct RuntimeConfig {
     /// add contention on a small database host (bench, 2 cores: 8 per process ran as fast as
     /// 32 with 40% of Postgres's memory).
     pub db_pool_size: u32,
+    /// Copies of every stream (and so of its consumers and the arrivals bucket) a NATS cluster
+    /// keeps: 1 on a single server; 3 on a three-node cluster, so that a node can be lost
+    /// without losing an acknowledged message or stopping. `streams apply` (and every process
+    /// at start) changes an existing stream to it.
+    pub stream_replicas: usize,
 }
 
 impl RuntimeConfig {
@@ -70,6 +75,7 @@ impl Default for RuntimeConfig {
             max_ack_pending: 20_000,
             arrival_counter_idle_days: 7,
             db_pool_size: 0,
+            stream_replicas: 1,
         }
     }
 }
