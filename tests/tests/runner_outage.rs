@@ -49,6 +49,20 @@ fn bodies_to(app: &TestApp, to: &str) -> Vec<String> {
         .collect()
 }
 
+/// What the dispatcher's `/metrics` say of its breaker for the app's runner (1: open), as an
+/// operator's alert reads it.
+async fn breaker_open(app: &TestApp) -> Option<f64> {
+    let line = format!(
+        "sb_dispatch_runner_breaker_open{{runner=\"{}\"}} ",
+        app.config.agents[0].runner_url
+    );
+    let metrics = app.metrics().await;
+    let value = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(line.as_str()))?;
+    value.trim().parse().ok()
+}
+
 async fn until(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !check() {
@@ -418,6 +432,7 @@ async fn when_the_runner_is_back_every_waiting_person_is_answered_at_once_not_at
         people.iter().all(|p| bodies_to(&app, p).len() == 1)
     })
     .await;
+    assert_eq!(breaker_open(&app).await, Some(1.0), "the breaker is open");
     // Back, and slow: the turns that resume while the probe's call runs must not be sent to
     // wait for another probe.
     app.runner.set_delay(Duration::from_millis(1_000));
@@ -432,6 +447,7 @@ async fn when_the_runner_is_back_every_waiting_person_is_answered_at_once_not_at
             [notice.as_str(), "echo: are you there?"]
         );
     }
+    assert_eq!(breaker_open(&app).await, Some(0.0), "the breaker closed");
     let answered: Vec<_> = app
         .twilio
         .sent()

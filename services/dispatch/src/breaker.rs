@@ -114,6 +114,8 @@ impl Breakers {
             if !matches!(state, State::Closed { .. }) {
                 tracing::info!(runner, "runner is back; waiting turns resume");
                 metrics::counter!("sb_dispatch_runner_recovered_total").increment(1);
+                metrics::gauge!("sb_dispatch_runner_breaker_open", "runner" => runner.to_string())
+                    .set(0.0);
                 if let Some(tx) = self.recovered.lock().unwrap().get(runner) {
                     tx.send_modify(|n| *n = n.wrapping_add(1));
                 }
@@ -136,6 +138,10 @@ impl Breakers {
             State::Closed { .. } => {
                 tracing::warn!(runner, "runner is down; its turns wait for it");
                 metrics::counter!("sb_dispatch_runner_down_total").increment(1);
+                // 1 while this process's breaker for the runner is open (the alert rule
+                // SwitchboardRunnerBreakerOpen in deploy/grafana/alerts.yaml reads it).
+                metrics::gauge!("sb_dispatch_runner_breaker_open", "runner" => runner.to_string())
+                    .set(1.0);
                 State::Open {
                     probe_at: now + self.probe.delay(1),
                     probes: 0,

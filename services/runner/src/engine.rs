@@ -220,6 +220,26 @@ pub fn answer(
     })
 }
 
+/// The demo engine's answer (`switchboard-runner demo-engine`): JSON with the session id it was
+/// given and a text quoting the prompt's last non-empty line (the person's message, in the
+/// prompts Switchboard builds), at most 200 characters of it.
+pub fn demo_answer(session_id: &str, prompt: &str) -> String {
+    let said: String = prompt
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+        .chars()
+        .take(200)
+        .collect();
+    serde_json::json!({
+        "text": format!("(demo engine) You said: {said}"),
+        "session_id": session_id,
+    })
+    .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

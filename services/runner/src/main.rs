@@ -18,6 +18,14 @@ enum Command {
     /// its exit, so that it outlives a runner crash.
     #[command(hide = true)]
     Supervise { run_dir: PathBuf },
+    /// An engine for trying the runner without an agent (deploy/compose's runner): prints
+    /// `{"text", "session_id"}`, the text quoting the prompt's last line.
+    DemoEngine {
+        #[arg(long)]
+        session_id: String,
+        #[arg(long)]
+        message: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -27,6 +35,17 @@ fn main() -> anyhow::Result<()> {
         // parent-death signal follows the thread that started it, which is this one.
         let code = switchboard_runner::supervisor::supervise(&run_dir)?;
         std::process::exit(code);
+    }
+    if let Some(Command::DemoEngine {
+        session_id,
+        message,
+    }) = args.command
+    {
+        println!(
+            "{}",
+            switchboard_runner::engine::demo_answer(&session_id, &message)
+        );
+        return Ok(());
     }
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -56,7 +56,15 @@ pub async fn run_worker(config: switchboard_kit::Config, names: &[String]) -> an
 pub async fn run_gateway(config: switchboard_kit::Config) -> anyhow::Result<()> {
     let app = App::start(config.for_gateway(), "gateway", stages::ALL, STARTUP_WAIT).await?;
     app.shutdown.trigger_on_signals();
-    let (routes, follower) = gateway_routes(&app)?;
+    let (mut routes, follower) = gateway_routes(&app)?;
+    // The demo outbox and runner on the gateway of a multi-process deployment too
+    // (deploy/compose.yaml tries the product with them): what `switchboard up` serves.
+    if app.config.demo.enabled {
+        routes = routes.merge(demo::router(&app.config));
+        tracing::info!(
+            "demo runner at /demo/runner, demo Twilio and TextMagic outbox at /demo/outbox"
+        );
+    }
     let serve = app
         .serve_http(&app.config.gateway.http_addr, routes)
         .await?;

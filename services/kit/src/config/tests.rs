@@ -222,6 +222,32 @@ fn the_production_example_runs_no_demo_and_holds_no_secret() {
 }
 
 #[test]
+fn the_deploy_configurations_name_only_known_keys_keep_secrets_out_and_run_streams_at_r3() {
+    for path in [
+        "../../deploy/kubernetes/switchboard.toml",
+        "../../deploy/compose/switchboard.toml",
+    ] {
+        let c = load_known_keys_only(path);
+        c.validate().unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(c.runtime.stream_replicas, 3, "{path}");
+        assert!(c.agents.iter().all(|a| a.token.is_empty()), "{path}");
+        assert!(c.nats_url.is_empty() && c.database_url.is_empty(), "{path}");
+        // Probes and Prometheus reach the admin port from outside the pod or container.
+        assert_eq!(c.admin.http_addr, "0.0.0.0:8081", "{path}");
+    }
+}
+
+#[test]
+fn stream_replicas_are_those_jetstream_keeps() {
+    assert_eq!(parse("").unwrap().runtime.stream_replicas, 1);
+    assert!(parse("[runtime]\nstream_replicas = 3").is_ok());
+    for bad in [0, 6] {
+        let err = parse(&format!("[runtime]\nstream_replicas = {bad}")).unwrap_err();
+        assert!(err.to_string().contains("runtime.stream_replicas"), "{err}");
+    }
+}
+
+#[test]
 fn the_example_configuration_names_only_known_keys() {
     let c = load_known_keys_only("../../switchboard.toml");
     assert_eq!(c.session.arrival_gap_timeout_ms, 120_000);
