@@ -140,9 +140,11 @@ bench-embed:
 	$(CARGO) build --release --workspace --example embed_speed
 	tests/embed_bench/run.sh bench-results/embed-$$(date -u +%Y%m%dT%H%M%SZ) $(EMBED_BENCH_ARGS)
 
+# `make chaos CLUSTER=3`: the same run on a three-node JetStream cluster (streams at R3), its
+# nodes SIGKILLed one at a time (the work stream's leader twice) instead of the one NATS crash.
 chaos:
 	$(CARGO) build --release --workspace --bins
-	target/release/chaos $(CHAOS_ARGS)
+	target/release/chaos $(if $(CLUSTER),--cluster $(CLUSTER)) $(CHAOS_ARGS)
 
 # ---- fuzzing (tests/fuzz; see tests/fuzz/README.md) ------------------------------------------
 # cargo-fuzz passes nightly-only flags (-Zsanitizer, sancov); RUSTC_BOOTSTRAP=1 lets the stable

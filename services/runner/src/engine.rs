@@ -245,6 +245,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_demo_engine_answers_as_an_engine_does_with_the_session_it_was_given() {
+        let prompt = "Context: a summary\n\nReggie, are you there?\n\n";
+        let v: serde_json::Value = serde_json::from_str(&demo_answer("s-1", prompt)).unwrap();
+        assert_eq!(v["session_id"], "s-1");
+        assert_eq!(v["text"], "(demo engine) You said: Reggie, are you there?");
+        let long = "x".repeat(500);
+        let v: serde_json::Value = serde_json::from_str(&demo_answer("s", &long)).unwrap();
+        assert!(v["text"].as_str().unwrap().len() < 300);
+    }
+
+    #[test]
     fn the_last_json_document_is_found_among_log_lines() {
         let out = "starting\n{\"not\": \"this\"}\nlog: done\n{\"payloads\":[{\"text\":\"hi\"}]}\n";
         let v = last_json(out).unwrap();

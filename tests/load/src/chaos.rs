@@ -27,6 +27,7 @@ use super::chaos_check::{
     AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, MailboxRow, ServerCrash, TurnRow,
     Verdict, judge,
 };
+use super::chaos_nodes::{self, NodeKill};
 use super::loadgen::{LoadGen, LoadStats, in_groups};
 use super::memory_run::{self, MemoryModel};
 use super::observers::{
@@ -69,8 +70,12 @@ pub struct ChaosOptions {
     pub kill_every: Duration,
     /// Kills happen during this window from the start (default: the time the load takes).
     pub kill_for: Option<Duration>,
-    /// When NATS is SIGKILLed (and started again).
+    /// When NATS is SIGKILLed (and started again; every node of a cluster at once).
     pub crash_nats_at: Option<Duration>,
+    /// NATS servers: 1, or a JetStream cluster of 3 (streams at R3) whose nodes are killed
+    /// one at a time at `node_kills`.
+    pub cluster: usize,
+    pub node_kills: Vec<NodeKill>,
     /// When Postgres is SIGKILLed (postmaster and backends, then started again).
     pub crash_pg_at: Option<Duration>,
     pub runner_delay: Duration,
@@ -108,6 +113,8 @@ impl ChaosOptions {
             kill_every: Duration::from_secs(2),
             kill_for: None,
             crash_nats_at: Some(Duration::from_secs(15)),
+            cluster: 1,
+            node_kills: Vec::new(),
             crash_pg_at: Some(Duration::from_secs(32)),
             runner_delay: Duration::from_millis(20),
             runner_down_at: Some(Duration::from_secs(18)),
@@ -151,6 +158,8 @@ impl ChaosOptions {
             kill_every: Duration::from_millis(1_000),
             kill_for: Some(Duration::from_millis(19_500)),
             crash_nats_at: Some(Duration::from_secs(6)),
+            cluster: 1,
+            node_kills: Vec::new(),
             crash_pg_at: Some(Duration::from_secs(13)),
             runner_delay: Duration::from_millis(20),
             runner_down_at: Some(Duration::from_secs(4)),
@@ -173,6 +182,18 @@ impl ChaosOptions {
             knobs: chaos_knobs(),
             progress: false,
         }
+    }
+
+    /// The same run on a JetStream cluster of `nodes` (`make chaos CLUSTER=3`): streams at
+    /// R`nodes`, and instead of one crash of the single server, node kills one at a time (the
+    /// work stream's leader twice, a follower once: [`chaos_nodes::plan`]).
+    pub fn on_cluster(mut self, nodes: usize) -> Self {
+        if nodes > 1 {
+            self.cluster = nodes;
+            self.crash_nats_at = None;
+            self.node_kills = chaos_nodes::plan(nodes, self.kill_window());
+        }
+        self
     }
 
     /// How long the kills go on.
@@ -415,9 +436,9 @@ impl ChaosReport {
 pub async fn run(o: ChaosOptions) -> anyhow::Result<ChaosReport> {
     std::fs::create_dir_all(&o.dir)?;
     let stack = {
-        let (name, n, p) = (o.stack_name.clone(), o.nats_port, o.pg_port);
+        let (name, n, p, nodes) = (o.stack_name.clone(), o.nats_port, o.pg_port, o.cluster);
         // Durable Postgres: a SIGKILL must not lose a committed transaction.
-        tokio::task::spawn_blocking(move || Stack::up(&name, n, p, false)).await??
+        tokio::task::spawn_blocking(move || Stack::up_with(&name, n, p, false, "", nodes)).await??
     };
     let result = run_on(&stack, &o).await;
     stack.down();
@@ -435,6 +456,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         pipeline::config_for_run(stack, "chaos", &runner.url, &twilio, &o.knobs).await?;
     channels::configure(&mut config, &textmagic);
     memory.configure(&mut config);
+    config.runtime.stream_replicas = o.cluster;
     let order = pipeline::layout(&o.replicas);
     let mut pipeline = Pipeline::start(&o.dir, config, &order, |_, _| {}).await?;
     let clients = LoadClients::start(pipeline.gateway.clone(), &pipeline.db, o.mix, o.sessions)
@@ -478,6 +500,9 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let mut plan = plan.into_iter().peekable();
     let mut nats_at = o.crash_nats_at.map(|d| t0 + d);
     let mut pg_at = o.crash_pg_at.map(|d| t0 + d);
+    let mut node_kills = o.node_kills.iter().copied().peekable();
+    let mut node_rng = rand::rngs::StdRng::seed_from_u64(o.seed);
+    let work_stream = pipeline.topology.work_stream();
     let mut crashing: Vec<Crash> = Vec::new();
     let mut kills: Vec<Kill> = Vec::new();
     let mut loading = true;
@@ -492,6 +517,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     });
     while loading
         || plan.peek().is_some()
+        || node_kills.peek().is_some()
         || crashing.iter().any(|c| !c.is_finished())
         || outage.as_ref().is_some_and(|p| p.phase < 3)
     {
@@ -530,7 +556,26 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
             event("SIGKILL NATS".into());
             crashing.push(crash_server(
                 stack,
-                "nats",
+                "nats".into(),
+                event.clone(),
+                server_lost.clone(),
+            ));
+        }
+        if let Some(kill) = node_kills.next_if(|k| now >= t0 + k.at) {
+            let leader = chaos_nodes::leader_of(&pipeline.js, &work_stream).await;
+            let pick = node_rng.random::<u32>() as usize;
+            let node = chaos_nodes::target(kill.role, o.cluster, leader, pick);
+            let role = match (kill.role, leader) {
+                (chaos_nodes::NodeRole::Leader, Some(_)) => format!("leader of {work_stream}"),
+                (chaos_nodes::NodeRole::Leader, None) => {
+                    format!("{work_stream} had no leader to ask for: a random node")
+                }
+                (chaos_nodes::NodeRole::Follower, _) => "a follower".to_string(),
+            };
+            event(format!("SIGKILL NATS node {node} ({role})"));
+            crashing.push(crash_server(
+                stack,
+                format!("nats-{node}"),
                 event.clone(),
                 server_lost.clone(),
             ));
@@ -561,7 +606,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
             event("SIGKILL Postgres".into());
             crashing.push(crash_server(
                 stack,
-                "pg",
+                "pg".into(),
                 event.clone(),
                 server_lost.clone(),
             ));
@@ -976,14 +1021,14 @@ type Crash = tokio::task::JoinHandle<ServerCrash>;
 /// SIGKILL one server of the stack and start it again, in the background.
 fn crash_server(
     stack: &Stack,
-    server: &'static str,
+    server: String,
     event: impl Fn(String) + Send + 'static,
     lost: Arc<AtomicBool>,
 ) -> Crash {
     let stack = stack.clone();
     tokio::task::spawn_blocking(move || {
         let at_us = now_us();
-        let r = stack.crash(server);
+        let r = stack.crash(&server);
         if r.is_err() {
             lost.store(true, Ordering::SeqCst);
         }
@@ -992,7 +1037,7 @@ fn crash_server(
             Err(e) => format!("{server} did NOT come back: {e:#}"),
         });
         ServerCrash {
-            server: server.into(),
+            server,
             at_us,
             back_us: now_us(),
             recovered: r.is_ok(),

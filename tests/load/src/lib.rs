@@ -24,6 +24,7 @@ pub mod canary;
 pub mod channels;
 pub mod chaos;
 pub mod chaos_check;
+pub mod chaos_nodes;
 pub mod floor;
 pub mod loadgen;
 pub mod memory_lag;

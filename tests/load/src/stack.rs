@@ -30,11 +30,18 @@ pub struct Stack {
 pub use switchboard_e2e::stack_bin;
 
 fn run(args: &[&str], fast: bool) -> anyhow::Result<String> {
-    run_with(args, fast, "")
+    run_with(args, fast, "", None)
 }
 
-/// [`run`], with `pg_conf` (Postgres settings, one per line) as `SB_STACK_PG_CONF`.
-fn run_with(args: &[&str], fast: bool, pg_conf: &str) -> anyhow::Result<String> {
+/// [`run`], with `pg_conf` (Postgres settings, one per line) as `SB_STACK_PG_CONF` and NATS as
+/// a cluster of `nodes` (`SB_STACK_NATS_CLUSTER`, which `up` reads; 1: one server; the other
+/// verbs take the size `up` recorded).
+fn run_with(
+    args: &[&str],
+    fast: bool,
+    pg_conf: &str,
+    nodes: Option<usize>,
+) -> anyhow::Result<String> {
     let mut cmd = Command::new(stack_bin()?);
     cmd.args(args);
     cmd.env_remove("SB_STACK_FAST");
@@ -42,6 +49,10 @@ fn run_with(args: &[&str], fast: bool, pg_conf: &str) -> anyhow::Result<String> 
         cmd.env("SB_STACK_FAST", "1");
     }
     cmd.env("SB_STACK_PG_CONF", pg_conf);
+    match nodes {
+        Some(n) => cmd.env("SB_STACK_NATS_CLUSTER", n.to_string()),
+        None => cmd.env_remove("SB_STACK_NATS_CLUSTER"),
+    };
     let out = cmd
         .output()
         .with_context(|| format!("running stack {args:?}"))?;
@@ -70,12 +81,26 @@ impl Stack {
         fast: bool,
         pg_conf: &str,
     ) -> anyhow::Result<Stack> {
+        Self::up_with(name, nats_port, pg_port, fast, pg_conf, 1)
+    }
+
+    /// [`Stack::up_tuned`] with NATS as a JetStream cluster of `nodes` servers (1: one
+    /// server); node i listens on `nats_port + i - 1`.
+    pub fn up_with(
+        name: &str,
+        nats_port: u16,
+        pg_port: u16,
+        fast: bool,
+        pg_conf: &str,
+        nodes: usize,
+    ) -> anyhow::Result<Stack> {
         // A stack left from an interrupted run may have other settings: start from scratch.
         let _ = run(&["destroy", name], false);
         let out = run_with(
             &["up", name, &nats_port.to_string(), &pg_port.to_string()],
             fast,
             pg_conf,
+            Some(nodes),
         )?;
         let exports: Vec<(String, String)> = out
             .lines()
@@ -118,8 +143,9 @@ impl Stack {
         run(&["restart", &self.name, server], false).map(|_| ())
     }
 
-    /// SIGKILL one server (`nats`, or `pg`: the postmaster and every backend) and start it
-    /// again on the same ports and data, so it comes back by crash recovery.
+    /// SIGKILL one server (`nats`: every NATS node; `nats-<i>`: node i of a cluster; or `pg`:
+    /// the postmaster and every backend) and start it again on the same ports and data, so it
+    /// comes back by crash recovery.
     pub fn crash(&self, server: &str) -> anyhow::Result<()> {
         run(&["crash", &self.name, server], false).map(|_| ())
     }

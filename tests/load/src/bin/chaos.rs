@@ -62,6 +62,11 @@ struct Args {
     /// Seconds to wait for the last replies after the load.
     #[arg(long, default_value_t = 180)]
     drain: u64,
+    /// NATS as a JetStream cluster of this many nodes (3: `make chaos CLUSTER=3`): streams at
+    /// R3, and instead of --crash-nats-at, nodes SIGKILLed one at a time (the work stream's
+    /// leader twice, a follower once) and started again.
+    #[arg(long, default_value_t = 1)]
+    cluster: usize,
     /// Run nothing: judge a recorded run's `chaos-evidence.json` again and print the verdict.
     #[arg(long, value_name = "EVIDENCE")]
     judge: Option<std::path::PathBuf>,
@@ -114,6 +119,19 @@ async fn main() -> anyhow::Result<()> {
             _ => {}
         }
     }
+    let o = o.on_cluster(a.cluster);
+    if o.cluster > 1 {
+        println!(
+            "chaos: NATS is a cluster of {} nodes, streams at R{}; node kills at {:?}",
+            o.cluster,
+            o.cluster,
+            o.node_kills
+                .iter()
+                .map(|k| format!("{:?} ({:?})", k.at, k.role))
+                .collect::<Vec<_>>()
+        );
+    }
+    let cluster = o.cluster;
     println!(
         "chaos: {} sessions x {} messages at {} msg/s ({} people talk to the collect agent); seed {} (repeat with --seed {}); SIGKILL a worker every {}s; SIGKILL NATS at {:?}, Postgres at {:?}; runner down at {:?} for {:?}; logs in {}",
         o.sessions,
@@ -132,6 +150,16 @@ async fn main() -> anyhow::Result<()> {
     let report = chaos::run(o).await?;
     report.print();
     println!("report: {}", dir.join("chaos-report.json").display());
+    // A cluster run that killed fewer nodes than planned proved less than it says.
+    let node_kills = report
+        .crashes
+        .iter()
+        .filter(|c| c.server.starts_with("nats-"))
+        .count();
+    if cluster > 1 && node_kills < 3 {
+        println!("chaos: FAILED: {node_kills} NATS node kills, 3 planned");
+        std::process::exit(1);
+    }
     finish(&report)
 }
 
