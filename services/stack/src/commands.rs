@@ -240,6 +240,15 @@ pub fn up(
         settings.nats_monitor_port.as_deref(),
     )?;
     let want_nodes = nats_cluster::cluster_size(settings.nats_cluster.as_deref())?;
+    let want_sync = match settings.nats_sync.as_deref() {
+        None => false,
+        Some("always") => true,
+        Some(other) => {
+            return Err(Error::Usage(format!(
+                "SB_STACK_NATS_SYNC must be 'always' (fsync every JetStream write) or unset, got '{other}'"
+            )));
+        }
+    };
     nats_cluster::check_ports(want_nats, want_mon, want_pg, want_nodes)?;
     let root = &settings.root;
     sys::mkdir_p(root)?;
@@ -293,6 +302,16 @@ pub fn up(
             size(want_nodes)
         )));
     }
+    if nats_up && s.state.nats_sync_always != want_sync {
+        return Err(Error::failed(format!(
+            "stack '{name}' already runs NATS with sync_interval {}; run 'stack down {name}' first to change SB_STACK_NATS_SYNC",
+            if s.state.nats_sync_always {
+                "always"
+            } else {
+                "at its default"
+            }
+        )));
+    }
     if pg_up && s.state.pg_port != Some(want_pg) {
         return Err(Error::failed(format!(
             "stack '{name}' already runs Postgres on {}; run 'stack down {name}' first to change ports",
@@ -332,6 +351,7 @@ pub fn up(
     // Stopped (or it would have been refused above): the size asked for now is taken; node 1
     // keeps the single server's files and data.
     s.state.set_nats_nodes(want_nodes);
+    s.state.nats_sync_always = want_sync;
     s.state.pg_port = Some(want_pg);
     if !pg_up {
         s.state.pg_fast = settings.fast;
@@ -664,6 +684,12 @@ mod tests {
         let s = settings(&root, &[("SB_STACK_NATS_CLUSTER", "3")]);
         let e = up(&s, "x", "27222", "27432", Some("27223")).unwrap_err();
         assert!(e.to_string().starts_with("a NATS cluster of 3"), "{e}");
+        for bad in ["sometimes", "1s", "ALWAYS"] {
+            let s = settings(&root, &[("SB_STACK_NATS_SYNC", bad)]);
+            let e = up(&s, "x", "27222", "27432", Some("27322")).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}: {e}");
+            assert!(e.to_string().contains("SB_STACK_NATS_SYNC"), "{e}");
+        }
         assert!(!root.exists());
     }
 

@@ -60,6 +60,9 @@ pub struct Settings {
     /// given: `up` checks it, so that the other verbs, which take the recorded size, never
     /// fail on it).
     pub nats_cluster: Option<String>,
+    /// `SB_STACK_NATS_SYNC`: `always` makes NATS fsync every JetStream write
+    /// (`sync_interval: always`; up only, checked there).
+    pub nats_sync: Option<String>,
 }
 
 impl Settings {
@@ -94,6 +97,7 @@ impl Settings {
             nats_prefixes: get("SB_STACK_NATS_PREFIXES"),
             analytics_prefix: get("SB_STACK_ANALYTICS_PREFIX"),
             nats_cluster: get("SB_STACK_NATS_CLUSTER"),
+            nats_sync: get("SB_STACK_NATS_SYNC"),
         })
     }
 }

@@ -83,6 +83,8 @@ pub struct ConfInput<'a> {
     pub prefixes: &'a str,
     /// As given (`SB_STACK_ANALYTICS_PREFIX`; empty: sb).
     pub analytics: &'a str,
+    /// `SB_STACK_NATS_SYNC=always`: fsync every JetStream write (`sync_interval: always`).
+    pub sync_always: bool,
 }
 
 /// The authorization block for the users of credentials/secrets:
@@ -229,7 +231,7 @@ jetstream {{
   # after power failures / OS crashes with this default. Good enough for a
   # dev/test box. Production must use R3 (3-replica) streams and/or:
   # sync_interval: always
-}}
+{sync}}}
 {block}
 {authorization}
 ",
@@ -237,6 +239,11 @@ jetstream {{
         monitor = c.monitor_port,
         pid_file = c.pid_file.display(),
         store_dir = c.store_dir.display(),
+        sync = if c.sync_always {
+            "  sync_interval: always\n"
+        } else {
+            ""
+        },
         authorization = authorization(c)?,
     ))
 }

@@ -192,6 +192,7 @@ impl Stack {
             fingerprint: &fingerprint,
             prefixes: &self.state.nats_prefixes,
             analytics: &self.state.analytics_prefix,
+            sync_always: self.state.nats_sync_always,
         };
         let conf = if node.clustered() {
             let route_ports = self

@@ -22,6 +22,7 @@ fn conf(prefixes: &str, analytics: &str) -> Result<String> {
         fingerprint: "7414a4096979d9136b599addda4053f8",
         prefixes,
         analytics,
+        sync_always: false,
     })
 }
 
@@ -34,6 +35,32 @@ fn the_config_is_the_scripts() {
     assert_eq!(
         conf("sb t1", "my-pfx").unwrap(),
         include_str!("testdata/nats-prefixes.conf")
+    );
+}
+
+#[test]
+fn sync_always_fsyncs_every_write_and_only_then() {
+    let c = creds();
+    let always = render_conf(&ConfInput {
+        name: "demo",
+        nats_port: 26222,
+        monitor_port: 27222,
+        pid_file: Path::new("/tmp/stk-golden/root/demo/nats/nats.pid"),
+        store_dir: Path::new("/tmp/stk-golden/root/demo/nats"),
+        cred_dir: Path::new("/tmp/stk-golden/root/demo/credentials"),
+        credentials: &c,
+        fingerprint: "7414a4096979d9136b599addda4053f8",
+        prefixes: "",
+        analytics: "",
+        sync_always: true,
+    })
+    .unwrap();
+    let active = |conf: &str| conf.lines().any(|l| l.trim() == "sync_interval: always");
+    assert!(active(&always), "{always}");
+    assert!(!active(&conf("", "").unwrap()));
+    assert_eq!(
+        always.replace("  sync_interval: always\n", ""),
+        conf("", "").unwrap()
     );
 }
 
@@ -89,6 +116,7 @@ fn node_conf(node: u16) -> String {
             fingerprint: "7414a4096979d9136b599addda4053f8",
             prefixes: "",
             analytics: "",
+            sync_always: false,
         },
         &ClusterNode {
             node,

@@ -26,6 +26,8 @@ pub struct State {
     /// `SB_STACK_NATS_CLUSTER` as of the last `up`, when NATS is a cluster (`NATS_CLUSTER=3`);
     /// `None`: one server, and no line, so a single server's file stays as it was.
     pub nats_cluster: Option<u16>,
+    /// `SB_STACK_NATS_SYNC=always` as of the last `up` (`NATS_SYNC=always`; no line otherwise).
+    pub nats_sync_always: bool,
 }
 
 impl State {
@@ -48,6 +50,7 @@ impl State {
                 "NATS_PREFIXES" => s.nats_prefixes = value.to_string(),
                 "ANALYTICS_PREFIX" => s.analytics_prefix = value.to_string(),
                 "NATS_CLUSTER" => s.nats_cluster = value.parse().ok().filter(|n| *n > 1),
+                "NATS_SYNC" => s.nats_sync_always = value == "always",
                 _ => {}
             }
         }
@@ -85,6 +88,9 @@ ANALYTICS_PREFIX={}
         );
         if let Some(nodes) = self.nats_cluster {
             text.push_str(&format!("NATS_CLUSTER={nodes}\n"));
+        }
+        if self.nats_sync_always {
+            text.push_str("NATS_SYNC=always\n");
         }
         text
     }
@@ -156,6 +162,7 @@ ANALYTICS_PREFIX=
                 nats_prefixes: String::new(),
                 analytics_prefix: String::new(),
                 nats_cluster: None,
+                nats_sync_always: false,
             }
         );
         assert_eq!(s.nats_nodes(), 1);
@@ -181,6 +188,16 @@ ANALYTICS_PREFIX=
             "{text}"
         );
         assert_eq!(State::parse(&text), fresh);
+    }
+
+    #[test]
+    fn a_sync_always_stack_is_recorded_and_the_default_writes_no_line() {
+        let mut s = State::parse(FROM_THE_SCRIPT);
+        assert!(!s.render("test").contains("NATS_SYNC"));
+        s.nats_sync_always = true;
+        let text = s.render("test");
+        assert!(text.ends_with("\nNATS_SYNC=always\n"), "{text}");
+        assert_eq!(State::parse(&text), s);
     }
 
     #[test]
