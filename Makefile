@@ -142,9 +142,19 @@ bench-embed:
 
 # `make chaos CLUSTER=3`: the same run on a three-node JetStream cluster (streams at R3), its
 # nodes SIGKILLed one at a time (the work stream's leader twice) instead of the one NATS crash.
+# NATS_SYNC=always: NATS fsyncs every JetStream write (sync_interval: always).
 chaos:
 	$(CARGO) build --release --workspace --bins
-	target/release/chaos $(if $(CLUSTER),--cluster $(CLUSTER)) $(CHAOS_ARGS)
+	target/release/chaos $(if $(CLUSTER),--cluster $(CLUSTER)) \
+	  $(if $(filter always,$(NATS_SYNC)),--nats-sync-always) $(CHAOS_ARGS)
+
+# `make upgrade-drill`: a rolling upgrade under a steady load (60 msg/s, every channel): each
+# worker process replaced in turn by SIGTERM (drained), then the chaos verdict with no kill to
+# excuse a loss, a double or a re-run; prints the overhead p50/p99 (tests/load/src/rolling.rs).
+.PHONY: upgrade-drill
+upgrade-drill:
+	$(CARGO) build --release --workspace --bins
+	target/release/chaos --rolling-upgrade $(CHAOS_ARGS)
 
 # ---- fuzzing (tests/fuzz; see tests/fuzz/README.md) ------------------------------------------
 # cargo-fuzz passes nightly-only flags (-Zsanitizer, sancov); RUSTC_BOOTSTRAP=1 lets the stable

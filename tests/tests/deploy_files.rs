@@ -66,6 +66,7 @@ fn expectations(dir: &Path) -> PathBuf {
         fingerprint: "-",
         prefixes: "sb",
         analytics: "sb",
+        sync_always: false,
     })
     .expect("the stack renders its users");
     let reference = dir.join("stack-nats.conf");

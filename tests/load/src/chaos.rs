@@ -35,6 +35,7 @@ use super::observers::{
 };
 use super::pipeline::{self, Knobs, Pipeline};
 use super::returning;
+use super::rolling::{self, Latency, Replacement};
 use super::stack::Stack;
 use super::{message_text, now_us};
 
@@ -76,6 +77,11 @@ pub struct ChaosOptions {
     /// one at a time at `node_kills`.
     pub cluster: usize,
     pub node_kills: Vec<NodeKill>,
+    /// NATS fsyncs every JetStream write (`sync_interval: always`).
+    pub nats_sync_always: bool,
+    /// A rolling upgrade instead of faults: no kills, crashes or outage; every worker
+    /// replaced one at a time by SIGTERM from [`rolling::FIRST_AT`] on ([`rolling`]).
+    pub rolling: bool,
     /// When Postgres is SIGKILLed (postmaster and backends, then started again).
     pub crash_pg_at: Option<Duration>,
     pub runner_delay: Duration,
@@ -115,6 +121,8 @@ impl ChaosOptions {
             crash_nats_at: Some(Duration::from_secs(15)),
             cluster: 1,
             node_kills: Vec::new(),
+            nats_sync_always: false,
+            rolling: false,
             crash_pg_at: Some(Duration::from_secs(32)),
             runner_delay: Duration::from_millis(20),
             runner_down_at: Some(Duration::from_secs(18)),
@@ -160,6 +168,8 @@ impl ChaosOptions {
             crash_nats_at: Some(Duration::from_secs(6)),
             cluster: 1,
             node_kills: Vec::new(),
+            nats_sync_always: false,
+            rolling: false,
             crash_pg_at: Some(Duration::from_secs(13)),
             runner_delay: Duration::from_millis(20),
             runner_down_at: Some(Duration::from_secs(4)),
@@ -192,8 +202,30 @@ impl ChaosOptions {
             self.cluster = nodes;
             self.crash_nats_at = None;
             self.node_kills = chaos_nodes::plan(nodes, self.kill_window());
+            // Three servers replicating every write share the same 2 cores: the backlog the
+            // load leaves drains at a third of the single server's pace (the first cluster
+            // run still had 8,000 replies to send after the single server's 180 s).
+            self.drain_timeout = self.drain_timeout.max(Duration::from_secs(900));
         }
         self
+    }
+
+    /// `make upgrade-drill`: a steady 60 msg/s (below half of what this machine answers) over
+    /// 600 people on every channel for 100 s while each worker process is replaced in turn by
+    /// SIGTERM (drained), then the chaos verdict with no kill to excuse anything.
+    pub fn rolling_upgrade(dir: PathBuf) -> Self {
+        Self {
+            stack_name: "upgrade".into(),
+            sessions: 600,
+            per_session: 10,
+            rate: 60.0,
+            group: 60,
+            crash_nats_at: None,
+            crash_pg_at: None,
+            runner_down_at: None,
+            rolling: true,
+            ..Self::full(dir)
+        }
     }
 
     /// How long the kills go on.
@@ -299,6 +331,10 @@ pub struct ChaosReport {
     pub textmagic: SendStats,
     pub verdict: Verdict,
     pub events: Vec<Event>,
+    /// Workers replaced by SIGTERM (a rolling upgrade), in order.
+    pub replacements: Vec<Replacement>,
+    /// Acceptance to the reply's send (SMS), p50 / p99.
+    pub latency: Option<Latency>,
 }
 
 impl ChaosReport {
@@ -345,6 +381,26 @@ impl ChaosReport {
                 } else {
                     ": DID NOT COME BACK"
                 }
+            );
+        }
+        for r in &self.replacements {
+            println!(
+                "    {:>8.3}s  SIGTERM {:<12} pid {}: {} in {} ms, replaced",
+                s(r.at_us),
+                r.target,
+                r.pid,
+                if r.clean {
+                    "drained and exited"
+                } else {
+                    "SIGKILLed after the grace"
+                },
+                r.drained_ms
+            );
+        }
+        if let Some(l) = &self.latency {
+            println!(
+                "  overhead, accepted to the reply's send (SMS, {} answered): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                l.answered, l.p50_ms, l.p99_ms, l.max_ms
             );
         }
         if !self.self_exits.is_empty() {
@@ -437,8 +493,10 @@ pub async fn run(o: ChaosOptions) -> anyhow::Result<ChaosReport> {
     std::fs::create_dir_all(&o.dir)?;
     let stack = {
         let (name, n, p, nodes) = (o.stack_name.clone(), o.nats_port, o.pg_port, o.cluster);
+        let sync = o.nats_sync_always;
         // Durable Postgres: a SIGKILL must not lose a committed transaction.
-        tokio::task::spawn_blocking(move || Stack::up_with(&name, n, p, false, "", nodes)).await??
+        tokio::task::spawn_blocking(move || Stack::up_with(&name, n, p, false, "", nodes, sync))
+            .await??
     };
     let result = run_on(&stack, &o).await;
     stack.down();
@@ -446,7 +504,11 @@ pub async fn run(o: ChaosOptions) -> anyhow::Result<ChaosReport> {
 }
 
 async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
-    let plan = kill_plan(o.seed, &o.replicas, o.kill_every, o.kill_window())?;
+    let plan = if o.rolling {
+        Vec::new()
+    } else {
+        kill_plan(o.seed, &o.replicas, o.kill_every, o.kill_window())?
+    };
     let started = Instant::now();
     let runner = LoadRunner::start(o.runner_delay).await;
     let twilio = LoadTwilio::start(pipeline::ACCOUNT_SID, pipeline::AUTH_TOKEN).await;
@@ -503,6 +565,9 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let mut node_kills = o.node_kills.iter().copied().peekable();
     let mut node_rng = rand::rngs::StdRng::seed_from_u64(o.seed);
     let work_stream = pipeline.topology.work_stream();
+    let mut replacements: Vec<Replacement> = Vec::new();
+    let mut next_replacement = o.rolling.then(|| (0usize, t0 + rolling::FIRST_AT));
+    let grace = Duration::from_millis(o.knobs.shutdown_grace_ms) + Duration::from_secs(5);
     let mut crashing: Vec<Crash> = Vec::new();
     let mut kills: Vec<Kill> = Vec::new();
     let mut loading = true;
@@ -518,6 +583,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     while loading
         || plan.peek().is_some()
         || node_kills.peek().is_some()
+        || next_replacement.is_some()
         || crashing.iter().any(|c| !c.is_finished())
         || outage.as_ref().is_some_and(|p| p.phase < 3)
     {
@@ -550,6 +616,32 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
                 pid,
             });
             event(format!("SIGKILL {target} (pid {pid}; restarted)"));
+        }
+        if let Some((i, at)) = next_replacement
+            && now >= at
+        {
+            let target = pipeline.workers.list[i].label();
+            let pid = pipeline.workers.list[i].pid().unwrap_or(0);
+            let at_us = now_us();
+            let (drained, clean) = pipeline.workers.terminate_and_restart(i, grace).await?;
+            event(format!(
+                "SIGTERM {target} (pid {pid}): {} after {} ms; new process started",
+                if clean {
+                    "drained and exited"
+                } else {
+                    "SIGKILLed, not exited"
+                },
+                drained.as_millis()
+            ));
+            replacements.push(Replacement {
+                at_us,
+                target,
+                pid,
+                drained_ms: drained.as_millis() as u64,
+                clean,
+            });
+            next_replacement = (i + 1 < pipeline.workers.list.len())
+                .then(|| (i + 1, Instant::now() + rolling::EVERY));
         }
         if nats_at.is_some_and(|t| now >= t) {
             nats_at = None;
@@ -749,8 +841,10 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         twilio: twilio.stats(),
         textmagic: textmagic.stats(),
         verdict: judge(&evidence),
+        latency: rolling::latency(&evidence),
         kills: evidence.kills,
         crashes: evidence.crashes,
+        replacements,
         ..Default::default()
     };
     for w in &pipeline.workers.list {

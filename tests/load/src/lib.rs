@@ -35,6 +35,7 @@ pub mod pipeline;
 pub mod procs;
 pub mod report;
 pub mod returning;
+pub mod rolling;
 pub mod stack;
 pub mod statement_profile;
 pub mod table_writes;

@@ -134,6 +134,35 @@ impl Workers {
         Ok(())
     }
 
+    /// Replace worker `i` as a rolling upgrade does: SIGTERM, wait for it to drain and exit
+    /// (SIGKILL after `grace`), start the new one. Returns how long the old one took to exit
+    /// and whether it exited by itself within `grace`.
+    pub async fn terminate_and_restart(
+        &mut self,
+        i: usize,
+        grace: Duration,
+    ) -> anyhow::Result<(Duration, bool)> {
+        let started = std::time::Instant::now();
+        let mut clean = true;
+        if let Some(mut c) = self.list[i].child.take() {
+            if let Some(pid) = c.id() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status();
+            }
+            if tokio::time::timeout(grace, c.wait()).await.is_err() {
+                clean = false;
+                let _ = c.kill().await;
+            }
+        }
+        let drained = started.elapsed();
+        let w = &self.list[i];
+        let (name, instance, config) = (w.name.clone(), w.instance, w.config.clone());
+        let child = self.start(&name, instance, &config)?;
+        self.list[i].child = Some(child);
+        Ok((drained, clean))
+    }
+
     /// Restart every worker that exited on its own; returns their labels.
     pub fn restart_exited(&mut self) -> anyhow::Result<Vec<String>> {
         let mut restarted = Vec::new();

@@ -35,12 +35,12 @@ fn run(args: &[&str], fast: bool) -> anyhow::Result<String> {
 
 /// [`run`], with `pg_conf` (Postgres settings, one per line) as `SB_STACK_PG_CONF` and NATS as
 /// a cluster of `nodes` (`SB_STACK_NATS_CLUSTER`, which `up` reads; 1: one server; the other
-/// verbs take the size `up` recorded).
+/// verbs take the size `up` recorded), fsyncing every write when asked (`SB_STACK_NATS_SYNC`).
 fn run_with(
     args: &[&str],
     fast: bool,
     pg_conf: &str,
-    nodes: Option<usize>,
+    nodes: Option<(usize, bool)>,
 ) -> anyhow::Result<String> {
     let mut cmd = Command::new(stack_bin()?);
     cmd.args(args);
@@ -49,10 +49,18 @@ fn run_with(
         cmd.env("SB_STACK_FAST", "1");
     }
     cmd.env("SB_STACK_PG_CONF", pg_conf);
+    cmd.env_remove("SB_STACK_NATS_SYNC");
     match nodes {
-        Some(n) => cmd.env("SB_STACK_NATS_CLUSTER", n.to_string()),
-        None => cmd.env_remove("SB_STACK_NATS_CLUSTER"),
-    };
+        Some((n, sync_always)) => {
+            cmd.env("SB_STACK_NATS_CLUSTER", n.to_string());
+            if sync_always {
+                cmd.env("SB_STACK_NATS_SYNC", "always");
+            }
+        }
+        None => {
+            cmd.env_remove("SB_STACK_NATS_CLUSTER");
+        }
+    }
     let out = cmd
         .output()
         .with_context(|| format!("running stack {args:?}"))?;
@@ -81,11 +89,12 @@ impl Stack {
         fast: bool,
         pg_conf: &str,
     ) -> anyhow::Result<Stack> {
-        Self::up_with(name, nats_port, pg_port, fast, pg_conf, 1)
+        Self::up_with(name, nats_port, pg_port, fast, pg_conf, 1, false)
     }
 
     /// [`Stack::up_tuned`] with NATS as a JetStream cluster of `nodes` servers (1: one
-    /// server); node i listens on `nats_port + i - 1`.
+    /// server; node i listens on `nats_port + i - 1`), fsyncing every JetStream write when
+    /// `sync_always` (`sync_interval: always`).
     pub fn up_with(
         name: &str,
         nats_port: u16,
@@ -93,6 +102,7 @@ impl Stack {
         fast: bool,
         pg_conf: &str,
         nodes: usize,
+        sync_always: bool,
     ) -> anyhow::Result<Stack> {
         // A stack left from an interrupted run may have other settings: start from scratch.
         let _ = run(&["destroy", name], false);
@@ -100,7 +110,7 @@ impl Stack {
             &["up", name, &nats_port.to_string(), &pg_port.to_string()],
             fast,
             pg_conf,
-            Some(nodes),
+            Some((nodes, sync_always)),
         )?;
         let exports: Vec<(String, String)> = out
             .lines()

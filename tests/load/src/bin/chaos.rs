@@ -67,6 +67,14 @@ struct Args {
     /// leader twice, a follower once) and started again.
     #[arg(long, default_value_t = 1)]
     cluster: usize,
+    /// NATS fsyncs every JetStream write (`sync_interval: always`; `make chaos NATS_SYNC=always`).
+    #[arg(long)]
+    nats_sync_always: bool,
+    /// A rolling upgrade instead of faults (`make upgrade-drill`): 60 msg/s over 600 people
+    /// for 100 s while every worker is replaced in turn by SIGTERM; the load arguments and
+    /// fault times above are not used.
+    #[arg(long)]
+    rolling_upgrade: bool,
     /// Run nothing: judge a recorded run's `chaos-evidence.json` again and print the verdict.
     #[arg(long, value_name = "EVIDENCE")]
     judge: Option<std::path::PathBuf>,
@@ -119,7 +127,16 @@ async fn main() -> anyhow::Result<()> {
             _ => {}
         }
     }
-    let o = o.on_cluster(a.cluster);
+    let o = if a.rolling_upgrade {
+        let mut r = ChaosOptions::rolling_upgrade(dir.clone());
+        r.seed = o.seed;
+        r.replicas = o.replicas;
+        r
+    } else {
+        o
+    };
+    let mut o = o.on_cluster(a.cluster);
+    o.nats_sync_always = a.nats_sync_always;
     if o.cluster > 1 {
         println!(
             "chaos: NATS is a cluster of {} nodes, streams at R{}; node kills at {:?}",
@@ -132,6 +149,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let cluster = o.cluster;
+    let workers: usize = o.replicas.iter().map(|(_, n)| n).sum();
     println!(
         "chaos: {} sessions x {} messages at {} msg/s ({} people talk to the collect agent); seed {} (repeat with --seed {}); SIGKILL a worker every {}s; SIGKILL NATS at {:?}, Postgres at {:?}; runner down at {:?} for {:?}; logs in {}",
         o.sessions,
@@ -159,6 +177,18 @@ async fn main() -> anyhow::Result<()> {
     if cluster > 1 && node_kills < 3 {
         println!("chaos: FAILED: {node_kills} NATS node kills, 3 planned");
         std::process::exit(1);
+    }
+    // A rolling upgrade replaces every worker, each by its own drain.
+    if a.rolling_upgrade {
+        let unclean: Vec<_> = report.replacements.iter().filter(|r| !r.clean).collect();
+        if report.replacements.len() < workers || !unclean.is_empty() {
+            println!(
+                "chaos: FAILED: {} workers replaced, {} of them not drained within the grace",
+                report.replacements.len(),
+                unclean.len()
+            );
+            std::process::exit(1);
+        }
     }
     finish(&report)
 }
