@@ -151,18 +151,21 @@ async fn main() -> anyhow::Result<()> {
     let cluster = o.cluster;
     let workers: usize = o.replicas.iter().map(|(_, n)| n).sum();
     println!(
-        "chaos: {} sessions x {} messages at {} msg/s ({} people talk to the collect agent); seed {} (repeat with --seed {}); SIGKILL a worker every {}s; SIGKILL NATS at {:?}, Postgres at {:?}; runner down at {:?} for {:?}; logs in {}",
+        "chaos: {} sessions x {} messages at {} msg/s ({} people talk to the collect agent); seed {} (repeat with --seed {}); {}; logs in {}",
         o.sessions,
         o.per_session,
         o.rate,
         (0..o.sessions).filter(|s| o.mix.collects(*s)).count(),
         o.seed,
         o.seed,
-        a.kill_every,
-        o.crash_nats_at,
-        o.crash_pg_at,
-        o.runner_down_at,
-        o.runner_down_for,
+        if o.rolling {
+            "a rolling upgrade: every worker replaced in turn by SIGTERM, no faults".to_string()
+        } else {
+            format!(
+                "SIGKILL a worker every {}s; SIGKILL NATS at {:?}, Postgres at {:?}; runner down at {:?} for {:?}",
+                a.kill_every, o.crash_nats_at, o.crash_pg_at, o.runner_down_at, o.runner_down_for
+            )
+        },
         dir.display()
     );
     let report = chaos::run(o).await?;
