@@ -10,6 +10,10 @@ fn creds() -> Credentials {
 }
 
 fn conf(prefixes: &str, analytics: &str) -> Result<String> {
+    conf_synced(prefixes, analytics, false)
+}
+
+fn conf_synced(prefixes: &str, analytics: &str, sync_always: bool) -> Result<String> {
     let c = creds();
     render_conf(&ConfInput {
         name: "demo",
@@ -22,7 +26,7 @@ fn conf(prefixes: &str, analytics: &str) -> Result<String> {
         fingerprint: "7414a4096979d9136b599addda4053f8",
         prefixes,
         analytics,
-        sync_always: false,
+        sync_always,
     })
 }
 
@@ -40,21 +44,7 @@ fn the_config_is_the_scripts() {
 
 #[test]
 fn sync_always_fsyncs_every_write_and_only_then() {
-    let c = creds();
-    let always = render_conf(&ConfInput {
-        name: "demo",
-        nats_port: 26222,
-        monitor_port: 27222,
-        pid_file: Path::new("/tmp/stk-golden/root/demo/nats/nats.pid"),
-        store_dir: Path::new("/tmp/stk-golden/root/demo/nats"),
-        cred_dir: Path::new("/tmp/stk-golden/root/demo/credentials"),
-        credentials: &c,
-        fingerprint: "7414a4096979d9136b599addda4053f8",
-        prefixes: "",
-        analytics: "",
-        sync_always: true,
-    })
-    .unwrap();
+    let always = conf_synced("", "", true).unwrap();
     let active = |conf: &str| conf.lines().any(|l| l.trim() == "sync_interval: always");
     assert!(active(&always), "{always}");
     assert!(!active(&conf("", "").unwrap()));
