@@ -1,13 +1,14 @@
 //! What the worker runtime promises every stage: each outcome is on `/metrics` from the start,
-//! and a handler that panics is reported and its message retried at once, not lost to
-//! `ack_wait`.
+//! a handler that panics is reported and its message retried at once, not lost to `ack_wait`,
+//! and outputs NATS cannot store for a while (a stream's leader being elected) are stored when
+//! it can, without spending the input's deliveries.
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use switchboard_e2e::{TestApp, spawn_app, spawn_app_configured};
 use switchboard_kit::proto::MessageReceived;
 use switchboard_kit::retry::Backoff;
-use switchboard_kit::{Attempt, Outcome, Source, Stage, StageSpec};
+use switchboard_kit::{Attempt, Outcome, Output, Source, Stage, StageSpec};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -177,5 +178,91 @@ async fn a_handler_that_panics_is_reported_and_its_message_retried_at_once_not_a
         Some(1.0),
         "as a failed delivery"
     );
+    app.shutdown().await;
+}
+
+/// A stage of the test's own that forwards each event to `<prefix>.mailbox.forwarded`, a
+/// subject no stream holds until the test makes one.
+struct Forwards {
+    /// Each run's delivery.
+    runs: Mutex<Vec<u64>>,
+    subject: String,
+}
+
+impl Stage for Forwards {
+    type Input = MessageReceived;
+    const SPEC: StageSpec = StageSpec::new("test-forwards", Source::Events("test.forward"))
+        .batch(1)
+        .retry(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(200),
+        ));
+
+    async fn handle(&self, m: MessageReceived, attempt: &Attempt) -> Outcome {
+        self.runs.lock().unwrap().push(attempt.delivered);
+        Ok(vec![Output::new(
+            self.subject.clone(),
+            m.message_id.clone(),
+            &m,
+        )])
+    }
+}
+
+#[tokio::test]
+async fn outputs_nats_cannot_store_for_a_while_are_stored_when_it_can_without_spending_deliveries()
+{
+    let app = spawn_app().await;
+    let subject = format!("{}.mailbox.forwarded", app.config.subject_prefix);
+    let stage = std::sync::Arc::new(Forwards {
+        runs: Mutex::new(Vec::new()),
+        subject: subject.clone(),
+    });
+    app.topology
+        .apply(&app.js, &app.config.runtime, &[Forwards::SPEC])
+        .await
+        .expect("the stage's consumer");
+    app.start(vec![app.app().shared_stage_task(stage.clone())]);
+    let m = MessageReceived {
+        message_id: "m1".into(),
+        ..Default::default()
+    };
+    app.js
+        .publish(
+            app.topology.event("test.forward"),
+            prost::Message::encode_to_vec(&m).into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    // For 3 s no stream takes the output (as while its stream's leader is elected): with a
+    // retry delay of 100-200 ms, handing the input back each time would have spent every one
+    // of its deliveries and had it given up as a crash loop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stream = format!("{}_FORWARDED", app.config.subject_prefix.to_uppercase());
+    let mut forwarded = app
+        .js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![subject],
+            ..Default::default()
+        })
+        .await
+        .expect("the stream the output waits for");
+    let deadline = Instant::now() + WAIT;
+    while forwarded.info().await.unwrap().state.messages == 0 {
+        assert!(Instant::now() < deadline, "the output was never stored");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        *stage.runs.lock().unwrap(),
+        [1],
+        "handled once, on its first delivery"
+    );
+    assert!(
+        app.dead_letters("test-forwards").await.is_empty(),
+        "given up"
+    );
+    let _ = app.js.delete_stream(&stream).await;
     app.shutdown().await;
 }

@@ -55,6 +55,10 @@ pub enum RuntimeError {
     Consumer { stage: &'static str, reason: String },
 }
 
+/// How long a handler's outputs are tried again in the process before its input is handed
+/// back to JetStream (see [`Runtime::publish_held`]): longer than a stream leader's election.
+const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(30);
+
 impl Runtime {
     pub fn new(js: jetstream::Context, topology: Topology, config: RuntimeConfig) -> Self {
         Self {
@@ -83,6 +87,43 @@ impl Runtime {
     async fn publish_all(&self, stage: &str, outputs: &[Output]) -> Result<(), anyhow::Error> {
         let results = join_all(outputs.iter().map(|o| self.publish(stage, o))).await;
         results.into_iter().collect()
+    }
+
+    /// [`Runtime::publish_all`], tried again here (the input held by progress acks) for up to
+    /// [`PUBLISH_RETRY_FOR`] before the caller hands the input back. A failed publish is
+    /// NATS's trouble (a stream leader being elected, a node restarting), not the input's:
+    /// handing the input back would spend one of its deliveries each time, and
+    /// `max_deliver` deliveries give it up as a crash loop (`make chaos CLUSTER=3` lost
+    /// messages so, chaos-20261127-130935). Outputs carry their dedupe ids, so a publish that
+    /// landed before its ack was lost is not stored twice.
+    async fn publish_held(
+        &self,
+        stage: &str,
+        msg: &jetstream::Message,
+        outputs: &[Output],
+        opts: &StageOptions,
+        ack_wait: Duration,
+    ) -> Result<(), anyhow::Error> {
+        let until = Instant::now() + PUBLISH_RETRY_FOR;
+        // The input stays held (progress acks) through every try, the publish's own wait for
+        // its ack included: a publish nobody answers waits for its timeout.
+        let tries = async {
+            let mut tries = 0;
+            loop {
+                let error = match self.publish_all(stage, outputs).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) => e,
+                };
+                tries += 1;
+                let delay = opts.retry.jittered(tries);
+                if Instant::now() + delay >= until {
+                    return Err(error);
+                }
+                tracing::debug!(error = %error, tries, "publishing outputs failed; trying again");
+                tokio::time::sleep(delay).await;
+            }
+        };
+        with_progress(&[msg], ack_wait, tries).await
     }
 
     /// Runs `stage` until `shutdown`, then drains in-flight work (bounded by the grace period).
@@ -336,12 +377,17 @@ impl Runtime {
                 .await;
             }
             // Publish every success's outputs at once and await their acks together.
-            let published = join_all(outcomes.iter().map(|o| async move {
-                match o {
-                    Ok(outputs) => Some(self.publish_all(name, outputs).await),
-                    Err(_) => None,
-                }
-            }))
+            let ack_wait = slots.ack_wait;
+            let published = join_all(ready.iter().zip(outcomes.iter()).map(
+                |((msg, _), o)| async move {
+                    match o {
+                        Ok(outputs) => {
+                            Some(self.publish_held(name, msg, outputs, opts, ack_wait).await)
+                        }
+                        Err(_) => None,
+                    }
+                },
+            ))
             .await;
             let mut acks = Vec::new();
             let mut others = Vec::new();
@@ -432,7 +478,10 @@ impl Runtime {
                 };
                 let error = match outcome.map_err(|e| waits_for_capacity(e, attempt.waits)) {
                     Ok(outputs) => {
-                        if let Err(e) = self.publish_all(name, &outputs).await {
+                        if let Err(e) = self
+                            .publish_held(name, &msg, &outputs, opts, slots.ack_wait)
+                            .await
+                        {
                             tracing::warn!(error = %e, "publishing outputs failed; will retry");
                             self.retry(name, &msg, &attempt, opts).await;
                             return;
@@ -472,7 +521,10 @@ impl Runtime {
                         return;
                     }
                 };
-                if let Err(e) = self.publish_all(name, &wait.outputs).await {
+                if let Err(e) = self
+                    .publish_held(name, &msg, &wait.outputs, opts, slots.ack_wait)
+                    .await
+                {
                     // Back to the stream: the redelivery makes them again.
                     tracing::warn!(error = %e, "publishing a wait's outputs failed; will retry");
                     self.retry(name, &msg, &attempt, opts).await;
@@ -563,7 +615,10 @@ impl Runtime {
                 },
             }
         };
-        if let Err(e) = self.publish_all(name, &outputs).await {
+        if let Err(e) = self
+            .publish_held(name, msg, &outputs, opts, slots.ack_wait)
+            .await
+        {
             tracing::warn!(error = %e, "publishing the give-up outputs failed; will retry");
             self.retry(name, msg, attempt, opts).await;
             return;
