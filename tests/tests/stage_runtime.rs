@@ -108,14 +108,15 @@ impl Stage for PanicsOnBoom {
     }
 }
 
-async fn publish(app: &TestApp, id: &str) {
+/// A `MessageReceived` with id `id` on the event `event`, stored.
+async fn publish(app: &TestApp, event: &str, id: &str) {
     let m = MessageReceived {
         message_id: id.into(),
         ..Default::default()
     };
     app.js
         .publish(
-            app.topology.event("test.panic"),
+            app.topology.event(event),
             prost::Message::encode_to_vec(&m).into(),
         )
         .await
@@ -139,7 +140,7 @@ async fn a_handler_that_panics_is_reported_and_its_message_retried_at_once_not_a
         .await
         .expect("the stage's consumer");
     app.start(vec![app.app().shared_stage_task(stage.clone())]);
-    publish(&app, "boom").await;
+    publish(&app, "test.panic", "boom").await;
 
     let deadline = Instant::now() + ack_wait / 2;
     while stage.runs_of("boom").len() < 2 && Instant::now() < deadline {
@@ -153,7 +154,7 @@ async fn a_handler_that_panics_is_reported_and_its_message_retried_at_once_not_a
          before the ack wait ({ack_wait:?})"
     );
     // The process goes on: a message after the panic is handled.
-    publish(&app, "after").await;
+    publish(&app, "test.panic", "after").await;
     let deadline = Instant::now() + WAIT;
     while stage.runs_of("after").is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -222,19 +223,7 @@ async fn outputs_nats_cannot_store_for_a_while_are_stored_when_it_can_without_sp
         .await
         .expect("the stage's consumer");
     app.start(vec![app.app().shared_stage_task(stage.clone())]);
-    let m = MessageReceived {
-        message_id: "m1".into(),
-        ..Default::default()
-    };
-    app.js
-        .publish(
-            app.topology.event("test.forward"),
-            prost::Message::encode_to_vec(&m).into(),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("stored");
+    publish(&app, "test.forward", "m1").await;
     // For 3 s no stream takes the output (as while its stream's leader is elected): with a
     // retry delay of 100-200 ms, handing the input back each time would have spent every one
     // of its deliveries and had it given up as a crash loop.

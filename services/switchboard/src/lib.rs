@@ -23,8 +23,16 @@ pub fn os_user() -> String {
 pub fn gateway_routes(app: &App) -> anyhow::Result<(axum::Router, switchboard_kit::startup::Task)> {
     let state = switchboard_gateway::GatewayState::new(app)?;
     let follower = state.follower();
-    let routes = switchboard_gateway::router(state)
+    let mut routes = switchboard_gateway::router(state)
         .merge(switchboard_kit::admin::health_router(app.readiness()));
+    // The demo runner and outboxes, on every gateway that has them on (`switchboard up`, and
+    // `switchboard gateway` in deploy/compose.yaml).
+    if app.config.demo.enabled {
+        routes = routes.merge(demo::router(&app.config));
+        tracing::info!(
+            "demo runner at /demo/runner, demo Twilio and TextMagic outbox at /demo/outbox"
+        );
+    }
     Ok((routes, follower))
 }
 
@@ -56,15 +64,7 @@ pub async fn run_worker(config: switchboard_kit::Config, names: &[String]) -> an
 pub async fn run_gateway(config: switchboard_kit::Config) -> anyhow::Result<()> {
     let app = App::start(config.for_gateway(), "gateway", stages::ALL, STARTUP_WAIT).await?;
     app.shutdown.trigger_on_signals();
-    let (mut routes, follower) = gateway_routes(&app)?;
-    // The demo outbox and runner on the gateway of a multi-process deployment too
-    // (deploy/compose.yaml tries the product with them): what `switchboard up` serves.
-    if app.config.demo.enabled {
-        routes = routes.merge(demo::router(&app.config));
-        tracing::info!(
-            "demo runner at /demo/runner, demo Twilio and TextMagic outbox at /demo/outbox"
-        );
-    }
+    let (routes, follower) = gateway_routes(&app)?;
     let serve = app
         .serve_http(&app.config.gateway.http_addr, routes)
         .await?;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use switchboard::{demo, stages};
+use switchboard::stages;
 use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
@@ -375,13 +375,7 @@ async fn up(config: Config) -> anyhow::Result<()> {
     )
     .await?;
     app.shutdown.trigger_on_signals();
-    let (mut routes, follower) = switchboard::gateway_routes(&app)?;
-    if app.config.demo.enabled {
-        routes = routes.merge(demo::router(&app.config));
-        tracing::info!(
-            "demo runner at /demo/runner, demo Twilio and TextMagic outbox at /demo/outbox"
-        );
-    }
+    let (routes, follower) = switchboard::gateway_routes(&app)?;
     let all: Vec<_> = stages::ALL.iter().collect();
     let mut tasks = stages::tasks(&app, &all);
     tasks.push(follower);
