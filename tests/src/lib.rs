@@ -679,17 +679,21 @@ impl TestApp {
                 if self.idle_stages.lock().unwrap().contains(&stage.spec.name) {
                     continue;
                 }
-                let stream = self
-                    .js
-                    .get_stream(self.topology.stream_of(stage.spec.reads))
-                    .await
-                    .expect("stage's stream");
-                let mut c: jetstream::consumer::PullConsumer = stream
-                    .get_consumer(stage.spec.name)
-                    .await
-                    .expect("consumer");
-                let info = c.info().await.expect("consumer info");
-                if info.num_pending > 0 || info.num_ack_pending > 0 {
+                // A JetStream API call may time out while a cluster elects a consumer's
+                // leader (a node was just killed): not settled yet, ask again (the deadline
+                // bounds it).
+                let pending = async {
+                    let stream = self
+                        .js
+                        .get_stream(self.topology.stream_of(stage.spec.reads))
+                        .await
+                        .ok()?;
+                    let mut c: jetstream::consumer::PullConsumer =
+                        stream.get_consumer(stage.spec.name).await.ok()?;
+                    let info = c.info().await.ok()?;
+                    Some(info.num_pending + info.num_ack_pending as u64)
+                };
+                if pending.await != Some(0) {
                     busy = true;
                 }
             }
