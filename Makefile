@@ -26,6 +26,7 @@ help:
 	@echo "make check  - cargo fmt --check, clippy -D warnings, no unused dependency (cargo-machete),"
 	@echo "              and .sqlx/ current (make sqlx-check)"
 	@echo "make sqlx-prepare - write .sqlx/ (the compile-checked SQL's data) from the migrations"
+	@echo "make migration-baseline - after adding a migration: record the previous version's queries"
 
 build:
 	$(CARGO) build --workspace --bins
@@ -102,6 +103,25 @@ sqlx-prepare: stack-tool
 
 sqlx-check: stack-tool
 	CARGO="$(CARGO)" STACK="$(STACK)" deploy/local/sqlx-data.sh check
+
+# `make image`: localhost/switchboard:latest with podman from a Debian base made here by
+# mmdebstrap (no registry; root, podman and mmdebstrap needed; deploy/image/build-local.sh).
+# `make image-check`: that image's gateway, workers and runner answer an SMS against a stack of
+# their own (22222/23432; deploy/image/check-local.sh). Neither is part of `make test`: a fresh
+# machine has no podman.
+.PHONY: image image-check
+image:
+	CARGO="$(CARGO)" deploy/image/build-local.sh
+
+image-check: stack-tool
+	STACK="$(STACK)" deploy/image/check-local.sh
+
+# After adding a migration: record the previous version's queries (from git: the code before
+# that migration) in migrations/compat/previous-queries.json, which `make test` describes
+# against today's schema (tests/tests/migration_compat.rs: expand now, contract later).
+.PHONY: migration-baseline
+migration-baseline:
+	python3 migrations/compat/baseline.py
 
 clean-stack: stack-tool
 	$(STACK) destroy run || true

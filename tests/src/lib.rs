@@ -2,6 +2,7 @@
 //! `make test` (`SB_NATS_URL`, `SB_DATABASE_URL`), on a fresh database and subject prefix, with
 //! Twilio and the agent runner faked as real HTTP servers.
 pub mod chat;
+pub mod runner_host;
 
 /// The third parties, one fake each (the `switchboard-fakes` crate).
 pub use switchboard_fakes as fakes;
@@ -513,7 +514,12 @@ pub fn switchboard_bin() -> PathBuf {
 
 fn tracing_subscriber_init() -> Option<()> {
     if std::env::var_os("RUST_LOG").is_some() {
-        switchboard_kit::telemetry::init(switchboard_kit::config::LogFormat::Text);
+        let traces = switchboard_kit::telemetry::init(
+            switchboard_kit::config::LogFormat::Text,
+            &Default::default(),
+            "switchboard-tests",
+        );
+        std::mem::forget(traces);
     }
     Some(())
 }

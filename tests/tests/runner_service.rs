@@ -1,13 +1,11 @@
 //! Switchboard with the real runner service (`services/runner`) in front of an engine: the
 //! contract dispatch relies on, end to end.
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use switchboard_e2e::runner_host::{agent_host, serve_runner};
 use switchboard_e2e::{AppOptions, spawn_app_with};
 use switchboard_kit::config::Secret;
-use switchboard_runner::config::{AgentConfig, EngineConfig, PromptVia};
-use switchboard_runner::{Runner, RunnerConfig};
 
 const PERSON: &str = "+14155550197";
 const WAIT: Duration = Duration::from_secs(40);
@@ -19,65 +17,6 @@ echo start >> "$HOST_DIR/runs"
 sleep 3
 echo end >> "$HOST_DIR/runs"
 printf '{"payloads":[{"text":"done after a while"}],"meta":{"agentMeta":{"sessionId":"%s"}}}\n' "$1""#;
-
-fn runner_config(dir: &Path) -> RunnerConfig {
-    RunnerConfig {
-        token: Some("runner-token".into()),
-        state_dir: dir.join("state"),
-        core_memory_dir: dir.to_path_buf(),
-        engines: BTreeMap::from([(
-            "script".to_string(),
-            EngineConfig {
-                command: vec![
-                    dir.join("engine.sh").to_string_lossy().into_owned(),
-                    "{session_id}".into(),
-                    "{prompt}".into(),
-                ],
-                prompt_via: PromptVia::Arg,
-                text_path: "/payloads/0/text".into(),
-                session_id_path: "/meta/agentMeta/sessionId".into(),
-                env: BTreeMap::from([("HOST_DIR".into(), dir.to_string_lossy().into_owned())]),
-                ..Default::default()
-            },
-        )]),
-        agents: BTreeMap::from([(
-            "reggie_oc".to_string(),
-            AgentConfig {
-                engine: "script".into(),
-                identity: "reggie".into(),
-            },
-        )]),
-        ..Default::default()
-    }
-}
-
-/// The `switchboard-runner` binary next to the test binaries (`make test` builds it first): the
-/// runner runs each engine under it (`switchboard-runner supervise`).
-fn runner_bin() -> PathBuf {
-    let bin = std::env::current_exe()
-        .expect("test binary path")
-        .parent()
-        .and_then(|p| p.parent())
-        .expect("target dir")
-        .join("switchboard-runner");
-    assert!(
-        bin.exists(),
-        "{} is missing: `make test` builds it first (cargo build --bins)",
-        bin.display()
-    );
-    bin
-}
-
-async fn serve_runner(dir: &Path, addr: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
-    let router = Runner::new(runner_config(dir))
-        .unwrap()
-        .supervised_by(runner_bin())
-        .router();
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, router).await.unwrap();
-    })
-}
 
 fn lines(dir: &Path, what: &str) -> usize {
     std::fs::read_to_string(dir.join("runs"))
@@ -98,15 +37,7 @@ async fn until(what: &str, check: impl Fn() -> bool) {
 #[tokio::test]
 async fn a_dispatcher_killed_during_a_runner_call_retries_it_and_the_engine_runs_once_even_across_a_runner_restart()
  {
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("sb-host-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("engine.sh"), SLOW_ENGINE).unwrap();
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(dir.join("engine.sh"))
-        .status()
-        .unwrap();
+    let dir = agent_host(SLOW_ENGINE);
     let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = probe.local_addr().unwrap();
     drop(probe);

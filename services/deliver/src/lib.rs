@@ -41,6 +41,7 @@ use switchboard_kit::proto::{DeliveryFailed, HEARTBEAT_OK_KIND, Reply, ReplyDeli
 use switchboard_kit::startup::{App, Task};
 use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 pub use ledger::{Claim, DeliveryLedger, PartAttempt};
@@ -256,6 +257,7 @@ impl Stage for DeliverStage {
             )));
         };
         let provider = reply.provider.clone();
+        switchboard_kit::trace::record_session(&reply.session_id);
         let ledger = self.ledger.with_lease(self.lease_for(sender.as_ref()));
         if let Ok(session) = reply.session_id.parse::<Uuid>() {
             self.wait_for_predecessor(session, reply.seq).await?;
@@ -324,7 +326,17 @@ impl Stage for DeliverStage {
         while sent < parts.len() {
             let outcome = match found.take() {
                 Some(sid) => Ok(sid),
-                None => sender.send(part_at(sent)).await,
+                None => {
+                    // The provider's send, a client span in the turn's trace.
+                    let span = tracing::info_span!(
+                        "provider_send",
+                        otel.name = %format_args!("send {provider}"),
+                        otel.kind = "client",
+                        provider = %provider,
+                        part = sent,
+                    );
+                    sender.send(part_at(sent)).instrument(span).await
+                }
             };
             match outcome {
                 Ok(sid) => {

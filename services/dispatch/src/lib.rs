@@ -240,6 +240,7 @@ impl Stage for TurnDispatcher {
     async fn handle(&self, turn: Turn, attempt: &Attempt) -> Result<Vec<Output>, StageError> {
         // A turn of a person forgotten since their message arrived is not run, and what it
         // made while they were being forgotten (a reply, a failure) is dropped.
+        switchboard_kit::trace::record_session(&turn.session_id);
         if self.forgotten(&turn).await? {
             return Ok(Vec::new());
         }

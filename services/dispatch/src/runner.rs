@@ -4,6 +4,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchboard_kit::config::AgentConfig;
 use switchboard_kit::turn_token::{TurnClaims, TurnTokenKeys};
+use tracing::Instrument as _;
 
 #[derive(Debug, Serialize)]
 pub struct RunRequest<'a> {
@@ -144,11 +145,34 @@ impl RunnerClient {
         request: &RunRequest<'_>,
         idempotency_key: &str,
     ) -> Result<RunResponse, RunnerError> {
+        // The runner continues this span's trace (its `traceparent`), so the engine's run on
+        // the agent host sits inside the turn's trace.
+        let span = tracing::info_span!(
+            "runner_call",
+            otel.name = "POST /run",
+            otel.kind = "client",
+            agent = %agent.name,
+            http.response.status_code = tracing::field::Empty,
+        );
+        self.call(agent, request, idempotency_key)
+            .instrument(span)
+            .await
+    }
+
+    async fn call(
+        &self,
+        agent: &AgentConfig,
+        request: &RunRequest<'_>,
+        idempotency_key: &str,
+    ) -> Result<RunResponse, RunnerError> {
         let url = format!("{}/run", agent.runner_url.trim_end_matches('/'));
+        let mut headers = reqwest::header::HeaderMap::new();
+        switchboard_kit::trace::inject_http(&mut headers);
         let mut req = self
             .http
             .post(url)
             .timeout(Duration::from_secs(agent.timeout_s.max(1)))
+            .headers(headers)
             .header("Idempotency-Key", idempotency_key)
             .json(request);
         if !agent.token.is_empty() {
@@ -156,6 +180,7 @@ impl RunnerClient {
         }
         let resp = req.send().await.map_err(RunnerError::Unavailable)?;
         let status = resp.status();
+        tracing::Span::current().record("http.response.status_code", status.as_u16());
         if status.is_success() {
             let body = resp.bytes().await.map_err(RunnerError::Unavailable)?;
             let parsed: RunResponse = serde_json::from_slice(&body)

@@ -185,6 +185,11 @@ pub fn router(state: GatewayState) -> Router {
         .merge(search_api::routes())
         .merge(analytics_api::routes())
         .merge(forget_api::routes())
+        // A server span per request (continuing a caller's traceparent): the root of a turn's
+        // trace, which the published message carries on.
+        .route_layer(axum::middleware::from_fn(
+            switchboard_kit::trace::server_span,
+        ))
         .with_state(state)
 }
 
@@ -415,6 +420,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         }
     };
     let id = id.unwrap_or_else(Uuid::now_v7);
+    switchboard_kit::trace::record("correlation_id", &id.to_string());
     let inbound = InboundMessage {
         id: id.to_string(),
         channel: channel.to_string(),

@@ -35,6 +35,7 @@ pub mod retry;
 pub mod runtime;
 pub mod settle;
 pub mod shutdown;
+pub mod snapshot;
 pub mod stage;
 pub mod startup;
 pub mod status;
@@ -50,6 +51,8 @@ pub use runtime::{Attempt, BatchStage, Hold, Outcome, Output, Stage, StageError,
 pub use settle::{GiveUp, MessageOutcome};
 pub use shutdown::Shutdown;
 pub use stage::{Registration, Source, StageOptions, StageSpec};
+/// One trace per turn: OTLP export and W3C trace context (`services/trace`).
+pub use switchboard_trace as trace;
 pub use topology::Topology;
 
 /// This process among the replicas: `<host>:<pid>`. It names the process in the logs and in

@@ -2,22 +2,24 @@
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tracing_subscriber::EnvFilter;
 
-/// Install the log subscriber once per process. `RUST_LOG` overrides the default `info` level.
-/// Message bodies are only logged at `debug`. Logs go to stderr: stdout is what the CLI's
-/// commands print (an API key, a JSON listing) and must stay parseable at any log level.
-pub fn init(format: crate::config::LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,async_nats=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if format == crate::config::LogFormat::Json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+/// Install the log subscriber once per process, and with `[telemetry] otlp_endpoint` set, the
+/// export of the product's spans (`service` names this process in the traces, e.g.
+/// `switchboard-dispatch`). `RUST_LOG` overrides the default `info` level; message bodies are
+/// only logged at `debug`. Logs go to stderr: stdout is what the CLI's commands print (an API
+/// key, a JSON listing) and must stay parseable at any log level. Keep the returned guard
+/// until the process ends: dropping it sends the spans still buffered.
+pub fn init(
+    format: crate::config::LogFormat,
+    telemetry: &switchboard_trace::TelemetryConfig,
+    service: &str,
+) -> Result<switchboard_trace::Traces, switchboard_trace::TraceError> {
+    switchboard_trace::init(
+        "info,sqlx=warn,async_nats=warn",
+        format == crate::config::LogFormat::Json,
+        telemetry,
+        service,
+    )
 }
 
 static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();

@@ -30,6 +30,8 @@ pub struct RunnerConfig {
     pub keep_results_days: u64,
     pub engines: BTreeMap<String, EngineConfig>,
     pub agents: BTreeMap<String, AgentConfig>,
+    /// `[telemetry]`: OTLP export of each run's spans, in the trace of the turn that called.
+    pub telemetry: switchboard_trace::TelemetryConfig,
 }
 
 impl Default for RunnerConfig {
@@ -46,6 +48,7 @@ impl Default for RunnerConfig {
             keep_results_days: 7,
             engines: BTreeMap::new(),
             agents: BTreeMap::new(),
+            telemetry: Default::default(),
         }
     }
 }

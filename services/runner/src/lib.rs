@@ -34,6 +34,7 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex as AsyncMutex, watch};
+use tracing::Instrument as _;
 
 use adopt::Plan;
 pub use config::RunnerConfig;
@@ -136,6 +137,8 @@ impl Runner {
             .route("/run", post(run))
             .route("/run/{key}", delete(cancel))
             .route("/healthz", get(|| async { "ok" }))
+            // Each call continues its caller's trace (dispatch sends `traceparent`).
+            .route_layer(axum::middleware::from_fn(switchboard_trace::server_span))
             .with_state(self)
     }
 
@@ -296,15 +299,26 @@ async fn run(
             let rx = done.subscribe();
             let runner = runner.clone();
             let key = key.clone();
-            tokio::spawn(async move {
-                let outcome = execute(
-                    &runner, &key, &request, &agent, &engine, &run, lock, rerun, cancelled,
-                )
-                .await;
-                runner.keep(&key, &run, &request.agent, &outcome);
-                let _ = done.send(Some(outcome));
-                runner.running.lock().unwrap().remove(&key);
-            });
+            // In the call's trace: the run outlives the call only when its caller hangs up.
+            let span = tracing::info_span!(
+                "engine_run",
+                otel.name = %format_args!("run {}", agent.engine),
+                engine = %agent.engine,
+                agent = %request.agent,
+                rerun,
+            );
+            tokio::spawn(
+                async move {
+                    let outcome = execute(
+                        &runner, &key, &request, &agent, &engine, &run, lock, rerun, cancelled,
+                    )
+                    .await;
+                    runner.keep(&key, &run, &request.agent, &outcome);
+                    let _ = done.send(Some(outcome));
+                    runner.running.lock().unwrap().remove(&key);
+                }
+                .instrument(span),
+            );
             rx
         }
     };

@@ -47,12 +47,7 @@ fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let config = switchboard_runner::RunnerConfig::load(&args.config)?;
+    let _traces = switchboard_trace::init("info", false, &config.telemetry, "switchboard-runner")?;
     tokio::runtime::Runtime::new()?.block_on(switchboard_runner::serve(config))
 }

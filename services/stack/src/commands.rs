@@ -179,6 +179,13 @@ impl Stack {
             pg_port: self.state.pg_port,
             credentials: self.creds.as_ref(),
             cred_dir: &self.paths.cred_dir,
+            pg_bin: Some(
+                &self
+                    .cache
+                    .pg_home
+                    .join(crate::pins::PG_REL_BASE)
+                    .join("bin"),
+            ),
         })
     }
 

@@ -26,6 +26,8 @@ pub struct EnvInput<'a> {
     /// `None` for a stack from before credentials existed, not yet started again.
     pub credentials: Option<&'a Credentials>,
     pub cred_dir: &'a Path,
+    /// PostgreSQL's programs (`pg_dump`, `pg_restore`: `switchboard backup`, `restore`).
+    pub pg_bin: Option<&'a Path>,
 }
 
 /// The export lines, each ending in a newline.
@@ -74,6 +76,9 @@ pub fn render(e: &EnvInput<'_>) -> String {
                 "export SB_DATABASE_URL=postgres://postgres@127.0.0.1:{pg}/switchboard"
             );
         }
+    }
+    if let Some(bin) = e.pg_bin {
+        let _ = writeln!(out, "export SB_PG_BIN={}", path(bin));
     }
     if let Some(ports) = &cluster {
         let _ = writeln!(out, "export SB_RUNTIME__STREAM_REPLICAS={}", ports.len());
@@ -203,6 +208,7 @@ mod tests {
             pg_port: Some(27432),
             credentials: c,
             cred_dir,
+            pg_bin: None,
         }
     }
 
@@ -228,6 +234,12 @@ export SB_NATS_URL=nats://switchboard:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA@127.0.0.1
 export SB_DATABASE_URL=postgres://switchboard:CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC@127.0.0.1:27432/switchboard
 export SB_STACK_CREDENTIALS_DIR={ROOT}/demo/credentials
 "));
+        let mut with_pg = input(Some(&c), None, model, cred_dir);
+        with_pg.pg_bin = Some(Path::new("/pg/bin"));
+        assert!(
+            render(&with_pg).ends_with("export SB_PG_BIN=/pg/bin\n"),
+            "the stack's pg_dump and pg_restore are named for `switchboard backup`"
+        );
         let without_onnx = render(&input(Some(&c), None, model, cred_dir));
         assert_eq!(without_onnx.lines().count(), 4);
         assert!(!without_onnx.contains("ONNX"));

@@ -10,7 +10,7 @@ use crate::{Error, Result};
 
 /// Changes whenever the subjects below do, so that `up` restarts a NATS that runs with the old
 /// ones (the settings line records it).
-pub const PERMISSIONS_VERSION: u32 = 2;
+pub const PERMISSIONS_VERSION: u32 = 3;
 
 /// A subject token: letters, digits, '_' and '-'.
 fn is_token(s: &str) -> bool {
@@ -114,7 +114,19 @@ pub fn authorization(c: &ConfInput<'_>) -> Result<String> {
     }
     let mut subscribe = publish.clone();
     subscribe.push("_INBOX.>".into());
-    publish.extend(["$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", "_INBOX.>"].map(String::from));
+    // $JS.SNAPSHOT.>: a stream snapshot's chunk acks and a restore's chunks (`switchboard
+    // backup`/`restore`; the user may already manage streams through $JS.API.>).
+    publish.extend(
+        [
+            "$JS.API.>",
+            "$JS.ACK.>",
+            "$JS.FC.>",
+            "$JS.SNAPSHOT.>",
+            "$KV.>",
+            "_INBOX.>",
+        ]
+        .map(String::from),
+    );
     let stream: String = ro
         .chars()
         .map(|ch| {

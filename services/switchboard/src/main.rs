@@ -9,6 +9,7 @@ use switchboard::stages;
 use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
+mod backup;
 mod forget;
 mod reembed;
 mod search_cli;
@@ -94,6 +95,23 @@ enum Command {
         /// Texts per embedding call (default: [embedding] batch).
         #[arg(long)]
         batch: Option<usize>,
+    },
+    /// Write the product's state to a new folder: a snapshot of each stream (messages and
+    /// consumers), then a Postgres dump (pg_dump). See docs/operations.md.
+    Backup {
+        dir: std::path::PathBuf,
+        /// The folder holding pg_dump and pg_restore (default: the PATH; the embedded stack
+        /// exports its own as SB_PG_BIN).
+        #[arg(long, env = "SB_PG_BIN")]
+        pg_bin: Option<std::path::PathBuf>,
+    },
+    /// Restore a backup into an empty database and a NATS without the product's streams, then
+    /// start the workers: the sessions carry on.
+    Restore {
+        dir: std::path::PathBuf,
+        /// As for `backup`.
+        #[arg(long, env = "SB_PG_BIN")]
+        pg_bin: Option<std::path::PathBuf>,
     },
 }
 
@@ -268,7 +286,13 @@ async fn main() -> anyhow::Result<()> {
         Some(path) => Config::load_from(path)?,
         None => Config::load()?,
     };
-    switchboard_kit::telemetry::init(config.log_format);
+    // The service name the traces show: which worker (or the whole product) this process is.
+    let service = match &cli.command {
+        Command::Worker { names } => format!("switchboard-{}", names.join("+")),
+        Command::Gateway => "switchboard-gateway".to_string(),
+        _ => "switchboard".to_string(),
+    };
+    let _traces = switchboard_kit::telemetry::init(config.log_format, &config.telemetry, &service)?;
     match cli.command {
         Command::Up => up(config).await,
         Command::Worker { names } => switchboard::run_worker(config, &names).await,
@@ -362,6 +386,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Analytics { command } => search_cli::analytics_command(config, command).await,
         Command::Forget { person, json } => forget::run(config, &person, json).await,
         Command::Reembed { batch } => reembed::run(config, batch).await,
+        Command::Backup { dir, pg_bin } => backup::backup(config, &dir, pg_bin.as_deref()).await,
+        Command::Restore { dir, pg_bin } => backup::restore(config, &dir, pg_bin.as_deref()).await,
     }
 }
 

@@ -1,9 +1,10 @@
 //! Third parties as real HTTP servers speaking their real wire formats, one fake per provider:
 //! Twilio ([`twilio`]), TextMagic ([`textmagic`]), an agent host's runner ([`runner`]), an
-//! OpenAI-compatible model ([`model`]) and a webhook source's callback receiver
-//! ([`webhook`]). The demo (`switchboard up` with `demo.enabled`) mounts them in its own
+//! OpenAI-compatible model ([`model`]), a webhook source's callback receiver ([`webhook`])
+//! and an OpenTelemetry collector's trace receiver ([`collector`]). The demo (`switchboard up` with `demo.enabled`) mounts them in its own
 //! server, the end-to-end tests start them on ports of their own, and the load tools watch
 //! every send and call through [`SendObserver`] and [`RunObserver`] without keeping them all.
+pub mod collector;
 pub mod model;
 pub mod runner;
 mod serve;
@@ -12,6 +13,7 @@ pub mod textmagic;
 pub mod twilio;
 pub mod webhook;
 
+pub use collector::{CollectedSpan, FakeCollector};
 pub use model::{ChatCall, FakeAnswer, FakeModel, bag_of_words};
 pub use runner::{FakeRunner, RunObserver, RunnerCall, fenced_texts, person_of};
 pub use serve::{Failures, serve};

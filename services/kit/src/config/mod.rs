@@ -97,6 +97,8 @@ pub struct Config {
     pub categorise: memory::CategoriseConfig,
     pub recall: memory::RecallConfig,
     pub memory: memory::MemoryConfig,
+    /// `[telemetry]`: OTLP export of each turn's trace (off unless `otlp_endpoint` is set).
+    pub telemetry: switchboard_trace::TelemetryConfig,
 }
 
 impl Default for Config {
@@ -144,6 +146,7 @@ impl Default for Config {
             categorise: Default::default(),
             recall: Default::default(),
             memory: Default::default(),
+            telemetry: Default::default(),
         }
     }
 }

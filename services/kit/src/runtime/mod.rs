@@ -75,6 +75,13 @@ impl Runtime {
         if let Some(c) = &out.correlation_id {
             headers.insert(HEADER_CORRELATION, c.as_str());
         }
+        // The output continues its input's trace (the span the caller runs in).
+        if let Some(cx) = crate::trace::current() {
+            headers.insert(crate::trace::TRACEPARENT, cx.traceparent.as_str());
+            if let Some(state) = &cx.tracestate {
+                headers.insert(crate::trace::TRACESTATE, state.as_str());
+            }
+        }
         let msg = PublishMessage::build()
             .payload(out.payload.clone())
             .headers(headers)
@@ -321,7 +328,12 @@ impl Runtime {
             let msg = msgs.into_iter().next().expect("one message");
             return self.process(h, msg, opts, slots, None).await;
         }
-        let span = tracing::info_span!("stage_batch", stage = %name, size = msgs.len());
+        let span = tracing::info_span!(
+            "stage_batch",
+            otel.name = %format_args!("{name} batch"),
+            stage = %name,
+            size = msgs.len()
+        );
         async {
             let first_run = Instant::now();
             // What the handler never sees: crash loops and undecodable payloads, each alone.
@@ -349,6 +361,16 @@ impl Runtime {
             if ready.is_empty() {
                 return;
             }
+            // Each message keeps its own trace: a span of its own (its outputs are published
+            // in it), which the batch's span links to.
+            let spans: Vec<tracing::Span> = ready
+                .iter()
+                .map(|(msg, attempt)| {
+                    let s = message_span(name, msg, attempt);
+                    crate::trace::link_to(&tracing::Span::current(), &s);
+                    s
+                })
+                .collect();
             let attempts: Vec<Attempt> = ready.iter().map(|(_, a)| a.clone()).collect();
             let in_batch: Vec<&jetstream::Message> = ready.iter().map(|(m, _)| m).collect();
             let started = Instant::now();
@@ -378,17 +400,20 @@ impl Runtime {
             }
             // Publish every success's outputs at once and await their acks together.
             let ack_wait = slots.ack_wait;
-            let published = join_all(ready.iter().zip(outcomes.iter()).map(
-                |((msg, _), o)| async move {
+            let published = join_all(ready.iter().zip(outcomes.iter()).zip(&spans).map(
+                |(((msg, _), o), span)| async move {
                     match o {
-                        Ok(outputs) => {
-                            Some(self.publish_held(name, msg, outputs, opts, ack_wait).await)
-                        }
+                        Ok(outputs) => Some(
+                            self.publish_held(name, msg, outputs, opts, ack_wait)
+                                .instrument(span.clone())
+                                .await,
+                        ),
                         Err(_) => None,
                     }
                 },
             ))
             .await;
+            drop(spans);
             let mut acks = Vec::new();
             let mut others = Vec::new();
             for (((msg, attempt), outcome), published) in
@@ -433,13 +458,7 @@ impl Runtime {
     ) {
         let name = H::SPEC.name;
         let mut attempt = attempt_of(&msg);
-        let span = tracing::info_span!(
-            "stage",
-            stage = %name,
-            correlation_id = %attempt.correlation_id,
-            seq = attempt.stream_sequence,
-            delivered = attempt.delivered
-        );
+        let span = message_span(name, &msg, &attempt);
         async {
             let delivered = attempt.delivered;
             if ran.is_none() && delivered > opts.max_deliver {
@@ -756,6 +775,34 @@ async fn handle_one<H: BatchStage>(h: &H, input: H::Input, attempt: &Attempt) ->
         .await
         .pop()
         .expect("one outcome per input")
+}
+
+/// The span of one message's handling by one stage: in the trace the message came with
+/// (its `traceparent` header), named by the stage in the exported trace.
+fn message_span(stage: &'static str, msg: &jetstream::Message, attempt: &Attempt) -> tracing::Span {
+    let span = tracing::info_span!(
+        "stage",
+        otel.name = stage,
+        otel.kind = "consumer",
+        stage = %stage,
+        correlation_id = %attempt.correlation_id,
+        seq = attempt.stream_sequence,
+        delivered = attempt.delivered
+    );
+    if crate::trace::enabled() {
+        let header = |name| {
+            msg.headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str())
+        };
+        crate::trace::continue_from(
+            &span,
+            header(crate::trace::TRACEPARENT),
+            header(crate::trace::TRACESTATE),
+        );
+    }
+    span
 }
 
 /// An attempt's facts, from the message's JetStream metadata and headers.
