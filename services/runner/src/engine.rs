@@ -224,11 +224,17 @@ pub fn answer(
 /// given and a text quoting the prompt's last non-empty line (the person's message, in the
 /// prompts Switchboard builds), at most 200 characters of it.
 pub fn demo_answer(session_id: &str, prompt: &str) -> String {
-    let said: String = prompt
-        .lines()
-        .rev()
+    // Switchboard fences the person's text (`<<<MSG-…` … `MSG-…>>>`, the last fence being the
+    // newest message); a bare prompt is taken by its last line.
+    let fenced = prompt.rfind("<<<MSG-").and_then(|start| {
+        let after = &prompt[start + 3..];
+        let (marker, body) = after.split_once('\n')?;
+        body.rfind(&format!("\n{marker}>>>"))
+            .map(|end| &body[..end])
+    });
+    let said: String = fenced
         .map(str::trim)
-        .find(|l| !l.is_empty())
+        .or_else(|| prompt.lines().rev().map(str::trim).find(|l| !l.is_empty()))
         .unwrap_or("")
         .chars()
         .take(200)
@@ -253,6 +259,16 @@ mod tests {
         let long = "x".repeat(500);
         let v: serde_json::Value = serde_json::from_str(&demo_answer("s", &long)).unwrap();
         assert!(v["text"].as_str().unwrap().len() < 300);
+    }
+
+    #[test]
+    fn the_demo_engine_quotes_the_fenced_message_of_a_switchboard_prompt() {
+        // As dispatch writes it: instructions, then the person's text between its fence lines
+        // (the compose try-it answered "You said: MSG-…>>>" before).
+        let prompt = "You are reggie.\nMessage from the person:\n<<<MSG-0123456789abcdef\n\
+                      hello from the image\nMSG-0123456789abcdef>>>\n";
+        let v: serde_json::Value = serde_json::from_str(&demo_answer("s", prompt)).unwrap();
+        assert_eq!(v["text"], "(demo engine) You said: hello from the image");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! and an OpenTelemetry collector's trace receiver ([`collector`]). The demo (`switchboard up` with `demo.enabled`) mounts them in its own
 //! server, the end-to-end tests start them on ports of their own, and the load tools watch
 //! every send and call through [`SendObserver`] and [`RunObserver`] without keeping them all.
+#[cfg(feature = "collector")]
 pub mod collector;
 pub mod model;
 pub mod runner;
@@ -13,6 +14,7 @@ pub mod textmagic;
 pub mod twilio;
 pub mod webhook;
 
+#[cfg(feature = "collector")]
 pub use collector::{CollectedSpan, FakeCollector};
 pub use model::{ChatCall, FakeAnswer, FakeModel, bag_of_words};
 pub use runner::{FakeRunner, RunObserver, RunnerCall, fenced_texts, person_of};

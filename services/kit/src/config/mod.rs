@@ -173,10 +173,57 @@ fn merge_env_as_text(mut figment: Figment, env: Env) -> Figment {
             }
             other => other,
         };
+        // `agents.0.token` (SB_AGENTS__0__TOKEN): a field of an element of an array the file
+        // has. Merged as a pair it would make `agents` a map and fail the whole load.
+        if let Some((array, index, rest)) = indexed(key.as_str())
+            && let Ok(Value::Array(tag, mut items)) = figment.find_value(array)
+            && let Some(item) = items.get_mut(index)
+        {
+            set_at(item, &rest, value);
+            figment = figment.merge((array.to_string(), Value::Array(tag, items)));
+            continue;
+        }
         // A `(key path, value)` pair is a provider that nests the value at `a.b.c`.
         figment = figment.merge((key.as_str().to_string(), value));
     }
     figment
+}
+
+/// `a.b.3.c.d` → (`a.b`, 3, [`c`, `d`]): the path of the array, the index and the rest.
+fn indexed(key: &str) -> Option<(&str, usize, Vec<&str>)> {
+    let mut start = 0;
+    for segment in key.split('.') {
+        if start > 0
+            && let Ok(index) = segment.parse::<usize>()
+        {
+            let rest = key[start + segment.len()..]
+                .trim_start_matches('.')
+                .split('.')
+                .filter(|s| !s.is_empty())
+                .collect();
+            return Some((&key[..start - 1], index, rest));
+        }
+        start += segment.len() + 1;
+    }
+    None
+}
+
+/// Set `value` at `path` within `item` (a table; missing tables on the way are made).
+fn set_at(item: &mut figment::value::Value, path: &[&str], value: figment::value::Value) {
+    use figment::value::{Dict, Value};
+    let Some((first, rest)) = path.split_first() else {
+        *item = value;
+        return;
+    };
+    if !matches!(item, Value::Dict(..)) {
+        *item = Value::from(Dict::new());
+    }
+    if let Value::Dict(_, dict) = item {
+        let child = dict
+            .entry(first.to_string())
+            .or_insert_with(|| Value::from(Dict::new()));
+        set_at(child, rest, value);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -107,6 +107,54 @@ fn environment_overrides_nested_keys() {
     });
 }
 
+#[test]
+#[allow(clippy::result_large_err)] // figment's test jail API
+fn environment_sets_a_field_of_the_nth_agent() {
+    // SB_AGENTS__0__TOKEN is how Compose and Kubernetes hand the runner token over: it used to
+    // turn `agents` into a map and fail the whole load ("expected a sequence").
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "sb.toml",
+            r#"
+            [[agents]]
+            name = "reggie_oc"
+            identity = "reggie"
+            engine = "openclaw"
+            runner_url = "http://runner"
+            [[agents]]
+            name = "reggie_fd"
+            identity = "reggie"
+            engine = "droid"
+            runner_url = "http://runner-2"
+            "#,
+        )?;
+        jail.set_env("SB_AGENTS__0__TOKEN", "s3cret");
+        jail.set_env("SB_AGENTS__1__RUNNER_URL", "http://elsewhere:8090");
+        jail.set_env("SB_AGENTS__1__TIMEOUT_S", "30");
+        let c = Config::load_from(Path::new("sb.toml")).expect("loads");
+        let first = c.agent("reggie_oc").unwrap();
+        assert_eq!(first.token.expose(), "s3cret");
+        assert_eq!(first.runner_url, "http://runner");
+        let second = c.agent("reggie_fd").unwrap();
+        assert_eq!(second.runner_url, "http://elsewhere:8090");
+        assert_eq!(second.timeout_s, 30);
+        assert!(second.token.is_empty());
+        Ok(())
+    });
+}
+
+#[test]
+fn an_indexed_key_names_the_array_the_index_and_the_rest() {
+    assert_eq!(
+        indexed("agents.0.token"),
+        Some(("agents", 0, vec!["token"]))
+    );
+    assert_eq!(indexed("a.b.12.c.d"), Some(("a.b", 12, vec!["c", "d"])));
+    assert_eq!(indexed("agents.3"), Some(("agents", 3, vec![])));
+    assert_eq!(indexed("twilio.api_base"), None);
+    assert_eq!(indexed("0.x"), None);
+}
+
 /// A channel adapter's own settings, as it would declare them.
 #[derive(Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default)]
