@@ -2,16 +2,18 @@
 //! trace from the gateway's request to Twilio's send, across NATS and the runner's HTTP call,
 //! received by an OTLP collector started here. (One test in this file: the exporter is the
 //! test process's, installed before the app starts.)
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use switchboard_e2e::fakes::{CollectedSpan, FakeCollector};
 use switchboard_e2e::runner_host::{agent_host, serve_runner};
 use switchboard_e2e::{AppOptions, spawn_app_with};
 use switchboard_kit::config::{LogFormat, Secret};
+use switchboard_kit::stage::StageOverrides;
 use switchboard_kit::trace::TelemetryConfig;
 
 const PERSON: &str = "+14155550142";
+const OTHERS: [&str; 2] = ["+14155550143", "+14155550144"];
 const WAIT: Duration = Duration::from_secs(30);
 
 const ENGINE: &str = r#"#!/bin/sh
@@ -57,6 +59,15 @@ async fn an_sms_turn_is_one_trace_from_the_gateways_request_to_the_providers_sen
         tweak: Box::new(move |c| {
             c.agents[0].runner_url = url;
             c.agents[0].token = Secret::new("runner-token");
+            // log-inbound waits up to 2 s to fill a batch (the runtime caps it at half of
+            // ack_wait, 1 s here): two people's messages sent together are logged in one.
+            c.stages.insert(
+                "log-inbound".into(),
+                StageOverrides {
+                    linger_ms: Some(2_000),
+                    ..Default::default()
+                },
+            );
         }),
         ..Default::default()
     })
@@ -191,5 +202,46 @@ async fn an_sms_turn_is_one_trace_from_the_gateways_request_to_the_providers_sen
         switchboard_e2e::fakes::collector::SpanKind::Server
     );
     assert_eq!(request.service, "switchboard-tests");
+
+    // A batch stage: two people's messages logged in one batch. Each message's span stays in
+    // its own turn's trace; the batch's span links to both.
+    let (a, b) = tokio::join!(
+        app.send_sms(OTHERS[0], "one of two"),
+        app.send_sms(OTHERS[1], "two of two")
+    );
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    app.wait_for_sms(3, WAIT).await;
+    app.settle().await;
+    traces.flush();
+    let spans = collector
+        .wait_for(WAIT, |spans| {
+            spans.iter().any(|s| s.name == "log-inbound batch")
+                && spans.iter().filter(|s| s.name == "send twilio").count() == 3
+        })
+        .await;
+    let batches: Vec<&CollectedSpan> = spans
+        .iter()
+        .filter(|s| s.name == "log-inbound batch")
+        .collect();
+    assert_eq!(batches.len(), 1, "one batch of two: {batches:#?}");
+    assert_eq!(batches[0].links.len(), 2, "{:#?}", batches[0]);
+    let mut linked_traces = HashSet::new();
+    for (trace, span) in &batches[0].links {
+        assert!(
+            spans
+                .iter()
+                .any(|s| &s.trace_id == trace && &s.span_id == span && s.name == "log-inbound"),
+            "the batch links to each message's own log-inbound span"
+        );
+        assert!(
+            spans.iter().any(|s| &s.trace_id == trace
+                && s.name.starts_with("POST /webhooks")
+                && s.parent_span_id.is_empty()),
+            "in the trace the message's gateway request began"
+        );
+        linked_traces.insert(trace.clone());
+    }
+    assert_eq!(linked_traces.len(), 2, "each message keeps its own trace");
+    assert!(!linked_traces.contains(&request.trace_id));
     app.shutdown().await;
 }

@@ -135,6 +135,27 @@ impl EmbedStage {
         for row in &mut rows {
             row.embedded.get_or_insert(dimensions);
         }
+        // Someone forgotten while their messages were being embedded (the model's first load
+        // alone takes a second) is not announced: the erasure's sweep of the streams may have
+        // run already, and an event published after it would name them for good. What was
+        // written is the erasure's (it deletes the vectors with the messages).
+        let people: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let received = switchboard_kit::forgotten::id_time(&r.id.to_string());
+                (r.person_id.clone(), received)
+            })
+            .collect();
+        let forgotten = switchboard_kit::forgotten::forgotten_among(&self.db, &people).await?;
+        if !forgotten.is_empty() {
+            rows.retain(|r| {
+                let gone = forgotten.contains(&r.person_id);
+                if gone {
+                    switchboard_kit::forgotten::dropped("embed", "message.embedded");
+                }
+                !gone
+            });
+        }
         Ok(rows)
     }
 

@@ -75,6 +75,30 @@ pub async fn received_before<'e>(
     .await
 }
 
+/// Which of `people` (each with when their message was received) were forgotten after it: one
+/// round trip for a batch (the embed worker checks its batch before it announces anything).
+pub async fn forgotten_among<'e>(
+    db: impl PgExecutor<'e>,
+    people: &[(String, DateTime<Utc>)],
+) -> sqlx::Result<std::collections::HashSet<String>> {
+    if people.is_empty() {
+        return Ok(Default::default());
+    }
+    let (ids, times): (Vec<String>, Vec<DateTime<Utc>>) = people.iter().cloned().unzip();
+    let forgotten = sqlx::query_scalar!(
+        r#"SELECT p.person_id AS "person_id!"
+             FROM unnest($1::text[], $2::timestamptz[]) AS p(person_id, received)
+            WHERE EXISTS (SELECT 1 FROM switchboard.forgotten_people f
+                           WHERE f.person_sha256 = sha256(convert_to(p.person_id, 'UTF8'))
+                             AND f.forgotten_at > p.received)"#,
+        &ids,
+        &times,
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(forgotten.into_iter().collect())
+}
+
 /// When a message was received, from its `received_at_ms` (0: unknown, taken as now, as the
 /// session stage does).
 pub fn received_at(received_at_ms: i64) -> DateTime<Utc> {
