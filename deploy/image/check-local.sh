@@ -22,19 +22,21 @@ trap cleanup EXIT
 cleanup
 eval "$(SB_STACK_FAST=1 "$STACK" up "$NAME" 22222 23432)"
 
-# The same settings Compose gives, but one NATS node and loopback addresses.
+# The same settings Compose gives, but one NATS node and loopback addresses. The secrets are
+# passed by name from this environment, never on a command line (`ps` shows those).
+export SB_AGENTS__0__TOKEN=$TOKEN SB_RUNNER_TOKEN=$TOKEN
 settings=(
-  -e "SB_NATS_URL=$SB_NATS_URL" -e "SB_DATABASE_URL=$SB_DATABASE_URL"
+  -e SB_NATS_URL -e SB_DATABASE_URL -e SB_AGENTS__0__TOKEN
   -e SB_RUNTIME__STREAM_REPLICAS=1
   -e "SB_GATEWAY__HTTP_ADDR=$GATEWAY" -e "SB_GATEWAY__PUBLIC_URL=http://$GATEWAY"
   -e "SB_ADMIN__HTTP_ADDR=$ADMIN"
   -e "SB_TWILIO__API_BASE=http://$GATEWAY/demo/twilio"
-  -e "SB_AGENTS__0__RUNNER_URL=http://$RUNNER" -e "SB_AGENTS__0__TOKEN=$TOKEN"
+  -e "SB_AGENTS__0__RUNNER_URL=http://$RUNNER"
   -v "$ROOT/deploy/compose/switchboard.toml:/etc/switchboard/switchboard.toml:ro"
   -e SB_CONFIG=/etc/switchboard/switchboard.toml
 )
 podman run -d --name sb-image-check-runner --network host \
-  -e "SB_RUNNER_TOKEN=$TOKEN" -e "SB_RUNNER_LISTEN=$RUNNER" \
+  -e SB_RUNNER_TOKEN -e "SB_RUNNER_LISTEN=$RUNNER" \
   -e SB_RUNNER_STATE_DIR=/var/lib/switchboard/runner \
   -e SB_RUNNER_CORE_MEMORY_DIR=/var/lib/switchboard \
   -v "$ROOT/deploy/compose/runner.toml:/etc/switchboard/runner.toml:ro" \

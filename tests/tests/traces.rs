@@ -73,7 +73,28 @@ async fn an_sms_turn_is_one_trace_from_the_gateways_request_to_the_providers_sen
     })
     .await;
 
-    app.send_sms(PERSON, "where does this go?").await;
+    // The caller sends a trace context of its own, sampled: the public gateway does not let an
+    // anonymous caller decide (it links to it and starts the turn's own trace).
+    const FORGED: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let params = app.sms_params(
+        PERSON,
+        "where does this go?",
+        "SMtraced0000000000000000000000001",
+    );
+    let signature = app.sign(&params);
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(&params)
+        .finish();
+    let resp = reqwest::Client::new()
+        .post(format!("{}/webhooks/twilio/sms", app.gateway_url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("X-Twilio-Signature", signature)
+        .header("traceparent", FORGED)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
     let sent = app.wait_for_sms(1, WAIT).await;
     assert_eq!(sent[0].body, "traced");
     app.settle().await;
@@ -103,7 +124,16 @@ async fn an_sms_turn_is_one_trace_from_the_gateways_request_to_the_providers_sen
         });
     assert!(
         request.parent_span_id.is_empty(),
-        "the gateway's request is the root"
+        "the gateway's request is the root, whatever the caller sent"
+    );
+    assert_ne!(request.trace_id, "0af7651916cd43dd8448eb211c80319c");
+    assert_eq!(
+        request.links,
+        vec![(
+            "0af7651916cd43dd8448eb211c80319c".to_string(),
+            "b7ad6b7169203331".to_string()
+        )],
+        "the caller's context is linked"
     );
     let turn: Vec<&CollectedSpan> = spans
         .iter()

@@ -185,11 +185,10 @@ pub fn router(state: GatewayState) -> Router {
         .merge(search_api::routes())
         .merge(analytics_api::routes())
         .merge(forget_api::routes())
-        // A server span per request (continuing a caller's traceparent): the root of a turn's
-        // trace, which the published message carries on.
-        .route_layer(axum::middleware::from_fn(
-            switchboard_kit::trace::server_span,
-        ))
+        // A server span per request, the root of a turn's trace (a caller's traceparent is
+        // linked, not continued: this is the public edge), which the published message
+        // carries on.
+        .route_layer(axum::middleware::from_fn(switchboard_kit::trace::edge_span))
         .with_state(state)
 }
 

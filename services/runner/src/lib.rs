@@ -136,9 +136,10 @@ impl Runner {
         Router::new()
             .route("/run", post(run))
             .route("/run/{key}", delete(cancel))
-            .route("/healthz", get(|| async { "ok" }))
-            // Each call continues its caller's trace (dispatch sends `traceparent`).
+            // Each call continues its caller's trace (dispatch sends `traceparent`); probes
+            // (added after the layer) are not traced.
             .route_layer(axum::middleware::from_fn(switchboard_trace::server_span))
+            .route("/healthz", get(|| async { "ok" }))
             .with_state(self)
     }
 

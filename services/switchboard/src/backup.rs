@@ -3,14 +3,21 @@
 //!
 //! A backup holds a snapshot of each of the product's JetStream streams (work, events, dead
 //! letters, arrival counters; each with its consumers and their ack state) and a Postgres dump
-//! (`pg_dump --format=custom`). The streams are taken first: a message handled between the two
-//! is then in the streams' copy *and* has its effects in the dump, and after a restore it is
-//! handled again, which every stage does idempotently (dedupe ids, the delivery ledger, the
-//! session's turn records). Taken the other way round it would be in neither: lost.
+//! (`pg_dump --format=custom`). It is taken with the workers stopped (it waits a while for
+//! their consumers to go quiet and refuses otherwise): the server copies a stream's messages
+//! before its consumers' acks, so a stage that published an output and acked its input between
+//! the two would leave a copy with neither. The streams are taken before Postgres: anything
+//! still moving then (a gateway left running) is in the streams' copy *and* has its effects in
+//! the dump, and is handled again after a restore, idempotently (dedupe ids, the delivery
+//! ledger, the session's turn records). Taken the other way round it would be in neither.
 //!
 //! `restore` wants an empty database and none of the streams (it refuses otherwise, naming
 //! what is there); it restores Postgres, then the streams at the configuration's replica count.
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
 
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
@@ -62,15 +69,21 @@ pub async fn backup(config: Config, dir: &Path, pg_bin: Option<&Path>) -> anyhow
             dir.display()
         );
     }
-    std::fs::create_dir_all(dir.join("streams"))
+    // Everyone's messages are in it: readable by its owner only.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir.join("streams"))
         .with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     let app = App::connect(config.clone(), "cli").await?;
+    wait_for_quiet_consumers(&app, &stream_names(&app)).await?;
     let client = app.js.client();
     let mut streams = Vec::new();
     for name in stream_names(&app) {
         let snapshot = format!("streams/{name}.tar.s2");
         let meta_file = format!("streams/{name}.json");
-        let mut out = tokio::fs::File::create(dir.join(&snapshot)).await?;
+        let mut out = private_file(&dir.join(&snapshot)).await?;
         let meta = snapshot_stream(&client, &name, &mut out).await?;
         std::fs::write(dir.join(&meta_file), serde_json::to_vec_pretty(&meta)?)?;
         let messages = meta["state"]["messages"].as_u64().unwrap_or(0);
@@ -97,6 +110,7 @@ pub async fn backup(config: Config, dir: &Path, pg_bin: Option<&Path>) -> anyhow
             format!("--file={}", dump.display()),
         ],
     )?;
+    std::fs::set_permissions(&dump, std::fs::Permissions::from_mode(0o600))?;
     eprintln!(
         "postgres: {} bytes of dump",
         std::fs::metadata(&dump)?.len()
@@ -186,7 +200,11 @@ pub async fn restore(config: Config, dir: &Path, pg_bin: Option<&Path>) -> anyho
     for s in &manifest.streams {
         let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(&s.meta))?)?;
         let mut input = tokio::fs::File::open(dir.join(&s.snapshot)).await?;
-        restore_stream(&client, &s.name, &meta, replicas, &mut input).await?;
+        let undo = "the database and the streams restored so far stay: drop and make the \
+                    database again and delete those streams before trying again";
+        restore_stream(&client, &s.name, &meta, replicas, &mut input)
+            .await
+            .with_context(|| format!("restoring stream {} ({undo})", s.name))?;
         let restored = app
             .js
             .get_stream(&s.name)
@@ -194,6 +212,13 @@ pub async fn restore(config: Config, dir: &Path, pg_bin: Option<&Path>) -> anyho
             .cached_info()
             .state
             .messages;
+        if restored != s.messages {
+            bail!(
+                "stream {} came back with {restored} messages, the backup has {} ({undo})",
+                s.name,
+                s.messages
+            );
+        }
         eprintln!("stream {}: restored, {restored} messages", s.name);
     }
     println!(
@@ -202,6 +227,51 @@ pub async fn restore(config: Config, dir: &Path, pg_bin: Option<&Path>) -> anyho
         manifest.taken_at
     );
     Ok(())
+}
+
+/// A new file only its owner may read.
+async fn private_file(path: &Path) -> std::io::Result<tokio::fs::File> {
+    tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .await
+}
+
+/// Wait (up to a minute: a stopped worker's last pull requests expire within `ack_wait`) until
+/// no consumer of `streams` has a pull waiting or a message unacknowledged; refuse otherwise.
+async fn wait_for_quiet_consumers(app: &App, streams: &[String]) -> anyhow::Result<()> {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut busy = Vec::new();
+        for name in streams {
+            let Ok(stream) = app.js.get_stream(name).await else {
+                continue;
+            };
+            let mut consumers = stream.consumers();
+            while let Some(info) = consumers.next().await {
+                let info = info.with_context(|| format!("listing the consumers of {name}"))?;
+                if info.num_waiting > 0 || info.num_ack_pending > 0 {
+                    busy.push(format!(
+                        "{} ({} pulls waiting, {} unacknowledged)",
+                        info.name, info.num_waiting, info.num_ack_pending
+                    ));
+                }
+            }
+        }
+        if busy.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= until {
+            bail!(
+                "workers are still running: {}. Stop every worker first: a message handled \
+                 while the streams are copied could be missing from the backup",
+                busy.join(", ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Run `pg_dump` or `pg_restore` (from `pg_bin`, else the PATH), against `database_url` when

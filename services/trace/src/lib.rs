@@ -26,7 +26,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{Layer, Registry};
 
 mod http_spans;
-pub use http_spans::{inject_http, server_span};
+pub use http_spans::{edge_span, inject_http, server_span};
 
 /// The W3C header carrying the trace and parent span ids.
 pub const TRACEPARENT: &str = "traceparent";
@@ -217,6 +217,21 @@ pub fn continue_from(span: &tracing::Span, traceparent: Option<&str>, tracestate
     if cx.span().span_context().is_valid() {
         let _ = span.set_parent(cx);
     }
+}
+
+/// `span` begins a trace of its own and links to the context the headers carry (an untrusted
+/// caller's: see [`edge_span`]).
+pub fn link_remote(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
+    let Some(traceparent) = traceparent.filter(|_| enabled()) else {
+        return;
+    };
+    let carrier = TraceHeaders {
+        traceparent: traceparent.to_string(),
+        tracestate: tracestate.map(str::to_string),
+    };
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    use opentelemetry::trace::TraceContextExt as _;
+    span.add_link(cx.span().span_context().clone());
 }
 
 /// `span` (a batch's) points at the trace of each message it handles: one batch serves many

@@ -368,6 +368,9 @@ impl Runtime {
             let spans: Vec<tracing::Span> = ready
                 .iter()
                 .map(|(msg, attempt)| {
+                    if !crate::trace::enabled() {
+                        return tracing::Span::none();
+                    }
                     let s = message_span(name, msg, attempt);
                     crate::trace::link_to(&tracing::Span::current(), &s);
                     s
