@@ -205,16 +205,7 @@ pub fn current() -> Option<TraceHeaders> {
 /// Call it right after creating the span, before it is entered: a started span keeps its
 /// parent. Nothing happens when tracing is off or the headers carry no valid context.
 pub fn continue_from(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
-    let Some(traceparent) = traceparent.filter(|_| enabled()) else {
-        return;
-    };
-    let carrier = TraceHeaders {
-        traceparent: traceparent.to_string(),
-        tracestate: tracestate.map(str::to_string),
-    };
-    let cx = TraceContextPropagator::new().extract(&carrier);
-    use opentelemetry::trace::TraceContextExt as _;
-    if cx.span().span_context().is_valid() {
+    if let Some(cx) = remote_context(traceparent, tracestate) {
         let _ = span.set_parent(cx);
     }
 }
@@ -222,16 +213,25 @@ pub fn continue_from(span: &tracing::Span, traceparent: Option<&str>, tracestate
 /// `span` begins a trace of its own and links to the context the headers carry (an untrusted
 /// caller's: see [`edge_span`]).
 pub fn link_remote(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
-    let Some(traceparent) = traceparent.filter(|_| enabled()) else {
-        return;
-    };
+    if let Some(cx) = remote_context(traceparent, tracestate) {
+        use opentelemetry::trace::TraceContextExt as _;
+        span.add_link(cx.span().span_context().clone());
+    }
+}
+
+/// The valid context two W3C headers carry, while tracing is on.
+fn remote_context(
+    traceparent: Option<&str>,
+    tracestate: Option<&str>,
+) -> Option<opentelemetry::Context> {
+    let traceparent = traceparent.filter(|_| enabled())?;
     let carrier = TraceHeaders {
         traceparent: traceparent.to_string(),
         tracestate: tracestate.map(str::to_string),
     };
     let cx = TraceContextPropagator::new().extract(&carrier);
     use opentelemetry::trace::TraceContextExt as _;
-    span.add_link(cx.span().span_context().clone());
+    cx.span().span_context().is_valid().then_some(cx)
 }
 
 /// `span` (a batch's) points at the trace of each message it handles: one batch serves many
