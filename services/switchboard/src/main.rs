@@ -11,6 +11,7 @@ use switchboard_kit::startup::App;
 
 mod backup;
 mod forget;
+mod local_stack;
 mod reembed;
 mod search_cli;
 
@@ -282,10 +283,14 @@ enum SmsProvider {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let config = match &cli.config {
+    let mut config = match &cli.config {
         Some(path) => Config::load_from(path)?,
         None => Config::load()?,
     };
+    // Next to `make run`'s stack with nothing configured: its credentials, found by themselves.
+    let local_stack = std::env::current_dir()
+        .ok()
+        .and_then(|cwd| local_stack::use_local_stack(&mut config, &cwd));
     // The service name the traces show: which worker (or the whole product) this process is.
     let service = match &cli.command {
         Command::Worker { names } => format!("switchboard-{}", names.join("+")),
@@ -293,6 +298,9 @@ async fn main() -> anyhow::Result<()> {
         _ => "switchboard".to_string(),
     };
     let _traces = switchboard_kit::telemetry::init(config.log_format, &config.telemetry, &service)?;
+    if let Some(env) = local_stack {
+        tracing::debug!(file = %env.display(), "using the embedded stack's credentials");
+    }
     match cli.command {
         Command::Up => up(config).await,
         Command::Worker { names } => switchboard::run_worker(config, &names).await,
