@@ -93,6 +93,20 @@ async fn a_backup_restored_into_an_empty_deployment_carries_its_sessions_on_and_
     app.send_sms(PERSON, "first").await;
     app.wait_for_sms(1, WAIT).await;
 
+    // While workers pull, a backup could miss a message (the server copies a stream's messages
+    // before its consumers' acks): it is refused, naming them, and writes nothing.
+    let early = std::env::temp_dir().join(format!("sb-backup-{}", uuid::Uuid::new_v4().simple()));
+    let refused = app.cli(&[
+        OsStr::new("backup"),
+        early.as_os_str(),
+        OsStr::new("--quiet-wait-s"),
+        OsStr::new("2"),
+    ]);
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("workers are still running"), "{said}");
+    assert!(!early.exists(), "a refused backup writes nothing");
+
     // Dispatch stops: the next message's turn waits in the work stream.
     let mut workers = workers;
     let dispatch = workers.remove(2);

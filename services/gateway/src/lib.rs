@@ -419,7 +419,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         }
     };
     let id = id.unwrap_or_else(Uuid::now_v7);
-    switchboard_kit::trace::record("correlation_id", &id.to_string());
+    switchboard_kit::trace::record("correlation_id", id);
     let inbound = InboundMessage {
         id: id.to_string(),
         channel: channel.to_string(),

@@ -154,11 +154,14 @@ impl StageOptions {
                     .map(Duration::from_millis)
                     .unwrap_or(spec_retry.max),
             ),
+            // Never as long as ack_wait: a message waiting for its batch to fill has no progress
+            // ack yet, and would come back to another process meanwhile (handled twice).
             linger: o
                 .linger_ms
                 .map(Duration::from_millis)
                 .or(spec.linger)
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                .min(Duration::from_millis(rt.ack_wait_ms) / 2),
         }
     }
 }
@@ -229,6 +232,23 @@ mod tests {
         assert_eq!(tuned.retry.max, Duration::from_secs(2));
         // An operator can turn a stage's linger off.
         assert_eq!(tuned.linger, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_batch_never_waits_to_fill_as_long_as_ack_wait() {
+        // A message waiting for its batch has no progress ack yet: a linger of ack_wait would
+        // hand it to another process meanwhile (traces.rs saw it logged twice).
+        let rt = RuntimeConfig {
+            ack_wait_ms: 2_000,
+            ..Default::default()
+        };
+        let o = StageOverrides {
+            linger_ms: Some(5_000),
+            ..Default::default()
+        };
+        let spec = StageSpec::new("log-inbound", Source::Work("turn.>"));
+        let capped = StageOptions::resolve(&spec, &rt, Some(&o));
+        assert_eq!(capped.linger, Duration::from_secs(1));
     }
 
     #[test]

@@ -594,7 +594,7 @@ impl Stage for SessionStage {
         )
         .await
         .map_err(|e| SessionError::from(e).into_stage())?;
-        switchboard_kit::trace::record_session(&opened.session_id.to_string());
+        switchboard_kit::trace::record_session(opened.session_id);
         let turn = Turn {
             session_id: opened.session_id.to_string(),
             seq: opened.seq,

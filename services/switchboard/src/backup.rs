@@ -50,25 +50,33 @@ struct StreamEntry {
     bytes: u64,
 }
 
-/// The product's streams, as the configuration names them.
+/// The product's streams, as the topology declares them, and the arrivals bucket's (a
+/// key-value bucket is the stream `KV_<bucket>`).
 fn stream_names(app: &App) -> Vec<String> {
     let t = &app.topology;
-    vec![
-        t.work_stream(),
-        t.events_stream(),
-        t.dlq_stream(),
-        // A key-value bucket is the stream KV_<bucket>.
-        format!("KV_{}", t.arrivals_bucket()),
-    ]
+    let mut names: Vec<String> = t
+        .stream_configs(&app.config.runtime)
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    names.push(format!("KV_{}", t.arrivals_bucket()));
+    names
 }
 
-pub async fn backup(config: Config, dir: &Path, pg_bin: Option<&Path>) -> anyhow::Result<()> {
+pub async fn backup(
+    config: Config,
+    dir: &Path,
+    pg_bin: Option<&Path>,
+    quiet_wait: Duration,
+) -> anyhow::Result<()> {
     if dir.exists() && dir.read_dir()?.next().is_some() {
         bail!(
             "{} is not empty: a backup goes into a new folder",
             dir.display()
         );
     }
+    let app = App::connect(config.clone(), "cli").await?;
+    wait_for_quiet_consumers(&app, &stream_names(&app), quiet_wait).await?;
     // Everyone's messages are in it: readable by its owner only.
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -76,8 +84,6 @@ pub async fn backup(config: Config, dir: &Path, pg_bin: Option<&Path>) -> anyhow
         .create(dir.join("streams"))
         .with_context(|| format!("creating {}", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    let app = App::connect(config.clone(), "cli").await?;
-    wait_for_quiet_consumers(&app, &stream_names(&app)).await?;
     let client = app.js.client();
     let mut streams = Vec::new();
     for name in stream_names(&app) {
@@ -239,10 +245,14 @@ async fn private_file(path: &Path) -> std::io::Result<tokio::fs::File> {
         .await
 }
 
-/// Wait (up to a minute: a stopped worker's last pull requests expire within `ack_wait`) until
-/// no consumer of `streams` has a pull waiting or a message unacknowledged; refuse otherwise.
-async fn wait_for_quiet_consumers(app: &App, streams: &[String]) -> anyhow::Result<()> {
-    let until = Instant::now() + Duration::from_secs(60);
+/// Wait up to `wait` (a stopped worker's last pull requests expire within `ack_wait`) until no
+/// consumer of `streams` has a pull waiting or a message unacknowledged; refuse otherwise.
+async fn wait_for_quiet_consumers(
+    app: &App,
+    streams: &[String],
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let until = Instant::now() + wait;
     loop {
         let mut busy = Vec::new();
         for name in streams {

@@ -105,6 +105,9 @@ enum Command {
         /// exports its own as SB_PG_BIN).
         #[arg(long, env = "SB_PG_BIN")]
         pg_bin: Option<std::path::PathBuf>,
+        /// Seconds to wait for the workers' consumers to go quiet before refusing.
+        #[arg(long, default_value_t = 60)]
+        quiet_wait_s: u64,
     },
     /// Restore a backup into an empty database and a NATS without the product's streams, then
     /// start the workers: the sessions carry on.
@@ -394,7 +397,14 @@ async fn main() -> anyhow::Result<()> {
         Command::Analytics { command } => search_cli::analytics_command(config, command).await,
         Command::Forget { person, json } => forget::run(config, &person, json).await,
         Command::Reembed { batch } => reembed::run(config, batch).await,
-        Command::Backup { dir, pg_bin } => backup::backup(config, &dir, pg_bin.as_deref()).await,
+        Command::Backup {
+            dir,
+            pg_bin,
+            quiet_wait_s,
+        } => {
+            let wait = std::time::Duration::from_secs(quiet_wait_s);
+            backup::backup(config, &dir, pg_bin.as_deref(), wait).await
+        }
         Command::Restore { dir, pg_bin } => backup::restore(config, &dir, pg_bin.as_deref()).await,
     }
 }

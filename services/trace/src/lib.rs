@@ -246,13 +246,14 @@ pub fn link_to(span: &tracing::Span, message_span: &tracing::Span) {
 }
 
 /// Record the session a stage's work belongs to on the current span (`session_id`).
-pub fn record_session(session_id: &str) {
+pub fn record_session(session_id: impl std::fmt::Display) {
     record("session_id", session_id);
 }
 
 /// Set an attribute of the current span in the exported trace (a value known only once the
-/// work is under way, e.g. the correlation id a request was given).
-pub fn record(key: &'static str, value: &str) {
+/// work is under way, e.g. the correlation id a request was given). Formatted only while
+/// tracing is on: it is called for every message.
+pub fn record(key: &'static str, value: impl std::fmt::Display) {
     if enabled() {
         tracing::Span::current().set_attribute(key, value.to_string());
     }

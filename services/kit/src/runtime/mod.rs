@@ -240,9 +240,7 @@ impl Runtime {
                 };
                 // Take what is already here, and wait for more only as long as the stage
                 // lingers (by default never: a lone message goes at once).
-                // Never as long as ack_wait: a message waiting for its batch to fill has no
-                // progress ack yet, and would come back to another process meanwhile.
-                let filled_by = tokio::time::Instant::now() + opts.linger.min(ack_wait / 2);
+                let filled_by = tokio::time::Instant::now() + opts.linger;
                 while batch.len() < per_call {
                     let next = match messages.next().now_or_never() {
                         Some(next) => next,
