@@ -30,6 +30,9 @@ pub use fakes::{
 };
 pub use openai_fake::{ChatCall, FakeAnswer, FakeModel};
 
+/// How long [`TestApp::cli`] waits for one CLI command (a backup, a re-embedding: seconds).
+pub const CLI_TIMEOUT: Duration = Duration::from_secs(120);
+
 pub const TWILIO_NUMBER: &str = "+15555550199";
 /// Our TextMagic number, as TextMagic writes numbers (digits, no `+`).
 pub const TEXTMAGIC_NUMBER: &str = "447624800500";
@@ -797,18 +800,36 @@ impl TestApp {
         total
     }
 
-    /// Start a stage as its own worker process (`switchboard worker <name>`, the binary next to
-    /// the test binary), on this app's configuration.
     /// Run the `switchboard` CLI with this app's configuration file (and only that: the
     /// stack's `SB_*` variables are dropped), as an operator would.
-    pub fn cli(&self, args: &[&std::ffi::OsStr]) -> std::process::Output {
-        let mut cmd = std::process::Command::new(switchboard_bin());
+    ///
+    /// Awaited, never waited for on the thread: the app's stages run on this test's runtime,
+    /// and a stage caught holding a person's erasure lock while the thread blocked on
+    /// `switchboard forget` held that lock for good (a test hung in CI for 80 minutes). A
+    /// CLI that does not finish in [`CLI_TIMEOUT`] fails the test with what it printed.
+    pub async fn cli(&self, args: &[&std::ffi::OsStr]) -> std::process::Output {
+        let mut cmd = Command::new(switchboard_bin());
         cmd.arg("--config").arg(&self.config_path).args(args);
         for k in stack_env() {
             cmd.env_remove(k);
         }
-        cmd.output().expect("run the switchboard CLI")
+        cmd.stdin(Stdio::null()).kill_on_drop(true);
+        let shown = args
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
+        match tokio::time::timeout(CLI_TIMEOUT, cmd.output()).await {
+            Ok(out) => out.expect("run the switchboard CLI"),
+            Err(_) => panic!(
+                "`switchboard {shown}` did not finish in {} s",
+                CLI_TIMEOUT.as_secs()
+            ),
+        }
     }
+
+    /// Start a stage as its own worker process (`switchboard worker <name>`, the binary next to
+    /// the test binary), on this app's configuration.
 
     pub fn spawn_worker(&self, name: &str) -> Child {
         self.spawn_worker_with_env(name, &[])
@@ -954,7 +975,7 @@ impl TestApp {
 
     /// A new API key for `owner` with `scopes` (`switchboard api-keys create`, as an operator
     /// runs it); the key as printed.
-    pub fn api_key(&self, owner: &str, scopes: &[&str]) -> String {
+    pub async fn api_key(&self, owner: &str, scopes: &[&str]) -> String {
         let mut args: Vec<&std::ffi::OsStr> = vec![
             "api-keys".as_ref(),
             "create".as_ref(),
@@ -965,7 +986,7 @@ impl TestApp {
             args.push("--scope".as_ref());
             args.push(scope.as_ref());
         }
-        let out = self.cli(&args);
+        let out = self.cli(&args).await;
         assert!(
             out.status.success(),
             "api-keys create failed: {}",

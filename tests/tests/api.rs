@@ -29,7 +29,7 @@ async fn answered(app: &TestApp, key: &str, correlation_id: &str) -> Value {
 #[tokio::test]
 async fn a_caller_that_waits_gets_the_agents_reply_in_the_answer() {
     let app = spawn_app().await;
-    let key = app.api_key("crm", &[]);
+    let key = app.api_key("crm", &[]).await;
     assert!(key.starts_with("sb_"), "{key}");
     let (status, body) = json_of(
         app.post_api_message(
@@ -61,7 +61,7 @@ async fn a_caller_that_waits_gets_the_agents_reply_in_the_answer() {
 #[tokio::test]
 async fn without_wait_the_caller_gets_202_and_polls_for_the_reply() {
     let app = spawn_app().await;
-    let key = app.api_key("crm", &[]);
+    let key = app.api_key("crm", &[]).await;
     let response = app
         .post_api_message(&key, json!({"text": "hello"}), None)
         .await;
@@ -89,7 +89,7 @@ async fn without_wait_the_caller_gets_202_and_polls_for_the_reply() {
 #[tokio::test]
 async fn a_retried_request_with_the_same_idempotency_key_is_one_turn() {
     let app = spawn_app().await;
-    let key = app.api_key("crm", &[]);
+    let key = app.api_key("crm", &[]).await;
     let first = json_of(
         app.post_api_message(
             &key,
@@ -117,7 +117,7 @@ async fn a_retried_request_with_the_same_idempotency_key_is_one_turn() {
     assert_eq!(app.runner.calls().len(), 1);
 
     // Another owner may use the same key for their own message.
-    let other = app.api_key("billing", &[]);
+    let other = app.api_key("billing", &[]).await;
     let theirs = json_of(
         app.post_api_message(&other, json!({"text": "mine", "wait": true}), Some("req-7"))
             .await,
@@ -132,8 +132,8 @@ async fn a_retried_request_with_the_same_idempotency_key_is_one_turn() {
 #[tokio::test]
 async fn keys_are_checked_scoped_revocable_and_never_shown_again() {
     let app = spawn_app().await;
-    let key = app.api_key("crm", &[]);
-    let reader = app.api_key("dashboard", &["messages:read"]);
+    let key = app.api_key("crm", &[]).await;
+    let reader = app.api_key("dashboard", &["messages:read"]).await;
 
     let code = |r: (u16, Value)| (r.0, r.1["error"]["code"].as_str().unwrap_or("").to_string());
     let hello = json!({"text": "hello"});
@@ -192,7 +192,7 @@ async fn keys_are_checked_scoped_revocable_and_never_shown_again() {
     );
 
     // The list shows who and what, never the key.
-    let list = app.cli(&[OsStr::new("api-keys"), OsStr::new("list")]);
+    let list = app.cli(&[OsStr::new("api-keys"), OsStr::new("list")]).await;
     let listed = String::from_utf8(list.stdout).unwrap();
     assert!(
         listed.contains("crm") && listed.contains("dashboard"),
@@ -219,11 +219,13 @@ async fn keys_are_checked_scoped_revocable_and_never_shown_again() {
             .fetch_one(&app.db)
             .await
             .unwrap();
-    let revoke = app.cli(&[
-        OsStr::new("api-keys"),
-        OsStr::new("revoke"),
-        OsStr::new(&id.to_string()),
-    ]);
+    let revoke = app
+        .cli(&[
+            OsStr::new("api-keys"),
+            OsStr::new("revoke"),
+            OsStr::new(&id.to_string()),
+        ])
+        .await;
     assert!(
         revoke.status.success(),
         "{}",
@@ -239,7 +241,7 @@ async fn keys_are_checked_scoped_revocable_and_never_shown_again() {
 #[tokio::test]
 async fn a_turn_that_fails_for_good_is_reported_failed_not_pending_forever() {
     let app = spawn_app().await;
-    let key = app.api_key("crm", &[]);
+    let key = app.api_key("crm", &[]).await;
     app.runner.fail_next(100, 400);
     let (status, body) = json_of(
         app.post_api_message(&key, json!({"text": "doomed"}), None)

@@ -41,15 +41,17 @@ async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
     }
 }
 
-fn cli(app: &TestApp, command: &str, dir: &Path) {
+async fn cli(app: &TestApp, command: &str, dir: &Path) {
     let pg_bin = std::env::var("SB_PG_BIN")
         .expect("SB_PG_BIN: `make test` runs the tests in the stack's environment");
-    let out = app.cli(&[
-        OsStr::new(command),
-        dir.as_os_str(),
-        OsStr::new("--pg-bin"),
-        OsStr::new(&pg_bin),
-    ]);
+    let out = app
+        .cli(&[
+            OsStr::new(command),
+            dir.as_os_str(),
+            OsStr::new("--pg-bin"),
+            OsStr::new(&pg_bin),
+        ])
+        .await;
     assert!(
         out.status.success(),
         "switchboard {command} failed: {}{}",
@@ -96,12 +98,14 @@ async fn a_backup_restored_into_an_empty_deployment_carries_its_sessions_on_and_
     // While workers pull, a backup could miss a message (the server copies a stream's messages
     // before its consumers' acks): it is refused, naming them, and writes nothing.
     let early = std::env::temp_dir().join(format!("sb-backup-{}", uuid::Uuid::new_v4().simple()));
-    let refused = app.cli(&[
-        OsStr::new("backup"),
-        early.as_os_str(),
-        OsStr::new("--quiet-wait-s"),
-        OsStr::new("2"),
-    ]);
+    let refused = app
+        .cli(&[
+            OsStr::new("backup"),
+            early.as_os_str(),
+            OsStr::new("--quiet-wait-s"),
+            OsStr::new("2"),
+        ])
+        .await;
     assert!(!refused.status.success());
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("workers are still running"), "{said}");
@@ -120,9 +124,9 @@ async fn a_backup_restored_into_an_empty_deployment_carries_its_sessions_on_and_
     stop(workers).await;
 
     let dir = std::env::temp_dir().join(format!("sb-backup-{}", uuid::Uuid::new_v4().simple()));
-    cli(&app, "backup", &dir);
+    cli(&app, "backup", &dir).await;
     lose_everything(&app).await;
-    cli(&app, "restore", &dir);
+    cli(&app, "restore", &dir).await;
 
     // The deployment starts again on what was restored.
     let workers = start_workers(&app);
@@ -161,12 +165,14 @@ async fn a_backup_restored_into_an_empty_deployment_carries_its_sessions_on_and_
 
     // A restore overwrites nothing: into a database that has the product's tables, it refuses.
     let pg_bin = std::env::var("SB_PG_BIN").unwrap();
-    let again = app.cli(&[
-        OsStr::new("restore"),
-        dir.as_os_str(),
-        OsStr::new("--pg-bin"),
-        OsStr::new(&pg_bin),
-    ]);
+    let again = app
+        .cli(&[
+            OsStr::new("restore"),
+            dir.as_os_str(),
+            OsStr::new("--pg-bin"),
+            OsStr::new(&pg_bin),
+        ])
+        .await;
     assert!(!again.status.success());
     let said = String::from_utf8_lossy(&again.stderr);
     assert!(said.contains("restore into an empty database"), "{said}");

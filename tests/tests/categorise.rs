@@ -343,7 +343,7 @@ async fn a_message_the_agent_starts_is_an_exchange_of_its_own() {
     app.wait_for_sms(1, WAIT).await;
     wait_for_exchanges(&app, 1).await;
 
-    let key = app.api_key("scheduler", &["outbound:write"]);
+    let key = app.api_key("scheduler", &["outbound:write"]).await;
     let sent = app
         .post_api(
             "outbound",

@@ -209,8 +209,8 @@ async fn switchboard_chat_send_with_a_file_uploads_it_and_names_it() {
     let app = spawn_app_configured(move |c| c.workspace.root = root_text).await;
     let notes = root.with_extension("notes.txt");
     std::fs::write(&notes, b"call Dana on Monday").unwrap();
-    let out = tokio::task::block_in_place(|| {
-        app.cli(&[
+    let out = app
+        .cli(&[
             "chat".as_ref(),
             "send".as_ref(),
             "--sub".as_ref(),
@@ -222,7 +222,7 @@ async fn switchboard_chat_send_with_a_file_uploads_it_and_names_it() {
             "--wait".as_ref(),
             "20".as_ref(),
         ])
-    });
+        .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -114,7 +114,9 @@ async fn remember_is_answered_at_once_and_the_next_prompt_carries_it_above_the_s
 async fn what_the_agent_writes_into_memory_md_is_kept_for_every_engine_variant() {
     let root = workspace_root();
     let app = spawn_app_configured(move |c| c.workspace.root = root).await;
-    let key = app.api_key("crm", &["messages:write", "messages:read"]);
+    let key = app
+        .api_key("crm", &["messages:write", "messages:read"])
+        .await;
 
     // The agent edits memory.md while it answers.
     let (asking, call) = ask_while_held(&app, &key, "I prefer morning shifts").await;
@@ -171,8 +173,8 @@ async fn an_operator_reads_and_replaces_a_memory_and_a_long_one_is_cut_visibly()
     app.send_sms(PERSON, "hello").await;
     app.wait_for_sms(1, WAIT).await;
     let person = person_of_sms(&app).await;
-    let writer = app.api_key("ops", &["memory:read", "memory:write"]);
-    let reader = app.api_key("support", &["memory:read"]);
+    let writer = app.api_key("ops", &["memory:read", "memory:write"]).await;
+    let reader = app.api_key("support", &["memory:read"]).await;
     let client = reqwest::Client::new();
     let url = |who: &str, q: &str| format!("{}/api/v1/people/{who}/memory{q}", app.gateway_url);
 
@@ -303,8 +305,10 @@ async fn remember_past_the_cap_keeps_what_fits_and_tells_the_person_what_was_not
 async fn an_agents_edit_made_on_an_older_memory_does_not_overwrite_a_newer_one() {
     let root = workspace_root();
     let app = spawn_app_configured(move |c| c.workspace.root = root).await;
-    let key = app.api_key("crm", &["messages:write", "messages:read"]);
-    let ops = app.api_key("ops", &["memory:read", "memory:write"]);
+    let key = app
+        .api_key("crm", &["messages:write", "messages:read"])
+        .await;
+    let ops = app.api_key("ops", &["memory:read", "memory:write"]).await;
 
     let (asking, call) = ask_while_held(&app, &key, "I moved house").await;
     let folder = PathBuf::from(call.workspace.expect("a workspace"));

@@ -402,8 +402,8 @@ async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new
     let mut changed = app.config.clone();
     changed.embedding.model = "fake-embed-v2".into();
     switchboard_e2e::write_private(&app.config_path, &toml::to_string(&changed).unwrap()).unwrap();
-    let reembed = |app: &TestApp| {
-        let out = app.cli(&["reembed".as_ref()]);
+    async fn reembed(app: &TestApp) -> String {
+        let out = app.cli(&["reembed".as_ref()]).await;
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(
             out.status.success(),
@@ -411,8 +411,8 @@ async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new
             String::from_utf8_lossy(&out.stderr)
         );
         stdout
-    };
-    let said = reembed(&app);
+    }
+    let said = reembed(&app).await;
     assert!(
         said.contains("4 messages embedded under fake-embed-v2"),
         "{said}"
@@ -452,7 +452,7 @@ async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new
     .execute(&app.db)
     .await
     .unwrap();
-    let said = reembed(&app);
+    let said = reembed(&app).await;
     assert!(
         said.contains("2 messages embedded under fake-embed-v2"),
         "{said}"

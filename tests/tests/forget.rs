@@ -256,7 +256,7 @@ async fn a_person_who_texted_and_chatted_is_forgotten_everywhere_and_no_one_else
     assert!(!rows_naming(&app, &needles).await.is_empty());
     assert!(!stream_messages_naming(&app, &needles).await.is_empty());
 
-    let key = app.api_key("privacy-officer", &["people:forget"]);
+    let key = app.api_key("privacy-officer", &["people:forget"]).await;
     let answer = forget_request(&app, &key, DANA).send().await.unwrap();
     assert_eq!(answer.status(), 200);
     let body: serde_json::Value = answer.json().await.unwrap();
@@ -326,7 +326,9 @@ async fn forgetting_a_person_mid_turn_leaves_nothing_and_their_next_message_star
     let dana = sessions_of(&app, DANA).await;
     let needles = dana_needles(&dana);
 
-    let out = app.cli(&["forget".as_ref(), DANA.as_ref(), "--json".as_ref()]);
+    let out = app
+        .cli(&["forget".as_ref(), DANA.as_ref(), "--json".as_ref()])
+        .await;
     assert!(
         out.status.success(),
         "forget failed: {}",
@@ -397,7 +399,7 @@ async fn forgetting_a_person_mid_turn_leaves_nothing_and_their_next_message_star
 async fn forgetting_needs_the_scope_and_a_person_someone_has_seen() {
     let app = app_with_workspaces().await;
     in_directory(&app, DANA, DANA_PHONE, None).await;
-    let plain = app.api_key("integration", &["messages:write"]);
+    let plain = app.api_key("integration", &["messages:write"]).await;
     let refused = forget_request(&app, &plain, DANA).send().await.unwrap();
     assert_eq!(refused.status(), 403);
     let still: i64 =
@@ -408,7 +410,7 @@ async fn forgetting_needs_the_scope_and_a_person_someone_has_seen() {
             .unwrap();
     assert_eq!(still, 1, "a refused request erases nothing");
 
-    let key = app.api_key("privacy-officer", &["people:forget"]);
+    let key = app.api_key("privacy-officer", &["people:forget"]).await;
     let unknown = forget_request(&app, &key, "staff-never-seen")
         .send()
         .await
@@ -422,7 +424,9 @@ async fn forgetting_needs_the_scope_and_a_person_someone_has_seen() {
         .unwrap();
     assert_eq!(tombstones, 0, "nothing is recorded for a person never seen");
 
-    let out = app.cli(&["forget".as_ref(), "staff-never-seen".as_ref()]);
+    let out = app
+        .cli(&["forget".as_ref(), "staff-never-seen".as_ref()])
+        .await;
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("no person"),

@@ -253,7 +253,7 @@ async fn metrics_are_served_on_the_admin_address_not_the_public_port() {
 #[tokio::test]
 async fn sockets_stuck_reading_the_mailbox_never_hold_the_connections_accepting_messages() {
     let app = spawn_app_configured(|_| {}).await;
-    let key = app.api_key("ops", &[]);
+    let key = app.api_key("ops", &[]).await;
     let mut lock = app.db.begin().await.unwrap();
     sqlx::query("LOCK TABLE switchboard.mailbox IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *lock)

@@ -12,9 +12,9 @@ const NEW_PHONE: &str = "+14155550199";
 const NEW_PHONE_ID: &str = "phone:+14155550199";
 
 /// `switchboard <args>` as an operator runs it: (exit code, stdout, stderr).
-fn cli(app: &TestApp, args: &[&str]) -> (Option<i32>, String, String) {
+async fn cli(app: &TestApp, args: &[&str]) -> (Option<i32>, String, String) {
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
-    let out = app.cli(&args);
+    let out = app.cli(&args).await;
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -23,8 +23,8 @@ fn cli(app: &TestApp, args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 /// `switchboard <args>` that must succeed; its stdout.
-fn ok(app: &TestApp, args: &[&str]) -> String {
-    let (code, out, err) = cli(app, args);
+async fn ok(app: &TestApp, args: &[&str]) -> String {
+    let (code, out, err) = cli(app, args).await;
     assert_eq!(code, Some(0), "{args:?} failed:\n{out}\n{err}");
     out
 }
@@ -47,7 +47,8 @@ async fn staff_member(app: &TestApp) {
             "--phone",
             STAFF_PHONE,
         ],
-    );
+    )
+    .await;
 }
 
 /// An SMS from `from`, answered (the `n`th reply sent).
@@ -110,7 +111,8 @@ async fn a_phone_linked_to_a_staff_member_continues_her_session_and_the_audit_sa
             "--by",
             "ops-lee",
         ],
-    );
+    )
+    .await;
     let after = chrono::Utc::now();
     assert!(out.contains("linked phone:+14155550199 → staff-7"), "{out}");
 
@@ -141,7 +143,7 @@ async fn a_phone_linked_to_a_staff_member_continues_her_session_and_the_audit_sa
     assert_eq!(app.twilio.sent()[2].to, NEW_PHONE);
 
     // Who, when, why.
-    let listing = ok(&app, &["people", "links", "--person", "staff-7"]);
+    let listing = ok(&app, &["people", "links", "--person", "staff-7"]).await;
     assert!(
         listing.contains("phone:+14155550199 → staff-7"),
         "{listing}"
@@ -172,7 +174,8 @@ async fn a_phone_linked_to_a_staff_member_continues_her_session_and_the_audit_sa
             "--reason",
             "again",
         ],
-    );
+    )
+    .await;
     assert!(again.contains("nothing changed"), "{again}");
     assert_eq!(audit_rows(&app).await.len(), 1);
     app.shutdown().await;
@@ -194,7 +197,8 @@ async fn a_chain_of_links_is_followed_to_its_end_phone_to_chat_login_to_staff_me
             "--reason",
             "ana is Dana's dashboard login",
         ],
-    );
+    )
+    .await;
     ok(
         &app,
         &[
@@ -205,7 +209,8 @@ async fn a_chain_of_links_is_followed_to_its_end_phone_to_chat_login_to_staff_me
             "--reason",
             "ana's phone",
         ],
-    );
+    )
+    .await;
 
     text(&app, NEW_PHONE, "two links away", 2).await;
     let calls = app.runner.calls();
@@ -245,7 +250,8 @@ async fn after_unlink_the_phone_is_its_own_person_again_in_a_new_session() {
             "--reason",
             "Dana's spare",
         ],
-    );
+    )
+    .await;
     text(&app, NEW_PHONE, "from the spare", 2).await;
     assert_eq!(logged_as(&app, "from the spare").await.0, "staff-7");
 
@@ -259,7 +265,8 @@ async fn after_unlink_the_phone_is_its_own_person_again_in_a_new_session() {
             "--reason",
             "spare phone returned",
         ],
-    );
+    )
+    .await;
     assert!(
         out.contains("unlinked phone:+14155550199 → staff-7"),
         "{out}"
@@ -303,7 +310,8 @@ async fn a_merge_moves_the_phone_to_the_other_person_and_outlives_the_link() {
             "--by",
             "ops-lee",
         ],
-    );
+    )
+    .await;
     assert!(out.contains("merged phone:+14155550199 → staff-7"), "{out}");
     let owner: String = sqlx::query_scalar(
         "SELECT person_id FROM switchboard.contact_points WHERE kind = 'phone' AND address = $1",
@@ -334,12 +342,13 @@ async fn a_merge_moves_the_phone_to_the_other_person_and_outlives_the_link() {
             "--reason",
             "link no longer needed",
         ],
-    );
+    )
+    .await;
     assert!(
         out.contains("unlinked phone:+14155550199 → staff-7"),
         "{out}"
     );
-    let listing = ok(&app, &["people", "links"]);
+    let listing = ok(&app, &["people", "links"]).await;
     assert!(listing.contains("links (0):"), "{listing}");
     text(&app, NEW_PHONE, "from my other phone", 2).await;
     assert_eq!(app.runner.calls()[1].session_id.as_deref(), Some("eng-1"));
@@ -364,7 +373,8 @@ async fn a_phone_linked_to_a_chat_user_the_directory_does_not_know_shares_her_se
             "--reason",
             "Ana's phone",
         ],
-    );
+    )
+    .await;
     text(&app, NEW_PHONE, "from my phone", 1).await;
     assert_eq!(app.runner.calls()[1].session_id.as_deref(), Some("eng-1"));
     assert_eq!(
@@ -397,10 +407,10 @@ async fn api(
 async fn over_the_api_a_key_with_identity_write_links_lists_unlinks_and_merges() {
     let app = spawn_app().await;
     staff_member(&app).await;
-    let writer = app.api_key("ops-console", &["identity:write"]);
-    let reader = app.api_key("auditor", &["identity:read"]);
+    let writer = app.api_key("ops-console", &["identity:write"]).await;
+    let reader = app.api_key("auditor", &["identity:read"]).await;
     // A key made with the default scopes: messages only.
-    let plain = app.api_key("crm", &[]);
+    let plain = app.api_key("crm", &[]).await;
     let link = json!({"from": NEW_PHONE_ID, "to": "staff-7", "reason": "Dana's new work phone"});
     let post = reqwest::Method::POST;
 
@@ -536,26 +546,47 @@ async fn self_links_cycles_and_unknown_links_are_refused_with_the_reason() {
             "--reason",
             "Dana's phone",
         ],
-    );
+    )
+    .await;
 
-    let refused = |args: &[&str]| {
-        let (code, out, err) = cli(&app, args);
+    async fn refused(app: &TestApp, args: &[&str]) -> String {
+        let (code, out, err) = cli(app, args).await;
         assert_eq!(code, Some(1), "{args:?} was not refused:\n{out}\n{err}");
         err
-    };
-    let err = refused(&["people", "link", "staff-7", "staff-7", "--reason", "x"]);
+    }
+    let err = refused(
+        &app,
+        &["people", "link", "staff-7", "staff-7", "--reason", "x"],
+    )
+    .await;
     assert!(err.contains("staff-7 cannot be linked to itself"), "{err}");
-    let err = refused(&["people", "link", "staff-7", NEW_PHONE_ID, "--reason", "x"]);
+    let err = refused(
+        &app,
+        &["people", "link", "staff-7", NEW_PHONE_ID, "--reason", "x"],
+    )
+    .await;
     assert!(err.contains("would make a cycle"), "{err}");
-    let err = refused(&["people", "unlink", "user:ana", "staff-7", "--reason", "x"]);
+    let err = refused(
+        &app,
+        &["people", "unlink", "user:ana", "staff-7", "--reason", "x"],
+    )
+    .await;
     assert!(err.contains("user:ana is not linked to staff-7"), "{err}");
     // A mistyped id would send someone's messages to no one.
-    let err = refused(&["people", "link", "user:ana", "staf-7", "--reason", "x"]);
+    let err = refused(
+        &app,
+        &["people", "link", "user:ana", "staf-7", "--reason", "x"],
+    )
+    .await;
     assert!(err.contains("\"staf-7\" is no person"), "{err}");
-    let err = refused(&["people", "link", "user:ana", "staff-7", "--reason", " "]);
+    let err = refused(
+        &app,
+        &["people", "link", "user:ana", "staff-7", "--reason", " "],
+    )
+    .await;
     assert!(err.contains("a reason is required"), "{err}");
 
-    let key = app.api_key("ops-console", &["identity:write"]);
+    let key = app.api_key("ops-console", &["identity:write"]).await;
     let post = |body: Value| {
         api(
             &app,
@@ -604,7 +635,7 @@ async fn self_links_cycles_and_unknown_links_are_refused_with_the_reason() {
 #[tokio::test]
 async fn two_operators_linking_two_ids_to_each_other_at_once_make_one_link_not_a_cycle() {
     let app = spawn_app().await;
-    let key = app.api_key("ops-console", &["identity:write"]);
+    let key = app.api_key("ops-console", &["identity:write"]).await;
     let link = |from: String, to: String| {
         let key = key.clone();
         let app = &app;

@@ -138,7 +138,9 @@ async fn a_number_a_lookup_knows_is_that_person_and_a_failing_lookup_loses_nothi
         .await
         .unwrap()[0]
         .seq;
-    let replayed = app.cli(&["dlq".as_ref(), "replay".as_ref(), seq.to_string().as_ref()]);
+    let replayed = app
+        .cli(&["dlq".as_ref(), "replay".as_ref(), seq.to_string().as_ref()])
+        .await;
     assert!(replayed.status.success(), "{replayed:?}");
     app.wait_for_sms(2, WAIT).await;
     let call = &calls(&app, 2).await[1];

@@ -221,18 +221,20 @@ async fn a_phone_proved_by_the_code_texted_back_continues_the_chat_session() {
 #[tokio::test]
 async fn a_code_typed_in_chat_makes_the_chat_user_the_staff_member_whose_phone_it_is() {
     let app = app_with(|_| {}).await;
-    let out = app.cli(&[
-        "directory".as_ref(),
-        "add".as_ref(),
-        "--id".as_ref(),
-        "staff-7".as_ref(),
-        "--type".as_ref(),
-        "staff".as_ref(),
-        "--name".as_ref(),
-        "Dana Reyes".as_ref(),
-        "--phone".as_ref(),
-        STAFF_PHONE.as_ref(),
-    ]);
+    let out = app
+        .cli(&[
+            "directory".as_ref(),
+            "add".as_ref(),
+            "--id".as_ref(),
+            "staff-7".as_ref(),
+            "--type".as_ref(),
+            "staff".as_ref(),
+            "--name".as_ref(),
+            "Dana Reyes".as_ref(),
+            "--phone".as_ref(),
+            STAFF_PHONE.as_ref(),
+        ])
+        .await;
     assert!(out.status.success(), "{out:?}");
     let token = chat_token("dana", json!({"name": "Dana"}));
     let mut chat = ChatClient::connect(&app.gateway_url, &format!("token={token}"))
@@ -385,7 +387,7 @@ async fn codes_are_limited_per_hour_and_a_number_someone_else_holds_is_not_linke
         ][..],
     ] {
         let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
-        assert!(app.cli(&args).status.success());
+        assert!(app.cli(&args).await.status.success());
     }
     let token = chat_token("bo", json!({}));
     let mut bo = ChatClient::connect(&app.gateway_url, &format!("token={token}"))

@@ -251,7 +251,7 @@ async fn an_operators_reset_flushes_when_it_is_applied_and_that_turn_reads_what_
         .fetch_one(&app.db)
         .await
         .unwrap();
-    let ops = app.api_key("ops", &["sessions:write"]);
+    let ops = app.api_key("ops", &["sessions:write"]).await;
     let r = reqwest::Client::new()
         .post(format!(
             "{}/api/v1/sessions/{session}/reset",

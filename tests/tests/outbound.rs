@@ -48,7 +48,7 @@ async fn texted_once(app: &TestApp) {
 async fn an_agent_started_message_reaches_the_person_by_sms_and_is_logged_as_outbound() {
     let app = spawn_app().await;
     texted_once(&app).await;
-    let key = app.api_key("scheduler", &["outbound:write"]);
+    let key = app.api_key("scheduler", &["outbound:write"]).await;
     let person = format!("phone:{PHONE}");
     let (status, body) = post_outbound(
         &app,
@@ -113,7 +113,7 @@ async fn a_named_channel_is_used_instead_of_the_last_one() {
     texted_once(&app).await;
     app.settle().await;
 
-    let key = app.api_key("scheduler", &["outbound:write"]);
+    let key = app.api_key("scheduler", &["outbound:write"]).await;
     let (status, body) = post_outbound(
         &app,
         &key,
@@ -166,7 +166,7 @@ async fn an_agent_started_message_waits_for_the_reply_being_written() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let key = app.api_key("scheduler", &["outbound:write"]);
+    let key = app.api_key("scheduler", &["outbound:write"]).await;
     let (status, body) = post_outbound(
         &app,
         &key,
@@ -206,14 +206,14 @@ async fn only_keys_granted_outbound_may_start_messages_and_only_to_known_people_
     let message = json!({"person_id": person, "agent": "reggie_oc", "text": "hello"});
 
     // A default key (messages:write, messages:read) may not write to people first.
-    let plain = app.api_key("crm", &[]);
+    let plain = app.api_key("crm", &[]).await;
     let (status, body) = post_outbound(&app, &plain, message.clone(), None).await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (403, Some("missing_scope"))
     );
 
-    let key = app.api_key("scheduler", &["outbound:write"]);
+    let key = app.api_key("scheduler", &["outbound:write"]).await;
     let (status, body) = post_outbound(
         &app,
         &key,
@@ -249,7 +249,9 @@ async fn only_keys_granted_outbound_may_start_messages_and_only_to_known_people_
 
     // A key is the caller's own per route: the same one on /messages and on /outbound is two
     // requests, each answered.
-    let both = app.api_key("ops", &["messages:write", "outbound:write"]);
+    let both = app
+        .api_key("ops", &["messages:write", "outbound:write"])
+        .await;
     let api = app
         .post_api_message(&both, json!({"text": "status?"}), Some("k-1"))
         .await;

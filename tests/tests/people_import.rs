@@ -7,10 +7,12 @@ use switchboard_e2e::{FakeRunner, spawn_app};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn import(app: &switchboard_e2e::TestApp, csv: &str) -> (bool, String) {
+async fn import(app: &switchboard_e2e::TestApp, csv: &str) -> (bool, String) {
     let path = std::env::temp_dir().join(format!("{}-people.csv", uuid::Uuid::new_v4()));
     std::fs::write(&path, csv).unwrap();
-    let out = app.cli(&["people".as_ref(), "import".as_ref(), path.as_os_str()]);
+    let out = app
+        .cli(&["people".as_ref(), "import".as_ref(), path.as_os_str()])
+        .await;
     let _ = std::fs::remove_file(&path);
     (
         out.status.success(),
@@ -27,7 +29,8 @@ async fn an_imported_directory_is_reported_row_by_row_and_recognises_who_texts()
          staff-17,staff,Dana Smith,admin,(415) 555-0117,dana@example.com\n\
          part-3,participant,Sam Lee,,+1 415 555 0103,\n\
          part-4,participant,Kim,,not a number,\n",
-    );
+    )
+    .await;
     assert!(
         !ok,
         "a refused row makes the import exit non-zero:\n{report}"
@@ -58,7 +61,8 @@ async fn an_imported_directory_is_reported_row_by_row_and_recognises_who_texts()
          staff-17,staff,Dana Smith-Jones,admin,\n\
          part-3,participant,Sam Lee,,+14155550103\n\
          part-9,participant,Mallory,,+14155550117\n",
-    );
+    )
+    .await;
     assert!(!ok);
     assert!(
         report.contains("0 added, 1 updated, 1 unchanged, 1 refused"),

@@ -124,7 +124,7 @@ async fn chat_and_api_callers_over_the_limit_are_refused_with_429_and_when_to_re
             .contains("send it again")
     );
 
-    let key = app.api_key("crm", &[]);
+    let key = app.api_key("crm", &[]).await;
     let mut status = Vec::new();
     for _ in 1..=4 {
         let r = app
@@ -159,7 +159,7 @@ async fn the_limit_and_the_one_notice_hold_across_gateway_replicas() {
     // A second gateway process: its own arrival-counter client, the same NATS and database.
     let (_replica, other) = app.spawn_gateway_process().await;
     let replicas = [app.gateway_url.clone(), other];
-    let key = app.api_key("crm", &[]);
+    let key = app.api_key("crm", &[]).await;
     // One chat login with a socket on each replica.
     let mut sockets = [
         ChatClient::as_user(&replicas[0], "ana").await,

@@ -87,7 +87,7 @@ async fn journal(app: &TestApp, kind: &str) -> Vec<Value> {
         .fetch_one(&app.db)
         .await
         .unwrap();
-    let key = app.api_key("ops", &["sessions:read"]);
+    let key = app.api_key("ops", &["sessions:read"]).await;
     let body: Value = reqwest::Client::new()
         .get(format!(
             "{}/api/v1/sessions/{session}/events",

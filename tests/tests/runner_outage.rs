@@ -175,7 +175,7 @@ async fn an_api_caller_waiting_for_an_answer_is_not_answered_by_the_notice() {
         c.api.wait_max_ms = 3_000;
     })
     .await;
-    let key = app.api_key("ops", &[]);
+    let key = app.api_key("ops", &[]).await;
     app.runner.set_down(true);
     let response = app
         .post_api_message(

@@ -125,7 +125,7 @@ async fn fifty_people_with_near_identical_messages_a_search_for_one_never_return
         .collect();
     conversations(&app, &texts).await;
     embed_everything(&app, &fake).await;
-    let key = app.api_key("ops", &["search:read"]);
+    let key = app.api_key("ops", &["search:read"]).await;
 
     // Unfiltered, the same words find many people: the filter is what keeps them apart.
     let (status, all) = get(
@@ -193,7 +193,7 @@ async fn a_hit_says_which_message_session_person_channel_and_time_it_is_with_its
     )
     .await;
     embed_everything(&app, &fake).await;
-    let key = app.api_key("ops", &["search:read"]);
+    let key = app.api_key("ops", &["search:read"]).await;
     let (status, body) = get(
         &app,
         &key,
@@ -264,7 +264,7 @@ async fn a_search_while_the_index_is_behind_says_so_even_when_it_finds_nothing()
         ],
     )
     .await;
-    let key = app.api_key("ops", &["search:read"]);
+    let key = app.api_key("ops", &["search:read"]).await;
     for q in ["zebra crossing", "payslip"] {
         let (status, body) = get(&app, &key, "/api/v1/search", &[("q", q)]).await;
         assert_eq!(status, 200, "{body}");
@@ -300,7 +300,7 @@ async fn a_search_while_the_index_is_behind_says_so_even_when_it_finds_nothing()
 #[tokio::test]
 async fn bad_search_parameters_are_refused_with_the_reason() {
     let (app, _fake) = app_with_models().await;
-    let key = app.api_key("ops", &["search:read", "analytics:read"]);
+    let key = app.api_key("ops", &["search:read", "analytics:read"]).await;
     for (params, says) in [
         (vec![], "q"),
         (vec![("q", "  ")], "q"),
@@ -332,9 +332,9 @@ async fn bad_search_parameters_are_refused_with_the_reason() {
 #[tokio::test]
 async fn search_and_analytics_need_their_own_scopes() {
     let (app, _fake) = app_with_models().await;
-    let sessions_only = app.api_key("ops", &["sessions:read"]);
-    let search_only = app.api_key("ops", &["search:read"]);
-    let analytics_only = app.api_key("ops", &["analytics:read"]);
+    let sessions_only = app.api_key("ops", &["sessions:read"]).await;
+    let search_only = app.api_key("ops", &["search:read"]).await;
+    let analytics_only = app.api_key("ops", &["analytics:read"]).await;
     let search = |key: String| {
         let app = &app;
         async move { get(app, &key, "/api/v1/search", &[("q", "shift")]).await.0 }
@@ -398,7 +398,7 @@ async fn analytics_counts_exchanges_per_label_per_day_per_person_and_per_channel
     .unwrap();
     let today = chrono::Utc::now().date_naive();
     let yesterday = today.pred_opt().unwrap();
-    let key = app.api_key("ops", &["analytics:read"]);
+    let key = app.api_key("ops", &["analytics:read"]).await;
 
     let (status, body) = get(&app, &key, "/api/v1/analytics/categories", &[]).await;
     assert_eq!(status, 200, "{body}");
@@ -457,11 +457,13 @@ async fn analytics_counts_exchanges_per_label_per_day_per_person_and_per_channel
     );
 
     // The CLI answers the same.
-    let out = app.cli(&[
-        "analytics".as_ref(),
-        "categories".as_ref(),
-        "--json".as_ref(),
-    ]);
+    let out = app
+        .cli(&[
+            "analytics".as_ref(),
+            "categories".as_ref(),
+            "--json".as_ref(),
+        ])
+        .await;
     assert!(
         out.status.success(),
         "{}",
@@ -487,13 +489,15 @@ async fn the_cli_searches_with_the_same_filters_and_says_how_far_behind_the_inde
     .await;
     embed_everything(&app, &fake).await;
     let person = format!("phone:{}", phone(90));
-    let out = app.cli(&[
-        "search".as_ref(),
-        "next shift".as_ref(),
-        "--person".as_ref(),
-        person.as_ref(),
-        "--json".as_ref(),
-    ]);
+    let out = app
+        .cli(&[
+            "search".as_ref(),
+            "next shift".as_ref(),
+            "--person".as_ref(),
+            person.as_ref(),
+            "--json".as_ref(),
+        ])
+        .await;
     assert!(
         out.status.success(),
         "{}",
@@ -508,7 +512,7 @@ async fn the_cli_searches_with_the_same_filters_and_says_how_far_behind_the_inde
     );
     assert_eq!(body["index_lag_s"], 0.0);
 
-    let out = app.cli(&["search".as_ref(), "next shift".as_ref()]);
+    let out = app.cli(&["search".as_ref(), "next shift".as_ref()]).await;
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -519,12 +523,14 @@ async fn the_cli_searches_with_the_same_filters_and_says_how_far_behind_the_inde
         table.contains(&person) && table.contains("index lag: 0 s"),
         "{table}"
     );
-    let bad = app.cli(&[
-        "search".as_ref(),
-        "x".as_ref(),
-        "--limit".as_ref(),
-        "500".as_ref(),
-    ]);
+    let bad = app
+        .cli(&[
+            "search".as_ref(),
+            "x".as_ref(),
+            "--limit".as_ref(),
+            "500".as_ref(),
+        ])
+        .await;
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("limit"));
     app.shutdown().await;

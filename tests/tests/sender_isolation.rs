@@ -271,12 +271,14 @@ async fn run_case(
         }
     }
 
-    let keys: BTreeMap<usize, String> = senders
+    let mut keys: BTreeMap<usize, String> = BTreeMap::new();
+    for (i, s) in senders
         .iter()
         .enumerate()
         .filter(|(_, s)| s.via == Via::Api)
-        .map(|(i, s)| (i, app.api_key(&s.owner(), &[])))
-        .collect();
+    {
+        keys.insert(i, app.api_key(&s.owner(), &[]).await);
+    }
 
     // Everyone at once: the chatters' messages go out on their sockets, then every SMS, API
     // call and webhook event together.

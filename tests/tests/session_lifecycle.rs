@@ -95,7 +95,7 @@ async fn no_reset_event(app: &TestApp) -> bool {
 #[tokio::test]
 async fn switching_engine_variants_carries_the_identitys_summary_into_the_new_engine_session() {
     let app = spawn_app().await;
-    let key = app.api_key("ana", &[]);
+    let key = app.api_key("ana", &[]).await;
     assert_eq!(
         ask(&app, &key, "reggie_oc", "my order is late").await,
         "echo: my order is late"
@@ -364,7 +364,7 @@ async fn each_session_has_a_workspace_shared_by_the_identitys_variants_and_sent_
     let root = std::env::temp_dir().join(format!("sb-ws-{}", Uuid::new_v4().simple()));
     let root_text = root.to_string_lossy().into_owned();
     let app = spawn_app_configured(move |c| c.workspace.root = root_text).await;
-    let key = app.api_key("ana", &[]);
+    let key = app.api_key("ana", &[]).await;
     ask(&app, &key, "reggie_oc", "hi").await;
     let (oc, memory_key) = session_of(&app, "reggie_oc").await;
     let folder = root.join(oc.to_string());

@@ -102,7 +102,7 @@ async fn an_operator_lists_a_persons_sessions_and_reads_their_conversation_in_or
     let app = spawn_app().await;
     texts(&app, DANA, &["hello", "and again"]).await;
     texts(&app, OMAR, &["not Dana"]).await;
-    let key = app.api_key("ops-console", &["sessions:read"]);
+    let key = app.api_key("ops-console", &["sessions:read"]).await;
 
     // Everyone's sessions, newest first.
     let (all, next) = sessions(&app, &key, &[]).await;
@@ -206,7 +206,7 @@ async fn sessions_are_found_by_agent_status_and_every_channel_their_conversation
     texts(&app, DANA, &["hi by text"]).await;
     texts(&app, OMAR, &["hi from Omar"]).await;
     // Dana's CRM account is Dana: what it sends joins her conversation.
-    let linker = app.api_key("ops-console", &["identity:write"]);
+    let linker = app.api_key("ops-console", &["identity:write"]).await;
     let response = app
         .post_api(
             "identity/links",
@@ -216,7 +216,7 @@ async fn sessions_are_found_by_agent_status_and_every_channel_their_conversation
         )
         .await;
     assert_eq!(response.status(), 201);
-    let crm = app.api_key("crm", &[]);
+    let crm = app.api_key("crm", &[]).await;
     let (status, body) = {
         let r = app
             .post_api_message(&crm, json!({"text": "hi by API", "wait": true}), None)
@@ -238,7 +238,7 @@ async fn sessions_are_found_by_agent_status_and_every_channel_their_conversation
         .await;
     assert_eq!(r.status(), 200);
     app.settle().await;
-    let key = app.api_key("ops-console", &["sessions:read"]);
+    let key = app.api_key("ops-console", &["sessions:read"]).await;
     let found = async |query: &[(&str, &str)]| whose(&app, &key, query).await;
     let dana = |agent: &str| (format!("phone:{DANA}"), agent.to_string());
     let omar = (format!("phone:{OMAR}"), "reggie_oc".to_string());
@@ -309,7 +309,7 @@ async fn sessions_are_found_by_agent_status_and_every_channel_their_conversation
 #[tokio::test]
 async fn a_session_shows_the_summary_its_identitys_engines_share() {
     let app = spawn_app().await;
-    let crm = app.api_key("crm", &[]);
+    let crm = app.api_key("crm", &[]).await;
     for agent in ["reggie_oc", "reggie_fd"] {
         let r = app
             .post_api_message(
@@ -339,7 +339,7 @@ async fn a_session_shows_the_summary_its_identitys_engines_share() {
     .await
     .unwrap();
 
-    let key = app.api_key("ops-console", &["sessions:read"]);
+    let key = app.api_key("ops-console", &["sessions:read"]).await;
     let (both, _) = sessions(&app, &key, &[("person", "api:crm")]).await;
     assert_eq!(both.len(), 2);
     for s in both {
@@ -364,7 +364,7 @@ async fn a_session_shows_the_summary_its_identitys_engines_share() {
 async fn the_export_is_the_conversation_as_jsonl_one_message_a_line() {
     let app = spawn_app().await;
     texts(&app, DANA, &["first", "second"]).await;
-    let key = app.api_key("ops-console", &["sessions:read"]);
+    let key = app.api_key("ops-console", &["sessions:read"]).await;
     let id = session_of(&app, &key, &format!("phone:{DANA}")).await["id"]
         .as_str()
         .unwrap()
@@ -457,8 +457,10 @@ async fn the_export_is_the_conversation_as_jsonl_one_message_a_line() {
 async fn a_reset_asked_for_through_the_api_is_pending_for_the_next_turn_and_is_in_the_journal() {
     let app = spawn_app().await;
     texts(&app, DANA, &["remember the blue one"]).await;
-    let reader = app.api_key("ops-console", &["sessions:read"]);
-    let writer = app.api_key("ops-lead", &["sessions:read", "sessions:write"]);
+    let reader = app.api_key("ops-console", &["sessions:read"]).await;
+    let writer = app
+        .api_key("ops-lead", &["sessions:read", "sessions:write"])
+        .await;
     let id = session_of(&app, &reader, &format!("phone:{DANA}")).await["id"]
         .as_str()
         .unwrap()
@@ -565,7 +567,7 @@ async fn a_reset_asked_for_through_the_api_is_pending_for_the_next_turn_and_is_i
 async fn a_key_without_sessions_read_sees_nothing() {
     let app = spawn_app().await;
     texts(&app, DANA, &["my secret order"]).await;
-    let reader = app.api_key("ops-console", &["sessions:read"]);
+    let reader = app.api_key("ops-console", &["sessions:read"]).await;
     let id = session_of(&app, &reader, &format!("phone:{DANA}")).await["id"]
         .as_str()
         .unwrap()
@@ -579,13 +581,14 @@ async fn a_key_without_sessions_read_sees_nothing() {
     ];
     let keys = [
         // What a key gets when no scope is named.
-        app.api_key("crm", &[]),
+        app.api_key("crm", &[]).await,
         app.api_key(
             "auditor",
             &["identity:read", "identity:write", "messages:read"],
-        ),
+        )
+        .await,
         // Resetting is not reading.
-        app.api_key("ops-bot", &["sessions:write"]),
+        app.api_key("ops-bot", &["sessions:write"]).await,
     ];
     for key in &keys {
         for path in &paths {
@@ -624,7 +627,9 @@ async fn a_key_without_sessions_read_sees_nothing() {
 async fn an_unknown_session_is_404_and_a_malformed_request_400_with_an_error_code() {
     let app = spawn_app().await;
     texts(&app, DANA, &["hi"]).await;
-    let key = app.api_key("ops-lead", &["sessions:read", "sessions:write"]);
+    let key = app
+        .api_key("ops-lead", &["sessions:read", "sessions:write"])
+        .await;
     let unknown = Uuid::now_v7();
     for path in ["", "/messages", "/events", "/export"] {
         let (status, body) = get(

@@ -280,7 +280,7 @@ async fn a_quiet_persons_sms_and_chat_with_both_engines_are_merged_in_order_into
     }
 
     // Both sibling sessions show it, with what it covers, and their journals say so.
-    let reader = app.api_key("ops", &["sessions:read"]);
+    let reader = app.api_key("ops", &["sessions:read"]).await;
     for (session, agent) in &sessions {
         let shown = session_json(&app, &reader, *session).await;
         let s = &shown["summary"];
@@ -471,7 +471,7 @@ async fn with_no_model_the_summary_is_extractive_and_says_so() {
         (row.method.as_str(), row.messages_covered),
         ("extractive", 4)
     );
-    let reader = app.api_key("ops", &["sessions:read"]);
+    let reader = app.api_key("ops", &["sessions:read"]).await;
     let (session, _) = sessions_of_ana(&app).await[0];
     let shown = session_json(&app, &reader, session).await;
     assert_eq!(shown["summary"]["method"], "extractive");

@@ -151,7 +151,7 @@ async fn with_the_token_of_one_persons_turn_another_persons_messages_memory_and_
     text_and_take_token(&app, BOB, "my bank pin is 2718", 2).await;
     let bob = format!("phone:{BOB}");
     let alice = format!("phone:{ALICE}");
-    let writer = app.api_key("ops", &["memory:write"]);
+    let writer = app.api_key("ops", &["memory:write"]).await;
     let (status, _) = call(
         &app,
         &writer,
