@@ -830,7 +830,6 @@ impl TestApp {
 
     /// Start a stage as its own worker process (`switchboard worker <name>`, the binary next to
     /// the test binary), on this app's configuration.
-
     pub fn spawn_worker(&self, name: &str) -> Child {
         self.spawn_worker_with_env(name, &[])
     }
