@@ -188,8 +188,8 @@ fn a_broken_deploy_file_fails_its_check_and_says_where() {
         ),
         (
             "compose/nats.conf",
-            "\"sb.reply\", \"sb.events.>\"",
-            "\"sb.reply\", \"sb.events.>\", \"sb.>\"",
+            "\"sb.forget\", \"sb.events.>\"",
+            "\"sb.forget\", \"sb.events.>\", \"sb.>\"",
             "FAIL compose: NATS users' rights are the stack's",
         ),
         (

@@ -435,3 +435,96 @@ async fn forgetting_needs_the_scope_and_a_person_someone_has_seen() {
     );
     app.shutdown().await;
 }
+
+/// A stage's handler that read Dana's data before the erasure committed can publish after the
+/// erasure swept the streams (an embedding or an agent's answer under way). A stage of the
+/// test's own stands for it: it holds her turn in hand across the erasure, then publishes
+/// what it made of the turn. The erasure's last step waits for it, then sweeps that too.
+#[tokio::test]
+async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_is_done() {
+    use async_nats::jetstream::consumer;
+    use futures::StreamExt as _;
+    use switchboard_kit::proto::MessageEmbedded;
+
+    let app = app_with_workspaces().await;
+    in_directory(&app, DANA, DANA_PHONE, None).await;
+    let work = app.js.get_stream(app.topology.work_stream()).await.unwrap();
+    // Described as the product's stages are: the erasure's last step waits for it.
+    let slow: consumer::PullConsumer = work
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("slow-stage".into()),
+            description: Some("Switchboard stage slow-stage".into()),
+            filter_subject: format!("{}.turn.>", app.topology.prefix()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    app.send_sms(DANA_PHONE, "please remember my allergy").await;
+    app.wait_for_sms(1, WAIT).await;
+    app.settle().await;
+    let mut batch = slow.fetch().max_messages(1).messages().await.unwrap();
+    let held = batch.next().await.expect("her turn").unwrap();
+    let turn = Turn::decode(held.payload.as_ref()).unwrap();
+    let dana = sessions_of(&app, DANA).await;
+    let needles = dana_needles(&dana);
+
+    let out = app
+        .cli(&["forget".as_ref(), DANA.as_ref(), "--json".as_ref()])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // What the slow stage made of her turn, published after the erasure's sweep.
+    let late = MessageEmbedded {
+        message_id: turn
+            .message
+            .as_ref()
+            .unwrap()
+            .inbound
+            .as_ref()
+            .unwrap()
+            .id
+            .clone(),
+        session_id: turn.session_id.clone(),
+        person_id: DANA.into(),
+        embedded_at_ms: switchboard_kit::now_ms() - 1,
+        ..Default::default()
+    };
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Sb-Type", MessageEmbedded::full_name().as_str());
+    app.js
+        .publish_with_headers(
+            app.topology.event("message.embedded"),
+            headers,
+            late.encode_to_vec().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    // The last step waits while the stage still holds what it read before the erasure.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_ne!(
+        stream_messages_naming(&app, &needles).await,
+        Vec::<String>::new(),
+        "the late event is still there while the stage works"
+    );
+    held.ack().await.unwrap();
+    app.settle().await;
+    assert_eq!(
+        stream_messages_naming(&app, &needles).await,
+        Vec::<String>::new()
+    );
+    assert!(app.dead_letters("forget-sweep").await.is_empty());
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("sb_forget_late_swept_total 1"),
+        "the late message is counted: {metrics}"
+    );
+    app.shutdown().await;
+}

@@ -7,6 +7,7 @@
 //!                                                                                          │
 //!                                         deliver ◄── {p}.reply ──► log-outbound ◄─────────┘
 //!  every stage ──► {p}.events.<name> (public, replayable)      failures ──► {p}.dlq.<stage>
+//!  an erasure (`switchboard forget`) ──► {p}.forget ──► forget-sweep (sweeps the streams again)
 //!  deliver (chat, API) ──► mailbox table + {p}.mailbox.<channel> (core NATS) ──► gateways ──► sockets
 //! ```
 //!
@@ -139,6 +140,11 @@ impl Topology {
     pub fn summary_due(&self) -> String {
         self.event("summary.due")
     }
+    /// `sb.forget`: the last step of an erasure, for the forget-sweep stage (on the work stream:
+    /// it names the person, and is gone once acked).
+    pub fn forget_sweep(&self) -> String {
+        format!("{}.forget", self.prefix)
+    }
     /// `sb.events.<name>`: the public event stream (`message.logged`, `reply.delivered`, ...).
     pub fn event(&self, name: &str) -> String {
         format!("{}.events.{name}", self.prefix)
@@ -183,6 +189,7 @@ impl Topology {
                     format!("{p}.identified"),
                     format!("{p}.turn.>"),
                     format!("{p}.reply"),
+                    format!("{p}.forget"),
                 ],
                 retention: stream::RetentionPolicy::Interest,
                 storage: stream::StorageType::File,
@@ -381,7 +388,7 @@ impl Topology {
 
 /// Whether stream subject `pattern` covers every subject `filter` can match (NATS wildcards:
 /// `*` one token, `>` the rest).
-fn subject_covers(pattern: &str, filter: &str) -> bool {
+pub fn subject_covers(pattern: &str, filter: &str) -> bool {
     let (mut p, mut f) = (pattern.split('.'), filter.split('.'));
     loop {
         match (p.next(), f.next()) {

@@ -134,9 +134,15 @@ pub async fn forget(
         senders: all_senders.clone(),
         before_ms: forgotten_at.timestamp_millis(),
     };
-    let swept = forget_streams::sweep(js, topology, &names)
+    // Handlers that read their data before the commit hold messages at or below the marks;
+    // what they publish after this sweep, the last step sweeps once they are done.
+    let streams = |e: forget_streams::SweepError| ForgetError::Streams(e.to_string());
+    let (swept, marks) = forget_streams::sweep(js, topology, &names)
         .await
-        .map_err(|e| ForgetError::Streams(e.to_string()))?;
+        .map_err(streams)?;
+    forget_streams::queue_last_sweep(js, topology, &names.to_sweep(marks))
+        .await
+        .map_err(streams)?;
     removed.insert("stream_messages".into(), swept.stream_messages);
     removed.insert("dead_letters".into(), swept.dead_letters);
     let keys = forget_streams::purge_arrival_keys(js, topology, &all_senders)

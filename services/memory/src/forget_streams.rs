@@ -16,9 +16,9 @@ use prost::{Message as _, Name};
 use switchboard_kit::Topology;
 use switchboard_kit::arrival::sender_key;
 use switchboard_kit::proto::{
-    DeadLetter, DeliveryFailed, ExchangeCategorised, IdentifiedMessage, InboundMessage,
-    MessageEmbedded, MessageLogged, MessageReceived, Person, PersonForgotten, Reply,
-    ReplyDelivered, SessionCreated, SessionReset, SessionSummarised, Turn,
+    DeadLetter, DeliveryFailed, ExchangeCategorised, ForgetSender, ForgetSweep, IdentifiedMessage,
+    InboundMessage, MessageEmbedded, MessageLogged, MessageReceived, Person, PersonForgotten,
+    Reply, ReplyDelivered, SessionCreated, SessionReset, SessionSummarised, StreamMark, Turn,
 };
 use switchboard_kit::runtime::HEADER_TYPE;
 
@@ -28,8 +28,8 @@ pub enum SweepError {
     Stream { stream: String, reason: String },
     #[error("arrival counters: {0}")]
     Arrivals(String),
-    #[error("publishing person.forgotten: {0}")]
-    Publish(String),
+    #[error("publishing {subject}: {reason}")]
+    Publish { subject: String, reason: String },
 }
 
 /// What names the person.
@@ -46,6 +46,39 @@ pub struct Names {
 }
 
 impl Names {
+    /// The last step's job ([`crate::forget_sweep`]), with the streams' `marks`.
+    pub fn to_sweep(&self, marks: Vec<StreamMark>) -> ForgetSweep {
+        ForgetSweep {
+            person_id: self.person_id.clone(),
+            session_ids: self.sessions.iter().cloned().collect(),
+            message_ids: self.messages.iter().cloned().collect(),
+            senders: self
+                .senders
+                .iter()
+                .map(|(channel, address)| ForgetSender {
+                    channel: channel.clone(),
+                    address: address.clone(),
+                })
+                .collect(),
+            forgotten_at_ms: self.before_ms,
+            marks,
+        }
+    }
+
+    pub fn from_sweep(job: &ForgetSweep) -> Self {
+        Names {
+            person_id: job.person_id.clone(),
+            sessions: job.session_ids.iter().cloned().collect(),
+            messages: job.message_ids.iter().cloned().collect(),
+            senders: job
+                .senders
+                .iter()
+                .map(|s| (s.channel.clone(), s.address.clone()))
+                .collect(),
+            before_ms: job.forgotten_at_ms,
+        }
+    }
+
     fn person_before(&self, p: Option<&Person>, at_ms: i64) -> bool {
         p.is_some_and(|p| p.person_id == self.person_id) && at_ms <= self.before_ms
     }
@@ -102,6 +135,12 @@ impl Names {
             }
             t if t == DeadLetter::full_name() => {
                 let d = decode!(DeadLetter);
+                if d.message_type == ForgetSweep::full_name() {
+                    // The last step's own job, given up on: it keeps their addresses. Gone
+                    // once a run of the job (its replay) gets this far.
+                    return ForgetSweep::decode(d.payload.as_slice())
+                        .is_ok_and(|job| job.person_id == self.person_id);
+                }
                 self.payload(&d.message_type, &d.subject, &d.payload)
             }
             t if t == MessageReceived::full_name() => m(&decode!(MessageReceived).message_id),
@@ -144,8 +183,9 @@ impl Names {
                     || s(&e.session_id)
                     || self.event_person(&e.person_id, e.categorised_at_ms)
             }
-            // The announcement itself is how others learn to erase their copies.
-            t if t == PersonForgotten::full_name() => false,
+            // The announcement itself is how others learn to erase their copies; the last
+            // step's job is removed by its own ack.
+            t if t == PersonForgotten::full_name() || t == ForgetSweep::full_name() => false,
             "" => match type_of_subject(subject) {
                 Some(t) => self.payload(&t, subject, bytes),
                 None => self.raw(bytes),
@@ -176,6 +216,7 @@ fn type_of_subject(subject: &str) -> Option<String> {
         ("identified", _) => IdentifiedMessage::full_name(),
         ("turn", _) => Turn::full_name(),
         ("reply", _) => Reply::full_name(),
+        ("forget", _) => ForgetSweep::full_name(),
         ("dlq", _) => DeadLetter::full_name(),
         ("events", "message.received") => MessageReceived::full_name(),
         ("events", "session.created") => SessionCreated::full_name(),
@@ -200,29 +241,188 @@ pub struct Swept {
     pub dead_letters: i64,
 }
 
-/// Delete every stored message of the work, events and dead-letter streams that names them.
+/// How a stage's durable consumer is described (`Topology::consumer_config`): the consumers
+/// whose work in hand an erasure respects. Readers of the events stream (analytics) are not.
+const STAGE_CONSUMER: &str = "Switchboard stage ";
+
+/// Where a stage's consumer is in its stream (from its `consumer::Info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Every message at or below this stream sequence is acked.
+    pub ack_floor: u64,
+    /// The last stream sequence delivered.
+    pub delivered: u64,
+    /// Delivered, not yet acked.
+    pub in_hand: usize,
+    /// Matching messages not yet delivered.
+    pub undelivered: u64,
+}
+
+impl Progress {
+    fn of(info: &consumer::Info) -> Self {
+        Self {
+            ack_floor: info.ack_floor.stream_sequence,
+            delivered: info.delivered.stream_sequence,
+            in_hand: info.num_ack_pending,
+            undelivered: info.num_pending,
+        }
+    }
+
+    /// Whether the consumer has finished (acked or terminated) every message at or below
+    /// `mark`. Conservative: a filtered consumer whose ack floor lags below `mark` while it
+    /// works on a later message counts as busy until that one is done.
+    pub fn finished_through(&self, mark: u64) -> bool {
+        self.ack_floor >= mark
+            || (self.in_hand == 0 && (self.undelivered == 0 || self.delivered >= mark))
+    }
+
+    /// Whether message `seq` may be in the consumer's hand (delivered, not known to be acked).
+    fn may_hold(&self, seq: u64) -> bool {
+        self.ack_floor < seq && seq <= self.delivered
+    }
+}
+
+/// A stage's consumer of one stream: its name, filter and progress.
+#[derive(Debug, Clone)]
+pub struct StageConsumer {
+    pub name: String,
+    pub filter: String,
+    pub progress: Progress,
+}
+
+/// The stages' consumers of stream `name` (none if the stream was never made).
+pub async fn stage_consumers(
+    js: &jetstream::Context,
+    name: &str,
+) -> Result<Vec<StageConsumer>, SweepError> {
+    let err = |reason: String| SweepError::Stream {
+        stream: name.to_string(),
+        reason,
+    };
+    let stream = match js.get_stream(name).await {
+        Ok(s) => s,
+        Err(e) if not_found(&e) => return Ok(Vec::new()),
+        Err(e) => return Err(err(e.to_string())),
+    };
+    let mut found = Vec::new();
+    let mut consumers = stream.consumers();
+    while let Some(info) = consumers.next().await {
+        let info = info.map_err(|e| err(e.to_string()))?;
+        let is_stage = info
+            .config
+            .description
+            .as_deref()
+            .is_some_and(|d| d.starts_with(STAGE_CONSUMER));
+        if is_stage {
+            found.push(StageConsumer {
+                name: info.name.clone(),
+                filter: info.config.filter_subject.clone(),
+                progress: Progress::of(&info),
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// Whether one of `consumers` may have message (`seq`, `subject`) in hand.
+fn in_hand(consumers: &[StageConsumer], seq: u64, subject: &str) -> bool {
+    consumers.iter().any(|c| {
+        (c.filter.is_empty() || switchboard_kit::topology::subject_covers(&c.filter, subject))
+            && c.progress.may_hold(seq)
+    })
+}
+
+/// The first sweep, right after the erasure's commit: delete every stored message of the
+/// work, events and dead-letter streams that names them, but those a stage may have in hand
+/// (deleting one would hide from its consumer that the handler is still at work, and what the
+/// handler publishes would escape the last step). Returns what it deleted and the marks for
+/// the last step: each stream's last sequence, and the first message it left.
 pub async fn sweep(
     js: &jetstream::Context,
     topology: &Topology,
     names: &Names,
+) -> Result<(Swept, Vec<StreamMark>), SweepError> {
+    let mut swept = Swept::default();
+    let mut marks = Vec::new();
+    for name in [
+        topology.work_stream(),
+        topology.events_stream(),
+        topology.dlq_stream(),
+    ] {
+        let consumers = stage_consumers(js, &name).await?;
+        let read = sweep_stream(js, &name, names, 1, &consumers).await?;
+        if name == topology.dlq_stream() {
+            swept.dead_letters += read.deleted;
+        } else {
+            swept.stream_messages += read.deleted;
+        }
+        marks.push(StreamMark {
+            stream: name,
+            last_sequence: read.last_sequence,
+            left_from: read.left_from,
+        });
+    }
+    Ok((swept, marks))
+}
+
+/// The last step's sweep, once every stage is done with what it had at the `marks`: each
+/// stream from the first message the first sweep left (else from after its mark).
+pub async fn sweep_after(
+    js: &jetstream::Context,
+    topology: &Topology,
+    names: &Names,
+    marks: &[StreamMark],
 ) -> Result<Swept, SweepError> {
+    let from = |stream: &str| {
+        marks.iter().find(|m| m.stream == stream).map_or(1, |m| {
+            if m.left_from > 0 {
+                m.left_from
+            } else {
+                m.last_sequence + 1
+            }
+        })
+    };
     let mut swept = Swept::default();
     for stream in [topology.work_stream(), topology.events_stream()] {
-        swept.stream_messages += sweep_stream(js, &stream, names).await?;
+        swept.stream_messages += sweep_stream(js, &stream, names, from(&stream), &[])
+            .await?
+            .deleted;
     }
-    swept.dead_letters = sweep_stream(js, &topology.dlq_stream(), names).await?;
+    let dlq = topology.dlq_stream();
+    swept.dead_letters = sweep_stream(js, &dlq, names, from(&dlq), &[])
+        .await?
+        .deleted;
     Ok(swept)
+}
+
+fn not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
+        if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// What one stream's sweep did.
+#[derive(Debug, Clone, Copy, Default)]
+struct StreamSwept {
+    deleted: i64,
+    /// The stream's last sequence when the sweep began.
+    last_sequence: u64,
+    /// The first message naming the person that was left (a stage had it in hand); 0: none.
+    left_from: u64,
 }
 
 /// How long the sweep waits for the next stored message before taking the stream as read (the
 /// messages it expected were removed meanwhile: acked on the work stream, or expired).
 const QUIET: Duration = Duration::from_secs(3);
 
+/// Delete the messages of stream `name` from sequence `from` on that name the person, but
+/// those one of `consumers` may have in hand.
 async fn sweep_stream(
     js: &jetstream::Context,
     name: &str,
     names: &Names,
-) -> Result<i64, SweepError> {
+    from: u64,
+    consumers: &[StageConsumer],
+) -> Result<StreamSwept, SweepError> {
     let err = |reason: String| SweepError::Stream {
         stream: name.to_string(),
         reason,
@@ -230,53 +430,129 @@ async fn sweep_stream(
     let mut stream = match js.get_stream(name).await {
         Ok(s) => s,
         // Never created: nothing stored.
-        Err(e)
-            if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
-                if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
-        {
-            return Ok(0);
-        }
+        Err(e) if not_found(&e) => return Ok(StreamSwept::default()),
         Err(e) => return Err(err(e.to_string())),
     };
     let info = stream.info().await.map_err(|e| err(e.to_string()))?;
-    if info.state.messages == 0 {
-        return Ok(0);
-    }
     let last = info.state.last_sequence;
-    // An ordered consumer reads the stream once, without acks: it takes nothing from the
-    // stages' consumers, and is gone when dropped.
-    let consumer = stream
-        .create_consumer(consumer::pull::OrderedConfig {
-            deliver_policy: consumer::DeliverPolicy::All,
-            ..Default::default()
-        })
+    let mut swept = StreamSwept {
+        last_sequence: last,
+        ..Default::default()
+    };
+    if info.state.messages == 0 || last < from {
+        return Ok(swept);
+    }
+    let interest = info.config.retention == jetstream::stream::RetentionPolicy::Interest;
+    let mut messages = Reader::open(&stream, from.max(1), interest)
         .await
-        .map_err(|e| err(e.to_string()))?;
-    let mut messages = consumer.messages().await.map_err(|e| err(e.to_string()))?;
-    let mut deleted = 0;
-    loop {
-        let next = match tokio::time::timeout(QUIET, messages.next()).await {
-            Ok(Some(next)) => next.map_err(|e| err(e.to_string()))?,
-            Ok(None) | Err(_) => break,
-        };
-        let seq = next.info().map_err(|e| err(e.to_string()))?.stream_sequence;
-        let ty = next
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(HEADER_TYPE))
-            .map(|v| v.as_str().to_string())
-            .unwrap_or_default();
-        if names.payload(&ty, next.subject.as_str(), &next.payload) {
+        .map_err(err)?;
+    while let Some((seq, subject, ty, payload)) = messages.next(&stream).await.map_err(err)? {
+        if seq > last {
+            break;
+        }
+        if names.payload(&ty, &subject, &payload) {
+            if in_hand(consumers, seq, &subject) {
+                if swept.left_from == 0 {
+                    swept.left_from = seq;
+                }
             // Already gone (acked by every stage meanwhile, or expired) is as good as deleted.
-            if stream.delete_message(seq).await.unwrap_or(false) {
-                deleted += 1;
+            } else if stream.delete_message(seq).await.unwrap_or(false) {
+                swept.deleted += 1;
             }
         }
         if seq >= last {
             break;
         }
     }
-    Ok(deleted)
+    Ok(swept)
+}
+
+/// Reads a stream's stored messages in order from a sequence on.
+enum Reader {
+    /// An ordered consumer: one pass without acks, gone when dropped. Not on a stream with
+    /// Interest retention: while it lives it is one more consumer interested in every new
+    /// message there, which would stay stored after the stages acked it.
+    Ordered(Box<consumer::pull::Ordered>),
+    /// Message by message (the work stream, which holds only what is not done yet).
+    ByGet { next: u64 },
+}
+
+type Stored = (u64, String, String, bytes::Bytes);
+
+impl Reader {
+    async fn open(
+        stream: &jetstream::stream::Stream,
+        from: u64,
+        interest: bool,
+    ) -> Result<Self, String> {
+        if interest {
+            return Ok(Reader::ByGet { next: from });
+        }
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: if from <= 1 {
+                    consumer::DeliverPolicy::All
+                } else {
+                    consumer::DeliverPolicy::ByStartSequence {
+                        start_sequence: from,
+                    }
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let messages = consumer.messages().await.map_err(|e| e.to_string())?;
+        Ok(Reader::Ordered(Box::new(messages)))
+    }
+
+    /// The next stored message (sequence, subject, `Sb-Type`, payload), or None at the end.
+    async fn next(&mut self, stream: &jetstream::stream::Stream) -> Result<Option<Stored>, String> {
+        let type_of = |h: Option<&async_nats::HeaderMap>| {
+            h.and_then(|h| h.get(HEADER_TYPE))
+                .map(|v| v.as_str().to_string())
+                .unwrap_or_default()
+        };
+        match self {
+            Reader::Ordered(messages) => {
+                let next = match tokio::time::timeout(QUIET, messages.next()).await {
+                    Ok(Some(next)) => next.map_err(|e| e.to_string())?,
+                    Ok(None) | Err(_) => return Ok(None),
+                };
+                let seq = next.info().map_err(|e| e.to_string())?.stream_sequence;
+                let ty = type_of(next.headers.as_ref());
+                Ok(Some((
+                    seq,
+                    next.subject.to_string(),
+                    ty,
+                    next.payload.clone(),
+                )))
+            }
+            Reader::ByGet { next } => {
+                let got = stream
+                    .raw_message_builder()
+                    .sequence(*next)
+                    .next_by_subject(">")
+                    .send()
+                    .await;
+                match got {
+                    Ok(m) => {
+                        *next = m.sequence + 1;
+                        let ty = type_of(Some(&m.headers));
+                        Ok(Some((m.sequence, m.subject.to_string(), ty, m.payload)))
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            jetstream::stream::LastRawMessageErrorKind::NoMessageFound
+                        ) =>
+                    {
+                        Ok(None)
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        }
+    }
 }
 
 /// Purge the arrival counters of the person's senders; how many there were.
@@ -305,13 +581,45 @@ pub async fn purge_arrival_keys(
     Ok(purged)
 }
 
+/// Queue the erasure's last step ([`crate::forget_sweep`]).
+pub async fn queue_last_sweep(
+    js: &jetstream::Context,
+    topology: &Topology,
+    job: &ForgetSweep,
+) -> Result<(), SweepError> {
+    let subject = topology.forget_sweep();
+    let publish = |e: &dyn std::fmt::Display| SweepError::Publish {
+        subject: subject.clone(),
+        reason: e.to_string(),
+    };
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(HEADER_TYPE, ForgetSweep::full_name().as_str());
+    let msg = PublishMessage::build()
+        .payload(job.encode_to_vec().into())
+        .headers(headers)
+        .message_id(format!(
+            "forget-sweep/{}/{}",
+            job.person_id, job.forgotten_at_ms
+        ));
+    js.send_publish(subject.clone(), msg)
+        .await
+        .map_err(|e| publish(&e))?
+        .await
+        .map_err(|e| publish(&e))?;
+    Ok(())
+}
+
 /// Publish `person.forgotten`.
 pub async fn announce(
     js: &jetstream::Context,
     topology: &Topology,
     event: &PersonForgotten,
 ) -> Result<(), SweepError> {
-    let publish = |e: &dyn std::fmt::Display| SweepError::Publish(e.to_string());
+    let subject = topology.event("person.forgotten");
+    let publish = |e: &dyn std::fmt::Display| SweepError::Publish {
+        subject: subject.clone(),
+        reason: e.to_string(),
+    };
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(HEADER_TYPE, PersonForgotten::full_name().as_str());
     let msg = PublishMessage::build()
@@ -321,7 +629,7 @@ pub async fn announce(
             "forget/{}/{}",
             event.person_id, event.forgotten_at_ms
         ));
-    js.send_publish(topology.event("person.forgotten"), msg)
+    js.send_publish(subject.clone(), msg)
         .await
         .map_err(|e| publish(&e))?
         .await
@@ -381,6 +689,26 @@ mod tests {
             ..letter
         };
         assert!(!n.payload("", "sb.dlq.dispatch", &other.encode_to_vec()));
+    }
+
+    #[test]
+    fn the_last_steps_job_is_left_to_its_ack_but_its_dead_letter_is_swept() {
+        let n = names();
+        let job = n.to_sweep(Vec::new());
+        let ty = ForgetSweep::full_name();
+        assert!(!n.payload(&ty, "sb.forget", &job.encode_to_vec()));
+        let letter = DeadLetter {
+            message_type: ty,
+            subject: "sb.forget".into(),
+            payload: job.encode_to_vec(),
+            ..Default::default()
+        };
+        assert!(n.payload("", "sb.dlq.forget-sweep", &letter.encode_to_vec()));
+        let someone_else = Names {
+            person_id: "staff:18".into(),
+            ..names()
+        };
+        assert!(!someone_else.payload("", "sb.dlq.forget-sweep", &letter.encode_to_vec()));
     }
 
     #[test]

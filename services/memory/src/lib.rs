@@ -10,6 +10,7 @@ pub mod embed;
 pub mod extractive;
 pub mod forget;
 pub mod forget_streams;
+pub mod forget_sweep;
 pub mod index;
 pub mod recall;
 pub mod search;

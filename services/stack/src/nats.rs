@@ -10,7 +10,7 @@ use crate::{Error, Result};
 
 /// Changes whenever the subjects below do, so that `up` restarts a NATS that runs with the old
 /// ones (the settings line records it).
-pub const PERMISSIONS_VERSION: u32 = 3;
+pub const PERMISSIONS_VERSION: u32 = 4;
 
 /// A subject token: letters, digits, '_' and '-'.
 fn is_token(s: &str) -> bool {
@@ -105,6 +105,7 @@ pub fn authorization(c: &ConfInput<'_>) -> Result<String> {
             "identified",
             "turn.>",
             "reply",
+            "forget",
             "events.>",
             "dlq.>",
             "mailbox.>",

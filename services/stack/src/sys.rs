@@ -461,6 +461,14 @@ mod tests {
         let mut child = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id() as i32;
         assert!(children_of(me).contains(&pid));
+        // The child may still be between fork and exec (its cmdline the test binary's) under
+        // load: wait, bounded, for the exec.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while cmdline_has(pid, Path::new("30")) != Some(true)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         assert_eq!(
             cmdline_has(pid, Path::new("30")),
             Some(true),

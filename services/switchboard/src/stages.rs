@@ -14,6 +14,7 @@ pub const ALL: &[Registration] = &[
     switchboard_embed::STAGE,
     switchboard_categorise::STAGE,
     switchboard_summary::STAGE,
+    switchboard_memory::forget_sweep::STAGE,
 ];
 
 /// The registration of the stage called `name`.
@@ -80,7 +81,7 @@ mod tests {
             .iter()
             .map(|r| r.spec.name)
             .collect();
-        assert_eq!(log, ["log-inbound", "log-outbound"]);
+        assert_eq!(log, ["log-inbound", "log-outbound", "forget-sweep"]);
         let one: Vec<_> = select(&["deliver", "identify"])
             .unwrap()
             .iter()
