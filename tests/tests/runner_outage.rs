@@ -101,6 +101,11 @@ async fn a_runner_down_for_30_s_loses_nothing_tells_each_person_once_and_answers
         "a waiting turn was given up"
     );
     assert_eq!(session_row(&app, PERSON).await.0, "waiting");
+    // An operator sees both sessions waiting for the agent's runner.
+    let out = app.cli(&["status".as_ref(), "--json".as_ref()]).await;
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    let agent = &app.config.agents[0].name;
+    assert_eq!(status["waiting_for_runner"][agent.as_str()], 2, "{status}");
     let probes = app.runner.refused.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
         probes >= 3,

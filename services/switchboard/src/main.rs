@@ -14,6 +14,7 @@ mod forget;
 mod local_stack;
 mod reembed;
 mod search_cli;
+mod status;
 
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]
@@ -39,6 +40,14 @@ enum Command {
     Gateway,
     /// List the stages: what each reads and the knobs it runs with under this configuration.
     Stages,
+    /// How it is doing, from NATS and Postgres: per stage its backlog (pending), messages in
+    /// hand, redeliveries, replicas pulling and dead letters; stream sizes; live dispatchers;
+    /// sessions waiting for a runner. Exits 0 once both answered.
+    Status {
+        /// One JSON document (`stages`, `streams`, `dispatchers_alive`, `waiting_for_runner`).
+        #[arg(long)]
+        json: bool,
+    },
     /// Apply database migrations.
     Migrate,
     /// Streams and consumers.
@@ -396,6 +405,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Search(args) => search_cli::search_command(config, args).await,
         Command::Analytics { command } => search_cli::analytics_command(config, command).await,
         Command::Forget { person, json } => forget::run(config, &person, json).await,
+        Command::Status { json } => status::run(config, stages::ALL, json).await,
         Command::Reembed { batch } => reembed::run(config, batch).await,
         Command::Backup {
             dir,
