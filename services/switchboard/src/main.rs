@@ -48,6 +48,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a shell completion script: `source <(switchboard completions bash)` (or zsh, fish,
+    /// elvish, powershell). Needs no configuration.
+    Completions { shell: clap_complete::Shell },
     /// Apply database migrations.
     Migrate,
     /// Streams and consumers.
@@ -295,6 +298,17 @@ enum SmsProvider {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory as _;
+        use std::io::Write as _;
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "switchboard", &mut script);
+        // A reader that stopped early (`| head`) is not an error.
+        match std::io::stdout().write_all(&script) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+            _ => return Ok(()),
+        }
+    }
     let mut config = match &cli.config {
         Some(path) => Config::load_from(path)?,
         None => Config::load()?,
@@ -406,6 +420,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Analytics { command } => search_cli::analytics_command(config, command).await,
         Command::Forget { person, json } => forget::run(config, &person, json).await,
         Command::Status { json } => status::run(config, stages::ALL, json).await,
+        Command::Completions { .. } => unreachable!("printed before the configuration is read"),
         Command::Reembed { batch } => reembed::run(config, batch).await,
         Command::Backup {
             dir,
