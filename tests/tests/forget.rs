@@ -222,6 +222,19 @@ async fn dead_letter_of(app: &TestApp, session: uuid::Uuid) {
         .unwrap();
 }
 
+/// `switchboard forget <Dana> --json`, as an operator runs it: what it printed.
+async fn forget_dana(app: &TestApp) -> serde_json::Value {
+    let out = app
+        .cli(&["forget".as_ref(), DANA.as_ref(), "--json".as_ref()])
+        .await;
+    assert!(
+        out.status.success(),
+        "forget failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("forget --json prints one JSON document")
+}
+
 fn forget_request(app: &TestApp, key: &str, person: &str) -> reqwest::RequestBuilder {
     reqwest::Client::new()
         .delete(format!("{}/api/v1/people/{person}", app.gateway_url))
@@ -326,15 +339,7 @@ async fn forgetting_a_person_mid_turn_leaves_nothing_and_their_next_message_star
     let dana = sessions_of(&app, DANA).await;
     let needles = dana_needles(&dana);
 
-    let out = app
-        .cli(&["forget".as_ref(), DANA.as_ref(), "--json".as_ref()])
-        .await;
-    assert!(
-        out.status.success(),
-        "forget failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let printed = forget_dana(&app).await;
     assert_eq!(printed["removed"]["sessions"], 1, "{printed}");
 
     // The agent answers the call it was making; the pipeline settles.
@@ -470,14 +475,7 @@ async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_
     let dana = sessions_of(&app, DANA).await;
     let needles = dana_needles(&dana);
 
-    let out = app
-        .cli(&["forget".as_ref(), DANA.as_ref(), "--json".as_ref()])
-        .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    forget_dana(&app).await;
 
     // What the slow stage made of her turn, published after the erasure's sweep.
     let late = MessageEmbedded {

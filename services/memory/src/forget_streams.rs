@@ -587,26 +587,8 @@ pub async fn queue_last_sweep(
     topology: &Topology,
     job: &ForgetSweep,
 ) -> Result<(), SweepError> {
-    let subject = topology.forget_sweep();
-    let publish = |e: &dyn std::fmt::Display| SweepError::Publish {
-        subject: subject.clone(),
-        reason: e.to_string(),
-    };
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(HEADER_TYPE, ForgetSweep::full_name().as_str());
-    let msg = PublishMessage::build()
-        .payload(job.encode_to_vec().into())
-        .headers(headers)
-        .message_id(format!(
-            "forget-sweep/{}/{}",
-            job.person_id, job.forgotten_at_ms
-        ));
-    js.send_publish(subject.clone(), msg)
-        .await
-        .map_err(|e| publish(&e))?
-        .await
-        .map_err(|e| publish(&e))?;
-    Ok(())
+    let id = format!("forget-sweep/{}/{}", job.person_id, job.forgotten_at_ms);
+    publish(js, topology.forget_sweep(), job, id).await
 }
 
 /// Publish `person.forgotten`.
@@ -615,25 +597,33 @@ pub async fn announce(
     topology: &Topology,
     event: &PersonForgotten,
 ) -> Result<(), SweepError> {
-    let subject = topology.event("person.forgotten");
-    let publish = |e: &dyn std::fmt::Display| SweepError::Publish {
+    let id = format!("forget/{}/{}", event.person_id, event.forgotten_at_ms);
+    publish(js, topology.event("person.forgotten"), event, id).await
+}
+
+/// Publish `payload` (typed by its `Sb-Type` header, deduplicated by `id`) and wait for the
+/// stream to store it.
+async fn publish<M: prost::Message + Name>(
+    js: &jetstream::Context,
+    subject: String,
+    payload: &M,
+    id: String,
+) -> Result<(), SweepError> {
+    let failed = |e: &dyn std::fmt::Display| SweepError::Publish {
         subject: subject.clone(),
         reason: e.to_string(),
     };
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert(HEADER_TYPE, PersonForgotten::full_name().as_str());
+    headers.insert(HEADER_TYPE, M::full_name().as_str());
     let msg = PublishMessage::build()
-        .payload(event.encode_to_vec().into())
+        .payload(payload.encode_to_vec().into())
         .headers(headers)
-        .message_id(format!(
-            "forget/{}/{}",
-            event.person_id, event.forgotten_at_ms
-        ));
+        .message_id(id);
     js.send_publish(subject.clone(), msg)
         .await
-        .map_err(|e| publish(&e))?
+        .map_err(|e| failed(&e))?
         .await
-        .map_err(|e| publish(&e))?;
+        .map_err(|e| failed(&e))?;
     Ok(())
 }
 
