@@ -512,6 +512,17 @@ async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_
         Vec::<String>::new(),
         "the late event is still there while the stage works"
     );
+    let announced = |stored: &[(String, Vec<u8>)]| {
+        stored
+            .iter()
+            .filter(|(s, _)| *s == app.topology.event("person.forgotten"))
+            .count()
+    };
+    assert_eq!(
+        announced(&stored_messages(&app).await),
+        0,
+        "person.forgotten waits for the last step"
+    );
     held.ack().await.unwrap();
     app.settle().await;
     assert_eq!(
@@ -519,6 +530,7 @@ async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_
         Vec::<String>::new()
     );
     assert!(app.dead_letters("forget-sweep").await.is_empty());
+    assert_eq!(announced(&stored_messages(&app).await), 1);
     let metrics = app.metrics().await;
     assert!(
         metrics.contains("sb_forget_late_swept_total 1"),

@@ -30,7 +30,8 @@
 //!
 //! After the commit, the stored messages of the work, events and dead-letter streams that name
 //! them ([`crate::forget_streams`]) and their senders' arrival counters are deleted, the
-//! tombstone gets the final counts, and `person.forgotten` is published.
+//! tombstone gets the final counts, and the last step is queued ([`crate::forget_sweep`]): it
+//! sweeps what handlers already at work publish late, then publishes `person.forgotten`.
 //!
 //! Not reached: a runner's own run folders (`state_dir/runs/`, on the runner's host, which this
 //! process may not see), and sessions a shared scope (`session.scope` other than `person`)
@@ -42,7 +43,6 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, Transaction};
 use switchboard_kit::Topology;
 use switchboard_kit::forgotten;
-use switchboard_kit::proto::PersonForgotten;
 use uuid::Uuid;
 
 use crate::forget_streams::{self, Names};
@@ -83,8 +83,8 @@ impl Forgotten {
     }
 }
 
-/// Erase `person_id` everywhere (see the module doc) and announce it. A person nothing names
-/// is [`ForgetError::Unknown`], and nothing is written.
+/// Erase `person_id` everywhere (see the module doc); the last step announces it. A person
+/// nothing names is [`ForgetError::Unknown`], and nothing is written.
 pub async fn forget(
     db: &PgPool,
     js: &jetstream::Context,
@@ -140,14 +140,11 @@ pub async fn forget(
     let (swept, marks) = forget_streams::sweep(js, topology, &names)
         .await
         .map_err(streams)?;
-    forget_streams::queue_last_sweep(js, topology, &names.to_sweep(marks))
-        .await
-        .map_err(streams)?;
     removed.insert("stream_messages".into(), swept.stream_messages);
     removed.insert("dead_letters".into(), swept.dead_letters);
     let keys = forget_streams::purge_arrival_keys(js, topology, &all_senders)
         .await
-        .map_err(|e| ForgetError::Streams(e.to_string()))?;
+        .map_err(streams)?;
     removed.insert("arrival_keys".into(), keys);
     sqlx::query!(
         "UPDATE switchboard.forgotten_people SET removed = $2
@@ -157,15 +154,13 @@ pub async fn forget(
     )
     .execute(db)
     .await?;
-
-    let event = PersonForgotten {
-        person_id: person_id.to_string(),
-        removed: removed.clone().into_iter().collect(),
-        forgotten_at_ms: forgotten_at.timestamp_millis(),
-    };
-    forget_streams::announce(js, topology, &event)
+    // The last step sweeps what came late, then announces `person.forgotten`: a reader told
+    // of the erasure sees no event naming them after it.
+    let mut job = names.to_sweep(marks);
+    job.removed = removed.clone().into_iter().collect();
+    forget_streams::queue_last_sweep(js, topology, &job)
         .await
-        .map_err(|e| ForgetError::Streams(e.to_string()))?;
+        .map_err(streams)?;
     metrics::counter!("sb_people_forgotten_total").increment(1);
     tracing::info!(
         total = removed.values().sum::<i64>(),

@@ -62,6 +62,7 @@ impl Names {
                 .collect(),
             forgotten_at_ms: self.before_ms,
             marks,
+            removed: Default::default(),
         }
     }
 

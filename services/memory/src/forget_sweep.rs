@@ -9,14 +9,15 @@
 //! stage waits until every stage has finished each message its stream held at the mark — the
 //! runtime acks a message only once its outputs are published — then sweeps what was left and
 //! what the streams received after the marks. A handler that starts after the commit finds the
-//! rows gone and the tombstone there (each stage checks it), so it names no one.
+//! rows gone and the tombstone there (each stage checks it), so it names no one. Then it
+//! publishes `person.forgotten`: a reader told of the erasure sees no event naming them after.
 //!
 //! Waiting is [`StageError::Defer`]: parked, not a failure, bounded by the stage's `max_wait`
 //! (then a dead letter says which stage was still busy; replaying it sweeps again).
 use std::time::Duration;
 
 use async_nats::jetstream;
-use switchboard_kit::proto::{ForgetSweep, StreamMark};
+use switchboard_kit::proto::{ForgetSweep, PersonForgotten, StreamMark};
 use switchboard_kit::startup::{App, Task};
 use switchboard_kit::{
     Attempt, Outcome, Registration, Source, Stage, StageError, StageSpec, Topology,
@@ -95,6 +96,14 @@ impl Stage for ForgetSweepStage {
                 "messages published while a person was being forgotten were swept"
             );
         }
+        let event = PersonForgotten {
+            person_id: job.person_id.clone(),
+            removed: job.removed.clone(),
+            forgotten_at_ms: job.forgotten_at_ms,
+        };
+        forget_streams::announce(&self.js, &self.topology, &event)
+            .await
+            .map_err(StageError::transient)?;
         Ok(Vec::new())
     }
 }
