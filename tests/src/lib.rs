@@ -743,6 +743,21 @@ impl TestApp {
             .collect()
     }
 
+    /// `switchboard dlq replay <seq>` of `stage`'s oldest dead letter, as an operator runs it
+    /// once the cause is fixed.
+    pub async fn replay_dead_letter(&self, stage: &str) {
+        let seq = switchboard_kit::dlq::list(&self.js, &self.topology, Some(stage), 10)
+            .await
+            .expect("list dead letters")
+            .first()
+            .unwrap_or_else(|| panic!("no dead letter of {stage}"))
+            .seq;
+        let replayed = self
+            .cli(&["dlq".as_ref(), "replay".as_ref(), seq.to_string().as_ref()])
+            .await;
+        assert!(replayed.status.success(), "{replayed:?}");
+    }
+
     /// Wait until `stage` has at least one dead letter (or `timeout` passed); returns them all.
     pub async fn wait_for_dead_letters(&self, stage: &str, timeout: Duration) -> Vec<DeadLetter> {
         let deadline = Instant::now() + timeout;

@@ -4,9 +4,14 @@
 //! a message they send afterwards starts a new conversation.
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream;
+use futures::StreamExt as _;
 use prost::{Message as _, Name as _};
 use switchboard_e2e::{ChatClient, TestApp, spawn_app_configured};
-use switchboard_kit::proto::{DeadLetter, PersonForgotten, Turn};
+use switchboard_kit::config::Config;
+use switchboard_kit::proto::{DeadLetter, MessageEmbedded, PersonForgotten, Turn};
+use switchboard_kit::stage::StageOverrides;
+use switchboard_kit::{Source, StageSpec};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -20,8 +25,16 @@ const BEN: &str = "staff-keepme-42";
 const BEN_PHONE: &str = "+14155550142";
 
 async fn app_with_workspaces() -> TestApp {
+    app_with_workspaces_and(|_| {}).await
+}
+
+async fn app_with_workspaces_and(tweak: impl FnOnce(&mut Config) + Send + 'static) -> TestApp {
     let root = std::env::temp_dir().join(format!("sb-forget-{}", uuid::Uuid::new_v4()));
-    spawn_app_configured(move |c| c.workspace.root = root.to_string_lossy().into_owned()).await
+    spawn_app_configured(move |c| {
+        c.workspace.root = root.to_string_lossy().into_owned();
+        tweak(c);
+    })
+    .await
 }
 
 async fn in_directory(app: &TestApp, id: &str, phone: &str, login: Option<&str>) {
@@ -441,28 +454,17 @@ async fn forgetting_needs_the_scope_and_a_person_someone_has_seen() {
     app.shutdown().await;
 }
 
-/// A stage's handler that read Dana's data before the erasure committed can publish after the
-/// erasure swept the streams (an embedding or an agent's answer under way). A stage of the
-/// test's own stands for it: it holds her turn in hand across the erasure, then publishes
-/// what it made of the turn. The erasure's last step waits for it, then sweeps that too.
-#[tokio::test]
-async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_is_done() {
-    use async_nats::jetstream::consumer;
-    use futures::StreamExt as _;
-    use switchboard_kit::proto::MessageEmbedded;
-
-    let app = app_with_workspaces().await;
-    in_directory(&app, DANA, DANA_PHONE, None).await;
+/// A stage of the test's own, made as the product's stages are (so the erasure's last step
+/// waits for it), holding Dana's turn in hand, as a handler at work on it would: the held
+/// message, her turn, and the needles that find her.
+async fn dana_held_by_a_slow_stage(app: &TestApp) -> (jetstream::Message, Turn, Vec<String>) {
+    in_directory(app, DANA, DANA_PHONE, None).await;
     let work = app.js.get_stream(app.topology.work_stream()).await.unwrap();
-    // Described as the product's stages are: the erasure's last step waits for it.
-    let slow: consumer::PullConsumer = work
-        .create_consumer(consumer::pull::Config {
-            durable_name: Some("slow-stage".into()),
-            description: Some("Switchboard stage slow-stage".into()),
-            filter_subject: format!("{}.turn.>", app.topology.prefix()),
-            ack_policy: consumer::AckPolicy::Explicit,
+    let spec = StageSpec::new("slow-stage", Source::Work("turn.>"));
+    let slow: jetstream::consumer::PullConsumer = work
+        .create_consumer(jetstream::consumer::pull::Config {
             ack_wait: Duration::from_secs(120),
-            ..Default::default()
+            ..app.topology.consumer_config(&spec, &app.config.runtime)
         })
         .await
         .unwrap();
@@ -472,22 +474,15 @@ async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_
     let mut batch = slow.fetch().max_messages(1).messages().await.unwrap();
     let held = batch.next().await.expect("her turn").unwrap();
     let turn = Turn::decode(held.payload.as_ref()).unwrap();
-    let dana = sessions_of(&app, DANA).await;
-    let needles = dana_needles(&dana);
+    let needles = dana_needles(&sessions_of(app, DANA).await);
+    (held, turn, needles)
+}
 
-    forget_dana(&app).await;
-
-    // What the slow stage made of her turn, published after the erasure's sweep.
+/// What the slow stage made of her turn, published after the erasure's sweep.
+async fn publish_late(app: &TestApp, turn: &Turn) {
+    let inbound = turn.message.as_ref().unwrap().inbound.as_ref().unwrap();
     let late = MessageEmbedded {
-        message_id: turn
-            .message
-            .as_ref()
-            .unwrap()
-            .inbound
-            .as_ref()
-            .unwrap()
-            .id
-            .clone(),
+        message_id: inbound.id.clone(),
         session_id: turn.session_id.clone(),
         person_id: DANA.into(),
         embedded_at_ms: switchboard_kit::now_ms() - 1,
@@ -505,6 +500,29 @@ async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_
         .unwrap()
         .await
         .unwrap();
+}
+
+/// How many `person.forgotten` the events stream holds.
+async fn announcements(app: &TestApp) -> usize {
+    let announced = app.topology.event("person.forgotten");
+    stored_messages(app)
+        .await
+        .iter()
+        .filter(|(subject, _)| *subject == announced)
+        .count()
+}
+
+/// A stage's handler that read Dana's data before the erasure committed can publish after the
+/// erasure swept the streams (an embedding or an agent's answer under way). A stage of the
+/// test's own stands for it: it holds her turn in hand across the erasure, then publishes
+/// what it made of the turn. The erasure's last step waits for it, then sweeps that too, and
+/// only then announces the erasure.
+#[tokio::test]
+async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_is_done() {
+    let app = app_with_workspaces().await;
+    let (held, turn, needles) = dana_held_by_a_slow_stage(&app).await;
+    forget_dana(&app).await;
+    publish_late(&app, &turn).await;
     // The last step waits while the stage still holds what it read before the erasure.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_ne!(
@@ -512,17 +530,12 @@ async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_
         Vec::<String>::new(),
         "the late event is still there while the stage works"
     );
-    let announced = |stored: &[(String, Vec<u8>)]| {
-        stored
-            .iter()
-            .filter(|(s, _)| *s == app.topology.event("person.forgotten"))
-            .count()
-    };
     assert_eq!(
-        announced(&stored_messages(&app).await),
+        announcements(&app).await,
         0,
-        "person.forgotten waits for the last step"
+        "announced before the last step"
     );
+
     held.ack().await.unwrap();
     app.settle().await;
     assert_eq!(
@@ -530,11 +543,50 @@ async fn what_a_stage_publishes_after_the_erasure_swept_is_swept_once_the_stage_
         Vec::<String>::new()
     );
     assert!(app.dead_letters("forget-sweep").await.is_empty());
-    assert_eq!(announced(&stored_messages(&app).await), 1);
+    assert_eq!(announcements(&app).await, 1);
     let metrics = app.metrics().await;
     assert!(
         metrics.contains("sb_forget_late_swept_total 1"),
         "the late message is counted: {metrics}"
     );
+    app.shutdown().await;
+}
+
+/// A stage busy past the last step's wait: the job becomes a dead letter that says which stage
+/// it waited for; replayed once that stage is done, it sweeps what came late and announces the
+/// erasure, and the replay leaves no dead letter keeping her addresses.
+#[tokio::test]
+async fn a_last_step_that_waited_too_long_is_a_dead_letter_whose_replay_finishes_the_erasure() {
+    let app = app_with_workspaces_and(|c| {
+        c.stages.insert(
+            "forget-sweep".into(),
+            StageOverrides {
+                max_wait_ms: Some(1_000),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let (held, turn, needles) = dana_held_by_a_slow_stage(&app).await;
+    forget_dana(&app).await;
+    publish_late(&app, &turn).await;
+    let letters = app.wait_for_dead_letters("forget-sweep", WAIT).await;
+    assert_eq!(letters.len(), 1);
+    assert!(
+        letters[0].error.contains("waited too long for slow-stage"),
+        "{}",
+        letters[0].error
+    );
+    assert_eq!(announcements(&app).await, 0);
+
+    held.ack().await.unwrap();
+    app.replay_dead_letter("forget-sweep").await;
+    app.settle().await;
+    assert_eq!(
+        stream_messages_naming(&app, &needles).await,
+        Vec::<String>::new(),
+        "the late event and the dead letter are gone"
+    );
+    assert_eq!(announcements(&app).await, 1);
     app.shutdown().await;
 }

@@ -134,14 +134,7 @@ async fn a_number_a_lookup_knows_is_that_person_and_a_failing_lookup_loses_nothi
         .execute(&app.db)
         .await
         .unwrap();
-    let seq = switchboard_kit::dlq::list(&app.js, &app.topology, Some("identify"), 10)
-        .await
-        .unwrap()[0]
-        .seq;
-    let replayed = app
-        .cli(&["dlq".as_ref(), "replay".as_ref(), seq.to_string().as_ref()])
-        .await;
-    assert!(replayed.status.success(), "{replayed:?}");
+    app.replay_dead_letter("identify").await;
     app.wait_for_sms(2, WAIT).await;
     let call = &calls(&app, 2).await[1];
     assert_eq!(FakeRunner::said(&call.prompt), "can I eat before it?");

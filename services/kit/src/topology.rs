@@ -225,7 +225,7 @@ impl Topology {
     pub fn consumer_config(&self, stage: &StageSpec, rt: &RuntimeConfig) -> consumer::pull::Config {
         consumer::pull::Config {
             durable_name: Some(stage.name.to_string()),
-            description: Some(format!("Switchboard stage {}", stage.name)),
+            description: Some(format!("{STAGE_CONSUMER}{}", stage.name)),
             filter_subject: self.filter_subject(stage.reads),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: Duration::from_millis(rt.ack_wait_ms),
@@ -383,6 +383,35 @@ impl Topology {
                 })?;
         }
         Ok(strays)
+    }
+}
+
+/// How [`Topology::consumer_config`] describes a stage's durable consumer: what tells the
+/// product's stages from other readers of the same stream (analytics).
+const STAGE_CONSUMER: &str = "Switchboard stage ";
+
+/// Whether a consumer is one of the product's stages (see [`STAGE_CONSUMER`]).
+pub fn is_stage_consumer(config: &consumer::Config) -> bool {
+    config
+        .description
+        .as_deref()
+        .is_some_and(|d| d.starts_with(STAGE_CONSUMER))
+}
+
+/// Stream `name`, or None if it was never made (`streams apply` has not run).
+pub async fn existing_stream(
+    js: &jetstream::Context,
+    name: &str,
+) -> Result<Option<jetstream::stream::Stream>, jetstream::context::GetStreamError> {
+    match js.get_stream(name).await {
+        Ok(stream) => Ok(Some(stream)),
+        Err(e)
+            if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
+                if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 

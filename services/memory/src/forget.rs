@@ -156,8 +156,7 @@ pub async fn forget(
     .await?;
     // The last step sweeps what came late, then announces `person.forgotten`: a reader told
     // of the erasure sees no event naming them after it.
-    let mut job = names.to_sweep(marks);
-    job.removed = removed.clone().into_iter().collect();
+    let job = names.to_sweep(marks, removed.clone().into_iter().collect());
     forget_streams::queue_last_sweep(js, topology, &job)
         .await
         .map_err(streams)?;

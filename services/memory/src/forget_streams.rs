@@ -21,6 +21,7 @@ use switchboard_kit::proto::{
     Reply, ReplyDelivered, SessionCreated, SessionReset, SessionSummarised, StreamMark, Turn,
 };
 use switchboard_kit::runtime::HEADER_TYPE;
+use switchboard_kit::topology::{existing_stream, is_stage_consumer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
@@ -46,8 +47,13 @@ pub struct Names {
 }
 
 impl Names {
-    /// The last step's job ([`crate::forget_sweep`]), with the streams' `marks`.
-    pub fn to_sweep(&self, marks: Vec<StreamMark>) -> ForgetSweep {
+    /// The last step's job ([`crate::forget_sweep`]), with the streams' `marks` and what the
+    /// erasure `removed` (for its announcement).
+    pub fn to_sweep(
+        &self,
+        marks: Vec<StreamMark>,
+        removed: std::collections::HashMap<String, i64>,
+    ) -> ForgetSweep {
         ForgetSweep {
             person_id: self.person_id.clone(),
             session_ids: self.sessions.iter().cloned().collect(),
@@ -62,7 +68,7 @@ impl Names {
                 .collect(),
             forgotten_at_ms: self.before_ms,
             marks,
-            removed: Default::default(),
+            removed,
         }
     }
 
@@ -136,12 +142,6 @@ impl Names {
             }
             t if t == DeadLetter::full_name() => {
                 let d = decode!(DeadLetter);
-                if d.message_type == ForgetSweep::full_name() {
-                    // The last step's own job, given up on: it keeps their addresses. Gone
-                    // once a run of the job (its replay) gets this far.
-                    return ForgetSweep::decode(d.payload.as_slice())
-                        .is_ok_and(|job| job.person_id == self.person_id);
-                }
                 self.payload(&d.message_type, &d.subject, &d.payload)
             }
             t if t == MessageReceived::full_name() => m(&decode!(MessageReceived).message_id),
@@ -242,10 +242,6 @@ pub struct Swept {
     pub dead_letters: i64,
 }
 
-/// How a stage's durable consumer is described (`Topology::consumer_config`): the consumers
-/// whose work in hand an erasure respects. Readers of the events stream (analytics) are not.
-const STAGE_CONSUMER: &str = "Switchboard stage ";
-
 /// Where a stage's consumer is in its stream (from its `consumer::Info`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
@@ -291,7 +287,9 @@ pub struct StageConsumer {
     pub progress: Progress,
 }
 
-/// The stages' consumers of stream `name` (none if the stream was never made).
+/// The stages' consumers of stream `name` (none if the stream was never made). Readers of the
+/// events stream that are not stages (analytics) are left out: an erasure does not wait for
+/// them.
 pub async fn stage_consumers(
     js: &jetstream::Context,
     name: &str,
@@ -300,21 +298,17 @@ pub async fn stage_consumers(
         stream: name.to_string(),
         reason,
     };
-    let stream = match js.get_stream(name).await {
-        Ok(s) => s,
-        Err(e) if not_found(&e) => return Ok(Vec::new()),
-        Err(e) => return Err(err(e.to_string())),
+    let Some(stream) = existing_stream(js, name)
+        .await
+        .map_err(|e| err(e.to_string()))?
+    else {
+        return Ok(Vec::new());
     };
     let mut found = Vec::new();
     let mut consumers = stream.consumers();
     while let Some(info) = consumers.next().await {
         let info = info.map_err(|e| err(e.to_string()))?;
-        let is_stage = info
-            .config
-            .description
-            .as_deref()
-            .is_some_and(|d| d.starts_with(STAGE_CONSUMER));
-        if is_stage {
+        if is_stage_consumer(&info.config) {
             found.push(StageConsumer {
                 name: info.name.clone(),
                 filter: info.config.filter_subject.clone(),
@@ -343,27 +337,7 @@ pub async fn sweep(
     topology: &Topology,
     names: &Names,
 ) -> Result<(Swept, Vec<StreamMark>), SweepError> {
-    let mut swept = Swept::default();
-    let mut marks = Vec::new();
-    for name in [
-        topology.work_stream(),
-        topology.events_stream(),
-        topology.dlq_stream(),
-    ] {
-        let consumers = stage_consumers(js, &name).await?;
-        let read = sweep_stream(js, &name, names, 1, &consumers).await?;
-        if name == topology.dlq_stream() {
-            swept.dead_letters += read.deleted;
-        } else {
-            swept.stream_messages += read.deleted;
-        }
-        marks.push(StreamMark {
-            stream: name,
-            last_sequence: read.last_sequence,
-            left_from: read.left_from,
-        });
-    }
-    Ok((swept, marks))
+    sweep_streams(js, topology, names, |_| 1, true).await
 }
 
 /// The last step's sweep, once every stage is done with what it had at the `marks`: each
@@ -383,22 +357,45 @@ pub async fn sweep_after(
             }
         })
     };
-    let mut swept = Swept::default();
-    for stream in [topology.work_stream(), topology.events_stream()] {
-        swept.stream_messages += sweep_stream(js, &stream, names, from(&stream), &[])
-            .await?
-            .deleted;
-    }
-    let dlq = topology.dlq_stream();
-    swept.dead_letters = sweep_stream(js, &dlq, names, from(&dlq), &[])
-        .await?
-        .deleted;
-    Ok(swept)
+    Ok(sweep_streams(js, topology, names, from, false).await?.0)
 }
 
-fn not_found(e: &jetstream::context::GetStreamError) -> bool {
-    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
-        if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+/// Sweep the work, events and dead-letter streams, each from `from(stream)`; with
+/// `leave_in_hand`, leaving what a stage may hold.
+async fn sweep_streams(
+    js: &jetstream::Context,
+    topology: &Topology,
+    names: &Names,
+    from: impl Fn(&str) -> u64,
+    leave_in_hand: bool,
+) -> Result<(Swept, Vec<StreamMark>), SweepError> {
+    let mut swept = Swept::default();
+    let mut marks = Vec::new();
+    let dlq = topology.dlq_stream();
+    for stream in [
+        topology.work_stream(),
+        topology.events_stream(),
+        dlq.clone(),
+    ] {
+        // No stage reads the dead letters.
+        let consumers = if leave_in_hand && stream != dlq {
+            stage_consumers(js, &stream).await?
+        } else {
+            Vec::new()
+        };
+        let read = sweep_stream(js, &stream, names, from(&stream), &consumers).await?;
+        if stream == dlq {
+            swept.dead_letters += read.deleted;
+        } else {
+            swept.stream_messages += read.deleted;
+        }
+        marks.push(StreamMark {
+            stream,
+            last_sequence: read.last_sequence,
+            left_from: read.left_from,
+        });
+    }
+    Ok((swept, marks))
 }
 
 /// What one stream's sweep did.
@@ -428,11 +425,12 @@ async fn sweep_stream(
         stream: name.to_string(),
         reason,
     };
-    let mut stream = match js.get_stream(name).await {
-        Ok(s) => s,
-        // Never created: nothing stored.
-        Err(e) if not_found(&e) => return Ok(StreamSwept::default()),
-        Err(e) => return Err(err(e.to_string())),
+    // Never made: nothing stored.
+    let Some(mut stream) = existing_stream(js, name)
+        .await
+        .map_err(|e| err(e.to_string()))?
+    else {
+        return Ok(StreamSwept::default());
     };
     let info = stream.info().await.map_err(|e| err(e.to_string()))?;
     let last = info.state.last_sequence;
@@ -683,23 +681,13 @@ mod tests {
     }
 
     #[test]
-    fn the_last_steps_job_is_left_to_its_ack_but_its_dead_letter_is_swept() {
+    fn the_last_steps_own_job_is_left_to_its_ack() {
         let n = names();
-        let job = n.to_sweep(Vec::new());
+        let job = n.to_sweep(Vec::new(), Default::default());
         let ty = ForgetSweep::full_name();
         assert!(!n.payload(&ty, "sb.forget", &job.encode_to_vec()));
-        let letter = DeadLetter {
-            message_type: ty,
-            subject: "sb.forget".into(),
-            payload: job.encode_to_vec(),
-            ..Default::default()
-        };
-        assert!(n.payload("", "sb.dlq.forget-sweep", &letter.encode_to_vec()));
-        let someone_else = Names {
-            person_id: "staff:18".into(),
-            ..names()
-        };
-        assert!(!someone_else.payload("", "sb.dlq.forget-sweep", &letter.encode_to_vec()));
+        // Without its header, by its subject.
+        assert!(!n.payload("", "sb.forget", &job.encode_to_vec()));
     }
 
     #[test]

@@ -25,20 +25,17 @@ use switchboard_kit::{
 
 use crate::forget_streams::{self, Names, SweepError};
 
+/// How often a waiting last step asks the stages' consumers again.
+const RECHECK: Duration = Duration::from_millis(500);
+
 pub struct ForgetSweepStage {
     js: jetstream::Context,
     topology: Topology,
-    /// How often a waiting sweep asks the consumers again.
-    recheck: Duration,
 }
 
 impl ForgetSweepStage {
     pub fn new(js: jetstream::Context, topology: Topology) -> Self {
-        Self {
-            js,
-            topology,
-            recheck: Duration::from_millis(500),
-        }
+        Self { js, topology }
     }
 
     /// The first stage consumer still handling something its stream held at `marks`, if any.
@@ -77,8 +74,8 @@ impl Stage for ForgetSweepStage {
             Ok(None) => {}
             Ok(Some(stage)) => {
                 return Err(StageError::Defer(
-                    self.recheck,
-                    format!("{stage} is still handling what it held when the person was forgotten"),
+                    RECHECK,
+                    format!("{stage} to finish what it held when the person was forgotten"),
                 ));
             }
             Err(e) => return Err(StageError::transient(e)),
