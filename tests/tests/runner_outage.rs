@@ -524,3 +524,36 @@ async fn a_person_whose_wait_could_not_be_recorded_at_first_is_told_as_soon_as_i
     );
     app.shutdown().await;
 }
+
+/// A dispatcher whose breaker has not opened yet (it just started, say) takes a refused call
+/// as one failure; the turn tries again at once, here, and its person is told when the
+/// breaker opens, not after the stream's retry delay, when the runner may be back and the
+/// person has waited in silence.
+#[tokio::test]
+async fn a_person_whose_message_meets_the_down_runner_before_the_breaker_opened_is_told_at_once() {
+    let app = spawn_app_configured(|c| {
+        outage_settings(c);
+        c.dispatch.breaker_failures = 3;
+        // A turn handed back to the stream would come back only after a minute.
+        c.runtime.retry_base_ms = 60_000;
+        c.runtime.retry_max_ms = 60_000;
+    })
+    .await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    app.runner.set_down(true);
+    assert_eq!(app.send_sms(PERSON, "are you there?").await.status(), 200);
+    until("the notice", || bodies_to(&app, PERSON).len() == 1).await;
+    assert_eq!(bodies_to(&app, PERSON), [notice.as_str()]);
+    assert_eq!(breaker_open(&app).await, Some(1.0), "the breaker is open");
+    let refused = app.runner.refused.load(Ordering::SeqCst);
+    assert_eq!(refused, 3, "one call for each failure the breaker counts");
+
+    app.runner.set_down(false);
+    until("the answer", || bodies_to(&app, PERSON).len() == 2).await;
+    assert_eq!(
+        bodies_to(&app, PERSON),
+        [notice.as_str(), "echo: are you there?"]
+    );
+    assert!(app.dead_letters("dispatch").await.is_empty());
+    app.shutdown().await;
+}

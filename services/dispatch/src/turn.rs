@@ -446,27 +446,46 @@ impl TurnDispatcher {
             queue_mode: agent.queue_mode.as_str(),
         };
         let started = Instant::now();
-        let resp = match self.runner.run(agent, &request, &call.key).await {
+        let probe = Duration::from_millis(self.config.breaker_probe_ms.max(10));
+        let mut failed_here = 0;
+        let resp = loop {
+            let e = match self.runner.run(agent, &request, &call.key).await {
+                Err(e) if e.means_runner_down() => e,
+                other => break other,
+            };
+            // A check call's failure is not the breaker's (it would push the next probe
+            // back). This replica's breaker opens on its own failures only; a session
+            // already waiting on this outage (recorded by another replica) waits here
+            // too, so a turn handed between dispatchers does not spend its failure budget
+            // on the outage.
+            if call.check
+                || self.breakers.failed(&agent.runner_url, Instant::now())
+                || lease.found.waiting_notice.is_some()
+            {
+                return Err(self
+                    .wait_for_runner(turn, lease, probe, call.recovery, run.attempt)
+                    .await);
+            }
+            // Not taken as down yet (the breaker wants more failures in a row): try again
+            // here, shortly, rather than from the back of the stream, where a backlog could
+            // keep the turn until the outage is over and its person never told. Bounded by
+            // the breaker's count: a runner failing only some calls sends the turn back to
+            // the stream, its failures counted.
+            failed_here += 1;
+            if failed_here >= self.config.breaker_failures {
+                return Err(e.into());
+            }
+            tokio::time::sleep(Backoff::new(probe / 10, probe).delay(failed_here.into())).await;
+            if self.breakers.is_down(&agent.runner_url) {
+                return Err(self
+                    .wait_for_runner(turn, lease, probe, call.recovery, run.attempt)
+                    .await);
+            }
+        };
+        let resp = match resp {
             Ok(resp) => {
                 self.breakers.succeeded(&agent.runner_url);
                 resp
-            }
-            Err(e) if e.means_runner_down() => {
-                // A check call's failure is not the breaker's (it would push the next probe
-                // back). This replica's breaker opens on its own failures only; a session
-                // already waiting on this outage (recorded by another replica) waits here
-                // too, so a turn handed between dispatchers does not spend its failure budget
-                // on the outage.
-                if call.check
-                    || self.breakers.failed(&agent.runner_url, Instant::now())
-                    || lease.found.waiting_notice.is_some()
-                {
-                    let after = Duration::from_millis(self.config.breaker_probe_ms.max(10));
-                    return Err(self
-                        .wait_for_runner(turn, lease, after, call.recovery, run.attempt)
-                        .await);
-                }
-                return Err(e.into());
             }
             Err(RunnerError::Cancelled) => {
                 // Interrupted by a newer message: run again at once, joined with it.
