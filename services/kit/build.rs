@@ -12,6 +12,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // when one is added: without this a new migration is silently left out of the binary.
     println!("cargo:rerun-if-changed=../../migrations");
     let fds = protox::compile(files, [root])?;
+    // The schemas themselves, for what decodes events by their type name (`switchboard tail`).
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("switchboard.fds.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
     prost_build::Config::new()
         .enable_type_names()
         .compile_fds(fds)?;

@@ -33,6 +33,7 @@ pub mod net;
 pub mod proto;
 pub mod retry;
 pub mod runtime;
+pub mod sessions;
 pub mod settle;
 pub mod shutdown;
 pub mod snapshot;

@@ -3,6 +3,11 @@
 
 include!(concat!(env!("OUT_DIR"), "/switchboard.v1.rs"));
 
+/// The `proto/` schemas as a `FileDescriptorSet` (protobuf-encoded), for decoding a payload by
+/// its `Sb-Type` name without the generated types.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/switchboard.fds.bin"));
+
 /// `Reply.kind` of a heartbeat's answer that said nothing needs attention: logged, not sent.
 pub const HEARTBEAT_OK_KIND: &str = "heartbeat_ok";
 

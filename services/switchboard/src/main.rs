@@ -14,7 +14,9 @@ mod forget;
 mod local_stack;
 mod reembed;
 mod search_cli;
+mod sessions_cli;
 mod status;
+mod tail;
 
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]
@@ -94,6 +96,13 @@ enum Command {
     Analytics {
         #[command(subcommand)]
         command: search_cli::AnalyticsCommand,
+    },
+    /// Follow the public events as JSON lines (from now, a time or a stream sequence).
+    Tail(tail::TailArgs),
+    /// Sessions: list them, read one, start one over, export its conversation.
+    Sessions {
+        #[command(subcommand)]
+        command: sessions_cli::SessionsCommand,
     },
     /// Erase a person completely (rows, workspaces, stream messages, dead letters) and print
     /// what was removed per kind; `person.forgotten` tells downstream consumers.
@@ -418,6 +427,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Chat { command } => chat(config, command).await,
         Command::Search(args) => search_cli::search_command(config, args).await,
         Command::Analytics { command } => search_cli::analytics_command(config, command).await,
+        Command::Tail(args) => tail::run(config, args).await,
+        Command::Sessions { command } => sessions_cli::run(config, command).await,
         Command::Forget { person, json } => forget::run(config, &person, json).await,
         Command::Status { json } => status::run(config, stages::ALL, json).await,
         Command::Completions { .. } => unreachable!("printed before the configuration is read"),
