@@ -30,11 +30,50 @@ pub struct StoredDeadLetter {
     pub letter: DeadLetter,
 }
 
+/// Which dead letters a listing or a bulk replay takes (each filter, when given, must hold).
+#[derive(Debug, Clone, Default)]
+pub struct DlqFilter {
+    /// The stage that gave up on it.
+    pub stage: Option<String>,
+    /// Given up on at or after this time (ms since the epoch).
+    pub since_ms: Option<i64>,
+    /// Its error contains this text (case-insensitive).
+    pub error_contains: Option<String>,
+}
+
+impl DlqFilter {
+    pub fn stage(stage: Option<&str>) -> Self {
+        Self {
+            stage: stage.map(str::to_string),
+            ..Self::default()
+        }
+    }
+
+    pub fn matches(&self, letter: &DeadLetter) -> bool {
+        self.stage.as_ref().is_none_or(|s| *s == letter.stage)
+            && self.since_ms.is_none_or(|t| letter.failed_at_ms >= t)
+            && self
+                .error_contains
+                .as_ref()
+                .is_none_or(|text| letter.error.to_lowercase().contains(&text.to_lowercase()))
+    }
+}
+
 /// Dead letters in stream order, optionally only one stage's.
 pub async fn list(
     js: &jetstream::Context,
     topology: &Topology,
     stage: Option<&str>,
+    limit: usize,
+) -> Result<Vec<StoredDeadLetter>, DlqError> {
+    list_matching(js, topology, &DlqFilter::stage(stage), limit).await
+}
+
+/// Up to `limit` dead letters that match `filter`, in stream order.
+pub async fn list_matching(
+    js: &jetstream::Context,
+    topology: &Topology,
+    filter: &DlqFilter,
     limit: usize,
 ) -> Result<Vec<StoredDeadLetter>, DlqError> {
     let mut stream = js.get_stream(topology.dlq_stream()).await.map_err(nats)?;
@@ -53,12 +92,27 @@ pub async fn list(
         };
         let letter = DeadLetter::decode(raw.payload.clone())
             .map_err(|source| DlqError::Decode { seq, source })?;
-        if stage.is_some_and(|s| s != letter.stage) {
-            continue;
+        if filter.matches(&letter) {
+            out.push(StoredDeadLetter { seq, letter });
         }
-        out.push(StoredDeadLetter { seq, letter });
     }
     Ok(out)
+}
+
+/// Dead letter `seq`.
+pub async fn get(
+    js: &jetstream::Context,
+    topology: &Topology,
+    seq: u64,
+) -> Result<StoredDeadLetter, DlqError> {
+    let stream = js.get_stream(topology.dlq_stream()).await.map_err(nats)?;
+    let raw = stream
+        .get_raw_message(seq)
+        .await
+        .map_err(|_| DlqError::NotFound(seq))?;
+    let letter = DeadLetter::decode(raw.payload.clone())
+        .map_err(|source| DlqError::Decode { seq, source })?;
+    Ok(StoredDeadLetter { seq, letter })
 }
 
 /// Publish the original payload again on its original subject, then delete the dead letter.

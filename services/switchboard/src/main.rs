@@ -9,9 +9,14 @@ use switchboard::stages;
 use switchboard_kit::Config;
 use switchboard_kit::startup::App;
 
+mod api_keys_cli;
 mod backup;
+#[cfg(test)]
+mod cli_reference_tests;
+mod dlq_cli;
 mod forget;
 mod local_stack;
+mod proto_json;
 mod reembed;
 mod search_cli;
 mod sessions_cli;
@@ -63,7 +68,7 @@ enum Command {
     /// Dead letters.
     Dlq {
         #[command(subcommand)]
-        command: DlqCommand,
+        command: dlq_cli::DlqCommand,
     },
     /// The people directory.
     Directory {
@@ -83,7 +88,7 @@ enum Command {
     /// API keys for the REST API (stored hashed; a key is printed once, when made).
     ApiKeys {
         #[command(subcommand)]
-        command: ApiKeysCommand,
+        command: api_keys_cli::ApiKeysCommand,
     },
     /// The chat socket: make a token (HS256, from chat.jwt_secret) or chat as a user.
     Chat {
@@ -138,25 +143,6 @@ enum Command {
         #[arg(long, env = "SB_PG_BIN")]
         pg_bin: Option<std::path::PathBuf>,
     },
-}
-
-#[derive(Subcommand)]
-enum ApiKeysCommand {
-    /// Make a key for `owner` and print it (once: only its hash is kept).
-    Create {
-        /// Who the key is for; messages sent with it come from the person `api:<owner>`.
-        #[arg(long)]
-        owner: String,
-        /// What the key may do (repeatable): messages:write, messages:read, identity:read,
-        /// identity:write, outbound:write, sessions:read, sessions:write. Default:
-        /// messages:write and messages:read (the others are only ever granted by name).
-        #[arg(long = "scope")]
-        scopes: Vec<String>,
-    },
-    /// List keys (never the keys themselves).
-    List,
-    /// Revoke a key by its id: it stops working at once.
-    Revoke { id: uuid::Uuid },
 }
 
 #[derive(Subcommand)]
@@ -244,19 +230,6 @@ enum StreamsCommand {
     /// removed): the work stream keeps every message such a consumer reads. Run it once no
     /// process of the old version runs.
     Prune,
-}
-
-#[derive(Subcommand)]
-enum DlqCommand {
-    /// List dead letters.
-    List {
-        #[arg(long)]
-        stage: Option<String>,
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-    },
-    /// Publish a dead letter's payload again on its original subject.
-    Replay { seq: u64 },
 }
 
 #[derive(Subcommand)]
@@ -419,11 +392,11 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Dlq { command } => dlq(config, command).await,
+        Command::Dlq { command } => dlq_cli::run(config, command).await,
         Command::Directory { command } => directory(config, command).await,
         Command::People { command } => people(config, command).await,
         Command::Sms { command } => sms(config, command).await,
-        Command::ApiKeys { command } => api_keys(config, command).await,
+        Command::ApiKeys { command } => api_keys_cli::run(config, command).await,
         Command::Chat { command } => chat(config, command).await,
         Command::Search(args) => search_cli::search_command(config, args).await,
         Command::Analytics { command } => search_cli::analytics_command(config, command).await,
@@ -472,43 +445,6 @@ async fn up(config: Config) -> anyhow::Result<()> {
     app.run(tasks).await
 }
 
-async fn dlq(config: Config, command: DlqCommand) -> anyhow::Result<()> {
-    let app = App::connect(config, "cli").await?;
-    match command {
-        DlqCommand::List { stage, limit } => {
-            let letters =
-                switchboard_kit::dlq::list(&app.js, &app.topology, stage.as_deref(), limit).await?;
-            if letters.is_empty() {
-                println!("no dead letters");
-            }
-            for d in letters {
-                let l = d.letter;
-                let at = chrono::DateTime::from_timestamp_millis(l.failed_at_ms)
-                    .map(|t| t.to_rfc3339())
-                    .unwrap_or_default();
-                println!(
-                    "#{seq}  {at}  stage={stage}  subject={subject}  deliveries={n}  type={ty}\n     error: {err}",
-                    seq = d.seq,
-                    stage = l.stage,
-                    subject = l.subject,
-                    n = l.delivery_count,
-                    ty = if l.message_type.is_empty() {
-                        "?"
-                    } else {
-                        &l.message_type
-                    },
-                    err = l.error
-                );
-            }
-        }
-        DlqCommand::Replay { seq } => {
-            let l = switchboard_kit::dlq::replay(&app.js, &app.topology, seq).await?;
-            println!("replayed #{seq} to {} (stage {})", l.subject, l.stage);
-        }
-    }
-    Ok(())
-}
-
 async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<()> {
     let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
     switchboard_kit::db::migrate(&db).await?;
@@ -552,63 +488,6 @@ async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<
                 println!("{id} ({person_type}) saved");
             }
             tx.commit().await?;
-        }
-    }
-    Ok(())
-}
-
-async fn api_keys(config: Config, command: ApiKeysCommand) -> anyhow::Result<()> {
-    use switchboard_channels::api::{ApiKeys, Scope};
-    let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
-    switchboard_kit::db::migrate(&db).await?;
-    let keys = ApiKeys::new(db);
-    match command {
-        ApiKeysCommand::Create { owner, scopes } => {
-            let scopes: Vec<Scope> = if scopes.is_empty() {
-                Scope::DEFAULT.to_vec()
-            } else {
-                scopes
-                    .iter()
-                    .map(|s| s.parse().map_err(anyhow::Error::msg))
-                    .collect::<anyhow::Result<_>>()?
-            };
-            let (key, info) = keys.create(&owner, &scopes).await?;
-            eprintln!(
-                "API key {} for {} ({}). It is shown once; store it now:",
-                info.id,
-                info.owner,
-                info.scopes.join(", ")
-            );
-            println!("{key}");
-        }
-        ApiKeysCommand::List => {
-            println!(
-                "{:<36}  {:<20} {:<10} {:<30} {:<20} state",
-                "id", "owner", "key", "scopes", "last used"
-            );
-            for k in keys.list().await? {
-                let when = |t: Option<chrono::DateTime<chrono::Utc>>| {
-                    t.map(|t| t.format("%Y-%m-%d %H:%M").to_string())
-                        .unwrap_or_else(|| "never".into())
-                };
-                let state = match k.revoked_at {
-                    Some(t) => format!("revoked {}", t.format("%Y-%m-%d %H:%M")),
-                    None => "active".into(),
-                };
-                println!(
-                    "{:<36}  {:<20} {:<10} {:<30} {:<20} {}",
-                    k.id,
-                    k.owner,
-                    format!("{}…", k.key_prefix),
-                    k.scopes.join(","),
-                    when(k.last_used_at),
-                    state
-                );
-            }
-        }
-        ApiKeysCommand::Revoke { id } => {
-            let k = keys.revoke(id).await?;
-            println!("revoked API key {} of {}", k.id, k.owner);
         }
     }
     Ok(())

@@ -8,10 +8,11 @@ use async_nats::jetstream::{self, consumer};
 use chrono::{DateTime, Utc};
 use clap::Args;
 use futures::StreamExt as _;
-use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
 use switchboard_kit::Config;
 use switchboard_kit::runtime::HEADER_TYPE;
 use switchboard_kit::topology::Topology;
+
+use crate::proto_json::{ProtoJson, base64};
 
 #[derive(Args)]
 pub struct TailArgs {
@@ -93,8 +94,7 @@ struct Line<'a> {
 }
 
 pub async fn run(config: Config, args: TailArgs) -> anyhow::Result<()> {
-    let pool = DescriptorPool::decode(switchboard_kit::proto::FILE_DESCRIPTOR_SET)
-        .context("the compiled-in protobuf schemas")?;
+    let decoder = ProtoJson::new()?;
     let nats = switchboard_kit::endpoint::nats_connect(
         &config.nats_url,
         async_nats::ConnectOptions::new().name("switchboard-tail"),
@@ -118,10 +118,6 @@ pub async fn run(config: Config, args: TailArgs) -> anyhow::Result<()> {
         .await
         .context("follow the events stream")?;
     let mut messages = consumer.messages().await?;
-    let options = SerializeOptions::new()
-        .use_proto_field_name(true)
-        .stringify_64_bit_integers(false)
-        .skip_default_fields(false);
     let mut printed = 0u64;
     let mut out = std::io::stdout().lock();
     while args.count.is_none_or(|n| printed < n) {
@@ -137,20 +133,9 @@ pub async fn run(config: Config, args: TailArgs) -> anyhow::Result<()> {
             .and_then(|h| h.get(HEADER_TYPE))
             .map(|v| v.as_str().to_string())
             .unwrap_or_default();
-        let decoded = pool
-            .get_message_by_name(&message_type)
-            .and_then(|desc| DynamicMessage::decode(desc, msg.payload.as_ref()).ok());
-        let (data, payload_base64) = match decoded {
-            Some(m) => {
-                let mut json = serde_json::Serializer::new(Vec::new());
-                m.serialize_with_options(&mut json, &options)?;
-                (serde_json::from_slice(&json.into_inner())?, None)
-            }
-            None => {
-                use base64::Engine as _;
-                let raw = base64::engine::general_purpose::STANDARD.encode(&msg.payload);
-                (serde_json::Value::Null, Some(raw))
-            }
+        let (data, payload_base64) = match decoder.decode(&message_type, &msg.payload) {
+            Some(data) => (data, None),
+            None => (serde_json::Value::Null, Some(base64(&msg.payload))),
         };
         let subject = msg.subject.as_str();
         let line = Line {
