@@ -154,11 +154,12 @@ impl CallSlots {
             .await?;
         }
         sqlx::query!(
-            "INSERT INTO switchboard.dispatchers (id, alive_until)
-             VALUES ($1, now() + $2 * interval '1 millisecond')
+            "INSERT INTO switchboard.dispatchers (id, alive_until, instance)
+             VALUES ($1, now() + $2 * interval '1 millisecond', $3)
              ON CONFLICT (id) DO UPDATE SET alive_until = EXCLUDED.alive_until",
             self.id,
             self.liveness.as_millis() as f64,
+            switchboard_kit::instance_id(),
         )
         .execute(&self.beat_db)
         .await?;
@@ -227,12 +228,12 @@ impl CallSlots {
                        jsonb_build_object('call', $3::text, 'resumes', engine_session_id)
                   FROM leased
                 ON CONFLICT (key) DO NOTHING),
-             -- The turn's first pickup, set once (a redelivery keeps the first). Keyed by
-             -- the parameters, not joined to `leased`: planned while `turns` was nearly
-             -- empty, the join was a sequential scan of every turn, cached for good with
-             -- the statement (one per turn in the bench, growing with the table).
+             -- The turn's first pickup and by whom, set once (a redelivery keeps the first).
+             -- Keyed by the parameters, not joined to `leased`: planned while `turns` was
+             -- nearly empty, the join was a sequential scan of every turn, cached for good
+             -- with the statement (one per turn in the bench, growing with the table).
              picked AS (
-                UPDATE switchboard.turns t SET picked_at = now()
+                UPDATE switchboard.turns t SET picked_at = now(), picked_by = $4
                  WHERE t.session_id = $1 AND t.seq = $7 AND t.picked_at IS NULL
                    AND EXISTS (SELECT 1 FROM leased))
              -- Every column may be NULL: those of the session's, and those of the joins.

@@ -975,7 +975,8 @@ async fn collect_evidence(
     let db = &pipeline.db;
     // The database's times, on the harness's clock.
     let offset_us = chrono::Utc::now().timestamp_micros() - now_us() as i64;
-    // (provider message id, status, seq, reply id, joined into, opened at µs, picked at µs)
+    // (provider message id, status, seq, reply id, joined into, opened at µs, picked at µs,
+    // the picking dispatcher's `host:pid`)
     type Turns = (
         String,
         String,
@@ -984,18 +985,21 @@ async fn collect_evidence(
         Option<i64>,
         i64,
         Option<i64>,
+        Option<String>,
     );
     let turns = sqlx::query_as::<_, Turns>(
-        "SELECT provider_message_id, status, seq, reply_id::text, joined_into,
-                (extract(epoch FROM created_at) * 1000000)::bigint,
-                (extract(epoch FROM picked_at) * 1000000)::bigint
-           FROM switchboard.turns",
+        "SELECT t.provider_message_id, t.status, t.seq, t.reply_id::text, t.joined_into,
+                (extract(epoch FROM t.created_at) * 1000000)::bigint,
+                (extract(epoch FROM t.picked_at) * 1000000)::bigint,
+                d.instance
+           FROM switchboard.turns t
+           LEFT JOIN switchboard.dispatchers d ON d.id = t.picked_by",
     )
     .fetch_all(db)
     .await?
     .into_iter()
     .map(
-        |(provider_message_id, status, seq, reply_id, joined_into, opened, picked)| TurnRow {
+        |(provider_message_id, status, seq, reply_id, joined_into, opened, picked, by)| TurnRow {
             provider_message_id,
             status,
             seq,
@@ -1003,6 +1007,10 @@ async fn collect_evidence(
             joined_into,
             opened_us: Some((opened - offset_us).max(0) as u64),
             picked_us: picked.map(|at| (at - offset_us).max(0) as u64),
+            picked_by_pid: by
+                .as_deref()
+                .and_then(|i| i.rsplit_once(':'))
+                .and_then(|(_, pid)| pid.parse().ok()),
         },
     )
     .collect();

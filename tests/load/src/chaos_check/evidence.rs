@@ -69,6 +69,10 @@ pub struct TurnRow {
     /// head's).
     #[serde(default)]
     pub picked_us: Option<u64>,
+    /// The pid of the dispatcher process that first took it up (`turns.picked_by`'s
+    /// `dispatchers.instance`); `None` in evidence recorded before turns carried it.
+    #[serde(default)]
+    pub picked_by_pid: Option<u32>,
 }
 
 /// A row of the delivery ledger (`switchboard.deliveries`).

@@ -47,6 +47,7 @@ pub(super) fn clean_run() -> Evidence {
                 joined_into: None,
                 opened_us: Some(t + 500),
                 picked_us: None,
+                picked_by_pid: None,
             });
             e.inbound_logged.push(sid.clone());
             e.runner_calls.push(CallRecord {

@@ -8,6 +8,14 @@
 //! only after the runner was back. (A message joined into another turn's call is never picked
 //! up itself: the head of its call is.)
 //!
+//! A dispatcher SIGKILLed while it held the turn tells nobody; the turn's redelivery reaches
+//! a dispatcher again only after `ack_wait`. So when the evidence names the process that picked
+//! the turn up (`turns.picked_by`) and that process was killed before the turn's first call, the
+//! turn's time at a live dispatcher ends at the kill: it must have been told only if it was
+//! picked up [`PICKUP_GRACE_US`] before the earlier of the kill and the runner's return. (Only
+//! the first pickup is recorded: how long the redelivery then waited at another dispatcher is
+//! not judged.)
+//!
 //! Evidence recorded before turns carried their pickup is judged by the rule it was recorded
 //! under: a turn opened (else a message accepted) [`super::TOLD_GRACE_US`] or more before the
 //! runner was back.
@@ -89,6 +97,17 @@ pub(super) fn who_must_be_told<'a>(
             continue;
         }
         let turn = turns.get(a.sid.as_str());
+        // Until when the turn was at a live dispatcher while the runner was down.
+        let live_until = turn
+            .and_then(|t| Some((t.picked_us?, t.picked_by_pid?)))
+            .and_then(|(picked, pid)| {
+                e.kills
+                    .iter()
+                    .filter(|k| k.kind == "dispatch" && k.pid == pid)
+                    .map(|k| k.at_us)
+                    .find(|&at| at >= picked && at <= first_call_us)
+            })
+            .map_or(o.back_us, |killed| killed.min(o.back_us));
         let since = if pickups_recorded {
             match turn.and_then(|t| t.picked_us) {
                 Some(t) => Since::PickedUp(t),
@@ -100,7 +119,7 @@ pub(super) fn who_must_be_told<'a>(
                 None => Since::Accepted(a.accepted_us),
             }
         };
-        if since.at() + since.grace() <= o.back_us {
+        if since.at() + since.grace() <= live_until {
             must.entry(a.sender).or_insert(MustTell {
                 message: a,
                 since,
@@ -218,6 +237,35 @@ mod tests {
         let v = judge(&untold_chat_person(9_500_000));
         assert!(v.passed(), "{:?}", v.findings);
         assert_eq!(v.outage.unwrap().people_waited, 2);
+    }
+
+    #[test]
+    fn a_turn_whose_dispatcher_was_killed_just_after_picking_it_up_need_not_be_told() {
+        // Picked up 2 s before the runner was back by dispatcher pid 77, which was killed 0.3 s
+        // later: it spent 0.3 s at a live dispatcher, and its redelivery came after.
+        let mut e = untold_chat_person(8_000_000);
+        turn_of(&mut e, 3, 1).picked_by_pid = Some(77);
+        let killed = |pid| Kill {
+            at_us: 8_300_000,
+            kind: "dispatch".into(),
+            target: format!("dispatch-{pid}"),
+            pid,
+        };
+        e.kills.push(killed(77));
+        let v = judge(&e);
+        assert!(v.passed(), "{:?}", v.findings);
+        // The other dispatcher killed instead: the one holding the turn lived, and should have
+        // told them.
+        e.kills = vec![killed(78)];
+        let v = judge(&e);
+        only_kind(&v, Kind::NotTold);
+        // Its own dispatcher killed, but only after it had held the turn 1.2 s.
+        e.kills = vec![Kill {
+            at_us: 9_200_000,
+            ..killed(77)
+        }];
+        let v = judge(&e);
+        only_kind(&v, Kind::NotTold);
     }
 
     #[test]
