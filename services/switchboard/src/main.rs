@@ -1,7 +1,7 @@
 //! `switchboard`: run everything in one process (`up`), one worker (`worker <name>`) or the
 //! gateway (`gateway`); list the stages, manage streams, migrations, the directory and dead
 //! letters, and act as Twilio to try the product (`sms send`).
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
@@ -19,7 +19,9 @@ mod local_stack;
 mod proto_json;
 mod reembed;
 mod search_cli;
+mod send_cli;
 mod sessions_cli;
+mod sms_cli;
 mod status;
 mod tail;
 
@@ -83,7 +85,7 @@ enum Command {
     /// Act as Twilio or TextMagic: send an SMS webhook to the gateway.
     Sms {
         #[command(subcommand)]
-        command: SmsCommand,
+        command: sms_cli::SmsCommand,
     },
     /// API keys for the REST API (stored hashed; a key is printed once, when made).
     ApiKeys {
@@ -102,6 +104,9 @@ enum Command {
         #[command(subcommand)]
         command: search_cli::AnalyticsCommand,
     },
+    /// Send one message through any channel as its client would (signed SMS webhook, chat
+    /// socket, REST API) and print the reply: for trying it end to end.
+    Send(send_cli::SendArgs),
     /// Follow the public events as JSON lines (from now, a time or a stream sequence).
     Tail(tail::TailArgs),
     /// Sessions: list them, read one, start one over, export its conversation.
@@ -249,34 +254,6 @@ enum DirectoryCommand {
     },
 }
 
-#[derive(Subcommand)]
-enum SmsCommand {
-    /// Post an SMS webhook to the gateway as the provider would (Twilio: signed form;
-    /// TextMagic: JSON to the token URL), then wait for the reply in the demo outbox.
-    Send {
-        /// The sender's phone number.
-        #[arg(long, default_value = "+15555550100")]
-        from: String,
-        #[arg(long)]
-        text: String,
-        /// Our number (defaults to the provider's from_number).
-        #[arg(long)]
-        to: Option<String>,
-        /// Which provider the SMS comes through.
-        #[arg(long, value_enum, default_value_t = SmsProvider::Twilio)]
-        via: SmsProvider,
-        /// Seconds to wait for the reply (0: don't wait).
-        #[arg(long, default_value_t = 30)]
-        wait: u64,
-    },
-}
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum SmsProvider {
-    Twilio,
-    Textmagic,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -395,12 +372,13 @@ async fn main() -> anyhow::Result<()> {
         Command::Dlq { command } => dlq_cli::run(config, command).await,
         Command::Directory { command } => directory(config, command).await,
         Command::People { command } => people(config, command).await,
-        Command::Sms { command } => sms(config, command).await,
+        Command::Sms { command } => sms_cli::run(config, command).await,
         Command::ApiKeys { command } => api_keys_cli::run(config, command).await,
         Command::Chat { command } => chat(config, command).await,
         Command::Search(args) => search_cli::search_command(config, args).await,
         Command::Analytics { command } => search_cli::analytics_command(config, command).await,
         Command::Tail(args) => tail::run(config, args).await,
+        Command::Send(args) => send_cli::run(config, args).await,
         Command::Sessions { command } => sessions_cli::run(config, command).await,
         Command::Forget { person, json } => forget::run(config, &person, json).await,
         Command::Status { json } => status::run(config, stages::ALL, json).await,
@@ -642,112 +620,4 @@ async fn import_people(config: Config, path: std::path::PathBuf) -> anyhow::Resu
         bail!("{} rows refused", report.refused.len());
     }
     Ok(())
-}
-
-async fn sms(config: Config, command: SmsCommand) -> anyhow::Result<()> {
-    let SmsCommand::Send {
-        from,
-        text,
-        to,
-        wait,
-        via,
-    } = command;
-    let from = switchboard_kit::address::normalize_phone(&from, &config.identity.default_region)?;
-    let base = config.gateway.public_url.trim_end_matches('/').to_string();
-    let http = reqwest::Client::new();
-    let outbox_url = format!("{base}/demo/outbox");
-    let before = outbox_count(&http, &outbox_url, &from).await;
-    let (sid, url, request) = match via {
-        SmsProvider::Twilio => {
-            let to = to.unwrap_or_else(|| config.twilio.from_number.clone());
-            let url = format!("{base}/webhooks/twilio/sms");
-            let sid = format!("SM{}", uuid::Uuid::new_v4().simple());
-            let params: Vec<(String, String)> = vec![
-                ("AccountSid".into(), config.twilio.account_sid.clone()),
-                ("ApiVersion".into(), "2010-04-01".into()),
-                ("Body".into(), text),
-                ("From".into(), from.clone()),
-                ("MessageSid".into(), sid.clone()),
-                ("NumMedia".into(), "0".into()),
-                ("SmsSid".into(), sid.clone()),
-                ("To".into(), to),
-            ];
-            let signature = switchboard_channels::twilio::twilio_signature(
-                config.twilio.auth_token.expose(),
-                &url,
-                &params,
-            );
-            let request = http
-                .post(&url)
-                .header("X-Twilio-Signature", signature)
-                .form(&params);
-            (sid, url, request)
-        }
-        SmsProvider::Textmagic => {
-            // TextMagic writes numbers as digits, without `+`, and signs nothing: the token in
-            // the URL is the credential.
-            use switchboard_channels::textmagic::textmagic_number;
-            let to = to.unwrap_or_else(|| config.textmagic.from_number.clone());
-            let url = format!(
-                "{base}/webhooks/textmagic/sms/{}",
-                config.textmagic.webhook_token.expose()
-            );
-            let id = (uuid::Uuid::new_v4().as_u128() % 1_000_000_000_000).to_string();
-            let callback = serde_json::json!({
-                "id": id,
-                "sender": textmagic_number(&from),
-                "receiver": textmagic_number(&to),
-                "messageTime": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%z").to_string(),
-                "text": text,
-            });
-            (id, url.clone(), http.post(&url).json(&callback))
-        }
-    };
-    let resp = request
-        .send()
-        .await
-        .with_context(|| format!("posting to {url} (is `make run` running?)"))?;
-    let status = resp.status();
-    let body = resp.text().await.unwrap_or_default();
-    if !status.is_success() {
-        bail!("gateway answered {status}: {body}");
-    }
-    println!("sent {sid} from {from}: gateway answered {status}");
-    if wait == 0 {
-        return Ok(());
-    }
-    let Some(before) = before else {
-        println!("(no demo outbox at {outbox_url}; the reply goes out through the provider)");
-        return Ok(());
-    };
-    let deadline = Instant::now() + Duration::from_secs(wait);
-    while Instant::now() < deadline {
-        if let Some(list) = outbox(&http, &outbox_url, &from).await
-            && list.len() > before
-        {
-            for m in &list[before..] {
-                println!(
-                    "reply to {} by {}: {}",
-                    m["to"].as_str().unwrap_or(""),
-                    m["provider"].as_str().unwrap_or(""),
-                    m["body"].as_str().unwrap_or("")
-                );
-            }
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("no reply within {wait} s (see `switchboard dlq list`)")
-}
-
-async fn outbox(http: &reqwest::Client, url: &str, to: &str) -> Option<Vec<serde_json::Value>> {
-    let resp = http.get(url).query(&[("to", to)]).send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    resp.json().await.ok()
-}
-
-async fn outbox_count(http: &reqwest::Client, url: &str, to: &str) -> Option<usize> {
-    outbox(http, url, to).await.map(|l| l.len())
 }

@@ -1,0 +1,84 @@
+//! `switchboard send`, as a newcomer tries the product: one message through each channel,
+//! sent exactly as that channel's client sends it, and the agent's reply printed.
+use std::ffi::OsStr;
+
+use serde_json::Value;
+use switchboard_e2e::{TestApp, spawn_app_configured};
+
+async fn send(app: &TestApp, args: &[&str]) -> Value {
+    let mut all = vec!["send"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let args: Vec<&OsStr> = all.iter().map(OsStr::new).collect();
+    let out = app.cli(&args).await;
+    assert!(
+        out.status.success(),
+        "switchboard {all:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON document")
+}
+
+#[tokio::test]
+async fn a_person_trying_it_gets_an_answer_on_every_channel_from_the_cli() {
+    // The demo's provider outboxes stand in for Twilio's and TextMagic's send APIs, as in
+    // `make run`, so the CLI can read the SMS replies back.
+    let app = spawn_app_configured(|c| {
+        c.demo.enabled = true;
+        c.twilio.api_base = format!("{}/demo/twilio", c.gateway.public_url);
+        c.textmagic.api_base = format!("{}/demo/textmagic", c.gateway.public_url);
+    })
+    .await;
+    let sms = send(&app, &["hello by sms", "--from", "+1 415 555 0177"]).await;
+    assert_eq!(sms["channel"], "sms");
+    assert_eq!(sms["from"], "+14155550177");
+    assert_eq!(sms["replies"], serde_json::json!(["echo: hello by sms"]));
+
+    let tm = send(
+        &app,
+        &[
+            "hello by textmagic",
+            "--channel",
+            "textmagic",
+            "--from",
+            "+14155550177",
+        ],
+    )
+    .await;
+    assert_eq!(
+        tm["replies"],
+        serde_json::json!(["echo: hello by textmagic"])
+    );
+    // Same person, same conversation: the second turn resumed the first's engine session.
+    let calls = app.runner.calls();
+    assert_eq!(calls.len(), 2);
+    assert!(calls[1].session_id.is_some(), "{:?}", calls[1]);
+
+    let chat = send(
+        &app,
+        &["hello by chat", "--channel", "chat", "--from", "ana"],
+    )
+    .await;
+    assert_eq!(chat["from"], "user:ana");
+    assert_eq!(chat["replies"], serde_json::json!(["echo: hello by chat"]));
+
+    let key = app.api_key("crm", &[]).await;
+    let api = send(&app, &["order 1234?", "--channel", "api", "--key", &key]).await;
+    assert_eq!(api["replies"], serde_json::json!(["echo: order 1234?"]));
+
+    // Without a key the API channel says how to get one.
+    let out = app
+        .cli(&[
+            OsStr::new("send"),
+            OsStr::new("hi"),
+            OsStr::new("--channel"),
+            OsStr::new("api"),
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("api-keys create"),
+        "{out:?}"
+    );
+    app.shutdown().await;
+}
