@@ -87,3 +87,73 @@ async fn an_imported_directory_is_reported_row_by_row_and_recognises_who_texts()
     assert_eq!(mallory, 0, "a refused row writes nothing");
     app.shutdown().await;
 }
+
+/// The same import and a link, as a script reads them: `--json`.
+#[tokio::test]
+async fn a_script_reads_the_import_report_and_the_links_as_json() {
+    let app = spawn_app().await;
+    let path = std::env::temp_dir().join(format!("{}-people.csv", uuid::Uuid::new_v4()));
+    std::fs::write(
+        &path,
+        "person_id,person_type,name,phone\n\
+         staff-21,staff,Dana,+14155550121\n\
+         part-22,participant,Sam,not a number\n",
+    )
+    .unwrap();
+    let out = app
+        .cli(&[
+            "people".as_ref(),
+            "import".as_ref(),
+            path.as_os_str(),
+            "--json".as_ref(),
+        ])
+        .await;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(out.status.code(), Some(1), "a refused row still exits 1");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(report["added"], 1);
+    assert_eq!(report["refused"][0]["line"], 3);
+    assert!(
+        report["refused"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("phone"),
+        "{report}"
+    );
+
+    let cli_json = async |args: &[&str]| -> serde_json::Value {
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+        let out = app.cli(&args).await;
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).expect("one JSON document")
+    };
+    let linked = cli_json(&[
+        "people",
+        "link",
+        "phone:+14155550199",
+        "staff-21",
+        "--reason",
+        "new phone",
+        "--by",
+        "ops",
+        "--json",
+    ])
+    .await;
+    assert_eq!(linked["changed"], true, "{linked}");
+    assert_eq!(linked["entry"]["actor"], "ops");
+    let again = cli_json(&[
+        "people",
+        "link",
+        "phone:+14155550199",
+        "staff-21",
+        "--reason",
+        "new phone",
+        "--json",
+    ])
+    .await;
+    assert_eq!(again["changed"], false, "already so: {again}");
+    let listing = cli_json(&["people", "links", "--person", "staff-21", "--json"]).await;
+    assert_eq!(listing["links"].as_array().unwrap().len(), 1, "{listing}");
+    assert_eq!(listing["audit"].as_array().unwrap().len(), 1, "{listing}");
+    app.shutdown().await;
+}

@@ -3,7 +3,6 @@
 //! letters, and act as Twilio to try the product (`sms send`).
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use switchboard::stages;
 use switchboard_kit::Config;
@@ -16,6 +15,7 @@ mod cli_reference_tests;
 mod dlq_cli;
 mod forget;
 mod local_stack;
+mod people_cli;
 mod proto_json;
 mod reembed;
 mod search_cli;
@@ -80,7 +80,7 @@ enum Command {
     /// Import the directory from a CSV file; link, unlink and merge person ids.
     People {
         #[command(subcommand)]
-        command: PeopleCommand,
+        command: people_cli::PeopleCommand,
     },
     /// Act as Twilio or TextMagic: send an SMS webhook to the gateway.
     Sms {
@@ -183,48 +183,6 @@ enum ChatCommand {
         #[arg(long, default_value_t = 30)]
         wait: u64,
     },
-}
-
-#[derive(Subcommand)]
-enum PeopleCommand {
-    /// Add or update people from a CSV file (columns: person_id, person_type, name, role,
-    /// phone, email) and report the rows added, updated, unchanged and refused. Exits with 1
-    /// when a row was refused (the others are imported).
-    Import {
-        /// The CSV file, with a header row.
-        path: std::path::PathBuf,
-    },
-    /// Treat messages from person `from` as person `to`'s from now on (they share `to`'s
-    /// session). Refused for a person linked to itself, a cycle, or a `from` already linked.
-    Link(LinkArgs),
-    /// Remove the link `from → to`: new messages from `from` are its own again.
-    Unlink(LinkArgs),
-    /// Link `from` to `to` and move `from`'s contact points (and the address its id names) to
-    /// `to`. Unlinking afterwards does not move them back.
-    Merge(LinkArgs),
-    /// The links in force and the audit trail of every link, unlink and merge, newest first.
-    Links {
-        /// Only those from or to this person.
-        #[arg(long)]
-        person: Option<String>,
-        /// At most this many audit entries.
-        #[arg(long, default_value_t = 50)]
-        limit: i64,
-    },
-}
-
-#[derive(clap::Args)]
-struct LinkArgs {
-    /// The person id whose messages are redirected (`phone:+14155550100`, `user:ana`, …).
-    from: String,
-    /// The canonical person id.
-    to: String,
-    /// Why (kept in the audit trail).
-    #[arg(long)]
-    reason: String,
-    /// Who does it (default: the OS user).
-    #[arg(long)]
-    by: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -371,7 +329,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Dlq { command } => dlq_cli::run(config, command).await,
         Command::Directory { command } => directory(config, command).await,
-        Command::People { command } => people(config, command).await,
+        Command::People { command } => people_cli::run(config, command).await,
         Command::Sms { command } => sms_cli::run(config, command).await,
         Command::ApiKeys { command } => api_keys_cli::run(config, command).await,
         Command::Chat { command } => chat(config, command).await,
@@ -512,112 +470,4 @@ async fn chat(config: Config, command: ChatCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-async fn people(config: Config, command: PeopleCommand) -> anyhow::Result<()> {
-    use switchboard_identify::links::{IdentityLinks, LinkAction, Outcome, Request};
-    let action = match command {
-        PeopleCommand::Import { path } => return import_people(config, path).await,
-        PeopleCommand::Links { person, limit } => {
-            let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
-            switchboard_kit::db::migrate(&db).await?;
-            let store = IdentityLinks::new(db, config.identity.clone());
-            let links = store.links(person.as_deref()).await?;
-            println!("links ({}):", links.len());
-            for l in links {
-                println!(
-                    "  {} → {}  ({} by {} at {}: {})",
-                    l.from_person_id,
-                    l.to_person_id,
-                    l.action.as_str(),
-                    l.linked_by,
-                    l.created_at.to_rfc3339(),
-                    l.reason
-                );
-            }
-            println!("audit, newest first:");
-            for a in store.audit(person.as_deref(), limit).await? {
-                let moved = if a.moved.is_empty() {
-                    String::new()
-                } else {
-                    format!(" [moved {}]", a.moved.join(", "))
-                };
-                println!(
-                    "  {}  {:<6} {} → {}  by {}: {}{moved}",
-                    a.at.to_rfc3339(),
-                    a.action.as_str(),
-                    a.from_person_id,
-                    a.to_person_id,
-                    a.actor,
-                    a.reason
-                );
-            }
-            return Ok(());
-        }
-        PeopleCommand::Link(args) => (LinkAction::Link, args),
-        PeopleCommand::Unlink(args) => (LinkAction::Unlink, args),
-        PeopleCommand::Merge(args) => (LinkAction::Merge, args),
-    };
-    let (action, args) = action;
-    let actor = args.by.clone().unwrap_or_else(switchboard::os_user);
-    let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
-    switchboard_kit::db::migrate(&db).await?;
-    let store = IdentityLinks::new(db, config.identity.clone());
-    let request = Request {
-        from: &args.from,
-        to: &args.to,
-        actor: &actor,
-        reason: &args.reason,
-    };
-    match store.apply(action, request).await? {
-        Outcome::Recorded(a) => {
-            let verb = match a.action {
-                LinkAction::Link => "linked",
-                LinkAction::Unlink => "unlinked",
-                LinkAction::Merge => "merged",
-            };
-            println!(
-                "{verb} {} → {} (by {}: {})",
-                a.from_person_id, a.to_person_id, a.actor, a.reason
-            );
-            if !a.moved.is_empty() {
-                println!("moved to {}: {}", a.to_person_id, a.moved.join(", "));
-            }
-        }
-        Outcome::Unchanged => println!(
-            "{} → {}: already so; nothing changed, nothing recorded",
-            args.from, args.to
-        ),
-    }
-    Ok(())
-}
-
-async fn import_people(config: Config, path: std::path::PathBuf) -> anyhow::Result<()> {
-    let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    let rows = switchboard::people::read_rows(file, &config.identity.default_region)
-        .with_context(|| format!("reading {}", path.display()))?;
-    let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
-    switchboard_kit::db::migrate(&db).await?;
-    // Drawn only when stderr is a terminal.
-    let bar = indicatif::ProgressBar::new(rows.len() as u64).with_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} rows {elapsed}")
-            .expect("a valid template"),
-    );
-    let report = switchboard::people::import(&db, rows, || bar.inc(1)).await?;
-    bar.finish_and_clear();
-    println!(
-        "{}: {} added, {} updated, {} unchanged, {} refused",
-        path.display(),
-        report.added,
-        report.updated,
-        report.unchanged,
-        report.refused.len()
-    );
-    for r in &report.refused {
-        println!("  line {}: {}", r.line, r.reason);
-    }
-    if !report.refused.is_empty() {
-        bail!("{} rows refused", report.refused.len());
-    }
-    Ok(())
 }

@@ -30,7 +30,7 @@ pub struct PersonRow {
 }
 
 /// A row that was not imported, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Refused {
     pub line: u64,
     pub reason: String,
@@ -49,7 +49,7 @@ pub enum ImportError {
 }
 
 /// What an import did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ImportReport {
     pub added: usize,
     pub updated: usize,
