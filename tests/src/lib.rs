@@ -843,6 +843,24 @@ impl TestApp {
         }
     }
 
+    /// [`TestApp::cli`] with string arguments, checked to succeed: its standard output.
+    pub async fn cli_ok(&self, args: &[&str]) -> String {
+        let os: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+        let out = self.cli(&os).await;
+        assert!(
+            out.status.success(),
+            "switchboard {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8 output")
+    }
+
+    /// [`TestApp::cli_ok`] of a verb run with `--json`: the one JSON document it printed.
+    pub async fn cli_json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.cli_ok(args).await;
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
+    }
+
     /// Start a stage as its own worker process (`switchboard worker <name>`, the binary next to
     /// the test binary), on this app's configuration.
     pub fn spawn_worker(&self, name: &str) -> Child {

@@ -1,28 +1,14 @@
 //! `switchboard api-keys` as a provisioning script uses it: `--json` gives the key once with its
 //! id and scopes; the key works at once, is listed (never the key itself), and stops working
 //! the moment it is revoked.
-use std::ffi::OsStr;
-
 use serde_json::{Value, json};
-use switchboard_e2e::{TestApp, spawn_app};
-
-async fn cli_json(app: &TestApp, args: &[&str]) -> Value {
-    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-    let out = app.cli(&args).await;
-    assert!(
-        out.status.success(),
-        "switchboard {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON document")
-}
+use switchboard_e2e::spawn_app;
 
 #[tokio::test]
 async fn a_script_makes_lists_and_revokes_an_api_key_with_json() {
     let app = spawn_app().await;
-    let made = cli_json(
-        &app,
-        &[
+    let made = app
+        .cli_json(&[
             "api-keys",
             "create",
             "--owner",
@@ -30,9 +16,8 @@ async fn a_script_makes_lists_and_revokes_an_api_key_with_json() {
             "--scope",
             "messages:write",
             "--json",
-        ],
-    )
-    .await;
+        ])
+        .await;
     let key = made["key"].as_str().expect("the key, once").to_string();
     let id = made["id"].as_str().unwrap().to_string();
     assert_eq!(made["owner"], "crm");
@@ -47,7 +32,7 @@ async fn a_script_makes_lists_and_revokes_an_api_key_with_json() {
         .await;
     assert_eq!(sent.status(), 202, "the new key works");
 
-    let listed = cli_json(&app, &["api-keys", "list", "--json"]).await;
+    let listed = app.cli_json(&["api-keys", "list", "--json"]).await;
     let ours = listed
         .as_array()
         .unwrap()
@@ -60,7 +45,7 @@ async fn a_script_makes_lists_and_revokes_an_api_key_with_json() {
         "a listing never shows a key"
     );
 
-    let revoked = cli_json(&app, &["api-keys", "revoke", &id, "--json"]).await;
+    let revoked = app.cli_json(&["api-keys", "revoke", &id, "--json"]).await;
     assert!(revoked["revoked_at"].is_string(), "{revoked}");
     let refused = app
         .post_api_message(&key, json!({"text": "still there?"}), None)

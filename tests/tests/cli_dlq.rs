@@ -5,26 +5,10 @@ use std::ffi::OsStr;
 use std::time::Duration;
 
 use serde_json::Value;
-use switchboard_e2e::{TestApp, spawn_app};
+use switchboard_e2e::spawn_app;
 
 const WAIT: Duration = Duration::from_secs(30);
 const PEOPLE: [&str; 3] = ["+14155550301", "+14155550302", "+14155550303"];
-
-async fn cli_ok(app: &TestApp, args: &[&str]) -> String {
-    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-    let out = app.cli(&args).await;
-    assert!(
-        out.status.success(),
-        "switchboard {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
-}
-
-async fn cli_json(app: &TestApp, args: &[&str]) -> Value {
-    let out = cli_ok(app, args).await;
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
-}
 
 fn seqs(list: &Value) -> Vec<u64> {
     list.as_array()
@@ -49,7 +33,9 @@ async fn an_operator_finds_reads_and_replays_dead_letters_one_or_all_from_the_cl
     }
 
     // Found by stage and by what went wrong.
-    let listed = cli_json(&app, &["dlq", "list", "--stage", "dispatch", "--json"]).await;
+    let listed = app
+        .cli_json(&["dlq", "list", "--stage", "dispatch", "--json"])
+        .await;
     assert_eq!(seqs(&listed).len(), 3, "{listed}");
     assert!(
         listed[0]["error"].as_str().unwrap().contains("422"),
@@ -57,17 +43,19 @@ async fn an_operator_finds_reads_and_replays_dead_letters_one_or_all_from_the_cl
     );
     assert_eq!(listed[0]["stage"], "dispatch");
     assert_eq!(listed[0]["type"], "switchboard.v1.Turn");
-    let by_error = cli_json(&app, &["dlq", "list", "--error", "HTTP 422", "--json"]).await;
+    let by_error = app
+        .cli_json(&["dlq", "list", "--error", "HTTP 422", "--json"])
+        .await;
     assert_eq!(seqs(&by_error), seqs(&listed));
-    let none = cli_json(&app, &["dlq", "list", "--error", "no such error", "--json"]).await;
+    let none = app
+        .cli_json(&["dlq", "list", "--error", "no such error", "--json"])
+        .await;
     assert_eq!(none, Value::Array(vec![]));
-    let later = cli_json(
-        &app,
-        &["dlq", "list", "--since", "2999-01-01T00:00:00Z", "--json"],
-    )
-    .await;
+    let later = app
+        .cli_json(&["dlq", "list", "--since", "2999-01-01T00:00:00Z", "--json"])
+        .await;
     assert_eq!(later, Value::Array(vec![]), "nothing failed in the future");
-    let table = cli_ok(&app, &["dlq", "list", "--stage", "dispatch"]).await;
+    let table = app.cli_ok(&["dlq", "list", "--stage", "dispatch"]).await;
     assert!(
         table.contains("422") && table.contains("stage=dispatch"),
         "{table}"
@@ -75,16 +63,15 @@ async fn an_operator_finds_reads_and_replays_dead_letters_one_or_all_from_the_cl
 
     // Read whole: the turn it gave up on, decoded.
     let first = seqs(&listed)[0].to_string();
-    let shown = cli_json(&app, &["dlq", "show", &first, "--json"]).await;
+    let shown = app.cli_json(&["dlq", "show", &first, "--json"]).await;
     let payload = shown["payload"].to_string();
     assert!(payload.contains("stuck "), "the person's words: {shown}");
     assert!(shown["payload"]["seq"].is_i64(), "{shown}");
     assert_eq!(shown["deliveries"], 1);
 
     // A dry run replays nothing.
-    let dry = cli_json(
-        &app,
-        &[
+    let dry = app
+        .cli_json(&[
             "dlq",
             "replay",
             "--all",
@@ -92,9 +79,8 @@ async fn an_operator_finds_reads_and_replays_dead_letters_one_or_all_from_the_cl
             "dispatch",
             "--dry-run",
             "--json",
-        ],
-    )
-    .await;
+        ])
+        .await;
     assert_eq!(seqs(&dry["would_replay"]), seqs(&listed));
     assert_eq!(app.dead_letters("dispatch").await.len(), 3);
     assert!(
@@ -105,9 +91,9 @@ async fn an_operator_finds_reads_and_replays_dead_letters_one_or_all_from_the_cl
     );
 
     // One by name, then the rest in bulk: everyone is answered once.
-    let one = cli_ok(&app, &["dlq", "replay", &first]).await;
+    let one = app.cli_ok(&["dlq", "replay", &first]).await;
     assert!(one.contains(&format!("replayed #{first}")), "{one}");
-    let rest = cli_json(&app, &["dlq", "replay", "--all", "--json"]).await;
+    let rest = app.cli_json(&["dlq", "replay", "--all", "--json"]).await;
     assert_eq!(rest["replayed"].as_array().unwrap().len(), 2, "{rest}");
     assert_eq!(rest["failed"], Value::Array(vec![]));
     let deadline = std::time::Instant::now() + WAIT;

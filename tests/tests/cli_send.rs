@@ -9,14 +9,7 @@ async fn send(app: &TestApp, args: &[&str]) -> Value {
     let mut all = vec!["send"];
     all.extend_from_slice(args);
     all.push("--json");
-    let args: Vec<&OsStr> = all.iter().map(OsStr::new).collect();
-    let out = app.cli(&args).await;
-    assert!(
-        out.status.success(),
-        "switchboard {all:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON document")
+    app.cli_json(&all).await
 }
 
 #[tokio::test]

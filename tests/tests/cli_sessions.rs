@@ -5,28 +5,11 @@ use std::ffi::OsStr;
 use std::time::Duration;
 
 use serde_json::Value;
-use switchboard_e2e::{TestApp, spawn_app};
+use switchboard_e2e::spawn_app;
 
 const WAIT: Duration = Duration::from_secs(30);
 const PERSON: &str = "+14155550191";
 const OTHER: &str = "+14155550192";
-
-/// Runs `switchboard <args>`; its standard output, after checking it succeeded.
-async fn cli_ok(app: &TestApp, args: &[&str]) -> String {
-    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-    let out = app.cli(&args).await;
-    assert!(
-        out.status.success(),
-        "switchboard {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
-}
-
-async fn cli_json(app: &TestApp, args: &[&str]) -> Value {
-    let out = cli_ok(app, args).await;
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
-}
 
 #[tokio::test]
 async fn an_operator_finds_reads_resets_and_exports_a_persons_session_from_the_cli() {
@@ -38,7 +21,9 @@ async fn an_operator_finds_reads_resets_and_exports_a_persons_session_from_the_c
 
     // Found by person: theirs alone, as the API lists it.
     let person = format!("phone:{PERSON}");
-    let listed = cli_json(&app, &["sessions", "list", "--person", &person, "--json"]).await;
+    let listed = app
+        .cli_json(&["sessions", "list", "--person", &person, "--json"])
+        .await;
     let sessions = listed["sessions"].as_array().unwrap();
     assert_eq!(sessions.len(), 1, "{listed}");
     assert_eq!(sessions[0]["person"]["id"], person.as_str());
@@ -47,18 +32,22 @@ async fn an_operator_finds_reads_resets_and_exports_a_persons_session_from_the_c
     assert_eq!(listed["next"], Value::Null);
     let id = sessions[0]["id"].as_str().unwrap().to_string();
     // The table a person reads names it too; every session is there without a filter.
-    let table = cli_ok(&app, &["sessions", "list"]).await;
+    let table = app.cli_ok(&["sessions", "list"]).await;
     assert!(table.contains(&id) && table.contains(&person), "{table}");
     assert!(table.contains(&format!("phone:{OTHER}")), "{table}");
     // Paged: one at a time, the next page after it.
-    let first = cli_json(&app, &["sessions", "list", "--limit", "1", "--json"]).await;
+    let first = app
+        .cli_json(&["sessions", "list", "--limit", "1", "--json"])
+        .await;
     let next = first["next"].as_str().expect("a next page").to_string();
-    let second = cli_json(&app, &["sessions", "list", "--after", &next, "--json"]).await;
+    let second = app
+        .cli_json(&["sessions", "list", "--after", &next, "--json"])
+        .await;
     assert_eq!(second["sessions"].as_array().unwrap().len(), 1);
     assert_ne!(second["sessions"][0]["id"], first["sessions"][0]["id"]);
 
     // Read: the conversation and the journal.
-    let shown = cli_json(&app, &["sessions", "show", &id, "--json"]).await;
+    let shown = app.cli_json(&["sessions", "show", &id, "--json"]).await;
     let said: Vec<(&str, &str)> = shown["messages"]
         .as_array()
         .unwrap()
@@ -82,14 +71,14 @@ async fn an_operator_finds_reads_resets_and_exports_a_persons_session_from_the_c
         "{kinds:?}"
     );
     assert!(shown["engine_session_id"].is_string(), "{shown}");
-    let text = cli_ok(&app, &["sessions", "show", &id]).await;
+    let text = app.cli_ok(&["sessions", "show", &id]).await;
     assert!(
         text.contains("echo: hello") && text.contains(&person),
         "{text}"
     );
 
     // Started over: the next message opens a fresh engine session; the journal says who asked.
-    let reset = cli_json(&app, &["sessions", "reset", &id, "--json"]).await;
+    let reset = app.cli_json(&["sessions", "reset", &id, "--json"]).await;
     assert_eq!(reset["session_id"], id.as_str());
     assert_eq!(reset["pending_reset"], "api");
     app.send_sms(PERSON, "again").await;
@@ -103,7 +92,9 @@ async fn an_operator_finds_reads_resets_and_exports_a_persons_session_from_the_c
         .collect();
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[1].session_id, None, "the reset did not start over");
-    let shown = cli_json(&app, &["sessions", "show", &id, "--json", "--last", "50"]).await;
+    let shown = app
+        .cli_json(&["sessions", "show", &id, "--json", "--last", "50"])
+        .await;
     let asked = shown["events"]
         .as_array()
         .unwrap()
@@ -118,16 +109,13 @@ async fn an_operator_finds_reads_resets_and_exports_a_persons_session_from_the_c
 
     // Exported: the whole conversation, a message a line, oldest first.
     let file = std::env::temp_dir().join(format!("conversation-{id}.jsonl"));
-    cli_ok(
-        &app,
-        &[
-            "sessions",
-            "export",
-            &id,
-            "--output",
-            file.to_str().unwrap(),
-        ],
-    )
+    app.cli_ok(&[
+        "sessions",
+        "export",
+        &id,
+        "--output",
+        file.to_str().unwrap(),
+    ])
     .await;
     let lines: Vec<Value> = std::fs::read_to_string(&file)
         .unwrap()
@@ -141,7 +129,7 @@ async fn an_operator_finds_reads_resets_and_exports_a_persons_session_from_the_c
     assert!(texts[3].ends_with("echo: again"), "{texts:?}");
     assert_eq!(texts.len(), 4);
     // Standard output gets the same lines.
-    let out = cli_ok(&app, &["sessions", "export", &id]).await;
+    let out = app.cli_ok(&["sessions", "export", &id]).await;
     assert_eq!(out.lines().count(), 4);
     let _ = std::fs::remove_file(&file);
 
@@ -208,18 +196,15 @@ async fn tail_prints_the_public_events_as_json_lines_and_resumes_from_a_sequence
 
     // From the start, one kind of event: the exchange's two messages, decoded.
     let all = lines(
-        &cli_ok(
-            &app,
-            &[
-                "tail",
-                "--from",
-                "all",
-                "--event",
-                "message.logged",
-                "--count",
-                "2",
-            ],
-        )
+        &app.cli_ok(&[
+            "tail",
+            "--from",
+            "all",
+            "--event",
+            "message.logged",
+            "--count",
+            "2",
+        ])
         .await,
     );
     let first = logged(&all);
@@ -236,18 +221,15 @@ async fn tail_prints_the_public_events_as_json_lines_and_resumes_from_a_sequence
     assert!(seq0 < seq1);
     // Resumed after the first line kept: the second, and only what follows it.
     let resumed = lines(
-        &cli_ok(
-            &app,
-            &[
-                "tail",
-                "--from",
-                &(seq0 + 1).to_string(),
-                "--event",
-                "message.logged",
-                "--count",
-                "1",
-            ],
-        )
+        &app.cli_ok(&[
+            "tail",
+            "--from",
+            &(seq0 + 1).to_string(),
+            "--event",
+            "message.logged",
+            "--count",
+            "1",
+        ])
         .await,
     );
     assert_eq!(resumed[0]["seq"], seq1);
@@ -259,18 +241,15 @@ async fn tail_prints_the_public_events_as_json_lines_and_resumes_from_a_sequence
     app.wait_for_sms(2, WAIT).await;
     app.settle().await;
     let later = lines(
-        &cli_ok(
-            &app,
-            &[
-                "tail",
-                "--from",
-                &since,
-                "--event",
-                "message.logged",
-                "--count",
-                "2",
-            ],
-        )
+        &app.cli_ok(&[
+            "tail",
+            "--from",
+            &since,
+            "--event",
+            "message.logged",
+            "--count",
+            "2",
+        ])
         .await,
     );
     let later = logged(&later);
@@ -281,7 +260,7 @@ async fn tail_prints_the_public_events_as_json_lines_and_resumes_from_a_sequence
     assert_eq!(later[0].0, "inbound");
 
     // Every kind, when none is named: the session's creation among them.
-    let every = lines(&cli_ok(&app, &["tail", "--from", "all", "--count", "6"]).await);
+    let every = lines(&app.cli_ok(&["tail", "--from", "all", "--count", "6"]).await);
     let events: Vec<&str> = every.iter().map(|l| l["event"].as_str().unwrap()).collect();
     assert!(events.contains(&"session.created"), "{events:?}");
     assert!(events.contains(&"message.received"), "{events:?}");

@@ -121,13 +121,8 @@ async fn a_script_reads_the_import_report_and_the_links_as_json() {
         "{report}"
     );
 
-    let cli_json = async |args: &[&str]| -> serde_json::Value {
-        let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
-        let out = app.cli(&args).await;
-        assert!(out.status.success(), "{out:?}");
-        serde_json::from_slice(&out.stdout).expect("one JSON document")
-    };
-    let linked = cli_json(&[
+    let cli_json = async |args: &[&str]| app.cli_json(args).await;
+    let link = [
         "people",
         "link",
         "phone:+14155550199",
@@ -137,20 +132,11 @@ async fn a_script_reads_the_import_report_and_the_links_as_json() {
         "--by",
         "ops",
         "--json",
-    ])
-    .await;
+    ];
+    let linked = cli_json(&link).await;
     assert_eq!(linked["changed"], true, "{linked}");
     assert_eq!(linked["entry"]["actor"], "ops");
-    let again = cli_json(&[
-        "people",
-        "link",
-        "phone:+14155550199",
-        "staff-21",
-        "--reason",
-        "new phone",
-        "--json",
-    ])
-    .await;
+    let again = cli_json(&link).await;
     assert_eq!(again["changed"], false, "already so: {again}");
     let listing = cli_json(&["people", "links", "--person", "staff-21", "--json"]).await;
     assert_eq!(listing["links"].as_array().unwrap().len(), 1, "{listing}");

@@ -87,13 +87,11 @@ pub async fn list_matching(
         if out.len() >= limit {
             break;
         }
-        let Ok(raw) = stream.get_raw_message(seq).await else {
-            continue; // deleted or expired
-        };
-        let letter = DeadLetter::decode(raw.payload.clone())
-            .map_err(|source| DlqError::Decode { seq, source })?;
-        if filter.matches(&letter) {
-            out.push(StoredDeadLetter { seq, letter });
+        // None: deleted or expired.
+        if let Some(stored) = read(&stream, seq).await?
+            && filter.matches(&stored.letter)
+        {
+            out.push(stored);
         }
     }
     Ok(out)
@@ -106,13 +104,20 @@ pub async fn get(
     seq: u64,
 ) -> Result<StoredDeadLetter, DlqError> {
     let stream = js.get_stream(topology.dlq_stream()).await.map_err(nats)?;
-    let raw = stream
-        .get_raw_message(seq)
-        .await
-        .map_err(|_| DlqError::NotFound(seq))?;
+    read(&stream, seq).await?.ok_or(DlqError::NotFound(seq))
+}
+
+/// Dead letter `seq` of the DLQ stream; `None` if it is not there (deleted or expired).
+async fn read(
+    stream: &jetstream::stream::Stream,
+    seq: u64,
+) -> Result<Option<StoredDeadLetter>, DlqError> {
+    let Ok(raw) = stream.get_raw_message(seq).await else {
+        return Ok(None);
+    };
     let letter = DeadLetter::decode(raw.payload.clone())
         .map_err(|source| DlqError::Decode { seq, source })?;
-    Ok(StoredDeadLetter { seq, letter })
+    Ok(Some(StoredDeadLetter { seq, letter }))
 }
 
 /// Publish the original payload again on its original subject, then delete the dead letter.
@@ -123,12 +128,10 @@ pub async fn replay(
     seq: u64,
 ) -> Result<DeadLetter, DlqError> {
     let stream = js.get_stream(topology.dlq_stream()).await.map_err(nats)?;
-    let raw = stream
-        .get_raw_message(seq)
-        .await
-        .map_err(|_| DlqError::NotFound(seq))?;
-    let letter = DeadLetter::decode(raw.payload.clone())
-        .map_err(|source| DlqError::Decode { seq, source })?;
+    let letter = read(&stream, seq)
+        .await?
+        .ok_or(DlqError::NotFound(seq))?
+        .letter;
     let mut headers = async_nats::HeaderMap::new();
     if !letter.message_type.is_empty() {
         headers.insert(HEADER_TYPE, letter.message_type.as_str());
