@@ -67,3 +67,39 @@ async fn a_consumer_left_by_a_removed_stage_is_pruned_and_the_stages_own_stay() 
     app.settle().await;
     app.shutdown().await;
 }
+
+/// What a script reads of the data path: every stage, in the product's order, with its stream
+/// and subject; the streams `apply` made; `prune` finding nothing stray on a fresh topology.
+#[tokio::test]
+async fn the_stages_and_streams_verbs_answer_a_script_in_json() {
+    let app = spawn_app().await;
+    let listed = app.cli_json(&["stages", "--json"]).await;
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, stages::names());
+    let dispatch = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "dispatch")
+        .unwrap();
+    assert_eq!(dispatch["stream"], app.topology.work_stream());
+    assert!(dispatch["concurrency"].as_u64().unwrap() > 0, "{dispatch}");
+
+    let applied = app.cli_json(&["streams", "apply", "--json"]).await;
+    assert_eq!(
+        applied["streams"],
+        serde_json::json!([
+            app.topology.work_stream(),
+            app.topology.events_stream(),
+            app.topology.dlq_stream()
+        ])
+    );
+    let pruned = app.cli_json(&["streams", "prune", "--json"]).await;
+    assert_eq!(pruned["deleted"], serde_json::json!([]));
+    app.shutdown().await;
+}

@@ -24,6 +24,7 @@ mod sessions_cli;
 mod sms_cli;
 mod status;
 mod tail;
+mod topology_cli;
 
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]
@@ -48,7 +49,11 @@ enum Command {
     /// Run the gateway alone (scale it by running more behind a load balancer).
     Gateway,
     /// List the stages: what each reads and the knobs it runs with under this configuration.
-    Stages,
+    Stages {
+        /// An array, one object per stage.
+        #[arg(long)]
+        json: bool,
+    },
     /// How it is doing, from NATS and Postgres: per stage its backlog (pending), messages in
     /// hand, redeliveries, replicas pulling and dead letters; stream sizes; live dispatchers;
     /// sessions waiting for a runner. Exits 0 once both answered.
@@ -65,7 +70,7 @@ enum Command {
     /// Streams and consumers.
     Streams {
         #[command(subcommand)]
-        command: StreamsCommand,
+        command: topology_cli::StreamsCommand,
     },
     /// Dead letters.
     Dlq {
@@ -186,16 +191,6 @@ enum ChatCommand {
 }
 
 #[derive(Subcommand)]
-enum StreamsCommand {
-    /// Create or update every stream and consumer (idempotent).
-    Apply,
-    /// Delete durable consumers of the work stream that belong to no stage (a stage renamed or
-    /// removed): the work stream keeps every message such a consumer reads. Run it once no
-    /// process of the old version runs.
-    Prune,
-}
-
-#[derive(Subcommand)]
 enum DirectoryCommand {
     /// Add (or update) a person with a phone number.
     Add {
@@ -248,85 +243,14 @@ async fn main() -> anyhow::Result<()> {
         Command::Up => up(config).await,
         Command::Worker { names } => switchboard::run_worker(config, &names).await,
         Command::Gateway => switchboard::run_gateway(config).await,
-        Command::Stages => {
-            switchboard_kit::startup::check_overrides(&config, stages::ALL)?;
-            let topology = switchboard_kit::Topology::new(
-                &config.subject_prefix,
-                config.runtime.turn_partitions,
-            );
-            println!(
-                "{:<14} {:<10} {:<12} {:<24} {:>5} {:>5} {:>8} {:>8} {:>9}",
-                "stage",
-                "worker",
-                "stream",
-                "reads",
-                "conc",
-                "batch",
-                "deliver",
-                "wait_s",
-                "linger_ms"
-            );
-            for r in stages::ALL {
-                let o = switchboard_kit::StageOptions::resolve(
-                    &r.spec,
-                    &config.runtime,
-                    config.stages.get(r.spec.name),
-                );
-                println!(
-                    "{:<14} {:<10} {:<12} {:<24} {:>5} {:>5} {:>8} {:>8} {:>9}",
-                    r.spec.name,
-                    r.worker,
-                    topology.stream_of(r.spec.reads),
-                    topology.filter_subject(r.spec.reads),
-                    o.concurrency,
-                    o.batch,
-                    o.max_deliver,
-                    o.max_wait.as_secs(),
-                    o.linger.as_millis()
-                );
-            }
-            Ok(())
-        }
+        Command::Stages { json } => topology_cli::list_stages(&config, json),
         Command::Migrate => {
             let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
             switchboard_kit::db::migrate(&db).await?;
             println!("migrations applied");
             Ok(())
         }
-        Command::Streams {
-            command: StreamsCommand::Apply,
-        } => {
-            let app = App::connect(config, "cli").await?;
-            switchboard_kit::startup::check_overrides(&app.config, stages::ALL)?;
-            let specs: Vec<_> = stages::ALL.iter().map(|r| r.spec).collect();
-            app.topology
-                .apply(&app.js, &app.config.runtime, &specs)
-                .await?;
-            println!(
-                "applied streams {}, {}, {} and their consumers",
-                app.topology.work_stream(),
-                app.topology.events_stream(),
-                app.topology.dlq_stream()
-            );
-            Ok(())
-        }
-        Command::Streams {
-            command: StreamsCommand::Prune,
-        } => {
-            let app = App::connect(config, "cli").await?;
-            let specs: Vec<_> = stages::ALL.iter().map(|r| r.spec).collect();
-            let pruned = app.topology.prune(&app.js, &specs).await?;
-            if pruned.is_empty() {
-                println!("no stray consumers on {}", app.topology.work_stream());
-            }
-            for name in pruned {
-                println!(
-                    "deleted consumer {name} from {}",
-                    app.topology.work_stream()
-                );
-            }
-            Ok(())
-        }
+        Command::Streams { command } => topology_cli::streams(config, command).await,
         Command::Dlq { command } => dlq_cli::run(config, command).await,
         Command::Directory { command } => directory(config, command).await,
         Command::People { command } => people_cli::run(config, command).await,
