@@ -557,3 +557,38 @@ async fn a_person_whose_message_meets_the_down_runner_before_the_breaker_opened_
     assert!(app.dead_letters("dispatch").await.is_empty());
     app.shutdown().await;
 }
+
+/// One refused call is a blip, not an outage: the turn tries again at once, in place, and the
+/// person gets the answer and no notice; the breaker stays shut.
+#[tokio::test]
+async fn a_single_failed_call_is_tried_again_at_once_and_nobody_is_told() {
+    let app = spawn_app_configured(|c| {
+        outage_settings(c);
+        c.dispatch.breaker_failures = 3;
+        // Handed back to the stream, the turn would come back only after a minute.
+        c.runtime.retry_base_ms = 60_000;
+        c.runtime.retry_max_ms = 60_000;
+    })
+    .await;
+    app.runner.fail_next(1, 503);
+    assert_eq!(app.send_sms(PERSON, "anyone?").await.status(), 200);
+    until("the answer", || bodies_to(&app, PERSON).len() == 1).await;
+    assert_eq!(
+        bodies_to(&app, PERSON),
+        ["echo: anyone?"],
+        "answered, not told"
+    );
+    let calls = app.runner.calls();
+    assert_eq!(calls.len(), 2, "the failed call, then the answered one");
+    assert_eq!(
+        calls[0].idempotency_key, calls[1].idempotency_key,
+        "the same turn's call"
+    );
+    assert_ne!(
+        breaker_open(&app).await,
+        Some(1.0),
+        "a blip does not open the breaker"
+    );
+    assert_eq!(session_row(&app, PERSON).await.1, None, "no wait recorded");
+    app.shutdown().await;
+}

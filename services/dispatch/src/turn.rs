@@ -445,10 +445,12 @@ impl TurnDispatcher {
             workspace: lease.found.workspace.as_deref(),
             queue_mode: agent.queue_mode.as_str(),
         };
-        let started = Instant::now();
         let probe = Duration::from_millis(self.config.breaker_probe_ms.max(10));
         let mut failed_here = 0;
+        // The answering call's own time (a retry's wait before it is not the agent's).
+        let mut started;
         let resp = loop {
+            started = Instant::now();
             let e = match self.runner.run(agent, &request, &call.key).await {
                 Err(e) if e.means_runner_down() => e,
                 other => break other,

@@ -85,7 +85,9 @@ pub async fn run(config: Config, args: SendArgs) -> anyhow::Result<()> {
                      (make one with `switchboard api-keys create --owner <who>`)"
                 );
             };
-            api_send(&config, &key, &args.agent, &args.text, args.wait).await?
+            // The sender is the key's owner (`api:<owner>`), which the key does not show.
+            let replies = api_send(&config, &key, &args.agent, &args.text, args.wait).await?;
+            ("api".to_string(), replies)
         }
     };
     if args.json {
@@ -106,14 +108,14 @@ pub async fn run(config: Config, args: SendArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `POST /api/v1/messages` with `"wait": true`: the person (`api:<owner>`) and the replies.
+/// `POST /api/v1/messages` with `"wait": true`: the replies.
 async fn api_send(
     config: &Config,
     key: &str,
     agent: &str,
     text: &str,
     wait: u64,
-) -> anyhow::Result<(String, Vec<String>)> {
+) -> anyhow::Result<Vec<String>> {
     let base = config.gateway.public_url.trim_end_matches('/');
     let mut body = json!({ "text": text, "wait": true });
     if !agent.is_empty() {
@@ -135,11 +137,9 @@ async fn api_send(
     }
     if answer["status"] != "answered" {
         bail!(
-            "not answered within the API's wait (status {}): ask `GET {}` later",
-            answer["status"],
-            answer["location"]
-                .as_str()
-                .unwrap_or("/api/v1/messages/<correlation id>")
+            "not answered within the API's wait (status {}); the Location header of \
+             POST /api/v1/messages tells where to ask later",
+            answer["status"]
         );
     }
     let replies = answer["replies"]
@@ -150,6 +150,5 @@ async fn api_send(
                 .collect()
         })
         .unwrap_or_default();
-    let person = answer["person_id"].as_str().unwrap_or("api").to_string();
-    Ok((person, replies))
+    Ok(replies)
 }

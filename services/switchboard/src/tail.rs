@@ -20,7 +20,7 @@ pub struct TailArgs {
     /// stream sequence (as a line's `seq` gives it: resume after the last line you kept with
     /// its `seq` + 1).
     #[arg(long, default_value = "now", value_parser = parse_from)]
-    pub from: From,
+    pub from: Start,
     /// Only these events (repeatable): `message.logged`, `exchange.categorised`, …
     #[arg(long = "event")]
     pub events: Vec<String>,
@@ -30,44 +30,44 @@ pub struct TailArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum From {
+pub enum Start {
     Now,
     All,
     Time(DateTime<Utc>),
     Sequence(u64),
 }
 
-fn parse_from(s: &str) -> Result<From, String> {
+fn parse_from(s: &str) -> Result<Start, String> {
     match s {
-        "now" => Ok(From::Now),
-        "all" => Ok(From::All),
+        "now" => Ok(Start::Now),
+        "all" => Ok(Start::All),
         _ => {
             if let Ok(seq) = s.parse::<u64>() {
                 return if seq == 0 {
                     Err("stream sequences start at 1".into())
                 } else {
-                    Ok(From::Sequence(seq))
+                    Ok(Start::Sequence(seq))
                 };
             }
             DateTime::parse_from_rfc3339(s)
-                .map(|t| From::Time(t.with_timezone(&Utc)))
+                .map(|t| Start::Time(t.with_timezone(&Utc)))
                 .map_err(|_| "`now`, `all`, an RFC 3339 time or a stream sequence".into())
         }
     }
 }
 
-impl From {
+impl Start {
     fn deliver_policy(self) -> consumer::DeliverPolicy {
         match self {
-            From::Now => consumer::DeliverPolicy::New,
-            From::All => consumer::DeliverPolicy::All,
-            From::Time(t) => consumer::DeliverPolicy::ByStartTime {
+            Start::Now => consumer::DeliverPolicy::New,
+            Start::All => consumer::DeliverPolicy::All,
+            Start::Time(t) => consumer::DeliverPolicy::ByStartTime {
                 start_time: time::OffsetDateTime::from_unix_timestamp_nanos(
                     t.timestamp_nanos_opt().unwrap_or_default().into(),
                 )
                 .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
             },
-            From::Sequence(seq) => consumer::DeliverPolicy::ByStartSequence {
+            Start::Sequence(seq) => consumer::DeliverPolicy::ByStartSequence {
                 start_sequence: seq,
             },
         }
