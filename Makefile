@@ -67,6 +67,7 @@ test: stack-tool
 	  export SB_TEST_EMBEDDED_STACK=1; \
 	fi; \
 	deploy/local/openclaw.sh install >/dev/null; \
+	deploy/local/browser.sh install; \
 	export CARGO_INCREMENTAL=0; \
 	$(CARGO) build --workspace --bins --tests; \
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \

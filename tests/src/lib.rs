@@ -1,8 +1,10 @@
 //! Test helpers: [`spawn_app`] runs Switchboard against the real NATS and Postgres started by
 //! `make test` (`SB_NATS_URL`, `SB_DATABASE_URL`), on a fresh database and subject prefix, with
 //! Twilio and the agent runner faked as real HTTP servers.
+pub mod browser;
 pub mod chat;
 pub mod runner_host;
+pub mod tcp_cut;
 
 /// The third parties, one fake each (the `switchboard-fakes` crate).
 pub use switchboard_fakes as fakes;
@@ -389,6 +391,11 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.runtime.batch = 16;
     config.runtime.concurrency = 16;
     config.dispatch.hold_timeout_ms = 2_000;
+    // The test stack's folder (`<stack>/credentials` is exported by the stack tool): readers'
+    // NATS users go into its config (`switchboard readers add`).
+    config.readers.local_stack = std::env::var_os("SB_STACK_CREDENTIALS_DIR")
+        .map(PathBuf::from)
+        .and_then(|d| d.parent().map(|p| p.to_path_buf()));
     (opts.tweak)(&mut config);
 
     let config_path = std::env::temp_dir().join(format!("{}.toml", config.subject_prefix));
@@ -417,7 +424,9 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     tasks.push(
         app.serve_listener(
             admin_listener,
-            switchboard_kit::admin::router(app.readiness()),
+            // As a gateway process serves it: with the ops console.
+            switchboard_kit::admin::router(app.readiness())
+                .merge(switchboard::console_router(&app).expect("the console")),
         )
         .expect("serve admin"),
     );

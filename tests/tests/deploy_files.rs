@@ -67,6 +67,7 @@ fn expectations(dir: &Path) -> PathBuf {
         prefixes: "sb",
         analytics: "sb",
         sync_always: false,
+        readers: &[],
     })
     .expect("the stack renders its users");
     let reference = dir.join("stack-nats.conf");

@@ -44,10 +44,15 @@ pub enum Scope {
     MemoryWrite,
     /// Erase everything stored about a person (`DELETE /api/v1/people/<id>`).
     PeopleForget,
+    /// See how the product runs: per-stage lag, dead letters, runner outages (the ops
+    /// console's status).
+    OpsRead,
+    /// Replay dead letters (the ops console); reads need `ops:read` as well.
+    OpsWrite,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 12] = [
+    pub const ALL: [Scope; 14] = [
         Scope::MessagesWrite,
         Scope::MessagesRead,
         Scope::IdentityRead,
@@ -60,6 +65,8 @@ impl Scope {
         Scope::MemoryRead,
         Scope::MemoryWrite,
         Scope::PeopleForget,
+        Scope::OpsRead,
+        Scope::OpsWrite,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -76,6 +83,8 @@ impl Scope {
             Scope::MemoryRead => "memory:read",
             Scope::MemoryWrite => "memory:write",
             Scope::PeopleForget => "people:forget",
+            Scope::OpsRead => "ops:read",
+            Scope::OpsWrite => "ops:write",
         }
     }
 

@@ -74,6 +74,12 @@ pub(crate) async fn key_or_turn(
     headers: &HeaderMap,
 ) -> Result<(ApiCaller, Option<TurnClaims>), Refused> {
     let credential = bearer(headers).map(str::trim);
+    if let Some(roles) = &state.console_roles
+        && let Some(jwt) =
+            credential.filter(|c| !c.starts_with(turn_token::PREFIX) && c.matches('.').count() == 2)
+    {
+        return crate::console::operator(state, roles, jwt).map(|caller| (caller, None));
+    }
     let Some(token) = credential.filter(|c| c.starts_with(turn_token::PREFIX)) else {
         let caller = state
             .api_keys

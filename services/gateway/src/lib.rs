@@ -8,6 +8,7 @@
 pub mod analytics_api;
 pub mod api;
 pub mod chat;
+pub mod console;
 pub mod forget_api;
 pub mod hub;
 pub mod identity_api;
@@ -17,6 +18,7 @@ mod query_params;
 pub mod search_api;
 pub mod sessions_api;
 pub mod uploads;
+pub mod widget;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -62,6 +64,9 @@ pub struct GatewayState {
     pub senders: Senders,
     /// Verifies the turn tokens agents call the API with.
     pub turn_tokens: switchboard_kit::turn_token::TurnTokenKeys,
+    /// Set only on the ops console's copy of the state: a chat JWT with one of these roles
+    /// signs in as an operator ([`console`]); the public routes never take one.
+    pub console_roles: Option<Arc<Vec<String>>>,
 }
 
 impl GatewayState {
@@ -94,6 +99,7 @@ impl GatewayState {
                 app.db.clone(),
                 app.config.gateway.turn_token_secret.clone(),
             ),
+            console_roles: None,
             runtime,
         })
     }
@@ -177,6 +183,7 @@ pub fn router(state: GatewayState) -> Router {
         .route("/webhooks/{*rest}", axum::routing::any(unknown_webhook))
         .merge(chat::routes())
         .merge(uploads::routes())
+        .merge(widget::routes())
         .merge(api::routes())
         .merge(identity_api::routes())
         .merge(outbound_api::routes())

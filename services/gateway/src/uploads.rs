@@ -27,7 +27,22 @@ use uuid::Uuid;
 use crate::{GatewayState, Refused, read_body, refused_on};
 
 pub fn routes() -> Router<GatewayState> {
-    Router::new().route("/chat/uploads", post(upload))
+    use axum::http::{HeaderName, Method};
+    use tower_http::cors::{Any, CorsLayer};
+    // The widget (`/widget.js`) uploads from whatever site embeds it. The bearer token is the
+    // only credential (no cookies), so any origin may call with one.
+    let cors = CorsLayer::new()
+        .allow_origin(Any)
+        .allow_methods([Method::POST])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            HeaderName::from_static("idempotency-key"),
+        ])
+        .max_age(Duration::from_secs(600));
+    Router::new()
+        .route("/chat/uploads", post(upload))
+        .layer(cors)
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -30,6 +30,39 @@ pub struct StoredDeadLetter {
     pub letter: DeadLetter,
 }
 
+/// A dead letter as `switchboard dlq list --json` and the ops console show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadLetterView<'a> {
+    pub seq: u64,
+    pub stage: &'a str,
+    pub subject: &'a str,
+    #[serde(rename = "type")]
+    pub message_type: &'a str,
+    pub error: &'a str,
+    pub deliveries: u64,
+    pub failed_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub correlation_id: &'a str,
+    /// Where the message was in its own stream.
+    pub stream_sequence: u64,
+}
+
+impl<'a> From<&'a StoredDeadLetter> for DeadLetterView<'a> {
+    fn from(d: &'a StoredDeadLetter) -> Self {
+        let l = &d.letter;
+        Self {
+            seq: d.seq,
+            stage: &l.stage,
+            subject: &l.subject,
+            message_type: &l.message_type,
+            error: &l.error,
+            deliveries: l.delivery_count,
+            failed_at: chrono::DateTime::from_timestamp_millis(l.failed_at_ms),
+            correlation_id: &l.correlation_id,
+            stream_sequence: l.stream_sequence,
+        }
+    }
+}
+
 /// Which dead letters a listing or a bulk replay takes (each filter, when given, must hold).
 #[derive(Debug, Clone, Default)]
 pub struct DlqFilter {

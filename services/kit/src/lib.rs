@@ -30,6 +30,7 @@ pub mod forgotten;
 pub mod http;
 pub mod lifecycle;
 pub mod net;
+pub mod ops_status;
 pub mod proto;
 pub mod retry;
 pub mod runtime;

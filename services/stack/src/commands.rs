@@ -532,6 +532,38 @@ pub fn rotate(settings: &Settings, name: &str) -> Result<String> {
     Ok(s.env_text())
 }
 
+/// `switchboard readers add|remove`: the stack's event readers become what `change` makes of
+/// them; every NATS config is rewritten and each running server reloads it (no restart). The
+/// readers now configured.
+pub fn update_readers(
+    settings: &Settings,
+    name: &str,
+    change: impl FnOnce(&mut Vec<crate::readers::Reader>) -> Result<()>,
+) -> Result<Vec<crate::readers::Reader>> {
+    let mut s = Stack::open(settings, name)?;
+    let _lock = s.lock()?;
+    if !s.load_state()? {
+        return Err(s.never_up());
+    }
+    if !s.load_credentials()? {
+        return Err(Error::failed(format!(
+            "stack '{name}' has no credentials yet; its next 'up' creates them"
+        )));
+    }
+    let file = s.readers_file();
+    let mut readers = crate::readers::load(&file)?;
+    change(&mut readers)?;
+    crate::readers::save(&file, &readers)?;
+    s.reload_nats_confs()?;
+    Ok(readers)
+}
+
+/// The stack's event readers.
+pub fn readers(settings: &Settings, name: &str) -> Result<Vec<crate::readers::Reader>> {
+    let s = Stack::open(settings, name)?;
+    crate::readers::load(&s.readers_file())
+}
+
 /// `env <name>`: the export lines.
 pub fn env(settings: &Settings, name: &str) -> Result<String> {
     let mut s = Stack::open(settings, name)?;

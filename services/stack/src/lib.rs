@@ -38,6 +38,7 @@ pub mod pguser;
 pub mod pgvector;
 pub mod pins;
 pub mod postgres;
+pub mod readers;
 pub mod state;
 pub mod sys;
 pub mod wheels;

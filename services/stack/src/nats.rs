@@ -85,6 +85,8 @@ pub struct ConfInput<'a> {
     pub analytics: &'a str,
     /// `SB_STACK_NATS_SYNC=always`: fsync every JetStream write (`sync_interval: always`).
     pub sync_always: bool,
+    /// The event readers (`switchboard readers add`), after the two users.
+    pub readers: &'a [crate::readers::Reader],
 }
 
 /// The authorization block for the users of credentials/secrets:
@@ -173,7 +175,7 @@ authorization {{
         subscribe: {{ allow: {ro_subscribe} }}
       }}
     }}
-  ]
+{readers}  ]
 }}",
         cred_dir = c.cred_dir.display(),
         name = c.name,
@@ -184,6 +186,7 @@ authorization {{
         ro_password = c.credentials.analytics_password,
         ro_publish = quoted_list(&ro_publish),
         ro_subscribe = quoted_list(&ro_subscribe),
+        readers = crate::readers::user_entries(c.readers),
     );
     Ok(out)
 }

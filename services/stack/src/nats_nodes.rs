@@ -181,6 +181,7 @@ impl Stack {
             .as_ref()
             .ok_or_else(|| Error::failed("write_nats_conf: no credentials loaded"))?;
         let fingerprint = credentials::fingerprint(&self.paths.cred_file)?;
+        let readers = crate::readers::load(&self.readers_file())?;
         let input = ConfInput {
             name: &self.paths.name,
             nats_port: ports.client,
@@ -193,6 +194,7 @@ impl Stack {
             prefixes: &self.state.nats_prefixes,
             analytics: &self.state.analytics_prefix,
             sync_always: self.state.nats_sync_always,
+            readers: &readers,
         };
         let conf = if node.clustered() {
             let route_ports = self
@@ -211,6 +213,34 @@ impl Stack {
             render_conf(&input)?
         };
         sys::private_write(&node.files.conf, &conf)
+    }
+
+    /// The event readers' list (`crate::readers`), beside the configs.
+    pub fn readers_file(&self) -> std::path::PathBuf {
+        self.paths.nats_dir.join("readers")
+    }
+
+    /// Rewrite every node's config and have each running node reload it (SIGHUP: clients stay
+    /// connected); how many reloaded.
+    pub fn reload_nats_confs(&self) -> Result<usize> {
+        let mut reloaded = 0;
+        for node in self.nats_nodes() {
+            let ports = self.ports_of(&node)?;
+            self.write_node_conf(&node, ports)?;
+            if let Some(pid) = self
+                .node_pid(&node)
+                .filter(|p| self.node_pid_is_ours(&node, *p))
+            {
+                if !sys::kill(pid, libc::SIGHUP) {
+                    return Err(Error::failed(format!(
+                        "could not signal {} (pid {pid}) to reload its config",
+                        node.label()
+                    )));
+                }
+                reloaded += 1;
+            }
+        }
+        Ok(reloaded)
     }
 
     /// Start nats-server for `node` detached (its own session, SIGHUP ignored: it outlives the

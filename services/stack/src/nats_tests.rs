@@ -27,6 +27,7 @@ fn conf_synced(prefixes: &str, analytics: &str, sync_always: bool) -> Result<Str
         prefixes,
         analytics,
         sync_always,
+        readers: &[],
     })
 }
 
@@ -106,6 +107,7 @@ fn node_conf(node: u16) -> String {
             fingerprint: "7414a4096979d9136b599addda4053f8",
             prefixes: "",
             analytics: "",
+            readers: &[],
             sync_always: false,
         },
         &ClusterNode {

@@ -13,8 +13,9 @@ pub enum ApiKeysCommand {
         owner: String,
         /// What the key may do (repeatable): messages:write, messages:read, identity:read,
         /// identity:write, outbound:write, sessions:read, sessions:write, search:read,
-        /// analytics:read, memory:read, memory:write, people:forget. Default: messages:write
-        /// and messages:read (the others are only ever granted by name).
+        /// analytics:read, memory:read, memory:write, people:forget, ops:read, ops:write.
+        /// Default: messages:write and messages:read (the others are only ever granted by
+        /// name).
         #[arg(long = "scope")]
         scopes: Vec<String>,
         /// `{"key", "id", "owner", "scopes", ...}` on standard output.

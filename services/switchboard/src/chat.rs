@@ -41,6 +41,7 @@ pub fn token(
 }
 
 /// A reply as the CLI prints it.
+#[derive(Debug, serde::Serialize)]
 pub struct ChatReply {
     pub agent: String,
     pub text: String,

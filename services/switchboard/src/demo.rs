@@ -137,6 +137,7 @@ pub fn router(config: &Config) -> Router {
                 .route("/demo/outbox", get(outbox))
                 .with_state(state),
         )
+        .merge(widget_page(config))
 }
 
 /// The whole prompt of the demo engine's last turn, as plain text (404 before the first).
@@ -195,6 +196,66 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
         })
         .collect();
     Json(filtered)
+}
+
+#[derive(Deserialize)]
+struct WidgetPageParams {
+    /// Who the page's visitor is (the token's `sub`; a reload keeps the conversation).
+    #[serde(default)]
+    visitor: Option<String>,
+    #[serde(default)]
+    agent: Option<String>,
+}
+
+/// `/demo/widget`: a page with the chat widget on it, as a site that embeds it would serve it,
+/// the visitor's token signed with `chat.jwt_secret` (a real site's login makes its own).
+fn widget_page(config: &Config) -> Router {
+    let config = config.clone();
+    Router::new().route(
+        "/demo/widget",
+        get(move |Query(p): Query<WidgetPageParams>| {
+            let config = config.clone();
+            async move {
+                let visitor = p.visitor.unwrap_or_else(|| "demo-visitor".into());
+                let agent = p
+                    .agent
+                    .or_else(|| config.agents.first().map(|a| a.name.clone()))
+                    .unwrap_or_default();
+                match crate::chat::token(&config, &format!("web:{visitor}"), &visitor, "", 3600) {
+                    Ok(token) => axum::response::Html(widget_html(&agent, &token)).into_response(),
+                    Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+                }
+            }
+        }),
+    )
+}
+
+/// The demo page: escaped attribute values only (the visitor and agent come from the query).
+fn widget_html(agent: &str, token: &str) -> String {
+    let attr = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('"', "&quot;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    format!(
+        r#"<!doctype html>
+<html lang="en">
+<head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Switchboard widget demo</title></head>
+<body style="font:16px/1.5 system-ui,sans-serif;max-width:40rem;margin:2rem auto;padding:0 1rem">
+<h1>A page with the Switchboard chat widget</h1>
+<p>The chat panel in the corner is one script tag, served by the gateway:</p>
+<pre style="white-space:pre-wrap;background:#f3f4f7;padding:.75rem">&lt;script src="/widget.js" data-agent="{agent}" data-token="&lt;your page's chat JWT&gt;"&gt;&lt;/script&gt;</pre>
+<p>Replies come from the demo runner. Reload the page: the conversation stays.
+<code>?visitor=name</code> chats as someone else.</p>
+<script src="/widget.js" data-agent="{agent}" data-token="{token}" data-title="Chat with {agent}" data-open="true"></script>
+</body>
+</html>
+"#,
+        agent = attr(agent),
+        token = attr(token),
+    )
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use switchboard_kit::Config;
-use switchboard_kit::dlq::{self, DlqFilter, StoredDeadLetter};
+use switchboard_kit::dlq::{self, DeadLetterView, DlqFilter, StoredDeadLetter};
 use switchboard_kit::startup::App;
 
 use crate::proto_json::{ProtoJson, base64};
@@ -82,39 +82,6 @@ fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
         .map_err(|e| format!("an RFC 3339 time ({e})"))
 }
 
-/// A dead letter as `list --json` and `show --json` print it.
-#[derive(Serialize)]
-struct LetterView<'a> {
-    seq: u64,
-    stage: &'a str,
-    subject: &'a str,
-    #[serde(rename = "type")]
-    message_type: &'a str,
-    error: &'a str,
-    deliveries: u64,
-    failed_at: Option<DateTime<Utc>>,
-    correlation_id: &'a str,
-    /// Where the message was in its own stream.
-    stream_sequence: u64,
-}
-
-impl<'a> From<&'a StoredDeadLetter> for LetterView<'a> {
-    fn from(d: &'a StoredDeadLetter) -> Self {
-        let l = &d.letter;
-        Self {
-            seq: d.seq,
-            stage: &l.stage,
-            subject: &l.subject,
-            message_type: &l.message_type,
-            error: &l.error,
-            deliveries: l.delivery_count,
-            failed_at: DateTime::from_timestamp_millis(l.failed_at_ms),
-            correlation_id: &l.correlation_id,
-            stream_sequence: l.stream_sequence,
-        }
-    }
-}
-
 fn when(at: Option<DateTime<Utc>>) -> String {
     at.map_or_else(|| "-".into(), |t| t.to_rfc3339())
 }
@@ -130,7 +97,7 @@ pub async fn run(config: Config, command: DlqCommand) -> anyhow::Result<()> {
             let letters =
                 dlq::list_matching(&app.js, &app.topology, &filter.filter(), limit).await?;
             if json {
-                let views: Vec<LetterView> = letters.iter().map(LetterView::from).collect();
+                let views: Vec<DeadLetterView> = letters.iter().map(DeadLetterView::from).collect();
                 println!("{}", serde_json::to_string_pretty(&views)?);
                 return Ok(());
             }
@@ -138,7 +105,7 @@ pub async fn run(config: Config, command: DlqCommand) -> anyhow::Result<()> {
                 println!("no dead letters");
             }
             for d in &letters {
-                let v = LetterView::from(d);
+                let v = DeadLetterView::from(d);
                 println!(
                     "#{}  {}  stage={}  subject={}  deliveries={}  type={}\n     error: {}",
                     v.seq,
@@ -160,7 +127,7 @@ pub async fn run(config: Config, command: DlqCommand) -> anyhow::Result<()> {
             let d = dlq::get(&app.js, &app.topology, seq).await?;
             let decoder = ProtoJson::new()?;
             let payload = decoder.decode(&d.letter.message_type, &d.letter.payload);
-            let mut body = serde_json::to_value(LetterView::from(&d))?;
+            let mut body = serde_json::to_value(DeadLetterView::from(&d))?;
             match payload {
                 Some(data) => body["payload"] = data,
                 None => {
@@ -171,7 +138,7 @@ pub async fn run(config: Config, command: DlqCommand) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&body)?);
             } else {
-                let v = LetterView::from(&d);
+                let v = DeadLetterView::from(&d);
                 println!("dead letter #{}", v.seq);
                 println!("stage       {}", v.stage);
                 println!("subject     {}", v.subject);
@@ -232,7 +199,7 @@ async fn replay(
     json: bool,
 ) -> anyhow::Result<()> {
     if dry_run {
-        let views: Vec<LetterView> = chosen.iter().map(LetterView::from).collect();
+        let views: Vec<DeadLetterView> = chosen.iter().map(DeadLetterView::from).collect();
         if json {
             println!("{}", serde_json::json!({ "would_replay": views }));
         } else {

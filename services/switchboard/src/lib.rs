@@ -30,7 +30,7 @@ pub fn gateway_routes(app: &App) -> anyhow::Result<(axum::Router, switchboard_ki
     if app.config.demo.enabled {
         routes = routes.merge(demo::router(&app.config));
         tracing::info!(
-            "demo runner at /demo/runner, demo Twilio and TextMagic outbox at /demo/outbox"
+            "demo runner at /demo/runner, demo Twilio and TextMagic outbox at /demo/outbox, the chat widget on /demo/widget"
         );
     }
     Ok((routes, follower))
@@ -42,6 +42,21 @@ pub async fn admin_task(app: &App) -> anyhow::Result<switchboard_kit::startup::T
     app.serve_http(&app.config.admin.http_addr, admin)
         .await
         .context("serving the admin endpoints")
+}
+
+/// The ops console's routes (`/console`, for the admin address) over `app`.
+pub fn console_router(app: &App) -> anyhow::Result<axum::Router> {
+    let state = switchboard_gateway::GatewayState::new(app)?;
+    Ok(switchboard_gateway::console::router(state, stages::ALL))
+}
+
+/// The admin address of a process that runs the gateway: the health checks, `/metrics` and
+/// the ops console (`/console`).
+pub async fn gateway_admin_task(app: &App) -> anyhow::Result<switchboard_kit::startup::Task> {
+    let admin = switchboard_kit::admin::router(app.readiness()).merge(console_router(app)?);
+    app.serve_http(&app.config.admin.http_addr, admin)
+        .await
+        .context("serving the admin endpoints and the console")
 }
 
 /// A process running the stages `names` stand for (stage or worker names): connect, migrate,
@@ -68,6 +83,6 @@ pub async fn run_gateway(config: switchboard_kit::Config) -> anyhow::Result<()> 
     let serve = app
         .serve_http(&app.config.gateway.http_addr, routes)
         .await?;
-    let admin = admin_task(&app).await?;
+    let admin = gateway_admin_task(&app).await?;
     app.run(vec![serve, follower, admin]).await
 }

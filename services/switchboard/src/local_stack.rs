@@ -41,6 +41,10 @@ pub fn use_local_stack(config: &mut Config, from: &Path) -> Option<PathBuf> {
         }
         found = true;
     }
+    if found && config.readers.local_stack.is_none() {
+        // `<stack>/credentials/env`: the readers' users go into that stack's NATS config.
+        config.readers.local_stack = env.parent().and_then(Path::parent).map(Path::to_path_buf);
+    }
     found.then_some(env)
 }
 

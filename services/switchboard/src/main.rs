@@ -17,6 +17,7 @@ mod forget;
 mod local_stack;
 mod people_cli;
 mod proto_json;
+mod readers_cli;
 mod reembed;
 mod search_cli;
 mod send_cli;
@@ -66,7 +67,11 @@ enum Command {
     /// elvish, powershell). Needs no configuration.
     Completions { shell: clap_complete::Shell },
     /// Apply database migrations.
-    Migrate,
+    Migrate {
+        /// `{"applied", "latest_version", "latest"}`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Streams and consumers.
     Streams {
         #[command(subcommand)]
@@ -114,6 +119,12 @@ enum Command {
     Send(send_cli::SendArgs),
     /// Follow the public events as JSON lines (from now, a time or a stream sequence).
     Tail(tail::TailArgs),
+    /// Analytics readers that keep their place in the event stream: a durable consumer and a
+    /// NATS user allowed only to fetch and ack on it.
+    Readers {
+        #[command(subcommand)]
+        command: readers_cli::ReadersCommand,
+    },
     /// Sessions: list them, read one, start one over, export its conversation.
     Sessions {
         #[command(subcommand)]
@@ -169,6 +180,9 @@ enum ChatCommand {
         /// Lifetime in seconds.
         #[arg(long, default_value_t = 3600)]
         ttl: i64,
+        /// `{"token", "sub", "expires_at"}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Connect as `sub`, send one message (with files, uploaded first), print the reply.
     Send {
@@ -187,6 +201,9 @@ enum ChatCommand {
         /// Seconds to wait for the reply.
         #[arg(long, default_value_t = 30)]
         wait: u64,
+        /// The reply as `{"agent", "text", ...}`.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -204,6 +221,9 @@ enum DirectoryCommand {
         role: String,
         #[arg(long)]
         phone: Option<String>,
+        /// `{"id", "type", "phone"}` (the phone as stored, E.164).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -244,10 +264,20 @@ async fn main() -> anyhow::Result<()> {
         Command::Worker { names } => switchboard::run_worker(config, &names).await,
         Command::Gateway => switchboard::run_gateway(config).await,
         Command::Stages { json } => topology_cli::list_stages(&config, json),
-        Command::Migrate => {
+        Command::Migrate { json } => {
             let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
             switchboard_kit::db::migrate(&db).await?;
-            println!("migrations applied");
+            let latest = switchboard_kit::db::MIGRATOR.iter().last();
+            if json {
+                let body = serde_json::json!({
+                    "applied": true,
+                    "latest_version": latest.map(|m| m.version),
+                    "latest": latest.map(|m| m.description.to_string()),
+                });
+                println!("{body}");
+            } else {
+                println!("migrations applied");
+            }
             Ok(())
         }
         Command::Streams { command } => topology_cli::streams(config, command).await,
@@ -262,6 +292,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Tail(args) => tail::run(config, args).await,
         Command::Send(args) => send_cli::run(config, args).await,
         Command::Sessions { command } => sessions_cli::run(config, command).await,
+        Command::Readers { command } => readers_cli::run(config, command).await,
         Command::Forget { person, json } => forget::run(config, &person, json).await,
         Command::Status { json } => status::run(config, stages::ALL, json).await,
         Command::Completions { .. } => unreachable!("printed before the configuration is read"),
@@ -296,11 +327,13 @@ async fn up(config: Config) -> anyhow::Result<()> {
         app.serve_http(&app.config.gateway.http_addr, routes)
             .await?,
     );
-    tasks.push(switchboard::admin_task(&app).await?);
+    tasks.push(switchboard::gateway_admin_task(&app).await?);
     tracing::info!(
         gateway = %app.config.gateway.http_addr,
         admin = %app.config.admin.http_addr,
-        "switchboard is up: gateway and all workers in one process"
+        "switchboard is up: gateway and all workers in one process; the ops console is at \
+         http://{}/console",
+        app.config.admin.http_addr
     );
     app.run(tasks).await
 }
@@ -315,6 +348,7 @@ async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<
             name,
             role,
             phone,
+            json,
         } => {
             let mut tx = db.begin().await?;
             sqlx::query!(
@@ -329,7 +363,7 @@ async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<
             )
             .execute(&mut *tx)
             .await?;
-            if let Some(phone) = phone {
+            let stored_phone = if let Some(phone) = phone {
                 let e164 = switchboard_kit::address::normalize_phone(
                     &phone,
                     &config.identity.default_region,
@@ -343,11 +377,20 @@ async fn directory(config: Config, command: DirectoryCommand) -> anyhow::Result<
                 )
                 .execute(&mut *tx)
                 .await?;
+                Some(e164)
+            } else {
+                None
+            };
+            tx.commit().await?;
+            if json {
+                let body =
+                    serde_json::json!({"id": id, "type": person_type, "phone": stored_phone});
+                println!("{body}");
+            } else if let Some(e164) = stored_phone {
                 println!("{id} ({person_type}) reachable at {e164}");
             } else {
                 println!("{id} ({person_type}) saved");
             }
-            tx.commit().await?;
         }
     }
     Ok(())
@@ -360,11 +403,18 @@ async fn chat(config: Config, command: ChatCommand) -> anyhow::Result<()> {
             name,
             role,
             ttl,
+            json,
         } => {
-            println!(
-                "{}",
-                switchboard::chat::token(&config, &sub, &name, &role, ttl)?
-            );
+            let token = switchboard::chat::token(&config, &sub, &name, &role, ttl)?;
+            if json {
+                let expires_at = chrono::Utc::now() + chrono::Duration::seconds(ttl);
+                let body = serde_json::json!({
+                    "token": token, "sub": sub, "expires_at": expires_at.to_rfc3339(),
+                });
+                println!("{body}");
+            } else {
+                println!("{token}");
+            }
             Ok(())
         }
         ChatCommand::Send {
@@ -374,6 +424,7 @@ async fn chat(config: Config, command: ChatCommand) -> anyhow::Result<()> {
             agent,
             channel,
             wait,
+            json,
         } => {
             let token = switchboard::chat::token(&config, &sub, "", "", 600)?;
             let mut uploads = Vec::with_capacity(files.len());
@@ -390,7 +441,11 @@ async fn chat(config: Config, command: ChatCommand) -> anyhow::Result<()> {
                 Duration::from_secs(wait),
             )
             .await?;
-            println!("{}: {}", reply.agent, reply.text);
+            if json {
+                println!("{}", serde_json::to_string(&reply)?);
+            } else {
+                println!("{}: {}", reply.agent, reply.text);
+            }
             Ok(())
         }
     }

@@ -37,7 +37,7 @@ pub enum Start {
     Sequence(u64),
 }
 
-fn parse_from(s: &str) -> Result<Start, String> {
+pub fn parse_from(s: &str) -> Result<Start, String> {
     match s {
         "now" => Ok(Start::Now),
         "all" => Ok(Start::All),
@@ -57,7 +57,7 @@ fn parse_from(s: &str) -> Result<Start, String> {
 }
 
 impl Start {
-    fn deliver_policy(self) -> consumer::DeliverPolicy {
+    pub fn deliver_policy(self) -> consumer::DeliverPolicy {
         match self {
             Start::Now => consumer::DeliverPolicy::New,
             Start::All => consumer::DeliverPolicy::All,

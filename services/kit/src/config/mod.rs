@@ -91,6 +91,8 @@ pub struct Config {
     /// `[stages.<name>]`: per-stage overrides of the runtime knobs (see [`crate::stage`]).
     pub stages: BTreeMap<String, crate::stage::StageOverrides>,
     pub demo: DemoConfig,
+    pub readers: ReadersConfig,
+    pub console: ConsoleConfig,
     pub llm: memory::LlmConfig,
     pub embedding: memory::EmbeddingConfig,
     pub summary: memory::SummaryConfig,
@@ -140,6 +142,8 @@ impl Default for Config {
             schedules: Vec::new(),
             stages: BTreeMap::new(),
             demo: DemoConfig::default(),
+            readers: ReadersConfig::default(),
+            console: ConsoleConfig::default(),
             llm: Default::default(),
             embedding: Default::default(),
             summary: Default::default(),
@@ -157,6 +161,32 @@ pub struct DemoConfig {
     /// `switchboard up` also serves a demo runner (`/demo/runner`) and a demo Twilio outbox
     /// (`/demo/twilio`), so the product can be tried with no external accounts.
     pub enabled: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ConsoleConfig {
+    /// The ops console (`/console` on the gateway's admin address) takes an API key with the
+    /// scopes it shows, or a chat JWT (`chat.jwt_secret` / `chat.jwt_public_key`) whose `role`
+    /// is one of these: an operator signed in by your own login. Empty: API keys only.
+    pub jwt_roles: Vec<String>,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        Self {
+            jwt_roles: vec!["admin".into()],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ReadersConfig {
+    /// The embedded stack's folder (`.stack/run`) whose NATS users `switchboard readers`
+    /// manages; found by itself next to `make run`'s stack. Unset elsewhere: `readers add`
+    /// prints the user's entry for your own nats.conf (deploy/README.md).
+    pub local_stack: Option<std::path::PathBuf>,
 }
 
 /// Merge `SB_…` variables with their scalar values kept as written. Figment's `Env` reads

@@ -1,0 +1,284 @@
+//! The ops console in a real browser (headless Chromium), as support staff and an operator use
+//! it: sign in with an API key, find a person's session, read its transcript, search, see the
+//! category chart, and replay a dead letter once its cause is gone, after which the person is
+//! answered. Screenshots in target/screenshots/console_*/.
+use std::time::{Duration, Instant};
+
+use fantoccini::Locator;
+use switchboard_e2e::browser::Browser;
+use switchboard_e2e::{TestApp, chat_token, spawn_app};
+
+const WAIT: Duration = Duration::from_secs(30);
+const NURSE: &str = "+14155550901";
+const PORTER: &str = "+14155550902";
+
+async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn an_operator_key(app: &TestApp) -> String {
+    let key = app
+        .cli_json(&[
+            "api-keys",
+            "create",
+            "--owner",
+            "ops-desk",
+            "--scope",
+            "sessions:read",
+            "--scope",
+            "search:read",
+            "--scope",
+            "analytics:read",
+            "--scope",
+            "ops:read",
+            "--scope",
+            "ops:write",
+            "--json",
+        ])
+        .await;
+    key["key"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn console_support_finds_a_transcript_searches_and_replays_a_dead_letter() {
+    let app = spawn_app().await;
+    app.runner
+        .answer_when("night shift", "Your next night shift is Friday.");
+    assert_eq!(
+        app.send_sms(NURSE, "when is my next night shift?")
+            .await
+            .status(),
+        200
+    );
+    app.wait_for_sms(1, WAIT).await;
+    // The porter's message dies: the agent host refuses it (a 4xx no retry can fix).
+    app.runner.fail_next(1, 422);
+    assert_eq!(
+        app.send_sms(PORTER, "the lift on ward 3 is stuck")
+            .await
+            .status(),
+        200
+    );
+    wait_for("a dead letter", async || {
+        app.dead_letters("dispatch").await.len() == 1
+    })
+    .await;
+    app.settle().await;
+    let key = an_operator_key(&app).await;
+
+    let browser = Browser::start("console_support").await;
+    browser.goto(&format!("{}/console", app.admin_url)).await;
+    // A wrong key is refused with the reason.
+    let input = browser.element("#login-key").await;
+    input.send_keys("sbk_not-a-key").await.unwrap();
+    browser
+        .element("#login-form button")
+        .await
+        .click()
+        .await
+        .unwrap();
+    browser
+        .texts_until("#login-error", "the refusal", |t| {
+            t.first().is_some_and(|t| !t.is_empty())
+        })
+        .await;
+    browser.screenshot("refused").await;
+    let input = browser.element("#login-key").await;
+    input.clear().await.unwrap();
+    input.send_keys(&key).await.unwrap();
+    browser
+        .element("#login-form button")
+        .await
+        .click()
+        .await
+        .unwrap();
+    browser
+        .texts_until("#who", "signed in", |t| {
+            t.first().is_some_and(|t| t == "ops-desk")
+        })
+        .await;
+
+    // Find the nurse's session and read it.
+    let person = format!("phone:{NURSE}");
+    browser
+        .element("#sessions-filter input[name=person]")
+        .await
+        .send_keys(&person)
+        .await
+        .unwrap();
+    browser
+        .element("#sessions-filter button")
+        .await
+        .click()
+        .await
+        .unwrap();
+    let rows = browser
+        .texts_until("#sessions-table tbody tr", "the nurse's session", |t| {
+            t.len() == 1 && t[0].contains(&person)
+        })
+        .await;
+    assert!(rows[0].contains("reggie_oc"), "{rows:?}");
+    browser.screenshot("sessions").await;
+    browser
+        .element("#sessions-table tbody tr")
+        .await
+        .click()
+        .await
+        .unwrap();
+    let transcript = browser
+        .texts_until("#transcript li", "the transcript", |t| {
+            t.iter()
+                .any(|t| t.contains("Your next night shift is Friday."))
+        })
+        .await;
+    assert!(
+        transcript
+            .iter()
+            .any(|t| t.contains("when is my next night shift?")),
+        "{transcript:?}"
+    );
+    browser.screenshot("transcript").await;
+
+    // Search by words.
+    browser
+        .element("nav button[data-view=search]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    browser
+        .element("#search-q")
+        .await
+        .send_keys("night shift\n")
+        .await
+        .unwrap();
+    let hits = browser
+        .texts_until("#search-results li", "search hits", |t| {
+            t.iter().any(|t| t.contains("when is my next night shift?"))
+        })
+        .await;
+    // The words match the nurse's exchange only; the porter's message may follow, found by
+    // meaning alone, never above them.
+    assert!(hits[0].contains("night shift"), "{hits:?}");
+    for h in hits.iter().filter(|h| h.contains("lift on ward 3")) {
+        assert!(
+            h.contains("found by meaning") && !h.contains("words"),
+            "{hits:?}"
+        );
+    }
+    browser.screenshot("search").await;
+
+    // The category chart draws.
+    browser
+        .element("nav button[data-view=categories]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    browser
+        .element("#categories-chart svg rect[data-label]")
+        .await;
+    browser.screenshot("categories").await;
+
+    // Operations: the dead letter, replayed once the agent host takes it again.
+    browser
+        .element("nav button[data-view=operations]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    let stage = browser
+        .texts_until(
+            "#stages-table tr[data-stage=dispatch]",
+            "dispatch's row",
+            |t| t.len() == 1,
+        )
+        .await;
+    assert!(stage[0].ends_with('1'), "one dead letter: {stage:?}");
+    browser
+        .texts_until("#dlq-table tbody tr[data-seq]", "the dead letter", |t| {
+            t.len() == 1 && t[0].contains("422")
+        })
+        .await;
+    browser.screenshot("dead-letter").await;
+    browser
+        .client
+        .find(Locator::Css("#dlq-table button.replay"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .texts_until(
+            "#dlq-table tbody tr[data-seq]",
+            "the replayed letter gone",
+            |t| t.is_empty(),
+        )
+        .await;
+    let answered = app.wait_for_sms(2, WAIT).await;
+    assert!(
+        answered.iter().any(|s| s.to == PORTER),
+        "the porter is answered after the replay: {answered:?}"
+    );
+    browser.screenshot("replayed").await;
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn console_an_operator_token_signs_in_and_a_chat_users_does_not() {
+    let app = spawn_app().await;
+    let http = reqwest::Client::new();
+    let me = |token: String| {
+        http.get(format!("{}/console/api/me", app.admin_url))
+            .bearer_auth(token)
+            .send()
+    };
+    let operator = me(chat_token(
+        "staff:ana",
+        serde_json::json!({"role": "admin"}),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(operator.status(), 200);
+    let body: serde_json::Value = operator.json().await.unwrap();
+    assert_eq!(body["owner"], "operator.staff:ana");
+    let visitor = me(chat_token("web:visitor", serde_json::json!({})))
+        .await
+        .unwrap();
+    assert_eq!(visitor.status(), 403);
+    // The public address never takes a JWT for its API.
+    let public = http
+        .get(format!("{}/api/v1/sessions", app.gateway_url))
+        .bearer_auth(chat_token(
+            "staff:ana",
+            serde_json::json!({"role": "admin"}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(public.status(), 401);
+    // Reading the status needs ops:read.
+    let key = app
+        .cli_json(&[
+            "api-keys",
+            "create",
+            "--owner",
+            "crm",
+            "--scope",
+            "sessions:read",
+            "--json",
+        ])
+        .await;
+    let status = http
+        .get(format!("{}/console/api/status", app.admin_url))
+        .bearer_auth(key["key"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status.status(), 403);
+}

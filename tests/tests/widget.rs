@@ -1,0 +1,237 @@
+//! The chat widget in a real browser (headless Chromium): a third-party page embeds it with one
+//! script tag and its own chat token; a visitor sends a message and sees the reply, reloads and
+//! sees the conversation kept, loses the network while an answer is on its way and sees it
+//! once the network is back. Screenshots in target/screenshots/widget_*/.
+use std::time::{Duration, Instant};
+
+use axum::response::Html;
+use switchboard_e2e::browser::Browser;
+use switchboard_e2e::tcp_cut::CuttableProxy;
+use switchboard_e2e::{TestApp, chat_token, spawn_app, spawn_app_configured};
+
+/// A site of its own (another origin than the gateway's), with the widget on it.
+async fn host_page(gateway: &str, token: &str) -> String {
+    let html = format!(
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Acme staff portal</title></head>
+<body><h1>Acme staff portal</h1><p>Questions? Ask in the chat.</p>
+<script src="{gateway}/widget.js" data-agent="reggie_oc" data-token="{token}" data-title="Ask Reggie"></script>
+</body></html>"#
+    );
+    let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/", axum::routing::get(move || async move { Html(html) }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/")
+}
+
+/// The reply to `text` is in the log (the answer exists, whether or not a socket has it).
+async fn wait_until_answered(app: &TestApp, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM switchboard.messages WHERE direction = 'outbound' AND message = $1",
+        )
+        .bind(text)
+        .fetch_one(&app.db)
+        .await
+        .expect("read the log");
+        if n > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no reply '{text}' logged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn widget_a_visitor_keeps_the_conversation_across_a_reload_and_a_dropped_network() {
+    // A workspace, so that files are taken.
+    let root = std::env::temp_dir().join(format!("sb-widget-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&root).unwrap();
+    let root_text = root.to_string_lossy().into_owned();
+    let app = spawn_app_configured(move |c| c.workspace.root = root_text).await;
+    app.runner
+        .answer_when("when is my next shift", "Tuesday at 9, front desk.");
+    app.runner
+        .answer_when("and the one after", "Thursday at 7, loading dock.");
+    let gateway: std::net::SocketAddr = app
+        .gateway_url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the gateway's address");
+    let network = CuttableProxy::start(gateway).await;
+    let token = chat_token("web:visitor-1", serde_json::json!({"name": "Visitor One"}));
+    let page = host_page(&network.url(), &token).await;
+
+    let browser = Browser::start("widget_a_visitor_keeps_the_conversation").await;
+    browser.goto(&page).await;
+    // Accessible: a labelled launcher that says whether the panel is open.
+    let launcher = browser.element("#switchboard-widget .sbw-launch").await;
+    assert_eq!(launcher.text().await.unwrap(), "Ask Reggie");
+    assert_eq!(
+        launcher.attr("aria-expanded").await.unwrap().as_deref(),
+        Some("false")
+    );
+    launcher.click().await.unwrap();
+    assert_eq!(
+        launcher.attr("aria-expanded").await.unwrap().as_deref(),
+        Some("true")
+    );
+    browser
+        .attr_until("#switchboard-widget", "data-status", "connected", |s| {
+            s == "Connected"
+        })
+        .await;
+    // The message box has a label a screen reader reads out, and takes the keyboard.
+    let input = browser.element("#switchboard-widget textarea").await;
+    let id = input.attr("id").await.unwrap().unwrap();
+    let label = browser
+        .element(&format!("#switchboard-widget label[for='{id}']"))
+        .await;
+    assert_eq!(
+        label.prop("textContent").await.unwrap().as_deref(),
+        Some("Message")
+    );
+    input.send_keys("when is my next shift?\n").await.unwrap();
+    browser
+        .texts_until(".sbw-log li.sbw-reply", "the reply", |t| {
+            t.iter().any(|t| t.contains("Tuesday at 9, front desk."))
+        })
+        .await;
+    browser.screenshot("replied").await;
+
+    // Reload: the conversation is still there, once each.
+    browser.client.refresh().await.unwrap();
+    browser
+        .element("#switchboard-widget .sbw-launch")
+        .await
+        .click()
+        .await
+        .unwrap();
+    let kept = browser
+        .texts_until(".sbw-log li", "the kept conversation", |t| t.len() >= 2)
+        .await;
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(kept[0].contains("when is my next shift?"), "{kept:?}");
+    assert!(kept[1].contains("Tuesday at 9, front desk."), "{kept:?}");
+    browser
+        .attr_until("#switchboard-widget", "data-status", "reconnected", |s| {
+            s == "Connected"
+        })
+        .await;
+    browser.screenshot("after-reload").await;
+
+    // The next answer takes a while; the network goes away once the message is accepted.
+    app.runner.set_hold(true);
+    let input = browser.element("#switchboard-widget textarea").await;
+    input.send_keys("and the one after?\n").await.unwrap();
+    browser
+        .texts_until(".sbw-log li", "the second message shown", |t| t.len() == 3)
+        .await;
+    browser
+        .texts_until(".sbw-log li.sbw-me.sbw-pending", "accepted", |t| {
+            t.is_empty()
+        })
+        .await;
+    network.cut();
+    browser
+        .attr_until("#switchboard-widget", "data-status", "offline", |s| {
+            s.to_lowercase().contains("reconnecting")
+        })
+        .await;
+    app.runner.set_hold(false);
+    app.runner.release.notify_one();
+    wait_until_answered(&app, "Thursday at 7, loading dock.").await;
+    browser.screenshot("offline-while-answered").await;
+    let offline = browser
+        .texts_until(".sbw-log li", "offline", |_| true)
+        .await;
+    assert!(
+        !offline.iter().any(|t| t.contains("Thursday")),
+        "the answer cannot have come through a cut network: {offline:?}"
+    );
+
+    // Back online: the answer that came meanwhile is shown, and nothing twice.
+    network.restore();
+    let all = browser
+        .texts_until(".sbw-log li", "the caught-up answer", |t| {
+            t.iter().any(|t| t.contains("Thursday at 7, loading dock."))
+        })
+        .await;
+    assert_eq!(all.len(), 4, "{all:?}");
+    browser.screenshot("caught-up").await;
+
+    // A file goes with a message: uploaded (cross-origin, with the token), then named by it.
+    let rota = std::env::temp_dir().join(format!("rota-{}.txt", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&rota, "Mon 9-5\nTue off\n").unwrap();
+    browser
+        .element("#switchboard-widget input[type=file]")
+        .await
+        .send_keys(&rota.to_string_lossy())
+        .await
+        .unwrap();
+    let input = browser.element("#switchboard-widget textarea").await;
+    input.send_keys("here is my rota\n").await.unwrap();
+    browser
+        .texts_until(".sbw-log li.sbw-reply", "the reply to the file", |t| {
+            t.iter().any(|t| t.contains("echo: here is my rota"))
+        })
+        .await;
+    let call = app
+        .runner
+        .calls()
+        .into_iter()
+        .find(|c| c.prompt.contains("here is my rota"))
+        .expect("the runner got the message");
+    let name = rota.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        call.prompt.contains("Attachment: attachments/") && call.prompt.contains(&name),
+        "{}",
+        call.prompt
+    );
+    browser.screenshot("with-a-file").await;
+    let _ = std::fs::remove_file(&rota);
+    browser.close().await;
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[tokio::test]
+async fn widget_the_script_is_served_to_any_site_and_uploads_answer_a_cross_origin_preflight() {
+    let app = spawn_app().await;
+    let http = reqwest::Client::new();
+    let script = http
+        .get(format!("{}/widget.js", app.gateway_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(script.status(), 200);
+    assert_eq!(
+        script.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    assert_eq!(script.headers()["access-control-allow-origin"], "*");
+    assert!(script.text().await.unwrap().contains("/ws/chat/"));
+
+    let preflight = http
+        .request(
+            reqwest::Method::OPTIONS,
+            format!("{}/chat/uploads", app.gateway_url),
+        )
+        .header("Origin", "https://portal.example")
+        .header("Access-Control-Request-Method", "POST")
+        .header(
+            "Access-Control-Request-Headers",
+            "authorization, content-type, idempotency-key",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(preflight.status().is_success(), "{}", preflight.status());
+    let allowed = preflight.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    for h in ["authorization", "content-type", "idempotency-key"] {
+        assert!(allowed.contains(h), "{allowed}");
+    }
+}
