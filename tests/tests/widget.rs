@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use axum::response::Html;
 use switchboard_e2e::browser::Browser;
 use switchboard_e2e::tcp_cut::CuttableProxy;
-use switchboard_e2e::{TestApp, chat_token, spawn_app, spawn_app_configured};
+use switchboard_e2e::{TestApp, chat_token, spawn_app_configured};
 
 /// A site of its own (another origin than the gateway's), with the widget on it.
 async fn host_page(gateway: &str, token: &str) -> String {
@@ -197,7 +197,7 @@ async fn widget_a_visitor_keeps_the_conversation_across_a_reload_and_a_dropped_n
 
 #[tokio::test]
 async fn widget_the_script_is_served_to_any_site_and_uploads_answer_a_cross_origin_preflight() {
-    let app = spawn_app().await;
+    let app = spawn_app_configured(|c| c.demo.enabled = true).await;
     let http = reqwest::Client::new();
     let script = http
         .get(format!("{}/widget.js", app.gateway_url))
@@ -234,4 +234,35 @@ async fn widget_the_script_is_served_to_any_site_and_uploads_answer_a_cross_orig
     for h in ["authorization", "content-type", "idempotency-key"] {
         assert!(allowed.contains(h), "{allowed}");
     }
+
+    // `make run`'s demo page carries the widget with a token the socket takes.
+    let demo = http
+        .get(format!("{}/demo/widget?visitor=sam", app.gateway_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        demo.contains(r#"<script src="/widget.js" data-agent="reggie_oc""#),
+        "{demo}"
+    );
+    let token = demo
+        .split(r#"data-token=""#)
+        .nth(2)
+        .and_then(|t| t.split('"').next())
+        .expect("the page's token");
+    let checked = http
+        .get(format!("{}/ws/chat?token={token}", app.gateway_url))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(checked.status(), 401, "the demo token is refused");
+    let forged = http
+        .get(format!("{}/ws/chat?token={token}x", app.gateway_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401);
 }
