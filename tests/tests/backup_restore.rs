@@ -41,7 +41,8 @@ async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
     }
 }
 
-async fn cli(app: &TestApp, command: &str, dir: &Path) {
+/// `switchboard <command> <dir> --json`: its document (the backup's manifest and `dir`).
+async fn cli(app: &TestApp, command: &str, dir: &Path) -> serde_json::Value {
     let pg_bin = std::env::var("SB_PG_BIN")
         .expect("SB_PG_BIN: `make test` runs the tests in the stack's environment");
     let out = app
@@ -50,6 +51,7 @@ async fn cli(app: &TestApp, command: &str, dir: &Path) {
             dir.as_os_str(),
             OsStr::new("--pg-bin"),
             OsStr::new(&pg_bin),
+            OsStr::new("--json"),
         ])
         .await;
     assert!(
@@ -58,6 +60,7 @@ async fn cli(app: &TestApp, command: &str, dir: &Path) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    serde_json::from_slice(&out.stdout).expect("one JSON document")
 }
 
 /// The deployment's state is gone: its database dropped and made again empty, its streams
@@ -124,9 +127,16 @@ async fn a_backup_restored_into_an_empty_deployment_carries_its_sessions_on_and_
     stop(workers).await;
 
     let dir = std::env::temp_dir().join(format!("sb-backup-{}", uuid::Uuid::new_v4().simple()));
-    cli(&app, "backup", &dir).await;
+    let taken = cli(&app, "backup", &dir).await;
+    assert_eq!(taken["dir"], dir.display().to_string());
+    assert!(
+        taken["streams"].as_array().is_some_and(|s| !s.is_empty()),
+        "{taken}"
+    );
     lose_everything(&app).await;
-    cli(&app, "restore", &dir).await;
+    let restored = cli(&app, "restore", &dir).await;
+    assert_eq!(restored["restored"], true);
+    assert_eq!(restored["taken_at"], taken["taken_at"]);
 
     // The deployment starts again on what was restored.
     let workers = start_workers(&app);

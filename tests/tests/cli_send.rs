@@ -59,6 +59,21 @@ async fn a_person_trying_it_gets_an_answer_on_every_channel_from_the_cli() {
     let api = send(&app, &["order 1234?", "--channel", "api", "--key", &key]).await;
     assert_eq!(api["replies"], serde_json::json!(["echo: order 1234?"]));
 
+    // `sms send`, the provider-faithful form, for a script too.
+    let sms = app
+        .cli_json(&[
+            "sms",
+            "send",
+            "--from",
+            "+14155550178",
+            "--text",
+            "hello again",
+            "--json",
+        ])
+        .await;
+    assert_eq!(sms["from"], "+14155550178");
+    assert_eq!(sms["replies"][0]["body"], "echo: hello again", "{sms}");
+
     // Without a key the API channel says how to get one.
     let out = app
         .cli(&[

@@ -68,6 +68,7 @@ pub async fn backup(
     dir: &Path,
     pg_bin: Option<&Path>,
     quiet_wait: Duration,
+    json: bool,
 ) -> anyhow::Result<()> {
     if dir.exists() && dir.read_dir()?.next().is_some() {
         bail!(
@@ -129,11 +130,22 @@ pub async fn backup(
         postgres: POSTGRES_DUMP.into(),
     };
     std::fs::write(dir.join(MANIFEST), serde_json::to_vec_pretty(&manifest)?)?;
-    println!("backup written to {}", dir.display());
+    if json {
+        let mut body = serde_json::to_value(&manifest)?;
+        body["dir"] = dir.display().to_string().into();
+        println!("{body}");
+    } else {
+        println!("backup written to {}", dir.display());
+    }
     Ok(())
 }
 
-pub async fn restore(config: Config, dir: &Path, pg_bin: Option<&Path>) -> anyhow::Result<()> {
+pub async fn restore(
+    config: Config,
+    dir: &Path,
+    pg_bin: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<()> {
     let manifest: Manifest = serde_json::from_slice(
         &std::fs::read(dir.join(MANIFEST))
             .with_context(|| format!("{} holds no backup ({MANIFEST})", dir.display()))?,
@@ -227,11 +239,18 @@ pub async fn restore(config: Config, dir: &Path, pg_bin: Option<&Path>) -> anyho
         }
         eprintln!("stream {}: restored, {restored} messages", s.name);
     }
-    println!(
-        "restored {} (taken {}); start the workers",
-        dir.display(),
-        manifest.taken_at
-    );
+    if json {
+        let mut body = serde_json::to_value(&manifest)?;
+        body["dir"] = dir.display().to_string().into();
+        body["restored"] = true.into();
+        println!("{body}");
+    } else {
+        println!(
+            "restored {} (taken {}); start the workers",
+            dir.display(),
+            manifest.taken_at
+        );
+    }
     Ok(())
 }
 

@@ -143,6 +143,9 @@ enum Command {
         /// Texts per embedding call (default: [embedding] batch).
         #[arg(long)]
         batch: Option<usize>,
+        /// `{"embedded", "model", "missing"}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Write the product's state to a new folder: a snapshot of each stream (messages and
     /// consumers), then a Postgres dump (pg_dump). See docs/operations.md.
@@ -155,6 +158,9 @@ enum Command {
         /// Seconds to wait for the workers' consumers to go quiet before refusing.
         #[arg(long, default_value_t = 60)]
         quiet_wait_s: u64,
+        /// The manifest (`format`, `taken_at`, `streams`, `postgres`) and `dir`.
+        #[arg(long)]
+        json: bool,
     },
     /// Restore a backup into an empty database and a NATS without the product's streams, then
     /// start the workers: the sessions carry on.
@@ -163,6 +169,9 @@ enum Command {
         /// As for `backup`.
         #[arg(long, env = "SB_PG_BIN")]
         pg_bin: Option<std::path::PathBuf>,
+        /// The backup's manifest, `dir` and `"restored": true`.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -296,16 +305,19 @@ async fn main() -> anyhow::Result<()> {
         Command::Forget { person, json } => forget::run(config, &person, json).await,
         Command::Status { json } => status::run(config, stages::ALL, json).await,
         Command::Completions { .. } => unreachable!("printed before the configuration is read"),
-        Command::Reembed { batch } => reembed::run(config, batch).await,
+        Command::Reembed { batch, json } => reembed::run(config, batch, json).await,
         Command::Backup {
             dir,
             pg_bin,
             quiet_wait_s,
+            json,
         } => {
             let wait = std::time::Duration::from_secs(quiet_wait_s);
-            backup::backup(config, &dir, pg_bin.as_deref(), wait).await
+            backup::backup(config, &dir, pg_bin.as_deref(), wait, json).await
         }
-        Command::Restore { dir, pg_bin } => backup::restore(config, &dir, pg_bin.as_deref()).await,
+        Command::Restore { dir, pg_bin, json } => {
+            backup::restore(config, &dir, pg_bin.as_deref(), json).await
+        }
     }
 }
 

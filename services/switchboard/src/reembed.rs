@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use switchboard_kit::Config;
 
-pub async fn run(config: Config, batch: Option<usize>) -> anyhow::Result<()> {
+pub async fn run(config: Config, batch: Option<usize>, json: bool) -> anyhow::Result<()> {
     let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
     let embedder = switchboard_embed::load_embedder(&config.embedding)
         .await
@@ -52,6 +52,13 @@ pub async fn run(config: Config, batch: Option<usize>) -> anyhow::Result<()> {
              embedding worker of another model started meanwhile?): run again"
         );
     }
-    println!("{done} messages embedded under {model}; every message has a vector under it");
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"embedded": done, "model": model, "missing": 0})
+        );
+    } else {
+        println!("{done} messages embedded under {model}; every message has a vector under it");
+    }
     Ok(())
 }

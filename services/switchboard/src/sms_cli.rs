@@ -27,6 +27,9 @@ pub enum SmsCommand {
         /// Seconds to wait for the reply (0: don't wait).
         #[arg(long, default_value_t = 30)]
         wait: u64,
+        /// `{"id", "from", "replies"}` (`replies`: null without a demo outbox).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -65,8 +68,13 @@ pub async fn run(config: Config, command: SmsCommand) -> anyhow::Result<()> {
         to,
         wait,
         via,
+        json,
     } = command;
     let sent = send_sms(&config, via, &from, &text, to, wait).await?;
+    if json {
+        println!("{}", serde_json::to_string(&sent)?);
+        return Ok(());
+    }
     println!(
         "sent {} from {}: gateway answered 200 OK",
         sent.id, sent.from
