@@ -46,6 +46,7 @@ run: build
 	fi; \
 	echo "switchboard is starting; in another terminal try:"; \
 	echo "  target/debug/switchboard sms send --from +14155550100 --text 'Hello Reggie'"; \
+	echo "  the chat widget: http://127.0.0.1:8080/demo/widget   the ops console: http://127.0.0.1:8081/console"; \
 	echo $$$$ > $(PID_FILE); \
 	exec target/debug/switchboard up
 
