@@ -131,6 +131,24 @@ impl Browser {
             .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
     }
 
+    /// Click the first element matching `css`, once it is there.
+    pub async fn click(&self, css: &str) {
+        self.element(css)
+            .await
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
+    /// Type `text` into the first element matching `css` (`\n` is Enter).
+    pub async fn type_into(&self, css: &str, text: &str) {
+        self.element(css)
+            .await
+            .send_keys(text)
+            .await
+            .unwrap_or_else(|e| panic!("type into {css}: {e}"));
+    }
+
     /// The texts of every element matching `css`, once `done` holds for them (a screenshot
     /// `timeout-<what>` and a panic if it never does).
     pub async fn texts_until(

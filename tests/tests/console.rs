@@ -21,26 +21,17 @@ async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
 }
 
 async fn an_operator_key(app: &TestApp) -> String {
-    let key = app
-        .cli_json(&[
-            "api-keys",
-            "create",
-            "--owner",
-            "ops-desk",
-            "--scope",
+    app.api_key(
+        "ops-desk",
+        &[
             "sessions:read",
-            "--scope",
             "search:read",
-            "--scope",
             "analytics:read",
-            "--scope",
             "ops:read",
-            "--scope",
             "ops:write",
-            "--json",
-        ])
-        .await;
-    key["key"].as_str().unwrap().to_string()
+        ],
+    )
+    .await
 }
 
 #[tokio::test]
@@ -75,12 +66,7 @@ async fn console_support_finds_a_transcript_searches_and_replays_a_dead_letter()
     // A wrong key is refused with the reason.
     let input = browser.element("#login-key").await;
     input.send_keys("sbk_not-a-key").await.unwrap();
-    browser
-        .element("#login-form button")
-        .await
-        .click()
-        .await
-        .unwrap();
+    browser.click("#login-form button").await;
     browser
         .texts_until("#login-error", "the refusal", |t| {
             t.first().is_some_and(|t| !t.is_empty())
@@ -90,12 +76,7 @@ async fn console_support_finds_a_transcript_searches_and_replays_a_dead_letter()
     let input = browser.element("#login-key").await;
     input.clear().await.unwrap();
     input.send_keys(&key).await.unwrap();
-    browser
-        .element("#login-form button")
-        .await
-        .click()
-        .await
-        .unwrap();
+    browser.click("#login-form button").await;
     browser
         .texts_until("#who", "signed in", |t| {
             t.first().is_some_and(|t| t == "ops-desk")
@@ -105,17 +86,9 @@ async fn console_support_finds_a_transcript_searches_and_replays_a_dead_letter()
     // Find the nurse's session and read it.
     let person = format!("phone:{NURSE}");
     browser
-        .element("#sessions-filter input[name=person]")
-        .await
-        .send_keys(&person)
-        .await
-        .unwrap();
-    browser
-        .element("#sessions-filter button")
-        .await
-        .click()
-        .await
-        .unwrap();
+        .type_into("#sessions-filter input[name=person]", &person)
+        .await;
+    browser.click("#sessions-filter button").await;
     let rows = browser
         .texts_until("#sessions-table tbody tr", "the nurse's session", |t| {
             t.len() == 1 && t[0].contains(&person)
@@ -123,12 +96,7 @@ async fn console_support_finds_a_transcript_searches_and_replays_a_dead_letter()
         .await;
     assert!(rows[0].contains("reggie_oc"), "{rows:?}");
     browser.screenshot("sessions").await;
-    browser
-        .element("#sessions-table tbody tr")
-        .await
-        .click()
-        .await
-        .unwrap();
+    browser.click("#sessions-table tbody tr").await;
     let transcript = browser
         .texts_until("#transcript li", "the transcript", |t| {
             t.iter()
@@ -144,18 +112,8 @@ async fn console_support_finds_a_transcript_searches_and_replays_a_dead_letter()
     browser.screenshot("transcript").await;
 
     // Search by words.
-    browser
-        .element("nav button[data-view=search]")
-        .await
-        .click()
-        .await
-        .unwrap();
-    browser
-        .element("#search-q")
-        .await
-        .send_keys("night shift\n")
-        .await
-        .unwrap();
+    browser.click("nav button[data-view=search]").await;
+    browser.type_into("#search-q", "night shift\n").await;
     let hits = browser
         .texts_until("#search-results li", "search hits", |t| {
             t.iter().any(|t| t.contains("when is my next night shift?"))
@@ -173,24 +131,14 @@ async fn console_support_finds_a_transcript_searches_and_replays_a_dead_letter()
     browser.screenshot("search").await;
 
     // The category chart draws.
-    browser
-        .element("nav button[data-view=categories]")
-        .await
-        .click()
-        .await
-        .unwrap();
+    browser.click("nav button[data-view=categories]").await;
     browser
         .element("#categories-chart svg rect[data-label]")
         .await;
     browser.screenshot("categories").await;
 
     // Operations: the dead letter, replayed once the agent host takes it again.
-    browser
-        .element("nav button[data-view=operations]")
-        .await
-        .click()
-        .await
-        .unwrap();
+    browser.click("nav button[data-view=operations]").await;
     let stage = browser
         .texts_until(
             "#stages-table tr[data-stage=dispatch]",
@@ -263,20 +211,10 @@ async fn console_an_operator_token_signs_in_and_a_chat_users_does_not() {
         .unwrap();
     assert_eq!(public.status(), 401);
     // Reading the status needs ops:read.
-    let key = app
-        .cli_json(&[
-            "api-keys",
-            "create",
-            "--owner",
-            "crm",
-            "--scope",
-            "sessions:read",
-            "--json",
-        ])
-        .await;
+    let key = app.api_key("crm", &["sessions:read"]).await;
     let status = http
         .get(format!("{}/console/api/status", app.admin_url))
-        .bearer_auth(key["key"].as_str().unwrap())
+        .bearer_auth(&key)
         .send()
         .await
         .unwrap();

@@ -102,12 +102,7 @@ async fn widget_a_visitor_keeps_the_conversation_across_a_reload_and_a_dropped_n
 
     // Reload: the conversation is still there, once each.
     browser.client.refresh().await.unwrap();
-    browser
-        .element("#switchboard-widget .sbw-launch")
-        .await
-        .click()
-        .await
-        .unwrap();
+    browser.click("#switchboard-widget .sbw-launch").await;
     let kept = browser
         .texts_until(".sbw-log li", "the kept conversation", |t| t.len() >= 2)
         .await;
