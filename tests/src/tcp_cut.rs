@@ -1,10 +1,12 @@
-//! A loopback TCP proxy a test can cut: every connection through it is dropped and new ones are
-//! refused until it is restored, as a network that goes away (a tunnel, a closed laptop) does
-//! to a browser's socket. The product behind it keeps running.
+//! A loopback TCP proxy a test can break the way networks break: `blackhole` keeps every
+//! connection open but drops what the server sends (a dead Wi-Fi: the server believes it
+//! delivered), `cut` drops every connection and refuses new ones (the client notices), and
+//! `restore` lets connections through again. The product behind it keeps running.
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -12,7 +14,29 @@ pub struct CuttableProxy {
     /// Where clients connect instead of the target.
     pub addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    blackholed: Arc<AtomicBool>,
     cuts: watch::Sender<u64>,
+}
+
+/// Copy `from` to `to` until either closes; while `discard` holds, read and drop.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    discard: Option<Arc<AtomicBool>>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if discard.as_ref().is_some_and(|d| d.load(Ordering::SeqCst)) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }
 
 impl CuttableProxy {
@@ -22,26 +46,41 @@ impl CuttableProxy {
             .expect("bind the proxy");
         let addr = listener.local_addr().expect("its address");
         let cut = Arc::new(AtomicBool::new(false));
+        let blackholed = Arc::new(AtomicBool::new(false));
         let (cuts, _) = watch::channel(0u64);
-        let (is_cut, cut_signal) = (cut.clone(), cuts.clone());
+        let (is_cut, hole, cut_signal) = (cut.clone(), blackholed.clone(), cuts.clone());
         tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
+            while let Ok((client, _)) = listener.accept().await {
                 if is_cut.load(Ordering::SeqCst) {
                     continue; // dropped: refused while cut
                 }
                 let mut cut_now = cut_signal.subscribe();
+                let hole = hole.clone();
                 tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(target).await else {
+                    let Ok(server) = TcpStream::connect(target).await else {
                         return;
                     };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = pipe(client_read, server_write, None) => {}
+                        _ = pipe(server_read, client_write, Some(hole)) => {}
                         _ = cut_now.changed() => {}
                     }
                 });
             }
         });
-        CuttableProxy { addr, cut, cuts }
+        CuttableProxy {
+            addr,
+            cut,
+            blackholed,
+            cuts,
+        }
+    }
+
+    /// Keep the connections, but drop everything the server sends on them.
+    pub fn blackhole(&self) {
+        self.blackholed.store(true, Ordering::SeqCst);
     }
 
     /// Drop every connection and refuse new ones.
@@ -50,7 +89,9 @@ impl CuttableProxy {
         self.cuts.send_modify(|n| *n += 1);
     }
 
+    /// Let connections through again (and what the server sends on them).
     pub fn restore(&self) {
+        self.blackholed.store(false, Ordering::SeqCst);
         self.cut.store(false, Ordering::SeqCst);
     }
 

@@ -24,21 +24,24 @@ async fn host_page(gateway: &str, token: &str) -> String {
     format!("http://{addr}/")
 }
 
-/// The reply to `text` is in the log (the answer exists, whether or not a socket has it).
-async fn wait_until_answered(app: &TestApp, text: &str) {
+/// The gateway handed the reply `text` to a socket of its person (`mailbox.pushed_at`).
+async fn wait_until_handed(app: &TestApp, text: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM switchboard.messages WHERE direction = 'outbound' AND message = $1",
+            "SELECT count(*) FROM switchboard.mailbox WHERE text = $1 AND pushed_at IS NOT NULL",
         )
         .bind(text)
         .fetch_one(&app.db)
         .await
-        .expect("read the log");
+        .expect("read the mailbox");
         if n > 0 {
             return;
         }
-        assert!(Instant::now() < deadline, "no reply '{text}' logged");
+        assert!(
+            Instant::now() < deadline,
+            "'{text}' never handed to a socket"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -116,10 +119,12 @@ async fn widget_a_visitor_keeps_the_conversation_across_a_reload_and_a_dropped_n
         .await;
     browser.screenshot("after-reload").await;
 
-    // The next answer takes a while; the network goes away once the message is accepted.
+    // The next answer takes a while, and meanwhile the network dies silently: the gateway
+    // hands the answer to the socket, but its bytes never arrive.
     app.runner.set_hold(true);
-    let input = browser.element("#switchboard-widget textarea").await;
-    input.send_keys("and the one after?\n").await.unwrap();
+    browser
+        .type_into("#switchboard-widget textarea", "and the one after?\n")
+        .await;
     browser
         .texts_until(".sbw-log li", "the second message shown", |t| t.len() == 3)
         .await;
@@ -128,25 +133,28 @@ async fn widget_a_visitor_keeps_the_conversation_across_a_reload_and_a_dropped_n
             t.is_empty()
         })
         .await;
+    network.blackhole();
+    app.runner.set_hold(false);
+    app.runner.release.notify_one();
+    wait_until_handed(&app, "Thursday at 7, loading dock.").await;
+    browser.screenshot("answered-into-a-dead-network").await;
+    let lost = browser
+        .texts_until(".sbw-log li", "in the dead network", |_| true)
+        .await;
+    assert!(
+        !lost.iter().any(|t| t.contains("Thursday")),
+        "the answer cannot have come through a dead network: {lost:?}"
+    );
+    // Then the connection drops: the widget notices and keeps trying.
     network.cut();
     browser
         .attr_until("#switchboard-widget", "data-status", "offline", |s| {
             s.to_lowercase().contains("reconnecting")
         })
         .await;
-    app.runner.set_hold(false);
-    app.runner.release.notify_one();
-    wait_until_answered(&app, "Thursday at 7, loading dock.").await;
-    browser.screenshot("offline-while-answered").await;
-    let offline = browser
-        .texts_until(".sbw-log li", "offline", |_| true)
-        .await;
-    assert!(
-        !offline.iter().any(|t| t.contains("Thursday")),
-        "the answer cannot have come through a cut network: {offline:?}"
-    );
 
-    // Back online: the answer that came meanwhile is shown, and nothing twice.
+    // Back online: the widget asks for every reply after the last one it showed (`?since=`),
+    // so the answer the gateway believed delivered is shown, and nothing twice.
     network.restore();
     let all = browser
         .texts_until(".sbw-log li", "the caught-up answer", |t| {
@@ -188,6 +196,59 @@ async fn widget_a_visitor_keeps_the_conversation_across_a_reload_and_a_dropped_n
     let _ = std::fs::remove_file(&rota);
     browser.close().await;
     let _ = std::fs::remove_dir_all(&root);
+}
+
+#[tokio::test]
+async fn widget_a_page_hands_its_token_from_its_own_login_endpoint() {
+    let app = spawn_app_configured(|_| {}).await;
+    let gateway = app.gateway_url.clone();
+    // The site's own endpoint answers the signed-in user's token (here: always Bea's).
+    let html = format!(
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Rota</title></head>
+<body><script src="{gateway}/widget.js" data-agent="reggie_oc" data-token-url="/my/chat-token" data-open="true"></script></body></html>"#
+    );
+    let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let site = axum::Router::new()
+        .route("/", axum::routing::get(move || async move { Html(html) }))
+        .route(
+            "/my/chat-token",
+            axum::routing::get(|| async {
+                axum::Json(
+                    serde_json::json!({"token": chat_token("web:bea", serde_json::json!({}))}),
+                )
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, site).await });
+
+    let browser = Browser::start("widget_a_page_hands_its_token").await;
+    browser.goto(&format!("http://{addr}/")).await;
+    browser
+        .attr_until("#switchboard-widget", "data-status", "connected", |s| {
+            s == "Connected"
+        })
+        .await;
+    browser
+        .type_into("#switchboard-widget textarea", "hello from the rota page\n")
+        .await;
+    browser
+        .texts_until(".sbw-log li.sbw-reply", "the reply", |t| {
+            t.iter()
+                .any(|t| t.contains("echo: hello from the rota page"))
+        })
+        .await;
+    browser.screenshot("replied").await;
+    let person: String = sqlx::query_scalar(
+        "SELECT person_id FROM switchboard.messages WHERE message = 'hello from the rota page'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        person, "user:web:bea",
+        "the token the page's endpoint gave names the person"
+    );
+    browser.close().await;
 }
 
 #[tokio::test]
