@@ -1,7 +1,8 @@
 //! A loopback TCP proxy a test can break the way networks break: `blackhole` keeps every
 //! connection open but drops what the server sends (a dead Wi-Fi: the server believes it
-//! delivered), `cut` drops every connection and refuses new ones (the client notices), and
-//! `restore` lets connections through again. The product behind it keeps running.
+//! delivered, the client hears nothing and no one closes anything), `cut` drops every
+//! connection and refuses new ones, and `restore` lets everything through again. The product
+//! behind it keeps running.
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +17,7 @@ pub struct CuttableProxy {
     cut: Arc<AtomicBool>,
     blackholed: Arc<AtomicBool>,
     cuts: watch::Sender<u64>,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Copy `from` to `to` until either closes; while `discard` holds, read and drop.
@@ -48,9 +50,12 @@ impl CuttableProxy {
         let cut = Arc::new(AtomicBool::new(false));
         let blackholed = Arc::new(AtomicBool::new(false));
         let (cuts, _) = watch::channel(0u64);
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (is_cut, hole, cut_signal) = (cut.clone(), blackholed.clone(), cuts.clone());
+        let counted = accepted.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
                 if is_cut.load(Ordering::SeqCst) {
                     continue; // dropped: refused while cut
                 }
@@ -75,6 +80,7 @@ impl CuttableProxy {
             cut,
             blackholed,
             cuts,
+            accepted,
         }
     }
 
@@ -93,6 +99,11 @@ impl CuttableProxy {
     pub fn restore(&self) {
         self.blackholed.store(false, Ordering::SeqCst);
         self.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// Connections clients made through it so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     pub fn url(&self) -> String {

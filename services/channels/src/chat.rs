@@ -179,6 +179,21 @@ pub struct ChatMessage {
     pub attachments: Vec<uuid::Uuid>,
 }
 
+#[derive(Deserialize)]
+struct PingFrame {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    id: String,
+}
+
+/// The id of a client's `{"type":"ping","id"?}` (at most 64 characters kept), if `frame` is
+/// one; the gateway answers it with `pong`.
+pub fn ping_id(frame: &str) -> Option<String> {
+    let ping: PingFrame = serde_json::from_str(frame).ok()?;
+    (ping.kind == "ping").then(|| ping.id.chars().take(64).collect())
+}
+
 /// Read one text frame from a client into a message, or the error to send back. A message
 /// names at most `max_attachments` uploads; one with attachments may have no text.
 pub fn read_frame(
@@ -258,6 +273,9 @@ pub enum ServerFrame {
         text: String,
         sent_at: String,
     },
+    /// The answer to a client's `ping`: the connection works end to end (a browser cannot see
+    /// WebSocket pings, so a page checks with these).
+    Pong { id: String },
     /// Something the client sent was refused (`id` names the message, when known).
     Error {
         code: String,
@@ -468,5 +486,17 @@ mod tests {
             "invalid_field"
         );
         assert_eq!(code(&frame(&[], " ")), "missing_field");
+    }
+
+    #[test]
+    fn a_ping_is_told_apart_from_a_message_and_keeps_a_short_id() {
+        assert_eq!(ping_id(r#"{"type":"ping","id":"7"}"#), Some("7".into()));
+        assert_eq!(ping_id(r#"{"type":"ping"}"#), Some(String::new()));
+        assert_eq!(
+            ping_id(&format!(r#"{{"type":"ping","id":"{}"}}"#, "x".repeat(100))).map(|i| i.len()),
+            Some(64)
+        );
+        assert_eq!(ping_id(r#"{"type":"message","id":"1","text":"hi"}"#), None);
+        assert_eq!(ping_id("not json"), None);
     }
 }

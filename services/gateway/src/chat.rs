@@ -6,7 +6,9 @@
 //! uploaded first, [`crate::uploads`]) and is told `accepted` once the message is stored
 //! (a resend of the same `id` is the same message, answered once); replies arrive as `reply`
 //! frames. A client that reconnects with `?since=<seq of the last reply it saw>` is sent every
-//! reply after it; without `since`, every reply no socket was handed yet.
+//! reply after it; without `since`, every reply no socket was handed yet. A client's
+//! `{"type":"ping","id"}` is answered `{"type":"pong","id"}`: a browser cannot see WebSocket
+//! pings, so the widget checks a quiet connection with these.
 use std::time::Duration;
 
 use axum::Router;
@@ -295,6 +297,9 @@ async fn receive(
     user: &ChatUser,
     frame: &str,
 ) -> ServerFrame {
+    if let Some(id) = chat::ping_id(frame) {
+        return ServerFrame::Pong { id };
+    }
     let refuse = |e: ApiError, id: Option<String>| {
         let Refused(e) = refused_on(channel, chat::PROVIDER, e);
         ServerFrame::error(&e, id)

@@ -750,7 +750,9 @@ impl ChatUser {
                                 ..Default::default()
                             });
                         }
-                        Ok(ServerFrame::Error { id: None, .. }) | Err(_) => {}
+                        // This client sends no pings.
+                        Ok(ServerFrame::Error { id: None, .. } | ServerFrame::Pong { .. })
+                        | Err(_) => {}
                     }
                 }
                 changed = stop.changed() => {

@@ -7,7 +7,8 @@
  * Attributes: data-agent (required); data-token (the host page's chat JWT) or data-token-url
  * (fetched, with the page's cookies, before each connection: the token as text or as
  * {"token": "..."}); data-channel (default header_widget); data-title; data-open="true" opens
- * the panel at load. window.SwitchboardWidget.setToken(jwt) hands a token over later.
+ * the panel at load; data-heartbeat-s (default 25) how long a silent connection is trusted.
+ * window.SwitchboardWidget.setToken(jwt) hands a token over later.
  *
  * The socket is the gateway's /ws/chat: a message is kept (in this browser's storage, per
  * user and agent) until the gateway says it is accepted and sent again after a reconnect (the
@@ -27,6 +28,12 @@
   var wsBase = gateway.replace(/^http/, "ws");
   var title = cfg.title || "Chat";
   var MAX_ITEMS = 200;
+  // A connection that dies silently (a dead network keeps it half open) is noticed by a ping
+  // the gateway must answer: none within HEARTBEAT_MS after it, or no open socket within
+  // HEARTBEAT_MS of trying, and the widget connects afresh.
+  var HEARTBEAT_MS = 1000 * (Number(cfg.heartbeatS) > 0 ? Number(cfg.heartbeatS) : 25);
+  var heartbeat = null;
+  var connectedOnce = false;
 
   var token = cfg.token || null;
   var socket = null;
@@ -324,17 +331,36 @@
     }
     var url = wsBase + "/ws/chat/" + encodeURIComponent(channel) + "?token=" + encodeURIComponent(token);
     if (state.lastSeq > 0) url += "&since=" + state.lastSeq;
-    setStatus(socket ? "Reconnecting\u2026" : "Connecting\u2026");
+    setStatus(connectedOnce ? "Reconnecting\u2026" : "Connecting\u2026");
     var ws = new WebSocket(url);
     socket = ws;
+    var heard = Date.now();
+    var pinged = 0;
+    clearInterval(heartbeat);
+    heartbeat = setInterval(function () {
+      if (socket !== ws) return;
+      var silent = Date.now() - heard;
+      if (ws.readyState !== WebSocket.OPEN || (pinged && silent >= HEARTBEAT_MS)) {
+        if (ws.readyState === WebSocket.OPEN || silent >= HEARTBEAT_MS) abandon(ws);
+        return;
+      }
+      if (silent >= HEARTBEAT_MS / 2 && !pinged) {
+        pinged = Date.now();
+        ws.send(JSON.stringify({ type: "ping", id: String(pinged) }));
+      }
+    }, Math.max(250, HEARTBEAT_MS / 4));
     ws.onopen = function () {
       retryMs = 500;
+      heard = Date.now();
+      connectedOnce = true;
       setStatus("Connected");
       state.items.forEach(function (item) {
         if (item.kind === "me" && !item.accepted) transmit(item);
       });
     };
     ws.onmessage = function (ev) {
+      heard = Date.now();
+      pinged = 0;
       var frame;
       try {
         frame = JSON.parse(ev.data);
@@ -349,6 +375,21 @@
       retry();
     };
   }
+  // Give up on a socket that stopped answering: it is closed without waiting for its close
+  // handshake (which a dead network never completes) and a new one is made.
+  function abandon(ws) {
+    if (socket !== ws) return;
+    clearInterval(heartbeat);
+    socket = null;
+    try {
+      ws.close();
+    } catch (e) {
+      /* already closing */
+    }
+    setStatus("No answer; reconnecting\u2026");
+    retry();
+  }
+
   function retry() {
     clearTimeout(retryTimer);
     var wait = retryMs * (0.75 + Math.random() / 2);
@@ -379,6 +420,8 @@
         });
       }
       if (frame.seq > state.lastSeq) state.lastSeq = frame.seq;
+    } else if (frame.type === "pong") {
+      return;
     } else if (frame.type === "error") {
       setStatus(frame.message || frame.code);
       if (frame.id) {
