@@ -117,7 +117,8 @@ async def follow(args):
         want = 32 if args.stop_after is None else min(32, args.stop_after - taken)
         try:
             msgs = await sub.fetch(want, timeout=1.0)
-        except NatsTimeout:
+        # nats-py raises either, depending on where the wait ran out.
+        except (NatsTimeout, asyncio.TimeoutError):
             idle += 1.0
             if args.idle_exit is not None and idle >= args.idle_exit:
                 break
