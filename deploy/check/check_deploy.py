@@ -188,6 +188,18 @@ def check_compose(args, yaml, expect, env):
         elif got != want:
             problems.append(f"user {user}: {got}, the stack gives {want}")
     report("compose: NATS users' rights are the stack's", problems)
+    # Each user in an account of its own, importing what the stack's config imports: a
+    # read-only user in the product's account could have JetStream answer into the work
+    # subjects (a request's reply subject is the client's choice).
+    got, want = nats_sharing(conf), nats_sharing(reference)
+    problems = [] if want and got == want else [f"exports and imports {sorted(got)}, the stack has {sorted(want)}"]
+    report("compose: NATS accounts' exports and imports are the stack's", problems)
+
+
+def nats_sharing(conf):
+    """The export and import entries of a nats.conf's accounts, comments left out."""
+    lines = (line.split("#")[0].strip() for line in conf.splitlines())
+    return {line for line in lines if line.startswith(("{ service:", "{ stream:"))}
 
 
 def nats_permissions(conf, user):

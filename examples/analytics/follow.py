@@ -107,7 +107,9 @@ async def follow(args):
         inbox_prefix=reader["inbox_prefix"],
         max_reconnect_attempts=-1,
     )
-    js = nc.jetstream()
+    # The reader lives in a NATS account of its own, which imports its consumer's API under
+    # this prefix (readers made before it had none: the plain $JS.API fetch works too).
+    js = nc.jetstream(prefix=reader.get("api_prefix", "$JS.API"))
     sub = await js.pull_subscribe_bind(reader["consumer"], stream=reader["stream"])
     idle = 0.0
     taken = 0

@@ -219,10 +219,17 @@ async fn analytics_reads_the_events_by_sequence_but_creates_no_consumer_and_sees
     let (work, public) = (topology.work_stream(), topology.events_stream());
 
     // What it is for: asking about the event stream, answered on its own inbox (the stream
-    // may not exist on a test stack; the answer says so, and no permission is violated).
+    // may not exist on a test stack; the answer says so, and no permission is violated). It
+    // asks under its account's API prefix: the product's streams are in another account.
     let answer = tokio::time::timeout(
         BOUND,
-        analytics.request(format!("$JS.API.STREAM.INFO.{public}"), "".into()),
+        analytics.request(
+            format!(
+                "{}.STREAM.INFO.{public}",
+                switchboard_stack::readers::EVENTS_API_PREFIX
+            ),
+            "".into(),
+        ),
     )
     .await
     .expect("answered in time")

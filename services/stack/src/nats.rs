@@ -1,16 +1,24 @@
 //! The NATS server of a stack: its configuration (loopback, JetStream, the two users and their
 //! permissions; for a cluster node also its `cluster {}` block, from [`crate::nats_cluster`]).
 //! Starting, checking and stopping the servers is [`crate::nats_nodes`]'.
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::credentials::{Credentials, NATS_APP_USER, NATS_RO_USER};
 use crate::nats_cluster::{ClusterNode, cluster_block, server_name};
+use crate::readers::ServiceImport;
 use crate::{Error, Result};
 
 /// Changes whenever the subjects below do, so that `up` restarts a NATS that runs with the old
 /// ones (the settings line records it).
-pub const PERMISSIONS_VERSION: u32 = 4;
+pub const PERMISSIONS_VERSION: u32 = 5;
+
+/// The product's NATS account: its users, its streams (JetStream keeps them under
+/// `<store_dir>/jetstream/SWITCHBOARD/`) and what it exports to the others.
+pub const PRODUCT_ACCOUNT: &str = "SWITCHBOARD";
+/// The `analytics` user's account: it imports the public events and nothing else.
+pub const ANALYTICS_ACCOUNT: &str = "ANALYTICS";
 
 /// A subject token: letters, digits, '_' and '-'.
 fn is_token(s: &str) -> bool {
@@ -89,15 +97,23 @@ pub struct ConfInput<'a> {
     pub readers: &'a [crate::readers::Reader],
 }
 
-/// The authorization block for the users of credentials/secrets:
+/// The accounts and users of credentials/secrets, each user in an account of its own:
 ///
-/// - `switchboard`, the product: its subjects under each prefix, the JetStream and key-value
-///   APIs, reply inboxes;
-/// - `analytics`, read-only: the public event stream of the analytics prefix, live (subscribe
-///   `<prefix>.events.>`) or by sequence (STREAM.MSG.GET / DIRECT.GET on `<PREFIX>_EVENTS`);
-///   replies on its own inbox prefix `_INBOX_analytics`. It may not create consumers: a push
-///   consumer's deliver subject is not checked against its creator's permissions (nats-server
-///   issue 8274), so that would let it publish into the work stream.
+/// - `switchboard`, the product, in account `SWITCHBOARD`: its subjects under each prefix, the
+///   JetStream and key-value APIs, reply inboxes; its streams live in this account;
+/// - `analytics`, read-only, in account `ANALYTICS`: the public event stream of the analytics
+///   prefix, live (subscribe `<prefix>.events.>`, a stream import) or by sequence
+///   (STREAM.MSG.GET / DIRECT.GET on `<PREFIX>_EVENTS`, service imports under
+///   [`crate::readers::EVENTS_API_PREFIX`]); replies on its own inbox prefix
+///   `_INBOX_analytics`. It may not create consumers: a push consumer's deliver subject is not
+///   checked against its creator's permissions (nats-server issue 8274);
+/// - each event reader in an account of its own ([`crate::readers`]).
+///
+/// Why accounts: a JetStream request's reply subject is the client's choice and the server
+/// answers there on the stream's or consumer's behalf, so a read-only user in the product's
+/// account could have messages delivered into the work subjects (reply `sb.identified`), which
+/// publish permissions cannot stop. The answer to an imported request goes back to the
+/// requester's own account, where no product subject or stream exists.
 pub fn authorization(c: &ConfInput<'_>) -> Result<String> {
     let (prefixes, ro) = checked_prefixes(c.prefixes, c.analytics)?;
     let mut publish: Vec<String> = Vec::new();
@@ -142,14 +158,60 @@ pub fn authorization(c: &ConfInput<'_>) -> Result<String> {
         })
         .collect::<String>()
         + "_EVENTS";
-    let ro_publish = [
-        "$JS.API.INFO".to_string(),
-        format!("$JS.API.STREAM.INFO.{stream}"),
-        format!("$JS.API.STREAM.MSG.GET.{stream}"),
-        format!("$JS.API.DIRECT.GET.{stream}"),
-        format!("$JS.API.DIRECT.GET.{stream}.>"),
+    let ro_imports = [
+        ServiceImport::api(&format!("STREAM.INFO.{stream}"), false),
+        ServiceImport::api(&format!("STREAM.MSG.GET.{stream}"), false),
+        // A direct get may answer a batch request with several messages.
+        ServiceImport::api(&format!("DIRECT.GET.{stream}"), true),
+        ServiceImport::api(&format!("DIRECT.GET.{stream}.>"), true),
     ];
-    let ro_subscribe = [format!("{ro}.events.>"), format!("_INBOX_{NATS_RO_USER}.>")];
+    let ro_events = format!("{ro}.events.>");
+    let ro_publish: Vec<String> = ro_imports
+        .iter()
+        .map(|i| i.local_subject().to_string())
+        .collect();
+    let ro_subscribe = [ro_events.clone(), format!("_INBOX_{NATS_RO_USER}.>")];
+
+    // The product's exports: each service once, with every account that imports it.
+    let mut services: BTreeMap<String, (bool, Vec<String>)> = BTreeMap::new();
+    let mut export = |i: &ServiceImport, account: String| {
+        let entry = services
+            .entry(i.subject.clone())
+            .or_insert((i.streamed, Vec::new()));
+        if !entry.1.contains(&account) {
+            entry.1.push(account);
+        }
+    };
+    for i in &ro_imports {
+        export(i, ANALYTICS_ACCOUNT.to_string());
+    }
+    for r in c.readers {
+        for i in r.imports() {
+            export(&i, r.account());
+        }
+    }
+    let mut exports =
+        format!("      {{ stream: \"{ro_events}\", accounts: [\"{ANALYTICS_ACCOUNT}\"] }}\n");
+    for (subject, (streamed, accounts)) in &services {
+        let _ = writeln!(
+            exports,
+            "      {{ service: \"{subject}\"{}, accounts: {} }}",
+            if *streamed {
+                ", response_type: stream"
+            } else {
+                ""
+            },
+            quoted_list(accounts)
+        );
+    }
+    let mut ro_import_entries: String = ro_imports
+        .iter()
+        .map(|i| format!("      {}\n", i.import_entry(PRODUCT_ACCOUNT)))
+        .collect();
+    let _ = writeln!(
+        ro_import_entries,
+        "      {{ stream: {{ account: \"{PRODUCT_ACCOUNT}\", subject: \"{ro_events}\" }} }}"
+    );
     let mut out = String::new();
     let _ = write!(
         out,
@@ -157,26 +219,45 @@ pub fn authorization(c: &ConfInput<'_>) -> Result<String> {
 # (generated on the stack's first start; 'stack rotate {name}' replaces them).
 # There is no anonymous access and no no_auth_user.
 {settings}
-authorization {{
-  users = [
-    {{
-      user: \"{NATS_APP_USER}\"
-      password: \"{app_password}\"
-      permissions: {{
-        publish: {{ allow: {publish} }}
-        subscribe: {{ allow: {subscribe} }}
+# Each user lives in an account of its own. A JetStream request's reply subject is the
+# client's choice and the server answers there on the stream's or consumer's behalf: in one
+# account, a read-only user could have events delivered into the work subjects. Across
+# accounts the answer to an imported request goes back to the requester's own account,
+# where no product subject or stream exists.
+accounts {{
+  {PRODUCT_ACCOUNT}: {{
+    # The product's streams live in this account (store_dir/jetstream/{PRODUCT_ACCOUNT}/).
+    jetstream: enabled
+    users = [
+      {{
+        user: \"{NATS_APP_USER}\"
+        password: \"{app_password}\"
+        permissions: {{
+          publish: {{ allow: {publish} }}
+          subscribe: {{ allow: {subscribe} }}
+        }}
       }}
-    }}
-    {{
-      user: \"{NATS_RO_USER}\"
-      password: \"{ro_password}\"
-      permissions: {{
-        publish: {{ allow: {ro_publish} }}
-        subscribe: {{ allow: {ro_subscribe} }}
+    ]
+    # What the analytics user and the event readers may read, each only by its own account.
+    exports = [
+{exports}    ]
+  }}
+  {ANALYTICS_ACCOUNT}: {{
+    users = [
+      {{
+        user: \"{NATS_RO_USER}\"
+        password: \"{ro_password}\"
+        permissions: {{
+          publish: {{ allow: {ro_publish} }}
+          subscribe: {{ allow: {ro_subscribe} }}
+        }}
       }}
-    }}
-{readers}  ]
-}}",
+    ]
+    # The JetStream API calls under {api_prefix} (the client's API prefix).
+    imports = [
+{ro_import_entries}    ]
+  }}
+{readers}}}",
         cred_dir = c.cred_dir.display(),
         name = c.name,
         settings = settings_line(c.fingerprint, c.prefixes, c.analytics),
@@ -186,7 +267,8 @@ authorization {{
         ro_password = c.credentials.analytics_password,
         ro_publish = quoted_list(&ro_publish),
         ro_subscribe = quoted_list(&ro_subscribe),
-        readers = crate::readers::user_entries(c.readers),
+        api_prefix = crate::readers::EVENTS_API_PREFIX,
+        readers = crate::readers::account_entries(c.readers, PRODUCT_ACCOUNT),
     );
     Ok(out)
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::commands::Stack;
 use crate::credentials;
 use crate::layout::NatsNodeFiles;
-use crate::nats::{ConfInput, render_conf, render_node_conf, settings_line};
+use crate::nats::{ConfInput, PRODUCT_ACCOUNT, render_conf, render_node_conf, settings_line};
 use crate::nats_cluster::{ClusterNode, NodePorts, meta_leader, node_ports};
 use crate::pins::NATS_VERSION;
 use crate::sys::{self, command};
@@ -222,6 +222,10 @@ impl Stack {
 
     /// Rewrite every node's config and have each running node reload it (SIGHUP: clients stay
     /// connected); how many reloaded.
+    ///
+    /// Each node reloads twice: nats-server 2.15 leaves the service imports of an account that
+    /// a reload adds unanswered (a new reader's fetch gets "no responders") until the next
+    /// reload, which resolves them against the exports now in place.
     pub fn reload_nats_confs(&self) -> Result<usize> {
         let mut reloaded = 0;
         for node in self.nats_nodes() {
@@ -231,16 +235,46 @@ impl Stack {
                 .node_pid(&node)
                 .filter(|p| self.node_pid_is_ours(&node, *p))
             {
-                if !sys::kill(pid, libc::SIGHUP) {
-                    return Err(Error::failed(format!(
-                        "could not signal {} (pid {pid}) to reload its config",
-                        node.label()
-                    )));
+                for _ in 0..2 {
+                    self.reload_node(&node, pid)?;
                 }
                 reloaded += 1;
             }
         }
         Ok(reloaded)
+    }
+
+    /// SIGHUP node `node` (pid `pid`) and wait (up to 10 s) until its monitoring port shows a
+    /// later config load time: the server reloads asynchronously.
+    fn reload_node(&self, node: &NatsNode, pid: i32) -> Result<()> {
+        let loaded = || {
+            node.ports.and_then(|p| {
+                let varz = crate::http::get(
+                    &format!("http://127.0.0.1:{}/varz", p.monitor),
+                    Duration::from_secs(2),
+                )
+                .ok()?;
+                config_load_time(&String::from_utf8_lossy(&varz))
+            })
+        };
+        let before = loaded();
+        if !sys::kill(pid, libc::SIGHUP) {
+            return Err(Error::failed(format!(
+                "could not signal {} (pid {pid}) to reload its config",
+                node.label()
+            )));
+        }
+        if before.is_some()
+            && !sys::wait_until(Duration::from_secs(10), || {
+                loaded().is_some_and(|t| Some(t) != before)
+            })
+        {
+            return Err(Error::server(
+                format!("{} did not reload its config within 10s", node.label()),
+                &node.files.log,
+            ));
+        }
+        Ok(())
     }
 
     /// Start nats-server for `node` detached (its own session, SIGHUP ignored: it outlives the
@@ -257,6 +291,12 @@ impl Stack {
             }
         }
         self.write_node_conf(node, ports)?;
+        if !node.clustered() && adopt_global_store(&node.files.store_dir)? {
+            log!(
+                "NATS: moved the streams of {} from the global account ($G) to account {PRODUCT_ACCOUNT} (its users now have accounts of their own)",
+                node.files.store_dir.display()
+            );
+        }
         sys::remove_file(&node.files.pid);
         let log_path = &node.files.log;
         let mut log = std::fs::OpenOptions::new()
@@ -521,5 +561,67 @@ impl Stack {
         let node = self.checked_nats_node(index)?;
         self.stop_nodes(std::slice::from_ref(&node));
         self.start_nodes(std::slice::from_ref(&node))
+    }
+}
+
+/// The value of `"config_load_time"` in a server's /varz.
+fn config_load_time(varz: &str) -> Option<String> {
+    let after_key = &varz[varz.find("\"config_load_time\"")? + "\"config_load_time\"".len()..];
+    let value = after_key.trim_start().strip_prefix(':')?.trim_start();
+    let value = value.strip_prefix('"')?;
+    Some(value[..value.find('"')?].to_string())
+}
+
+/// A single server's streams made before its users had accounts (permissions v4 and older)
+/// sit in the global account's folder, `<store_dir>/jetstream/$G`; the product's account
+/// (`SWITCHBOARD`) finds them only in a folder of its own name. Moved there (NATS stopped),
+/// so a stack keeps its streams; true when it moved them. A cluster's nodes also record their
+/// streams' account in the replicated meta state, which a move cannot change: a cluster made
+/// before is made again (`stack down` and remove its data, or `switchboard backup`/`restore`).
+pub fn adopt_global_store(store_dir: &std::path::Path) -> Result<bool> {
+    let jetstream = store_dir.join("jetstream");
+    let global = jetstream.join("$G");
+    let product = jetstream.join(PRODUCT_ACCOUNT);
+    if !global.is_dir() || product.exists() {
+        return Ok(false);
+    }
+    std::fs::rename(&global, &product).map_err(|e| Error::io("renaming", &global, e))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_single_servers_global_streams_move_to_the_product_account_once() {
+        let dir = std::env::temp_dir().join(format!("sb-adopt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // Nothing yet: nothing moves.
+        assert!(!adopt_global_store(&dir).unwrap());
+        let stream = dir.join("jetstream/$G/streams/SB_WORK");
+        std::fs::create_dir_all(&stream).unwrap();
+        std::fs::write(stream.join("meta.inf"), "{}").unwrap();
+        assert!(adopt_global_store(&dir).unwrap());
+        assert!(
+            dir.join("jetstream/SWITCHBOARD/streams/SB_WORK/meta.inf")
+                .is_file()
+        );
+        assert!(!dir.join("jetstream/$G").exists());
+        // A $G made later (a server started with an old config) never overwrites the account.
+        std::fs::create_dir_all(dir.join("jetstream/$G/streams/OTHER")).unwrap();
+        assert!(!adopt_global_store(&dir).unwrap());
+        assert!(dir.join("jetstream/SWITCHBOARD/streams/SB_WORK").is_dir());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_config_load_time_is_read_from_varz() {
+        let varz = "{\n  \"config_load_time\": \"2026-11-29T07:11:51.612879712Z\",\n  \"x\": 1}";
+        assert_eq!(
+            config_load_time(varz).as_deref(),
+            Some("2026-11-29T07:11:51.612879712Z")
+        );
+        assert_eq!(config_load_time("{}"), None);
     }
 }

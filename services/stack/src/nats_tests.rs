@@ -1,6 +1,6 @@
-//! nats.conf as the former deploy/local/stack.sh wrote it (testdata/, made by that script, in
-//! git history, for the same inputs; only the two lines naming the tool differ), the prefix
-//! checks, and a cluster node's config.
+//! nats.conf for given inputs (testdata/; first made by the former deploy/local/stack.sh, the
+//! users in accounts of their own since permissions v5), the prefix checks, and a cluster
+//! node's config.
 use std::path::Path;
 
 use super::*;
@@ -59,11 +59,11 @@ fn sync_always_fsyncs_every_write_and_only_then() {
 fn the_settings_line_names_credentials_prefixes_and_permissions() {
     assert_eq!(
         settings_line("f00", "", ""),
-        "# settings: credentials f00, prefixes *, analytics sb, permissions v4"
+        "# settings: credentials f00, prefixes *, analytics sb, permissions v5"
     );
     assert_eq!(
         settings_line("f00", "sb  t1", "x"),
-        "# settings: credentials f00, prefixes sb  t1, analytics x, permissions v4"
+        "# settings: credentials f00, prefixes sb  t1, analytics x, permissions v5"
     );
     assert!(
         conf("", "")

@@ -14,7 +14,8 @@ use clap::Subcommand;
 use futures::StreamExt as _;
 use switchboard_kit::Config;
 use switchboard_kit::topology::Topology;
-use switchboard_stack::readers::{Reader, is_name, user_entries};
+use switchboard_stack::nats::PRODUCT_ACCOUNT;
+use switchboard_stack::readers::{EVENTS_API_PREFIX, Reader, config_for_your_own, is_name};
 
 use crate::tail::Start;
 
@@ -37,7 +38,8 @@ pub enum ReadersCommand {
         /// Only these events (repeatable): `message.logged`, `exchange.categorised`, …
         #[arg(long = "event")]
         events: Vec<String>,
-        /// `{"user", "password", "stream", "consumer", "nats_url", "inbox_prefix", ...}`.
+        /// `{"user", "password", "stream", "consumer", "nats_url", "inbox_prefix", "api_prefix",
+        /// ...}`.
         #[arg(long)]
         json: bool,
     },
@@ -186,8 +188,8 @@ pub async fn run(config: Config, command: ReadersCommand) -> anyhow::Result<()> 
                 eprintln!("reader '{name}' removed: its consumer and its position are gone");
                 if had_user.is_none() {
                     eprintln!(
-                        "remove the user \"{user}\" from your nats.conf and reload the servers \
-                         (nats-server --signal reload)"
+                        "remove the account \"READER_{user}\" (and its exports) from your \
+                         nats.conf and reload the servers (nats-server --signal reload)"
                     );
                 }
             }
@@ -278,6 +280,7 @@ async fn add(
             "consumer": user,
             "nats_url": nats_url,
             "inbox_prefix": reader.inbox_prefix(),
+            "api_prefix": EVENTS_API_PREFIX,
             "filter_subjects": filter_subjects,
             "user_configured": configured,
         });
@@ -285,16 +288,18 @@ async fn add(
     } else {
         eprintln!(
             "reader '{name}': consumer {user} on {stream_name}. Connect as user {user} with \
-             inbox prefix {} (the password is shown once; store it now):",
+             inbox prefix {} and JetStream API prefix {EVENTS_API_PREFIX} (the password is shown \
+             once; store it now):",
             reader.inbox_prefix()
         );
         println!("{password}");
     }
     if !configured {
         eprintln!(
-            "add this user to the users of your nats.conf's authorization block and reload the \
-             servers (nats-server --signal reload); deploy/README.md shows where:\n{}",
-            user_entries(std::slice::from_ref(&reader))
+            "add this reader's account and the exports it imports to your nats.conf and reload \
+             the servers twice (nats-server --signal reload; a reload leaves a new account's \
+             imports unresolved until the next); deploy/README.md shows where:\n{}",
+            config_for_your_own(&reader, PRODUCT_ACCOUNT)
         );
     }
     Ok(())
@@ -311,7 +316,8 @@ async fn wait_until_it_connects(url: &str, reader: &Reader, password: &str) -> a
             .max_reconnects(Some(1));
         let tried = tokio::time::timeout(Duration::from_secs(3), async {
             let client = options.connect(url).await?;
-            let js = jetstream::new(client);
+            // In its own account the reader reaches its consumer under the API prefix.
+            let js = jetstream::with_prefix(client, EVENTS_API_PREFIX);
             let stream = js.get_stream_no_info(&reader.stream).await?;
             stream.consumer_info(&reader.consumer).await?;
             anyhow::Ok(())
