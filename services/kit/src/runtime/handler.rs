@@ -225,7 +225,7 @@ pub type Outcome = Result<Vec<Output>, StageError>;
 
 /// A worker's logic, one message at a time. Implementations know nothing of NATS.
 pub trait Stage: Send + Sync + 'static {
-    type Input: prost::Message + Default + Send + Sync + 'static;
+    type Input: prost::Message + prost::Name + Default + Send + Sync + 'static;
     /// The stage's declaration: its name, what it reads, its knobs.
     const SPEC: StageSpec;
 
@@ -263,7 +263,7 @@ pub trait Stage: Send + Sync + 'static {
 /// statement one of them broke), the runtime runs each again alone, so one bad message fails
 /// alone, never its neighbours.
 pub trait BatchStage: Send + Sync + 'static {
-    type Input: prost::Message + Default + Send + Sync + 'static;
+    type Input: prost::Message + prost::Name + Default + Send + Sync + 'static;
     const SPEC: StageSpec;
 
     /// One outcome per input, in the inputs' order. `attempts[i]` belongs to `inputs[i]`.

@@ -347,6 +347,10 @@ impl Runtime {
                     self.give_up(h, &msg, &attempt, why, opts, &mut alone).await;
                     continue;
                 }
+                if let Some(why) = foreign_type::<H::Input>(&msg) {
+                    self.dead_letter(name, &msg, &attempt, &why).await;
+                    continue;
+                }
                 match <H::Input as prost::Message>::decode(msg.payload.clone()) {
                     Ok(input) => {
                         inputs.push(input);
@@ -464,6 +468,12 @@ impl Runtime {
         let span = message_span(name, &msg, &attempt);
         async {
             let delivered = attempt.delivered;
+            if ran.is_none()
+                && let Some(why) = foreign_type::<H::Input>(&msg)
+            {
+                self.dead_letter(name, &msg, &attempt, &why).await;
+                return;
+            }
             if ran.is_none() && delivered > opts.max_deliver {
                 // The handler never finished the earlier deliveries: it may be crashing the
                 // process. Do not run it again.
@@ -695,6 +705,22 @@ impl Runtime {
             }
         }
     }
+}
+
+/// Why a message is not the stage's to read: its `Sb-Type` header names another type than the
+/// stage's input. Protobuf decodes many a foreign payload without an error (unknown fields are
+/// skipped, missing ones take defaults), so without this check an event delivered onto a work
+/// subject would be handled as an empty input, silently. A message without the header (one
+/// published by hand) is decoded as before: every product publisher sets it.
+fn foreign_type<M: prost::Name>(msg: &jetstream::Message) -> Option<String> {
+    type_mismatch::<M>(msg.headers.as_ref(), msg.subject.as_str())
+}
+
+fn type_mismatch<M: prost::Name>(headers: Option<&HeaderMap>, subject: &str) -> Option<String> {
+    let declared = headers?.get(HEADER_TYPE)?.as_str();
+    let reads = M::full_name();
+    (!declared.is_empty() && declared != reads)
+        .then(|| format!("a {declared} message on {subject}; this stage reads {reads}"))
 }
 
 /// A handler that got no database connection within the pool's timeout waited for capacity

@@ -77,3 +77,33 @@ fn failed_messages_back_off_by_the_configured_policy() {
     assert_eq!(p.delay(1), Duration::from_millis(100));
     assert_eq!(p.delay(10), Duration::from_millis(1000));
 }
+
+#[test]
+fn a_message_declaring_another_type_than_the_stage_reads_is_refused_with_the_cause() {
+    use prost::Name as _;
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        HEADER_TYPE,
+        crate::proto::MessageLogged::full_name().as_str(),
+    );
+    assert_eq!(
+        type_mismatch::<DeadLetter>(Some(&headers), "sb.identified").as_deref(),
+        Some(
+            format!(
+                "a {} message on sb.identified; this stage reads {}",
+                crate::proto::MessageLogged::full_name(),
+                DeadLetter::full_name()
+            )
+            .as_str()
+        )
+    );
+    let mut own = HeaderMap::new();
+    own.insert(HEADER_TYPE, DeadLetter::full_name().as_str());
+    assert_eq!(type_mismatch::<DeadLetter>(Some(&own), "sb.reply"), None);
+    // Published by hand without the header: decoded as before.
+    assert_eq!(type_mismatch::<DeadLetter>(None, "sb.reply"), None);
+    assert_eq!(
+        type_mismatch::<DeadLetter>(Some(&HeaderMap::new()), "sb.reply"),
+        None
+    );
+}
