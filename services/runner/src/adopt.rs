@@ -86,10 +86,9 @@ impl Runner {
                     let settled = runs::watch(&run, spec.timeout_s, None).await;
                     runs::outcome(&run, &settled, spec)
                 }
-                None => Outcome::Failed {
-                    code: "engine_failed".into(),
-                    message: "the run's folder has no readable spec".into(),
-                },
+                None => {
+                    Outcome::failed("engine_failed", "the run's folder has no readable spec", "")
+                }
             };
             let agent = spec.map(|s| s.agent).unwrap_or_default();
             runner.keep(&key, &run, &agent, &outcome);
@@ -104,10 +103,7 @@ impl Runner {
         let spec = run.spec();
         let outcome = match &spec {
             Some(spec) => runs::outcome(run, settled, spec),
-            None => Outcome::Failed {
-                code: "engine_failed".into(),
-                message: "the run's folder has no readable spec".into(),
-            },
+            None => Outcome::failed("engine_failed", "the run's folder has no readable spec", ""),
         };
         self.keep(
             key,
@@ -120,6 +116,15 @@ impl Runner {
 
     /// Store a run's outcome, then clear its folder; count it.
     pub(crate) fn keep(&self, key: &str, run: &RunDir, agent: &str, outcome: &Outcome) {
+        if let Outcome::Failed {
+            code,
+            message,
+            detail,
+        } = outcome
+        {
+            // The one place the detail is told (the caller gets `message` only).
+            tracing::warn!(key, agent, code, detail, "run failed: {message}");
+        }
         match self.store.put(key, outcome) {
             Ok(()) => {
                 if let Err(e) = run.remove() {
@@ -151,7 +156,7 @@ impl Runner {
             Found::Dead(lock, Settled::DiedUnfinished) => (lock, true),
             Found::Dead(_, settled) => return Ok(Plan::Settle(run, settled)),
             Found::Absent => {
-                std::fs::create_dir_all(run.path())?;
+                crate::rundir::private_dir(run.path())?;
                 match run.try_lock()? {
                     Some(lock) => (lock, false),
                     None => return Ok(Plan::Join(self.adopt(running, key, run))),

@@ -31,6 +31,27 @@ pub enum EngineError {
     State(#[source] std::io::Error),
 }
 
+impl EngineError {
+    /// What a caller of the runner is told: how the engine failed, without what it printed
+    /// (its stderr may hold keys, paths or the person's data; the caller may pass the error
+    /// on to the person or the API's client). The rest stays in the runner's log.
+    pub fn public(&self) -> String {
+        match self {
+            EngineError::Spawn(_) => "could not start the engine".into(),
+            EngineError::Exit { status, .. } => format!("the engine exited with {status}"),
+            EngineError::NoAnswer { what, path, .. } => {
+                format!("the engine's output has no JSON with {what} at {path}")
+            }
+            EngineError::Prompt(_) | EngineError::State(_) => {
+                "the runner could not record the run in its folder".into()
+            }
+            EngineError::NoCommand | EngineError::Timeout(_) | EngineError::OutputTooLarge(_) => {
+                self.to_string()
+            }
+        }
+    }
+}
+
 pub struct Run<'a> {
     pub engine: &'a EngineConfig,
     pub agent: &'a str,

@@ -115,7 +115,7 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
 impl Runner {
     pub fn new(config: RunnerConfig) -> anyhow::Result<Self> {
         let store = ResultStore::open(&config.state_dir)?;
-        std::fs::create_dir_all(config.state_dir.join("runs"))?;
+        rundir::private_dir(&config.state_dir.join("runs"))?;
         Ok(Self {
             config: Arc::new(config),
             store,
@@ -180,7 +180,8 @@ fn answer(outcome: &Outcome) -> Response {
     match outcome {
         Outcome::Answered(r) => (StatusCode::OK, Json(r.clone())).into_response(),
         Outcome::Cancelled => error(StatusCode::CONFLICT, "cancelled", "the call was cancelled"),
-        Outcome::Failed { code, message } => {
+        // Never `detail`: it holds what the engine printed.
+        Outcome::Failed { code, message, .. } => {
             let status = if code == "engine_timeout" {
                 StatusCode::GATEWAY_TIMEOUT
             } else {
@@ -191,12 +192,14 @@ fn answer(outcome: &Outcome) -> Response {
     }
 }
 
-/// The answer to a call that could not read or write its state folder.
+/// The answer to a call that could not read or write its state folder (the why, with its
+/// paths, goes to the log).
 fn state_error(e: impl std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "the state folder is unavailable");
     error(
         StatusCode::SERVICE_UNAVAILABLE,
         "state_unavailable",
-        e.to_string(),
+        "the runner cannot read or write its state folder",
     )
 }
 
@@ -229,7 +232,14 @@ async fn run(
     }
     let request: RunRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+        Err(e) => {
+            tracing::info!(error = %e, "a call whose body is not a run request");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "the body is not a run request (agent, prompt, session_id)",
+            );
+        }
     };
     let Some(agent) = runner.config.agents.get(&request.agent).cloned() else {
         return error(
@@ -401,10 +411,7 @@ async fn execute(
             let settled = runs::watch(run, spec.timeout_s, Some(exited)).await;
             runs::outcome(run, &settled, &spec)
         }
-        Err(e) => Outcome::Failed {
-            code: "engine_failed".into(),
-            message: e.to_string(),
-        },
+        Err(e) => Outcome::failed("engine_failed", e.public(), e.to_string()),
     };
     if cancelled.load(Ordering::SeqCst) {
         outcome = Outcome::Cancelled;
@@ -518,6 +525,10 @@ impl Runner {
 
 /// Serve until ctrl-c / SIGTERM.
 pub async fn serve(config: RunnerConfig) -> anyhow::Result<()> {
+    // Before anything is opened or bound: a runner reachable by anyone is not started.
+    for warning in config.check()? {
+        tracing::warn!("{warning}");
+    }
     let listen = config.listen.clone();
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let runner = Runner::new(config)?;

@@ -19,12 +19,15 @@ enum Command {
     #[command(hide = true)]
     Supervise { run_dir: PathBuf },
     /// An engine for trying the runner without an agent (deploy/compose's runner): prints
-    /// `{"text", "session_id"}`, the text quoting the prompt's last line.
+    /// `{"text", "session_id"}`, the text quoting the prompt's last line. The prompt is read
+    /// from `--message-file` (as the runner's `prompt_via = "file"` gives it), or stdin.
     DemoEngine {
         #[arg(long)]
         session_id: String,
+        #[arg(long, conflicts_with = "message_file")]
+        message: Option<String>,
         #[arg(long)]
-        message: String,
+        message_file: Option<PathBuf>,
     },
 }
 
@@ -39,8 +42,14 @@ fn main() -> anyhow::Result<()> {
     if let Some(Command::DemoEngine {
         session_id,
         message,
+        message_file,
     }) = args.command
     {
+        let message = match (message, message_file) {
+            (Some(m), _) => m,
+            (None, Some(path)) => std::fs::read_to_string(path)?,
+            (None, None) => std::io::read_to_string(std::io::stdin())?,
+        };
         println!(
             "{}",
             switchboard_runner::engine::demo_answer(&session_id, &message)

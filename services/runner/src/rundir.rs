@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -123,10 +124,31 @@ pub fn proc_stat(pid: i32) -> Option<(char, i32, u64)> {
     Some((state, pgrp, start))
 }
 
+/// A new (or emptied) file only the runner's user can read: run folders hold prompts, the
+/// engine's output and outcomes, which other users of the agent host must not see.
+pub fn private_file(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// `path` (and any parent it needs) as a folder only the runner's user can enter.
+pub fn private_dir(path: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)?;
+    // One made by an earlier version (or by hand) is closed too.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+}
+
 /// Write `bytes` to `path` all or nothing: aside, synced, renamed, the folder synced.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("part");
-    let mut f = File::create(&tmp)?;
+    let mut f = private_file(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
@@ -212,6 +234,7 @@ impl RunDir {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(self.file("lock"))?;
         // SAFETY: flock(2) on a descriptor this function owns.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {

@@ -61,9 +61,11 @@ pub fn start(
     prompt: &str,
     exe: &Path,
 ) -> Result<oneshot::Receiver<()>, EngineError> {
-    std::fs::write(run.file("prompt"), prompt).map_err(EngineError::Prompt)?;
+    rundir::private_file(&run.file("prompt"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, prompt.as_bytes()))
+        .map_err(EngineError::Prompt)?;
     run.write_spec(spec).map_err(EngineError::State)?;
-    let log = File::create(run.file("supervisor.log")).map_err(EngineError::State)?;
+    let log = rundir::private_file(&run.file("supervisor.log")).map_err(EngineError::State)?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("supervise")
         .arg(run.path())
@@ -131,26 +133,28 @@ pub async fn watch(
 
 /// The outcome of a run that has ended, from its folder.
 pub fn outcome(run: &RunDir, settled: &Settled, spec: &Spec) -> Outcome {
-    let failed = |message: String| Outcome::Failed {
-        code: "engine_failed".into(),
-        message,
-    };
-    let timeout = |s: u64| Outcome::Failed {
-        code: "engine_timeout".into(),
-        message: format!("the engine ran past its {s} s timeout and was killed"),
+    let failed = |message: &str, detail: String| Outcome::failed("engine_failed", message, detail);
+    let timeout = |s: u64| {
+        Outcome::failed(
+            "engine_timeout",
+            format!("the engine ran past its {s} s timeout and was killed"),
+            "",
+        )
     };
     match settled {
         Settled::Cancelled => Outcome::Cancelled,
         Settled::TimedOut => timeout(spec.timeout_s),
-        Settled::DiedUnfinished => {
-            failed("the engine was killed with its supervisor before it finished".into())
-        }
-        Settled::NeverStarted => failed(format!(
-            "the engine's supervisor could not start it: {}",
+        Settled::DiedUnfinished => failed(
+            "the engine was killed with its supervisor before it finished",
+            String::new(),
+        ),
+        Settled::NeverStarted => failed(
+            "the engine's supervisor could not start it",
             std::fs::read_to_string(run.file("supervisor.log"))
                 .unwrap_or_default()
                 .trim()
-        )),
+                .to_string(),
+        ),
         Settled::Exited(exit) => {
             let read = |name: &str| std::fs::read(run.file(name)).unwrap_or_default();
             match engine::answer(spec, exit, &read("stdout"), &read("stderr")) {
@@ -162,7 +166,7 @@ pub fn outcome(run: &RunDir, settled: &Settled, spec: &Spec) -> Outcome {
                     rerun: spec.rerun,
                 }),
                 Err(EngineError::Timeout(s)) => timeout(s),
-                Err(e) => failed(e.to_string()),
+                Err(e) => failed(&e.public(), e.to_string()),
             }
         }
     }

@@ -14,7 +14,25 @@ use crate::RunResponse;
 pub enum Outcome {
     Answered(RunResponse),
     Cancelled,
-    Failed { code: String, message: String },
+    /// `message` is what the caller is told; `detail` (the engine's stderr, its output's end,
+    /// a path) stays on this host: in the runner's log and in this store, never in an answer,
+    /// since the caller may pass the error on to the person or the API's client.
+    Failed {
+        code: String,
+        message: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        detail: String,
+    },
+}
+
+impl Outcome {
+    pub fn failed(code: &str, message: impl Into<String>, detail: impl Into<String>) -> Self {
+        Outcome::Failed {
+            code: code.into(),
+            message: message.into(),
+            detail: detail.into(),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -24,7 +42,7 @@ pub struct ResultStore {
 
 impl ResultStore {
     pub fn open(dir: &Path) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir.join("results"))?;
+        crate::rundir::private_dir(&dir.join("results"))?;
         Ok(Self {
             dir: dir.join("results"),
         })
@@ -66,7 +84,7 @@ impl ResultStore {
     pub fn put(&self, key: &str, outcome: &Outcome) -> std::io::Result<()> {
         let path = self.path(key);
         let tmp = path.with_extension("part");
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = crate::rundir::private_file(&tmp)?;
         f.write_all(&serde_json::to_vec(outcome).expect("serialisable"))?;
         f.sync_all()?;
         std::fs::rename(&tmp, &path)?;

@@ -80,8 +80,8 @@ pub fn supervise(dir: &Path) -> Result<i32, SuperviseError> {
             .argv
             .split_first()
             .ok_or_else(|| std::io::Error::other("the engine has no command"))?;
-        let stdout = File::create(run.file("stdout"))?;
-        let stderr = File::create(run.file("stderr"))?;
+        let stdout = rundir::private_file(&run.file("stdout"))?;
+        let stderr = rundir::private_file(&run.file("stderr"))?;
         let mut cmd = Command::new(program);
         cmd.args(args)
             .envs(&spec.env)

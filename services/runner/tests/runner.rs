@@ -261,16 +261,30 @@ async fn bad_calls_get_clear_errors() {
 
 #[tokio::test]
 async fn an_engine_that_fails_or_floods_its_output_fails_the_turn_clearly() {
-    let host = Host::start("echo 'model quota exceeded' >&2\nexit 3", 10).await;
+    // What the engine printed stays on the host (the runner's log, the run's stderr file):
+    // the caller may pass the error on to the person or the API's client.
+    let host = Host::start(
+        "echo 'model quota exceeded for key sk-live-0123456789 in /home/agent/.openclaw' >&2\nexit 3",
+        10,
+    )
+    .await;
     let (status, body) = host.run("turn:s:1", None, "hi").await;
     assert_eq!(status, 502);
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("model quota exceeded"),
-        "{body}"
-    );
+    assert_eq!(body["error"]["code"], "engine_failed");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("exit status: 3"), "{body}");
+    for leaked in ["sk-live", "quota", "/home/agent"] {
+        assert!(!body.to_string().contains(leaked), "{leaked} in {body}");
+    }
+    // Nor when the answer comes from the kept outcome.
+    let (status, again) = host.run("turn:s:1", None, "hi").await;
+    assert_eq!((status, &again), (502, &body));
+
+    // An engine whose output has no answer: its output is not echoed either.
+    let host = Host::start("echo 'Traceback: secret-db-password=hunter2'", 10).await;
+    let (status, body) = host.run("turn:s:1", None, "hi").await;
+    assert_eq!(status, 502);
+    assert!(!body.to_string().contains("hunter2"), "{body}");
 
     let host = Host::start("head -c 100000 /dev/zero | tr '\\0' 'x'", 10).await;
     let (status, body) = host.run("turn:s:1", None, "hi").await;
