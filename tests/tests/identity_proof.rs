@@ -1,6 +1,8 @@
 //! Links a person proves: "link my phone +1…" in chat texts a one-time code to that number; the
 //! code texted back (or typed in chat) within its lifetime records the link, with its audit
-//! row. Wrong, used-up and expired codes link nothing; codes asked for are limited.
+//! row. Wrong, used-up and expired codes link nothing; codes asked for are limited. A code
+//! completes only the claim it was sent for, the SMS carries no words the claimant chose, and
+//! codes sent are capped overall and per country prefix.
 use std::time::Duration;
 
 use serde_json::json;
@@ -132,7 +134,7 @@ async fn a_code_proves_only_the_number_it_was_sent_to_for_the_person_who_asked()
     app.send_sms(PHONE, &code).await;
     let sms = texts_to_phone(&app, 3).await;
     assert!(
-        sms[1].starts_with("Linked: +14155550199 and Ana Ortiz are one person"),
+        sms[1].starts_with("Linked: +14155550199 and the account that asked for the code are one"),
         "{sms:?}"
     );
     assert_eq!(links(&app).await, [(PHONE_ID.into(), "user:ana".into())]);
@@ -160,7 +162,11 @@ async fn a_phone_proved_by_the_code_texted_back_continues_the_chat_session() {
     assert!(answer.contains("I sent a code to +14155550199"), "{answer}");
     assert_eq!(app.runner.calls().len(), 1, "the agent is not asked");
     let sms = texts_to_phone(&app, 1).await;
-    assert!(sms[0].contains("link this phone to Ana Ortiz"), "{sms:?}");
+    assert!(sms[0].contains("code to link this phone"), "{sms:?}");
+    assert!(
+        !sms[0].contains("Ana"),
+        "the claimant's name is not texted: {sms:?}"
+    );
     let code = code_in(&sms[0]);
     assert!(
         links(&app).await.is_empty(),
@@ -170,7 +176,7 @@ async fn a_phone_proved_by_the_code_texted_back_continues_the_chat_session() {
     app.send_sms(PHONE, &code).await;
     let sms = texts_to_phone(&app, 2).await;
     assert!(
-        sms[1].starts_with("Linked: +14155550199 and Ana Ortiz are one person"),
+        sms[1].starts_with("Linked: +14155550199 and the account that asked for the code are one"),
         "{sms:?}"
     );
     assert_eq!(links(&app).await, [(PHONE_ID.into(), "user:ana".into())]);
@@ -472,5 +478,146 @@ async fn a_request_handled_twice_sends_one_code_and_answers_the_same() {
         .await
         .unwrap();
     assert_eq!(claims, 1);
+    app.shutdown().await;
+}
+
+/// A chat user named `name` in their token (the name is theirs to choose).
+async fn chat_user(app: &TestApp, sub: &str, name: &str) -> ChatClient {
+    let token = chat_token(sub, json!({ "name": name }));
+    ChatClient::connect(&app.gateway_url, &format!("token={token}"))
+        .await
+        .expect("the gateway accepts a valid token")
+}
+
+#[tokio::test]
+async fn a_code_completes_only_the_claim_it_was_sent_for() {
+    let app = app_with(|c| c.identity.proof.codes_per_hour = 5).await;
+    let mut chat = ana(&app).await;
+    ask(&mut chat, "m-1", &format!("link my phone {PHONE}")).await;
+    let code = code_in(&texts_to_phone(&app, 1).await[0]);
+
+    // Mallory, calling herself Ana too, asks for Ana's number while Ana's code works: no code
+    // is sent for her, so the phone's holder never has two people's codes to tell apart.
+    let mut mallory = chat_user(&app, "mallory", "Ana Ortiz").await;
+    let answer = ask(&mut mallory, "x-1", &format!("link my phone {PHONE}")).await;
+    assert_eq!(
+        answer,
+        "Someone else was just sent a code for +14155550199. Try again in 10 minutes."
+    );
+    app.settle().await;
+    assert_eq!(app.twilio.sent().len(), 1, "{:?}", app.twilio.sent());
+
+    // A claim of Mallory's with Ana's very code (as a pair of claims from before codes were
+    // made unique could be), the newest: the code texted back from the phone cannot tell
+    // whose it is, so it completes neither, least of all the newest.
+    sqlx::query(
+        "INSERT INTO switchboard.link_claims
+             (id, requested_by, claimant_id, claimant_name, phone, code, expires_at)
+         VALUES ($1, $2, 'user:mallory', 'Ana Ortiz', $3, $4, now() + interval '10 minutes')",
+    )
+    .bind(uuid::Uuid::now_v7())
+    .bind(uuid::Uuid::now_v7())
+    .bind(PHONE)
+    .bind(&code)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    app.send_sms(PHONE, &code).await;
+    let sms = texts_to_phone(&app, 2).await;
+    assert!(sms[1].contains("links nothing"), "{sms:?}");
+    assert!(links(&app).await.is_empty(), "nobody is linked");
+
+    // Ana's new code is hers alone: texted back, it links her and nobody else.
+    ask(&mut chat, "m-2", &format!("link my phone {PHONE}")).await;
+    let code = code_in(&texts_to_phone(&app, 3).await[2]);
+    app.send_sms(PHONE, &code).await;
+    let sms = texts_to_phone(&app, 4).await;
+    assert!(sms[3].starts_with("Linked: +14155550199"), "{sms:?}");
+    assert_eq!(links(&app).await, [(PHONE_ID.into(), "user:ana".into())]);
+    mallory.close().await;
+    chat.close().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_code_sms_is_the_operators_template_with_no_words_the_claimant_chose() {
+    let app = app_with(|c| {
+        c.identity.proof.sms_template = "Acme: {code} links this phone ({lifetime}).".into();
+    })
+    .await;
+    let spam = "Call +1 900 555 0100 to win";
+    let mut mallory = chat_user(&app, "mallory", spam).await;
+    ask(&mut mallory, "x-1", &format!("link my phone {PHONE}")).await;
+    let sms = texts_to_phone(&app, 1).await;
+    let code = code_in(&sms[0]);
+    assert_eq!(
+        sms[0],
+        format!("Acme: {code} links this phone (10 minutes).")
+    );
+
+    // Nor is it told to the phone once linked.
+    app.send_sms(PHONE, &code).await;
+    let sms = texts_to_phone(&app, 2).await;
+    assert!(sms[1].starts_with("Linked:"), "{sms:?}");
+    for body in &sms {
+        assert!(
+            !body.contains("900") && !body.contains("win"),
+            "the claimant's words reached the phone: {body:?}"
+        );
+    }
+    mallory.close().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn codes_sent_are_capped_overall_and_per_country_prefix() {
+    const UK: &str = "+447911123456";
+    const UK_2: &str = "+447911123457";
+    let app = app_with(|c| {
+        c.identity.proof.max_codes_per_hour = 3;
+        c.identity
+            .proof
+            .max_codes_per_hour_by_prefix
+            .insert("+44".into(), 1);
+    })
+    .await;
+    // Each asker is someone new, for a number of their own: only the caps can refuse them.
+    let asks = [
+        ("ana", PHONE, true),
+        ("bo", UK, true),
+        ("carl", UK_2, false),
+        ("dee", OTHER_PHONE, true),
+        ("eve", STAFF_PHONE, false),
+    ];
+    for (i, (who, number, sent)) in asks.into_iter().enumerate() {
+        let mut chat = chat_user(&app, who, who).await;
+        let answer = ask(
+            &mut chat,
+            &format!("{who}-{i}"),
+            &format!("link my phone {number}"),
+        )
+        .await;
+        if sent {
+            assert!(answer.starts_with("I sent a code"), "{who}: {answer}");
+        } else {
+            assert_eq!(
+                answer, "Too many codes are being sent right now. Try again later.",
+                "{who}"
+            );
+        }
+        chat.close().await;
+    }
+    app.settle().await;
+    let sent: Vec<String> = app.twilio.sent().into_iter().map(|s| s.to).collect();
+    assert_eq!(sent.len(), 3, "nothing is sent over a cap: {sent:?}");
+    assert!(!sent.contains(&UK_2.to_string()) && !sent.contains(&STAFF_PHONE.to_string()));
+    let metrics = app.metrics().await;
+    for line in [
+        "sb_identity_link_proofs_total{outcome=\"codes_capped\"} 2",
+        "sb_identity_link_codes_capped_total{cap=\"prefix\"} 1",
+        "sb_identity_link_codes_capped_total{cap=\"global\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
     app.shutdown().await;
 }

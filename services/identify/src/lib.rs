@@ -379,7 +379,16 @@ fn task(app: &App) -> Task {
             app.config.proof_sms_sender(),
         )
     });
-    app.stage_task(IdentifyStage::new(resolver, proofs, app.topology.clone()))
+    let run = app.stage_task(IdentifyStage::new(resolver, proofs, app.topology.clone()));
+    // Every message passes identify, so its workers always run: they keep the tables that
+    // would otherwise grow for ever in check, beside the stage, until it has drained.
+    let retention = switchboard_kit::retention::run(app.db.clone(), app.config.retention.clone());
+    Box::pin(async move {
+        tokio::select! {
+            r = run => r,
+            _ = retention => unreachable!("the retention sweep never returns"),
+        }
+    })
 }
 
 #[cfg(test)]

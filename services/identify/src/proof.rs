@@ -14,10 +14,19 @@
 //! text as them. A number that is someone else's and a claimant the directory knows are left
 //! to an operator (`switchboard people link`).
 //!
+//! A code proves one claim: while one person's code to a number works, nobody else is sent one
+//! to it (the phone's holder never has two people's codes to tell apart), a new code differs
+//! from every working code of the number and of the claimant, and a code given back completes
+//! the one claim whose code it is (compared in constant time), never another one waiting. The
+//! code SMS is the operator's template (`sms_template`) with the code and its lifetime: nothing
+//! the claimant chose (their name) is ever texted to the number, nor told to it once linked.
+//!
 //! Limits: a code lives `code_ttl_s`; a claim survives `max_wrong_codes` wrong codes; a person
-//! may ask for, and a number be sent, `codes_per_hour` codes an hour. Every decision is written
-//! with what it did in one transaction, keyed by the message, so a redelivered message gets the
-//! same answer and neither a second code nor a second wrong try.
+//! may ask for, and a number be sent, `codes_per_hour` codes an hour; at most
+//! `max_codes_per_hour` codes go out an hour in all, and `max_codes_per_hour_by_prefix` to the
+//! numbers of a prefix. Every decision is written with what it did in one transaction (under
+//! the links' write lock, so replicas count alike), keyed by the message, so a redelivered
+//! message gets the same answer and neither a second code nor a second wrong try.
 use sqlx::{PgPool, Postgres, Transaction};
 use switchboard_kit::config::{ContactKind, LinkProofConfig, SmsSender};
 use switchboard_kit::proto::{InboundMessage, Person};
@@ -26,58 +35,12 @@ use uuid::Uuid;
 use crate::links::{IdentityLinks, LinkError, Request};
 use crate::{IdentityError, IdentityResolver, contact_of, normalize_phone};
 
-/// Digits in a code.
-pub const CODE_DIGITS: usize = 6;
+mod ask;
+mod code;
 
-/// The longest text read as a request or a code ("link my phone number +61 412 345 678" is 36).
-const MAX_ASK_LEN: usize = 80;
-
-/// What a message asks of the proof flow.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ask {
-    /// "link my phone +61 412 345 678": text a code to this number (as typed).
-    LinkPhone(String),
-    /// Six digits ("123456", "123 456", "code 123-456"): a code, if a claim waits for one.
-    Code(String),
-}
-
-/// Read `text` as a request to link a phone or as a code; `None` for anything else (the agent
-/// answers it).
-pub fn parse(text: &str) -> Option<Ask> {
-    let text = text.trim();
-    // Every message passes here: a long one is no request, and is not split into words.
-    if text.len() > MAX_ASK_LEN {
-        return None;
-    }
-    let text = text.strip_prefix('/').unwrap_or(text);
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let is = |i: usize, any: &[&str]| {
-        words
-            .get(i)
-            .is_some_and(|w| any.iter().any(|a| w.eq_ignore_ascii_case(a)))
-    };
-    let mut at = 0;
-    if is(at, &["link"]) {
-        at += 1;
-        if is(at, &["my"]) {
-            at += 1;
-        }
-        if is(at, &["phone", "mobile", "number"]) {
-            at += 1;
-            if is(at, &["number"]) {
-                at += 1;
-            }
-            let number = words[at..].concat();
-            return (!number.is_empty()).then_some(Ask::LinkPhone(number));
-        }
-    }
-    if is(at, &["code"]) {
-        at += 1;
-    }
-    let digits: String = words[at..].concat().replace('-', "");
-    (digits.len() == CODE_DIGITS && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then_some(Ask::Code(digits))
-}
+pub use ask::{Ask, parse};
+pub use code::CODE_DIGITS;
+use code::{new_code, same_code};
 
 /// What came of a message that asked for a code or gave one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +51,10 @@ pub enum ProofOutcome {
     /// The number is someone else's (or the link would break the links' rules).
     Taken,
     TooManyCodes,
+    /// Another person's code to the number still works: none is sent for this one.
+    PhoneBusy,
+    /// The codes sent in the last hour, in all or to the number's prefix, are at their cap.
+    CodesCapped,
     NoSmsProvider,
     Linked,
     WrongCode,
@@ -104,6 +71,8 @@ impl ProofOutcome {
             ProofOutcome::AlreadyYours => "already_yours",
             ProofOutcome::Taken => "taken",
             ProofOutcome::TooManyCodes => "too_many_codes",
+            ProofOutcome::PhoneBusy => "phone_busy",
+            ProofOutcome::CodesCapped => "codes_capped",
             ProofOutcome::NoSmsProvider => "no_sms_provider",
             ProofOutcome::Linked => "linked",
             ProofOutcome::WrongCode => "wrong_code",
@@ -404,6 +373,34 @@ impl LinkProofs {
                 "Too many codes were asked for in the last hour. Try again later.".into(),
             ));
         }
+        // The phone's holder must never have two people's codes to tell apart.
+        let someone_elses = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM switchboard.link_claims
+                               WHERE phone = $1 AND claimant_id <> $2 AND status = $3
+                                 AND expires_at > now()) AS "busy!""#,
+            phone,
+            person.person_id,
+            ClaimStatus::Pending as ClaimStatus,
+        )
+        .fetch_one(&mut **tx)
+        .await?;
+        if someone_elses {
+            return Ok(said(
+                ProofOutcome::PhoneBusy,
+                format!(
+                    "Someone else was just sent a code for {phone}. Try again in {}.",
+                    self.lifetime()
+                ),
+            ));
+        }
+        if let Some(cap) = self.cap_reached(tx, &phone).await? {
+            metrics::counter!("sb_identity_link_codes_capped_total", "cap" => cap).increment(1);
+            tracing::warn!(cap, "link codes at their hourly cap: none sent");
+            return Ok(said(
+                ProofOutcome::CodesCapped,
+                "Too many codes are being sent right now. Try again later.".into(),
+            ));
+        }
         // A new code replaces the one asked for before.
         sqlx::query!(
             "UPDATE switchboard.link_claims SET status = $3, settled_at = now()
@@ -415,6 +412,7 @@ impl LinkProofs {
         )
         .execute(&mut **tx)
         .await?;
+        let code = self.unused_code(tx, &phone, &person.person_id).await?;
         let claim = sqlx::query_as!(
             Claim,
             r#"INSERT INTO switchboard.link_claims
@@ -426,7 +424,7 @@ impl LinkProofs {
             person.person_id,
             person.name,
             phone,
-            new_code(),
+            code,
             self.config.code_ttl_s as f64,
         )
         .fetch_one(&mut **tx)
@@ -495,9 +493,19 @@ impl LinkProofs {
                 )
             }));
         }
-        // Six digits compared as text: the tries a claim allows bound guessing, not timing.
-        let Some(claim) = live.iter().find(|c| c.code == code) else {
-            return self.wrong_code(tx, &live).await.map(Some);
+        // Every live claim compared, each in constant time: the answer's timing says nothing
+        // of which code, or how much of one, was right.
+        let matching: Vec<&Claim> = live
+            .iter()
+            .copied()
+            .filter(|c| same_code(&c.code, code))
+            .collect();
+        let claim = match matching.as_slice() {
+            [] => return self.wrong_code(tx, &live).await.map(Some),
+            [claim] => *claim,
+            // Codes are made unique among working ones; claims from before that (or written by
+            // hand) that share a code cannot tell whose it is: it completes none of them.
+            several => return self.void(tx, several).await.map(Some),
         };
         let answer = match self
             .plan(resolver, &claim.phone, &claim.claimant_id)
@@ -518,14 +526,19 @@ impl LinkProofs {
                     actor: &claim.claimant_id,
                     reason: &reason,
                 };
+                // Texted back, the answer goes to the phone: the claimant's own words (their
+                // name) are not Switchboard's to text to it.
+                let whom = match waiting {
+                    Waiting::Phone(_) => "the account that asked for the code",
+                    Waiting::Claimant(_) => claim.who(),
+                };
                 match self.links.link_in(tx, request).await {
                     Ok(_) => said(
                         ProofOutcome::Linked,
                         format!(
-                            "Linked: {} and {} are one person here now, and the conversation \
-                             goes on across both.",
+                            "Linked: {} and {whom} are one person here now, and the \
+                             conversation goes on across both.",
                             claim.phone,
-                            claim.who()
                         ),
                     ),
                     Err(LinkError::Database(e)) => return Err(e.into()),
@@ -635,19 +648,95 @@ impl LinkProofs {
         })
     }
 
+    /// The code SMS: the operator's template, with the code and its lifetime and nothing else.
     fn code_message(&self, claim: &Claim) -> CodeMessage {
-        let who = claim.who();
         CodeMessage {
             id: claim.id,
             phone: claim.phone.clone(),
-            text: format!(
-                "{} is your code to link this phone to {who}. Text it back to this number, or \
-                 type it where you asked for it, within {}. If you did not ask for it, ignore \
-                 this message.",
-                claim.code,
-                self.lifetime()
-            ),
+            text: self
+                .config
+                .sms_template
+                .replace("{lifetime}", &self.lifetime())
+                .replace("{code}", &claim.code),
         }
+    }
+
+    /// Which hourly cap on codes sent (`"global"`, `"prefix"`) a code to `phone` would break.
+    async fn cap_reached(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        phone: &str,
+    ) -> Result<Option<&'static str>, sqlx::Error> {
+        // Every claim is one code sent (a redelivered request finds its claim, sends none).
+        let sent_since = |prefix: &str| {
+            sqlx::query_scalar!(
+                r#"SELECT count(*) AS "sent!" FROM switchboard.link_claims
+                    WHERE created_at > now() - interval '1 hour' AND starts_with(phone, $1)"#,
+                prefix.to_string(),
+            )
+        };
+        let global = self.config.max_codes_per_hour;
+        if global > 0 && sent_since("").fetch_one(&mut **tx).await? >= i64::from(global) {
+            return Ok(Some("global"));
+        }
+        for (prefix, &cap) in &self.config.max_codes_per_hour_by_prefix {
+            if phone.starts_with(prefix.as_str())
+                && sent_since(prefix).fetch_one(&mut **tx).await? >= i64::from(cap)
+            {
+                return Ok(Some("prefix"));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A fresh code that no working claim to `phone` or of `claimant` has: a code given back
+    /// then names one claim.
+    async fn unused_code(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        phone: &str,
+        claimant: &str,
+    ) -> Result<String, sqlx::Error> {
+        let in_use = sqlx::query_scalar!(
+            "SELECT code FROM switchboard.link_claims
+              WHERE (phone = $1 OR claimant_id = $2) AND status = $3 AND expires_at > now()",
+            phone,
+            claimant,
+            ClaimStatus::Pending as ClaimStatus,
+        )
+        .fetch_all(&mut **tx)
+        .await?;
+        // A handful of working codes among a million: the first draw is almost always free.
+        Ok(std::iter::repeat_with(new_code)
+            .find(|c| !in_use.contains(c))
+            .expect("an endless supply of codes"))
+    }
+
+    /// A code several claims share completes none: each of them is over.
+    async fn void(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        claims: &[&Claim],
+    ) -> Result<Answer, ProofError> {
+        let ids: Vec<Uuid> = claims.iter().map(|c| c.id).collect();
+        sqlx::query!(
+            "UPDATE switchboard.link_claims SET status = $2, settled_at = now()
+              WHERE id = ANY($1)",
+            &ids,
+            ClaimStatus::UsedUp as ClaimStatus,
+        )
+        .execute(&mut **tx)
+        .await?;
+        tracing::warn!(
+            claims = ids.len(),
+            "a code several claims share links nothing"
+        );
+        Ok(said(
+            ProofOutcome::UsedUp,
+            "That code was sent for more than one request, so it links nothing. Ask for a new \
+             one."
+                .into(),
+        ))
     }
 
     fn lifetime(&self) -> String {
@@ -681,12 +770,14 @@ enum ClaimStatus {
     Superseded,
 }
 
-const ALL_OUTCOMES: [ProofOutcome; 10] = [
+const ALL_OUTCOMES: [ProofOutcome; 12] = [
     ProofOutcome::CodeSent,
     ProofOutcome::NotAPhone,
     ProofOutcome::AlreadyYours,
     ProofOutcome::Taken,
     ProofOutcome::TooManyCodes,
+    ProofOutcome::PhoneBusy,
+    ProofOutcome::CodesCapped,
     ProofOutcome::NoSmsProvider,
     ProofOutcome::Linked,
     ProofOutcome::WrongCode,
@@ -717,65 +808,4 @@ fn taken(phone: &str) -> Answer {
              can link it (switchboard people link)."
         ),
     )
-}
-
-/// A fresh code: uuid's v4 bytes come from the operating system's CSPRNG (getrandom); the
-/// modulo's bias over 122 random bits is nil.
-fn new_code() -> String {
-    let n = Uuid::new_v4().as_u128() % 10u128.pow(CODE_DIGITS as u32);
-    format!("{n:0width$}", width = CODE_DIGITS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn asking_to_link_a_phone_is_read_in_the_ways_people_write_it() {
-        let phone = |s: &str| Some(Ask::LinkPhone(s.into()));
-        assert_eq!(
-            parse("link my phone +61 412 345 678"),
-            phone("+61412345678")
-        );
-        assert_eq!(
-            parse("Link my phone number 0412-345-678"),
-            phone("0412-345-678")
-        );
-        assert_eq!(parse("/link phone +14155550100"), phone("+14155550100"));
-        assert_eq!(
-            parse("  LINK MY MOBILE (415) 555 0100 "),
-            phone("(415)5550100")
-        );
-        assert_eq!(parse("link my phone"), None);
-        assert_eq!(parse("please link my phone +14155550100"), None);
-        assert_eq!(parse("link me up"), None);
-        let long = format!("link my phone +61 412 345 678 {}", "please ".repeat(10));
-        assert_eq!(parse(&long), None);
-    }
-
-    #[test]
-    fn six_digits_are_a_code_and_nothing_else_is() {
-        let code = |s: &str| Some(Ask::Code(s.into()));
-        assert_eq!(parse("123456"), code("123456"));
-        assert_eq!(parse(" 123 456 "), code("123456"));
-        assert_eq!(parse("code 123-456"), code("123456"));
-        assert_eq!(parse("link code 000042"), code("000042"));
-        assert_eq!(parse("12345"), None);
-        assert_eq!(parse("1234567"), None);
-        assert_eq!(parse("12345a"), None);
-        assert_eq!(parse("my code is 123456"), None);
-        assert_eq!(parse("١٢٣٤٥٦"), None, "only ASCII digits");
-        assert_eq!(parse(""), None);
-    }
-
-    #[test]
-    fn codes_are_six_digits_and_vary() {
-        let codes: std::collections::HashSet<String> = (0..200).map(|_| new_code()).collect();
-        assert!(
-            codes
-                .iter()
-                .all(|c| c.len() == CODE_DIGITS && c.bytes().all(|b| b.is_ascii_digit()))
-        );
-        assert!(codes.len() > 190, "{} distinct of 200", codes.len());
-    }
 }

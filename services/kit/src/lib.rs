@@ -32,6 +32,7 @@ pub mod lifecycle;
 pub mod net;
 pub mod ops_status;
 pub mod proto;
+pub mod retention;
 pub mod retry;
 pub mod runtime;
 pub mod sessions;

@@ -1,5 +1,7 @@
 //! `[identity]`: who a sender is (directory lookups), and the links a person proves with a
 //! texted code (`[identity.proof]`).
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::Config;
@@ -41,6 +43,16 @@ pub struct LinkProofConfig {
     /// The provider that texts the code (`twilio`, `textmagic`); empty: Twilio when its
     /// account is set, else TextMagic when its account is set.
     pub sms_provider: ProofSmsProvider,
+    /// The text of the code SMS: `{code}` and `{lifetime}` are filled in, and nothing a
+    /// claimant chose (their name) ever is, so a claim cannot make Switchboard text a stranger
+    /// someone's words. Must contain `{code}`.
+    pub sms_template: String,
+    /// Codes sent to anyone, by everyone, in an hour: over it nothing is sent and the claimant
+    /// is told to try later (a flood of claims cannot run up the SMS bill). 0: no cap.
+    pub max_codes_per_hour: u32,
+    /// Codes sent in an hour to numbers starting with a prefix (`"+44" = 20`): expensive or
+    /// abused destinations capped apart. Empty: no prefix caps.
+    pub max_codes_per_hour_by_prefix: BTreeMap<String, u32>,
 }
 
 /// The provider that texts link codes (`identity.proof.sms_provider`). A misspelt name is
@@ -57,6 +69,11 @@ pub enum ProofSmsProvider {
     TextMagic,
 }
 
+/// The code SMS by default: what it is, how long it works, and what to do if unasked.
+pub const DEFAULT_SMS_TEMPLATE: &str = "{code} is your Switchboard code to link this phone. \
+     Text it back to this number, or type it where you asked for it, within {lifetime}. If you \
+     did not ask for it, ignore this message and do not share the code.";
+
 impl Default for LinkProofConfig {
     fn default() -> Self {
         Self {
@@ -65,6 +82,9 @@ impl Default for LinkProofConfig {
             max_wrong_codes: 4,
             codes_per_hour: 3,
             sms_provider: ProofSmsProvider::Auto,
+            sms_template: DEFAULT_SMS_TEMPLATE.into(),
+            max_codes_per_hour: 100,
+            max_codes_per_hour_by_prefix: BTreeMap::new(),
         }
     }
 }

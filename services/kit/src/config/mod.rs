@@ -19,6 +19,7 @@ mod identity;
 /// Public so that `lib.rs` can keep it at `memory_config`, the path the memory crates name.
 pub mod memory;
 mod prompt;
+mod retention;
 mod runtime;
 mod schedules;
 mod secret;
@@ -38,6 +39,7 @@ pub use memory::{
     LlmConfig, LocalRuntime, MAX_HNSW_EF_SEARCH, MemoryConfig, RecallConfig, SummaryConfig,
 };
 pub use prompt::PromptConfig;
+pub use retention::RetentionConfig;
 pub use runtime::{AdminConfig, RuntimeConfig};
 pub use schedules::{ScheduleConfig, ScheduleKind};
 pub use secret::{ProviderSections, Secret, SecretUrl};
@@ -101,6 +103,8 @@ pub struct Config {
     pub memory: memory::MemoryConfig,
     /// `[telemetry]`: OTLP export of each turn's trace (off unless `otlp_endpoint` is set).
     pub telemetry: switchboard_trace::TelemetryConfig,
+    /// `[retention]`: how long finished rows are kept.
+    pub retention: RetentionConfig,
 }
 
 impl Default for Config {
@@ -151,6 +155,7 @@ impl Default for Config {
             recall: Default::default(),
             memory: Default::default(),
             telemetry: Default::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -385,6 +390,12 @@ impl Config {
             return Err(ConfigError::invalid(
                 "identity.proof",
                 "code_ttl_s and codes_per_hour must be > 0 (or enabled = false)",
+            ));
+        }
+        if proof.enabled && !proof.sms_template.contains("{code}") {
+            return Err(ConfigError::invalid(
+                "identity.proof.sms_template",
+                "must contain {code}",
             ));
         }
         let mut names = std::collections::HashSet::new();
