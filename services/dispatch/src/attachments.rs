@@ -6,10 +6,16 @@
 //! fetched blindly, and a provider without media access has none fetched. Each file is capped (`workspace.max_attachment_bytes`);
 //! one over the cap is not kept and the prompt says so. Fetched at the turn's first run; a
 //! file already there (a retried turn) is not fetched again.
+//!
+//! The workspace is the agent's: `attachments/` is opened without following links (a link in
+//! its place is refused), only regular files count as kept, and each file is written through a
+//! temporary file of its own, created exclusively under a random name (`switchboard_kit::
+//! workspace_fs`), so nothing planted there is written through.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use switchboard_channels::MediaSources;
+use switchboard_kit::workspace_fs::{WorkspaceDir, WorkspaceFileError};
 
 /// What became of one media URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,8 +132,7 @@ impl MediaFetcher {
         stem: &str,
         url: &str,
     ) -> Result<Fetched, String> {
-        let dir = folder.join("attachments");
-        if let Some(kept) = already_kept(&dir, stem).await {
+        if let Some(kept) = already_kept(folder, stem).await {
             return Ok(kept);
         }
         let access = self
@@ -164,13 +169,14 @@ impl MediaFetcher {
             body.extend_from_slice(&chunk);
         }
         let file = format!("{stem}.{}", extension(&content_type));
-        write_atomically(&dir, &file, &body)
+        let bytes = body.len() as u64;
+        write_atomically(folder, &file, body)
             .await
             .map_err(|e| format!("could not write it: {e}"))?;
         Ok(Fetched::Kept {
             file,
             content_type,
-            bytes: body.len() as u64,
+            bytes,
         })
     }
 }
@@ -219,14 +225,13 @@ impl Uploads {
         )
         .fetch_all(&self.db)
         .await?;
-        let dir = folder.join("attachments");
         let mut out = Vec::with_capacity(ids.len());
         for (n, id) in parsed.iter().enumerate() {
             let row = id.and_then(|id| rows.iter().find(|r| r.id == id));
             let stem = format!("{message_id}-{}-", first + n);
             // Kept by an earlier run of this turn: not read again (the upload may be gone by
             // now, its retention over).
-            if let Some((file, bytes)) = kept_with_prefix(&dir, &stem).await {
+            if let Some((file, bytes)) = kept_with_prefix(folder, &stem).await {
                 let content_type =
                     row.map_or_else(|| type_of(&file).to_string(), |r| r.content_type.clone());
                 out.push(Fetched::Kept {
@@ -263,7 +268,7 @@ impl Uploads {
                 continue;
             };
             let file = format!("{stem}{}", row.name);
-            if let Err(e) = write_atomically(&dir, &file, &data).await {
+            if let Err(e) = write_atomically(folder, &file, data).await {
                 tracing::warn!(%message_id, n, error = %e, "upload not kept");
                 out.push(Fetched::NotKept {
                     why: format!("could not write it: {e}"),
@@ -280,16 +285,34 @@ impl Uploads {
     }
 }
 
-/// A file in `dir` whose name starts with `prefix` (not one being written): its name and size.
-async fn kept_with_prefix(dir: &Path, prefix: &str) -> Option<(String, u64)> {
-    let mut entries = tokio::fs::read_dir(dir).await.ok()?;
-    while let Ok(Some(e)) = entries.next_entry().await {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(prefix) {
-            return Some((name, e.metadata().await.ok()?.len()));
+/// The regular files in the workspace's `attachments/` (none when it is missing, or when
+/// something other than a folder is in its place), with their sizes.
+async fn kept_files(folder: &Path) -> Vec<(String, u64)> {
+    let folder = folder.to_path_buf();
+    let listed = tokio::task::spawn_blocking(move || {
+        WorkspaceDir::open(&folder)?
+            .dir("attachments", false)?
+            .regular_files()
+    })
+    .await;
+    match listed {
+        Ok(Ok(files)) => files,
+        Ok(Err(e)) => {
+            if e.is_refusal() {
+                tracing::warn!(error = %e, "attachments/ refused");
+            }
+            Vec::new()
         }
+        Err(_) => Vec::new(),
     }
-    None
+}
+
+/// A file in `attachments/` whose name starts with `prefix`: its name and size.
+async fn kept_with_prefix(folder: &Path, prefix: &str) -> Option<(String, u64)> {
+    kept_files(folder)
+        .await
+        .into_iter()
+        .find(|(name, _)| name.starts_with(prefix))
 }
 
 /// A media type for a kept file, by its extension.
@@ -305,31 +328,38 @@ fn type_of(file: &str) -> &'static str {
 }
 
 /// A file kept by an earlier run of the same turn.
-async fn already_kept(dir: &Path, stem: &str) -> Option<Fetched> {
-    let mut entries = tokio::fs::read_dir(dir).await.ok()?;
-    while let Ok(Some(e)) = entries.next_entry().await {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name
-            .strip_prefix(stem)
+async fn already_kept(folder: &Path, stem: &str) -> Option<Fetched> {
+    let (file, bytes) = kept_files(folder).await.into_iter().find(|(name, _)| {
+        name.strip_prefix(stem)
             .is_some_and(|rest| rest.starts_with('.'))
-        {
-            let bytes = e.metadata().await.ok()?.len();
-            let content_type = type_of(&name);
-            return Some(Fetched::Kept {
-                file: name,
-                content_type: content_type.into(),
-                bytes,
-            });
-        }
-    }
-    None
+    })?;
+    let content_type = type_of(&file);
+    Some(Fetched::Kept {
+        file,
+        content_type: content_type.into(),
+        bytes,
+    })
 }
 
-async fn write_atomically(dir: &Path, file: &str, body: &[u8]) -> std::io::Result<()> {
-    tokio::fs::create_dir_all(dir).await?;
-    let tmp: PathBuf = dir.join(format!(".{file}.part"));
-    tokio::fs::write(&tmp, body).await?;
-    tokio::fs::rename(&tmp, dir.join(file)).await
+/// Put `body` in `attachments/` as `file` (the folder made if missing).
+async fn write_atomically(
+    folder: &Path,
+    file: &str,
+    body: Vec<u8>,
+) -> Result<(), WorkspaceFileError> {
+    let (folder, file) = (folder.to_path_buf(), file.to_string());
+    tokio::task::spawn_blocking(move || {
+        WorkspaceDir::open(&folder)?
+            .dir("attachments", true)?
+            .write(&file, &body)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(WorkspaceFileError::Io {
+            path: PathBuf::new(),
+            source: std::io::Error::other(e),
+        })
+    })
 }
 
 impl crate::TurnDispatcher {

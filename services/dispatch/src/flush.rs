@@ -72,7 +72,8 @@ impl TurnDispatcher {
         let Some(old) = lease.found.engine_session.clone() else {
             return Ok(());
         };
-        if !before.agent.memory_flush {
+        // A shared session holds no one's memory.md to flush into.
+        if !before.agent.memory_flush || lease.found.shared {
             return Ok(());
         }
         let (session, seq) = (lease.session, before.turn.seq);

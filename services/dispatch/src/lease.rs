@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
+use switchboard_kit::config::SessionScope;
 use switchboard_kit::status::{ResetReason, SessionEventKind, SessionStatus};
 use switchboard_memory::curated::CuratedMemory;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -37,6 +38,16 @@ pub(crate) struct SessionAtCall {
     pub waiting_notice: Option<Uuid>,
     /// The turn's person's curated memory of the identity (memory.md), as the turn found it.
     pub memory: Option<CuratedMemory>,
+    /// The session is shared by everyone who writes to the agent (`session.scope = "main"`):
+    /// nothing person-private (curated memory, recall, summary) goes into it, because every
+    /// next sender continues the engine session that would hold it.
+    pub shared: bool,
+}
+
+/// Whether `turn`'s session is one everyone who writes to the agent continues (scope `main`),
+/// as its scope key says. A heartbeat's session is its schedule's own, never shared.
+pub(crate) fn shared_by_everyone(turn: &switchboard_kit::proto::Turn) -> bool {
+    turn.scope_key == SessionScope::Main.key(&turn.agent_name, "", "", "", "")
 }
 
 /// What taking the call slot reads, as one row.
@@ -56,7 +67,7 @@ struct LeaseRow {
 }
 
 impl LeaseRow {
-    fn into_session(self, person_id: &str) -> SessionAtCall {
+    fn into_session(self, person_id: &str, shared: bool) -> SessionAtCall {
         let memory = match (
             self.memory,
             self.memory_version,
@@ -76,13 +87,22 @@ impl LeaseRow {
             }
             _ => None,
         };
+        // A shared session's summary is written from everyone's messages, and the curated
+        // memory is the sender's own: neither is loaded into it (seed 004, layer 3: long-term
+        // memory in private sessions only).
+        let (memory, summary) = if shared {
+            (None, None)
+        } else {
+            (memory, self.summary.zip(self.summary_at))
+        };
         SessionAtCall {
             engine_session: self.engine_session_id,
             pending_reset: self.pending_reset.map(|r| (r, self.pending_reset_at)),
             workspace: self.workspace_path,
-            summary: self.summary.zip(self.summary_at),
+            summary,
             waiting_notice: self.waiting_notice,
             memory,
+            shared,
         }
     }
 }
@@ -96,6 +116,8 @@ pub(crate) struct CallFor<'a> {
     pub after: i64,
     pub timeout: Duration,
     pub person_id: &'a str,
+    /// The session is shared by everyone ([`shared_by_everyone`]).
+    pub shared: bool,
 }
 
 /// This process as the holder of runner-call leases: its heartbeat keeps them alive.
@@ -269,7 +291,7 @@ impl CallSlots {
             call: id,
             after: call.after,
             timeout: call.timeout,
-            found: row.into_session(call.person_id),
+            found: row.into_session(call.person_id, call.shared),
             db: self.db.clone(),
             wakers: self.wakers.clone(),
             held: true,

@@ -35,7 +35,16 @@ pub struct PromptContext<'a> {
     pub stale: bool,
     /// What the person sent besides text (kept in the workspace, or why not), one line each.
     pub attachments: &'a [String],
+    /// The session is shared by everyone who writes to the agent: it carries no one's memory,
+    /// summary or recall (they are `None`), and the agent is told why.
+    pub shared: bool,
 }
+
+/// What a shared session's prompt says in place of the person's memory and summary.
+pub const SHARED_SESSION_NOTE: &str = "Shared session: everyone who writes to this agent \
+continues this one conversation, so no one's curated memory, summary or earlier messages are \
+given here. Keep nothing private about one person in your workspace or this conversation: the \
+next person's turn can read it.\n";
 
 fn fence_marker(message_id: &str) -> String {
     let compact: String = message_id
@@ -108,6 +117,7 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
     // The curated memory is what the agent and the person chose to keep: it comes first and
     // is to be preferred when the summary or recalled messages disagree with it.
     let memory = match ctx.memory {
+        _ if ctx.shared => SHARED_SESSION_NOTE.to_string(),
         Some((m, updated)) if !m.trim().is_empty() => format!(
             "Curated memory of this person (memory.md in your workspace, updated {}; \
              authoritative: prefer it when the summary or recalled messages disagree; edit the \
@@ -121,6 +131,7 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
             .to_string(),
     };
     let summary = match ctx.summary {
+        _ if ctx.shared => String::new(),
         Some((s, updated)) if !s.trim().is_empty() => format!(
             "Summary of earlier conversations with this person (updated {}), between the two \
              SUMMARY lines:\nSUMMARY-{marker}\n{}\nSUMMARY-{marker}\n",
@@ -130,13 +141,13 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         _ => "Summary of earlier conversations: none yet.\n".to_string(),
     };
     let recall = match ctx.recall {
-        Some(r) => format!(
+        Some(r) if !ctx.shared => format!(
             "Recalled from earlier conversations with this person (their messages most related \
              to this one; the curated memory wins where they disagree), between the two RECALL \
              lines:\nRECALL-{marker}\n{}RECALL-{marker}\n",
             neutral(r),
         ),
-        None => String::new(),
+        _ => String::new(),
     };
     let attachments: String = ctx
         .attachments
@@ -340,6 +351,7 @@ mod tests {
             now: DateTime::from_timestamp_millis(1_795_000_010_000).unwrap(),
             stale: false,
             attachments: &[],
+            shared: false,
         }
     }
 
@@ -519,6 +531,26 @@ mod tests {
         c.memory = None;
         assert!(
             build_prompt(&turn("hello"), &c).contains("Curated memory of this person: none yet")
+        );
+    }
+
+    #[test]
+    fn a_shared_session_carries_no_ones_memory_summary_or_recall() {
+        let config = PromptConfig::default();
+        let at = DateTime::from_timestamp_millis(1_795_000_000_000).unwrap();
+        let c = PromptContext {
+            memory: Some(("- locker 7719", at)),
+            summary: Some(("they said 7719", at)),
+            recall: Some("- they wrote: 7719\n"),
+            shared: true,
+            ..ctx(&config)
+        };
+        let p = build_prompt(&turn("hello"), &c);
+        assert!(!p.contains("7719"), "{p}");
+        assert!(p.contains(SHARED_SESSION_NOTE), "{p}");
+        assert!(
+            !p.contains("memory.md"),
+            "no invitation to keep a person's memory: {p}"
         );
     }
 }

@@ -186,6 +186,7 @@ impl TurnDispatcher {
             after,
             timeout,
             person_id,
+            shared: crate::lease::shared_by_everyone(turn),
         };
         // The usual case in one statement: this turn is next and the slot is free. (Only with
         // a free agent slot at hand: a redelivered or early turn must not queue for one
@@ -360,10 +361,15 @@ impl TurnDispatcher {
             (None, Some(engine)) => Some((session, engine.as_str())),
             _ => None,
         };
-        let recalled = self
-            .recall
-            .for_call(&group.turns, &run.person_id, &turn.agent_identity, held_by)
-            .await;
+        // Recall is over the sender's own messages: never into a session everyone continues.
+        let recalled = match lease.found.shared {
+            true => None,
+            false => {
+                self.recall
+                    .for_call(&group.turns, &run.person_id, &turn.agent_identity, held_by)
+                    .await
+            }
+        };
         let prompt = prompt::build_joined_prompt(
             &group.turns,
             &prompt::PromptContext {
@@ -383,6 +389,7 @@ impl TurnDispatcher {
                 reset: run.reset,
                 now,
                 stale: stale.is_some(),
+                shared: lease.found.shared,
             },
         );
         let (turn_token, api_url) = self

@@ -1,6 +1,12 @@
 //! The session's workspace files around a runner call: summary.md and memory.md written
 //! before it (the prompt carries both anyway), memory.md read back after it and kept if the
-//! agent changed it.
+//! agent changed it. The agent works in that folder, so what it holds is untrusted: a
+//! memory.md that is a link, a FIFO, a device, a hard link or over the cap is refused (logged,
+//! counted in `sb_workspace_refused_total`) and the turn goes on as if the agent had not
+//! touched it; the next turn's refresh replaces it with the stored memory.
+//!
+//! A session shared by everyone (scope `main`) gets no memory.md: the file would hand one
+//! person's memory to the next, and what the agent leaves there is nobody's to keep.
 use std::path::{Path, PathBuf};
 
 use switchboard_memory::curated::AgentWrite;
@@ -18,6 +24,9 @@ impl TurnDispatcher {
         found: &SessionAtCall,
     ) -> Option<PathBuf> {
         let folder = PathBuf::from(found.workspace.as_ref()?);
+        if found.shared {
+            return None;
+        }
         if let Some((summary, _)) = &found.summary
             && let Err(e) = switchboard_kit::workspace::refresh_summary(&folder, summary).await
         {
@@ -47,9 +56,20 @@ impl TurnDispatcher {
         found: &SessionAtCall,
         folder: &Path,
     ) -> Option<AgentWrite> {
+        if found.shared {
+            return None;
+        }
         let body = match switchboard_kit::workspace::read_memory(folder).await {
             Ok(Some(body)) => body,
             Ok(None) => return Some(AgentWrite::Unchanged),
+            Err(e) if e.is_refusal() => {
+                // The agent's doing (a link to a file elsewhere, a FIFO, a huge file): not
+                // read, not kept. The stored memory stands.
+                tracing::warn!(%session, error = %e, "memory.md refused; the agent's edit is not kept");
+                metrics::counter!("sb_workspace_refused_total", "file" => "memory.md", "reason" => e.reason())
+                    .increment(1);
+                return None;
+            }
             Err(e) => {
                 tracing::warn!(%session, error = %e, "could not read memory.md back");
                 metrics::counter!("sb_memory_store_failures_total").increment(1);

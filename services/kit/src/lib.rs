@@ -46,6 +46,7 @@ pub mod telemetry;
 pub mod topology;
 pub mod turn_token;
 pub mod workspace;
+pub mod workspace_fs;
 
 pub use config::Config;
 /// `config::memory` under the name it had before `config` became a folder.

@@ -2,59 +2,81 @@
 //! `attachments/` (media the person sent), `exports/` (what the agent produces for them) and
 //! `context/` (files an operator gives the agent). It lives under `workspace.root`, on storage
 //! the agent hosts mount, and its path goes to the runner with every turn.
+//!
+//! The agent works in that folder, so what is in it is untrusted: every read and write here
+//! goes through [`crate::workspace_fs`] (no links followed, regular files only, reads capped,
+//! writes through an exclusive temporary file).
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use crate::workspace_fs::{WorkspaceDir, WorkspaceFileError};
 
 /// The folders every workspace has.
 pub const FOLDERS: [&str; 3] = ["attachments", "exports", "context"];
 
-/// Make the folder and its parts (idempotent: an existing workspace is left as it is).
-pub async fn prepare(path: &Path) -> io::Result<()> {
-    for folder in FOLDERS {
-        tokio::fs::create_dir_all(path.join(folder)).await?;
-    }
-    let summary = path.join("summary.md");
-    match tokio::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&summary)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Write the summary into the workspace when it differs from what is there.
-pub async fn refresh_summary(path: &Path, summary: &str) -> io::Result<()> {
-    refresh(path, "summary.md", summary).await
-}
-
 /// The person's curated memory, as the agent reads and edits it.
 pub const MEMORY_FILE: &str = "memory.md";
 
+/// The most of memory.md read back after a turn. The memory store keeps `[memory] max_chars`
+/// characters anyway; a larger file is refused whole (not cut), so an agent's runaway file
+/// never becomes half a memory.
+pub const MEMORY_FILE_MAX_BYTES: u64 = 1 << 20;
+
+/// Run a blocking workspace operation on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, WorkspaceFileError> + Send + 'static,
+) -> Result<T, WorkspaceFileError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(WorkspaceFileError::Io {
+            path: PathBuf::new(),
+            source: io::Error::other(e),
+        })
+    })
+}
+
+/// Make the folder and its parts (idempotent: an existing workspace is left as it is). A
+/// workspace folder or part that is a link is refused.
+pub async fn prepare(path: &Path) -> io::Result<()> {
+    let path = path.to_path_buf();
+    blocking(move || {
+        let dir = WorkspaceDir::create(&path)?;
+        for folder in FOLDERS {
+            dir.dir(folder, true)?;
+        }
+        dir.create_empty("summary.md")
+    })
+    .await
+    .map_err(io::Error::from)
+}
+
+/// Write the summary into the workspace when it differs from what is there.
+pub async fn refresh_summary(path: &Path, summary: &str) -> Result<(), WorkspaceFileError> {
+    refresh(path, "summary.md", summary).await
+}
+
 /// Write the curated memory into the workspace when it differs from what is there.
-pub async fn refresh_memory(path: &Path, memory: &str) -> io::Result<()> {
+pub async fn refresh_memory(path: &Path, memory: &str) -> Result<(), WorkspaceFileError> {
     refresh(path, MEMORY_FILE, memory).await
 }
 
-/// What the agent left in memory.md (`None`: no such file).
-pub async fn read_memory(path: &Path) -> io::Result<Option<String>> {
-    match tokio::fs::read_to_string(path.join(MEMORY_FILE)).await {
-        Ok(body) => Ok(Some(body)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
+/// What the agent left in memory.md (`None`: no such file). A link, a FIFO, a device, a
+/// hard-linked or a too large file is refused ([`WorkspaceFileError::is_refusal`]).
+pub async fn read_memory(path: &Path) -> Result<Option<String>, WorkspaceFileError> {
+    let path = path.to_path_buf();
+    blocking(move || WorkspaceDir::open(&path)?.read_text(MEMORY_FILE, MEMORY_FILE_MAX_BYTES)).await
 }
 
-async fn refresh(path: &Path, name: &str, content: &str) -> io::Result<()> {
-    let file = path.join(name);
-    if tokio::fs::read_to_string(&file).await.ok().as_deref() == Some(content) {
-        return Ok(());
-    }
-    // Written aside and renamed, so an engine reading it never sees half of it.
-    let tmp = path.join(format!(".{name}.tmp"));
-    tokio::fs::write(&tmp, content).await?;
-    tokio::fs::rename(&tmp, &file).await
+async fn refresh(path: &Path, name: &'static str, content: &str) -> Result<(), WorkspaceFileError> {
+    let (path, content) = (path.to_path_buf(), content.to_string());
+    blocking(move || {
+        let dir = WorkspaceDir::open(&path)?;
+        // What is there is compared only if it reads as a plain file; anything else is
+        // replaced (written aside and renamed, so an engine reading it never sees half).
+        let cap = content.len() as u64;
+        if dir.read(name, cap).ok().flatten().as_deref() == Some(content.as_bytes()) {
+            return Ok(());
+        }
+        dir.write(name, content.as_bytes())
+    })
+    .await
 }

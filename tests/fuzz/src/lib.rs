@@ -319,6 +319,7 @@ pub fn work_payloads(data: &[u8]) {
             now,
             stale: false,
             attachments: &[],
+            shared: false,
         };
         let prompt = build_prompt(&turn, &ctx);
         let msg = turn.message.clone().unwrap_or_default();
