@@ -33,8 +33,10 @@ WORKERS = [
     ("identify", [("identify", WORK_STREAM)], "100m", "64Mi", "256Mi", 200, 8),
     ("session", [("session", WORK_STREAM)], "100m", "64Mi", "256Mi", 200, 8),
     ("dispatch", [("dispatch", WORK_STREAM)], "250m", "256Mi", "1Gi", 100, 16),
-    ("log", [("log-inbound", WORK_STREAM), ("log-outbound", WORK_STREAM), ("forget-sweep", WORK_STREAM)], "100m", "64Mi", "256Mi", 1000, 4),
+    ("log", [("log-inbound", WORK_STREAM), ("log-outbound", WORK_STREAM)], "100m", "64Mi", "256Mi", 1000, 4),
     ("deliver", [("deliver", WORK_STREAM)], "100m", "64Mi", "256Mi", 200, 8),
+    # Erasures: rare; one replica is plenty (a job waits on other stages, not on CPU).
+    ("forget", [("forget-sweep", WORK_STREAM)], "50m", "64Mi", "256Mi", 10, 2),
     ("embed", [("embed", EVENTS_STREAM)], "1", "512Mi", "1536Mi", 500, 8),
     ("categorise", [("categorise", EVENTS_STREAM)], "100m", "64Mi", "256Mi", 500, 4),
     ("summary", [("summary", EVENTS_STREAM)], "100m", "64Mi", "256Mi", 500, 4),

@@ -1,4 +1,4 @@
-//! Forgotten people: the tombstones the erasure (`switchboard_memory::forget`) leaves in
+//! Forgotten people: the tombstones the erasure (`switchboard_forget`) leaves in
 //! `switchboard.forgotten_people`, read by every stage that writes a person's data, so work of
 //! theirs still in flight when they were forgotten does not bring them back.
 //!

@@ -7,7 +7,7 @@
 //!                                                                                          │
 //!                                         deliver ◄── {p}.reply ──► log-outbound ◄─────────┘
 //!  every stage ──► {p}.events.<name> (public, replayable)      failures ──► {p}.dlq.<stage>
-//!  an erasure (`switchboard forget`) ──► {p}.forget ──► forget-sweep (sweeps the streams again)
+//!  an erasure job (`switchboard forget`) ──► {p}.forget ──► forget-sweep (worker `forget`: sweeps the streams)
 //!  deliver (chat, API) ──► mailbox table + {p}.mailbox.<channel> (core NATS) ──► gateways ──► sockets
 //! ```
 //!
@@ -140,8 +140,8 @@ impl Topology {
     pub fn summary_due(&self) -> String {
         self.event("summary.due")
     }
-    /// `sb.forget`: the last step of an erasure, for the forget-sweep stage (on the work stream:
-    /// it names the person, and is gone once acked).
+    /// `sb.forget`: an erasure job's stream half, for the forget-sweep stage (on the work
+    /// stream: gone once acked; it names only the job).
     pub fn forget_sweep(&self) -> String {
         format!("{}.forget", self.prefix)
     }

@@ -130,12 +130,19 @@ enum Command {
         #[command(subcommand)]
         command: sessions_cli::SessionsCommand,
     },
-    /// Erase a person completely (rows, workspaces, stream messages, dead letters) and print
-    /// what was removed per kind; `person.forgotten` tells downstream consumers.
+    /// Erase a person completely (rows, workspaces, stream messages, dead letters) as a job,
+    /// follow it until the forget worker has finished it, and print what was removed per kind;
+    /// `person.forgotten` tells downstream consumers.
     Forget {
         person: String,
         #[arg(long)]
         json: bool,
+        /// Print the job as it started (its id, status and status URL) without waiting.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to follow the job (seconds) before giving up waiting (the job goes on).
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
     },
     /// Give every message a vector under the configured embedding model (after a model change;
     /// resumable, the old model's vectors stay).
@@ -302,7 +309,19 @@ async fn main() -> anyhow::Result<()> {
         Command::Send(args) => send_cli::run(config, args).await,
         Command::Sessions { command } => sessions_cli::run(config, command).await,
         Command::Readers { command } => readers_cli::run(config, command).await,
-        Command::Forget { person, json } => forget::run(config, &person, json).await,
+        Command::Forget {
+            person,
+            json,
+            no_wait,
+            timeout,
+        } => {
+            let options = forget::Options {
+                json,
+                no_wait,
+                timeout: std::time::Duration::from_secs(timeout),
+            };
+            forget::run(config, &person, options).await
+        }
         Command::Status { json } => status::run(config, stages::ALL, json).await,
         Command::Completions { .. } => unreachable!("printed before the configuration is read"),
         Command::Reembed { batch, json } => reembed::run(config, batch, json).await,

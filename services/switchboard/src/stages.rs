@@ -14,7 +14,7 @@ pub const ALL: &[Registration] = &[
     switchboard_embed::STAGE,
     switchboard_categorise::STAGE,
     switchboard_summary::STAGE,
-    switchboard_memory::forget_sweep::STAGE,
+    switchboard_forget::STAGE,
 ];
 
 /// The registration of the stage called `name`.
@@ -81,7 +81,14 @@ mod tests {
             .iter()
             .map(|r| r.spec.name)
             .collect();
-        assert_eq!(log, ["log-inbound", "log-outbound", "forget-sweep"]);
+        assert_eq!(log, ["log-inbound", "log-outbound"]);
+        // An erasure's stream sweep is a worker of its own, no guest of the log worker.
+        let forget: Vec<_> = select(&["forget"])
+            .unwrap()
+            .iter()
+            .map(|r| r.spec.name)
+            .collect();
+        assert_eq!(forget, ["forget-sweep"]);
         let one: Vec<_> = select(&["deliver", "identify"])
             .unwrap()
             .iter()
