@@ -178,6 +178,17 @@ def check_compose(args, yaml, expect, env):
             problems.append(f"{mount} does not exist")
     report("compose: a service per worker, a 3-node NATS cluster at the stack's version", problems)
 
+    problems = []
+    for name, service in sorted(services.items()):
+        for port in service.get("ports", []):
+            host = published_host(port)
+            if host in ("", "0.0.0.0", "::", "[::]"):
+                problems.append(
+                    f"service {name}: port {port!r} is published on every interface; bind it to "
+                    "127.0.0.1 (the gateway's through ${SB_GATEWAY_ADDR:-127.0.0.1})"
+                )
+    report("compose: published ports are bound to loopback", problems)
+
     conf = (args.deploy / "compose/nats.conf").read_text()
     reference = pathlib.Path(expect["nats_reference"]).read_text()
     problems = []
@@ -200,6 +211,19 @@ def nats_sharing(conf):
     """The export and import entries of a nats.conf's accounts, comments left out."""
     lines = (line.split("#")[0].strip() for line in conf.splitlines())
     return {line for line in lines if line.startswith(("{ service:", "{ stream:"))}
+
+
+def published_host(port):
+    """The host address a Compose port is published on ("" for every interface), with a
+    ${VAR:-default} read as its default: what a fresh deploy/.env gets."""
+    if isinstance(port, dict):
+        return str(port.get("host_ip", ""))
+    text = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:?-([^}]*)\}", r"\1", str(port))
+    text = text.split("/")[0]
+    if text.startswith("["):  # [::1]:8080:8080
+        return text[: text.index("]") + 1]
+    parts = text.split(":")
+    return parts[0] if len(parts) == 3 else ""
 
 
 def nats_permissions(conf, user):

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::Locator;
 use switchboard_e2e::browser::Browser;
-use switchboard_e2e::{TestApp, chat_token, spawn_app};
+use switchboard_e2e::{TestApp, chat_token, spawn_app, spawn_app_configured};
 
 const WAIT: Duration = Duration::from_secs(30);
 const NURSE: &str = "+14155550901";
@@ -177,9 +177,34 @@ async fn console_support_finds_a_transcript_searches_and_replays_a_dead_letter()
     browser.close().await;
 }
 
+/// By default no JWT opens the console, an admin's chat token included: API keys only.
+#[tokio::test]
+async fn console_by_default_no_chat_token_signs_in() {
+    let app = spawn_app().await;
+    let http = reqwest::Client::new();
+    for path in ["/console/api/me", "/console/api/status", "/api/v1/sessions"] {
+        let admin = http
+            .get(format!("{}{path}", app.admin_url))
+            .bearer_auth(chat_token(
+                "staff:ana",
+                serde_json::json!({"role": "admin"}),
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(admin.status(), 401, "{path}");
+    }
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn console_an_operator_token_signs_in_and_a_chat_users_does_not() {
-    let app = spawn_app().await;
+    let app = spawn_app_configured(|c| {
+        c.chat.jwt_audience = "switchboard-chat".into();
+        c.console.jwt_roles = vec!["admin".into()];
+        c.console.jwt_audience = "switchboard-console".into();
+    })
+    .await;
     let http = reqwest::Client::new();
     let me = |token: String| {
         http.get(format!("{}/console/api/me", app.admin_url))
@@ -188,23 +213,34 @@ async fn console_an_operator_token_signs_in_and_a_chat_users_does_not() {
     };
     let operator = me(chat_token(
         "staff:ana",
-        serde_json::json!({"role": "admin"}),
+        serde_json::json!({"role": "admin", "aud": "switchboard-console"}),
     ))
     .await
     .unwrap();
     assert_eq!(operator.status(), 200);
     let body: serde_json::Value = operator.json().await.unwrap();
     assert_eq!(body["owner"], "operator.staff:ana");
-    let visitor = me(chat_token("web:visitor", serde_json::json!({})))
-        .await
-        .unwrap();
+    // The same admin's chat token (the chat's audience, or none) does not sign in.
+    for claims in [
+        serde_json::json!({"role": "admin", "aud": "switchboard-chat"}),
+        serde_json::json!({"role": "admin"}),
+    ] {
+        let chat = me(chat_token("staff:ana", claims.clone())).await.unwrap();
+        assert_eq!(chat.status(), 401, "{claims}");
+    }
+    let visitor = me(chat_token(
+        "web:visitor",
+        serde_json::json!({"aud": "switchboard-console"}),
+    ))
+    .await
+    .unwrap();
     assert_eq!(visitor.status(), 403);
     // The public address never takes a JWT for its API.
     let public = http
         .get(format!("{}/api/v1/sessions", app.gateway_url))
         .bearer_auth(chat_token(
             "staff:ana",
-            serde_json::json!({"role": "admin"}),
+            serde_json::json!({"role": "admin", "aud": "switchboard-console"}),
         ))
         .send()
         .await
@@ -219,4 +255,5 @@ async fn console_an_operator_token_signs_in_and_a_chat_users_does_not() {
         .await
         .unwrap();
     assert_eq!(status.status(), 403);
+    app.shutdown().await;
 }

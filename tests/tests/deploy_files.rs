@@ -143,6 +143,7 @@ fn the_shipped_deploy_files_pass_every_check() {
         "kubernetes: a Deployment, budget and ScaledObject per worker",
         "compose: the Compose specification's schema",
         "compose: NATS users' rights are the stack's",
+        "compose: published ports are bound to loopback",
         "image: hadolint",
         "image: the embedder's versions are the stack's pins",
         "grafana: promtool check rules",
@@ -186,6 +187,19 @@ fn a_broken_deploy_file_fails_its_check_and_says_where() {
             "stop_grace_period: 30s",
             "stop_grace_periods: 30s",
             "FAIL compose: the Compose specification's schema",
+        ),
+        // NATS published on every interface (the default when no host address is given).
+        (
+            "compose.yaml",
+            "\"127.0.0.1:4222:4222\"",
+            "\"4222:4222\"",
+            "FAIL compose: published ports are bound to loopback",
+        ),
+        (
+            "compose.yaml",
+            "${SB_GATEWAY_ADDR:-127.0.0.1}:8080:8080",
+            "${SB_GATEWAY_ADDR:-0.0.0.0}:8080:8080",
+            "FAIL compose: published ports are bound to loopback",
         ),
         (
             "compose/nats.conf",

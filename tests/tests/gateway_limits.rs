@@ -1,7 +1,9 @@
 //! Slow or greedy clients cannot hold the gateway: stalled request heads are closed, trickling
 //! bodies get 408, an over-long declared body gets 413 before any of it is read, connections
-//! are capped without being dropped, and `/metrics` is not on the public port. Each close comes
-//! once its configured limit has passed, not before, and soon after (see [`at_most`]).
+//! are capped without being dropped (chat sockets included, and a few per user), HTTP/2 is not
+//! served, a WebSocket frame is bounded like a message, and `/metrics` is not on the public
+//! port. Each close comes once its configured limit has passed, not before, and soon after (see
+//! [`at_most`]).
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -306,5 +308,148 @@ async fn sockets_stuck_reading_the_mailbox_never_hold_the_connections_accepting_
     assert_eq!(retry_status, 202, "{retry_body}");
     assert_eq!(retry_body["status"], "pending", "{retry_body}");
     drop(sockets);
+    app.shutdown().await;
+}
+
+/// HTTP/2 with prior knowledge (its preface and a SETTINGS frame, then nothing): HTTP/1.1 only
+/// is served, so the connection is closed within the header limit, and holds no slot after.
+#[tokio::test]
+async fn an_http2_prior_knowledge_client_is_closed_and_holds_no_slot() {
+    let app = app_with_short_timeouts(1).await;
+    let mut h2 = client(&app).await;
+    h2.stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let (answer, _) = try_read_until_closed(&mut h2, HEADER_LIMIT)
+        .await
+        .expect("an HTTP/2 connection is closed, not served and kept open");
+    // An HTTP/2 server would answer with its own SETTINGS frame (type 4 at byte 3).
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1"),
+        "answered in HTTP/2: {:?}",
+        answer.as_bytes()
+    );
+    // The only slot is free again.
+    let mut next = client(&app).await;
+    next.stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (answer, _) = try_read_until_closed(&mut next, HEADER_LIMIT)
+        .await
+        .expect("served at once");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    app.shutdown().await;
+}
+
+/// `/healthz` on a fresh connection: the answer, or `None` if none came within `wait`.
+async fn health_within(app: &TestApp, wait: Duration) -> Option<String> {
+    let mut c = connect(app).await;
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(wait, c.read_to_end(&mut answer))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// An open chat socket keeps its connection slot: with the cap at 2, two sockets leave no
+/// room for a third connection until one closes.
+#[tokio::test]
+async fn open_chat_sockets_hold_their_connection_slots() {
+    let app = app_with_short_timeouts(2).await;
+    let first = ChatClient::as_user(&app.gateway_url, "slot-a").await;
+    let _second = ChatClient::as_user(&app.gateway_url, "slot-b").await;
+    assert_eq!(
+        health_within(&app, Duration::from_millis(1_500)).await,
+        None,
+        "a third connection was served while two sockets held both slots"
+    );
+    first.close().await;
+    let answer = health_within(&app, at_most(HEADER_LIMIT))
+        .await
+        .expect("served once a socket closed");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_user_holds_at_most_a_few_sockets_and_others_still_connect() {
+    let app = spawn_app_configured(|c| c.chat.max_sockets_per_user = 2).await;
+    let token = switchboard_e2e::chat_token("greedy", serde_json::json!({}));
+    let query = format!("token={token}");
+    let a = ChatClient::connect(&app.gateway_url, &query).await.unwrap();
+    let _b = ChatClient::connect(&app.gateway_url, &query).await.unwrap();
+    let refusal = match ChatClient::connect(&app.gateway_url, &query).await {
+        Ok(_) => panic!("a third socket of one user was opened"),
+        Err(refusal) => refusal,
+    };
+    assert_eq!(refusal.status, 429, "{refusal:?}");
+    assert!(refusal.body.contains("too_many_sockets"), "{refusal:?}");
+    let _other = ChatClient::as_user(&app.gateway_url, "someone-else").await;
+    // A closed socket frees its place.
+    a.close().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ChatClient::connect(&app.gateway_url, &query).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the closed socket's place was not freed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.shutdown().await;
+}
+
+/// A frame announcing more than a message may be is refused on its header: the socket is
+/// closed at once, not after the gateway buffered megabytes of it.
+#[tokio::test]
+async fn a_frame_larger_than_a_message_closes_the_socket() {
+    let app = app_with_short_timeouts(64).await;
+    let token = switchboard_e2e::chat_token("framer", serde_json::json!({}));
+    let mut c = connect(&app).await;
+    c.write_all(
+        format!(
+            "GET /ws/chat?token={token} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\
+             Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(c.read(&mut byte).await.unwrap(), 1, "upgrade answered");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{:?}",
+        String::from_utf8_lossy(&head)
+    );
+    // A masked text frame of 8 MiB (well under tungstenite's own 16 MiB frame limit, far
+    // over the 64 KiB message limit): its header and a first few bytes only.
+    let len: u64 = 8 * 1024 * 1024;
+    let mut frame = vec![0x81, 0x80 | 127];
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&[1, 2, 3, 4]);
+    frame.extend_from_slice(&[b'x'; 1024]);
+    c.write_all(&frame).await.unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(3), async {
+        // Frames the server sent (its close frame, a ping) until it closed the connection.
+        let _ = c.read_to_end(&mut rest).await;
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the gateway is still reading an 8 MiB frame; it sent {:?}",
+        rest
+    );
     app.shutdown().await;
 }

@@ -29,11 +29,14 @@ pub struct ChatUser {
     pub name: String,
     pub role: String,
     pub email: String,
+    /// The token's `exp` (Unix seconds): a socket opened with it is closed then.
+    pub expires_at: i64,
 }
 
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
+    exp: i64,
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
@@ -142,6 +145,7 @@ impl ChatTokens {
             name: claim(claims.name),
             role: claim(claims.role),
             email: claim(claims.email),
+            expires_at: claims.exp,
         })
     }
 }
@@ -353,8 +357,9 @@ mod tests {
 
     #[test]
     fn a_valid_token_names_its_user_with_their_claims() {
+        let exp = now() + 60;
         let token = hs256(serde_json::json!({
-            "sub": "u-17", "exp": now() + 60, "name": "Ana", "role": "admin",
+            "sub": "u-17", "exp": exp, "name": "Ana", "role": "admin",
             "email": "ana@example.com"
         }));
         let user = tokens(|_| {}).verify(&token).unwrap();
@@ -364,7 +369,8 @@ mod tests {
                 sub: "u-17".into(),
                 name: "Ana".into(),
                 role: "admin".into(),
-                email: "ana@example.com".into()
+                email: "ana@example.com".into(),
+                expires_at: exp,
             }
         );
     }

@@ -74,11 +74,11 @@ pub(crate) async fn key_or_turn(
     headers: &HeaderMap,
 ) -> Result<(ApiCaller, Option<TurnClaims>), Refused> {
     let credential = bearer(headers).map(str::trim);
-    if let Some(roles) = &state.console_roles
+    if let Some(console) = &state.console_jwts
         && let Some(jwt) =
             credential.filter(|c| !c.starts_with(turn_token::PREFIX) && c.matches('.').count() == 2)
     {
-        return crate::console::operator(state, roles, jwt).map(|caller| (caller, None));
+        return console.operator(jwt).map(|caller| (caller, None));
     }
     let Some(token) = credential.filter(|c| c.starts_with(turn_token::PREFIX)) else {
         let caller = state
@@ -237,9 +237,11 @@ async fn send_message(
     };
     let mut accept = Accept::new(api::CHANNEL, api::PROVIDER, received);
     accept.id = Some(id);
+    // An integration, not a person (seed 000 §3.1): `system`, with its own authority line
+    // (`prompt.authority.system`), never a signed-in user's full authority.
     accept.asserted = Some(Person {
         person_id: format!("api:{}", caller.owner),
-        person_type: "user".into(),
+        person_type: "system".into(),
         name: caller.owner.clone(),
         role: String::new(),
         email: String::new(),

@@ -9,19 +9,25 @@
 //! reply after it; without `since`, every reply no socket was handed yet. A client's
 //! `{"type":"ping","id"}` is answered `{"type":"pong","id"}`: a browser cannot see WebSocket
 //! pings, so the widget checks a quiet connection with these.
+//!
+//! A socket lives no longer than its token: at the token's `exp` it is closed with code 4001
+//! ("token expired"), and the client reconnects with a fresh token. Each socket holds one of
+//! the gateway's connection slots (`gateway.max_connections`) while it is open, and one user
+//! holds at most `chat.max_sockets_per_user` sockets at once.
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ws::{
     Message, WebSocket, WebSocketUpgrade, rejection::WebSocketUpgradeRejection,
 };
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
 use switchboard_channels::chat::{self, ChatUser, ServerFrame};
 use switchboard_channels::{ApiError, MailboxEntry, Received, client_message_key};
+use switchboard_kit::http::ConnectionSlot;
 use switchboard_kit::proto::Person;
 
 use crate::{Accept, GatewayState, Published, Refused, check_agent, publish, refused_on};
@@ -43,14 +49,18 @@ pub struct ConnectParams {
     since: Option<i64>,
 }
 
+/// The close code of a socket whose token expired (4000-4999: the application's own).
+pub const TOKEN_EXPIRED: u16 = 4001;
+
 async fn connect(
     state: State<GatewayState>,
     Query(params): Query<ConnectParams>,
     headers: HeaderMap,
+    slot: Option<Extension<ConnectionSlot>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, Refused> {
     let channel = params.channel.clone();
-    open(state, params, channel, headers, ws).await
+    open(state, params, channel, headers, slot, ws).await
 }
 
 async fn connect_on(
@@ -58,9 +68,10 @@ async fn connect_on(
     axum::extract::Path(channel): axum::extract::Path<String>,
     Query(params): Query<ConnectParams>,
     headers: HeaderMap,
+    slot: Option<Extension<ConnectionSlot>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, Refused> {
-    open(state, params, Some(channel), headers, ws).await
+    open(state, params, Some(channel), headers, slot, ws).await
 }
 
 /// The chat user a request's token names (`Authorization: Bearer` or `?token=`), checked
@@ -92,6 +103,7 @@ async fn open(
     params: ConnectParams,
     channel: Option<String>,
     headers: HeaderMap,
+    slot: Option<Extension<ConnectionSlot>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, Refused> {
     let refuse = |e| refused_on("chat", chat::PROVIDER, e);
@@ -115,10 +127,30 @@ async fn open(
             e.body_text(),
         ))
     })?;
+    let max_sockets = state.config.chat.max_sockets_per_user.max(1);
+    let counted = state
+        .hub
+        .claim_socket(&user.sub, max_sockets)
+        .ok_or_else(|| {
+            refuse(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_sockets",
+                format!(
+                    "this user already holds {max_sockets} sockets (chat.max_sockets_per_user); \
+                     close one first"
+                ),
+            ))
+        })?;
     let since = params.since;
+    // A frame is bounded like a message: tungstenite's own frame limit (16 MiB) would let a
+    // client make us buffer far more than any message may be.
+    let max_message = state.config.gateway.max_body_bytes;
     Ok(ws
-        .max_message_size(state.config.gateway.max_body_bytes)
+        .max_message_size(max_message)
+        .max_frame_size(max_message)
         .on_upgrade(move |socket| async move {
+            // Held until the socket ends: the connection slot and the user's count.
+            let _held = (slot, counted);
             metrics::counter!("sb_gateway_chat_connections_total", "channel" => channel)
                 .increment(1);
             if let Err(e) = serve(state, socket, channel, user, since).await {
@@ -171,8 +203,20 @@ async fn serve(
     ));
     catch_up.reset();
     let mut last_heard = tokio::time::Instant::now();
+    let lifetime_ms = (user.expires_at * 1000 - switchboard_kit::now_ms()).max(0);
+    let expiry = tokio::time::sleep(Duration::from_millis(lifetime_ms as u64));
+    tokio::pin!(expiry);
     loop {
         tokio::select! {
+            () = &mut expiry => {
+                // The client reconnects with a fresh token (the widget fetches one).
+                let frame = axum::extract::ws::CloseFrame {
+                    code: TOKEN_EXPIRED,
+                    reason: "token expired".into(),
+                };
+                let _ = socket.send(Message::Close(Some(frame))).await;
+                return Ok(());
+            }
             incoming = socket.recv() => {
                 let Some(incoming) = incoming else { return Ok(()) };
                 last_heard = tokio::time::Instant::now();

@@ -27,6 +27,26 @@ pub struct Hub {
     sockets: Registry<mpsc::Sender<MailboxEntry>>,
     /// By correlation id.
     waiters: Registry<mpsc::Sender<MailboxEntry>>,
+    /// Sockets open per user (a token's `sub`), every channel together.
+    users: Mutex<HashMap<String, usize>>,
+}
+
+/// One of a user's sockets, counted while it lives.
+pub struct UserSocket {
+    hub: Arc<Hub>,
+    sub: String,
+}
+
+impl Drop for UserSocket {
+    fn drop(&mut self) {
+        let mut users = self.hub.users.lock().expect("hub lock");
+        if let Some(n) = users.get_mut(&self.sub) {
+            *n -= 1;
+            if *n == 0 {
+                users.remove(&self.sub);
+            }
+        }
+    }
 }
 
 /// Removes its registration when dropped (the socket closed, the request ended).
@@ -92,6 +112,23 @@ impl Hub {
     ) -> (Registration, mpsc::Receiver<MailboxEntry>) {
         metrics::gauge!("sb_gateway_chat_sockets").increment(1.0);
         self.register(socket_key(channel, address), false, SOCKET_QUEUE)
+    }
+
+    /// Count a new socket of `sub`, unless they already hold `max`: `None` then.
+    pub fn claim_socket(self: &Arc<Self>, sub: &str, max: usize) -> Option<UserSocket> {
+        let mut users = self.users.lock().expect("hub lock");
+        let n = users.entry(sub.to_string()).or_default();
+        if *n >= max {
+            if *n == 0 {
+                users.remove(sub);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(UserSocket {
+            hub: self.clone(),
+            sub: sub.to_string(),
+        })
     }
 
     /// Replies to the message `correlation_id`, while the registration lives.

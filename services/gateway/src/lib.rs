@@ -64,9 +64,10 @@ pub struct GatewayState {
     pub senders: Senders,
     /// Verifies the turn tokens agents call the API with.
     pub turn_tokens: switchboard_kit::turn_token::TurnTokenKeys,
-    /// Set only on the ops console's copy of the state: a chat JWT with one of these roles
-    /// signs in as an operator ([`console`]); the public routes never take one.
-    pub console_roles: Option<Arc<Vec<String>>>,
+    /// Set only on the ops console's copy of the state, when `console.jwt_roles` is: a JWT with
+    /// one of these roles and the console's audience signs in as an operator ([`console`]);
+    /// the public routes never take one.
+    pub console_jwts: Option<Arc<console::ConsoleJwts>>,
 }
 
 impl GatewayState {
@@ -99,7 +100,7 @@ impl GatewayState {
                 app.db.clone(),
                 app.config.gateway.turn_token_secret.clone(),
             ),
-            console_roles: None,
+            console_jwts: None,
             runtime,
         })
     }

@@ -3,23 +3,33 @@
 //! `max_connections` connections are served at once (more wait in the kernel's backlog).
 //!
 //! `axum::serve` sets none of these (tried from outside: 800 connections that sent half a
-//! request line were all still open 65 s later), so the accept loop is hyper-util's, with
-//! hyper's header read timeout and a graceful drain on shutdown.
+//! request line were all still open 65 s later), so the accept loop is our own, with hyper's
+//! header read timeout and a graceful drain on shutdown.
+//!
+//! HTTP/1.1 only: hyper-util's auto builder also took HTTP/2 prior knowledge, where no header
+//! timeout applies (a client that opened HTTP/2 and sent nothing held its slot for good). And
+//! a connection keeps its slot for as long as anything it became lives: an upgraded socket
+//! holds the [`ConnectionSlot`] its request carried, so sockets count against
+//! `max_connections` too.
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use axum::http::{Request, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tower_http::timeout::TimeoutLayer;
 
 use crate::config::GatewayConfig;
 use crate::shutdown::Shutdown;
+
+/// One of the `max_connections` slots, in every request's extensions: whatever outlives the
+/// request (an upgraded WebSocket) keeps a clone so the slot stays taken until it ends.
+#[derive(Clone, Debug)]
+pub struct ConnectionSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
 
 /// The limits every HTTP port of a process is served with.
 #[derive(Debug, Clone, Copy)]
@@ -54,13 +64,13 @@ pub async fn serve(
         StatusCode::REQUEST_TIMEOUT,
         limits.request_timeout,
     ));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
-    let graceful = GracefulShutdown::new();
+    // Every connection task holds a sender; all of them gone means all connections ended.
+    let (in_flight, mut all_ended) = mpsc::channel::<()>(1);
     loop {
         let permit = tokio::select! {
             permit = connections.clone().acquire_owned() => permit?,
@@ -79,10 +89,16 @@ pub async fn serve(
             _ = shutdown.wait() => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let slot = ConnectionSlot(Arc::new(permit));
+        let inner = TowerToHyperService::new(router.clone());
+        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(slot.clone());
+            hyper::service::Service::call(&inner, request)
+        });
         let builder = builder.clone();
-        let watcher = graceful.watcher();
         let header_timeout = limits.header_timeout;
+        let shutdown = shutdown.clone();
+        let in_flight = in_flight.clone();
         tokio::spawn(async move {
             // hyper's header timeout starts with the first byte: a client that connects and
             // sends nothing would hold its slot forever.
@@ -91,15 +107,27 @@ pub async fn serve(
                 Ok(Ok(n)) if n > 0 => {}
                 _ => return,
             }
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            if let Err(e) = watcher.watch(connection.into_owned()).await {
+            let connection = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                _ = shutdown.wait() => {
+                    // Finish the request in flight, take no other.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            drop(permit);
+            drop(in_flight);
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.drain, graceful.shutdown())
+    drop(in_flight);
+    if tokio::time::timeout(limits.drain, all_ended.recv())
         .await
         .is_err()
     {

@@ -11,8 +11,10 @@
 //! - `GET /console/api/dead-letters?stage=&limit=` (`ops:read`) and
 //!   `POST /console/api/dead-letters/{seq}/replay` (`ops:write`).
 //!
-//! Signing in takes an API key with those scopes, or a chat JWT whose `role` is one of
-//! `console.jwt_roles` (an operator your own login signed in), which gets the console's scopes.
+//! Signing in takes an API key with those scopes. With `console.jwt_roles` set, a JWT signed
+//! with the chat key whose `role` is one of them and whose `aud` is `console.jwt_audience`
+//! (an operator your own login signed in) gets the console's scopes too. A chat token does not:
+//! by default no JWT signs in, and the console's audience is required to differ from the chat's.
 use std::sync::Arc;
 
 use axum::Json;
@@ -24,6 +26,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use switchboard_channels::ApiError;
 use switchboard_channels::api::{ApiCaller, Scope};
+use switchboard_channels::chat::ChatTokens;
 use switchboard_kit::Registration;
 use switchboard_kit::dlq::{self, DeadLetterView, DlqError, DlqFilter};
 use uuid::Uuid;
@@ -47,7 +50,7 @@ const CONSOLE_CSS: &str = include_str!("console.css");
 /// The console's routes, for the admin address; `stages` are the product's (their consumers
 /// and dead letters are what the status shows).
 pub fn router(mut state: GatewayState, stages: &'static [Registration]) -> Router {
-    state.console_roles = Some(Arc::new(state.config.console.jwt_roles.clone()));
+    state.console_jwts = ConsoleJwts::of(&state.config).map(Arc::new);
     Router::new()
         .route(
             "/console",
@@ -91,38 +94,78 @@ fn page(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// The operator a console JWT names: its role must be one of `roles`.
-pub(crate) fn operator(
-    state: &GatewayState,
-    roles: &[String],
-    jwt: &str,
-) -> Result<ApiCaller, Refused> {
-    let tokens = state.chat_tokens.as_ref().ok_or_else(|| {
-        refuse(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "jwt_not_configured",
-            "no chat JWT key is configured (chat.jwt_secret or chat.jwt_public_key): sign in \
-             with an API key",
-        ))
-    })?;
-    let user = tokens.verify(jwt).map_err(refuse)?;
-    if !roles.contains(&user.role) {
-        return Err(refuse(ApiError::forbidden(
-            "not_an_operator",
-            format!(
-                "the token's role '{}' is not one of console.jwt_roles",
-                user.role
-            ),
-        )));
+/// How an operator's JWT is checked: the chat key, the console's own audience, one of the
+/// console's roles.
+pub struct ConsoleJwts {
+    roles: Vec<String>,
+    /// `None` when the chat key or the console audience is missing: every JWT is refused.
+    tokens: Option<ChatTokens>,
+}
+
+impl ConsoleJwts {
+    /// `None` when `console.jwt_roles` is empty: API keys only (a JWT is then read as a key,
+    /// and refused as one).
+    pub fn of(config: &switchboard_kit::Config) -> Option<Self> {
+        let console = &config.console;
+        if console.jwt_roles.is_empty() {
+            return None;
+        }
+        let audience = console.jwt_audience.trim();
+        // Configuration validation refuses these; a configuration built in code may not
+        // have been validated, so fail closed here too.
+        let tokens = if audience.is_empty() || audience == config.chat.jwt_audience.trim() {
+            tracing::error!(
+                "console.jwt_roles is set without a console.jwt_audience of its own: no JWT \
+                 signs in to the console"
+            );
+            None
+        } else {
+            let mut chat = config.chat.clone();
+            chat.jwt_audience = audience.to_string();
+            match ChatTokens::from_config(&chat) {
+                Ok(tokens) => tokens,
+                Err(e) => {
+                    tracing::error!(error = %e, "console JWTs cannot be checked");
+                    None
+                }
+            }
+        };
+        Some(Self {
+            roles: console.jwt_roles.clone(),
+            tokens,
+        })
     }
-    Ok(ApiCaller {
-        key_id: Uuid::nil(),
-        owner: format!("operator.{}", user.sub),
-        scopes: OPERATOR_SCOPES
-            .iter()
-            .map(|s| s.as_str().to_string())
-            .collect(),
-    })
+
+    /// The operator a console JWT names: its `aud` must be the console's, its role one of
+    /// the console's roles.
+    pub(crate) fn operator(&self, jwt: &str) -> Result<ApiCaller, Refused> {
+        let tokens = self.tokens.as_ref().ok_or_else(|| {
+            refuse(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "jwt_not_configured",
+                "console JWTs need the chat key (chat.jwt_secret or chat.jwt_public_key) and \
+                 console.jwt_audience: sign in with an API key",
+            ))
+        })?;
+        let user = tokens.verify(jwt).map_err(refuse)?;
+        if !self.roles.contains(&user.role) {
+            return Err(refuse(ApiError::forbidden(
+                "not_an_operator",
+                format!(
+                    "the token's role '{}' is not one of console.jwt_roles",
+                    user.role
+                ),
+            )));
+        }
+        Ok(ApiCaller {
+            key_id: Uuid::nil(),
+            owner: format!("operator.{}", user.sub),
+            scopes: OPERATOR_SCOPES
+                .iter()
+                .map(|s| s.as_str().to_string())
+                .collect(),
+        })
+    }
 }
 
 async fn me(State(state): State<GatewayState>, headers: HeaderMap) -> Result<Response, Refused> {

@@ -369,8 +369,17 @@
       }
       receive(frame);
     };
-    ws.onclose = function () {
+    ws.onclose = function (ev) {
       if (socket !== ws) return;
+      // 4001: the gateway closed the socket at the token's expiry. A token URL gives a fresh
+      // one on the next connection; a fixed token waits for setToken().
+      if (ev && ev.code === 4001 && !cfg.tokenUrl) {
+        clearInterval(heartbeat);
+        socket = null;
+        token = null;
+        setStatus("Signed out: the sign-in expired");
+        return;
+      }
       setStatus("Disconnected; reconnecting\u2026");
       retry();
     };

@@ -29,6 +29,9 @@ pub struct ChatConfig {
     pub max_uploads_per_message: usize,
     /// Most bytes of uploads one person may have stored at once (within the retention).
     pub upload_quota_bytes: u64,
+    /// Most sockets one user (a token's `sub`) may hold open on a gateway replica at once; one
+    /// more is refused with 429. Each socket also holds one of `gateway.max_connections`.
+    pub max_sockets_per_user: usize,
 }
 
 impl Default for ChatConfig {
@@ -44,6 +47,7 @@ impl Default for ChatConfig {
             upload_retention_s: 86_400,
             max_uploads_per_message: 10,
             upload_quota_bytes: 100 * 1024 * 1024,
+            max_sockets_per_user: 8,
         }
     }
 }

@@ -168,21 +168,18 @@ pub struct DemoConfig {
     pub enabled: bool,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default)]
 pub struct ConsoleConfig {
     /// The ops console (`/console` on the gateway's admin address) takes an API key with the
-    /// scopes it shows, or a chat JWT (`chat.jwt_secret` / `chat.jwt_public_key`) whose `role`
-    /// is one of these: an operator signed in by your own login. Empty: API keys only.
+    /// scopes it shows. Set roles here to also take a JWT signed with the chat key
+    /// (`chat.jwt_secret` / `chat.jwt_public_key`) whose `role` is one of them and whose `aud`
+    /// is `jwt_audience`: an operator signed in by your own login. Empty (the default): API
+    /// keys only, so no chat user's token opens the console.
     pub jwt_roles: Vec<String>,
-}
-
-impl Default for ConsoleConfig {
-    fn default() -> Self {
-        Self {
-            jwt_roles: vec!["admin".into()],
-        }
-    }
+    /// The `aud` a console JWT must carry; required with `jwt_roles`, and not the chat's
+    /// (`chat.jwt_audience`), so a chat token never signs in to the console.
+    pub jwt_audience: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -432,6 +429,23 @@ impl Config {
             }
             if let Err(why) = s.timetable() {
                 return invalid(why);
+            }
+        }
+        if !self.console.jwt_roles.is_empty() {
+            let audience = self.console.jwt_audience.trim();
+            if audience.is_empty() {
+                return Err(ConfigError::invalid(
+                    "console.jwt_audience",
+                    "required with console.jwt_roles: the aud your login puts in console \
+                     tokens (not the chat's), so a chat token cannot sign in to the console",
+                ));
+            }
+            if audience == self.chat.jwt_audience.trim() {
+                return Err(ConfigError::invalid(
+                    "console.jwt_audience",
+                    "must differ from chat.jwt_audience, or every chat token would sign in to \
+                     the console",
+                ));
             }
         }
         if self.runtime.turn_partitions == 0 {

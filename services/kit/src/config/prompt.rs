@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 #[serde(default)]
 pub struct PromptConfig {
     /// What the agent may do for each person type (`[prompt.authority]`: `user`, `staff`,
-    /// `participant`, `external`; another type gets `external`'s).
+    /// `participant`, `external`, `system` (API callers), `schedule`; another type gets
+    /// `external`'s).
     pub authority: BTreeMap<String, String>,
     /// The summary is cut to this many characters, with a marker saying so.
     pub max_summary_chars: usize,
@@ -34,6 +35,10 @@ impl Default for PromptConfig {
             (
                 "external",
                 "Minimal: an unverified contact; general information only, nothing about any person or account.",
+            ),
+            (
+                "system",
+                "System: an integration calling with an API key, not a person; answer the request as asked, nothing about any person or account beyond what it names.",
             ),
             (
                 "schedule",

@@ -282,6 +282,8 @@ fn the_deploy_configurations_name_only_known_keys_keep_secrets_out_and_run_strea
         assert!(c.nats_url.is_empty() && c.database_url.is_empty(), "{path}");
         // Probes and Prometheus reach the admin port from outside the pod or container.
         assert_eq!(c.admin.http_addr, "0.0.0.0:8081", "{path}");
+        // The demo routes answer anyone who reaches the port: never on outside `make run`.
+        assert!(!c.demo.enabled, "{path}: demo routes on");
     }
 }
 
@@ -363,4 +365,23 @@ fn a_webhook_source_needs_a_sender_field_and_gets_the_documented_defaults() {
             "{bad}"
         );
     }
+}
+
+#[test]
+fn console_jwts_are_off_by_default_and_need_an_audience_of_their_own() {
+    let c = parse("").unwrap();
+    assert!(
+        c.console.jwt_roles.is_empty(),
+        "API keys only unless roles are set"
+    );
+    let err = parse("[console]\njwt_roles = [\"admin\"]").unwrap_err();
+    assert!(err.to_string().contains("console.jwt_audience"), "{err}");
+    let same = parse(
+        "[chat]\njwt_audience = \"app\"\n[console]\njwt_roles = [\"admin\"]\njwt_audience = \"app\"",
+    )
+    .unwrap_err();
+    assert!(same.to_string().contains("chat.jwt_audience"), "{same}");
+    let ok = parse("[console]\njwt_roles = [\"admin\"]\njwt_audience = \"switchboard-console\"")
+        .unwrap();
+    assert_eq!(ok.console.jwt_audience, "switchboard-console");
 }
