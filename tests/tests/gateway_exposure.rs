@@ -58,8 +58,9 @@ async fn a_chat_socket_is_closed_when_its_token_expires() {
 /// the admin address says why.
 #[tokio::test]
 async fn the_public_readyz_tells_no_database_error() {
-    let nats_url = std::env::var("SB_NATS_URL").expect("SB_NATS_URL (the test stack)");
-    let nats = async_nats::connect(nats_url).await.expect("NATS");
+    let app = spawn_app().await;
+    // The app's NATS connection (working), with a database that cannot be reached.
+    let nats = app.js.client();
     let db = sqlx::postgres::PgPoolOptions::new()
         .acquire_timeout(Duration::from_secs(2))
         .connect_lazy("postgres://secret_user:hunter2@127.0.0.1:9/secret_db")

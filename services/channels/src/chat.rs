@@ -36,6 +36,8 @@ pub struct ChatUser {
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
+    /// Required by the validation (a missing one is refused with that reason, not here).
+    #[serde(default)]
     exp: i64,
     #[serde(default)]
     name: Option<String>,
@@ -95,16 +97,19 @@ impl ChatTokens {
         let mut validation = Validation::new(algorithm);
         validation.leeway = CLOCK_LEEWAY_S;
         validation.validate_nbf = true;
-        validation.set_required_spec_claims(&["exp", "sub"]);
+        let mut required = vec!["exp", "sub"];
         if !config.jwt_issuer.is_empty() {
             validation.set_issuer(&[&config.jwt_issuer]);
-            validation.set_required_spec_claims(&["exp", "sub", "iss"]);
+            required.push("iss");
         }
         if config.jwt_audience.is_empty() {
             validation.validate_aud = false;
         } else {
             validation.set_audience(&[&config.jwt_audience]);
+            // jsonwebtoken checks `aud` only when present: a token without one would pass.
+            required.push("aud");
         }
+        validation.set_required_spec_claims(&required);
         Ok(Some(Self { key, validation }))
     }
 
@@ -432,6 +437,13 @@ mod tests {
             "sub": "u", "exp": now() + 60, "iss": "https://login.example.com", "aud": "other"
         }));
         assert!(reason(t.verify(&wrong_aud).unwrap_err()).contains("audience"));
+        let no_aud = hs256(serde_json::json!({
+            "sub": "u", "exp": now() + 60, "iss": "https://login.example.com"
+        }));
+        assert!(
+            t.verify(&no_aud).is_err(),
+            "an audience configured is required"
+        );
         // Without an audience configured, a token that carries one is still accepted.
         let any_aud = hs256(serde_json::json!({"sub": "u", "exp": now() + 60, "aud": "x"}));
         assert!(tokens(|_| {}).verify(&any_aud).is_ok());
