@@ -43,27 +43,22 @@ async fn mailbox_entry(app: &TestApp, age: &str, pushed: bool) -> Uuid {
 /// (negative: expired), with the answer to the message that asked for it.
 async fn link_claim(app: &TestApp, age: &str, status: &str, expires_in: &str) -> Uuid {
     let (claim, message) = (Uuid::now_v7(), Uuid::now_v7());
+    // One statement: the sweep (every second) must never see the claim without its answer.
     sqlx::query(
-        "INSERT INTO switchboard.link_claims
-             (id, requested_by, claimant_id, phone, code, status, created_at, expires_at)
-         VALUES ($1, $2, 'user:ana', '+14155550199', '123456', $3, now() - $4::interval,
-                 now() + $5::interval)",
+        "WITH claim AS (
+             INSERT INTO switchboard.link_claims
+                 (id, requested_by, claimant_id, phone, code, status, created_at, expires_at)
+             VALUES ($1, $2, 'user:ana', '+14155550199', '123456', $3, now() - $4::interval,
+                     now() + $5::interval)
+             RETURNING id)
+         INSERT INTO switchboard.link_proof_answers (message_id, claim_id, outcome, answer, at)
+         SELECT $2, id, 'code_sent', 'I sent a code', now() - $4::interval FROM claim",
     )
     .bind(claim)
     .bind(message)
     .bind(status)
     .bind(age)
     .bind(expires_in)
-    .execute(&app.db)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO switchboard.link_proof_answers (message_id, claim_id, outcome, answer, at)
-         VALUES ($1, $2, 'code_sent', 'I sent a code', now() - $3::interval)",
-    )
-    .bind(message)
-    .bind(claim)
-    .bind(age)
     .execute(&app.db)
     .await
     .unwrap();
@@ -127,6 +122,22 @@ async fn the_sweep_deletes_what_is_past_its_retention_and_keeps_the_rest() {
             (fresh_request, false),
         ]
     );
+    // Its caller reads that it is over, not `pending` forever.
+    let key = app.api_key("crm", &[]).await;
+    let status: serde_json::Value = app
+        .get_api_message(&key, &requests[0].0)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["status"], "expired", "{status}");
+    let status: serde_json::Value = app
+        .get_api_message(&key, &requests[1].0)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["status"], "pending", "{status}");
     let mailbox: Vec<Uuid> =
         sqlx::query_scalar("SELECT reply_id FROM switchboard.mailbox ORDER BY created_at")
             .fetch_all(&app.db)

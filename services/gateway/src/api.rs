@@ -114,7 +114,7 @@ pub(crate) fn outside_turn(message: impl Into<String>) -> Refused {
 #[derive(Debug, Serialize)]
 pub struct MessageStatus {
     pub correlation_id: String,
-    /// `pending`, `answered` or `failed`.
+    /// `pending`, `answered`, `failed`, or `expired` (never taken: `retention.api_pending_expiry_s`).
     pub status: &'static str,
     pub replies: Vec<ReplyView>,
     /// What the person was told while the message waited (the agent's host was down).
@@ -433,15 +433,30 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
     .fetch_optional(&state.db)
     .await
     .map_err(unavailable)?;
+    if failure.is_some() {
+        return Ok(MessageStatus {
+            correlation_id: correlation_id.into(),
+            status: "failed",
+            replies: Vec::new(),
+            notices,
+            error: failure.flatten(),
+        });
+    }
+    // A message no turn ever took (its stored copy lost to a failed clean-up, say) is ended by
+    // the retention sweep (`retention.api_pending_expiry_s`) instead of reading `pending` forever.
+    let expired: Option<bool> = sqlx::query_scalar(
+        "SELECT expired_at IS NOT NULL FROM switchboard.api_requests WHERE correlation_id = $1",
+    )
+    .bind(correlation_id)
+    .fetch_optional(&state.db)
+    .await
+    .map_err(unavailable)?;
+    let expired = expired.unwrap_or(false);
     Ok(MessageStatus {
         correlation_id: correlation_id.into(),
-        status: if failure.is_some() {
-            "failed"
-        } else {
-            "pending"
-        },
+        status: if expired { "expired" } else { "pending" },
         replies: Vec::new(),
         notices,
-        error: failure.flatten(),
+        error: expired.then(|| "the message was never taken by an agent; send it again".into()),
     })
 }
