@@ -183,9 +183,9 @@ fn identity_line(i: usize, s: &Sender) -> String {
             format!("Current user: {name} | id {id} | type staff | role {role}")
         }
         (None, Via::Chat) => format!("Current user: (unknown) | id {id} | type user | role (none)"),
-        // An API caller is named by its key's owner.
+        // An API caller is named by its key's owner, and is a system, not a person.
         (None, Via::Api) => format!(
-            "Current user: {} | id {id} | type user | role (none)",
+            "Current user: {} | id {id} | type system | role (none)",
             s.owner()
         ),
         (None, Via::Sms | Via::Webhook) => {

@@ -58,7 +58,9 @@ pub fn id_type<'a>(person_id: &str, config: &'a IdentityConfig) -> Option<&'a st
         return None;
     }
     match prefix {
-        "user" | "api" => Some("user"),
+        "user" => Some("user"),
+        // An integration calling with an API key, not a person (seed 000 §3.1).
+        "api" => Some("system"),
         "phone" | "chat_user" | "api_key_owner" | "address" | "webhook" => Some("external"),
         _ => config
             .lookups
@@ -407,7 +409,7 @@ mod tests {
             ..IdentityConfig::default()
         };
         assert_eq!(id_type("user:ana", &config), Some("user"));
-        assert_eq!(id_type("api:crm", &config), Some("user"));
+        assert_eq!(id_type("api:crm", &config), Some("system"));
         assert_eq!(id_type("phone:+14155550100", &config), Some("external"));
         assert_eq!(id_type("staff:17", &config), Some("staff"));
         // Bare or unknown ids are the directory's to know.
