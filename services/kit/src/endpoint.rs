@@ -175,13 +175,31 @@ pub async fn nats_connect(
             url: redact_url(url),
             reason: e.to_string(),
         })?;
-    options
-        .connect(servers)
-        .await
-        .map_err(|source| EndpointError::Connect {
-            url: redact_url(url),
-            source,
-        })
+    // A server reloading its accounts (`switchboard readers add` does, on the running stack)
+    // refuses a connection for a moment with an authorization error, correct credentials and
+    // all: a few quick tries tell that from a wrong password (seen once in a full test run).
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match options.clone().connect(servers.clone()).await {
+            Ok(client) => return Ok(client),
+            Err(source)
+                if tries < 5
+                    && matches!(
+                        source.kind(),
+                        async_nats::ConnectErrorKind::AuthorizationViolation
+                    ) =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(source) => {
+                return Err(EndpointError::Connect {
+                    url: redact_url(url),
+                    source,
+                });
+            }
+        }
+    }
 }
 
 #[cfg(test)]

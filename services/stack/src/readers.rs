@@ -328,7 +328,7 @@ mod tests {
                 .any(|p| p.contains("CREATE") || p.contains("DELETE"))
         );
         assert_eq!(r.subscribe_allowed(), vec!["_INBOX_bi.>".to_string()]);
-        let conf = account_entries(&[r.clone()], "SWITCHBOARD");
+        let conf = account_entries(std::slice::from_ref(&r), "SWITCHBOARD");
         assert!(conf.contains("\"READER_bi\": {"), "{conf}");
         assert!(conf.contains("user: \"bi\""), "{conf}");
         assert!(
