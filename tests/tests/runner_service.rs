@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use serde_json::{Value, json};
 use switchboard_e2e::runner_host::{agent_host, serve_runner};
 use switchboard_e2e::{AppOptions, spawn_app_with};
 use switchboard_kit::config::Secret;
@@ -69,5 +70,65 @@ async fn a_dispatcher_killed_during_a_runner_call_retries_it_and_the_engine_runs
     app.settle().await;
     assert_eq!(lines(&dir, "start"), 1, "the engine ran twice for one turn");
     assert_eq!(app.twilio.sent().len(), 1);
+    app.shutdown().await;
+}
+
+/// An engine that fails, printing what only the agent host's operator should see.
+const LEAKY_ENGINE: &str = r#"#!/bin/sh
+echo "fatal: OPENAI_API_KEY=sk-live-7f3a9c rejected; see /home/agent/.openclaw/logs" >&2
+exit 3"#;
+
+#[tokio::test]
+async fn a_failed_engines_output_and_the_runners_address_never_reach_the_apis_caller() {
+    let dir = agent_host(LEAKY_ENGINE);
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = probe.local_addr().unwrap();
+    drop(probe);
+    let _server = serve_runner(&dir, addr).await;
+    let url = format!("http://{addr}");
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(move |c| {
+            c.agents[0].runner_url = url;
+            c.agents[0].token = Secret::new("runner-token");
+            c.runtime.max_deliver = 2;
+        }),
+        ..Default::default()
+    })
+    .await;
+    let key = app.api_key("crm", &[]).await;
+    let sent = app
+        .post_api_message(&key, json!({"agent": "reggie_oc", "text": "hello"}), None)
+        .await;
+    assert_eq!(sent.status(), 202);
+    let sent: Value = sent.json().await.unwrap();
+    let correlation_id = sent["correlation_id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        let r: Value = app
+            .get_api_message(&key, &correlation_id)
+            .await
+            .json()
+            .await
+            .unwrap();
+        if r["status"] != "pending" || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status["status"], "failed", "{status}");
+    let error = status["error"].as_str().unwrap_or_default();
+    assert!(!error.is_empty(), "{status}");
+    // What a caller may be told: that the agent's engine failed, and the correlation id to
+    // ask the operator about.
+    assert!(error.contains("502 engine_failed"), "{status}");
+    assert_eq!(status["correlation_id"], json!(correlation_id));
+    for leaked in [
+        "sk-live",
+        "/home/agent",
+        "OPENAI_API_KEY",
+        &addr.to_string(),
+    ] {
+        assert!(!status.to_string().contains(leaked), "{leaked} in {status}");
+    }
     app.shutdown().await;
 }
