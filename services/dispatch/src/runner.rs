@@ -341,6 +341,18 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+    /// A fake runner that answers every call with this status line and JSON body.
+    async fn answering(status: &'static str, body: &'static str) -> String {
+        fake_runner(move |mut socket| async move {
+            let head = format!(
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = socket.write_all(format!("{head}{body}").as_bytes()).await;
+        })
+        .await
+    }
+
     /// A fake runner on a raw socket: reads the request's head, then lets `answer` write.
     async fn fake_runner<F, Fut>(answer: F) -> String
     where
@@ -411,19 +423,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_under_the_cap_is_read() {
-        let url = fake_runner(|mut socket| async move {
-            let body = r#"{"text":"hi","session_id":"s-1"}"#;
-            let _ = socket
-                .write_all(
-                    format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                )
-                .await;
-        })
-        .await;
+        let url = answering("200 OK", r#"{"text":"hi","session_id":"s-1"}"#).await;
         let r = call(&url).await.unwrap();
         assert_eq!((r.text.as_str(), r.session_id.as_str()), ("hi", "s-1"));
     }
@@ -431,19 +431,7 @@ mod tests {
     #[tokio::test]
     async fn what_the_runner_said_stays_out_of_the_turns_error() {
         // The engine's stderr in the runner's error (as an older or another runner sends it).
-        let url = fake_runner(|mut socket| async move {
-            let body = r#"{"error":{"code":"engine_failed","message":"exit 3: OPENAI_API_KEY=sk-live-abc123 /home/agent/notes.md"}}"#;
-            let _ = socket
-                .write_all(
-                    format!(
-                        "HTTP/1.1 502 Bad Gateway\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                )
-                .await;
-        })
-        .await;
+        let url = answering("502 Bad Gateway", r#"{"error":{"code":"engine_failed","message":"exit 3: OPENAI_API_KEY=sk-live-abc123 /home/agent/notes.md"}}"#).await;
         let e = call(&url).await.unwrap_err();
         let told = format!("{:#}", anyhow::Error::from(e));
         assert!(told.contains("HTTP 502 engine_failed"), "{told}");
@@ -452,19 +440,7 @@ mod tests {
         }
 
         // Nor a not-JSON answer's content, nor where the runner is.
-        let url = fake_runner(|mut socket| async move {
-            let body = r#"{"text": 5, "secret": "sk-live-abc123"}"#;
-            let _ = socket
-                .write_all(
-                    format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                )
-                .await;
-        })
-        .await;
+        let url = answering("200 OK", r#"{"text": 5, "secret": "sk-live-abc123"}"#).await;
         let told = format!("{:#}", anyhow::Error::from(call(&url).await.unwrap_err()));
         assert!(!told.contains("invalid type"), "{told}");
         let closed = {
