@@ -101,36 +101,24 @@ pub async fn sweep(db: &PgPool, config: &RetentionConfig) -> Result<Swept, sqlx:
         })
         .await?;
     }
-    if let Some(days) = days(config.mailbox_days) {
+    // Rows pushed to a socket and rows never pushed each have their own window.
+    for (pushed, window) in [
+        (true, config.mailbox_days),
+        (false, config.mailbox_unpushed_days),
+    ] {
+        let Some(days) = days(window) else { continue };
         swept.mailbox_deleted += batches(batch, "mailbox", || async move {
             sqlx::query!(
                 "DELETE FROM switchboard.mailbox
                   WHERE seq IN (
                         SELECT seq FROM switchboard.mailbox
                          WHERE created_at < now() - make_interval(days => $1)
-                           AND pushed_at IS NOT NULL
+                           AND (pushed_at IS NOT NULL) = $3
                          ORDER BY created_at
                          LIMIT $2 FOR UPDATE SKIP LOCKED)",
                 days,
                 batch,
-            )
-            .execute(db)
-            .await
-        })
-        .await?;
-    }
-    if let Some(days) = days(config.mailbox_unpushed_days) {
-        swept.mailbox_deleted += batches(batch, "mailbox", || async move {
-            sqlx::query!(
-                "DELETE FROM switchboard.mailbox
-                  WHERE seq IN (
-                        SELECT seq FROM switchboard.mailbox
-                         WHERE created_at < now() - make_interval(days => $1)
-                           AND pushed_at IS NULL
-                         ORDER BY created_at
-                         LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                days,
-                batch,
+                pushed,
             )
             .execute(db)
             .await
