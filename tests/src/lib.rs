@@ -180,6 +180,46 @@ pub struct TestApp {
     idle_stages: std::sync::Mutex<Vec<&'static str>>,
     /// Every stage the app has (the product's and any the test added).
     stages: Vec<Registration>,
+    /// This test's own database, dropped with the app.
+    database: String,
+}
+
+/// `SB_TEST_KEEP_DATABASES=1` keeps each test's database after it ends (to look into a failure).
+const KEEP_DATABASES: &str = "SB_TEST_KEEP_DATABASES";
+
+impl Drop for TestApp {
+    /// A test's database goes with it: a full run makes hundreds (~9 MB each), and a CI run on a
+    /// shared disk once lost its Postgres to a full disk halfway through the suite.
+    fn drop(&mut self) {
+        self.app.shutdown.trigger();
+        self.handle.abort();
+        if std::env::var(KEEP_DATABASES).as_deref() == Ok("1") {
+            return;
+        }
+        let Ok(admin_url) = std::env::var("SB_DATABASE_URL") else {
+            return;
+        };
+        let name = self.database.clone();
+        // Drop runs inside the test's runtime, which cannot be blocked on: a thread of its own.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let mut conn = sqlx::PgConnection::connect(&admin_url).await.ok()?;
+                // FORCE: the app's pools and any worker it started still hold connections.
+                sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut conn)
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(_))) {
+            eprintln!("test database {} was not dropped", self.database);
+        }
+    }
 }
 
 /// A worker process started by [`TestApp::spawn_logged_worker`].
@@ -345,7 +385,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
 
     let mut config = Config {
         nats_url: nats_url.into(),
-        database_url: database_url.into(),
+        database_url: database_url.clone().into(),
         subject_prefix: format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
         ..Config::default()
     };
@@ -453,7 +493,14 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
         handle,
         idle_stages: std::sync::Mutex::new(idle_stages),
         stages: opts.stages,
+        database: database_name(&database_url),
     }
+}
+
+/// The database's name: the last path segment of its URL.
+fn database_name(url: &str) -> String {
+    let path = url.rsplit_once('/').map_or(url, |(_, name)| name);
+    path.split(['?', '#']).next().unwrap_or(path).to_string()
 }
 
 /// What a fake provider sent, once it has sent at least `n` messages.
@@ -1244,9 +1291,9 @@ impl TestApp {
         }
     }
 
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.app.shutdown.trigger();
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.handle).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.handle).await;
         let _ = std::fs::remove_file(&self.config_path);
     }
 }
