@@ -445,13 +445,17 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     )
     .expect("write test config");
 
-    let app = App::connect(config.clone(), "test")
-        .await
-        .expect("connect")
-        .with(opts.channels.clone());
-    app.prepare(&opts.stages)
-        .await
-        .expect("migrations and topology");
+    // As a worker starts: a JetStream API request that a NATS configuration reload drops (another
+    // test adding a reader) is tried again, not a failed test.
+    let app = App::start(
+        config.clone(),
+        "test",
+        &opts.stages,
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("connect, migrations and topology")
+    .with(opts.channels.clone());
     let (routes, follower) = switchboard::gateway_routes(&app).expect("gateway");
     let admin_listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", admin_listener.local_addr().unwrap());
