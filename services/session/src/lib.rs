@@ -11,21 +11,25 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use futures::future::join_all;
 use sqlx::PgPool;
 use switchboard_kit::config::{AgentConfig, ChannelConfig, SessionScope, WorkspaceConfig};
 use switchboard_kit::lifecycle::{ResetPolicy, reset_command};
+use switchboard_kit::proto::InboundMessage;
 use switchboard_kit::proto::{IdentifiedMessage, SessionCreated, Turn};
 use switchboard_kit::startup::{App, Task};
 use switchboard_kit::status::{ResetReason, SessionEventKind};
 use switchboard_kit::workspace;
-use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
+use switchboard_kit::{Attempt, BatchStage, Hold, Outcome, Output, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
 
 mod arrival;
+mod batch;
 mod summary_due;
 
 pub use arrival::{ArrivalWait, Placement, place_arrival};
+use batch::Placing;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -158,16 +162,13 @@ impl SessionStore {
         Ok(true)
     }
 
-    /// Find or create the session of (scope, agent) and give this message its turn, unless the
-    /// sender's previous message has none yet ([`Opened::Waiting`]). Race-free across replicas:
-    /// the sender's arrival cursor, then the session row, are locked while the next `seq` is
-    /// taken. `overdue`: the message has waited longer than the gap timeout.
-    pub async fn open_turn(
+    /// What placing `msg` for `agent` needs, worked out before any statement runs.
+    fn placing<'a>(
         &self,
-        msg: &IdentifiedMessage,
-        agent: &AgentConfig,
+        msg: &'a IdentifiedMessage,
+        agent: &'a AgentConfig,
         overdue: bool,
-    ) -> Result<Opened, SessionError> {
+    ) -> Result<Placing<'a>, SessionError> {
         let inbound = msg
             .inbound
             .as_ref()
@@ -193,21 +194,53 @@ impl SessionStore {
                 &inbound.recipient,
             )
         };
-        let scope_key = key_for(&agent.name);
-        // The person + agent identity: shared by the identity's engine variants (summary).
-        let memory_key = key_for(&agent.identity);
         // Without a provider id, the message id is the dedupe key.
         let provider_id = if inbound.provider_message_id.is_empty() {
             inbound.id.clone()
         } else {
             inbound.provider_message_id.clone()
         };
+        Ok(Placing {
+            msg,
+            inbound,
+            person,
+            agent,
+            inbound_id,
+            scope_key: key_for(&agent.name),
+            // The person + agent identity: shared by the identity's engine variants (summary).
+            memory_key: key_for(&agent.identity),
+            provider_id,
+            policy: ResetPolicy::of(agent).map_err(SessionError::Policy)?,
+            person_spoke: inbound.is_from_person(),
+            received: DateTime::from_timestamp_millis(inbound.received_at_ms)
+                .filter(|_| inbound.received_at_ms > 0)
+                .unwrap_or_else(Utc::now),
+            overdue,
+        })
+    }
 
-        let policy = ResetPolicy::of(agent).map_err(SessionError::Policy)?;
-        let person_spoke = inbound.is_from_person();
-        let received = DateTime::from_timestamp_millis(inbound.received_at_ms)
-            .filter(|_| inbound.received_at_ms > 0)
-            .unwrap_or_else(Utc::now);
+    /// Find or create the session of (scope, agent) and give this message its turn, unless the
+    /// sender's previous message has none yet ([`Opened::Waiting`]). Race-free across replicas:
+    /// the sender's arrival cursor, then the session row, are locked while the next `seq` is
+    /// taken. `overdue`: the message has waited longer than the gap timeout.
+    pub async fn open_turn(
+        &self,
+        msg: &IdentifiedMessage,
+        agent: &AgentConfig,
+        overdue: bool,
+    ) -> Result<Opened, SessionError> {
+        let Placing {
+            inbound,
+            person,
+            inbound_id,
+            scope_key,
+            memory_key,
+            provider_id,
+            policy,
+            person_spoke,
+            received,
+            ..
+        } = self.placing(msg, agent, overdue)?;
 
         let mut tx = self.db.begin().await?;
         switchboard_kit::forgotten::lock_shared(&mut *tx, &person.person_id).await?;
@@ -533,26 +566,14 @@ impl SessionStage {
     }
 }
 
-impl Stage for SessionStage {
-    type Input = IdentifiedMessage;
-    const SPEC: StageSpec = StageSpec::new("session", Source::Work("identified"));
-
-    async fn handle(
-        &self,
-        mut msg: IdentifiedMessage,
-        attempt: &Attempt,
-    ) -> Result<Vec<Output>, StageError> {
+impl SessionStage {
+    /// One message alone, waiting in place for its sender's earlier one as needed.
+    async fn handle_one(&self, msg: IdentifiedMessage, attempt: &Attempt) -> Outcome {
         let inbound = msg
             .inbound
             .as_ref()
             .ok_or_else(|| SessionError::Incomplete("inbound").into_stage())?;
-        let agent = match route_agent(
-            &self.agents,
-            &self.channels,
-            &inbound.channel,
-            &inbound.recipient,
-            &inbound.agent,
-        ) {
+        let agent = match self.route(inbound) {
             Ok(agent) => agent,
             Err(e) => {
                 // It will be dead-lettered, but in its turn: the sender's later messages must
@@ -574,10 +595,35 @@ impl Stage for SessionStage {
                 })
             })
             .await?;
+        self.turn_outputs(msg, agent, opened).await
+    }
+
+    fn route(&self, inbound: &InboundMessage) -> Result<&AgentConfig, SessionError> {
+        route_agent(
+            &self.agents,
+            &self.channels,
+            &inbound.channel,
+            &inbound.recipient,
+            &inbound.agent,
+        )
+    }
+
+    /// What an opened turn publishes: the turn, a summary item when one is due, and
+    /// `session.created` for a session's first turn.
+    async fn turn_outputs(
+        &self,
+        mut msg: IdentifiedMessage,
+        agent: &AgentConfig,
+        opened: Opened,
+    ) -> Outcome {
         let Opened::Turn(opened) = opened else {
             switchboard_kit::forgotten::dropped("session", "message");
             return Ok(Vec::new());
         };
+        let inbound = msg
+            .inbound
+            .as_ref()
+            .ok_or_else(|| SessionError::Incomplete("inbound").into_stage())?;
         let correlation = inbound.correlation_id.clone();
         let channel = inbound.channel.clone();
         // A late provider retry carries a new message id; the turn keeps the first one.
@@ -634,6 +680,90 @@ impl Stage for SessionStage {
         }
         Ok(out)
     }
+}
+
+impl BatchStage for SessionStage {
+    type Input = IdentifiedMessage;
+    const SPEC: StageSpec = StageSpec::new("session", Source::Work("identified"));
+
+    /// The messages of different senders and sessions are placed together in one
+    /// transaction ([`batch`]); the rest, and any the batch could not place (a sender's later
+    /// message that must wait), one at a time as before. A batch whose transaction fails is
+    /// tried again message by message here, so one bad message fails alone.
+    async fn handle_batch(
+        &self,
+        inputs: Vec<IdentifiedMessage>,
+        attempts: &[Attempt],
+    ) -> Vec<Outcome> {
+        if inputs.len() < 2 {
+            return join_all(
+                inputs
+                    .into_iter()
+                    .zip(attempts)
+                    .map(|(m, a)| self.handle_one(m, a)),
+            )
+            .await;
+        }
+        let mut placing = Vec::new();
+        let mut alone = Vec::new();
+        for (i, (msg, attempt)) in inputs.iter().zip(attempts).enumerate() {
+            let overdue = self.wait.overdue(attempt.waited);
+            let prepared = msg
+                .inbound
+                .as_ref()
+                .ok_or(SessionError::Incomplete("inbound"))
+                .and_then(|inbound| self.route(inbound))
+                .and_then(|agent| self.store.placing(msg, agent, overdue));
+            match prepared {
+                Ok(p) => placing.push((i, p)),
+                Err(_) => alone.push(i),
+            }
+        }
+        let (together, rest) = batch::split_batch(placing);
+        alone.extend(rest);
+        let mut outcomes: Vec<Option<Outcome>> = (0..inputs.len()).map(|_| None).collect();
+        let (indexes, places): (Vec<usize>, Vec<Placing<'_>>) = together.into_iter().unzip();
+        match self.store.open_turns(&places).await {
+            Ok(opened) => {
+                let placed = places.iter().zip(&indexes).zip(opened);
+                let done = join_all(placed.map(|((p, &i), o)| async move {
+                    match o {
+                        Opened::Waiting => (i, None),
+                        o => (i, Some(self.turn_outputs(p.msg.clone(), p.agent, o).await)),
+                    }
+                }))
+                .await;
+                for (i, outcome) in done {
+                    match outcome {
+                        Some(outcome) => outcomes[i] = Some(outcome),
+                        None => alone.push(i),
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    messages = indexes.len(),
+                    "a batch of turns could not be opened together; opening them one at a time"
+                );
+                alone.extend(indexes);
+            }
+        }
+        alone.sort_unstable();
+        let rest = join_all(
+            alone
+                .iter()
+                .map(|&i| self.handle_one(inputs[i].clone(), &attempts[i])),
+        )
+        .await;
+        for (i, outcome) in alone.into_iter().zip(rest) {
+            outcomes[i] = Some(outcome);
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.expect("every input has an outcome"))
+            .collect()
+    }
 
     /// A message given up on (it kept failing or crashing its worker) passes its arrival turn,
     /// so the sender's later messages do not wait the gap timeout for it.
@@ -669,7 +799,7 @@ fn task(app: &App) -> Task {
         app.topology.clone(),
         ArrivalWait::from_config(&c.session),
     );
-    app.stage_task(stage)
+    app.batch_stage_task(stage)
 }
 
 #[cfg(test)]

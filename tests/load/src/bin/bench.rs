@@ -152,9 +152,13 @@ struct Args {
     /// (docs/bench-memory-workers.md). Off: their targets are not run.
     #[arg(long, value_enum, default_value = "on")]
     memory_workers: MemoryWorkers,
-    /// The memory workers' embedder: `local` (the product's default, MiniLM in the embed
-    /// worker; SB_EMBEDDING__MODEL_DIR names its files) or `fake` (vectors over HTTP).
-    #[arg(long, value_enum, default_value = "local")]
+    /// The embedder of recall and the memory workers: `fake` (vectors over HTTP from the
+    /// harness, answering at once: an embedding service, as a deployment at the targets' rate
+    /// runs one; the speed figures leave model inference off the stack's cores) or `local`
+    /// (the product's default, MiniLM in the worker processes; SB_EMBEDDING__MODEL_DIR names
+    /// its files: what the local model costs is measured by `make bench-embed` and the memory
+    /// bench).
+    #[arg(long, value_enum, default_value = "fake")]
     memory_embedder: Embedder,
     /// Turn recall off in every scenario (`[recall] enabled = false`): what recall costs the
     /// reply path. The workers take their configuration from the file the bench writes, never

@@ -1,0 +1,148 @@
+//! The session stage over a backlog (issue 41): the turns of many people opened together, in
+//! one transaction, while every rule of a single message still holds: a sender's messages take
+//! their turns in the order they were written, a provider's retry keeps its first turn, and a
+//! message that cannot be routed is dead-lettered alone.
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+use switchboard_e2e::{AppOptions, TestApp, spawn_app_with};
+use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person};
+
+const PEOPLE: usize = 20;
+const WAIT: Duration = Duration::from_secs(30);
+
+fn sender(n: usize) -> String {
+    format!("+1415555{:04}", 4000 + n)
+}
+
+/// Person `n`'s message number `arrival`, as identify hands it on.
+fn message(n: usize, arrival: u64, provider_id: &str, text: &str) -> IdentifiedMessage {
+    let id = uuid::Uuid::now_v7().to_string();
+    IdentifiedMessage {
+        inbound: Some(InboundMessage {
+            id: id.clone(),
+            channel: "sms".into(),
+            provider: "twilio".into(),
+            sender: sender(n),
+            text: text.into(),
+            provider_message_id: provider_id.into(),
+            correlation_id: id,
+            arrival_epoch: 1,
+            arrival_seq: arrival,
+            received_at_ms: switchboard_kit::now_ms(),
+            ..Default::default()
+        }),
+        person: Some(Person {
+            person_id: format!("phone:{}", sender(n)),
+            person_type: "external".into(),
+            ..Default::default()
+        }),
+    }
+}
+
+async fn publish(app: &TestApp, msg: &IdentifiedMessage) {
+    app.js
+        .publish(app.topology.identified(), msg.encode_to_vec().into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+}
+
+#[tokio::test]
+async fn a_backlog_of_many_people_opens_their_turns_together_and_each_senders_order_holds() {
+    // The session stage starts late, so the backlog is there for it to take in one pull.
+    let app = spawn_app_with(AppOptions::without(&["session", "dispatch"])).await;
+    // Person 0's second message is first in the backlog, before their first.
+    let second = message(0, 2, "SM-0-2", "and a second thing");
+    publish(&app, &second).await;
+    let mut firsts = Vec::new();
+    for n in 0..PEOPLE {
+        let first = message(n, 1, &format!("SM-{n}-1"), &format!("hello from {n}"));
+        publish(&app, &first).await;
+        firsts.push(first);
+    }
+    // Twilio sends person 1's message again (a new delivery of the same MessageSid).
+    let retry = message(1, 1, "SM-1-1", "hello from 1");
+    publish(&app, &retry).await;
+    // A message for an agent nobody configured.
+    let mut lost = message(PEOPLE, 1, "SM-lost", "anyone there?");
+    lost.inbound.as_mut().unwrap().agent = "nobody".into();
+    publish(&app, &lost).await;
+
+    app.start_stage("session");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let turns: i64 = sqlx::query_scalar("SELECT count(*) FROM switchboard.turns")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+        if turns > PEOPLE as i64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{turns} turns opened");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.settle().await;
+
+    // One turn per message written, the retry none of its own.
+    let rows: Vec<(String, i64, uuid::Uuid, String)> = sqlx::query_as(
+        "SELECT s.person_id, t.seq, t.inbound_id, t.xmin::text
+           FROM switchboard.turns t JOIN switchboard.sessions s ON s.id = t.session_id
+          ORDER BY s.person_id, t.seq",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), PEOPLE + 1, "{rows:?}");
+    let mut by_person: HashMap<&str, Vec<(i64, uuid::Uuid)>> = HashMap::new();
+    for (person, seq, inbound, _) in &rows {
+        by_person.entry(person).or_default().push((*seq, *inbound));
+    }
+    assert_eq!(by_person.len(), PEOPLE);
+    for (n, first) in firsts.iter().enumerate() {
+        let turns = &by_person[format!("phone:{}", sender(n)).as_str()];
+        let id = |m: &IdentifiedMessage| m.inbound.as_ref().unwrap().id.parse().unwrap();
+        let first_id: uuid::Uuid = id(first);
+        // A retry racing its original (another batch of the same pull) may place the turn:
+        // either way the message has one turn.
+        let retried = n == 1 && turns[0] == (1, id(&retry));
+        assert!(
+            turns[0] == (1, first_id) || retried,
+            "person {n}'s first turn is their first message: {turns:?}"
+        );
+        if n == 0 {
+            assert_eq!(turns[1], (2, id(&second)), "then their second");
+        } else {
+            assert_eq!(turns.len(), 1, "person {n}: {turns:?}");
+        }
+    }
+    // Each turn is in the journal once.
+    let journalled: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchboard.session_events WHERE kind = 'message_in'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(journalled, PEOPLE as i64 + 1);
+    // Opened together: most first turns were written by one transaction (one pull of the
+    // backlog), not one transaction each.
+    let mut by_transaction: HashMap<&str, usize> = HashMap::new();
+    for (_, _, _, xmin) in &rows {
+        *by_transaction.entry(xmin).or_default() += 1;
+    }
+    let largest = by_transaction.values().max().copied().unwrap_or(0);
+    assert!(
+        largest >= PEOPLE / 2,
+        "the largest transaction wrote {largest} of {} turns: {by_transaction:?}",
+        rows.len()
+    );
+    // The turns went on once each (the retry's is the first one's, same dedupe id).
+    let turns = format!("{}.turn.>", app.topology.prefix());
+    assert_eq!(app.stored_on(&turns).await, PEOPLE as u64 + 1);
+    // The message nobody can answer is dead-lettered with its reason, alone.
+    let dead = app.wait_for_dead_letters("session", WAIT).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(dead[0].error.contains("nobody"), "{}", dead[0].error);
+}
