@@ -1220,7 +1220,6 @@ impl TestApp {
     /// Deliver `reply` now, as a live deliverer does, outside the deliver stage's consumer (the
     /// reply stays on the stream for the stage, which then finds it sent).
     pub async fn deliver_directly(&self, reply: &Reply) {
-        use switchboard_kit::Stage as _;
         let stage = switchboard_deliver::DeliverStage::new(
             switchboard_deliver::DeliveryLedger::new(
                 self.db.clone(),
@@ -1237,7 +1236,7 @@ impl TestApp {
             ..Default::default()
         };
         stage
-            .handle(reply.clone(), &attempt)
+            .deliver_one(reply.clone(), &attempt)
             .await
             .expect("the reply is delivered");
     }

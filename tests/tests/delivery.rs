@@ -5,7 +5,7 @@ use switchboard_channels::Channels;
 use switchboard_deliver::{DeliverStage, DeliveryLedger};
 use switchboard_e2e::{AppOptions, spawn_app_with};
 use switchboard_kit::proto::Reply;
-use switchboard_kit::{Attempt, Stage, StageError};
+use switchboard_kit::{Attempt, StageError};
 
 /// The first reply of a new session, to `recipient` by SMS.
 fn sms_reply(recipient: &str, text: &str) -> Reply {
@@ -55,7 +55,7 @@ async fn a_reply_held_by_a_dead_deliverer_is_sent_once_its_lease_ends() {
         ..Default::default()
     };
     // The redelivered reply waits for the lease rather than burning its deliveries.
-    let wait = match stage.handle(reply.clone(), &delivery).await {
+    let wait = match stage.deliver_one(reply.clone(), &delivery).await {
         Err(StageError::Defer(d, _)) => d,
         other => panic!("expected to wait for the lease, got {other:?}"),
     };
@@ -67,11 +67,11 @@ async fn a_reply_held_by_a_dead_deliverer_is_sent_once_its_lease_ends() {
 
     tokio::time::sleep(wait).await;
     stage
-        .handle(reply.clone(), &delivery)
+        .deliver_one(reply.clone(), &delivery)
         .await
         .expect("sent after the lease");
     stage
-        .handle(reply, &delivery)
+        .deliver_one(reply, &delivery)
         .await
         .expect("a redelivery after sending is a no-op");
     let sent = app.twilio.sent();
@@ -141,14 +141,17 @@ async fn replies_of_one_session_go_out_in_turn_order() {
     // The second reply reaches a deliverer first: it waits for the first.
     let second = {
         let (stage, reply, delivery) = (stage.clone(), replies[1].clone(), delivery.clone());
-        tokio::spawn(async move { stage.handle(reply, &delivery).await })
+        tokio::spawn(async move { stage.deliver_one(reply, &delivery).await })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         app.twilio.sent().is_empty(),
         "reply 2 must not overtake reply 1"
     );
-    stage.handle(replies[0].clone(), &delivery).await.unwrap();
+    stage
+        .deliver_one(replies[0].clone(), &delivery)
+        .await
+        .unwrap();
     second.await.unwrap().unwrap();
     let bodies: Vec<String> = app.twilio.sent().into_iter().map(|s| s.body).collect();
     assert_eq!(bodies, vec!["reply 1", "reply 2"]);

@@ -43,7 +43,8 @@ pub enum Claim {
 }
 
 /// The ledger row a claim took, as [`DeliveryLedger::claim`] reads it back.
-struct LeasedRow {
+#[derive(sqlx::FromRow)]
+pub(crate) struct LeasedRow {
     parts_sent: i32,
     provider_message_ids: Vec<String>,
     attempts: i32,
@@ -59,6 +60,28 @@ struct CurrentRow {
     last_error: Option<String>,
     /// How long the lease still holds (0 when it ended), in seconds.
     lease_left_s: Option<f64>,
+}
+
+impl LeasedRow {
+    /// The claim a leased row gives: the parts already sent, and whether the next one was
+    /// tried before.
+    pub(crate) fn into_claim(self) -> Claim {
+        let parts_sent = self.parts_sent;
+        // Only the claim that inserted the row has `attempts = 1`; any other found the
+        // attempt already there, recorded by someone before it.
+        let attempt = match self.attempt_started_at {
+            Some(at) if self.attempt_part == Some(parts_sent) && self.attempts > 1 => {
+                PartAttempt::Uncertain(at)
+            }
+            Some(_) if self.attempt_part == Some(parts_sent) => PartAttempt::Started,
+            _ => PartAttempt::NotStarted,
+        };
+        Claim::Send {
+            parts_sent: parts_sent as usize,
+            ids: self.provider_message_ids,
+            attempt,
+        }
+    }
 }
 
 pub struct DeliveryLedger {
@@ -113,21 +136,7 @@ impl DeliveryLedger {
         .fetch_optional(&self.db)
         .await?;
         if let Some(r) = leased {
-            let parts_sent = r.parts_sent;
-            // Only the claim that inserted the row has `attempts = 1`; any other found the
-            // attempt already there, recorded by someone before it.
-            let attempt = match r.attempt_started_at {
-                Some(at) if r.attempt_part == Some(parts_sent) && r.attempts > 1 => {
-                    PartAttempt::Uncertain(at)
-                }
-                Some(_) if r.attempt_part == Some(parts_sent) => PartAttempt::Started,
-                _ => PartAttempt::NotStarted,
-            };
-            return Ok(Claim::Send {
-                parts_sent: parts_sent as usize,
-                ids: r.provider_message_ids,
-                attempt,
-            });
+            return Ok(r.into_claim());
         }
         self.current(id).await
     }

@@ -31,15 +31,17 @@
 //! a provider that rewrote the text, or sent it from a fallback sender) is not found and is
 //! sent again, as before. Rows written before the attempt was recorded carry no attempt and are
 //! sent again after a crash, as before.
+mod batch;
 mod ledger;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use futures::future::join_all;
 use switchboard_kit::proto::{DeliveryFailed, HEARTBEAT_OK_KIND, Reply, ReplyDelivered};
 use switchboard_kit::startup::{App, Task};
-use switchboard_kit::{Attempt, Hold, Output, Stage, StageError, Topology};
+use switchboard_kit::{Attempt, BatchStage, Hold, Outcome, Output, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
 use tracing::Instrument as _;
 use uuid::Uuid;
@@ -232,11 +234,10 @@ impl DeliverStage {
     }
 }
 
-impl Stage for DeliverStage {
-    type Input = Reply;
-    const SPEC: StageSpec = StageSpec::new("deliver", Source::Work("reply"));
-
-    async fn handle(&self, reply: Reply, _attempt: &Attempt) -> Result<Vec<Output>, StageError> {
+impl DeliverStage {
+    /// One reply alone: the forgotten check, its turn in the session's order, the claim, then
+    /// [`Self::after_claim`].
+    pub async fn deliver_one(&self, reply: Reply, _attempt: &Attempt) -> Outcome {
         let id: Uuid = reply
             .id
             .parse()
@@ -256,7 +257,6 @@ impl Stage for DeliverStage {
                 reply.provider.clone(),
             )));
         };
-        let provider = reply.provider.clone();
         switchboard_kit::trace::record_session(&reply.session_id);
         let ledger = self.ledger.with_lease(self.lease_for(sender.as_ref()));
         if let Ok(session) = reply.session_id.parse::<Uuid>() {
@@ -271,14 +271,41 @@ impl Stage for DeliverStage {
             return Ok(Vec::new());
         }
         let parts = sender.split(&reply.text);
-        let mut lease_taken = Instant::now();
-        let (mut sent, mut ids, attempt) = match ledger
+        let lease_taken = Instant::now();
+        let claim = ledger
             .claim(&reply, id, parts.len())
             .await
-            .map_err(transient)?
-        {
-            Claim::AlreadySent(ids) => return Ok(vec![self.delivered(&reply, ids)]),
-            Claim::AlreadyFailed(error) => return Ok(vec![self.failed(&reply, error)]),
+            .map_err(transient)?;
+        self.after_claim(
+            &reply,
+            id,
+            sender.as_ref(),
+            &ledger,
+            &parts,
+            claim,
+            lease_taken,
+        )
+        .await
+    }
+
+    /// What a claim of the ledger's row leads to: the outcome recorded before, a wait for the
+    /// deliverer holding the reply, or the parts not yet sent, each sent and recorded in turn.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn after_claim(
+        &self,
+        reply: &Reply,
+        id: Uuid,
+        sender: &dyn Egress,
+        ledger: &DeliveryLedger,
+        parts: &[String],
+        claim: Claim,
+        mut lease_taken: Instant,
+    ) -> Outcome {
+        let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));
+        let provider = reply.provider.clone();
+        let (mut sent, mut ids, attempt) = match claim {
+            Claim::AlreadySent(ids) => return Ok(vec![self.delivered(reply, ids)]),
+            Claim::AlreadyFailed(error) => return Ok(vec![self.failed(reply, error)]),
             Claim::Skipped => return Ok(Vec::new()),
             // Come back when the lease ends, so a deliverer that died mid-send does not use up
             // this reply's deliveries; one that is alive will have finished by then.
@@ -297,7 +324,7 @@ impl Stage for DeliverStage {
         if parts.is_empty() {
             let error = "the agent's reply was empty".to_string();
             ledger.finish(id, Some(&error)).await.map_err(transient)?;
-            return Ok(vec![self.failed(&reply, error)]);
+            return Ok(vec![self.failed(reply, error)]);
         }
         // Whether the ledger already says `sent` (the last part's write sets it).
         if sent == parts.len() {
@@ -305,7 +332,7 @@ impl Stage for DeliverStage {
             // release from before the last part's write also set it.
             ledger.finish(id, None).await.map_err(transient)?;
         }
-        let part_at = |index: usize| OutboundPart::new(&reply, index, &parts[index]);
+        let part_at = |index: usize| OutboundPart::new(reply, index, &parts[index]);
         // The provider's id of the next part when its log shows an earlier attempt sent it.
         let mut found = None;
         if sent < parts.len() {
@@ -318,7 +345,7 @@ impl Stage for DeliverStage {
                 }
                 PartAttempt::Uncertain(since) => {
                     found = self
-                        .look_up(sender.as_ref(), part_at(sent), id, parts.len(), &ids, since)
+                        .look_up(sender, part_at(sent), id, parts.len(), &ids, since)
                         .await?;
                 }
             }
@@ -352,31 +379,66 @@ impl Stage for DeliverStage {
                     ids.push(sid);
                     sent += 1;
                 }
-                Err(SendError::Rejected(error)) => {
-                    tracing::warn!(reply_id = %id, %error, "delivery failed for good");
-                    ledger.finish(id, Some(&error)).await.map_err(transient)?;
-                    metrics::counter!("sb_delivery_failed_total", "provider" => provider)
-                        .increment(1);
-                    return Ok(vec![self.failed(&reply, error)]);
-                }
-                Err(e) => {
-                    // Unavailable, or throttled (429): the next attempt may take over at once,
-                    // after the stage's backoff. The attempt counts, so a provider that never
-                    // lets up ends in `delivery.failed` (recorded by `give_up`), never in a
-                    // reply waiting forever. A 429 says the part was refused; any other failure
-                    // (a 5xx, a time-out) leaves it uncertain, for the next attempt to look up.
-                    let throttled = matches!(e, SendError::Throttled { .. });
-                    if throttled {
-                        metrics::counter!("sb_delivery_throttled_total", "provider" => provider)
-                            .increment(1);
-                    }
-                    let _ = ledger.release(id, &e.to_string(), throttled).await;
-                    return Err(StageError::transient(e));
-                }
+                Err(e) => return self.send_failed(reply, id, ledger, e).await,
             }
         }
         metrics::counter!("sb_delivery_sent_total", "provider" => provider).increment(1);
-        Ok(vec![self.delivered(&reply, ids)])
+        Ok(vec![self.delivered(reply, ids)])
+    }
+
+    /// A send the provider did not take: refused for good (recorded failed, announced), or
+    /// not now (the reply released for the next attempt after the stage's backoff).
+    pub(crate) async fn send_failed(
+        &self,
+        reply: &Reply,
+        id: Uuid,
+        ledger: &DeliveryLedger,
+        error: SendError,
+    ) -> Outcome {
+        let provider = reply.provider.clone();
+        let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));
+        match error {
+            SendError::Rejected(error) => {
+                tracing::warn!(reply_id = %id, %error, "delivery failed for good");
+                ledger.finish(id, Some(&error)).await.map_err(transient)?;
+                metrics::counter!("sb_delivery_failed_total", "provider" => provider).increment(1);
+                Ok(vec![self.failed(reply, error)])
+            }
+            e => {
+                // Unavailable, or throttled (429): the next attempt may take over at once,
+                // after the stage's backoff. The attempt counts, so a provider that never
+                // lets up ends in `delivery.failed` (recorded by `give_up`), never in a
+                // reply waiting forever. A 429 says the part was refused; any other failure
+                // (a 5xx, a time-out) leaves it uncertain, for the next attempt to look up.
+                let throttled = matches!(e, SendError::Throttled { .. });
+                if throttled {
+                    metrics::counter!("sb_delivery_throttled_total", "provider" => provider)
+                        .increment(1);
+                }
+                let _ = ledger.release(id, &e.to_string(), throttled).await;
+                Err(StageError::transient(e))
+            }
+        }
+    }
+}
+
+impl BatchStage for DeliverStage {
+    type Input = Reply;
+    const SPEC: StageSpec = StageSpec::new("deliver", Source::Work("reply"));
+
+    /// Replies of different sessions claimed, sent and recorded together ([`batch`]); the
+    /// rest one at a time as before.
+    async fn handle_batch(&self, replies: Vec<Reply>, attempts: &[Attempt]) -> Vec<Outcome> {
+        if replies.len() < 2 {
+            return join_all(
+                replies
+                    .into_iter()
+                    .zip(attempts)
+                    .map(|(r, a)| self.deliver_one(r, a)),
+            )
+            .await;
+        }
+        self.deliver_batch(replies, attempts).await
     }
 
     /// A reply given up on is recorded as failed (so the session's next replies go out) and
@@ -458,5 +520,5 @@ fn task(app: &App) -> Task {
         senders(app),
         app.topology.clone(),
     );
-    app.stage_task(stage)
+    app.batch_stage_task(stage)
 }

@@ -1,7 +1,8 @@
-//! The session stage over a backlog (issue 41): the turns of many people opened together, in
-//! one transaction, while every rule of a single message still holds: a sender's messages take
-//! their turns in the order they were written, a provider's retry keeps its first turn, and a
-//! message that cannot be routed is dead-lettered alone.
+//! The reply path's stages over a backlog (issue 41): the session stage opens the turns of many
+//! people together, in one transaction, while every rule of a single message still holds (a
+//! sender's messages take their turns in the order they were written, a provider's retry keeps
+//! its first turn, a message that cannot be routed is dead-lettered alone); the deliver stage
+//! claims and records the replies of many people together, each sent once.
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -128,14 +129,11 @@ async fn a_backlog_of_many_people_opens_their_turns_together_and_each_senders_or
     assert_eq!(journalled, PEOPLE as i64 + 1);
     // Opened together: most first turns were written by one transaction (one pull of the
     // backlog), not one transaction each.
-    let mut by_transaction: HashMap<&str, usize> = HashMap::new();
-    for (_, _, _, xmin) in &rows {
-        *by_transaction.entry(xmin).or_default() += 1;
-    }
-    let largest = by_transaction.values().max().copied().unwrap_or(0);
+    let xmins: Vec<String> = rows.iter().map(|(_, _, _, x)| x.clone()).collect();
+    let largest = largest_transaction(&xmins);
     assert!(
         largest >= PEOPLE / 2,
-        "the largest transaction wrote {largest} of {} turns: {by_transaction:?}",
+        "the largest transaction wrote {largest} of {} turns",
         rows.len()
     );
     // The turns went on once each (the retry's is the first one's, same dedupe id).
@@ -145,4 +143,67 @@ async fn a_backlog_of_many_people_opens_their_turns_together_and_each_senders_or
     let dead = app.wait_for_dead_letters("session", WAIT).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert!(dead[0].error.contains("nobody"), "{}", dead[0].error);
+}
+
+/// How many rows the largest single transaction wrote, by `xmin` (row versions written by one
+/// transaction share it).
+fn largest_transaction(xmins: &[String]) -> usize {
+    let mut by_transaction: HashMap<&str, usize> = HashMap::new();
+    for x in xmins {
+        *by_transaction.entry(x).or_default() += 1;
+    }
+    by_transaction.values().max().copied().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_backlog_of_replies_to_many_people_is_claimed_and_recorded_together_and_each_sent_once() {
+    // The deliver stage starts late: the replies wait for it in the stream.
+    let app = spawn_app_with(AppOptions::without(&["deliver"])).await;
+    for n in 0..PEOPLE {
+        assert_eq!(
+            app.send_sms(&sender(n), &format!("question {n}"))
+                .await
+                .status(),
+            200
+        );
+    }
+    let replies = app.topology.reply();
+    let deadline = Instant::now() + WAIT;
+    while app.stored_on(&replies).await < PEOPLE as u64 {
+        assert!(Instant::now() < deadline, "the replies were not written");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.start_stage("deliver");
+    app.wait_for_sms(PEOPLE, WAIT).await;
+    app.settle().await;
+    let sent = app.twilio.sent();
+    assert_eq!(sent.len(), PEOPLE, "each reply sent once: {sent:?}");
+    for n in 0..PEOPLE {
+        let to_them: Vec<_> = sent.iter().filter(|s| s.to == sender(n)).collect();
+        assert_eq!(to_them.len(), 1, "person {n}: {to_them:?}");
+        assert!(
+            to_them[0].body.contains(&format!("question {n}")),
+            "{:?}",
+            to_them[0]
+        );
+    }
+    // The ledger holds each as sent, with the provider's id, recorded together.
+    let rows: Vec<(String, Vec<String>, String)> = sqlx::query_as(
+        "SELECT status, provider_message_ids, xmin::text FROM switchboard.deliveries",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), PEOPLE);
+    for (status, ids, _) in &rows {
+        assert_eq!(status, "sent");
+        assert_eq!(ids.len(), 1);
+        assert!(sent.iter().any(|s| s.sid == ids[0]), "{ids:?}");
+    }
+    let xmins: Vec<String> = rows.into_iter().map(|(_, _, x)| x).collect();
+    let largest = largest_transaction(&xmins);
+    assert!(
+        largest >= PEOPLE / 2,
+        "the largest transaction recorded {largest} of {PEOPLE} sent replies"
+    );
 }
