@@ -169,6 +169,11 @@ struct Args {
     /// the targets file's max_catch_up_s).
     #[arg(long)]
     catch_up_secs: Option<u64>,
+    /// One stage's batch size, `<stage>=<n>` (repeatable; `[stages.<stage>] batch`): with
+    /// `session=1` and `deliver=1` those stages take one message at a time, as before they
+    /// were batch stages, for a back-to-back comparison in one build.
+    #[arg(long, value_parser = stage_batch)]
+    stage_batch: Vec<(String, usize)>,
     /// Leave the stack running afterwards.
     #[arg(long)]
     keep_stack: bool,
@@ -433,6 +438,17 @@ fn db_pool(args: &Args) -> u32 {
         ..Default::default()
     }
     .pool_size()
+}
+
+fn stage_batch(s: &str) -> Result<(String, usize), String> {
+    let (stage, n) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected <stage>=<batch size>"))?;
+    let n: usize = n.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if n == 0 {
+        return Err(format!("{s:?}: a batch holds at least one message"));
+    }
+    Ok((stage.to_string(), n))
 }
 
 fn knobs(args: &Args) -> Knobs {
@@ -799,6 +815,9 @@ async fn run_scenario(
         pipeline::config_for_run(stack, &run, &runner.url, &twilio, &spec.knobs).await?;
     if args.no_recall {
         config.recall.enabled = false;
+    }
+    for (stage, batch) in &args.stage_batch {
+        config.stages.entry(stage.clone()).or_default().batch = Some(*batch);
     }
     // The reply path's run is configured as the one with the memory workers.
     let sample_lag = spec.memory != Memory::Off;
