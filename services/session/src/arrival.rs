@@ -75,3 +75,28 @@ impl ArrivalWait {
         waited >= self.gap_timeout
     }
 }
+
+/// Count a placement that goes ahead (late, or next after skipping a gap) and say so in the
+/// log: the one-message path and the batch record placements the same way.
+pub(crate) fn count_placement(
+    inbound: &switchboard_kit::proto::InboundMessage,
+    placement: Placement,
+    seq: i64,
+    after: i64,
+) {
+    match placement {
+        Placement::Late => {
+            metrics::counter!("sb_session_arrivals_late_total").increment(1);
+        }
+        Placement::SkipGap => {
+            metrics::counter!("sb_session_arrival_gaps_skipped_total").increment(1);
+            tracing::warn!(
+                correlation_id = %inbound.correlation_id,
+                arrival = seq,
+                after,
+                "gave up waiting for the sender's earlier messages"
+            );
+        }
+        Placement::Next | Placement::Wait => {}
+    }
+}

@@ -317,28 +317,17 @@ impl SessionStore {
                 .ok_or(SessionError::Incomplete("arrival cursor"))?;
             let seq = arrival_seq(inbound);
             let at = (cursor.epoch, cursor.last_seq);
-            match place_arrival(at, inbound.arrival_epoch, seq, batch[i].overdue) {
+            let placement = place_arrival(at, inbound.arrival_epoch, seq, batch[i].overdue);
+            crate::arrival::count_placement(inbound, placement, seq, at.1);
+            match placement {
                 Placement::Wait => {
                     opened[i] = Some(Opened::Waiting);
                     if cursor.inserted {
                         unmade.push(i);
                     }
                 }
-                Placement::Late => {
-                    metrics::counter!("sb_session_arrivals_late_total").increment(1);
-                }
-                placement @ (Placement::Next | Placement::SkipGap) => {
-                    if placement == Placement::SkipGap {
-                        metrics::counter!("sb_session_arrival_gaps_skipped_total").increment(1);
-                        tracing::warn!(
-                            correlation_id = %inbound.correlation_id,
-                            arrival = seq,
-                            after = at.1,
-                            "gave up waiting for the sender's earlier messages"
-                        );
-                    }
-                    moves.push(i);
-                }
+                Placement::Late => {}
+                Placement::Next | Placement::SkipGap => moves.push(i),
             }
         }
         let column = |of: &[usize], f: &dyn Fn(&InboundMessage) -> String| -> Vec<String> {

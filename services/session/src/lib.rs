@@ -439,21 +439,11 @@ async fn take_arrival(
     let cursor = (cursor.epoch, cursor.last_seq);
     let seq = arrival_seq(inbound);
     let placement = place_arrival(cursor, inbound.arrival_epoch, seq, overdue);
+    arrival::count_placement(inbound, placement, seq, cursor.1);
     match placement {
         Placement::Wait => return Ok(false),
-        Placement::Late => {
-            metrics::counter!("sb_session_arrivals_late_total").increment(1);
-        }
+        Placement::Late => {}
         Placement::Next | Placement::SkipGap => {
-            if placement == Placement::SkipGap {
-                metrics::counter!("sb_session_arrival_gaps_skipped_total").increment(1);
-                tracing::warn!(
-                    correlation_id = %inbound.correlation_id,
-                    arrival = seq,
-                    after = cursor.1,
-                    "gave up waiting for the sender's earlier messages"
-                );
-            }
             sqlx::query!(
                 "UPDATE switchboard.arrival_cursors SET epoch = $3, last_seq = $4
                       WHERE channel = $1 AND sender = $2",

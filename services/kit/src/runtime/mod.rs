@@ -3,17 +3,14 @@
 //! A stage is a plain handler from one decoded input to the outputs it wants published. The
 //! runtime pulls in batches, runs handlers with bounded concurrency, sends progress acks while a
 //! handler runs long, publishes outputs with dedupe ids (`Nats-Msg-Id`) and only then acks the
-//! input. Failures are retried with a growing delay or dead-lettered with their reason; a
-//! failed run is retried in this process (parked as a wait is, its handler slot free), so the
-//! retry does not queue behind the consumer's backlog as a redelivery would.
+//! input. Failures are retried with a growing delay or dead-lettered with their reason.
 //!
 //! Waiting is not failing. A handler that must wait for another worker (a predecessor not done,
 //! a lease held) answers [`StageError::Defer`]; the runtime parks the message in this process:
 //! it gives the handler slot back, keeps the message from being redelivered with progress acks,
 //! and runs the handler again after the delay, taking at most half the slots when it does (so
-//! new messages, among them the ones waited for, always get pulled). Only handler errors (each
-//! failed run) and crashes (JetStream's delivery count) count toward `max_deliver`; a wait ends
-//! in a dead letter
+//! new messages, among them the ones waited for, always get pulled). Only handler errors and
+//! crashes count toward `max_deliver` (JetStream's delivery count); a wait ends in a dead letter
 //! only after `runtime.max_wait_ms` of waiting in a running process, "waited too long for …".
 //! A handler that knows what it waits for answers [`StageError::Wait`] with a [`Wake`]: parked
 //! the same way, it runs again the moment that happens, so a wait never needs to hold a slot to
@@ -544,29 +541,16 @@ impl Runtime {
                             other => anyhow::Error::new(other),
                         };
                         tracing::warn!(error = %format!("{e:#}"), "handler failed");
-                        if attempt.delivered >= opts.max_deliver {
+                        if delivered >= opts.max_deliver {
                             let why = GiveUp::OutOfDeliveries {
-                                deliveries: attempt.delivered,
+                                deliveries: delivered,
                                 error: e,
                             };
                             self.give_up(h, &msg, &attempt, why, opts, &mut slots).await;
-                            return;
+                        } else {
+                            self.retry(name, &msg, &attempt, opts).await;
                         }
-                        // Tried again here after the backoff, the input held (progress acks)
-                        // and the handler slot free, not handed back to JetStream: a
-                        // redelivery would wait behind the consumer's whole backlog (a turn
-                        // that failed on a restarting database was called 14 s after the
-                        // runner it waited for came back, and its person never told of the
-                        // wait, chaos-20261129-105726). The failed run counts as a delivery,
-                        // as a redelivery would.
-                        MessageOutcome::Retried.count(name, 1);
-                        let delay = opts.retry.jittered(attempt.delivered);
-                        if !slots.park(&msg, delay, None).await {
-                            return;
-                        }
-                        attempt.delivered += 1;
-                        attempt.waited = first_run.elapsed();
-                        continue;
+                        return;
                     }
                 };
                 if let Err(e) = self
