@@ -9,7 +9,7 @@
 //! batch; any other claimed reply goes on alone exactly as [`DeliverStage::after_claim`] does
 //! for a single one. A reply the batch does not take goes through the one-reply path,
 //! [`DeliverStage::deliver_one`], after the batch: same ledger, same waits.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,12 +17,10 @@ use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use switchboard_channels::{Egress, OutboundPart};
 use switchboard_kit::proto::{HEARTBEAT_OK_KIND, Reply};
-use switchboard_kit::retry::{self, Backoff};
-use switchboard_kit::status::{DeliveryStatus, TurnStatus};
 use switchboard_kit::{Attempt, Outcome, StageError};
 use uuid::Uuid;
 
-use crate::ledger::{Claim, DeliveryLedger, LeasedRow, PartAttempt};
+use crate::ledger::{Claim, ClaimRequest, DeliveryLedger, PartAttempt};
 use crate::{DeliverError, DeliverStage};
 
 /// A reply the batch may take, with what its delivery needs.
@@ -34,21 +32,6 @@ struct Taken<'a> {
     sender: Arc<dyn Egress>,
     parts: Vec<String>,
     ledger: DeliveryLedger,
-}
-
-/// A row the batch's claim leased.
-#[derive(sqlx::FromRow)]
-struct Leased {
-    reply_id: Uuid,
-    #[sqlx(flatten)]
-    row: LeasedRow,
-}
-
-#[derive(sqlx::FromRow)]
-struct Predecessor {
-    i: i32,
-    turn: Option<TurnStatus>,
-    delivery: Option<DeliveryStatus>,
 }
 
 impl DeliverStage {
@@ -173,97 +156,22 @@ impl DeliverStage {
 
         // Replies of one session go out in turn order: only those whose previous reply is
         // settled go with the batch.
-        let waiting: Vec<&Taken<'_>> = taken.iter().filter(|t| t.reply.seq > 1).collect();
-        if !waiting.is_empty() {
-            let rows: Vec<Predecessor> = sqlx::query_as(
-                "SELECT u.i, p.turn, p.delivery
-                   FROM unnest($1::uuid[], $2::int8[], $3::int4[]) AS u(session_id, seq, i)
-                   LEFT JOIN LATERAL (
-                        SELECT t.status AS turn, d.status AS delivery
-                          FROM switchboard.turns t
-                          LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
-                         WHERE t.session_id = u.session_id AND t.seq < u.seq
-                           AND NOT (t.status = $4 AND t.reply_id IS NULL)
-                         ORDER BY t.seq DESC LIMIT 1) p ON true",
-            )
-            .bind(waiting.iter().map(|t| t.session).collect::<Vec<_>>())
-            .bind(waiting.iter().map(|t| t.reply.seq).collect::<Vec<_>>())
-            .bind(waiting.iter().map(|t| t.index as i32).collect::<Vec<_>>())
-            .bind(TurnStatus::Done)
-            .fetch_all(db)
-            .await?;
-            let unsettled: HashSet<usize> = rows
-                .into_iter()
-                .filter(|r| {
-                    let settled = r.turn.is_none()
-                        || r.turn == Some(TurnStatus::Failed)
-                        || r.delivery.is_some_and(DeliveryStatus::is_settled);
-                    !settled
-                })
-                .map(|r| r.i as usize)
-                .collect();
-            taken.retain(|t| !unsettled.contains(&t.index));
-        }
+        let asked: Vec<(Uuid, i64)> = taken.iter().map(|t| (t.session, t.reply.seq)).collect();
+        let unsettled = self.ledger.unsettled_among(&asked).await?;
+        let mut i = 0;
+        taken.retain(|_| {
+            i += 1;
+            !unsettled.contains(&(i - 1))
+        });
         if taken.is_empty() {
             return Ok(Vec::new());
         }
 
-        let leased: Vec<Leased> = sqlx::query_as(
-            "INSERT INTO switchboard.deliveries
-                (reply_id, session_id, channel, provider, recipient, status, parts_total,
-                 leased_until, attempts, attempt_part, attempt_started_at)
-             SELECT u.reply_id, u.session_id, u.channel, u.provider, u.recipient, $7, u.parts,
-                    now() + make_interval(secs => u.lease), 1, 0, now()
-               FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
-                           $6::int4[], $8::float8[])
-                    AS u(reply_id, session_id, channel, provider, recipient, parts, lease)
-              ORDER BY u.reply_id
-             ON CONFLICT (reply_id) DO UPDATE
-                SET leased_until = EXCLUDED.leased_until,
-                    attempts = switchboard.deliveries.attempts + 1, updated_at = now()
-              WHERE switchboard.deliveries.status = $7
-                AND (switchboard.deliveries.leased_until IS NULL
-                     OR switchboard.deliveries.leased_until < now())
-             RETURNING reply_id, parts_sent, provider_message_ids, attempts, attempt_part,
-                       attempt_started_at",
-        )
-        .bind(taken.iter().map(|t| t.id).collect::<Vec<_>>())
-        .bind(taken.iter().map(|t| t.session).collect::<Vec<_>>())
-        .bind(
-            taken
-                .iter()
-                .map(|t| t.reply.channel.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            taken
-                .iter()
-                .map(|t| t.reply.provider.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            taken
-                .iter()
-                .map(|t| t.reply.recipient.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            taken
-                .iter()
-                .map(|t| t.parts.len() as i32)
-                .collect::<Vec<_>>(),
-        )
-        .bind(DeliveryStatus::Pending)
-        .bind(
-            taken
-                .iter()
-                .map(|t| t.ledger.lease.as_secs_f64())
-                .collect::<Vec<_>>(),
-        )
-        .fetch_all(db)
-        .await?;
-        let mut leased: HashMap<Uuid, LeasedRow> =
-            leased.into_iter().map(|r| (r.reply_id, r.row)).collect();
+        let wanted: Vec<ClaimRequest> = taken
+            .iter()
+            .map(|t| ClaimRequest::of(t.reply, t.id, t.parts.len(), t.ledger.lease))
+            .collect();
+        let mut leased = self.ledger.lease_all(&wanted).await?;
         let mut claimed = Vec::new();
         for t in std::mem::take(taken) {
             match leased.remove(&t.id) {
@@ -348,7 +256,8 @@ impl DeliverStage {
             .min()
             .unwrap_or_default();
         let until = lease_taken + shortest * 3 / 4;
-        let recorded = record_sent_together(&self.ledger.db, &sent, until).await;
+        let ids: Vec<(Uuid, String)> = sent.iter().map(|(t, sid)| (t.id, sid.clone())).collect();
+        let recorded = self.ledger.record_sent_together(&ids, until).await;
         for (t, sid) in sent {
             done.push((
                 t.index,
@@ -366,37 +275,4 @@ impl DeliverStage {
         }
         done
     }
-}
-
-/// Record one-part replies as sent, in one statement, tried again until `until` (only this
-/// process knows the provider took them). Idempotent, as [`DeliveryLedger::part_sent`].
-async fn record_sent_together(
-    db: &sqlx::PgPool,
-    sent: &[(&Taken<'_>, String)],
-    until: Instant,
-) -> Result<(), sqlx::Error> {
-    let ids: Vec<Uuid> = sent.iter().map(|(t, _)| t.id).collect();
-    let sids: Vec<String> = sent.iter().map(|(_, s)| s.clone()).collect();
-    let backoff = Backoff::new(
-        std::time::Duration::from_millis(100),
-        std::time::Duration::from_secs(2),
-    );
-    retry::until(until, backoff, "recording sent replies", || async {
-        sqlx::query(
-            "UPDATE switchboard.deliveries d
-                SET parts_sent = 1, provider_message_ids = array_append(d.provider_message_ids, u.sid),
-                    status = $3, last_error = NULL, leased_until = NULL, attempt_part = NULL,
-                    attempt_started_at = NULL, updated_at = now()
-               FROM unnest($1::uuid[], $2::text[]) AS u(reply_id, sid)
-              WHERE d.reply_id = u.reply_id AND d.status = $4 AND d.parts_sent = 0",
-        )
-        .bind(&ids)
-        .bind(&sids)
-        .bind(DeliveryStatus::Sent)
-        .bind(DeliveryStatus::Pending)
-        .execute(db)
-        .await
-        .map(|_| ())
-    })
-    .await
 }

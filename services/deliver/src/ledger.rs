@@ -2,6 +2,7 @@
 //! sending it, recording each part the provider accepted and the attempt at the next one, so a
 //! redelivered reply is never sent twice (see the crate's documentation for the one window it
 //! leaves).
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -40,6 +41,48 @@ pub enum Claim {
     Busy {
         retry_in: Duration,
     },
+}
+
+/// A reply to claim: what its ledger row is made of.
+pub(crate) struct ClaimRequest {
+    pub id: Uuid,
+    pub session: Uuid,
+    pub channel: String,
+    pub provider: String,
+    pub recipient: String,
+    pub parts: i32,
+    /// How long the claim holds the reply (its channel's lease).
+    pub lease: Duration,
+}
+
+impl ClaimRequest {
+    pub(crate) fn of(reply: &Reply, id: Uuid, parts: usize, lease: Duration) -> Self {
+        Self {
+            id,
+            session: reply.session_id.parse().unwrap_or_default(),
+            channel: reply.channel.clone(),
+            provider: reply.provider.clone(),
+            recipient: reply.recipient.clone(),
+            parts: parts as i32,
+            lease,
+        }
+    }
+}
+
+/// A row [`DeliveryLedger::lease_all`] leased.
+#[derive(sqlx::FromRow)]
+struct Leased {
+    reply_id: Uuid,
+    #[sqlx(flatten)]
+    row: LeasedRow,
+}
+
+/// A reply's previous turn and its delivery, as [`DeliveryLedger::unsettled_among`] reads them.
+#[derive(sqlx::FromRow)]
+struct Predecessor {
+    i: i32,
+    turn: Option<TurnStatus>,
+    delivery: Option<DeliveryStatus>,
 }
 
 /// The ledger row a claim took, as [`DeliveryLedger::claim`] reads it back.
@@ -104,41 +147,61 @@ impl DeliveryLedger {
     }
 
     pub async fn claim(&self, reply: &Reply, id: Uuid, parts: usize) -> Result<Claim, sqlx::Error> {
-        let session: Uuid = reply.session_id.parse().unwrap_or_default();
-        // One statement: create the ledger row leased to us, or take the lease of a pending row
-        // whose lease ended. No row back means sent, failed, or leased by someone else. A new
-        // row also records that the attempt at its first part starts now, so the common case
-        // costs no extra write; a taken-over row keeps the attempt an earlier claim recorded.
-        let leased = sqlx::query_as!(
-            LeasedRow,
-            "INSERT INTO switchboard.deliveries
-                (reply_id, session_id, channel, provider, recipient, status, parts_total,
-                 leased_until, attempts, attempt_part, attempt_started_at)
-             VALUES ($1, $2, $3, $4, $5, $8, $6, now() + make_interval(secs => $7), 1,
-                     0, now())
-             ON CONFLICT (reply_id) DO UPDATE
-                SET leased_until = EXCLUDED.leased_until,
-                    attempts = switchboard.deliveries.attempts + 1, updated_at = now()
-              WHERE switchboard.deliveries.status = $8
-                AND (switchboard.deliveries.leased_until IS NULL
-                     OR switchboard.deliveries.leased_until < now())
-             RETURNING parts_sent, provider_message_ids, attempts, attempt_part,
-                       attempt_started_at",
-            id,
-            session,
-            reply.channel,
-            reply.provider,
-            reply.recipient,
-            parts as i32,
-            self.lease.as_secs_f64(),
-            DeliveryStatus::Pending as DeliveryStatus,
-        )
-        .fetch_optional(&self.db)
-        .await?;
-        if let Some(r) = leased {
+        // The batch's statement for one reply: no row back means sent, failed, or leased by
+        // someone else.
+        let wanted = ClaimRequest::of(reply, id, parts, self.lease);
+        if let Some(r) = self.lease_all(&[wanted]).await?.remove(&id) {
             return Ok(r.into_claim());
         }
         self.current(id).await
+    }
+
+    /// Lease every reply of `wanted` that is free to send, in one statement: create its ledger
+    /// row leased to this deliverer, or take the lease of a pending row whose lease ended. A
+    /// new row also records that the attempt at its first part starts now, so the common case
+    /// costs no extra write; a taken-over row keeps the attempt an earlier claim recorded.
+    /// The rows leased, by reply id (a reply missing was sent, failed, or is leased by another).
+    pub(crate) async fn lease_all(
+        &self,
+        wanted: &[ClaimRequest],
+    ) -> Result<HashMap<Uuid, LeasedRow>, sqlx::Error> {
+        let col =
+            |f: &dyn Fn(&ClaimRequest) -> String| -> Vec<String> { wanted.iter().map(f).collect() };
+        let leased: Vec<Leased> = sqlx::query_as(
+            "INSERT INTO switchboard.deliveries
+                (reply_id, session_id, channel, provider, recipient, status, parts_total,
+                 leased_until, attempts, attempt_part, attempt_started_at)
+             SELECT u.reply_id, u.session_id, u.channel, u.provider, u.recipient, $7, u.parts,
+                    now() + make_interval(secs => u.lease), 1, 0, now()
+               FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
+                           $6::int4[], $8::float8[])
+                    AS u(reply_id, session_id, channel, provider, recipient, parts, lease)
+              ORDER BY u.reply_id
+             ON CONFLICT (reply_id) DO UPDATE
+                SET leased_until = EXCLUDED.leased_until,
+                    attempts = switchboard.deliveries.attempts + 1, updated_at = now()
+              WHERE switchboard.deliveries.status = $7
+                AND (switchboard.deliveries.leased_until IS NULL
+                     OR switchboard.deliveries.leased_until < now())
+             RETURNING reply_id, parts_sent, provider_message_ids, attempts, attempt_part,
+                       attempt_started_at",
+        )
+        .bind(wanted.iter().map(|w| w.id).collect::<Vec<_>>())
+        .bind(wanted.iter().map(|w| w.session).collect::<Vec<_>>())
+        .bind(col(&|w| w.channel.clone()))
+        .bind(col(&|w| w.provider.clone()))
+        .bind(col(&|w| w.recipient.clone()))
+        .bind(wanted.iter().map(|w| w.parts).collect::<Vec<_>>())
+        .bind(DeliveryStatus::Pending)
+        .bind(
+            wanted
+                .iter()
+                .map(|w| w.lease.as_secs_f64())
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(&self.db)
+        .await?;
+        Ok(leased.into_iter().map(|r| (r.reply_id, r.row)).collect())
     }
 
     /// Where a reply stands, without taking its lease: sent, failed, or leased by another
@@ -170,28 +233,46 @@ impl DeliveryLedger {
     /// one may go out after it. Turns that failed have no reply and do not hold anything up;
     /// turns answered by a later turn's call (joined into it) are passed over.
     pub async fn predecessor_settled(&self, session: Uuid, seq: i64) -> Result<bool, sqlx::Error> {
-        if seq <= 1 {
-            return Ok(true);
+        Ok(self.unsettled_among(&[(session, seq)]).await?.is_empty())
+    }
+
+    /// [`Self::predecessor_settled`] for many replies (session, seq) in one statement: the
+    /// indexes in `replies` of those whose previous reply is not settled yet.
+    pub(crate) async fn unsettled_among(
+        &self,
+        replies: &[(Uuid, i64)],
+    ) -> Result<HashSet<usize>, sqlx::Error> {
+        let asked: Vec<usize> = (0..replies.len()).filter(|&i| replies[i].1 > 1).collect();
+        if asked.is_empty() {
+            return Ok(HashSet::new());
         }
-        let row = sqlx::query!(
-            r#"SELECT t.status AS "turn: TurnStatus", d.status AS "delivery?: DeliveryStatus"
-                 FROM switchboard.turns t
-                 LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
-                WHERE t.session_id = $1 AND t.seq < $2
-                  AND NOT (t.status = $3 AND t.reply_id IS NULL)
-                ORDER BY t.seq DESC LIMIT 1"#,
-            session,
-            seq,
-            TurnStatus::Done as TurnStatus,
+        let rows: Vec<Predecessor> = sqlx::query_as(
+            "SELECT u.i, p.turn, p.delivery
+               FROM unnest($1::uuid[], $2::int8[], $3::int4[]) AS u(session_id, seq, i)
+               LEFT JOIN LATERAL (
+                    SELECT t.status AS turn, d.status AS delivery
+                      FROM switchboard.turns t
+                      LEFT JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+                     WHERE t.session_id = u.session_id AND t.seq < u.seq
+                       AND NOT (t.status = $4 AND t.reply_id IS NULL)
+                     ORDER BY t.seq DESC LIMIT 1) p ON true",
         )
-        .fetch_optional(&self.db)
+        .bind(asked.iter().map(|&i| replies[i].0).collect::<Vec<_>>())
+        .bind(asked.iter().map(|&i| replies[i].1).collect::<Vec<_>>())
+        .bind(asked.iter().map(|&i| i as i32).collect::<Vec<_>>())
+        .bind(TurnStatus::Done)
+        .fetch_all(&self.db)
         .await?;
-        Ok(match row {
-            None => true,
-            Some(r) => {
-                r.turn == TurnStatus::Failed || r.delivery.is_some_and(DeliveryStatus::is_settled)
-            }
-        })
+        // Turns that failed have no reply and hold nothing up; no earlier turn holds nothing up.
+        Ok(rows
+            .into_iter()
+            .filter(|r| {
+                r.turn.is_some()
+                    && r.turn != Some(TurnStatus::Failed)
+                    && !r.delivery.is_some_and(DeliveryStatus::is_settled)
+            })
+            .map(|r| r.i as usize)
+            .collect())
     }
 
     /// Record that the attempt at part `index` (0-based) starts now, before it is handed to the
@@ -288,6 +369,37 @@ impl DeliveryLedger {
         let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         retry::until(until, backoff, "recording a sent part", || {
             self.part_sent(id, provider_id, index, last)
+        })
+        .await
+    }
+
+    /// Record one-part replies (reply id, the provider's id) as sent, in one statement, tried
+    /// again until `until` (only this process knows the provider took them). Idempotent, as
+    /// [`Self::part_sent`].
+    pub(crate) async fn record_sent_together(
+        &self,
+        sent: &[(Uuid, String)],
+        until: Instant,
+    ) -> Result<(), sqlx::Error> {
+        let (ids, sids): (Vec<Uuid>, Vec<String>) = sent.iter().cloned().unzip();
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        retry::until(until, backoff, "recording sent replies", || async {
+            sqlx::query(
+                "UPDATE switchboard.deliveries d
+                    SET parts_sent = 1,
+                        provider_message_ids = array_append(d.provider_message_ids, u.sid),
+                        status = $3, last_error = NULL, leased_until = NULL, attempt_part = NULL,
+                        attempt_started_at = NULL, updated_at = now()
+                   FROM unnest($1::uuid[], $2::text[]) AS u(reply_id, sid)
+                  WHERE d.reply_id = u.reply_id AND d.status = $4 AND d.parts_sent = 0",
+            )
+            .bind(&ids)
+            .bind(&sids)
+            .bind(DeliveryStatus::Sent)
+            .bind(DeliveryStatus::Pending)
+            .execute(&self.db)
+            .await
+            .map(|_| ())
         })
         .await
     }
