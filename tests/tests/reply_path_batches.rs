@@ -208,3 +208,70 @@ async fn a_backlog_of_replies_to_many_people_is_claimed_and_recorded_together_an
         "the largest transaction recorded {largest} of {PEOPLE} sent replies (one at a time: 1)"
     );
 }
+
+#[tokio::test]
+async fn answers_that_finish_together_are_committed_together_and_each_person_is_answered_once() {
+    // The dispatcher starts late: the turns of many people wait for it in the stream, and
+    // their calls finish at once.
+    let app = spawn_app_with(AppOptions::without(&["dispatch"])).await;
+    for n in 0..PEOPLE {
+        assert_eq!(
+            app.send_sms(&sender(n), &format!("question {n}"))
+                .await
+                .status(),
+            200
+        );
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let open: i64 = sqlx::query_scalar("SELECT count(*) FROM switchboard.turns")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+        if open == PEOPLE as i64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{open} turns opened");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.start_stage("dispatch");
+    app.wait_for_sms(PEOPLE, WAIT).await;
+    app.settle().await;
+    let sent = app.twilio.sent();
+    assert_eq!(sent.len(), PEOPLE, "each person answered once: {sent:?}");
+    for n in 0..PEOPLE {
+        let to_them: Vec<_> = sent.iter().filter(|s| s.to == sender(n)).collect();
+        assert_eq!(to_them.len(), 1, "person {n}: {to_them:?}");
+        assert!(
+            to_them[0].body.contains(&format!("question {n}")),
+            "person {n} got another's answer: {:?}",
+            to_them[0]
+        );
+    }
+    // Each session moved to its turn and gave its call slot back; each turn holds its reply
+    // and one journal entry says so.
+    let rows: Vec<(String, i64, Option<String>, bool, String)> = sqlx::query_as(
+        "SELECT t.status, s.last_seq, t.reply_text, s.running_call IS NULL, t.xmin::text
+           FROM switchboard.turns t JOIN switchboard.sessions s ON s.id = t.session_id",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), PEOPLE);
+    for (status, cursor, reply, free, _) in &rows {
+        assert_eq!((status.as_str(), *cursor, *free), ("done", 1, true));
+        assert!(reply.as_deref().is_some_and(|r| r.contains("question")));
+    }
+    let replies: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM switchboard.session_events WHERE kind = 'reply'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(replies, PEOPLE as i64);
+    let xmins: Vec<String> = rows.into_iter().map(|(.., x)| x).collect();
+    let largest = largest_transaction(&xmins);
+    assert!(
+        largest >= 2,
+        "the largest commit stored {largest} of {PEOPLE} answers (one at a time: 1)"
+    );
+}

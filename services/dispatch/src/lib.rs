@@ -33,6 +33,7 @@ mod recall;
 mod replies;
 pub mod runner;
 pub mod schedule;
+mod settler;
 mod turn;
 mod turn_store;
 mod wakers;
@@ -101,13 +102,16 @@ pub enum DispatchError {
     Runner(#[from] RunnerError),
     #[error("session store: {0}")]
     Database(#[from] sqlx::Error),
+    /// The group commit this answer joined went away unanswered (the process is stopping).
+    #[error("the group commit went away: {0}")]
+    Unanswered(#[from] switchboard_kit::coalesce::Unanswered),
 }
 
 impl DispatchError {
     fn is_transient(&self) -> bool {
         match self {
             DispatchError::Runner(e) => e.is_transient(),
-            DispatchError::Database(_) => true,
+            DispatchError::Database(_) | DispatchError::Unanswered(_) => true,
             _ => false,
         }
     }

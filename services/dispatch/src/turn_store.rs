@@ -12,9 +12,11 @@ use uuid::Uuid;
 use crate::DispatchError;
 use crate::journal::Journal;
 use crate::lease::CallLease;
+use crate::settler::{Commit, Settler};
 use crate::wakers::Wakers;
 
 /// A turn's stored outcome.
+#[derive(Clone)]
 pub(crate) struct StoredReply {
     pub reply_id: Uuid,
     pub text: String,
@@ -69,7 +71,7 @@ pub(crate) enum NextEngineSession {
 }
 
 impl NextEngineSession {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             NextEngineSession::Keep => "keep",
             NextEngineSession::Answered => "answered",
@@ -79,6 +81,7 @@ impl NextEngineSession {
 }
 
 /// A turn's answer, ready to commit.
+#[derive(Clone)]
 pub(crate) struct Settlement {
     pub reply: StoredReply,
     pub next: NextEngineSession,
@@ -99,11 +102,19 @@ pub(crate) struct TurnStore {
     /// pool (which would fail the turn and run the agent again).
     checks: Arc<Semaphore>,
     wakers: Wakers,
+    /// The group commit of runner answers.
+    settler: Settler,
 }
 
 impl TurnStore {
     pub fn new(db: PgPool, checks: Arc<Semaphore>, wakers: Wakers) -> Self {
-        Self { db, checks, wakers }
+        let settler = Settler::new(db.clone(), wakers.clone());
+        Self {
+            db,
+            checks,
+            wakers,
+            settler,
+        }
     }
 
     /// The session's cursor: the last turn done (or failed for good).
@@ -184,136 +195,23 @@ impl TurnStore {
     /// dispatcher got there first. The settlement's `next` says which engine session the
     /// session goes on with; a pending reset this turn applied (`consumed`: when it was asked
     /// for) is cleared unless a newer one came meanwhile. The journal records the reply (and
-    /// the reset) in the same transaction, which also clears the call slot.
+    /// the reset) in the same statement, which also clears the call slot; answers finished
+    /// together are committed together ([`Settler`]).
     pub async fn commit(
         &self,
         lease: &CallLease,
         seq: i64,
         settlement: &Settlement,
     ) -> Result<bool, DispatchError> {
-        let Settlement {
-            reply,
-            next,
-            consumed,
-            recall,
-            first,
-        } = settlement;
-        let session = lease.session;
-        let mut tx = self.db.begin().await?;
-        // Only the call holding the session's slot may commit: a call whose lease lapsed (its
-        // dispatcher stalled) and was taken over is not committed, whoever finishes first.
-        let previous = sqlx::query_scalar!(
-            r#"WITH before AS (
-                SELECT engine_session_id FROM switchboard.sessions
-                 WHERE id = $1 AND last_seq = $4 AND running_call = $5 FOR UPDATE)
-             UPDATE switchboard.sessions s
-                SET last_seq = $2, updated_at = now(), status = $10,
-                    engine_session_id = CASE $6 WHEN 'keep' THEN s.engine_session_id
-                                                WHEN 'cleared' THEN NULL ELSE $3 END,
-                    resets = s.resets + $7,
-                    pending_reset = CASE WHEN $8 AND s.pending_reset_at IS NOT DISTINCT FROM $9
-                                         THEN NULL ELSE s.pending_reset END,
-                    pending_reset_at = CASE WHEN $8 AND s.pending_reset_at IS NOT DISTINCT FROM $9
-                                            THEN NULL ELSE s.pending_reset_at END,
-                    waiting_since = NULL, waiting_notice = NULL,
-                    running_call = NULL, running_by = NULL, running_until = NULL
-               FROM before
-              WHERE s.id = $1
-             RETURNING before.engine_session_id AS "previous?""#,
-            session,
-            seq,
-            reply.engine_session_id,
-            lease.after,
-            lease.call,
-            next.as_str(),
-            i32::from(reply.reset.is_some()),
-            consumed.is_some(),
-            consumed.flatten(),
-            SessionStatus::Idle as SessionStatus,
-        )
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(previous) = previous else {
-            return Ok(false);
-        };
-        if *first < seq {
-            sqlx::query!(
-                "UPDATE switchboard.turns
-                    SET status = $4, error = NULL, joined_into = $3, completed_at = now()
-                  WHERE session_id = $1 AND seq >= $2 AND seq < $3 AND status <> $4",
-                session,
-                first,
+        self.settler
+            .commit(Commit {
+                session: lease.session,
                 seq,
-                TurnStatus::Done as TurnStatus,
-            )
-            .execute(&mut *tx)
-            .await?;
-        }
-        // A done turn keeps its first reply (a replayed failed turn can be run by two copies).
-        let stored = sqlx::query!(
-            "UPDATE switchboard.turns
-                SET status = $9, error = NULL, reply_id = $3, reply_text = $4,
-                    engine_session_id = $5, processing_ms = $6, tool_calls_count = $7,
-                    completed_at = now(), reset = $8
-              WHERE session_id = $1 AND seq = $2 AND status <> $9",
-            session,
-            seq,
-            reply.reply_id,
-            reply.text,
-            reply.engine_session_id,
-            reply.processing_ms,
-            reply.tool_calls_count,
-            reply.reset as Option<ResetReason>,
-            TurnStatus::Done as TurnStatus,
-        )
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if stored == 0 {
-            return Ok(false);
-        }
-        // What the call recalled comes before its reply in the story.
-        let mut entries: Vec<Journal> = recall
-            .iter()
-            .map(|recall| {
-                Journal::new(
-                    session,
-                    format!("recall:{session}:{seq}"),
-                    SessionEventKind::Recall,
-                    seq,
-                    recall.clone(),
-                )
+                after: lease.after,
+                call: lease.call,
+                settlement: settlement.clone(),
             })
-            .collect();
-        entries.push(Journal::new(
-            session,
-            format!("reply:{session}:{seq}"),
-            SessionEventKind::Reply,
-            seq,
-            serde_json::json!({
-                "reply_id": reply.reply_id,
-                "engine_session_id": reply.engine_session_id,
-                "processing_ms": reply.processing_ms,
-                "tool_calls_count": reply.tool_calls_count,
-                "joined": (*first..=seq).collect::<Vec<i64>>(),
-            }),
-        ));
-        if let Some(reason) = reply.reset {
-            entries.push(Journal::new(
-                session,
-                format!("reset:{session}:{seq}"),
-                SessionEventKind::Reset,
-                seq,
-                serde_json::json!({
-                    "reason": reason.as_str(),
-                    "previous_engine_session_id": previous,
-                }),
-            ));
-        }
-        Journal::write(&mut tx, &entries).await?;
-        tx.commit().await?;
-        self.wakers.wake(session);
-        Ok(true)
+            .await
     }
 
     /// Give up on a turn so that the session's later turns are not blocked behind it forever.

@@ -21,6 +21,7 @@
 pub mod address;
 pub mod admin;
 pub mod arrival;
+pub mod coalesce;
 pub mod config;
 pub mod db;
 pub mod dlq;
