@@ -6,16 +6,17 @@
 //! A [`CallLease`] is given back in exactly one place, [`CallLease::finish`], once the turn is
 //! over (unless the statement that settled the call cleared the slot itself, in the same
 //! transaction).
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
+use switchboard_kit::coalesce::Coalescer;
 use switchboard_kit::config::SessionScope;
 use switchboard_kit::status::{ResetReason, SessionEventKind, SessionStatus};
 use switchboard_memory::curated::CuratedMemory;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use uuid::Uuid;
 
 use crate::DispatchError;
@@ -51,7 +52,10 @@ pub(crate) fn shared_by_everyone(turn: &switchboard_kit::proto::Turn) -> bool {
 }
 
 /// What taking the call slot reads, as one row.
+#[derive(sqlx::FromRow)]
 struct LeaseRow {
+    /// The call that took it.
+    call: Uuid,
     engine_session_id: Option<String>,
     pending_reset: Option<ResetReason>,
     pending_reset_at: Option<DateTime<Utc>>,
@@ -130,27 +134,27 @@ pub(crate) struct CallSlots {
     beat_db: PgPool,
     db: PgPool,
     liveness: Duration,
-    /// Checks a turn may repeat at will run at most the pool's size less two at once (see
-    /// [`crate::turn_store::TurnStore`]).
-    checks: Arc<Semaphore>,
     wakers: Wakers,
+    /// The slot takes asked for together.
+    takes: Takes,
 }
 
 impl CallSlots {
-    pub fn new(db: PgPool, liveness: Duration, checks: Arc<Semaphore>, wakers: Wakers) -> Self {
+    pub fn new(db: PgPool, liveness: Duration, wakers: Wakers) -> Self {
         // The heartbeat and the session watch each have a connection of their own: the turns
         // can use up the main pool under overload, and neither may wait behind them.
         let beat_db = sqlx::postgres::PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(5))
             .connect_lazy_with((*db.connect_options()).clone());
+        let id = Uuid::new_v4();
         Self {
-            id: Uuid::new_v4(),
+            id,
+            takes: takes(db.clone(), id),
             last_beat: AtomicI64::default(),
             beat_db,
             db,
             liveness,
-            checks,
             wakers,
         }
     }
@@ -221,71 +225,26 @@ impl CallSlots {
     /// Take the session's call slot for `call`'s turn, if the cursor is still at `call.after`
     /// and no live lease is held by another call. `None`: not taken. The journal records the
     /// call's start in the same statement. The lease keeps `agent_slot` (the agent's
-    /// concurrency) until it is given back.
+    /// concurrency) until it is given back. Takes asked for together go in one statement
+    /// ([`take_all`]).
     pub async fn take(
         &self,
         call: &CallFor<'_>,
         agent_slot: OwnedSemaphorePermit,
     ) -> Result<Option<CallLease>, DispatchError> {
         self.ensure_alive().await?;
-        let _admitted = self.checks.acquire().await.expect("never closed");
         let id = Uuid::now_v7();
-        let leased = sqlx::query_as!(
-            LeaseRow,
-            r#"WITH leased AS (
-                UPDATE switchboard.sessions s
-                   SET running_call = $3, running_by = $4, status = $9,
-                       running_until = now() + $5 * interval '1 millisecond',
-                       running_key = NULL, running_last = NULL, running_interrupted = false
-                 WHERE s.id = $1 AND s.last_seq = $2
-                   AND (s.running_call IS NULL OR s.running_until < now()
-                        OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
-                                        WHERE d.id = s.running_by AND d.alive_until > now()))
-                RETURNING s.id, s.engine_session_id, s.pending_reset, s.pending_reset_at,
-                          s.workspace_path, s.memory_key, s.agent_identity,
-                          s.waiting_notice),
-             started AS (
-                INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
-                SELECT $6, id, $10::text || ':' || $3::text, $10, $7,
-                       jsonb_build_object('call', $3::text, 'resumes', engine_session_id)
-                  FROM leased
-                ON CONFLICT (key) DO NOTHING),
-             -- The turn's first pickup and by whom, set once (a redelivery keeps the first).
-             -- Keyed by the parameters, not joined to `leased`: planned while `turns` was
-             -- nearly empty, the join was a sequential scan of every turn, cached for good
-             -- with the statement (one per turn in the bench, growing with the table).
-             picked AS (
-                UPDATE switchboard.turns t SET picked_at = now(), picked_by = $4
-                 WHERE t.session_id = $1 AND t.seq = $7 AND t.picked_at IS NULL
-                   AND EXISTS (SELECT 1 FROM leased))
-             -- Every column may be NULL: those of the session's, and those of the joins.
-             SELECT l.engine_session_id AS "engine_session_id?",
-                    l.pending_reset AS "pending_reset?: ResetReason",
-                    l.pending_reset_at AS "pending_reset_at?", l.workspace_path AS "workspace_path?",
-                    m.summary AS "summary?", m.updated_at AS "summary_at?",
-                    l.waiting_notice AS "waiting_notice?",
-                    c.body AS "memory?", c.version AS "memory_version?",
-                    c.updated_by AS "memory_by?", c.updated_at AS "memory_at?",
-                    c.agent_identity AS "memory_identity?"
-               FROM leased l
-               LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key
-               -- The curated memory of the turn's person (not the session's: a session
-               -- shared by everyone never shares anyone's memory).
-               LEFT JOIN switchboard.memories c
-                      ON c.person_id = $8 AND c.agent_identity = l.agent_identity"#,
-            call.session,
-            call.after,
-            id,
-            self.id,
-            call.timeout.as_millis() as f64,
-            Uuid::now_v7(),
-            call.seq,
-            call.person_id,
-            SessionStatus::Running as SessionStatus,
-            SessionEventKind::TurnStarted as SessionEventKind,
-        )
-        .fetch_optional(&self.db)
-        .await?;
+        let leased = self
+            .takes
+            .call(Take {
+                session: call.session,
+                after: call.after,
+                call: id,
+                timeout_ms: call.timeout.as_millis() as f64,
+                seq: call.seq,
+                person_id: call.person_id.to_string(),
+            })
+            .await??;
         Ok(leased.map(|row| CallLease {
             session: call.session,
             call: id,
@@ -298,6 +257,132 @@ impl CallSlots {
             _agent_slot: agent_slot,
         }))
     }
+}
+
+/// One call's ask for its session's slot.
+struct Take {
+    session: Uuid,
+    after: i64,
+    call: Uuid,
+    timeout_ms: f64,
+    seq: i64,
+    person_id: String,
+}
+
+type Takes = Coalescer<Take, Result<Option<LeaseRow>, DispatchError>>;
+
+/// Takes asked for together, in one statement; a session asked twice (a turn and its
+/// redelivery) and a batch whose statement failed are taken one by one.
+fn takes(db: PgPool, dispatcher: Uuid) -> Takes {
+    Coalescer::new(128, 2, move |batch: Vec<Take>| {
+        let db = db.clone();
+        async move {
+            let mut answers: Vec<Option<Result<Option<LeaseRow>, DispatchError>>> =
+                (0..batch.len()).map(|_| None).collect();
+            let mut sessions = std::collections::HashSet::new();
+            let (together, mut alone): (Vec<usize>, Vec<usize>) =
+                (0..batch.len()).partition(|&i| sessions.insert(batch[i].session));
+            if together.len() > 1 {
+                let asks: Vec<&Take> = together.iter().map(|&i| &batch[i]).collect();
+                match take_all(&db, dispatcher, &asks).await {
+                    Ok(mut rows) => {
+                        for &i in &together {
+                            answers[i] = Some(Ok(rows.remove(&batch[i].call)));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "taking call slots together failed; one by one");
+                        alone.extend(together);
+                    }
+                }
+            } else {
+                alone.extend(together);
+            }
+            alone.sort_unstable();
+            for i in alone {
+                let ask = &batch[i];
+                answers[i] = Some(
+                    take_all(&db, dispatcher, &[ask])
+                        .await
+                        .map(|mut rows| rows.remove(&ask.call))
+                        .map_err(DispatchError::from),
+                );
+            }
+            answers.into_iter().map(|a| a.expect("answered")).collect()
+        }
+    })
+}
+
+/// Take the slots `asks` ask for (no session twice), recording each call's start and its
+/// turn's first pickup; what each taken one found, by call.
+async fn take_all(
+    db: &PgPool,
+    dispatcher: Uuid,
+    asks: &[&Take],
+) -> Result<HashMap<Uuid, LeaseRow>, sqlx::Error> {
+    let mut asks = asks.to_vec();
+    // Sessions are locked in one order by every batch.
+    asks.sort_unstable_by_key(|a| a.session);
+    let rows: Vec<LeaseRow> = sqlx::query_as(
+        r#"WITH input AS (
+             SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::float8[],
+                                  $5::uuid[], $6::bigint[], $7::text[])
+               AS i(session_id, after, call, timeout_ms, event_id, seq, person_id)),
+           leased AS (
+             UPDATE switchboard.sessions s
+                SET running_call = i.call, running_by = $8, status = $9,
+                    running_until = now() + i.timeout_ms * interval '1 millisecond',
+                    running_key = NULL, running_last = NULL, running_interrupted = false
+               FROM input i
+              WHERE s.id = i.session_id AND s.last_seq = i.after
+                AND (s.running_call IS NULL OR s.running_until < now()
+                     OR NOT EXISTS (SELECT 1 FROM switchboard.dispatchers d
+                                     WHERE d.id = s.running_by AND d.alive_until > now()))
+             RETURNING s.id, i.call, i.event_id, i.seq, i.person_id, s.engine_session_id,
+                       s.pending_reset, s.pending_reset_at, s.workspace_path, s.memory_key,
+                       s.agent_identity, s.waiting_notice),
+           started AS (
+             INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
+             SELECT event_id, id, $10::text || ':' || call::text, $10, seq,
+                    jsonb_build_object('call', call::text, 'resumes', engine_session_id)
+               FROM leased
+             ON CONFLICT (key) DO NOTHING),
+           -- The turn's first pickup and by whom, set once (a redelivery keeps the first).
+           picked AS (
+             UPDATE switchboard.turns t SET picked_at = now(), picked_by = $8
+               FROM leased l
+              WHERE t.session_id = l.id AND t.seq = l.seq AND t.picked_at IS NULL)
+         SELECT l.call, l.engine_session_id, l.pending_reset, l.pending_reset_at,
+                l.workspace_path, m.summary, m.updated_at AS summary_at, l.waiting_notice,
+                c.body AS memory, c.version AS memory_version, c.updated_by AS memory_by,
+                c.updated_at AS memory_at, c.agent_identity AS memory_identity
+           FROM leased l
+           LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key
+           -- The curated memory of the turn's person (not the session's: a session shared
+           -- by everyone never shares anyone's memory).
+           LEFT JOIN switchboard.memories c
+                  ON c.person_id = l.person_id AND c.agent_identity = l.agent_identity"#,
+    )
+    .bind(asks.iter().map(|a| a.session).collect::<Vec<_>>())
+    .bind(asks.iter().map(|a| a.after).collect::<Vec<_>>())
+    .bind(asks.iter().map(|a| a.call).collect::<Vec<_>>())
+    .bind(asks.iter().map(|a| a.timeout_ms).collect::<Vec<_>>())
+    .bind(asks.iter().map(|_| Uuid::now_v7()).collect::<Vec<_>>())
+    .bind(asks.iter().map(|a| a.seq).collect::<Vec<_>>())
+    .bind(
+        asks.iter()
+            .map(|a| a.person_id.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(dispatcher)
+    .bind(SessionStatus::Running)
+    .bind(SessionEventKind::TurnStarted)
+    // Planned for each batch's own arrays (a plan cached while `turns` was nearly empty
+    // would scan every turn for good).
+    .persistent(false)
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.call, r)).collect())
 }
 
 /// A runner call's hold on its session's call slot (and on a slot of its agent's concurrency).

@@ -151,6 +151,8 @@ pub struct TurnDispatcher {
     recall: recall::Recaller,
     /// Each runner call's turn token and API URL.
     credentials: TurnCredentials,
+    /// Whether a turn's person was forgotten since its message came (asked twice a turn).
+    forgotten: switchboard_kit::forgotten::ForgottenCheck,
 }
 
 impl TurnDispatcher {
@@ -176,8 +178,9 @@ impl TurnDispatcher {
         let memories = MemoryStore::new(db.clone(), config.memory.max_chars);
         let recall = recall::Recaller::new(db.clone(), config);
         let credentials = TurnCredentials::new(db.clone(), config);
+        let forgotten = switchboard_kit::forgotten::ForgottenCheck::new(db.clone());
         Self {
-            slots: CallSlots::new(db.clone(), liveness, checks.clone(), wakers.clone()),
+            slots: CallSlots::new(db.clone(), liveness, wakers.clone()),
             turns: TurnStore::new(db.clone(), checks, wakers.clone()),
             db,
             agents,
@@ -195,6 +198,7 @@ impl TurnDispatcher {
             memories,
             recall,
             credentials,
+            forgotten,
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
@@ -336,7 +340,9 @@ impl TurnDispatcher {
             .and_then(|m| m.inbound.as_ref())
             .map_or(0, |i| i.received_at_ms);
         let received = switchboard_kit::forgotten::received_at(received);
-        let gone = switchboard_kit::forgotten::received_before(&self.db, person, received)
+        let gone = self
+            .forgotten
+            .received_before(person, received)
             .await
             .map_err(|e| StageError::transient(DispatchError::from(e)))?;
         if gone {

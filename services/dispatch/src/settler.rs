@@ -287,6 +287,9 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
     .bind(journal.iter().map(|e| e.seq).collect::<Vec<_>>())
     .bind(journal.iter().map(|e| &e.detail).collect::<Vec<_>>())
     .bind(journal.iter().map(|e| e.with_previous).collect::<Vec<_>>())
+    // Planned for each batch's own arrays (a plan cached while `turns` was nearly empty
+    // would scan every turn for good).
+    .persistent(false)
     .fetch_all(db)
     .await?;
     Ok(moved.into_iter().collect())

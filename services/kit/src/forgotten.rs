@@ -12,7 +12,9 @@
 //! in it; the erasure takes the same lock exclusively, so a write either lands before the
 //! erasure (and is erased with the rest) or sees the tombstone.
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
+use sqlx::{PgExecutor, PgPool};
+
+use crate::coalesce::Coalescer;
 use uuid::Uuid;
 
 // The advisory lock key of a person's erasure, in every statement below that takes it:
@@ -97,6 +99,70 @@ pub async fn forgotten_among<'e>(
     .fetch_all(db)
     .await?;
     Ok(forgotten.into_iter().collect())
+}
+
+/// [`received_before`] for many concurrent tasks (each of dispatch's turns asks twice): the
+/// questions asked while one round trip is in flight are answered by the next, together.
+pub struct ForgottenCheck {
+    group: Coalescer<(String, DateTime<Utc>), sqlx::Result<bool>>,
+}
+
+impl ForgottenCheck {
+    pub fn new(db: PgPool) -> Self {
+        let group = Coalescer::new(256, 2, move |asked: Vec<(String, DateTime<Utc>)>| {
+            let db = db.clone();
+            async move {
+                match forgotten_rows(&db, &asked).await {
+                    Ok(rows) => (0..asked.len()).map(|i| Ok(rows.contains(&i))).collect(),
+                    // Each question alone, so each gets its own error.
+                    Err(_) => {
+                        let mut answers = Vec::with_capacity(asked.len());
+                        for (person, received) in &asked {
+                            answers.push(received_before(&db, person, *received).await);
+                        }
+                        answers
+                    }
+                }
+            }
+        });
+        Self { group }
+    }
+
+    /// Whether `person_id` was forgotten after `received` ([`received_before`]).
+    pub async fn received_before(
+        &self,
+        person_id: &str,
+        received: DateTime<Utc>,
+    ) -> sqlx::Result<bool> {
+        if person_id.is_empty() {
+            return Ok(false);
+        }
+        self.group
+            .call((person_id.to_string(), received))
+            .await
+            .map_err(|_| sqlx::Error::WorkerCrashed)?
+    }
+}
+
+/// Which of `asked` (by index) name a person forgotten after the time beside them.
+async fn forgotten_rows(
+    db: &PgPool,
+    asked: &[(String, DateTime<Utc>)],
+) -> sqlx::Result<std::collections::HashSet<usize>> {
+    let (ids, times): (Vec<&str>, Vec<DateTime<Utc>>) =
+        asked.iter().map(|(p, t)| (p.as_str(), *t)).unzip();
+    let rows: Vec<i64> = sqlx::query_scalar(
+        "SELECT p.n - 1
+           FROM unnest($1::text[], $2::timestamptz[]) WITH ORDINALITY AS p(person_id, received, n)
+          WHERE EXISTS (SELECT 1 FROM switchboard.forgotten_people f
+                         WHERE f.person_sha256 = sha256(convert_to(p.person_id, 'UTF8'))
+                           AND f.forgotten_at > p.received)",
+    )
+    .bind(&ids)
+    .bind(&times)
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().map(|n| n as usize).collect())
 }
 
 /// When a message was received, from its `received_at_ms` (0: unknown, taken as now, as the
