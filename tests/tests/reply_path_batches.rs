@@ -275,3 +275,83 @@ async fn answers_that_finish_together_are_committed_together_and_each_person_is_
         "the largest commit stored {largest} of {PEOPLE} answers (one at a time: 1)"
     );
 }
+
+#[tokio::test]
+async fn a_backlog_of_senders_is_identified_together_each_as_their_own_person() {
+    // Identify starts late: the messages of people the directory knows, people linked to
+    // another identity and strangers wait for it together.
+    let app = spawn_app_with(AppOptions::without(&["identify"])).await;
+    let mut expected = HashMap::new();
+    for n in 0..PEOPLE {
+        let phone = sender(n);
+        let person = match n % 3 {
+            0 => {
+                let id = format!("staff-{n}");
+                sqlx::query(
+                    "INSERT INTO switchboard.people (person_id, person_type) VALUES ($1, 'staff')",
+                )
+                .bind(&id)
+                .execute(&app.db)
+                .await
+                .unwrap();
+                sqlx::query("INSERT INTO switchboard.contact_points (kind, address, person_id) VALUES ('phone', $1, $2)")
+                    .bind(&phone)
+                    .bind(&id)
+                    .execute(&app.db)
+                    .await
+                    .unwrap();
+                id
+            }
+            1 => {
+                let id = format!("user:person-{n}");
+                sqlx::query(
+                    "INSERT INTO switchboard.identity_links (id, from_person_id, to_person_id, linked_by)
+                     VALUES ($1, $2, $3, 'test')",
+                )
+                .bind(uuid::Uuid::now_v7())
+                .bind(format!("phone:{phone}"))
+                .bind(&id)
+                .execute(&app.db)
+                .await
+                .unwrap();
+                id
+            }
+            _ => format!("phone:{phone}"),
+        };
+        expected.insert(format!("question {n}"), person);
+        assert_eq!(
+            app.send_sms(&phone, &format!("question {n}"))
+                .await
+                .status(),
+            200
+        );
+    }
+    app.start_stage("identify");
+    app.wait_for_sms(PEOPLE, WAIT).await;
+    app.settle().await;
+    let logged: Vec<(String, String)> = sqlx::query_as(
+        "SELECT message, person_id FROM switchboard.messages WHERE direction = 'inbound'",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(logged.len(), PEOPLE, "{logged:?}");
+    for (text, person) in &logged {
+        assert_eq!(
+            Some(person),
+            expected.get(text),
+            "{text} was taken as {person}"
+        );
+    }
+    // And each reply went back to the phone that asked.
+    for s in app.twilio.sent() {
+        let n: usize = s
+            .body
+            .split("question ")
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|d| d.parse().ok())
+            .expect("the reply quotes its question");
+        assert_eq!(s.to, sender(n), "{s:?}");
+    }
+}

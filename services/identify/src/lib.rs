@@ -13,6 +13,7 @@
 //! address is external, `<lookup type>:` is that type) with the sender's own name and role.
 //! The type matters: it is part of the session key, so a linked phone shares the session of
 //! `user:ana`'s own chat messages only if both say `user`.
+mod directory;
 pub mod links;
 pub mod proof;
 
@@ -84,24 +85,18 @@ pub fn contact_of(person_id: &str) -> Option<(ContactKind, String)> {
     (!rest.is_empty()).then(|| (kind, rest.to_string()))
 }
 
-/// A known person, as the contact point lookup reads them.
-struct PersonRow {
-    person_id: String,
-    person_type: String,
-    name: String,
-    role: String,
-}
-
 pub struct IdentityResolver {
     db: PgPool,
     config: IdentityConfig,
-    links: links::IdentityLinks,
+    /// The contact point and link reads, many messages' at once.
+    reads: directory::DirectoryReads,
 }
 
 impl IdentityResolver {
     pub fn new(db: PgPool, config: IdentityConfig) -> Self {
         let links = links::IdentityLinks::new(db.clone(), config.clone());
-        Self { db, config, links }
+        let reads = directory::DirectoryReads::new(db.clone(), links);
+        Self { db, config, reads }
     }
 
     /// The canonical person a message from `address` on `channel` belongs to.
@@ -116,7 +111,7 @@ impl IdentityResolver {
     }
 
     async fn follow_links(&self, person: Person) -> Result<Person, IdentityError> {
-        let canonical = self.links.canonical(&person.person_id).await?;
+        let canonical = self.reads.canonical(&person.person_id).await?;
         if canonical == person.person_id {
             return Ok(person);
         }
@@ -160,17 +155,7 @@ impl IdentityResolver {
         if address.is_empty() {
             return Err(IdentityError::EmptyAddress);
         }
-        let row = sqlx::query_as!(
-            PersonRow,
-            "SELECT p.person_id, p.person_type, p.name, p.role
-               FROM switchboard.contact_points c
-               JOIN switchboard.people p USING (person_id)
-              WHERE c.kind = $1 AND c.address = $2",
-            kind.as_str(),
-            address,
-        )
-        .fetch_optional(&self.db)
-        .await?;
+        let row = self.reads.contact(kind.as_str(), &address).await?;
         if let Some(r) = row {
             return Ok(Person {
                 person_id: r.person_id,

@@ -1,0 +1,173 @@
+//! Identify's two reads a message (who a contact point is; where a person's identity links
+//! lead), asked by many messages at once and answered by one statement each per batch. The
+//! answers are the same as one message's own queries would give; a batch whose statement
+//! fails is asked again message by message, so each gets its own answer or error.
+use std::collections::HashMap;
+
+use sqlx::PgPool;
+use switchboard_kit::coalesce::Coalescer;
+
+use crate::links::{self, MAX_CHAIN};
+
+/// A known person, as the contact point lookup reads them.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct PersonRow {
+    pub person_id: String,
+    pub person_type: String,
+    pub name: String,
+    pub role: String,
+}
+
+/// Most questions answered by one statement.
+const MAX_BATCH: usize = 256;
+/// Statements of each kind in flight at once.
+const LANES: usize = 2;
+
+pub(crate) struct DirectoryReads {
+    /// (contact kind, normalized address) → the directory's person.
+    contacts: Coalescer<(String, String), sqlx::Result<Option<PersonRow>>>,
+    /// person id → their canonical id, the links followed.
+    canonical: Coalescer<String, sqlx::Result<String>>,
+}
+
+impl DirectoryReads {
+    pub fn new(db: PgPool, links: links::IdentityLinks) -> Self {
+        let contacts_db = db.clone();
+        let contacts = Coalescer::new(MAX_BATCH, LANES, move |asked: Vec<(String, String)>| {
+            let db = contacts_db.clone();
+            async move {
+                if let Ok(found) = contacts_all(&db, &asked).await {
+                    return asked.iter().map(|a| Ok(found.get(a).cloned())).collect();
+                }
+                let mut answers = Vec::with_capacity(asked.len());
+                for (kind, address) in &asked {
+                    answers.push(contact(&db, kind, address).await);
+                }
+                answers
+            }
+        });
+        let links = std::sync::Arc::new(links);
+        let canonical = Coalescer::new(MAX_BATCH, LANES, move |asked: Vec<String>| {
+            let (db, links) = (db.clone(), links.clone());
+            async move {
+                if let Ok(edges) = chains_all(&db, &asked).await {
+                    return asked
+                        .iter()
+                        .map(|id| Ok(follow(edges.get(id), id)))
+                        .collect();
+                }
+                let mut answers = Vec::with_capacity(asked.len());
+                for id in &asked {
+                    answers.push(links.canonical(id).await);
+                }
+                answers
+            }
+        });
+        Self {
+            contacts,
+            canonical,
+        }
+    }
+
+    /// The person the directory holds for contact point (`kind`, `address`).
+    pub async fn contact(&self, kind: &str, address: &str) -> sqlx::Result<Option<PersonRow>> {
+        self.contacts
+            .call((kind.to_string(), address.to_string()))
+            .await
+            .map_err(|_| sqlx::Error::WorkerCrashed)?
+    }
+
+    /// `person_id`'s canonical person ([`links::IdentityLinks::canonical`]).
+    pub async fn canonical(&self, person_id: &str) -> sqlx::Result<String> {
+        self.canonical
+            .call(person_id.to_string())
+            .await
+            .map_err(|_| sqlx::Error::WorkerCrashed)?
+    }
+}
+
+async fn contact(db: &PgPool, kind: &str, address: &str) -> sqlx::Result<Option<PersonRow>> {
+    sqlx::query_as(
+        "SELECT p.person_id, p.person_type, p.name, p.role
+           FROM switchboard.contact_points c
+           JOIN switchboard.people p USING (person_id)
+          WHERE c.kind = $1 AND c.address = $2",
+    )
+    .bind(kind)
+    .bind(address)
+    .fetch_optional(db)
+    .await
+}
+
+async fn contacts_all(
+    db: &PgPool,
+    asked: &[(String, String)],
+) -> sqlx::Result<HashMap<(String, String), PersonRow>> {
+    #[derive(sqlx::FromRow)]
+    struct Found {
+        kind: String,
+        address: String,
+        #[sqlx(flatten)]
+        person: PersonRow,
+    }
+    let (kinds, addresses): (Vec<&str>, Vec<&str>) =
+        asked.iter().map(|(k, a)| (k.as_str(), a.as_str())).unzip();
+    let found: Vec<Found> = sqlx::query_as(
+        "SELECT c.kind, c.address, p.person_id, p.person_type, p.name, p.role
+           FROM unnest($1::text[], $2::text[]) AS u(kind, address)
+           JOIN switchboard.contact_points c ON c.kind = u.kind AND c.address = u.address
+           JOIN switchboard.people p ON p.person_id = c.person_id",
+    )
+    .bind(&kinds)
+    .bind(&addresses)
+    .fetch_all(db)
+    .await?;
+    Ok(found
+        .into_iter()
+        .map(|f| ((f.kind, f.address), f.person))
+        .collect())
+}
+
+/// The links out of each of `roots`' chains (one hop more than may be followed, as
+/// [`links::IdentityLinks::canonical`] reads them), by root.
+async fn chains_all(
+    db: &PgPool,
+    roots: &[String],
+) -> sqlx::Result<HashMap<String, HashMap<String, String>>> {
+    let edges: Vec<(String, String, String)> = sqlx::query_as(
+        "WITH RECURSIVE chain (root, from_id, to_id, depth) AS (
+             SELECT r.root, l.from_person_id, l.to_person_id, 1
+               FROM unnest($1::text[]) AS r(root)
+               JOIN switchboard.identity_links l ON l.from_person_id = r.root
+           UNION ALL
+             SELECT c.root, l.from_person_id, l.to_person_id, c.depth + 1
+               FROM switchboard.identity_links l JOIN chain c ON l.from_person_id = c.to_id
+              WHERE c.depth <= $2
+         )
+         SELECT root, from_id, to_id FROM chain",
+    )
+    .bind(roots)
+    .bind(MAX_CHAIN as i32)
+    .fetch_all(db)
+    .await?;
+    let mut by_root: HashMap<String, HashMap<String, String>> = HashMap::new();
+    for (root, from, to) in edges {
+        by_root.entry(root).or_default().insert(from, to);
+    }
+    Ok(by_root)
+}
+
+/// Where `id`'s links lead; a cycle or overlong chain (only a hand edit of the table makes
+/// one) leaves the message its sender's own rather than going to a guess.
+fn follow(links: Option<&HashMap<String, String>>, id: &str) -> String {
+    let Some(links) = links else {
+        return id.to_string();
+    };
+    match links::follow(links, id) {
+        Ok(canonical) => canonical.to_string(),
+        Err(e) => {
+            tracing::error!(person_id = id, error = %e, "identity links not followed");
+            id.to_string()
+        }
+    }
+}
