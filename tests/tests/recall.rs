@@ -372,3 +372,58 @@ async fn the_agents_silent_answer_to_the_flush_is_never_recalled_nor_summarised(
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn twenty_people_recalled_at_once_each_see_only_their_own_topics() {
+    let (app, _fake) = app_with_embeddings().await;
+    let phone = |i: usize| format!("+1415555{:04}", 5000 + i);
+    let people = 20;
+    for i in 0..people {
+        app.send_sms(&phone(i), &format!("question number {i} about my roster"))
+            .await;
+    }
+    app.wait_for_sms(people, WAIT).await;
+    // Each person's exchange labelled with a topic of their own.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let labelled: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM switchboard.exchange_categories")
+                .fetch_one(&app.db)
+                .await
+                .unwrap();
+        if labelled == people as i64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{labelled} exchanges labelled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sqlx::query(
+        "UPDATE switchboard.exchange_categories
+            SET label = 'topic_' || replace(person_id, 'phone:+1415555', '')",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    for i in 0..people {
+        app.send_sms(&phone(i), "and what about next week?").await;
+    }
+    app.wait_for_sms(2 * people, WAIT).await;
+    let mut checked = 0;
+    for call in app.runner.calls() {
+        if FakeRunner::said(&call.prompt) != "and what about next week?" {
+            continue;
+        }
+        let block = recall_block(&call.prompt).expect("a recall block");
+        let person = switchboard_e2e::fakes::person_of(&call.prompt);
+        let own = format!("topic_{}", person.trim_start_matches("phone:+1415555"));
+        assert!(block.contains(&own), "{person} sees their topic:\n{block}");
+        assert_eq!(
+            block.matches("topic_").count(),
+            1,
+            "{person} sees another's topic:\n{block}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, people, "every person's second turn was checked");
+    app.shutdown().await;
+}

@@ -9,7 +9,7 @@ use switchboard_kit::config::Config;
 use switchboard_kit::memory_config::{EmbeddingConfig, RecallConfig};
 use switchboard_kit::proto::Turn;
 use switchboard_memory::embed::{self, EmbedError, Embedder};
-use switchboard_memory::recall::{RecallRequest, recall};
+use switchboard_memory::recall::{RecallReads, RecallRequest, recall_grouped};
 use uuid::Uuid;
 
 /// What one turn recalled: the prompt's block and the journal's record of it.
@@ -20,7 +20,8 @@ pub(crate) struct Recalled {
 }
 
 pub(crate) struct Recaller {
-    db: PgPool,
+    /// Recall's reads, grouped with the other turns' (the ranking stays per turn).
+    reads: RecallReads,
     config: RecallConfig,
     embedding: EmbeddingConfig,
 }
@@ -28,7 +29,7 @@ pub(crate) struct Recaller {
 impl Recaller {
     pub fn new(db: PgPool, config: &Config) -> Self {
         Self {
-            db,
+            reads: RecallReads::new(db),
             config: config.recall.clone(),
             embedding: config.embedding.clone(),
         }
@@ -71,8 +72,8 @@ impl Recaller {
             held_by,
             answering,
         };
-        match recall(
-            &self.db,
+        match recall_grouped(
+            &self.reads,
             embedder.as_deref(),
             &self.embedding.model,
             &self.config,

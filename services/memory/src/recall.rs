@@ -4,8 +4,11 @@
 //! leaving out what the agent's engine session already holds, plus the person's recent
 //! category counts. Each turn's recall is recorded in the session's journal
 //! ([`Recall::journal_detail`]) so "why did the agent know this" has an answer.
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
+use switchboard_kit::coalesce::Coalescer;
 use switchboard_kit::memory_config::RecallConfig;
 use uuid::Uuid;
 
@@ -57,6 +60,7 @@ pub struct Recall {
 /// (a heartbeat's batch, an empty message).
 async fn recall_query(
     db: &PgPool,
+    reads: Option<&RecallReads>,
     config: &RecallConfig,
     req: &RecallRequest<'_>,
 ) -> Result<Option<SearchQuery>, SearchError> {
@@ -67,18 +71,11 @@ async fn recall_query(
     let inbound_before = req.answering.iter().max().copied();
     let mut exclude = req.answering.clone();
     if let Some((session, engine_session)) = req.held_by {
-        let held = sqlx::query!(
-            "SELECT inbound_id, reply_id FROM switchboard.turns
-              WHERE session_id = $1 AND engine_session_id = $2",
-            session,
-            engine_session,
-        )
-        .fetch_all(db)
-        .await?;
-        exclude.extend(
-            held.into_iter()
-                .flat_map(|t| std::iter::once(t.inbound_id).chain(t.reply_id)),
-        );
+        let held = match reads {
+            Some(reads) => reads.held(session, engine_session).await?,
+            None => held(db, session, engine_session).await?,
+        };
+        exclude.extend(held);
     }
     Ok(Some(SearchQuery {
         text,
@@ -108,27 +105,46 @@ pub async fn recall(
     config: &RecallConfig,
     req: &RecallRequest<'_>,
 ) -> Result<Option<Recall>, SearchError> {
-    let Some(query) = recall_query(db, config, req).await? else {
+    recall_reading(db, None, embedder, model, config, req).await
+}
+
+/// [`recall`] with its reads of the held turns and the topics asked together with the other
+/// turns' recalls ([`RecallReads`]): the same answer, two statements a batch instead of two a
+/// turn.
+pub async fn recall_grouped(
+    reads: &RecallReads,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    config: &RecallConfig,
+    req: &RecallRequest<'_>,
+) -> Result<Option<Recall>, SearchError> {
+    recall_reading(reads.db(), Some(reads), embedder, model, config, req).await
+}
+
+async fn recall_reading(
+    db: &PgPool,
+    reads: Option<&RecallReads>,
+    embedder: Result<&dyn Embedder, &EmbedError>,
+    model: &str,
+    config: &RecallConfig,
+    req: &RecallRequest<'_>,
+) -> Result<Option<Recall>, SearchError> {
+    let Some(query) = recall_query(db, reads, config, req).await? else {
         return Ok(None);
     };
     let topics = async {
         if config.category_days == 0 {
             return Ok(Vec::new());
         }
-        sqlx::query_as!(
-            Topic,
-            r#"SELECT label, count(*) AS "count!" FROM switchboard.exchange_categories
-                WHERE person_id = $1 AND agent_identity = $2
-                  AND created_at >= now() - $3 * interval '1 day'
-                GROUP BY label ORDER BY count(*) DESC, label LIMIT $4"#,
-            req.person_id,
-            req.agent_identity,
-            config.category_days as f64,
-            MAX_TOPICS,
-        )
-        .fetch_all(db)
-        .await
-        .map_err(SearchError::from)
+        let topics = match reads {
+            Some(reads) => {
+                reads
+                    .topics(req.person_id, req.agent_identity, config.category_days)
+                    .await
+            }
+            None => topics(db, req.person_id, req.agent_identity, config.category_days).await,
+        };
+        topics.map_err(SearchError::from)
     };
     // A turn waits for its recall: the topics are read beside the search, not after it.
     let (results, topics) = tokio::try_join!(search(db, embedder, model, &query), topics)?;
@@ -142,6 +158,193 @@ pub async fn recall(
     }))
 }
 
+/// The turns of `session` run in engine session `engine`: their messages (in and out) are in
+/// the agent's context already.
+async fn held(db: &PgPool, session: Uuid, engine: &str) -> Result<Vec<Uuid>, sqlx::Error> {
+    let held: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
+        "SELECT inbound_id, reply_id FROM switchboard.turns
+          WHERE session_id = $1 AND engine_session_id = $2",
+    )
+    .bind(session)
+    .bind(engine)
+    .fetch_all(db)
+    .await?;
+    Ok(held
+        .into_iter()
+        .flat_map(|(inbound, reply)| std::iter::once(inbound).chain(reply))
+        .collect())
+}
+
+/// The labels the person's exchanges with the identity got most in the last `days` days.
+async fn topics(
+    db: &PgPool,
+    person_id: &str,
+    identity: &str,
+    days: u32,
+) -> Result<Vec<Topic>, sqlx::Error> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT label, count(*) FROM switchboard.exchange_categories
+          WHERE person_id = $1 AND agent_identity = $2
+            AND created_at >= now() - $3 * interval '1 day'
+          GROUP BY label ORDER BY count(*) DESC, label LIMIT $4",
+    )
+    .bind(person_id)
+    .bind(identity)
+    .bind(days as f64)
+    .bind(MAX_TOPICS)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(label, count)| Topic { label, count })
+        .collect())
+}
+
+type HeldAsk = (Uuid, String);
+type TopicsAsk = (String, String, u32);
+
+/// Recall's two reads of its own (the held turns, the topics), asked by many turns at once
+/// and answered by one statement each per batch; a failed batch is asked again turn by turn.
+pub struct RecallReads {
+    db: PgPool,
+    held: Coalescer<HeldAsk, sqlx::Result<Vec<Uuid>>>,
+    topics: Coalescer<TopicsAsk, sqlx::Result<Vec<Topic>>>,
+}
+
+impl RecallReads {
+    pub fn new(db: PgPool) -> Self {
+        let held_db = db.clone();
+        let held_group = Coalescer::new(256, 2, move |asked: Vec<HeldAsk>| {
+            let db = held_db.clone();
+            async move {
+                if let Ok(mut found) = held_all(&db, &asked).await {
+                    return (0..asked.len())
+                        .map(|i| Ok(found.remove(&i).unwrap_or_default()))
+                        .collect();
+                }
+                let mut answers = Vec::with_capacity(asked.len());
+                for (session, engine) in &asked {
+                    answers.push(held(&db, *session, engine).await);
+                }
+                answers
+            }
+        });
+        let topics_db = db.clone();
+        let topics_group = Coalescer::new(256, 2, move |asked: Vec<TopicsAsk>| {
+            let db = topics_db.clone();
+            async move {
+                if let Ok(mut found) = topics_all(&db, &asked).await {
+                    return (0..asked.len())
+                        .map(|i| Ok(found.remove(&i).unwrap_or_default()))
+                        .collect();
+                }
+                let mut answers = Vec::with_capacity(asked.len());
+                for (person, identity, days) in &asked {
+                    answers.push(topics(&db, person, identity, *days).await);
+                }
+                answers
+            }
+        });
+        Self {
+            db,
+            held: held_group,
+            topics: topics_group,
+        }
+    }
+
+    fn db(&self) -> &PgPool {
+        &self.db
+    }
+
+    async fn held(&self, session: Uuid, engine: &str) -> Result<Vec<Uuid>, sqlx::Error> {
+        self.held
+            .call((session, engine.to_string()))
+            .await
+            .map_err(|_| sqlx::Error::WorkerCrashed)?
+    }
+
+    async fn topics(
+        &self,
+        person_id: &str,
+        identity: &str,
+        days: u32,
+    ) -> Result<Vec<Topic>, sqlx::Error> {
+        self.topics
+            .call((person_id.to_string(), identity.to_string(), days))
+            .await
+            .map_err(|_| sqlx::Error::WorkerCrashed)?
+    }
+}
+
+/// [`held`] for each of `asked`, by its index.
+async fn held_all(
+    db: &PgPool,
+    asked: &[HeldAsk],
+) -> Result<HashMap<usize, Vec<Uuid>>, sqlx::Error> {
+    let (sessions, engines): (Vec<Uuid>, Vec<&str>) =
+        asked.iter().map(|(s, e)| (*s, e.as_str())).unzip();
+    let rows: Vec<(i64, Uuid, Option<Uuid>)> = sqlx::query_as(
+        "SELECT a.n - 1, t.inbound_id, t.reply_id
+           FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS a(session_id, engine, n)
+           JOIN switchboard.turns t
+             ON t.session_id = a.session_id AND t.engine_session_id = a.engine",
+    )
+    .bind(&sessions)
+    .bind(&engines)
+    // Planned for each batch's own arrays.
+    .persistent(false)
+    .fetch_all(db)
+    .await?;
+    let mut by_ask: HashMap<usize, Vec<Uuid>> = HashMap::new();
+    for (n, inbound, reply) in rows {
+        let ids = by_ask.entry(n as usize).or_default();
+        ids.push(inbound);
+        ids.extend(reply);
+    }
+    Ok(by_ask)
+}
+
+/// [`topics`] for each of `asked`, by its index (in each, the most frequent first).
+async fn topics_all(
+    db: &PgPool,
+    asked: &[TopicsAsk],
+) -> Result<HashMap<usize, Vec<Topic>>, sqlx::Error> {
+    let mut people = Vec::with_capacity(asked.len());
+    let mut identities = Vec::with_capacity(asked.len());
+    let mut days = Vec::with_capacity(asked.len());
+    for (p, i, d) in asked {
+        people.push(p.as_str());
+        identities.push(i.as_str());
+        days.push(*d as f64);
+    }
+    let rows: Vec<(i64, String, i64)> = sqlx::query_as(
+        "SELECT a.n - 1, x.label, x.count
+           FROM unnest($1::text[], $2::text[], $3::float8[])
+                WITH ORDINALITY AS a(person_id, identity, days, n)
+           CROSS JOIN LATERAL (
+             SELECT label, count(*) AS count FROM switchboard.exchange_categories
+              WHERE person_id = a.person_id AND agent_identity = a.identity
+                AND created_at >= now() - a.days * interval '1 day'
+              GROUP BY label ORDER BY count(*) DESC, label LIMIT $4) x
+          ORDER BY a.n, x.count DESC, x.label",
+    )
+    .bind(&people)
+    .bind(&identities)
+    .bind(&days)
+    .bind(MAX_TOPICS)
+    .persistent(false)
+    .fetch_all(db)
+    .await?;
+    let mut by_ask: HashMap<usize, Vec<Topic>> = HashMap::new();
+    for (n, label, count) in rows {
+        by_ask
+            .entry(n as usize)
+            .or_default()
+            .push(Topic { label, count });
+    }
+    Ok(by_ask)
+}
+
 /// The plan of the ranking statement [`recall`] runs for `req` ([`crate::search::explain`]).
 pub async fn explain(
     db: &PgPool,
@@ -150,7 +353,7 @@ pub async fn explain(
     config: &RecallConfig,
     req: &RecallRequest<'_>,
 ) -> Result<Option<String>, SearchError> {
-    match recall_query(db, config, req).await? {
+    match recall_query(db, None, config, req).await? {
         Some(query) => Ok(Some(
             crate::search::explain(db, embedder, model, &query).await?,
         )),
