@@ -290,6 +290,12 @@ fn takes(db: PgPool, dispatcher: Uuid) -> Takes {
                             answers[i] = Some(Ok(rows.remove(&batch[i].call)));
                         }
                     }
+                    Err(e) if switchboard_kit::db::is_outage(&e) => {
+                        for &i in &together {
+                            let told = switchboard_kit::db::outage_for_each(&e);
+                            answers[i] = Some(Err(told.into()));
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "taking call slots together failed; one by one");
                         alone.extend(together);

@@ -13,6 +13,7 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use switchboard_kit::coalesce::Coalescer;
+use switchboard_kit::db::{is_outage, outage_for_each};
 use switchboard_kit::status::{ResetReason, SessionEventKind, SessionStatus, TurnStatus};
 use uuid::Uuid;
 
@@ -74,6 +75,13 @@ async fn settle_batch(
                 metrics::histogram!("sb_dispatch_settle_batch_size").record(commits.len() as f64);
                 for &i in &together {
                     answers[i] = Some(Ok(moved.contains(&batch[i].session)));
+                }
+            }
+            // The database is unreachable: every answer is told so now (the turn's retry of
+            // its commit waits it out), not tried again one by one behind each other.
+            Err(e) if is_outage(&e) => {
+                for &i in &together {
+                    answers[i] = Some(Err(outage_for_each(&e).into()));
                 }
             }
             Err(e) => {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use sqlx::PgPool;
 use switchboard_kit::coalesce::Coalescer;
+use switchboard_kit::db::{is_outage, outage_for_each};
 
 use crate::links::{self, MAX_CHAIN};
 
@@ -36,8 +37,12 @@ impl DirectoryReads {
         let contacts = Coalescer::new(MAX_BATCH, LANES, move |asked: Vec<(String, String)>| {
             let db = contacts_db.clone();
             async move {
-                if let Ok(found) = contacts_all(&db, &asked).await {
-                    return asked.iter().map(|a| Ok(found.get(a).cloned())).collect();
+                match contacts_all(&db, &asked).await {
+                    Ok(found) => return asked.iter().map(|a| Ok(found.get(a).cloned())).collect(),
+                    Err(e) if is_outage(&e) => {
+                        return asked.iter().map(|_| Err(outage_for_each(&e))).collect();
+                    }
+                    Err(_) => {}
                 }
                 let mut answers = Vec::with_capacity(asked.len());
                 for (kind, address) in &asked {
@@ -50,11 +55,17 @@ impl DirectoryReads {
         let canonical = Coalescer::new(MAX_BATCH, LANES, move |asked: Vec<String>| {
             let (db, links) = (db.clone(), links.clone());
             async move {
-                if let Ok(edges) = chains_all(&db, &asked).await {
-                    return asked
-                        .iter()
-                        .map(|id| Ok(follow(edges.get(id), id)))
-                        .collect();
+                match chains_all(&db, &asked).await {
+                    Ok(edges) => {
+                        return asked
+                            .iter()
+                            .map(|id| Ok(follow(edges.get(id), id)))
+                            .collect();
+                    }
+                    Err(e) if is_outage(&e) => {
+                        return asked.iter().map(|_| Err(outage_for_each(&e))).collect();
+                    }
+                    Err(_) => {}
                 }
                 let mut answers = Vec::with_capacity(asked.len());
                 for id in &asked {

@@ -193,3 +193,50 @@ mod tests {
         }
     }
 }
+
+/// Whether `e` says the database could not be reached, or dropped or refused the connection
+/// (starting up, shutting down): the statement's own content is not at fault. A group of
+/// requests that failed so is answered with the outage at once, not asked again one by one:
+/// each would wait out the same outage in turn (a pool's acquire timeout a request).
+pub fn is_outage(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // Class 08: connection exceptions; 57P0x: the server shutting down or starting up.
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        _ => false,
+    }
+}
+
+/// The outage `e` ([`is_outage`]) as each member of a failed group is told it (sqlx's errors
+/// are not `Clone`): an I/O error carrying the original's text.
+pub fn outage_for_each(e: &sqlx::Error) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        e.to_string(),
+    ))
+}
+
+#[cfg(test)]
+mod outage_tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_database_is_an_outage_and_a_bad_statement_is_not() {
+        assert!(is_outage(&sqlx::Error::PoolTimedOut));
+        assert!(is_outage(&sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused
+        ))));
+        assert!(!is_outage(&sqlx::Error::RowNotFound));
+        assert!(!is_outage(&sqlx::Error::ColumnNotFound("x".into())));
+        let told = outage_for_each(&sqlx::Error::PoolTimedOut);
+        assert!(is_outage(&told));
+        assert!(told.to_string().contains("timed out"), "{told}");
+    }
+}

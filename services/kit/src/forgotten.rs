@@ -114,6 +114,9 @@ impl ForgottenCheck {
             async move {
                 match forgotten_rows(&db, &asked).await {
                     Ok(rows) => (0..asked.len()).map(|i| Ok(rows.contains(&i))).collect(),
+                    Err(e) if crate::db::is_outage(&e) => (0..asked.len())
+                        .map(|_| Err(crate::db::outage_for_each(&e)))
+                        .collect(),
                     // Each question alone, so each gets its own error.
                     Err(_) => {
                         let mut answers = Vec::with_capacity(asked.len());

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use switchboard_kit::coalesce::Coalescer;
+use switchboard_kit::db::{is_outage, outage_for_each};
 use switchboard_kit::memory_config::RecallConfig;
 use uuid::Uuid;
 
@@ -217,10 +218,16 @@ impl RecallReads {
         let held_group = Coalescer::new(256, 2, move |asked: Vec<HeldAsk>| {
             let db = held_db.clone();
             async move {
-                if let Ok(mut found) = held_all(&db, &asked).await {
-                    return (0..asked.len())
-                        .map(|i| Ok(found.remove(&i).unwrap_or_default()))
-                        .collect();
+                match held_all(&db, &asked).await {
+                    Ok(mut found) => {
+                        return (0..asked.len())
+                            .map(|i| Ok(found.remove(&i).unwrap_or_default()))
+                            .collect();
+                    }
+                    Err(e) if is_outage(&e) => {
+                        return asked.iter().map(|_| Err(outage_for_each(&e))).collect();
+                    }
+                    Err(_) => {}
                 }
                 let mut answers = Vec::with_capacity(asked.len());
                 for (session, engine) in &asked {
@@ -233,10 +240,16 @@ impl RecallReads {
         let topics_group = Coalescer::new(256, 2, move |asked: Vec<TopicsAsk>| {
             let db = topics_db.clone();
             async move {
-                if let Ok(mut found) = topics_all(&db, &asked).await {
-                    return (0..asked.len())
-                        .map(|i| Ok(found.remove(&i).unwrap_or_default()))
-                        .collect();
+                match topics_all(&db, &asked).await {
+                    Ok(mut found) => {
+                        return (0..asked.len())
+                            .map(|i| Ok(found.remove(&i).unwrap_or_default()))
+                            .collect();
+                    }
+                    Err(e) if is_outage(&e) => {
+                        return asked.iter().map(|_| Err(outage_for_each(&e))).collect();
+                    }
+                    Err(_) => {}
                 }
                 let mut answers = Vec::with_capacity(asked.len());
                 for (person, identity, days) in &asked {
