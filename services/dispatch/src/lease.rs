@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use switchboard_kit::coalesce::Coalescer;
 use switchboard_kit::config::SessionScope;
+use switchboard_kit::db::answer_group;
 use switchboard_kit::status::{ResetReason, SessionEventKind, SessionStatus};
 use switchboard_memory::curated::CuratedMemory;
 use tokio::sync::OwnedSemaphorePermit;
@@ -272,51 +273,40 @@ struct Take {
 type Takes = Coalescer<Take, Result<Option<LeaseRow>, DispatchError>>;
 
 /// Takes asked for together, in one statement; a session asked twice (a turn and its
-/// redelivery) and a batch whose statement failed are taken one by one.
+/// redelivery) is taken alone, after; a failed statement as [`answer_group`] says.
 fn takes(db: PgPool, dispatcher: Uuid) -> Takes {
     Coalescer::new(128, 2, move |batch: Vec<Take>| {
         let db = db.clone();
         async move {
+            let mut sessions = std::collections::HashSet::new();
+            let (firsts, repeats): (Vec<usize>, Vec<usize>) =
+                (0..batch.len()).partition(|&i| sessions.insert(batch[i].session));
+            let group: Vec<&Take> = firsts.iter().map(|&i| &batch[i]).collect();
+            let together = take_all(&db, dispatcher, &group)
+                .await
+                .map(|mut rows| group.iter().map(|t| rows.remove(&t.call)).collect());
             let mut answers: Vec<Option<Result<Option<LeaseRow>, DispatchError>>> =
                 (0..batch.len()).map(|_| None).collect();
-            let mut sessions = std::collections::HashSet::new();
-            let (together, mut alone): (Vec<usize>, Vec<usize>) =
-                (0..batch.len()).partition(|&i| sessions.insert(batch[i].session));
-            if together.len() > 1 {
-                let asks: Vec<&Take> = together.iter().map(|&i| &batch[i]).collect();
-                match take_all(&db, dispatcher, &asks).await {
-                    Ok(mut rows) => {
-                        for &i in &together {
-                            answers[i] = Some(Ok(rows.remove(&batch[i].call)));
-                        }
-                    }
-                    Err(e) if switchboard_kit::db::is_outage(&e) => {
-                        for &i in &together {
-                            let told = switchboard_kit::db::outage_for_each(&e);
-                            answers[i] = Some(Err(told.into()));
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "taking call slots together failed; one by one");
-                        alone.extend(together);
-                    }
-                }
-            } else {
-                alone.extend(together);
+            let grouped = answer_group(&group, together, |k| take_one(&db, dispatcher, group[k]));
+            for (&i, answer) in firsts.iter().zip(grouped.await) {
+                answers[i] = Some(answer.map_err(DispatchError::from));
             }
-            alone.sort_unstable();
-            for i in alone {
-                let ask = &batch[i];
-                answers[i] = Some(
-                    take_all(&db, dispatcher, &[ask])
-                        .await
-                        .map(|mut rows| rows.remove(&ask.call))
-                        .map_err(DispatchError::from),
-                );
+            for i in repeats {
+                let answer = take_one(&db, dispatcher, &batch[i]).await;
+                answers[i] = Some(answer.map_err(DispatchError::from));
             }
             answers.into_iter().map(|a| a.expect("answered")).collect()
         }
     })
+}
+
+/// Take one slot on its own; what the take found, if it took it.
+async fn take_one(
+    db: &PgPool,
+    dispatcher: Uuid,
+    ask: &Take,
+) -> Result<Option<LeaseRow>, sqlx::Error> {
+    Ok(take_all(db, dispatcher, &[ask]).await?.remove(&ask.call))
 }
 
 /// Take the slots `asks` ask for (no session twice), recording each call's start and its

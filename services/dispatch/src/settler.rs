@@ -7,13 +7,13 @@
 //! answer that loses any of these is refused alone (`false`), the others commit. A session
 //! twice in one batch (a lapsed lease's call and its successor's) is settled on its own,
 //! after; a batch whose statement fails is settled answer by answer, so one bad answer fails
-//! only itself.
+//! only itself ([`answer_group`]; an outage fails them all at once).
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use switchboard_kit::coalesce::Coalescer;
-use switchboard_kit::db::{is_outage, outage_for_each};
+use switchboard_kit::db::answer_group;
 use switchboard_kit::status::{ResetReason, SessionEventKind, SessionStatus, TurnStatus};
 use uuid::Uuid;
 
@@ -62,46 +62,24 @@ async fn settle_batch(
     wakers: &Wakers,
     batch: Vec<Commit>,
 ) -> Vec<Result<bool, DispatchError>> {
+    // A session's first answer in the batch goes in the group; a repeat of it (a lapsed
+    // lease's call and its successor's) is settled alone, after.
+    let mut sessions = HashSet::new();
+    let (firsts, repeats): (Vec<usize>, Vec<usize>) =
+        (0..batch.len()).partition(|&i| sessions.insert(batch[i].session));
+    let group: Vec<&Commit> = firsts.iter().map(|&i| &batch[i]).collect();
+    let together = commit_all(db, &group).await.map(|moved| {
+        metrics::histogram!("sb_dispatch_settle_batch_size").record(group.len() as f64);
+        group.iter().map(|c| moved.contains(&c.session)).collect()
+    });
     let mut answers: Vec<Option<Result<bool, DispatchError>>> =
         (0..batch.len()).map(|_| None).collect();
-    let mut sessions = HashSet::new();
-    let (together, alone): (Vec<usize>, Vec<usize>) =
-        (0..batch.len()).partition(|&i| sessions.insert(batch[i].session));
-    let mut singles = alone;
-    if together.len() > 1 {
-        let commits: Vec<&Commit> = together.iter().map(|&i| &batch[i]).collect();
-        match commit_all(db, &commits).await {
-            Ok(moved) => {
-                metrics::histogram!("sb_dispatch_settle_batch_size").record(commits.len() as f64);
-                for &i in &together {
-                    answers[i] = Some(Ok(moved.contains(&batch[i].session)));
-                }
-            }
-            // The database is unreachable: every answer is told so now (the turn's retry of
-            // its commit waits it out), not tried again one by one behind each other.
-            Err(e) if is_outage(&e) => {
-                for &i in &together {
-                    answers[i] = Some(Err(outage_for_each(&e).into()));
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, answers = together.len(),
-                    "a group commit failed; settling its answers one by one");
-                singles.extend(together);
-            }
-        }
-    } else {
-        singles.extend(together);
+    let grouped = answer_group(&group, together, |k| commit_one(db, group[k])).await;
+    for (&i, answer) in firsts.iter().zip(grouped) {
+        answers[i] = Some(answer.map_err(DispatchError::from));
     }
-    singles.sort_unstable();
-    for i in singles {
-        let commit = &batch[i];
-        answers[i] = Some(
-            commit_all(db, &[commit])
-                .await
-                .map(|moved| moved.contains(&commit.session))
-                .map_err(DispatchError::from),
-        );
+    for i in repeats {
+        answers[i] = Some(commit_one(db, &batch[i]).await.map_err(DispatchError::from));
     }
     for (commit, answer) in batch.iter().zip(&answers) {
         if matches!(answer, Some(Ok(true))) {
@@ -112,6 +90,11 @@ async fn settle_batch(
         .into_iter()
         .map(|a| a.expect("every answer settled"))
         .collect()
+}
+
+/// Commit one answer on its own; whether its session moved.
+async fn commit_one(db: &PgPool, commit: &Commit) -> Result<bool, sqlx::Error> {
+    Ok(commit_all(db, &[commit]).await?.contains(&commit.session))
 }
 
 /// One journal entry of a commit; a reset's entry carries the engine session it replaced,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use sqlx::PgPool;
 use switchboard_kit::coalesce::Coalescer;
-use switchboard_kit::db::{is_outage, outage_for_each};
+use switchboard_kit::db::answer_group;
 
 use crate::links::{self, MAX_CHAIN};
 
@@ -37,41 +37,20 @@ impl DirectoryReads {
         let contacts = Coalescer::new(MAX_BATCH, LANES, move |asked: Vec<(String, String)>| {
             let db = contacts_db.clone();
             async move {
-                match contacts_all(&db, &asked).await {
-                    Ok(found) => return asked.iter().map(|a| Ok(found.get(a).cloned())).collect(),
-                    Err(e) if is_outage(&e) => {
-                        return asked.iter().map(|_| Err(outage_for_each(&e))).collect();
-                    }
-                    Err(_) => {}
-                }
-                let mut answers = Vec::with_capacity(asked.len());
-                for (kind, address) in &asked {
-                    answers.push(contact(&db, kind, address).await);
-                }
-                answers
+                let together = contacts_all(&db, &asked)
+                    .await
+                    .map(|found| asked.iter().map(|a| found.get(a).cloned()).collect());
+                answer_group(&asked, together, |i| contact(&db, &asked[i].0, &asked[i].1)).await
             }
         });
         let links = std::sync::Arc::new(links);
         let canonical = Coalescer::new(MAX_BATCH, LANES, move |asked: Vec<String>| {
             let (db, links) = (db.clone(), links.clone());
             async move {
-                match chains_all(&db, &asked).await {
-                    Ok(edges) => {
-                        return asked
-                            .iter()
-                            .map(|id| Ok(follow(edges.get(id), id)))
-                            .collect();
-                    }
-                    Err(e) if is_outage(&e) => {
-                        return asked.iter().map(|_| Err(outage_for_each(&e))).collect();
-                    }
-                    Err(_) => {}
-                }
-                let mut answers = Vec::with_capacity(asked.len());
-                for id in &asked {
-                    answers.push(links.canonical(id).await);
-                }
-                answers
+                let together = chains_all(&db, &asked)
+                    .await
+                    .map(|edges| asked.iter().map(|id| follow(edges.get(id), id)).collect());
+                answer_group(&asked, together, |i| links.canonical(&asked[i])).await
             }
         });
         Self {

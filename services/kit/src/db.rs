@@ -214,6 +214,33 @@ pub fn is_outage(e: &sqlx::Error) -> bool {
     }
 }
 
+/// The answers of a group of requests, one per member in order. `together` is what one
+/// statement for all of them gave (its answers in the members' order); when it failed on an
+/// outage every member is told so at once, otherwise each is asked `alone` (by its index), so
+/// one bad member fails only itself.
+pub async fn answer_group<Q, A, Fut>(
+    asked: &[Q],
+    together: sqlx::Result<Vec<A>>,
+    alone: impl Fn(usize) -> Fut,
+) -> Vec<sqlx::Result<A>>
+where
+    Fut: std::future::Future<Output = sqlx::Result<A>>,
+{
+    match together {
+        Ok(answers) => answers.into_iter().map(Ok).collect(),
+        Err(e) if is_outage(&e) => asked.iter().map(|_| Err(outage_for_each(&e))).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, members = asked.len(),
+                "a group's statement failed; asking each member alone");
+            let mut answers = Vec::with_capacity(asked.len());
+            for i in 0..asked.len() {
+                answers.push(alone(i).await);
+            }
+            answers
+        }
+    }
+}
+
 /// The outage `e` ([`is_outage`]) as each member of a failed group is told it (sqlx's errors
 /// are not `Clone`): an I/O error carrying the original's text.
 pub fn outage_for_each(e: &sqlx::Error) -> sqlx::Error {
@@ -238,5 +265,29 @@ mod outage_tests {
         let told = outage_for_each(&sqlx::Error::PoolTimedOut);
         assert!(is_outage(&told));
         assert!(told.to_string().contains("timed out"), "{told}");
+    }
+
+    #[tokio::test]
+    async fn a_group_failing_on_an_outage_tells_every_member_at_once_and_asks_none_alone() {
+        let asked = [1, 2, 3];
+        let alone = std::sync::atomic::AtomicUsize::new(0);
+        let ask_alone = |i: usize| {
+            alone.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { Ok(asked[i] * 10) }
+        };
+        let told = answer_group(&asked, Err(sqlx::Error::PoolTimedOut), ask_alone).await;
+        assert!(told.iter().all(|a| a.as_ref().is_err_and(is_outage)));
+        assert_eq!(alone.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+        // Any other failure: each member alone, in order, with its own answer.
+        let each = answer_group(&asked, Err(sqlx::Error::RowNotFound), ask_alone).await;
+        let each: Vec<i32> = each.into_iter().map(Result::unwrap).collect();
+        assert_eq!(each, [10, 20, 30]);
+        assert_eq!(alone.load(std::sync::atomic::Ordering::SeqCst), 3);
+
+        let together = answer_group(&asked, Ok(vec![7, 8, 9]), ask_alone).await;
+        let together: Vec<i32> = together.into_iter().map(Result::unwrap).collect();
+        assert_eq!(together, [7, 8, 9]);
+        assert_eq!(alone.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 }

@@ -112,20 +112,13 @@ impl ForgottenCheck {
         let group = Coalescer::new(256, 2, move |asked: Vec<(String, DateTime<Utc>)>| {
             let db = db.clone();
             async move {
-                match forgotten_rows(&db, &asked).await {
-                    Ok(rows) => (0..asked.len()).map(|i| Ok(rows.contains(&i))).collect(),
-                    Err(e) if crate::db::is_outage(&e) => (0..asked.len())
-                        .map(|_| Err(crate::db::outage_for_each(&e)))
-                        .collect(),
-                    // Each question alone, so each gets its own error.
-                    Err(_) => {
-                        let mut answers = Vec::with_capacity(asked.len());
-                        for (person, received) in &asked {
-                            answers.push(received_before(&db, person, *received).await);
-                        }
-                        answers
-                    }
-                }
+                let together = forgotten_rows(&db, &asked)
+                    .await
+                    .map(|rows| (0..asked.len()).map(|i| rows.contains(&i)).collect());
+                crate::db::answer_group(&asked, together, |i| {
+                    received_before(&db, &asked[i].0, asked[i].1)
+                })
+                .await
             }
         });
         Self { group }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use switchboard_kit::coalesce::Coalescer;
-use switchboard_kit::db::{is_outage, outage_for_each};
+use switchboard_kit::db::answer_group;
 use switchboard_kit::memory_config::RecallConfig;
 use uuid::Uuid;
 
@@ -218,44 +218,24 @@ impl RecallReads {
         let held_group = Coalescer::new(256, 2, move |asked: Vec<HeldAsk>| {
             let db = held_db.clone();
             async move {
-                match held_all(&db, &asked).await {
-                    Ok(mut found) => {
-                        return (0..asked.len())
-                            .map(|i| Ok(found.remove(&i).unwrap_or_default()))
-                            .collect();
-                    }
-                    Err(e) if is_outage(&e) => {
-                        return asked.iter().map(|_| Err(outage_for_each(&e))).collect();
-                    }
-                    Err(_) => {}
-                }
-                let mut answers = Vec::with_capacity(asked.len());
-                for (session, engine) in &asked {
-                    answers.push(held(&db, *session, engine).await);
-                }
-                answers
+                let together = held_all(&db, &asked)
+                    .await
+                    .map(|found| in_order(found, asked.len()));
+                answer_group(&asked, together, |i| held(&db, asked[i].0, &asked[i].1)).await
             }
         });
         let topics_db = db.clone();
         let topics_group = Coalescer::new(256, 2, move |asked: Vec<TopicsAsk>| {
             let db = topics_db.clone();
             async move {
-                match topics_all(&db, &asked).await {
-                    Ok(mut found) => {
-                        return (0..asked.len())
-                            .map(|i| Ok(found.remove(&i).unwrap_or_default()))
-                            .collect();
-                    }
-                    Err(e) if is_outage(&e) => {
-                        return asked.iter().map(|_| Err(outage_for_each(&e))).collect();
-                    }
-                    Err(_) => {}
-                }
-                let mut answers = Vec::with_capacity(asked.len());
-                for (person, identity, days) in &asked {
-                    answers.push(topics(&db, person, identity, *days).await);
-                }
-                answers
+                let together = topics_all(&db, &asked)
+                    .await
+                    .map(|found| in_order(found, asked.len()));
+                answer_group(&asked, together, |i| {
+                    let (person, identity, days) = &asked[i];
+                    topics(&db, person, identity, *days)
+                })
+                .await
             }
         });
         Self {
@@ -287,6 +267,13 @@ impl RecallReads {
             .await
             .map_err(|_| sqlx::Error::WorkerCrashed)?
     }
+}
+
+/// The answers found by index, in order; an index with none found answers empty.
+fn in_order<A: Default>(mut found: HashMap<usize, A>, n: usize) -> Vec<A> {
+    (0..n)
+        .map(|i| found.remove(&i).unwrap_or_default())
+        .collect()
 }
 
 /// [`held`] for each of `asked`, by its index.
