@@ -156,18 +156,35 @@ fn largest_transaction(xmins: &[String]) -> usize {
     by_transaction.values().max().copied().unwrap_or(0)
 }
 
+/// Each of the people texts "question <n>".
+async fn ask_everyone(app: &TestApp) {
+    for n in 0..PEOPLE {
+        let asked = app.send_sms(&sender(n), &format!("question {n}")).await;
+        assert_eq!(asked.status(), 200);
+    }
+}
+
+/// Each person got exactly one SMS, the answer to their own question; what was sent.
+fn each_answered_once(app: &TestApp) -> Vec<switchboard_e2e::SentSms> {
+    let sent = app.twilio.sent();
+    assert_eq!(sent.len(), PEOPLE, "each person answered once: {sent:?}");
+    for n in 0..PEOPLE {
+        let to_them: Vec<_> = sent.iter().filter(|s| s.to == sender(n)).collect();
+        assert_eq!(to_them.len(), 1, "person {n}: {to_them:?}");
+        assert!(
+            to_them[0].body.contains(&format!("question {n}")),
+            "person {n} got another's answer: {:?}",
+            to_them[0]
+        );
+    }
+    sent
+}
+
 #[tokio::test]
 async fn a_backlog_of_replies_to_many_people_is_claimed_and_recorded_together_and_each_sent_once() {
     // The deliver stage starts late: the replies wait for it in the stream.
     let app = spawn_app_with(AppOptions::without(&["deliver"])).await;
-    for n in 0..PEOPLE {
-        assert_eq!(
-            app.send_sms(&sender(n), &format!("question {n}"))
-                .await
-                .status(),
-            200
-        );
-    }
+    ask_everyone(&app).await;
     let replies = app.topology.reply();
     let deadline = Instant::now() + WAIT;
     while app.stored_on(&replies).await < PEOPLE as u64 {
@@ -177,17 +194,7 @@ async fn a_backlog_of_replies_to_many_people_is_claimed_and_recorded_together_an
     app.start_stage("deliver");
     app.wait_for_sms(PEOPLE, WAIT).await;
     app.settle().await;
-    let sent = app.twilio.sent();
-    assert_eq!(sent.len(), PEOPLE, "each reply sent once: {sent:?}");
-    for n in 0..PEOPLE {
-        let to_them: Vec<_> = sent.iter().filter(|s| s.to == sender(n)).collect();
-        assert_eq!(to_them.len(), 1, "person {n}: {to_them:?}");
-        assert!(
-            to_them[0].body.contains(&format!("question {n}")),
-            "{:?}",
-            to_them[0]
-        );
-    }
+    let sent = each_answered_once(&app);
     // The ledger holds each as sent, with the provider's id, recorded together.
     let rows: Vec<(String, Vec<String>, String)> = sqlx::query_as(
         "SELECT status, provider_message_ids, xmin::text FROM switchboard.deliveries",
@@ -214,14 +221,7 @@ async fn answers_that_finish_together_are_committed_together_and_each_person_is_
     // The dispatcher starts late: the turns of many people wait for it in the stream, and
     // their calls finish at once.
     let app = spawn_app_with(AppOptions::without(&["dispatch"])).await;
-    for n in 0..PEOPLE {
-        assert_eq!(
-            app.send_sms(&sender(n), &format!("question {n}"))
-                .await
-                .status(),
-            200
-        );
-    }
+    ask_everyone(&app).await;
     let deadline = Instant::now() + WAIT;
     loop {
         let open: i64 = sqlx::query_scalar("SELECT count(*) FROM switchboard.turns")
@@ -237,17 +237,7 @@ async fn answers_that_finish_together_are_committed_together_and_each_person_is_
     app.start_stage("dispatch");
     app.wait_for_sms(PEOPLE, WAIT).await;
     app.settle().await;
-    let sent = app.twilio.sent();
-    assert_eq!(sent.len(), PEOPLE, "each person answered once: {sent:?}");
-    for n in 0..PEOPLE {
-        let to_them: Vec<_> = sent.iter().filter(|s| s.to == sender(n)).collect();
-        assert_eq!(to_them.len(), 1, "person {n}: {to_them:?}");
-        assert!(
-            to_them[0].body.contains(&format!("question {n}")),
-            "person {n} got another's answer: {:?}",
-            to_them[0]
-        );
-    }
+    each_answered_once(&app);
     // Each session moved to its turn and gave its call slot back; each turn holds its reply
     // and one journal entry says so.
     let rows: Vec<(String, i64, Option<String>, bool, String)> = sqlx::query_as(
