@@ -525,6 +525,117 @@ async fn a_person_whose_wait_could_not_be_recorded_at_first_is_told_as_soon_as_i
     app.shutdown().await;
 }
 
+/// The notices (their ids) the message log holds for `person`, and the waits of theirs the
+/// sessions' journal records (the notice each names), oldest first.
+async fn notices_and_waits(app: &TestApp, person: &str) -> (Vec<String>, Vec<String>) {
+    let person = format!("phone:{person}");
+    let notices = sqlx::query_scalar(
+        "SELECT id::text FROM switchboard.messages
+          WHERE person_id = $1 AND metadata->>'kind' = 'notice' ORDER BY id",
+    )
+    .bind(&person)
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    let waits = sqlx::query_scalar(
+        "SELECT e.detail->>'notice_id' FROM switchboard.session_events e
+           JOIN switchboard.sessions s ON s.id = e.session_id
+          WHERE s.person_id = $1 AND e.kind = 'waiting' ORDER BY e.id",
+    )
+    .bind(&person)
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    (notices, waits)
+}
+
+#[tokio::test]
+async fn a_person_whose_wait_the_database_cannot_record_is_told_anyway_once_and_the_wait_kept() {
+    let app = app_probing_every(Duration::from_secs(1)).await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    app.send_sms(PERSON, "before").await;
+    app.wait_for_sms(1, WAIT).await;
+    // Every write marking a session waiting fails as when Postgres shuts down under it (a
+    // connection error's SQLSTATE): a dispatcher killed now, before the database is back,
+    // would leave its person in silence until the runner is back.
+    sqlx::raw_sql(
+        "CREATE FUNCTION switchboard.database_down_for_waits() RETURNS trigger
+             LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.status = 'waiting' THEN
+                 RAISE EXCEPTION 'simulated: the database is shutting down'
+                     USING ERRCODE = 'admin_shutdown';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER database_down_for_waits BEFORE UPDATE ON switchboard.sessions
+             FOR EACH ROW EXECUTE FUNCTION switchboard.database_down_for_waits();",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+
+    app.runner.set_down(true);
+    assert_eq!(app.send_sms(PERSON, "are you there?").await.status(), 200);
+    until("the notice", || bodies_to(&app, PERSON).len() == 2).await;
+    assert_eq!(bodies_to(&app, PERSON), ["echo: before", notice.as_str()]);
+    // The dispatcher could not record the wait; the message log recorded it with the notice.
+    let (status, marked) = session_row(&app, PERSON).await;
+    assert!(
+        status != "waiting" && marked.is_none(),
+        "the database refused every mark: {status} {marked:?}"
+    );
+    let deadline = Instant::now() + WAIT;
+    let (notices, waits) = loop {
+        let (notices, waits) = notices_and_waits(&app, PERSON).await;
+        if !waits.is_empty() || Instant::now() > deadline {
+            break (notices, waits);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(notices.len(), 1, "one notice logged: {notices:?}");
+    assert_eq!(
+        waits, notices,
+        "the wait the notice told of is in the journal"
+    );
+
+    // The database takes writes again while the runner is still down: the turn's next try
+    // records the wait under the notice it already told, and tells it again, the same message.
+    sqlx::raw_sql(
+        "DROP TRIGGER database_down_for_waits ON switchboard.sessions;
+         DROP FUNCTION switchboard.database_down_for_waits();",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let deadline = Instant::now() + WAIT;
+    let marked = loop {
+        if let (status, Some(marked)) = session_row(&app, PERSON).await {
+            assert_eq!(status, "waiting");
+            break marked;
+        }
+        assert!(Instant::now() < deadline, "the wait was never marked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(marked.to_string(), notices[0], "the notice already told");
+
+    app.runner.set_down(false);
+    until("the answer", || bodies_to(&app, PERSON).len() == 3).await;
+    app.settle().await;
+    assert_eq!(
+        bodies_to(&app, PERSON),
+        ["echo: before", notice.as_str(), "echo: are you there?"],
+        "told once, then answered"
+    );
+    let (notices, waits) = notices_and_waits(&app, PERSON).await;
+    assert_eq!(
+        (notices.len(), waits.len()),
+        (1, 1),
+        "{notices:?} {waits:?}"
+    );
+    app.shutdown().await;
+}
+
 /// A dispatcher whose breaker has not opened yet (it just started, say) takes a refused call
 /// as one failure; the turn tries again at once, here, and its person is told when the
 /// breaker opens, not after the stream's retry delay, when the runner may be back and the

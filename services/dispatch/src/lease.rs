@@ -255,6 +255,7 @@ impl CallSlots {
             db: self.db.clone(),
             wakers: self.wakers.clone(),
             held: true,
+            unreachable: false,
             _agent_slot: agent_slot,
         }))
     }
@@ -396,6 +397,9 @@ pub(crate) struct CallLease {
     wakers: Wakers,
     /// Whether the slot may still be this call's (false once given back or settled).
     held: bool,
+    /// The database was found unreachable during the call: the slot is given back in the
+    /// background, so the turn's outcome (a notice to publish) does not wait on the pool.
+    unreachable: bool,
     _agent_slot: OwnedSemaphorePermit,
 }
 
@@ -404,6 +408,12 @@ impl CallLease {
     /// interruption) cleared the slot itself, in its own transaction.
     pub fn cleared(&mut self) {
         self.held = false;
+    }
+
+    /// The database cannot be reached: [`CallLease::finish`] gives the slot back in the
+    /// background only (a first try would wait out the pool's acquire timeout).
+    pub fn database_unreachable(&mut self) {
+        self.unreachable = true;
     }
 
     /// Give the slot back now (another call of the turn committed, or the call is over); a
@@ -423,11 +433,16 @@ impl CallLease {
     /// by this live process would otherwise keep the session's next call (the same turn's
     /// retry, which may have a person to tell) waiting for the call's whole deadline.
     pub async fn finish(mut self) {
-        let Err(e) = self.release().await else {
+        if !self.held {
             return;
-        };
-        tracing::warn!(session = %self.session, error = %e,
-            "could not release the call slot; trying again in the background");
+        }
+        if !self.unreachable {
+            let Err(e) = self.release().await else {
+                return;
+            };
+            tracing::warn!(session = %self.session, error = %e,
+                "could not release the call slot; trying again in the background");
+        }
         self.held = false; // handed to the retry below
         let (db, wakers, session, call) = (
             self.db.clone(),

@@ -29,6 +29,7 @@ mod lease;
 mod outage;
 pub mod prompt;
 mod queue;
+mod reachable;
 mod recall;
 mod replies;
 pub mod runner;
@@ -97,6 +98,8 @@ pub enum DispatchError {
         after: Duration,
         notice: Vec<Output>,
         recovery: Wake,
+        /// The database was unreachable: the wait is not recorded (the notice carries it).
+        unrecorded: bool,
     },
     #[error(transparent)]
     Runner(#[from] RunnerError),
@@ -153,6 +156,8 @@ pub struct TurnDispatcher {
     credentials: TurnCredentials,
     /// Whether a turn's person was forgotten since its message came (asked twice a turn).
     forgotten: switchboard_kit::forgotten::ForgottenCheck,
+    /// Whether the database still answers, while a check call is being prepared.
+    database: reachable::DatabaseProbe,
 }
 
 impl TurnDispatcher {
@@ -181,6 +186,7 @@ impl TurnDispatcher {
         let forgotten = switchboard_kit::forgotten::ForgottenCheck::new(db.clone());
         Self {
             slots: CallSlots::new(db.clone(), liveness, wakers.clone()),
+            database: reachable::DatabaseProbe::new(&db),
             turns: TurnStore::new(db.clone(), checks, wakers.clone()),
             db,
             agents,
@@ -253,7 +259,17 @@ impl Stage for TurnDispatcher {
             return Ok(Vec::new());
         }
         let result = self.dispatch_turn(&turn, attempt).await;
-        if self.forgotten(&turn).await? {
+        // A notice told while the database is unreachable cannot wait for this check (it would
+        // wait out the pool's acquire timeout): the deliverer and the message log drop a
+        // forgotten person's messages themselves.
+        let unreachable = matches!(
+            result,
+            Err(DispatchError::RunnerDown {
+                unrecorded: true,
+                ..
+            })
+        );
+        if !unreachable && self.forgotten(&turn).await? {
             return Ok(Vec::new());
         }
         match result {
@@ -262,6 +278,7 @@ impl Stage for TurnDispatcher {
                 after,
                 notice,
                 recovery,
+                ..
             }) => Err(StageError::Outage {
                 after,
                 why: "the agent's runner is down".into(),

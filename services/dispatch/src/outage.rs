@@ -5,9 +5,10 @@
 use std::time::Duration;
 
 use switchboard_kit::proto::Turn;
-use switchboard_kit::status::{SessionEventKind, SessionStatus};
+use switchboard_kit::status::{
+    SessionEventKind, SessionStatus, runner_down_notice_id, waiting_key,
+};
 use switchboard_kit::{Attempt, Wake};
-use uuid::Uuid;
 
 use crate::journal::Journal;
 use crate::lease::CallLease;
@@ -26,9 +27,9 @@ impl TurnDispatcher {
         recovery: Wake,
         attempt: &Attempt,
     ) -> DispatchError {
-        let session = lease.session;
-        let fresh = Uuid::now_v7();
-        let marked: Result<Option<(Uuid, bool)>, sqlx::Error> = async {
+        let (session, call) = (lease.session, lease.call);
+        let fresh = runner_down_notice_id(session, turn.seq);
+        let marking = async {
             let mut tx = self.db.begin().await?;
             let marked = sqlx::query!(
                 r#"UPDATE switchboard.sessions
@@ -38,7 +39,7 @@ impl TurnDispatcher {
                     WHERE id = $1 AND running_call = $2
                    RETURNING waiting_notice AS "notice!", waiting_notice = $3 AS "fresh!""#,
                 session,
-                lease.call,
+                call,
                 fresh,
                 SessionStatus::Waiting as SessionStatus,
             )
@@ -48,7 +49,7 @@ impl TurnDispatcher {
             if let Some((notice, true)) = marked {
                 let entry = Journal::new(
                     session,
-                    format!("waiting:{session}:{notice}"),
+                    waiting_key(session, notice),
                     SessionEventKind::Waiting,
                     turn.seq,
                     serde_json::json!({ "notice_id": notice }),
@@ -59,11 +60,23 @@ impl TurnDispatcher {
             // A dispatcher killed here recorded the wait and never told the person: the
             // turn's redelivery tells them (tests/tests/ordered_dispatch.rs).
             switchboard_kit::failpoint::crash_at("dispatch.wait_recorded");
-            Ok(marked)
-        }
-        .await;
+            Ok::<_, sqlx::Error>(marked)
+        };
+        // A database that went down refuses connections, and the pool keeps trying until its
+        // acquire timeout: the person is not kept waiting for that.
+        let marked = tokio::select! {
+            biased;
+            marked = marking => marked,
+            () = self.database.unreachable() => {
+                return self.told_unrecorded(turn, lease, after, recovery);
+            }
+        };
         let marked = match marked {
             Ok(marked) => marked,
+            Err(e) if switchboard_kit::db::is_outage(&e) => {
+                tracing::warn!(%session, error = %e, "could not mark the session waiting");
+                return self.told_unrecorded(turn, lease, after, recovery);
+            }
             Err(e) => {
                 // Not waiting and nobody told: the turn is tried again soon (a database error
                 // is transient), not once the runner is back, so that its person is told as
@@ -80,7 +93,7 @@ impl TurnDispatcher {
             // first telling may not have been published): the same notice either way.
             Some((notice, first)) if first || attempt.waits == 0 => {
                 let text = self.config.runner_down_notice.clone();
-                vec![self.notice_output(turn, session, notice, text)]
+                vec![self.notice_output(turn, session, notice, text, true)]
             }
             _ => Vec::new(),
         };
@@ -89,6 +102,34 @@ impl TurnDispatcher {
             after,
             notice,
             recovery,
+            unrecorded: false,
+        }
+    }
+
+    /// The turn waits for the runner, and the database cannot record it: the person is told
+    /// anyway (a dispatcher killed before the database is back would otherwise tell nobody,
+    /// and its leases hold the session for its liveness, by when the runner may be back).
+    /// The notice carries the wait to the message log, which records it; its id is the one
+    /// recording the wait later keeps, so telling again then is the same message. The turn
+    /// tries again after `after`; the slot is given back in the background.
+    pub(crate) fn told_unrecorded(
+        &self,
+        turn: &Turn,
+        lease: &mut CallLease,
+        after: Duration,
+        recovery: Wake,
+    ) -> DispatchError {
+        let session = lease.session;
+        lease.database_unreachable();
+        tracing::warn!(%session, "the database is unreachable: telling the person the turn waits for the runner without recording it");
+        metrics::counter!("sb_dispatch_waits_told_unrecorded_total").increment(1);
+        let notice = runner_down_notice_id(session, turn.seq);
+        let text = self.config.runner_down_notice.clone();
+        DispatchError::RunnerDown {
+            after,
+            notice: vec![self.notice_output(turn, session, notice, text, true)],
+            recovery,
+            unrecorded: true,
         }
     }
 }

@@ -89,6 +89,7 @@ impl TurnDispatcher {
             provider_message_id: inbound.provider_message_id.clone(),
             kind,
             answers: stored.answers.clone(),
+            waits_for_runner: false,
         }
     }
 
@@ -100,10 +101,12 @@ impl TurnDispatcher {
         session: Uuid,
         notice: Uuid,
         text: String,
+        waits_for_runner: bool,
     ) -> Output {
         let stored = StoredReply::new(notice, text, None);
         let reply = Reply {
             kind: "notice".into(),
+            waits_for_runner,
             ..self.reply_message(turn, session, &stored)
         };
         Output::new(self.topology.reply(), format!("notice:{notice}"), &reply)
@@ -127,6 +130,6 @@ impl TurnDispatcher {
             .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
             .unwrap_or_else(|| "earlier".into());
         let text = self.config.expired_notice.replace("{sent}", &sent);
-        Ok(vec![self.notice_output(turn, session, notice, text)])
+        Ok(vec![self.notice_output(turn, session, notice, text, false)])
     }
 }

@@ -162,7 +162,7 @@ impl TurnDispatcher {
         let mut outputs = result?;
         if let Some(notice) = retell {
             let text = self.config.runner_down_notice.clone();
-            outputs.insert(0, self.notice_output(turn, session, notice, text));
+            outputs.insert(0, self.notice_output(turn, session, notice, text, true));
         }
         Ok(outputs)
     }
@@ -325,15 +325,50 @@ impl TurnDispatcher {
         // A wait for the runner ends when this process finds it back (taken before the
         // breaker is asked and the runner called, so a recovery in between is not missed).
         let recovery = Wake::new(self.breakers.recovery(&agent.runner_url));
-        let check = match self.breakers.admit(&agent.runner_url, Instant::now()) {
-            breaker::Admission::Call => false,
+        let (check, wait) = match self.breakers.admit(&agent.runner_url, Instant::now()) {
+            breaker::Admission::Call => (false, Duration::ZERO),
             breaker::Admission::Wait(after) if lease.found.waiting_notice.is_some() => {
                 return Err(self
                     .wait_for_runner(turn, lease, after, recovery, run.attempt)
                     .await);
             }
-            breaker::Admission::Wait(_) => true,
+            breaker::Admission::Wait(after) => (true, after),
         };
+        if !check {
+            return self
+                .prepare_call(run, lease, false, recovery, memory_file)
+                .await;
+        }
+        // A check call is prepared from the database (the messages joined, recall, the turn's
+        // credentials). When the database stops answering meanwhile, the call cannot be made,
+        // and a dispatcher killed before it is back would leave the person in silence: they
+        // are told now, on this process's breaker (the notice carries the wait to the message
+        // log when the database cannot record it).
+        let if_unreachable = Wake::new(self.breakers.recovery(&agent.runner_url));
+        let mut prepare = Box::pin(self.prepare_call(run, lease, true, recovery, memory_file));
+        tokio::select! {
+            biased;
+            planned = &mut prepare => return planned,
+            () = self.database.unreachable() => {}
+        }
+        drop(prepare);
+        Err(self.told_unrecorded(turn, lease, wait, if_unreachable))
+    }
+
+    /// The runner call of a turn that may run now (`check`: it only checks whether the runner
+    /// is back), or its answer without one (expired).
+    async fn prepare_call(
+        &self,
+        run: &TurnRun<'_>,
+        lease: &CallLease,
+        check: bool,
+        recovery: Wake,
+        memory_file: Option<std::path::PathBuf>,
+    ) -> Result<Plan, DispatchError> {
+        let (turn, agent, session) = (run.turn, run.agent, run.session);
+        if check {
+            switchboard_kit::failpoint::stall_at("dispatch.preparing_check").await;
+        }
         // The turn can run now: is it older than turns may get?
         let now = Utc::now();
         let stale = turn_age(turn, now).filter(|age| {

@@ -15,3 +15,15 @@ pub fn crash_at(name: &str) {
         std::process::abort();
     }
 }
+
+/// Hold the task here for good if this process was started to stall at `name` (its failpoint
+/// set to `<name>:stall`): whatever the process does instead of waiting out this step (a race
+/// it must win, a deadline), a test sees it do, with no timing of its own.
+pub async fn stall_at(name: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var(ENV).ok());
+    if at.as_deref().and_then(|a| a.strip_suffix(":stall")) == Some(name) {
+        eprintln!("failpoint {name}: stalling for good");
+        std::future::pending::<()>().await;
+    }
+}

@@ -123,3 +123,17 @@ pub enum SessionEventKind {
     /// The curated memory (memory.md) changed (by the agent, the person or an operator).
     MemoryWritten,
 }
+
+/// The journal key of a session's wait for its agent's runner, told by the notice `notice`.
+/// The dispatcher that records the wait and the message log that logs its notice write the
+/// same entry: whichever comes second leaves it as it is.
+pub fn waiting_key(session: uuid::Uuid, notice: uuid::Uuid) -> String {
+    format!("waiting:{session}:{notice}")
+}
+
+/// The id of the notice telling `session`'s person that turn `seq` waits for the runner:
+/// derived, not drawn, so that a telling the database could not record (it was down) and a
+/// later one it did record are one message, sent once.
+pub fn runner_down_notice_id(session: uuid::Uuid, seq: i64) -> uuid::Uuid {
+    uuid::Uuid::new_v5(&session, format!("runner-down:{seq}").as_bytes())
+}

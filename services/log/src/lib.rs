@@ -9,6 +9,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use switchboard_kit::proto::{MessageLogged, Reply, Turn};
 use switchboard_kit::startup::App;
+use switchboard_kit::status::{SessionEventKind, waiting_key};
 use switchboard_kit::{Attempt, BatchStage, Outcome, Output, StageError, Topology};
 use switchboard_kit::{Registration, Source, StageSpec};
 use uuid::Uuid;
@@ -49,6 +50,10 @@ pub struct LogEntry {
     /// When the message the row belongs to was received (a reply: the message it answers). A
     /// row of a person forgotten since is not written ([`switchboard_kit::forgotten`]).
     pub received_at: chrono::DateTime<chrono::Utc>,
+    /// A notice that the turn `seq` waits for the agent's runner: the wait it tells of is
+    /// recorded in the session's journal with the row (the dispatcher records it too, unless
+    /// the database was down when it told the person).
+    pub runner_wait: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,8 +167,56 @@ impl MessageLog {
         )
         .fetch_all(&mut *tx)
         .await?;
+        self.record_runner_waits(&mut tx, entries, &dropped).await?;
         tx.commit().await?;
         Ok(dropped)
+    }
+
+    /// The journal entries of the runner waits that notices in `entries` tell of, as the
+    /// dispatcher writes them (same key: whichever is second leaves the entry as it is). A wait
+    /// of a session erased since is not written.
+    async fn record_runner_waits(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        entries: &[LogEntry],
+        dropped: &[Uuid],
+    ) -> Result<(), sqlx::Error> {
+        let waits: Vec<(&LogEntry, i64)> = entries
+            .iter()
+            .filter(|e| !dropped.contains(&e.id))
+            .filter_map(|e| Some((e, e.runner_wait?)))
+            .collect();
+        if waits.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<Uuid> = waits.iter().map(|_| Uuid::now_v7()).collect();
+        let sessions: Vec<Uuid> = waits.iter().map(|(e, _)| e.session_id).collect();
+        let keys: Vec<String> = waits
+            .iter()
+            .map(|(e, _)| waiting_key(e.session_id, e.id))
+            .collect();
+        let seqs: Vec<i64> = waits.iter().map(|(_, seq)| *seq).collect();
+        let details: Vec<serde_json::Value> = waits
+            .iter()
+            .map(|(e, _)| serde_json::json!({ "notice_id": e.id }))
+            .collect();
+        sqlx::query!(
+            "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
+             SELECT w.id, w.session_id, w.key, $5, w.seq, w.detail
+               FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $6::jsonb[])
+                 AS w(id, session_id, key, seq, detail)
+              WHERE EXISTS (SELECT 1 FROM switchboard.sessions s WHERE s.id = w.session_id)
+             ON CONFLICT (key) DO NOTHING",
+            &ids,
+            &sessions,
+            &keys,
+            &seqs,
+            SessionEventKind::Waiting as SessionEventKind,
+            &details,
+        )
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
 
     /// Write the well-formed entries of a batch at once; one outcome per entry, in order: the
@@ -320,6 +373,7 @@ fn inbound_entry(turn: &Turn) -> Result<LogEntry, LogError> {
             }
             m
         },
+        runner_wait: None,
     })
 }
 
@@ -365,6 +419,7 @@ fn outbound_entry(reply: &Reply) -> Result<LogEntry, LogError> {
         external_id: None,
         received_at: switchboard_kit::forgotten::id_time(&reply.in_reply_to),
         metadata: outbound_metadata(reply),
+        runner_wait: (reply.kind == "notice" && reply.waits_for_runner).then_some(reply.seq),
     })
 }
 

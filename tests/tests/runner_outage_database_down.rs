@@ -1,0 +1,207 @@
+//! The agent's runner is down and a dispatcher loses its database while it holds a person's
+//! turn: the person is still told, before the runner is back, even if that dispatcher is then
+//! killed (its leases hold the session until its liveness runs out, and by then the runner may
+//! be back). The chaos run found such people never told (seed 4515557854261487452).
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use switchboard_e2e::tcp_cut::CuttableProxy;
+use switchboard_e2e::{AppOptions, TestApp, spawn_app_with};
+use switchboard_fakes::runner::{RunObserver, RunnerCall};
+use tokio::process::Child;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn texts_to(app: &TestApp, person: &str) -> Vec<String> {
+    let sent = app.twilio.sent().into_iter();
+    sent.filter(|m| m.to == person).map(|m| m.body).collect()
+}
+
+/// Poll `ready` every 100 ms until it holds, for at most `within`.
+async fn eventually(within: Duration, mut ready: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if ready().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The app with dispatch in worker processes; one refused call opens a dispatcher's breaker,
+/// and its probes are far apart (a turn meeting it open makes a check call of its own).
+async fn app() -> TestApp {
+    spawn_app_with(AppOptions {
+        tweak: Box::new(|c| {
+            c.runtime.max_deliver = 10;
+            c.dispatch.breaker_failures = 1;
+            c.dispatch.breaker_probe_ms = 20_000;
+            c.dispatch.breaker_probe_max_ms = 20_000;
+        }),
+        ..AppOptions::dispatch_as_processes()
+    })
+    .await
+}
+
+/// A dispatcher process that reaches Postgres through a link the test can break (everything
+/// else keeps its own), with `failpoint` set.
+async fn dispatcher_behind_a_link(app: &TestApp, failpoint: &str) -> (Arc<CuttableProxy>, Child) {
+    let url = app.config.database_url.to_string();
+    let server = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("host:port in the database URL");
+    let link = CuttableProxy::start(server.parse().expect("a socket address")).await;
+    let proxied = url.replacen(server, &link.addr.to_string(), 1);
+    let env = [
+        ("SB_DATABASE_URL", proxied),
+        (switchboard_kit::failpoint::ENV, failpoint.to_string()),
+    ];
+    (Arc::new(link), app.spawn_worker_with_env("dispatch", &env))
+}
+
+/// How many waits of `person`'s the sessions' journal records, once it records one (the
+/// message log writes it beside the delivery, not before it). Both writers of a wait write
+/// it under one key: a second one is not a second row.
+async fn waits_recorded(app: &TestApp, person: &str) -> i64 {
+    let count = async || -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM switchboard.session_events e
+               JOIN switchboard.sessions s ON s.id = e.session_id
+              WHERE s.person_id = $1 AND e.kind = 'waiting'",
+        )
+        .bind(format!("phone:{person}"))
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    };
+    eventually(WAIT, async || count().await > 0).await;
+    count().await
+}
+
+/// The dispatcher that lost its database is killed before it is back; the runner comes back;
+/// another dispatcher answers everyone (once the dead one's leases have run out). Each was
+/// told once, then answered.
+async fn answered_after_the_dispatcher_dies(
+    app: &TestApp,
+    mut dispatcher: Child,
+    people: &[(&str, &str)],
+) {
+    dispatcher.kill().await.expect("kill the dispatcher");
+    app.runner.set_down(false);
+    let mut next = app.spawn_worker("dispatch");
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    for (person, text) in people {
+        let answer = format!("echo: {text}");
+        assert!(
+            eventually(WAIT, async || texts_to(app, person).contains(&answer)).await,
+            "{person} answered: {:?}",
+            texts_to(app, person)
+        );
+    }
+    app.settle().await;
+    for (person, text) in people {
+        let answer = format!("echo: {text}");
+        assert_eq!(
+            texts_to(app, person),
+            [notice.as_str(), answer.as_str()],
+            "{person} told once, then answered"
+        );
+    }
+    next.kill().await.ok();
+}
+
+#[tokio::test]
+async fn a_person_whose_check_call_was_being_prepared_as_the_database_went_away_is_told() {
+    let app = app().await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    let (first, second) = ("+14155550461", "+14155550462");
+    // A check call's preparation never ends in this dispatcher: only what it does instead
+    // tells anyone.
+    let (link, dispatcher) = dispatcher_behind_a_link(&app, "dispatch.preparing_check:stall").await;
+    app.runner.set_down(true);
+
+    // The first person's call is refused: the breaker opens, they are told.
+    assert_eq!(app.send_sms(first, "anyone there?").await.status(), 200);
+    assert!(
+        eventually(WAIT, async || texts_to(&app, first) == [notice.as_str()]).await,
+        "the first person told: {:?}",
+        texts_to(&app, first)
+    );
+    // The second person's turn is taken up behind the open breaker, and its check call is being
+    // prepared when the dispatcher's database goes away.
+    assert_eq!(app.send_sms(second, "hello?").await.status(), 200);
+    let picked_up = eventually(WAIT, async || {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM switchboard.turns t
+                              JOIN switchboard.sessions s ON s.id = t.session_id
+                             WHERE s.person_id = $1 AND t.picked_at IS NOT NULL)",
+        )
+        .bind(format!("phone:{second}"))
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    })
+    .await;
+    assert!(picked_up, "the second person's turn was taken up");
+    link.cut();
+    assert!(
+        eventually(WAIT, async || texts_to(&app, second) == [notice.as_str()]).await,
+        "the second person told while the dispatcher cannot reach its database: {:?}",
+        texts_to(&app, second)
+    );
+    // The wait the dispatcher could not record is in their session's journal (the message log
+    // recorded it with the notice).
+    assert_eq!(waits_recorded(&app, second).await, 1);
+    answered_after_the_dispatcher_dies(
+        &app,
+        dispatcher,
+        &[(first, "anyone there?"), (second, "hello?")],
+    )
+    .await;
+    app.shutdown().await;
+}
+
+/// Stops the dispatcher's database from answering (its link keeps the connections, drops what
+/// the server says) the moment the runner refuses a call.
+struct SilenceTheDatabaseOnRefusal(Arc<CuttableProxy>);
+
+impl RunObserver for SilenceTheDatabaseOnRefusal {
+    fn began(&self, _call: &RunnerCall) -> Box<dyn Send> {
+        Box::new(())
+    }
+    fn refused(&self, _call: &RunnerCall) {
+        self.0.blackhole();
+    }
+}
+
+#[tokio::test]
+async fn a_person_whose_turn_met_the_down_runner_as_the_database_stopped_answering_is_told() {
+    let app = app().await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    let person = "+14155550463";
+    let (link, dispatcher) = dispatcher_behind_a_link(&app, "").await;
+    app.runner
+        .observe(Arc::new(SilenceTheDatabaseOnRefusal(link.clone())));
+    app.runner.set_down(true);
+    // The refusal silences the database: the statement marking the session waiting does not
+    // return, and the dispatcher tells the person without it, before its pool would give up on
+    // the database (its acquire timeout, 10 s): a dispatcher killed in that window would have
+    // told nobody.
+    assert_eq!(app.send_sms(person, "hello?").await.status(), 200);
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            texts_to(&app, person) == [notice.as_str()]
+        })
+        .await,
+        "told while the dispatcher's database does not answer: {:?}",
+        texts_to(&app, person)
+    );
+    assert_eq!(waits_recorded(&app, person).await, 1);
+    answered_after_the_dispatcher_dies(&app, dispatcher, &[(person, "hello?")]).await;
+    app.shutdown().await;
+}
