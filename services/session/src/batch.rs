@@ -105,8 +105,11 @@ struct SessionRow {
     id: Uuid,
     scope_key: String,
     agent_name: String,
+    /// Before this message.
     last_message_at: Option<DateTime<Utc>>,
     workspace_path: Option<String>,
+    /// The message's place in the session.
+    seq: i64,
 }
 
 #[derive(sqlx::FromRow)]
@@ -154,78 +157,74 @@ impl SessionStore {
 
         self.take_arrivals(&mut tx, batch, &mut opened).await?;
 
-        // The sessions of the messages that go on, found or made, locked in key order.
+        // The messages that go on; a retry of one placed before keeps its turn (and moves no
+        // session: the unique provider id refuses a concurrent second placing, which fails the
+        // batch and sends each message down the one-message path).
         let going: Vec<usize> = (0..n).filter(|&i| opened[i].is_none()).collect();
         if going.is_empty() {
             tx.commit().await?;
             return Ok(opened.into_iter().map(Option::unwrap).collect());
         }
-        let col = |f: &dyn Fn(&Placing<'_>) -> String| -> Vec<String> {
-            going.iter().map(|&i| f(&batch[i])).collect()
-        };
-        let ids: Vec<Uuid> = going.iter().map(|_| Uuid::now_v7()).collect();
-        let sessions: Vec<SessionRow> = sqlx::query_as(
-            "INSERT INTO switchboard.sessions
-                (id, person_type, person_id, agent_identity, agent_name, engine_type, channel,
-                 scope_key, memory_key)
-             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                  $6::text[], $7::text[], $8::text[], $9::text[])
-                 AS u(id, person_type, person_id, agent_identity, agent_name, engine_type,
-                      channel, scope_key, memory_key)
-              ORDER BY scope_key, agent_name
-             ON CONFLICT (scope_key, agent_name) DO UPDATE SET updated_at = now()
-             RETURNING id, scope_key, agent_name, last_message_at, workspace_path",
-        )
-        .bind(&ids)
-        .bind(col(&|p| p.person.person_type.clone()))
-        .bind(col(&|p| p.person.person_id.clone()))
-        .bind(col(&|p| p.agent.identity.clone()))
-        .bind(col(&|p| p.agent.name.clone()))
-        .bind(col(&|p| p.agent.engine.clone()))
-        .bind(col(&|p| p.inbound.channel.clone()))
-        .bind(col(&|p| p.scope_key.clone()))
-        .bind(col(&|p| p.memory_key.clone()))
-        .fetch_all(&mut *tx)
-        .await?;
-        let by_key: HashMap<(String, String), SessionRow> = sessions
-            .into_iter()
-            .map(|r| ((r.scope_key.clone(), r.agent_name.clone()), r))
-            .collect();
-
-        // A retry of a message placed before keeps its turn.
         let placed: Vec<PlacedRow> = sqlx::query_as(
             "SELECT t.session_id, t.seq, t.inbound_id, t.reset, t.channel, t.provider_message_id
                FROM switchboard.turns t
                JOIN unnest($1::text[], $2::text[]) AS u(channel, provider_message_id)
                  ON t.channel = u.channel AND t.provider_message_id = u.provider_message_id",
         )
-        .bind(col(&|p| p.inbound.channel.clone()))
-        .bind(col(&|p| p.provider_id.clone()))
+        .bind(
+            going
+                .iter()
+                .map(|&i| batch[i].inbound.channel.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            going
+                .iter()
+                .map(|&i| batch[i].provider_id.clone())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *tx)
         .await?;
         let placed: HashMap<(String, String), PlacedRow> = placed
             .into_iter()
             .map(|r| ((r.channel.clone(), r.provider_message_id.clone()), r))
             .collect();
+        let mut fresh = Vec::with_capacity(going.len());
+        for i in going {
+            let p = &batch[i];
+            match placed.get(&(p.inbound.channel.clone(), p.provider_id.clone())) {
+                Some(r) => {
+                    opened[i] = Some(Opened::Turn(OpenedTurn {
+                        session_id: r.session_id,
+                        seq: r.seq,
+                        inbound_id: r.inbound_id,
+                        scope_key: p.scope_key.clone(),
+                        memory_key: p.memory_key.clone(),
+                        reset: r.reset.as_deref().and_then(ResetReason::parse),
+                    }))
+                }
+                None => fresh.push(i),
+            }
+        }
+        if fresh.is_empty() {
+            tx.commit().await?;
+            return Ok(opened.into_iter().map(Option::unwrap).collect());
+        }
 
-        // The new turns: their resets and folders decided here, their places taken below.
-        let mut new = Vec::new();
-        for &i in &going {
+        // Each new message's session, found or made, locked in key order and moved on in the
+        // same statement: its next seq taken, the person's activity noted. What a reset is
+        // decided by is the session as it was before (`OLD`).
+        let sessions: Vec<SessionRow> = self.take_sessions(&mut tx, batch, &fresh).await?;
+        let by_key: HashMap<(String, String), SessionRow> = sessions
+            .into_iter()
+            .map(|r| ((r.scope_key.clone(), r.agent_name.clone()), r))
+            .collect();
+        let mut new = Vec::with_capacity(fresh.len());
+        for i in fresh {
             let p = &batch[i];
             let session = by_key
                 .get(&(p.scope_key.clone(), p.agent.name.clone()))
                 .ok_or(SessionError::Incomplete("session row"))?;
-            if let Some(r) = placed.get(&(p.inbound.channel.clone(), p.provider_id.clone())) {
-                opened[i] = Some(Opened::Turn(OpenedTurn {
-                    session_id: r.session_id,
-                    seq: r.seq,
-                    inbound_id: r.inbound_id,
-                    scope_key: p.scope_key.clone(),
-                    memory_key: p.memory_key.clone(),
-                    reset: r.reset.as_deref().and_then(ResetReason::parse),
-                }));
-                continue;
-            }
             // Only the person's own messages reset a session or count as its activity.
             let reset = if !p.person_spoke {
                 None
@@ -238,21 +237,19 @@ impl SessionStore {
                 self.make_workspace(&mut tx, session.id, &p.memory_key)
                     .await?;
             }
-            new.push((i, session.id, reset));
+            new.push((i, session.id, session.seq, reset));
         }
-        if !new.is_empty() {
-            let seqs = self.take_places(&mut tx, batch, &new).await?;
-            for (i, session_id, reset) in new {
-                let p = &batch[i];
-                opened[i] = Some(Opened::Turn(OpenedTurn {
-                    session_id,
-                    seq: seqs[&session_id],
-                    inbound_id: p.inbound_id,
-                    scope_key: p.scope_key.clone(),
-                    memory_key: p.memory_key.clone(),
-                    reset,
-                }));
-            }
+        self.write_turns(&mut tx, batch, &new).await?;
+        for (i, session_id, seq, reset) in new {
+            let p = &batch[i];
+            opened[i] = Some(Opened::Turn(OpenedTurn {
+                session_id,
+                seq,
+                inbound_id: p.inbound_id,
+                scope_key: p.scope_key.clone(),
+                memory_key: p.memory_key.clone(),
+                reset,
+            }));
         }
         tx.commit().await?;
         Ok(opened
@@ -371,50 +368,69 @@ impl SessionStore {
         Ok(())
     }
 
-    /// Give each new turn the next `seq` of its session and write the turns with their journal
-    /// entries: two statements for the batch. `new`: (message index, session, reset).
-    async fn take_places(
+    /// The sessions of `fresh` (indexes into `batch`), made where there is none yet, each
+    /// locked in key order and moved on by one message in one statement: `seq` is the message's
+    /// place, `last_message_at` what the session had before (a message the agent started does
+    /// not count as the person's activity).
+    async fn take_sessions(
         &self,
         tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
         batch: &[Placing<'_>],
-        new: &[(usize, Uuid, Option<ResetReason>)],
-    ) -> Result<HashMap<Uuid, i64>, SessionError> {
-        let sessions: Vec<Uuid> = new.iter().map(|&(_, s, _)| s).collect();
-        let seqs: Vec<(Uuid, i64)> = sqlx::query_as(
-            "UPDATE switchboard.sessions s SET next_seq = s.next_seq + 1, updated_at = now(),
-                    last_message_at = CASE WHEN u.spoke
-                                           THEN GREATEST(s.last_message_at, u.received)
-                                           ELSE s.last_message_at END
-               FROM unnest($1::uuid[], $2::bool[], $3::timestamptz[]) AS u(id, spoke, received)
-              WHERE s.id = u.id
-             RETURNING s.id, s.next_seq - 1",
+        fresh: &[usize],
+    ) -> Result<Vec<SessionRow>, SessionError> {
+        let col = |f: &dyn Fn(&Placing<'_>) -> String| -> Vec<String> {
+            fresh.iter().map(|&i| f(&batch[i])).collect()
+        };
+        let ids: Vec<Uuid> = fresh.iter().map(|_| Uuid::now_v7()).collect();
+        let spoke_at: Vec<Option<DateTime<Utc>>> = fresh
+            .iter()
+            .map(|&i| batch[i].person_spoke.then_some(batch[i].received))
+            .collect();
+        let rows = sqlx::query_as(
+            "INSERT INTO switchboard.sessions
+                (id, person_type, person_id, agent_identity, agent_name, engine_type, channel,
+                 scope_key, memory_key, last_message_at, next_seq)
+             SELECT *, 2 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                     $6::text[], $7::text[], $8::text[], $9::text[],
+                                     $10::timestamptz[])
+                 AS u(id, person_type, person_id, agent_identity, agent_name, engine_type,
+                      channel, scope_key, memory_key, spoke_at)
+              ORDER BY scope_key, agent_name
+             ON CONFLICT (scope_key, agent_name) DO UPDATE
+                SET next_seq = sessions.next_seq + 1, updated_at = now(),
+                    last_message_at = GREATEST(sessions.last_message_at,
+                                               EXCLUDED.last_message_at)
+             RETURNING id, scope_key, agent_name, OLD.last_message_at AS last_message_at,
+                       workspace_path, NEW.next_seq - 1 AS seq",
         )
-        .bind(&sessions)
-        .bind(
-            new.iter()
-                .map(|&(i, ..)| batch[i].person_spoke)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            new.iter()
-                .map(|&(i, ..)| batch[i].received)
-                .collect::<Vec<_>>(),
-        )
+        .bind(&ids)
+        .bind(col(&|p| p.person.person_type.clone()))
+        .bind(col(&|p| p.person.person_id.clone()))
+        .bind(col(&|p| p.agent.identity.clone()))
+        .bind(col(&|p| p.agent.name.clone()))
+        .bind(col(&|p| p.agent.engine.clone()))
+        .bind(col(&|p| p.inbound.channel.clone()))
+        .bind(col(&|p| p.scope_key.clone()))
+        .bind(col(&|p| p.memory_key.clone()))
+        .bind(&spoke_at)
         .fetch_all(&mut **tx)
         .await?;
-        let seqs: HashMap<Uuid, i64> = seqs.into_iter().collect();
-        let seq_of = |s: &Uuid| {
-            seqs.get(s)
-                .copied()
-                .ok_or(SessionError::Incomplete("session seq"))
-        };
-        let mut seq_col = Vec::with_capacity(new.len());
-        for (_, s, _) in new {
-            seq_col.push(seq_of(s)?);
-        }
+        Ok(rows)
+    }
+
+    /// Write the new turns with their journal entries, in one statement. `new`: (message index,
+    /// session, seq, reset).
+    async fn write_turns(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        batch: &[Placing<'_>],
+        new: &[(usize, Uuid, i64, Option<ResetReason>)],
+    ) -> Result<(), SessionError> {
+        let sessions: Vec<Uuid> = new.iter().map(|&(_, s, ..)| s).collect();
+        let seq_col: Vec<i64> = new.iter().map(|&(_, _, seq, _)| seq).collect();
         let entries: Vec<String> = new
             .iter()
-            .map(|&(i, _, reset)| {
+            .map(|&(i, _, _, reset)| {
                 let inbound = batch[i].inbound;
                 serde_json::json!({
                     "message_id": inbound.id,
@@ -468,7 +484,7 @@ impl SessionStore {
         )
         .bind(
             new.iter()
-                .map(|&(_, _, r)| r.map(|r| r.as_str().to_string()))
+                .map(|&(.., r)| r.map(|r| r.as_str().to_string()))
                 .collect::<Vec<_>>(),
         )
         .bind(&payloads)
@@ -477,6 +493,6 @@ impl SessionStore {
         .bind(&entries)
         .execute(&mut **tx)
         .await?;
-        Ok(seqs)
+        Ok(())
     }
 }
