@@ -64,12 +64,8 @@ impl TurnDispatcher {
         };
         // A database that went down refuses connections, and the pool keeps trying until its
         // acquire timeout: the person is not kept waiting for that.
-        let marked = tokio::select! {
-            biased;
-            marked = marking => marked,
-            () = self.database.unreachable() => {
-                return self.told_unrecorded(turn, lease, after, recovery);
-            }
+        let Some(marked) = self.database.unless_unreachable(marking).await else {
+            return self.told_unrecorded(turn, lease, after, recovery);
         };
         let marked = match marked {
             Ok(marked) => marked,

@@ -45,8 +45,21 @@ impl DatabaseProbe {
         Self { pings }
     }
 
+    /// `work`'s output, or `None` when the database is found unreachable first (`work` is
+    /// dropped then): for a step that must not wait out the pool's acquire timeout.
+    pub async fn unless_unreachable<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        tokio::select! {
+            biased;
+            done = work => Some(done),
+            () = self.unreachable() => None,
+        }
+    }
+
     /// Resolves once a ping finds the database unreachable; never while it answers.
-    pub async fn unreachable(&self) {
+    async fn unreachable(&self) {
         loop {
             tokio::time::sleep(PING_EVERY).await;
             if !self.pings.call(()).await.unwrap_or(true) {

@@ -345,14 +345,11 @@ impl TurnDispatcher {
         // are told now, on this process's breaker (the notice carries the wait to the message
         // log when the database cannot record it).
         let if_unreachable = Wake::new(self.breakers.recovery(&agent.runner_url));
-        let mut prepare = Box::pin(self.prepare_call(run, lease, true, recovery, memory_file));
-        tokio::select! {
-            biased;
-            planned = &mut prepare => return planned,
-            () = self.database.unreachable() => {}
+        let prepare = self.prepare_call(run, lease, true, recovery, memory_file);
+        match self.database.unless_unreachable(prepare).await {
+            Some(planned) => planned,
+            None => Err(self.told_unrecorded(turn, lease, wait, if_unreachable)),
         }
-        drop(prepare);
-        Err(self.told_unrecorded(turn, lease, wait, if_unreachable))
     }
 
     /// The runner call of a turn that may run now (`check`: it only checks whether the runner
