@@ -276,11 +276,11 @@ impl Progress {
     }
 }
 
-/// A stage's consumer of one stream: its name, filter and progress.
+/// A stage's consumer of one stream: its name, filters (none: all of the stream) and progress.
 #[derive(Debug, Clone)]
 pub struct StageConsumer {
     pub name: String,
-    pub filter: String,
+    pub filters: Vec<String>,
     pub progress: Progress,
 }
 
@@ -308,7 +308,10 @@ pub async fn stage_consumers(
         if is_stage_consumer(&info.config) {
             found.push(StageConsumer {
                 name: info.name.clone(),
-                filter: info.config.filter_subject.clone(),
+                filters: std::iter::once(info.config.filter_subject.clone())
+                    .filter(|f| !f.is_empty())
+                    .chain(info.config.filter_subjects.iter().cloned())
+                    .collect(),
                 progress: Progress::of(&info),
             });
         }
@@ -319,7 +322,10 @@ pub async fn stage_consumers(
 /// Whether one of `consumers` may have message (`seq`, `subject`) in hand.
 fn in_hand(consumers: &[StageConsumer], seq: u64, subject: &str) -> bool {
     consumers.iter().any(|c| {
-        (c.filter.is_empty() || switchboard_kit::topology::subject_covers(&c.filter, subject))
+        (c.filters.is_empty()
+            || c.filters
+                .iter()
+                .any(|f| switchboard_kit::topology::subject_covers(f, subject)))
             && c.progress.may_hold(seq)
     })
 }

@@ -469,7 +469,10 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         &message_id
     };
     let out = Output::new(
-        state.runtime.topology.inbound(&channel),
+        state
+            .runtime
+            .topology
+            .inbound_from(&channel, &inbound.sender),
         format!("{provider}:{key}:{}.{}", arrival.epoch, arrival.seq),
         &inbound,
     )

@@ -328,13 +328,15 @@ impl Stage for IdentifyStage {
         };
         let correlation = inbound.correlation_id.clone();
         let id = inbound.id.clone();
+        let identified_on = self
+            .topology
+            .identified_from(&inbound.channel, &inbound.sender);
         let identified = IdentifiedMessage {
             inbound: Some(inbound),
             person: Some(person),
         };
         let mut out = vec![
-            Output::new(self.topology.identified(), id.clone(), &identified)
-                .correlated(correlation.clone()),
+            Output::new(identified_on, id.clone(), &identified).correlated(correlation.clone()),
         ];
         if !agent_started {
             out.push(

@@ -53,17 +53,24 @@ const MAX_ATTEMPTS: usize = 32;
 /// The bucket's key for a sender: the channel and a digest of the address, so phone numbers do
 /// not show up in subject names (monitoring, logs) and every address is a valid key.
 pub fn sender_key(channel: &str, sender: &str) -> String {
-    let digest = Sha256::new()
-        .chain_update(channel.as_bytes())
-        .chain_update([0u8])
-        .chain_update(sender.as_bytes())
-        .finalize();
-    let hex = hex::encode(&digest[..16]);
+    let hex = sender_token(channel, sender);
     let channel: String = channel
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
     format!("{channel}.{hex}")
+}
+
+/// A sender as one subject token: a digest of the channel and address (the same for every
+/// process), so a sender's messages can be found on the work stream by subject
+/// ([`crate::topology::Topology::inbound_from`]) without the address showing in subject names.
+pub fn sender_token(channel: &str, sender: &str) -> String {
+    let digest = Sha256::new()
+        .chain_update(channel.as_bytes())
+        .chain_update([0u8])
+        .chain_update(sender.as_bytes())
+        .finalize();
+    hex::encode(&digest[..16])
 }
 
 /// How many of a sender's latest messages keep their number for a provider retry.

@@ -32,6 +32,9 @@ pub struct StageSpec {
     /// subjects (`{p}.dlq.<name>`) and `[stages.<name>]`.
     pub name: &'static str,
     pub reads: Source,
+    /// A work subject earlier versions published this stage's input on, read beside `reads`
+    /// so that nothing published there before an upgrade is stranded.
+    pub also_reads: Option<&'static str>,
     /// Handler runs at once per process (a batch counts as one).
     pub concurrency: Option<usize>,
     /// Messages pulled per request; for a [`crate::BatchStage`], the most handled in one call.
@@ -53,6 +56,7 @@ impl StageSpec {
         Self {
             name,
             reads,
+            also_reads: None,
             concurrency: None,
             batch: None,
             max_deliver: None,
@@ -60,6 +64,11 @@ impl StageSpec {
             retry: None,
             linger: None,
         }
+    }
+    /// Read the work subject `old` too (see [`StageSpec::also_reads`]).
+    pub const fn also_reading(mut self, old: &'static str) -> Self {
+        self.also_reads = Some(old);
+        self
     }
     pub const fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = Some(n);

@@ -1,7 +1,7 @@
 //! The whole data path in one place: streams, subjects and consumers.
 //!
 //! ```text
-//!  gateway ──► {p}.in.<channel> ──► identify ──► {p}.identified ──► session ──► {p}.turn.<partition>
+//!  gateway ──► {p}.in.<channel>.<sender> ──► identify ──► {p}.identified.<channel>.<sender> ──► session ──► {p}.turn.<partition>
 //!                                                                                 │        │
 //!                                                                      log-inbound ◄┘    dispatch
 //!                                                                                          │
@@ -13,7 +13,9 @@
 //!
 //! Beside the streams, the `<P>_ARRIVALS` key-value bucket holds one counter per sender: the
 //! gateway numbers each sender's messages in the order it accepted them and the session stage
-//! places them in that order ([`crate::arrival`]).
+//! places them in that order ([`crate::arrival`]). Up to the session stage a message's subject
+//! names its sender (a digest, [`crate::arrival::sender_token`]), so the session stage can see
+//! whether a sender's earlier message is still on its way before it gives up waiting for it.
 //!
 //! `{p}` is the subject prefix (`sb` in production). Work subjects live in one stream with
 //! Interest retention: a message stays until every consumer that wants it has acked it, so the
@@ -109,11 +111,31 @@ impl Topology {
         self.stream_name("ARRIVALS")
     }
 
-    /// `sb.in.<channel>`: normalised inbound messages from the gateway.
+    /// `sb.in.<channel>`: normalised inbound messages that name no sender of their own (a
+    /// schedule's); a person's messages go on [`Topology::inbound_from`].
     pub fn inbound(&self, channel: &str) -> String {
         format!("{}.in.{channel}", self.prefix)
     }
-    /// `sb.identified`: inbound messages with the resolved person.
+    /// `sb.in.<channel>.<sender>`: a sender's messages from the gateway (the sender as a digest,
+    /// [`crate::arrival::sender_token`]).
+    pub fn inbound_from(&self, channel: &str, sender: &str) -> String {
+        format!(
+            "{}.{}",
+            self.inbound(channel),
+            crate::arrival::sender_token(channel, sender)
+        )
+    }
+    /// `sb.identified.<channel>.<sender>`: a sender's messages with the resolved person.
+    pub fn identified_from(&self, channel: &str, sender: &str) -> String {
+        format!(
+            "{}.identified.{channel}.{}",
+            self.prefix,
+            crate::arrival::sender_token(channel, sender)
+        )
+    }
+    /// `sb.identified`: where versions before the sender's subjects published identified
+    /// messages; the session stage still reads it, so none published there is stranded by an
+    /// upgrade.
     pub fn identified(&self) -> String {
         format!("{}.identified", self.prefix)
     }
@@ -168,6 +190,17 @@ impl Topology {
         }
     }
 
+    /// Every subject a stage's consumer reads when it reads more than one (else empty).
+    pub fn filter_subjects(&self, stage: &StageSpec) -> Vec<String> {
+        match stage.also_reads {
+            None => Vec::new(),
+            Some(old) => vec![
+                self.filter_subject(stage.reads),
+                self.filter_subject(Source::Work(old)),
+            ],
+        }
+    }
+
     /// The stream a stage's consumer lives on.
     pub fn stream_of(&self, source: Source) -> String {
         match source {
@@ -187,6 +220,7 @@ impl Topology {
                 subjects: vec![
                     format!("{p}.in.>"),
                     format!("{p}.identified"),
+                    format!("{p}.identified.>"),
                     format!("{p}.turn.>"),
                     format!("{p}.reply"),
                     format!("{p}.forget"),
@@ -226,7 +260,13 @@ impl Topology {
         consumer::pull::Config {
             durable_name: Some(stage.name.to_string()),
             description: Some(format!("{STAGE_CONSUMER}{}", stage.name)),
-            filter_subject: self.filter_subject(stage.reads),
+            // A stage that also reads an older subject filters on both (a consumer has either
+            // one filter or a list).
+            filter_subject: match stage.also_reads {
+                None => self.filter_subject(stage.reads),
+                Some(_) => String::new(),
+            },
+            filter_subjects: self.filter_subjects(stage),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: Duration::from_millis(rt.ack_wait_ms),
             // The runtime counts deliveries itself and dead-letters (with the reason) when a
@@ -261,18 +301,22 @@ impl Topology {
             if !seen.insert(stage.name) {
                 return Err(TopologyError::DuplicateStage(stage.name.into()));
             }
-            let subject = self.filter_subject(stage.reads);
             let stream = self.stream_of(stage.reads);
-            let held = streams
-                .iter()
-                .filter(|c| c.name == stream)
-                .flat_map(|c| c.subjects.iter())
-                .any(|s| subject_covers(s, &subject));
-            if !held {
-                return Err(TopologyError::NoStream {
-                    stage: stage.name.into(),
-                    subject,
-                });
+            let old = stage
+                .also_reads
+                .map(|o| self.filter_subject(Source::Work(o)));
+            for subject in std::iter::once(self.filter_subject(stage.reads)).chain(old) {
+                let held = streams
+                    .iter()
+                    .filter(|c| c.name == stream)
+                    .flat_map(|c| c.subjects.iter())
+                    .any(|s| subject_covers(s, &subject));
+                if !held {
+                    return Err(TopologyError::NoStream {
+                        stage: stage.name.into(),
+                        subject,
+                    });
+                }
             }
         }
         Ok(())

@@ -26,10 +26,12 @@ use uuid::Uuid;
 
 mod arrival;
 mod batch;
+mod sender_backlog;
 mod summary_due;
 
 pub use arrival::{ArrivalWait, Placement, place_arrival};
 use batch::Placing;
+pub use sender_backlog::SenderBacklog;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -130,7 +132,15 @@ impl SessionStore {
         let Some(inbound) = msg.inbound.as_ref().filter(|i| i.arrival_seq > 0) else {
             return Ok(true);
         };
-        let cursor = sqlx::query!(
+        let cursor = self.arrival_cursor(inbound).await?;
+        let placement = place_arrival(cursor, inbound.arrival_epoch, arrival_seq(inbound), overdue);
+        Ok(placement != Placement::Wait)
+    }
+
+    /// The sender's arrival cursor, (epoch, last placed number); nothing placed yet reads as
+    /// the message's own epoch at 0 (read-only).
+    async fn arrival_cursor(&self, inbound: &InboundMessage) -> Result<(i64, i64), SessionError> {
+        Ok(sqlx::query!(
             "SELECT epoch, last_seq FROM switchboard.arrival_cursors
               WHERE channel = $1 AND sender = $2",
             inbound.channel,
@@ -138,9 +148,7 @@ impl SessionStore {
         )
         .fetch_optional(&self.db)
         .await?
-        .map_or((inbound.arrival_epoch, 0), |c| (c.epoch, c.last_seq));
-        let placement = place_arrival(cursor, inbound.arrival_epoch, arrival_seq(inbound), overdue);
-        Ok(placement != Placement::Wait)
+        .map_or((inbound.arrival_epoch, 0), |c| (c.epoch, c.last_seq)))
     }
 
     /// Let the sender's later messages go on without this one (it cannot be answered: no
@@ -496,6 +504,7 @@ pub struct SessionStage {
     channels: BTreeMap<String, ChannelConfig>,
     topology: Topology,
     wait: ArrivalWait,
+    backlog: SenderBacklog,
 }
 
 impl SessionStage {
@@ -505,6 +514,7 @@ impl SessionStage {
         channels: BTreeMap<String, ChannelConfig>,
         topology: Topology,
         wait: ArrivalWait,
+        backlog: SenderBacklog,
     ) -> Self {
         Self {
             store,
@@ -512,7 +522,43 @@ impl SessionStage {
             channels,
             topology,
             wait,
+            backlog,
         }
+    }
+
+    /// Whether a message may skip its sender's missing predecessor: it has waited the gap
+    /// timeout and the predecessor is not on its way ([`SenderBacklog`]). A look that cannot
+    /// be made answers no: the message waits and is asked about again.
+    async fn overdue(&self, msg: &IdentifiedMessage, waiting: &Attempt) -> bool {
+        if !self.wait.overdue(waiting.waited) {
+            return false;
+        }
+        let Some(inbound) = msg.inbound.as_ref().filter(|i| i.arrival_seq > 0) else {
+            return true;
+        };
+        let cursor = match self.store.arrival_cursor(inbound).await {
+            Ok(cursor) => cursor,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the sender's arrival cursor");
+                return false;
+            }
+        };
+        let seq = arrival_seq(inbound);
+        if place_arrival(cursor, inbound.arrival_epoch, seq, false) != Placement::Wait {
+            // Nothing to skip: it is the sender's next (or late) as it is.
+            return true;
+        }
+        if self.backlog.holds_predecessor(inbound, cursor).await {
+            metrics::counter!("sb_session_arrival_gaps_on_their_way_total").increment(1);
+            tracing::debug!(
+                correlation_id = %inbound.correlation_id,
+                arrival = seq,
+                after = cursor.1,
+                "past the gap timeout, but the sender's earlier message is on its way: waiting for it"
+            );
+            return false;
+        }
+        true
     }
 
     /// Run `attempt` once the sender's previous message has had its turn: `attempt(overdue)`
@@ -528,7 +574,7 @@ impl SessionStage {
         F: FnMut(bool) -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, SessionError>>,
     {
-        let overdue = self.wait.overdue(waiting.waited);
+        let overdue = self.overdue(msg, waiting).await;
         let hold = Hold {
             poll: self.wait.poll,
             hold: self.wait.hold,
@@ -674,7 +720,8 @@ impl SessionStage {
 
 impl BatchStage for SessionStage {
     type Input = IdentifiedMessage;
-    const SPEC: StageSpec = StageSpec::new("session", Source::Work("identified"));
+    const SPEC: StageSpec =
+        StageSpec::new("session", Source::Work("identified.>")).also_reading("identified");
 
     /// The messages of different senders and sessions are placed together in one
     /// transaction ([`batch`]); the rest, and any the batch could not place (a sender's later
@@ -696,8 +743,14 @@ impl BatchStage for SessionStage {
         }
         let mut placing = Vec::new();
         let mut alone = Vec::new();
-        for (i, (msg, attempt)) in inputs.iter().zip(attempts).enumerate() {
-            let overdue = self.wait.overdue(attempt.waited);
+        let overdue = join_all(
+            inputs
+                .iter()
+                .zip(attempts)
+                .map(|(msg, attempt)| self.overdue(msg, attempt)),
+        )
+        .await;
+        for (i, (msg, overdue)) in inputs.iter().zip(overdue).enumerate() {
             let prepared = msg
                 .inbound
                 .as_ref()
@@ -788,6 +841,7 @@ fn task(app: &App) -> Task {
         c.channels.clone(),
         app.topology.clone(),
         ArrivalWait::from_config(&c.session),
+        SenderBacklog::new(app.js.clone(), app.topology.clone()),
     );
     app.batch_stage_task(stage)
 }

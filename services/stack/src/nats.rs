@@ -12,7 +12,7 @@ use crate::{Error, Result};
 
 /// Changes whenever the subjects below do, so that `up` restarts a NATS that runs with the old
 /// ones (the settings line records it).
-pub const PERMISSIONS_VERSION: u32 = 5;
+pub const PERMISSIONS_VERSION: u32 = 6;
 
 /// The product's NATS account: its users, its streams (JetStream keeps them under
 /// `<store_dir>/jetstream/SWITCHBOARD/`) and what it exports to the others.
@@ -121,6 +121,7 @@ pub fn authorization(c: &ConfInput<'_>) -> Result<String> {
         for s in [
             "in.>",
             "identified",
+            "identified.>",
             "turn.>",
             "reply",
             "forget",

@@ -59,11 +59,11 @@ fn sync_always_fsyncs_every_write_and_only_then() {
 fn the_settings_line_names_credentials_prefixes_and_permissions() {
     assert_eq!(
         settings_line("f00", "", ""),
-        "# settings: credentials f00, prefixes *, analytics sb, permissions v5"
+        "# settings: credentials f00, prefixes *, analytics sb, permissions v6"
     );
     assert_eq!(
         settings_line("f00", "sb  t1", "x"),
-        "# settings: credentials f00, prefixes sb  t1, analytics x, permissions v5"
+        "# settings: credentials f00, prefixes sb  t1, analytics x, permissions v6"
     );
     assert!(
         conf("", "")
