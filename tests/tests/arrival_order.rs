@@ -28,17 +28,16 @@ async fn publish_numbered(app: &TestApp, from: &str, sid: &str, text: &str, arri
     publish_numbered_to(app, from, sid, text, arrival, "").await
 }
 
-/// [`publish_numbered`], naming the agent the message is for (empty: the channel's default).
-async fn publish_numbered_to(
+/// A numbered SMS from `from`, as the gateway makes it.
+fn numbered_sms(
     app: &TestApp,
     from: &str,
     sid: &str,
     text: &str,
     arrival: Arrival,
-    agent: &str,
-) {
+) -> InboundMessage {
     let id = uuid::Uuid::now_v7().to_string();
-    let inbound = InboundMessage {
+    InboundMessage {
         id: id.clone(),
         channel: "sms".into(),
         provider: "twilio".into(),
@@ -50,8 +49,22 @@ async fn publish_numbered_to(
         correlation_id: id,
         arrival_seq: arrival.seq,
         arrival_epoch: arrival.epoch,
-        agent: agent.into(),
         ..Default::default()
+    }
+}
+
+/// [`publish_numbered`], naming the agent the message is for (empty: the channel's default).
+async fn publish_numbered_to(
+    app: &TestApp,
+    from: &str,
+    sid: &str,
+    text: &str,
+    arrival: Arrival,
+    agent: &str,
+) {
+    let inbound = InboundMessage {
+        agent: agent.into(),
+        ..numbered_sms(app, from, sid, text, arrival)
     };
     let rt = Runtime::new(
         app.js.clone(),
@@ -157,22 +170,8 @@ async fn a_message_whose_predecessor_never_comes_is_answered_after_the_gap_timeo
 /// Publish a numbered SMS on the identified subject, as identify hands it on (standing in for a
 /// message identify handled before its sender's earlier one).
 async fn publish_identified(app: &TestApp, from: &str, sid: &str, text: &str, arrival: Arrival) {
-    let id = uuid::Uuid::now_v7().to_string();
     let message = IdentifiedMessage {
-        inbound: Some(InboundMessage {
-            id: id.clone(),
-            channel: "sms".into(),
-            provider: "twilio".into(),
-            sender: from.into(),
-            recipient: app.config.twilio.from_number.clone(),
-            text: text.into(),
-            provider_message_id: sid.into(),
-            received_at_ms: switchboard_kit::now_ms(),
-            correlation_id: id,
-            arrival_seq: arrival.seq,
-            arrival_epoch: arrival.epoch,
-            ..Default::default()
-        }),
+        inbound: Some(numbered_sms(app, from, sid, text, arrival)),
         person: Some(Person {
             person_id: format!("phone:{from}"),
             person_type: "external".into(),
@@ -233,6 +232,15 @@ async fn still_waits_past_the_gap_timeout(app: &TestApp, sid: &str) {
     );
 }
 
+/// Once the first message got through: both answered, the first as turn 1, the second as 2.
+async fn answered_first_then_second(app: TestApp) {
+    app.wait_for_sms(2, Duration::from_secs(20)).await;
+    assert_eq!(runner_texts(&app), ["first", "second"]);
+    assert_eq!(turn_seq_of(&app, "SMfirst").await, Some(1));
+    assert_eq!(turn_seq_of(&app, "SMsecond").await, Some(2));
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_message_waits_past_the_gap_timeout_for_an_earlier_one_identify_has_not_handled_yet() {
     // Under a backlog a person's first message can take longer than the gap timeout to get
@@ -254,11 +262,7 @@ async fn a_message_waits_past_the_gap_timeout_for_an_earlier_one_identify_has_no
     still_waits_past_the_gap_timeout(&app, "SMsecond").await;
 
     app.start_stage("identify");
-    app.wait_for_sms(2, Duration::from_secs(20)).await;
-    assert_eq!(runner_texts(&app), ["first", "second"]);
-    assert_eq!(turn_seq_of(&app, "SMfirst").await, Some(1));
-    assert_eq!(turn_seq_of(&app, "SMsecond").await, Some(2));
-    app.shutdown().await;
+    answered_first_then_second(app).await;
 }
 
 #[tokio::test]
@@ -288,11 +292,7 @@ async fn a_message_waits_past_the_gap_timeout_for_an_earlier_one_queued_for_the_
     still_waits_past_the_gap_timeout(&app, "SMsecond").await;
 
     resume(&app, "session").await;
-    app.wait_for_sms(2, Duration::from_secs(20)).await;
-    assert_eq!(runner_texts(&app), ["first", "second"]);
-    assert_eq!(turn_seq_of(&app, "SMfirst").await, Some(1));
-    assert_eq!(turn_seq_of(&app, "SMsecond").await, Some(2));
-    app.shutdown().await;
+    answered_first_then_second(app).await;
 }
 
 #[tokio::test]
