@@ -1,7 +1,9 @@
 //! The agent's runner is down and a dispatcher loses its database while it holds a person's
 //! turn: the person is still told, before the runner is back, even if that dispatcher is then
 //! killed (its leases hold the session until its liveness runs out, and by then the runner may
-//! be back). The chaos run found such people never told (seed 4515557854261487452).
+//! be back). The chaos run found such people never told (seed 4515557854261487452). Nor is a
+//! person left untold when the dispatcher is only slow to prepare the call that would find
+//! the runner down for itself.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -115,25 +117,18 @@ async fn answered_after_the_dispatcher_dies(
     next.kill().await.ok();
 }
 
-#[tokio::test]
-async fn a_person_whose_check_call_was_being_prepared_as_the_database_went_away_is_told() {
-    let app = app().await;
+/// The runner is down and `dispatcher` never finishes preparing a check call: the first
+/// person's call is refused (the breaker opens, they are told), then the second person's turn
+/// is taken up behind the open breaker and its check call is being prepared.
+async fn second_turn_taken_up_behind_the_open_breaker(app: &TestApp, first: &str, second: &str) {
     let notice = app.config.dispatch.runner_down_notice.clone();
-    let (first, second) = ("+14155550461", "+14155550462");
-    // A check call's preparation never ends in this dispatcher: only what it does instead
-    // tells anyone.
-    let (link, dispatcher) = dispatcher_behind_a_link(&app, "dispatch.preparing_check:stall").await;
     app.runner.set_down(true);
-
-    // The first person's call is refused: the breaker opens, they are told.
     assert_eq!(app.send_sms(first, "anyone there?").await.status(), 200);
     assert!(
-        eventually(WAIT, async || texts_to(&app, first) == [notice.as_str()]).await,
+        eventually(WAIT, async || texts_to(app, first) == [notice.as_str()]).await,
         "the first person told: {:?}",
-        texts_to(&app, first)
+        texts_to(app, first)
     );
-    // The second person's turn is taken up behind the open breaker, and its check call is being
-    // prepared when the dispatcher's database goes away.
     assert_eq!(app.send_sms(second, "hello?").await.status(), 200);
     let picked_up = eventually(WAIT, async || {
         sqlx::query_scalar::<_, bool>(
@@ -148,6 +143,18 @@ async fn a_person_whose_check_call_was_being_prepared_as_the_database_went_away_
     })
     .await;
     assert!(picked_up, "the second person's turn was taken up");
+}
+
+#[tokio::test]
+async fn a_person_whose_check_call_was_being_prepared_as_the_database_went_away_is_told() {
+    let app = app().await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    let (first, second) = ("+14155550461", "+14155550462");
+    // A check call's preparation never ends in this dispatcher: only what it does instead
+    // tells anyone.
+    let (link, dispatcher) = dispatcher_behind_a_link(&app, "dispatch.preparing_check:stall").await;
+    second_turn_taken_up_behind_the_open_breaker(&app, first, second).await;
+    // The dispatcher's database goes away as the check call is being prepared.
     link.cut();
     assert!(
         eventually(WAIT, async || texts_to(&app, second) == [notice.as_str()]).await,
@@ -156,6 +163,35 @@ async fn a_person_whose_check_call_was_being_prepared_as_the_database_went_away_
     );
     // The wait the dispatcher could not record is in their session's journal (the message log
     // recorded it with the notice).
+    assert_eq!(waits_recorded(&app, second).await, 1);
+    answered_after_the_dispatcher_dies(
+        &app,
+        dispatcher,
+        &[(first, "anyone there?"), (second, "hello?")],
+    )
+    .await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_person_whose_check_call_cannot_be_prepared_in_time_is_told() {
+    // A dispatcher far behind (the chaos run's CLUSTER=3 seed 4920218971872701589: both cores
+    // busy) takes longer to prepare a check call than the runner's outage has left: the person
+    // waited on a runner the dispatcher had seen down, and is told, though the database answers.
+    let app = app().await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    let (first, second) = ("+14155550464", "+14155550465");
+    let (_link, dispatcher) =
+        dispatcher_behind_a_link(&app, "dispatch.preparing_check:stall").await;
+    second_turn_taken_up_behind_the_open_breaker(&app, first, second).await;
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            texts_to(&app, second) == [notice.as_str()]
+        })
+        .await,
+        "the second person told while their check call is still being prepared: {:?}",
+        texts_to(&app, second)
+    );
     assert_eq!(waits_recorded(&app, second).await, 1);
     answered_after_the_dispatcher_dies(
         &app,

@@ -26,6 +26,13 @@ use crate::{DispatchError, TurnDispatcher, breaker, flush, prompt};
 /// on the call's lease, so a late success is still exactly one answer).
 const COMMIT_RETRY_FOR: Duration = Duration::from_secs(30);
 
+/// How long a turn that meets this process's breaker open may take to prepare the check call
+/// that would find the runner down for itself. Past it (a dispatcher far behind, or a database
+/// slow to answer) the person is told now and the turn waits for the runner, as when the check
+/// is refused: they wait on a runner this process has seen down, and being told is what the
+/// wait owes them. Preparing a call takes milliseconds when the dispatcher keeps up.
+const CHECK_PREPARATION_PATIENCE: Duration = Duration::from_millis(500);
+
 /// The turn as it runs: whose it is, and the reset it starts.
 struct TurnRun<'a> {
     turn: &'a Turn,
@@ -345,10 +352,22 @@ impl TurnDispatcher {
         // are told now, on this process's breaker (the notice carries the wait to the message
         // log when the database cannot record it).
         let if_unreachable = Wake::new(self.breakers.recovery(&agent.runner_url));
+        let if_slow = Wake::new(self.breakers.recovery(&agent.runner_url));
         let prepare = self.prepare_call(run, lease, true, recovery, memory_file);
-        match self.database.unless_unreachable(prepare).await {
-            Some(planned) => planned,
-            None => Err(self.told_unrecorded(turn, lease, wait, if_unreachable)),
+        let prepared = tokio::time::timeout(
+            CHECK_PREPARATION_PATIENCE,
+            self.database.unless_unreachable(prepare),
+        )
+        .await;
+        match prepared {
+            Ok(Some(planned)) => planned,
+            Ok(None) => Err(self.told_unrecorded(turn, lease, wait, if_unreachable)),
+            Err(_) => {
+                metrics::counter!("sb_dispatch_check_calls_too_slow_total").increment(1);
+                Err(self
+                    .wait_for_runner(turn, lease, wait, if_slow, run.attempt)
+                    .await)
+            }
         }
     }
 
