@@ -145,6 +145,25 @@ async fn second_turn_taken_up_behind_the_open_breaker(app: &TestApp, first: &str
     assert!(picked_up, "the second person's turn was taken up");
 }
 
+/// The second person's wait is in their session's journal once (recorded by the dispatcher,
+/// or by the message log with the notice); the dispatcher dies, the runner comes back, and both
+/// are answered.
+async fn both_answered_after_the_second_was_told_once(
+    app: TestApp,
+    dispatcher: Child,
+    first: &str,
+    second: &str,
+) {
+    assert_eq!(waits_recorded(&app, second).await, 1);
+    answered_after_the_dispatcher_dies(
+        &app,
+        dispatcher,
+        &[(first, "anyone there?"), (second, "hello?")],
+    )
+    .await;
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_person_whose_check_call_was_being_prepared_as_the_database_went_away_is_told() {
     let app = app().await;
@@ -161,16 +180,7 @@ async fn a_person_whose_check_call_was_being_prepared_as_the_database_went_away_
         "the second person told while the dispatcher cannot reach its database: {:?}",
         texts_to(&app, second)
     );
-    // The wait the dispatcher could not record is in their session's journal (the message log
-    // recorded it with the notice).
-    assert_eq!(waits_recorded(&app, second).await, 1);
-    answered_after_the_dispatcher_dies(
-        &app,
-        dispatcher,
-        &[(first, "anyone there?"), (second, "hello?")],
-    )
-    .await;
-    app.shutdown().await;
+    both_answered_after_the_second_was_told_once(app, dispatcher, first, second).await;
 }
 
 #[tokio::test]
@@ -192,14 +202,7 @@ async fn a_person_whose_check_call_cannot_be_prepared_in_time_is_told() {
         "the second person told while their check call is still being prepared: {:?}",
         texts_to(&app, second)
     );
-    assert_eq!(waits_recorded(&app, second).await, 1);
-    answered_after_the_dispatcher_dies(
-        &app,
-        dispatcher,
-        &[(first, "anyone there?"), (second, "hello?")],
-    )
-    .await;
-    app.shutdown().await;
+    both_answered_after_the_second_was_told_once(app, dispatcher, first, second).await;
 }
 
 /// Stops the dispatcher's database from answering (its link keeps the connections, drops what
