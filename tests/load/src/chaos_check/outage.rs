@@ -117,10 +117,21 @@ pub(super) fn judge_notices(
                     entry.1 = entry.1.max(c.start_us);
                 }
             }
+            // A message is in the product from the earlier of its acceptance as its client
+            // saw it and its turn's opening: a chat socket's or API caller's acceptance can
+            // reach the client seconds after the turn was opened (a gateway far behind).
+            let opened: HashMap<&str, u64> = e
+                .turns
+                .iter()
+                .filter_map(|t| Some((t.provider_message_id.as_str(), t.opened_us?)))
+                .collect();
             let mut open: HashSet<usize> = HashSet::new();
             let mut waited = 0u64;
             for a in accepted {
-                if a.accepted_us >= o.back_us + NOTICE_SLACK_US {
+                let since = opened
+                    .get(a.sid.as_str())
+                    .map_or(a.accepted_us, |&t| t.min(a.accepted_us));
+                if since >= o.back_us + NOTICE_SLACK_US {
                     continue;
                 }
                 let text = crate::message_text(a.sender, a.index);

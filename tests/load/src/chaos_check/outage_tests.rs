@@ -249,6 +249,25 @@ fn a_notice_to_someone_with_nothing_waiting_fails() {
 }
 
 #[test]
+fn a_chat_message_whose_acceptance_reached_its_client_late_was_open_from_its_turn() {
+    // The gateway acknowledged sender 3's second message to the chat client only after the
+    // runner was back, but its turn was opened during the outage: it waited, and was told.
+    let mut e = outage_run();
+    let sid = turn_of(&mut e, 3, 1).provider_message_id.clone();
+    e.accepted
+        .iter_mut()
+        .find(|a| a.sid == sid)
+        .expect("accepted")
+        .accepted_us = 12_000_000;
+    turn_of(&mut e, 3, 1).opened_us = Some(3_000_000);
+    let v = judge(&e);
+    assert!(v.passed(), "{:?}", v.findings);
+    // With nothing but the late acceptance to go by, the notice has no wait to tell of.
+    turn_of(&mut e, 3, 1).opened_us = None;
+    only_kind(&judge(&e), Kind::NoticeWithoutWait);
+}
+
+#[test]
 fn a_turn_the_down_runner_refused_with_no_wait_recorded_fails() {
     let mut e = outage_run();
     e.refused_calls.push(RefusedCall {
