@@ -351,8 +351,9 @@ impl TurnDispatcher {
         // and a dispatcher killed before it is back would leave the person in silence: they
         // are told now, on this process's breaker (the notice carries the wait to the message
         // log when the database cannot record it).
-        let if_unreachable = Wake::new(self.breakers.recovery(&agent.runner_url));
-        let if_slow = Wake::new(self.breakers.recovery(&agent.runner_url));
+        // Whichever way the check is given up (the database unreachable, or too slow), the
+        // wait ends when the runner is back.
+        let unchecked = Wake::new(self.breakers.recovery(&agent.runner_url));
         let prepare = self.prepare_call(run, lease, true, recovery, memory_file);
         let prepared = tokio::time::timeout(
             CHECK_PREPARATION_PATIENCE,
@@ -361,11 +362,11 @@ impl TurnDispatcher {
         .await;
         match prepared {
             Ok(Some(planned)) => planned,
-            Ok(None) => Err(self.told_unrecorded(turn, lease, wait, if_unreachable)),
+            Ok(None) => Err(self.told_unrecorded(turn, lease, wait, unchecked)),
             Err(_) => {
                 metrics::counter!("sb_dispatch_check_calls_too_slow_total").increment(1);
                 Err(self
-                    .wait_for_runner(turn, lease, wait, if_slow, run.attempt)
+                    .wait_for_runner(turn, lease, wait, unchecked, run.attempt)
                     .await)
             }
         }

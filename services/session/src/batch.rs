@@ -70,6 +70,11 @@ impl Placing<'_> {
     }
 }
 
+/// One column of a set-based statement: `f` of each message of `batch` that `of` names.
+fn column<T>(batch: &[Placing<'_>], of: &[usize], f: impl Fn(&Placing<'_>) -> T) -> Vec<T> {
+    of.iter().map(|&i| f(&batch[i])).collect()
+}
+
 /// Split a batch into the messages placed together (at most one per sender, session and
 /// provider id: the first in the batch's order) and the indexes of the rest.
 pub(crate) fn split_batch<'a>(
@@ -171,18 +176,8 @@ impl SessionStore {
                JOIN unnest($1::text[], $2::text[]) AS u(channel, provider_message_id)
                  ON t.channel = u.channel AND t.provider_message_id = u.provider_message_id",
         )
-        .bind(
-            going
-                .iter()
-                .map(|&i| batch[i].inbound.channel.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            going
-                .iter()
-                .map(|&i| batch[i].provider_id.clone())
-                .collect::<Vec<_>>(),
-        )
+        .bind(column(batch, &going, |p| p.inbound.channel.clone()))
+        .bind(column(batch, &going, |p| p.provider_id.clone()))
         .fetch_all(&mut *tx)
         .await?;
         let placed: HashMap<(String, String), PlacedRow> = placed
@@ -282,24 +277,9 @@ impl SessionStore {
              ON CONFLICT (channel, sender) DO UPDATE SET updated_at = now()
              RETURNING channel, sender, epoch, last_seq, (xmax = 0) AS inserted",
         )
-        .bind(
-            numbered
-                .iter()
-                .map(|&i| batch[i].inbound.channel.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            numbered
-                .iter()
-                .map(|&i| batch[i].inbound.sender.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            numbered
-                .iter()
-                .map(|&i| batch[i].inbound.arrival_epoch)
-                .collect::<Vec<_>>(),
-        )
+        .bind(column(batch, &numbered, |p| p.inbound.channel.clone()))
+        .bind(column(batch, &numbered, |p| p.inbound.sender.clone()))
+        .bind(column(batch, &numbered, |p| p.inbound.arrival_epoch))
         .fetch_all(&mut **tx)
         .await?;
         let cursors: HashMap<(String, String), CursorRow> = cursors
@@ -327,17 +307,14 @@ impl SessionStore {
                 Placement::Next | Placement::SkipGap => moves.push(i),
             }
         }
-        let column = |of: &[usize], f: &dyn Fn(&InboundMessage) -> String| -> Vec<String> {
-            of.iter().map(|&i| f(batch[i].inbound)).collect()
-        };
         if !unmade.is_empty() {
             sqlx::query(
                 "DELETE FROM switchboard.arrival_cursors a
                   USING unnest($1::text[], $2::text[]) AS u(channel, sender)
                   WHERE a.channel = u.channel AND a.sender = u.sender",
             )
-            .bind(column(&unmade, &|m| m.channel.clone()))
-            .bind(column(&unmade, &|m| m.sender.clone()))
+            .bind(column(batch, &unmade, |p| p.inbound.channel.clone()))
+            .bind(column(batch, &unmade, |p| p.inbound.sender.clone()))
             .execute(&mut **tx)
             .await?;
         }
@@ -348,14 +325,9 @@ impl SessionStore {
                         AS u(channel, sender, epoch, seq)
                   WHERE a.channel = u.channel AND a.sender = u.sender",
             )
-            .bind(column(&moves, &|m| m.channel.clone()))
-            .bind(column(&moves, &|m| m.sender.clone()))
-            .bind(
-                moves
-                    .iter()
-                    .map(|&i| batch[i].inbound.arrival_epoch)
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(batch, &moves, |p| p.inbound.channel.clone()))
+            .bind(column(batch, &moves, |p| p.inbound.sender.clone()))
+            .bind(column(batch, &moves, |p| p.inbound.arrival_epoch))
             .bind(
                 moves
                     .iter()
@@ -378,9 +350,6 @@ impl SessionStore {
         batch: &[Placing<'_>],
         fresh: &[usize],
     ) -> Result<Vec<SessionRow>, SessionError> {
-        let col = |f: &dyn Fn(&Placing<'_>) -> String| -> Vec<String> {
-            fresh.iter().map(|&i| f(&batch[i])).collect()
-        };
         let ids: Vec<Uuid> = fresh.iter().map(|_| Uuid::now_v7()).collect();
         let spoke_at: Vec<Option<DateTime<Utc>>> = fresh
             .iter()
@@ -404,14 +373,14 @@ impl SessionStore {
                        workspace_path, NEW.next_seq - 1 AS seq",
         )
         .bind(&ids)
-        .bind(col(&|p| p.person.person_type.clone()))
-        .bind(col(&|p| p.person.person_id.clone()))
-        .bind(col(&|p| p.agent.identity.clone()))
-        .bind(col(&|p| p.agent.name.clone()))
-        .bind(col(&|p| p.agent.engine.clone()))
-        .bind(col(&|p| p.inbound.channel.clone()))
-        .bind(col(&|p| p.scope_key.clone()))
-        .bind(col(&|p| p.memory_key.clone()))
+        .bind(column(batch, fresh, |p| p.person.person_type.clone()))
+        .bind(column(batch, fresh, |p| p.person.person_id.clone()))
+        .bind(column(batch, fresh, |p| p.agent.identity.clone()))
+        .bind(column(batch, fresh, |p| p.agent.name.clone()))
+        .bind(column(batch, fresh, |p| p.agent.engine.clone()))
+        .bind(column(batch, fresh, |p| p.inbound.channel.clone()))
+        .bind(column(batch, fresh, |p| p.scope_key.clone()))
+        .bind(column(batch, fresh, |p| p.memory_key.clone()))
         .bind(&spoke_at)
         .fetch_all(&mut **tx)
         .await?;
