@@ -679,6 +679,35 @@ async fn publish<M: prost::Message + Name>(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_consumer_reading_two_subjects_may_hold_a_message_on_either() {
+        // The session stage reads the sender's identified subjects and the old one beside them.
+        let progress = Progress {
+            ack_floor: 4,
+            delivered: 9,
+            in_hand: 1,
+            undelivered: 0,
+        };
+        let session = StageConsumer {
+            name: "session".into(),
+            filters: vec!["sb.identified.>".into(), "sb.identified".into()],
+            progress,
+        };
+        let dispatch = StageConsumer {
+            name: "dispatch".into(),
+            filters: vec!["sb.turn.>".into()],
+            progress,
+        };
+        let both = [session.clone(), dispatch];
+        assert!(in_hand(&both, 5, "sb.identified.sms.0123abcd"));
+        assert!(in_hand(&both, 5, "sb.identified"));
+        assert!(!in_hand(&both, 5, "sb.reply"), "nobody reads it");
+        assert!(
+            !in_hand(&[session], 3, "sb.identified.sms.0123abcd"),
+            "acked"
+        );
+    }
+
     fn names() -> Names {
         Names {
             person_id: "staff:17".into(),
