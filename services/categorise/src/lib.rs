@@ -383,6 +383,8 @@ impl CategoriseStage {
             outbound_id,
             inbound_id,
         )
+        // Planned each time: a plan cached while the log was nearly empty scans it whole.
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
         let mut inbound_id = inbound_id;

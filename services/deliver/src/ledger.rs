@@ -397,6 +397,9 @@ impl DeliveryLedger {
             .bind(&sids)
             .bind(DeliveryStatus::Sent)
             .bind(DeliveryStatus::Pending)
+            // Planned for each batch's own arrays: a plan cached while `deliveries` was nearly
+            // empty would scan every delivery for good.
+            .persistent(false)
             .execute(&self.db)
             .await
             .map(|_| ())

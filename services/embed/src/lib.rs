@@ -73,6 +73,7 @@ impl Skipped {
 }
 
 /// A logged message read back for embedding.
+#[derive(sqlx::FromRow)]
 struct Row {
     id: Uuid,
     text: String,
@@ -113,17 +114,19 @@ impl EmbedStage {
         embedder: &dyn Embedder,
         ids: &[Uuid],
     ) -> Result<Vec<Row>, EmbedStageError> {
-        let mut rows = sqlx::query_as!(
-            Row,
-            r#"SELECT m.id, m.message AS text, m.person_id, m.agent_identity, m.session_id,
-                      v.dimensions AS "embedded?"
-                 FROM switchboard.messages m
-                 LEFT JOIN switchboard.message_vectors v
-                        ON v.message_id = m.id AND v.model = $2
-                WHERE m.id = ANY($1)"#,
-            ids,
-            embedder.model(),
+        let mut rows: Vec<Row> = sqlx::query_as(
+            "SELECT m.id, m.message AS text, m.person_id, m.agent_identity, m.session_id,
+                    v.dimensions AS embedded
+               FROM switchboard.messages m
+               LEFT JOIN switchboard.message_vectors v
+                      ON v.message_id = m.id AND v.model = $2
+              WHERE m.id = ANY($1)",
         )
+        .bind(ids)
+        .bind(embedder.model())
+        // Planned for each batch: a plan cached while the log was nearly empty (a fresh
+        // database, before Postgres first analyzes it) reads every message for good.
+        .persistent(false)
         .fetch_all(&self.db)
         .await?;
 

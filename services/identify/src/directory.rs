@@ -89,6 +89,10 @@ async fn contact(db: &PgPool, kind: &str, address: &str) -> sqlx::Result<Option<
     .await
 }
 
+/// [`contact`] for each of `asked`. Each address is looked up by key inside a lateral (kept
+/// apart by `OFFSET 0`), as are the links in [`chains_all`]: as a plain join, the plan Postgres
+/// caches while the directory is nearly empty (a fresh deployment, before its import and its
+/// first analyze) reads every contact point for each batch from then on.
 async fn contacts_all(
     db: &PgPool,
     asked: &[(String, String)],
@@ -103,10 +107,14 @@ async fn contacts_all(
     let (kinds, addresses): (Vec<&str>, Vec<&str>) =
         asked.iter().map(|(k, a)| (k.as_str(), a.as_str())).unzip();
     let found: Vec<Found> = sqlx::query_as(
-        "SELECT c.kind, c.address, p.person_id, p.person_type, p.name, p.role
+        "SELECT u.kind, u.address, f.person_id, f.person_type, f.name, f.role
            FROM unnest($1::text[], $2::text[]) AS u(kind, address)
-           JOIN switchboard.contact_points c ON c.kind = u.kind AND c.address = u.address
-           JOIN switchboard.people p ON p.person_id = c.person_id",
+           CROSS JOIN LATERAL (
+                SELECT p.person_id, p.person_type, p.name, p.role
+                  FROM switchboard.contact_points c
+                  JOIN switchboard.people p ON p.person_id = c.person_id
+                 WHERE c.kind = u.kind AND c.address = u.address
+                OFFSET 0) f",
     )
     .bind(&kinds)
     .bind(&addresses)
@@ -128,10 +136,15 @@ async fn chains_all(
         "WITH RECURSIVE chain (root, from_id, to_id, depth) AS (
              SELECT r.root, l.from_person_id, l.to_person_id, 1
                FROM unnest($1::text[]) AS r(root)
-               JOIN switchboard.identity_links l ON l.from_person_id = r.root
+               CROSS JOIN LATERAL (
+                    SELECT from_person_id, to_person_id FROM switchboard.identity_links
+                     WHERE from_person_id = r.root OFFSET 0) l
            UNION ALL
              SELECT c.root, l.from_person_id, l.to_person_id, c.depth + 1
-               FROM switchboard.identity_links l JOIN chain c ON l.from_person_id = c.to_id
+               FROM chain c
+               CROSS JOIN LATERAL (
+                    SELECT from_person_id, to_person_id FROM switchboard.identity_links
+                     WHERE from_person_id = c.to_id OFFSET 0) l
               WHERE c.depth <= $2
          )
          SELECT root, from_id, to_id FROM chain",

@@ -17,6 +17,7 @@ pub enum LagScope<'a> {
 }
 
 /// What a lag statement reads: the oldest waiting message's age, and how many wait.
+#[derive(sqlx::FromRow)]
 struct LagRow {
     seconds: Option<f64>,
     waiting: i64,
@@ -82,15 +83,17 @@ pub async fn lag_excluding(
                 .fetch_optional(db)
                 .await?;
             if marked.as_deref() == Some(model) {
-                sqlx::query_as!(
-                    LagRow,
-                    r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
-                              count(*) AS "waiting!"
-                         FROM switchboard.messages m
-                        WHERE m.embedded_model IS NULL AND m.conversation
-                          AND NOT (m.id = ANY($1::uuid[]))"#,
-                    exclude,
+                sqlx::query_as::<_, LagRow>(
+                    "SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS seconds,
+                            count(*) AS waiting
+                       FROM switchboard.messages m
+                      WHERE m.embedded_model IS NULL AND m.conversation
+                        AND NOT (m.id = ANY($1::uuid[]))",
                 )
+                .bind(exclude)
+                // Planned each time, so the partial index of unembedded messages is used once
+                // the log has grown past what a plan cached on an empty log assumed.
+                .persistent(false)
                 .fetch_one(db)
                 .await?
             } else {
@@ -187,6 +190,8 @@ pub async fn mark_embedded(
         model,
         ids,
     )
+    // Planned for each batch: a plan cached while the log was nearly empty reads it whole.
+    .persistent(false)
     .execute(&mut *tx)
     .await?;
     Ok(())

@@ -286,12 +286,16 @@ async fn held_all(
     let rows: Vec<(i64, Uuid, Option<Uuid>)> = sqlx::query_as(
         "SELECT a.n - 1, t.inbound_id, t.reply_id
            FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS a(session_id, engine, n)
-           JOIN switchboard.turns t
-             ON t.session_id = a.session_id AND t.engine_session_id = a.engine",
+           CROSS JOIN LATERAL (
+                SELECT t.inbound_id, t.reply_id FROM switchboard.turns t
+                 WHERE t.session_id = a.session_id AND t.engine_session_id = a.engine
+                OFFSET 0) t",
     )
     .bind(&sessions)
     .bind(&engines)
-    // Planned for each batch's own arrays.
+    // Each asked session's turns by the primary key: before Postgres first analyzes `turns`
+    // (a fresh database's first minute) a plain join was planned as a scan of every turn;
+    // the lateral (kept apart by OFFSET 0) leaves the planner only a lookup per session.
     .persistent(false)
     .fetch_all(db)
     .await?;

@@ -178,6 +178,9 @@ impl SessionStore {
         )
         .bind(column(batch, &going, |p| p.inbound.channel.clone()))
         .bind(column(batch, &going, |p| p.provider_id.clone()))
+        // Planned for each batch's own arrays: a plan cached while `turns` was nearly empty
+        // would scan every turn for good (docs/data-path-cost.md, "Plans cached on empty tables").
+        .persistent(false)
         .fetch_all(&mut *tx)
         .await?;
         let placed: HashMap<(String, String), PlacedRow> = placed
@@ -315,6 +318,7 @@ impl SessionStore {
             )
             .bind(column(batch, &unmade, |p| p.inbound.channel.clone()))
             .bind(column(batch, &unmade, |p| p.inbound.sender.clone()))
+            .persistent(false)
             .execute(&mut **tx)
             .await?;
         }
@@ -334,6 +338,8 @@ impl SessionStore {
                     .map(|&i| arrival_seq(batch[i].inbound))
                     .collect::<Vec<_>>(),
             )
+            // As the placed turns' lookup: a plan cached on an empty table scans it whole.
+            .persistent(false)
             .execute(&mut **tx)
             .await?;
         }
