@@ -67,7 +67,9 @@ async fn indexed(app: &TestApp, logged: i64) {
 
 /// An SMS from `phone`, answered: the `n`th SMS sent.
 async fn text(app: &TestApp, phone: &str, body: &str, n: usize) {
-    app.send_sms(phone, body).await;
+    // Accepted, or the wait below would time out without saying why.
+    let accepted = app.send_sms(phone, body).await;
+    assert_eq!(accepted.status(), 200, "{:?}", accepted.text().await);
     app.wait_for_sms(n, WAIT).await;
 }
 
