@@ -6,6 +6,7 @@
 use sqlx::PgPool;
 use switchboard_kit::proto::{Person, SummaryDue};
 use switchboard_kit::{Output, Topology};
+use uuid::Uuid;
 
 use crate::OpenedTurn;
 
@@ -26,24 +27,32 @@ pub(crate) async fn summary_due(
         return Ok(None);
     };
     // Unsummarised by the mark each summary version sets on what it merged (not by id after
-    // the summary's last: a message logged late has an older id).
-    let newest = sqlx::query!(
-        r#"SELECT m.id, coalesce(y.version, 0) AS "version!" FROM switchboard.messages m
-             JOIN switchboard.sessions s ON s.id = m.session_id
-             LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
-            WHERE s.memory_key = $1 AND NOT ($2 AND s.id = $3)
-              AND m.summary_version IS NULL
-            ORDER BY m.id DESC LIMIT 1"#,
-        opened.memory_key,
-        other_sessions_only,
-        opened.session_id,
+    // the summary's last: a message logged late has an older id). From the key's sessions to
+    // each one's newest unsummarised message (its partial index): ordered by message id over
+    // the whole log, a key with nothing unsummarised (every new person's first turn) read the
+    // log backwards to its start. Planned each time, so a plan cached on an empty log does not
+    // read it whole either.
+    let newest: Option<(Uuid, i64)> = sqlx::query_as(
+        "SELECT m.id, coalesce(y.version, 0)
+           FROM switchboard.sessions s
+           CROSS JOIN LATERAL (
+                SELECT m.id FROM switchboard.messages m
+                 WHERE m.session_id = s.id AND m.summary_version IS NULL
+                 ORDER BY m.id DESC LIMIT 1) m
+           LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
+          WHERE s.memory_key = $1 AND NOT ($2 AND s.id = $3)
+          ORDER BY m.id DESC LIMIT 1",
     )
+    .bind(&opened.memory_key)
+    .bind(other_sessions_only)
+    .bind(opened.session_id)
+    .persistent(false)
     .fetch_optional(db)
     .await?;
     let Some(newest) = newest else {
         return Ok(None);
     };
-    let (newest, version) = (newest.id, newest.version);
+    let (newest, version) = newest;
     let due = SummaryDue {
         memory_key: opened.memory_key.clone(),
         person_id: person.person_id.clone(),
