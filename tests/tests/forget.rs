@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use forget_support::*;
 use prost::Message as _;
-use switchboard_e2e::ChatClient;
+use switchboard_e2e::{AppOptions, ChatClient, spawn_app_with};
 use switchboard_kit::proto::PersonForgotten;
 use switchboard_kit::stage::StageOverrides;
 
@@ -327,5 +327,46 @@ async fn a_last_step_that_waited_too_long_is_a_dead_letter_whose_replay_finishes
     );
     assert_eq!(announcements(&app).await, 1);
     assert_eq!(job_status(&app, &job).await, "done");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_message_still_waiting_for_the_session_stage_on_her_own_subject_is_erased_with_her() {
+    // The session stage is behind (not started yet): her message waits in the work stream on
+    // the subject identify names after its sender.
+    let app = spawn_app_with(AppOptions::all_but("session")).await;
+    in_directory(&app, DANA, DANA_PHONE, None).await;
+    assert_eq!(
+        app.send_sms(DANA_PHONE, "please remember my allergy")
+            .await
+            .status(),
+        200
+    );
+    let waiting_on = app.topology.identified_from("sms", DANA_PHONE);
+    let deadline = Instant::now() + WAIT;
+    while app.stored_on(&waiting_on).await == 0 {
+        assert!(Instant::now() < deadline, "identify never handed it on");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let needles = vec![
+        DANA.to_string(),
+        DANA_PHONE.to_string(),
+        "please remember my allergy".to_string(),
+    ];
+
+    let job = app.cli_json(&["forget", DANA, "--json"]).await;
+    assert_eq!(job_status(&app, &job).await, "done", "{job}");
+    assert_eq!(app.stored_on(&waiting_on).await, 0, "her waiting message");
+    assert_eq!(
+        stream_messages_naming(&app, &needles).await,
+        Vec::<String>::new()
+    );
+
+    // The session stage catches up: nothing of hers reaches it, the agent or her phone.
+    app.start_stage("session");
+    app.settle().await;
+    assert_eq!(rows_naming(&app, &needles).await, Vec::<String>::new());
+    assert!(app.runner.calls().is_empty(), "a turn ran for her");
+    assert!(app.twilio.sent().is_empty(), "she was answered");
     app.shutdown().await;
 }
