@@ -33,6 +33,17 @@ async fn eventually(within: Duration, mut ready: impl AsyncFnMut() -> bool) -> b
     }
 }
 
+/// `person` receives the runner-down notice, and nothing else, within `within`; `when` says
+/// what the test was doing, for the failure.
+async fn told_the_notice(app: &TestApp, person: &str, within: Duration, when: &str) {
+    let notice = app.config.dispatch.runner_down_notice.as_str();
+    assert!(
+        eventually(within, async || texts_to(app, person) == [notice]).await,
+        "{person} told {when}: {:?}",
+        texts_to(app, person)
+    );
+}
+
 /// The app with dispatch in worker processes; one refused call opens a dispatcher's breaker,
 /// and its probes are far apart (a turn meeting it open makes a check call of its own).
 async fn app() -> TestApp {
@@ -121,14 +132,9 @@ async fn answered_after_the_dispatcher_dies(
 /// person's call is refused (the breaker opens, they are told), then the second person's turn
 /// is taken up behind the open breaker and its check call is being prepared.
 async fn second_turn_taken_up_behind_the_open_breaker(app: &TestApp, first: &str, second: &str) {
-    let notice = app.config.dispatch.runner_down_notice.clone();
     app.runner.set_down(true);
     assert_eq!(app.send_sms(first, "anyone there?").await.status(), 200);
-    assert!(
-        eventually(WAIT, async || texts_to(app, first) == [notice.as_str()]).await,
-        "the first person told: {:?}",
-        texts_to(app, first)
-    );
+    told_the_notice(app, first, WAIT, "as their call was refused").await;
     assert_eq!(app.send_sms(second, "hello?").await.status(), 200);
     let picked_up = eventually(WAIT, async || {
         sqlx::query_scalar::<_, bool>(
@@ -167,7 +173,6 @@ async fn both_answered_after_the_second_was_told_once(
 #[tokio::test]
 async fn a_person_whose_check_call_was_being_prepared_as_the_database_went_away_is_told() {
     let app = app().await;
-    let notice = app.config.dispatch.runner_down_notice.clone();
     let (first, second) = ("+14155550461", "+14155550462");
     // A check call's preparation never ends in this dispatcher: only what it does instead
     // tells anyone.
@@ -175,11 +180,13 @@ async fn a_person_whose_check_call_was_being_prepared_as_the_database_went_away_
     second_turn_taken_up_behind_the_open_breaker(&app, first, second).await;
     // The dispatcher's database goes away as the check call is being prepared.
     link.cut();
-    assert!(
-        eventually(WAIT, async || texts_to(&app, second) == [notice.as_str()]).await,
-        "the second person told while the dispatcher cannot reach its database: {:?}",
-        texts_to(&app, second)
-    );
+    told_the_notice(
+        &app,
+        second,
+        WAIT,
+        "while the dispatcher cannot reach its database",
+    )
+    .await;
     both_answered_after_the_second_was_told_once(app, dispatcher, first, second).await;
 }
 
@@ -189,19 +196,12 @@ async fn a_person_whose_check_call_cannot_be_prepared_in_time_is_told() {
     // busy) takes longer to prepare a check call than the runner's outage has left: the person
     // waited on a runner the dispatcher had seen down, and is told, though the database answers.
     let app = app().await;
-    let notice = app.config.dispatch.runner_down_notice.clone();
     let (first, second) = ("+14155550464", "+14155550465");
     let (_link, dispatcher) =
         dispatcher_behind_a_link(&app, "dispatch.preparing_check:stall").await;
     second_turn_taken_up_behind_the_open_breaker(&app, first, second).await;
-    assert!(
-        eventually(Duration::from_secs(5), async || {
-            texts_to(&app, second) == [notice.as_str()]
-        })
-        .await,
-        "the second person told while their check call is still being prepared: {:?}",
-        texts_to(&app, second)
-    );
+    let while_preparing = "while their check call is still being prepared";
+    told_the_notice(&app, second, Duration::from_secs(5), while_preparing).await;
     both_answered_after_the_second_was_told_once(app, dispatcher, first, second).await;
 }
 
@@ -221,7 +221,6 @@ impl RunObserver for SilenceTheDatabaseOnRefusal {
 #[tokio::test]
 async fn a_person_whose_turn_met_the_down_runner_as_the_database_stopped_answering_is_told() {
     let app = app().await;
-    let notice = app.config.dispatch.runner_down_notice.clone();
     let person = "+14155550463";
     let (link, dispatcher) = dispatcher_behind_a_link(&app, "").await;
     app.runner
@@ -232,14 +231,8 @@ async fn a_person_whose_turn_met_the_down_runner_as_the_database_stopped_answeri
     // the database (its acquire timeout, 10 s): a dispatcher killed in that window would have
     // told nobody.
     assert_eq!(app.send_sms(person, "hello?").await.status(), 200);
-    assert!(
-        eventually(Duration::from_secs(5), async || {
-            texts_to(&app, person) == [notice.as_str()]
-        })
-        .await,
-        "told while the dispatcher's database does not answer: {:?}",
-        texts_to(&app, person)
-    );
+    let unanswered = "while the dispatcher's database does not answer";
+    told_the_notice(&app, person, Duration::from_secs(5), unanswered).await;
     assert_eq!(waits_recorded(&app, person).await, 1);
     answered_after_the_dispatcher_dies(&app, dispatcher, &[(person, "hello?")]).await;
     app.shutdown().await;

@@ -332,12 +332,7 @@ impl SessionStore {
             .bind(column(batch, &moves, |p| p.inbound.channel.clone()))
             .bind(column(batch, &moves, |p| p.inbound.sender.clone()))
             .bind(column(batch, &moves, |p| p.inbound.arrival_epoch))
-            .bind(
-                moves
-                    .iter()
-                    .map(|&i| arrival_seq(batch[i].inbound))
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(batch, &moves, |p| arrival_seq(p.inbound)))
             // As the placed turns' lookup: a plan cached on an empty table scans it whole.
             .persistent(false)
             .execute(&mut **tx)
@@ -357,10 +352,8 @@ impl SessionStore {
         fresh: &[usize],
     ) -> Result<Vec<SessionRow>, SessionError> {
         let ids: Vec<Uuid> = fresh.iter().map(|_| Uuid::now_v7()).collect();
-        let spoke_at: Vec<Option<DateTime<Utc>>> = fresh
-            .iter()
-            .map(|&i| batch[i].person_spoke.then_some(batch[i].received))
-            .collect();
+        let spoke_at: Vec<Option<DateTime<Utc>>> =
+            column(batch, fresh, |p| p.person_spoke.then_some(p.received));
         let rows = sqlx::query_as(
             "INSERT INTO switchboard.sessions
                 (id, person_type, person_id, agent_identity, agent_name, engine_type, channel,
