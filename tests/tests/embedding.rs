@@ -466,3 +466,97 @@ async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new
             .unwrap();
     assert!(index.is_some(), "the new model gets its own vector index");
 }
+
+/// One inference per message: the vector recall computed for what a person said is stored as
+/// that message's vector, and the embedding worker embeds only the replies. The worker starts
+/// after the conversations here, so the order (recall first, then the worker) is the test's,
+/// not a race's; its marks are made first, as the worker's start makes them.
+#[tokio::test]
+async fn what_a_person_said_is_embedded_once_recalls_vector_is_the_one_stored() {
+    let fake = FakeModel::start(16).await;
+    let config = fake_config(&fake);
+    let app = spawn_app_with(
+        AppOptions::without(&["embed", "categorise"]).configured(move |c| c.embedding = config),
+    )
+    .await;
+    switchboard_memory::index::ensure_marks(&app.db, "fake-embed")
+        .await
+        .expect("the marks");
+    two_conversations(&app).await;
+    let said = [
+        "when is my next shift",
+        "the fire alarm in building C went off",
+    ];
+    let handed = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM switchboard.handed_vectors")
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while handed().await < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "recall handed over {} vectors, not one for each message",
+            handed().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for text in said {
+        assert_eq!(fake.times_embedded(text), 1, "recall embedded {text:?}");
+    }
+
+    app.start_stage("embed");
+    app.settle().await;
+    let stored = vectors(&app).await;
+    assert_eq!(stored.len(), 4, "one vector per message: {stored:?}");
+    for v in &stored {
+        assert_eq!(
+            fake.times_embedded(&v.text),
+            1,
+            "{} message {:?} embedded once in all",
+            v.direction,
+            v.text
+        );
+        let same = cosine(&v.embedding, &fake.vector_of(&v.text));
+        assert!(
+            same > 0.9999,
+            "the vector of {:?} is its text's: {same}",
+            v.text
+        );
+        assert_eq!(v.model, "fake-embed");
+    }
+    assert_eq!(handed().await, 0, "every hand-off taken");
+    let announced = events::<MessageEmbedded>(&app, "message.embedded").await;
+    assert_eq!(announced.len(), 4, "each message announced as embedded");
+}
+
+/// A hand-off no embedding worker takes (none runs) does not stay: the dispatcher's sweep deletes
+/// it after a few minutes, and one still fresh is left for the worker.
+#[tokio::test]
+async fn a_vector_no_worker_takes_is_deleted_in_minutes() {
+    let app = switchboard_e2e::spawn_app().await;
+    for age_s in [3_600, 10] {
+        sqlx::query(
+            "INSERT INTO switchboard.handed_vectors
+                (message_id, model, person_id, agent_identity, dimensions, embedding, created_at)
+             VALUES ($1, 'fake', 'phone:+14155550777', 'reggie', 3, '[1,2,3]',
+                     now() - make_interval(secs => $2))",
+        )
+        .bind(uuid::Uuid::now_v7())
+        .bind(age_s as f64)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    }
+    let swept = switchboard_memory::handoff::sweep_unclaimed(
+        &app.db,
+        switchboard_memory::handoff::UNCLAIMED_AFTER,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        swept, 1,
+        "the hour-old hand-off is deleted, the fresh one kept"
+    );
+}

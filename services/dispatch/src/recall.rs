@@ -9,6 +9,7 @@ use switchboard_kit::config::Config;
 use switchboard_kit::memory_config::{EmbeddingConfig, RecallConfig};
 use switchboard_kit::proto::Turn;
 use switchboard_memory::embed::{self, EmbedError, Embedder};
+use switchboard_memory::handoff::{HandedVector, VectorHandOff};
 use switchboard_memory::recall::{RecallReads, RecallRequest, recall_grouped};
 use uuid::Uuid;
 
@@ -24,12 +25,15 @@ pub(crate) struct Recaller {
     reads: RecallReads,
     config: RecallConfig,
     embedding: EmbeddingConfig,
+    /// The answered message's vector, for the embedding worker (one inference a message).
+    handoff: Arc<VectorHandOff>,
 }
 
 impl Recaller {
     pub fn new(db: PgPool, config: &Config) -> Self {
         Self {
-            reads: RecallReads::new(db),
+            reads: RecallReads::new(db.clone()),
+            handoff: Arc::new(VectorHandOff::new(db)),
             config: config.recall.clone(),
             embedding: config.embedding.clone(),
         }
@@ -50,6 +54,8 @@ impl Recaller {
         }
         let mut text = String::new();
         let mut answering = Vec::new();
+        // The person's messages the query is made of, with their ids.
+        let mut spoken: Vec<(Uuid, &str)> = Vec::new();
         for t in group {
             let Some(inbound) = t.message.as_ref().and_then(|m| m.inbound.as_ref()) else {
                 continue;
@@ -60,6 +66,7 @@ impl Recaller {
             }
             if let Ok(id) = inbound.id.parse::<Uuid>() {
                 answering.push(id);
+                spoken.push((id, &inbound.text));
             }
             text.push_str(&inbound.text);
             text.push('\n');
@@ -83,6 +90,18 @@ impl Recaller {
         {
             Ok(Some(r)) => {
                 metrics::counter!("sb_recall_total", "outcome" => "recalled").increment(1);
+                if let ([(id, said)], Some(embedded)) = (spoken.as_slice(), &r.embedded)
+                    && let Some(handed) = HandedVector::of_message(
+                        *id,
+                        said,
+                        embedded,
+                        person_id,
+                        identity,
+                        &self.embedding.model,
+                    )
+                {
+                    self.handoff.hand(handed);
+                }
                 metrics::histogram!("sb_recall_messages").record(r.hits.len() as f64);
                 Some(Recalled {
                     block: r.render(self.config.max_chars),

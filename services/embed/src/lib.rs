@@ -82,6 +82,9 @@ struct Row {
     session_id: Uuid,
     /// Dimensions of its vector under the model, if it has one already (a redelivery).
     embedded: Option<i32>,
+    /// Dimensions of the vector recall computed for it ([`switchboard_memory::handoff`]), if
+    /// one was handed over: stored as it is, not embedded again.
+    handed: Option<i32>,
 }
 
 pub struct EmbedStage {
@@ -116,10 +119,12 @@ impl EmbedStage {
     ) -> Result<Vec<Row>, EmbedStageError> {
         let mut rows: Vec<Row> = sqlx::query_as(
             "SELECT m.id, m.message AS text, m.person_id, m.agent_identity, m.session_id,
-                    v.dimensions AS embedded
+                    v.dimensions AS embedded, h.dimensions AS handed
                FROM switchboard.messages m
                LEFT JOIN switchboard.message_vectors v
                       ON v.message_id = m.id AND v.model = $2
+               LEFT JOIN switchboard.handed_vectors h
+                      ON h.message_id = m.id AND h.model = $2
               WHERE m.id = ANY($1)",
         )
         .bind(ids)
@@ -132,9 +137,13 @@ impl EmbedStage {
 
         let todo: Vec<&Row> = rows.iter().filter(|r| r.embedded.is_none()).collect();
         if todo.is_empty() {
+            if rows.iter().any(|r| r.handed.is_some()) {
+                // Embedded before recall's vector came (a redelivery, a slow dispatcher).
+                take_handed(&self.db, &ids_of(&rows)).await?;
+            }
             return Ok(rows);
         }
-        let dimensions = store(&self.db, embedder, &todo, self.batch).await?;
+        let dimensions = store(&self.db, embedder, &todo, self.batch, &ids_of(&rows)).await?;
         for row in &mut rows {
             row.embedded.get_or_insert(dimensions);
         }
@@ -262,8 +271,15 @@ async fn store(
     embedder: &dyn Embedder,
     rows: &[&Row],
     batch: usize,
+    read: &[Uuid],
 ) -> Result<i32, EmbedStageError> {
-    let texts: Vec<String> = rows.iter().map(|r| r.text.clone()).collect();
+    let dimensions = embedder.dimensions();
+    // What recall handed over with the right length is stored as it is (one inference a
+    // message); the rest is embedded here.
+    let (handed, to_embed): (Vec<&Row>, Vec<&Row>) = rows
+        .iter()
+        .partition(|r| r.handed == Some(dimensions as i32));
+    let texts: Vec<String> = to_embed.iter().map(|r| r.text.clone()).collect();
     let mut vectors = Vec::with_capacity(texts.len());
     for chunk in texts.chunks(batch.max(1)) {
         let got = embedder.embed(chunk).await?;
@@ -275,21 +291,25 @@ async fn store(
         }
         vectors.extend(got);
     }
-    let dimensions = embedder.dimensions();
     if let Some(v) = vectors.iter().find(|v| v.len() != dimensions) {
         return Err(EmbedStageError::WrongDimensions {
             expected: dimensions,
             got: v.len(),
         });
     }
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    metrics::counter!("sb_embed_vectors_total", "source" => "handed")
+        .increment(handed.len() as u64);
+    metrics::counter!("sb_embed_vectors_total", "source" => "embedded")
+        .increment(to_embed.len() as u64);
+    let all: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
     let mut tx = db.begin().await?;
     // The marks first (their lock order), then the vectors, committed together.
-    index::mark_embedded(&mut tx, embedder.model(), &ids).await?;
+    index::mark_embedded(&mut tx, embedder.model(), &all).await?;
     // The vectors go as text (pgvector's `[x,y,…]` form) and are cast in the statement: no
     // `vector` value crosses the protocol, so the statement is checked like any other.
-    let people: Vec<String> = rows.iter().map(|r| r.person_id.clone()).collect();
-    let identities: Vec<String> = rows.iter().map(|r| r.agent_identity.clone()).collect();
+    let ids: Vec<Uuid> = to_embed.iter().map(|r| r.id).collect();
+    let people: Vec<String> = to_embed.iter().map(|r| r.person_id.clone()).collect();
+    let identities: Vec<String> = to_embed.iter().map(|r| r.agent_identity.clone()).collect();
     let embeddings: Vec<String> = vectors.iter().map(|v| embed::pg_vector(v)).collect();
     sqlx::query!(
         "INSERT INTO switchboard.message_vectors
@@ -307,8 +327,49 @@ async fn store(
     )
     .execute(&mut *tx)
     .await?;
+    if !handed.is_empty() {
+        // The message's person and identity are the log's, not the hand-off's.
+        let ids: Vec<Uuid> = handed.iter().map(|r| r.id).collect();
+        let people: Vec<String> = handed.iter().map(|r| r.person_id.clone()).collect();
+        let identities: Vec<String> = handed.iter().map(|r| r.agent_identity.clone()).collect();
+        sqlx::query!(
+            "INSERT INTO switchboard.message_vectors
+                (message_id, model, person_id, agent_identity, dimensions, embedding)
+             SELECT u.id, $2, u.person_id, u.agent_identity, h.dimensions, h.embedding
+               FROM unnest($1::uuid[], $3::text[], $4::text[]) AS u(id, person_id, agent_identity)
+               JOIN switchboard.handed_vectors h ON h.message_id = u.id AND h.model = $2
+             ON CONFLICT DO NOTHING",
+            &ids,
+            embedder.model(),
+            &people,
+            &identities,
+        )
+        // Planned for each batch, as every statement over a table that grows and shrinks.
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    }
+    // Every hand-off of what was read is done with: taken, or the message had its vector.
+    take_handed(&mut *tx, read).await?;
     tx.commit().await?;
     Ok(dimensions as i32)
+}
+
+fn ids_of(rows: &[Row]) -> Vec<Uuid> {
+    rows.iter().map(|r| r.id).collect()
+}
+
+/// Delete the hand-offs of `ids` (of every model: each message's vector is written once).
+async fn take_handed<'e>(db: impl sqlx::PgExecutor<'e>, ids: &[Uuid]) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "DELETE FROM switchboard.handed_vectors WHERE message_id = ANY($1)",
+        ids
+    )
+    // Planned for each batch: the table is near empty one moment and holds a backlog the next.
+    .persistent(false)
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// Messages that have no vector under `model` yet (what `switchboard reembed` has left to do):
@@ -352,12 +413,21 @@ pub async fn reembed_step(
         agent_identity: m.agent_identity,
         session_id: m.session_id,
         embedded: None,
+        // Back-fill embeds what it reads; a hand-off of the same message is taken with it.
+        handed: None,
     })
     .collect();
     if rows.is_empty() {
         return Ok(0);
     }
-    store(db, embedder, &rows.iter().collect::<Vec<_>>(), batch).await?;
+    store(
+        db,
+        embedder,
+        &rows.iter().collect::<Vec<_>>(),
+        batch,
+        &ids_of(&rows),
+    )
+    .await?;
     Ok(rows.len())
 }
 

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `exchange_categories` | `exchange_categories` | their ids, sessions, messages |
 //! | `message_vectors` | `message_vectors` | their ids, messages |
+//! | `handed_vectors` | `handed_vectors` (recall's vectors for the embedding worker) | their ids, messages |
 //! | `api_requests` | `api_requests` | the correlation ids of their messages |
 //! | `mailbox` | `mailbox` | their sessions, their replies, (channel, address) of theirs |
 //! | `deliveries` | `deliveries` | their sessions, their replies |
@@ -249,6 +250,15 @@ async fn erase_rows(
         "message_vectors",
         sqlx::query!(
             "DELETE FROM switchboard.message_vectors
+              WHERE person_id = ANY($1) OR message_id = ANY($2)",
+            ids,
+            messages,
+        )
+    );
+    erase!(
+        "handed_vectors",
+        sqlx::query!(
+            "DELETE FROM switchboard.handed_vectors
               WHERE person_id = ANY($1) OR message_id = ANY($2)",
             ids,
             messages,

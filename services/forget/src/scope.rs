@@ -122,6 +122,7 @@ impl Found {
                  OR EXISTS (SELECT 1 FROM switchboard.summaries WHERE person_id = ANY($1))
                  OR EXISTS (SELECT 1 FROM switchboard.memories WHERE person_id = ANY($1))
                  OR EXISTS (SELECT 1 FROM switchboard.message_vectors WHERE person_id = ANY($1))
+                 OR EXISTS (SELECT 1 FROM switchboard.handed_vectors WHERE person_id = ANY($1))
                  OR EXISTS (SELECT 1 FROM switchboard.link_claims WHERE claimant_id = ANY($1))
                  OR EXISTS (SELECT 1 FROM switchboard.contact_points WHERE person_id = ANY($1))
                  AS "named!""#,

@@ -8,6 +8,7 @@ pub mod chat;
 pub mod curated;
 pub mod embed;
 pub mod extractive;
+pub mod handoff;
 pub mod index;
 pub mod recall;
 pub mod search;

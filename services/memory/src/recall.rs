@@ -15,7 +15,9 @@ use uuid::Uuid;
 
 use crate::embed::{EmbedError, Embedder};
 use crate::index::IndexLag;
-use crate::search::{MAX_QUERY_CHARS, SearchError, SearchHit, SearchQuery, search};
+use crate::search::{
+    MAX_QUERY_CHARS, QueryVector, SearchError, SearchHit, SearchQuery, query_vector, search_by,
+};
 
 /// A recalled message is cut to this many characters in the prompt.
 const MAX_HIT_CHARS: usize = 400;
@@ -55,6 +57,10 @@ pub struct Recall {
     pub index_lag: IndexLag,
     /// Why meaning was not part of the ranking, when it was not.
     pub vector_error: Option<String>,
+    /// What was embedded to rank by meaning, and its vector (`pg_vector` text, `dimensions`
+    /// long): when it is one message's whole text, that message's vector
+    /// ([`crate::handoff`]).
+    pub embedded: Option<(String, String, usize)>,
 }
 
 /// The search a turn's recall runs: `None` when recall is off or there is no text to recall for
@@ -147,9 +153,22 @@ async fn recall_reading(
         };
         topics.map_err(SearchError::from)
     };
+    // One inference, kept: the vector may be the answered message's own (crate::handoff).
+    query.check()?;
+    let embedded_text = query.text.trim().to_string();
+    let vector = query_vector(embedder, &embedded_text).await;
+    let embedded = match &vector {
+        QueryVector {
+            vector: Some(v),
+            dimensions,
+            ..
+        } => Some((embedded_text, v.clone(), *dimensions)),
+        _ => None,
+    };
     // A turn waits for its recall: the topics are read beside the search, not after it.
-    let (results, topics) = tokio::try_join!(search(db, embedder, model, &query), topics)?;
+    let (results, topics) = tokio::try_join!(search_by(db, vector, model, &query), topics)?;
     Ok(Some(Recall {
+        embedded,
         hits: results.hits,
         topics,
         topic_days: config.category_days,
@@ -517,6 +536,7 @@ mod tests {
                 messages_waiting: waiting,
             },
             vector_error: None,
+            embedded: None,
         }
     }
 

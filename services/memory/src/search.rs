@@ -162,19 +162,33 @@ fn sql_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-/// The query's vector under `embedder` (as `pg_vector` text) and its length, or why there is
-/// none.
-async fn query_vector(
-    embedder: Result<&dyn Embedder, &EmbedError>,
-    text: &str,
-) -> (Option<String>, usize, Option<String>) {
+/// A query's vector under the embedder, as `pg_vector` text, or why there is none.
+#[derive(Debug, Clone, Default)]
+pub struct QueryVector {
+    pub vector: Option<String>,
+    /// Its length (0 when there is none).
+    pub dimensions: usize,
+    /// Why there is none, when the embedder failed or is not usable.
+    pub error: Option<String>,
+}
+
+/// `text`'s vector under `embedder` (one inference), or why there is none.
+pub async fn query_vector(embedder: Result<&dyn Embedder, &EmbedError>, text: &str) -> QueryVector {
+    let failed = |error: String| QueryVector {
+        error: Some(error),
+        ..Default::default()
+    };
     match embedder {
         Ok(e) => match e.embed(&[text.to_string()]).await {
-            Ok(mut v) if v.len() == 1 => (Some(pg_vector(&v.remove(0))), e.dimensions(), None),
-            Ok(_) => (None, 0, Some("the embedder answered no vector".into())),
-            Err(err) => (None, 0, Some(err.to_string())),
+            Ok(mut v) if v.len() == 1 => QueryVector {
+                vector: Some(pg_vector(&v.remove(0))),
+                dimensions: e.dimensions(),
+                error: None,
+            },
+            Ok(_) => failed("the embedder answered no vector".into()),
+            Err(err) => failed(err.to_string()),
         },
-        Err(err) => (None, 0, Some(err.to_string())),
+        Err(err) => failed(err.to_string()),
     }
 }
 
@@ -339,6 +353,18 @@ pub async fn search(
     model: &str,
     q: &SearchQuery,
 ) -> Result<SearchResults, SearchError> {
+    q.check()?;
+    let vector = query_vector(embedder, q.text.trim()).await;
+    search_by(db, vector, model, q).await
+}
+
+/// [`search`] with the query's vector already had (recall embeds once and keeps the vector).
+pub async fn search_by(
+    db: &PgPool,
+    vector: QueryVector,
+    model: &str,
+    q: &SearchQuery,
+) -> Result<SearchResults, SearchError> {
     let scope = match &q.person {
         Some(person_id) => LagScope::Person {
             person_id,
@@ -348,7 +374,7 @@ pub async fn search(
     };
     // Side by side, on two connections: the answer waits for the slower, not for both.
     let ((hits, vector_error), index_lag) =
-        tokio::try_join!(rank(db, embedder, model, q), async {
+        tokio::try_join!(rank_by(db, vector, model, q), async {
             lag_excluding(db, model, scope, &q.exclude)
                 .await
                 .map_err(SearchError::from)
@@ -370,8 +396,23 @@ pub async fn rank(
     q: &SearchQuery,
 ) -> Result<(Vec<SearchHit>, Option<String>), SearchError> {
     q.check()?;
+    let vector = query_vector(embedder, q.text.trim()).await;
+    rank_by(db, vector, model, q).await
+}
+
+async fn rank_by(
+    db: &PgPool,
+    vector: QueryVector,
+    model: &str,
+    q: &SearchQuery,
+) -> Result<(Vec<SearchHit>, Option<String>), SearchError> {
+    q.check()?;
     let text = q.text.trim().to_string();
-    let (vector, dimensions, vector_error) = query_vector(embedder, &text).await;
+    let QueryVector {
+        vector,
+        dimensions,
+        error: vector_error,
+    } = vector;
     let with_vector = vector.is_some();
     let for_person = q.person.is_some();
     let sql = ranking_sql(model, dimensions, with_vector, for_person);
@@ -402,7 +443,9 @@ pub async fn explain(
 ) -> Result<String, SearchError> {
     q.check()?;
     let text = q.text.trim().to_string();
-    let (vector, dimensions, _) = query_vector(embedder, &text).await;
+    let QueryVector {
+        vector, dimensions, ..
+    } = query_vector(embedder, &text).await;
     let with_vector = vector.is_some();
     let sql = format!(
         "EXPLAIN (ANALYZE, BUFFERS) {}",

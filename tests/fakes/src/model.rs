@@ -45,6 +45,8 @@ struct Shared {
     answer: Arc<Mutex<Answerer>>,
     chats: Arc<Mutex<Vec<ChatCall>>>,
     embedded: Arc<AtomicUsize>,
+    /// How often each text was embedded.
+    by_text: Arc<Mutex<std::collections::HashMap<String, usize>>>,
     dimensions: usize,
 }
 
@@ -65,6 +67,7 @@ impl FakeModel {
             }))),
             chats: Arc::default(),
             embedded: Arc::default(),
+            by_text: Arc::default(),
             dimensions,
         };
         let router = Router::new()
@@ -90,6 +93,12 @@ impl FakeModel {
     /// How many texts were embedded so far.
     pub fn texts_embedded(&self) -> usize {
         self.shared.embedded.load(Ordering::SeqCst)
+    }
+
+    /// How many times `text` itself was embedded so far.
+    pub fn times_embedded(&self, text: &str) -> usize {
+        let counts = self.shared.by_text.lock().unwrap();
+        counts.get(text).copied().unwrap_or(0)
     }
 
     /// The vector the fake gives `text` (for tests that compare).
@@ -167,6 +176,12 @@ async fn embeddings(State(s): State<Shared>, Json(body): Json<Value>) -> Respons
         _ => return (StatusCode::BAD_REQUEST, "input must be text").into_response(),
     };
     s.embedded.fetch_add(inputs.len(), Ordering::SeqCst);
+    {
+        let mut counts = s.by_text.lock().unwrap();
+        for t in &inputs {
+            *counts.entry(t.clone()).or_default() += 1;
+        }
+    }
     let data: Vec<Value> = inputs
         .iter()
         .enumerate()

@@ -110,6 +110,17 @@ pub async fn memory_of(app: &TestApp, person: &str) {
     .execute(&app.db)
     .await
     .unwrap();
+    // A vector recall handed to an embedding worker that has not taken it (none running).
+    sqlx::query(
+        "INSERT INTO switchboard.handed_vectors
+            (message_id, model, person_id, agent_identity, dimensions, embedding)
+         VALUES ($1, 'fake', $2, 'reggie', 3, '[1,2,3]')",
+    )
+    .bind(uuid::Uuid::now_v7())
+    .bind(person)
+    .execute(&app.db)
+    .await
+    .unwrap();
     // The categorisation worker may have labelled the exchange already.
     sqlx::query(
         "INSERT INTO switchboard.exchange_categories
