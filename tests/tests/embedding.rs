@@ -560,3 +560,64 @@ async fn a_vector_no_worker_takes_is_deleted_in_minutes() {
         "the hour-old hand-off is deleted, the fresh one kept"
     );
 }
+
+/// The other way round: when the embedding worker stored a message's vector before its turn ran
+/// (the dispatcher behind), recall ranks with that vector instead of embedding the words again.
+#[tokio::test]
+async fn when_the_worker_came_first_recall_ranks_with_the_stored_vector() {
+    let fake = FakeModel::start(16).await;
+    let config = fake_config(&fake);
+    let app = spawn_app_with(
+        AppOptions::without(&["dispatch", "categorise"]).configured(move |c| c.embedding = config),
+    )
+    .await;
+    let said = [
+        ("+14155550701", "when is my next shift"),
+        ("+14155550702", "the fire alarm in building C went off"),
+    ];
+    for (from, text) in said {
+        assert_eq!(app.send_sms(from, text).await.status(), 200);
+    }
+    let inbound_vectors = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM switchboard.message_vectors v
+               JOIN switchboard.messages m ON m.id = v.message_id
+              WHERE m.direction = 'inbound'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while inbound_vectors().await < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker did not embed the messages"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    app.start_stage("dispatch");
+    app.wait_for_sms(2, WAIT).await;
+    app.settle().await;
+    for (_, text) in said {
+        assert_eq!(
+            fake.times_embedded(text),
+            1,
+            "{text:?} embedded once in all: recall ranked with its stored vector"
+        );
+    }
+    assert_eq!(vectors(&app).await.len(), 4, "and the replies got theirs");
+    let metrics = app.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("sb_recall_query_vectors_total{source=\"stored\"} 2")),
+        "recall says where its vectors came from: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("query_vectors"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

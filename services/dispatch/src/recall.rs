@@ -78,6 +78,10 @@ impl Recaller {
             text: &text,
             held_by,
             answering,
+            message: match spoken.as_slice() {
+                [(id, said)] => Some((*id, *said)),
+                _ => None,
+            },
         };
         match recall_grouped(
             &self.reads,

@@ -37,6 +37,10 @@ pub struct RecallRequest<'a> {
     pub held_by: Option<(Uuid, &'a str)>,
     /// The messages this turn answers (never recalled to themselves).
     pub answering: Vec<Uuid>,
+    /// The one message the turn answers and its text, when it answers one: if its words are
+    /// the query's, its stored vector is the query's (one inference a message, both ways:
+    /// [`crate::handoff`]).
+    pub message: Option<(Uuid, &'a str)>,
 }
 
 /// One label and how often the person's exchanges got it lately.
@@ -136,7 +140,24 @@ async fn recall_reading(
     config: &RecallConfig,
     req: &RecallRequest<'_>,
 ) -> Result<Option<Recall>, SearchError> {
-    let Some(query) = recall_query(db, reads, config, req).await? else {
+    // The answered message's own vector, when the embedding worker came first, read beside
+    // the held turns; only when the query is that message's whole text.
+    let own = req.message.and_then(|(id, said)| {
+        let query: String = req.text.trim().chars().take(MAX_QUERY_CHARS).collect();
+        (said == query && !said.is_empty()).then_some(id)
+    });
+    let stored = async {
+        let Some(id) = own else {
+            return Ok(None);
+        };
+        match reads {
+            Some(reads) => reads.stored_vector(id, model).await,
+            None => stored_vector(db, id, model).await,
+        }
+        .map_err(SearchError::from)
+    };
+    let (query, stored) = tokio::try_join!(recall_query(db, reads, config, req), stored)?;
+    let Some(query) = query else {
         return Ok(None);
     };
     let topics = async {
@@ -153,17 +174,32 @@ async fn recall_reading(
         };
         topics.map_err(SearchError::from)
     };
-    // One inference, kept: the vector may be the answered message's own (crate::handoff).
     query.check()?;
     let embedded_text = query.text.trim().to_string();
-    let vector = query_vector(embedder, &embedded_text).await;
-    let embedded = match &vector {
-        QueryVector {
-            vector: Some(v),
-            dimensions,
-            ..
-        } => Some((embedded_text, v.clone(), *dimensions)),
-        _ => None,
+    let (vector, embedded) = match stored {
+        Some((vector, dimensions)) => {
+            metrics::counter!("sb_recall_query_vectors_total", "source" => "stored").increment(1);
+            let vector = QueryVector {
+                vector: Some(vector),
+                dimensions: dimensions as usize,
+                error: None,
+            };
+            (vector, None)
+        }
+        None => {
+            // One inference, kept: it may be the answered message's own (crate::handoff).
+            metrics::counter!("sb_recall_query_vectors_total", "source" => "embedded").increment(1);
+            let vector = query_vector(embedder, &embedded_text).await;
+            let embedded = match &vector {
+                QueryVector {
+                    vector: Some(v),
+                    dimensions,
+                    ..
+                } => Some((embedded_text, v.clone(), *dimensions)),
+                _ => None,
+            };
+            (vector, embedded)
+        }
     };
     // A turn waits for its recall: the topics are read beside the search, not after it.
     let (results, topics) = tokio::try_join!(search_by(db, vector, model, &query), topics)?;
@@ -176,6 +212,50 @@ async fn recall_reading(
         index_lag: results.index_lag,
         vector_error: results.vector_error,
     }))
+}
+
+/// Message `id`'s vector under `model` (`pg_vector` text) and its length, if it has one.
+async fn stored_vector(
+    db: &PgPool,
+    id: Uuid,
+    model: &str,
+) -> Result<Option<(String, i32)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT embedding::text, dimensions FROM switchboard.message_vectors
+          WHERE message_id = $1 AND model = $2",
+    )
+    .bind(id)
+    .bind(model)
+    .fetch_optional(db)
+    .await
+}
+
+/// [`stored_vector`] for each of `asked`, by its index.
+async fn stored_vectors_all(
+    db: &PgPool,
+    asked: &[StoredAsk],
+) -> Result<HashMap<usize, Option<(String, i32)>>, sqlx::Error> {
+    let (ids, models): (Vec<Uuid>, Vec<&str>) =
+        asked.iter().map(|(id, m)| (*id, m.as_str())).unzip();
+    let rows: Vec<(i64, String, i32)> = sqlx::query_as(
+        "SELECT a.n - 1, v.embedding::text, v.dimensions
+           FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS a(id, model, n)
+           CROSS JOIN LATERAL (
+                SELECT v.embedding, v.dimensions FROM switchboard.message_vectors v
+                 WHERE v.message_id = a.id AND v.model = a.model
+                OFFSET 0) v",
+    )
+    .bind(&ids)
+    .bind(&models)
+    // By the primary key whatever the table held when the statement was first planned (the
+    // lateral, kept apart by OFFSET 0, as the held turns').
+    .persistent(false)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(n, v, d)| (n as usize, Some((v, d))))
+        .collect())
 }
 
 /// The turns of `session` run in engine session `engine`: their messages (in and out) are in
@@ -222,13 +302,16 @@ async fn topics(
 
 type HeldAsk = (Uuid, String);
 type TopicsAsk = (String, String, u32);
+type StoredAsk = (Uuid, String);
 
-/// Recall's two reads of its own (the held turns, the topics), asked by many turns at once
+/// Recall's reads of its own (the held turns, the topics, the answered message's vector), asked
+/// by many turns at once
 /// and answered by one statement each per batch; a failed batch is asked again turn by turn.
 pub struct RecallReads {
     db: PgPool,
     held: Coalescer<HeldAsk, sqlx::Result<Vec<Uuid>>>,
     topics: Coalescer<TopicsAsk, sqlx::Result<Vec<Topic>>>,
+    stored: Coalescer<StoredAsk, sqlx::Result<Option<(String, i32)>>>,
 }
 
 impl RecallReads {
@@ -257,10 +340,25 @@ impl RecallReads {
                 .await
             }
         });
+        let stored_db = db.clone();
+        let stored_group = Coalescer::new(256, 2, move |asked: Vec<StoredAsk>| {
+            let db = stored_db.clone();
+            async move {
+                let together = stored_vectors_all(&db, &asked)
+                    .await
+                    .map(|found| in_order(found, asked.len()));
+                answer_group(&asked, together, |i| {
+                    let (id, model) = &asked[i];
+                    stored_vector(&db, *id, model)
+                })
+                .await
+            }
+        });
         Self {
             db,
             held: held_group,
             topics: topics_group,
+            stored: stored_group,
         }
     }
 
@@ -271,6 +369,17 @@ impl RecallReads {
     async fn held(&self, session: Uuid, engine: &str) -> Result<Vec<Uuid>, sqlx::Error> {
         self.held
             .call((session, engine.to_string()))
+            .await
+            .map_err(|_| sqlx::Error::WorkerCrashed)?
+    }
+
+    async fn stored_vector(
+        &self,
+        id: Uuid,
+        model: &str,
+    ) -> Result<Option<(String, i32)>, sqlx::Error> {
+        self.stored
+            .call((id, model.to_string()))
             .await
             .map_err(|_| sqlx::Error::WorkerCrashed)?
     }

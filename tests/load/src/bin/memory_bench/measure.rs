@@ -110,6 +110,8 @@ impl Bench<'_> {
                     held_by: None,
                     // The message being answered: newer than every stored one.
                     answering: vec![Uuid::now_v7()],
+                    // Not a logged message: the query is embedded, as for a new one.
+                    message: None,
                 };
                 recall::recall(&self.db, Ok(embedder), model, &config, &req)
                     .await?
@@ -157,6 +159,7 @@ impl Bench<'_> {
                     text: &q.text,
                     held_by: None,
                     answering: vec![Uuid::now_v7()],
+                    message: None,
                 };
                 recall::explain(
                     &self.db,
