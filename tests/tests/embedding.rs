@@ -467,6 +467,31 @@ async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new
     assert!(index.is_some(), "the new model gets its own vector index");
 }
 
+/// An app embedding through `fake` with `left_out` stages not started (the test starts them).
+async fn app_on_fake_without(fake: &FakeModel, left_out: &[&str]) -> TestApp {
+    let config = fake_config(fake);
+    spawn_app_with(AppOptions::without(left_out).configured(move |c| c.embedding = config)).await
+}
+
+/// Wait until `count_sql` counts at least `n` rows.
+async fn wait_for_rows(app: &TestApp, count_sql: &str, n: i64, what: &str) {
+    let count = || async {
+        sqlx::query_scalar::<_, i64>(count_sql)
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while count().await < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {} of {n} after {WAIT:?}",
+            count().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// One inference per message: the vector recall computed for what a person said is stored as
 /// that message's vector, and the embedding worker embeds only the replies. The worker starts
 /// after the conversations here, so the order (recall first, then the worker) is the test's,
@@ -474,11 +499,7 @@ async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new
 #[tokio::test]
 async fn what_a_person_said_is_embedded_once_recalls_vector_is_the_one_stored() {
     let fake = FakeModel::start(16).await;
-    let config = fake_config(&fake);
-    let app = spawn_app_with(
-        AppOptions::without(&["embed", "categorise"]).configured(move |c| c.embedding = config),
-    )
-    .await;
+    let app = app_on_fake_without(&fake, &["embed", "categorise"]).await;
     switchboard_memory::index::ensure_marks(&app.db, "fake-embed")
         .await
         .expect("the marks");
@@ -493,15 +514,13 @@ async fn what_a_person_said_is_embedded_once_recalls_vector_is_the_one_stored() 
             .await
             .unwrap()
     };
-    let deadline = std::time::Instant::now() + WAIT;
-    while handed().await < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "recall handed over {} vectors, not one for each message",
-            handed().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_rows(
+        &app,
+        "SELECT count(*) FROM switchboard.handed_vectors",
+        2,
+        "recall's vectors handed over, one for each message",
+    )
+    .await;
     for text in said {
         assert_eq!(fake.times_embedded(text), 1, "recall embedded {text:?}");
     }
@@ -566,11 +585,7 @@ async fn a_vector_no_worker_takes_is_deleted_in_minutes() {
 #[tokio::test]
 async fn when_the_worker_came_first_recall_ranks_with_the_stored_vector() {
     let fake = FakeModel::start(16).await;
-    let config = fake_config(&fake);
-    let app = spawn_app_with(
-        AppOptions::without(&["dispatch", "categorise"]).configured(move |c| c.embedding = config),
-    )
-    .await;
+    let app = app_on_fake_without(&fake, &["dispatch", "categorise"]).await;
     let said = [
         ("+14155550701", "when is my next shift"),
         ("+14155550702", "the fire alarm in building C went off"),
@@ -578,24 +593,15 @@ async fn when_the_worker_came_first_recall_ranks_with_the_stored_vector() {
     for (from, text) in said {
         assert_eq!(app.send_sms(from, text).await.status(), 200);
     }
-    let inbound_vectors = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM switchboard.message_vectors v
-               JOIN switchboard.messages m ON m.id = v.message_id
-              WHERE m.direction = 'inbound'",
-        )
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
-    };
-    let deadline = std::time::Instant::now() + WAIT;
-    while inbound_vectors().await < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the worker did not embed the messages"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_rows(
+        &app,
+        "SELECT count(*) FROM switchboard.message_vectors v
+           JOIN switchboard.messages m ON m.id = v.message_id
+          WHERE m.direction = 'inbound'",
+        2,
+        "the worker's vectors of the messages",
+    )
+    .await;
 
     app.start_stage("dispatch");
     app.wait_for_sms(2, WAIT).await;
