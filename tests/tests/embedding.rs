@@ -627,3 +627,54 @@ async fn when_the_worker_came_first_recall_ranks_with_the_stored_vector() {
             .join("\n")
     );
 }
+
+/// A hand-off that comes after the person's erasure (recall ran on her message just before it)
+/// is not written: nothing of hers is left for the embedding worker to store.
+#[tokio::test]
+async fn a_vector_handed_over_after_her_erasure_is_not_kept() {
+    let fake = FakeModel::start(16).await;
+    let app = app_on_fake_without(&fake, &["embed", "categorise"]).await;
+    switchboard_memory::index::ensure_marks(&app.db, "fake-embed")
+        .await
+        .expect("the marks");
+    let person = "phone:+14155550703";
+    app.text_and_settle(&[("+14155550703", "my address is 5 Elm St")])
+        .await;
+    // Her next message came before the erasure; recall's vector of it comes after.
+    let message_id = uuid::Uuid::now_v7();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let out = app
+        .cli(&["forget".as_ref(), person.as_ref(), "--json".as_ref()])
+        .await;
+    assert!(
+        out.status.success(),
+        "forget failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let handed = switchboard_memory::handoff::HandedVector {
+        message_id,
+        person_id: person.into(),
+        agent_identity: "reggie".into(),
+        model: "fake-embed".into(),
+        dimensions: 16,
+        vector: switchboard_memory::embed::pg_vector(&fake.vector_of("my address is 5 Elm St")),
+    };
+    let written = switchboard_memory::handoff::write_all(&app.db, std::slice::from_ref(&handed))
+        .await
+        .expect("the write is refused quietly, not failed");
+    assert_eq!(
+        written, 0,
+        "her vector is not handed over after she was forgotten"
+    );
+    let someone_else = switchboard_memory::handoff::HandedVector {
+        person_id: "phone:+14155550704".into(),
+        ..handed
+    };
+    assert_eq!(
+        switchboard_memory::handoff::write_all(&app.db, &[someone_else])
+            .await
+            .unwrap(),
+        1,
+        "someone not forgotten is handed over as before"
+    );
+}

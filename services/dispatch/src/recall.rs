@@ -54,7 +54,7 @@ impl Recaller {
         }
         let mut text = String::new();
         let mut answering = Vec::new();
-        // The person's messages the query is made of, with their ids.
+        // The person's messages the query is made of, with their texts.
         let mut spoken: Vec<(Uuid, &str)> = Vec::new();
         for t in group {
             let Some(inbound) = t.message.as_ref().and_then(|m| m.inbound.as_ref()) else {
@@ -92,19 +92,12 @@ impl Recaller {
         )
         .await
         {
-            Ok(Some(r)) => {
+            Ok(Some(mut r)) => {
                 metrics::counter!("sb_recall_total", "outcome" => "recalled").increment(1);
-                if let ([(id, said)], Some(embedded)) = (spoken.as_slice(), &r.embedded)
-                    && let Some(handed) = HandedVector::of_message(
-                        *id,
-                        said,
-                        embedded,
-                        person_id,
-                        identity,
-                        &self.embedding.model,
-                    )
-                {
-                    self.handoff.hand(handed);
+                if let Some(v) = r.message_vector.take() {
+                    let model = &self.embedding.model;
+                    self.handoff
+                        .hand(HandedVector::of(v, person_id, identity, model));
                 }
                 metrics::histogram!("sb_recall_messages").record(r.hits.len() as f64);
                 Some(Recalled {

@@ -276,10 +276,13 @@ async fn store(
     let dimensions = embedder.dimensions();
     // What recall handed over with the right length is stored as it is (one inference a
     // message); the rest is embedded here.
-    let (handed, to_embed): (Vec<&Row>, Vec<&Row>) = rows
+    let is_handed = |r: &Row| r.handed == Some(dimensions as i32);
+    let handed = rows.iter().filter(|r| is_handed(r)).count();
+    let texts: Vec<String> = rows
         .iter()
-        .partition(|r| r.handed == Some(dimensions as i32));
-    let texts: Vec<String> = to_embed.iter().map(|r| r.text.clone()).collect();
+        .filter(|r| !is_handed(r))
+        .map(|r| r.text.clone())
+        .collect();
     let mut vectors = Vec::with_capacity(texts.len());
     for chunk in texts.chunks(batch.max(1)) {
         let got = embedder.embed(chunk).await?;
@@ -297,58 +300,52 @@ async fn store(
             got: v.len(),
         });
     }
-    metrics::counter!("sb_embed_vectors_total", "source" => "handed")
-        .increment(handed.len() as u64);
+    metrics::counter!("sb_embed_vectors_total", "source" => "handed").increment(handed as u64);
     metrics::counter!("sb_embed_vectors_total", "source" => "embedded")
-        .increment(to_embed.len() as u64);
-    let all: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+        .increment(texts.len() as u64);
+    // One vector per row, in order: what was embedded here, or none where the hand-off has it.
+    let mut embedded = vectors.iter();
+    let embeddings: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| {
+            if is_handed(r) {
+                None
+            } else {
+                embedded.next().map(|v| embed::pg_vector(v))
+            }
+        })
+        .collect();
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    let people: Vec<String> = rows.iter().map(|r| r.person_id.clone()).collect();
+    let identities: Vec<String> = rows.iter().map(|r| r.agent_identity.clone()).collect();
     let mut tx = db.begin().await?;
     // The marks first (their lock order), then the vectors, committed together.
-    index::mark_embedded(&mut tx, embedder.model(), &all).await?;
+    index::mark_embedded(&mut tx, embedder.model(), &ids).await?;
     // The vectors go as text (pgvector's `[x,y,…]` form) and are cast in the statement: no
-    // `vector` value crosses the protocol, so the statement is checked like any other.
-    let ids: Vec<Uuid> = to_embed.iter().map(|r| r.id).collect();
-    let people: Vec<String> = to_embed.iter().map(|r| r.person_id.clone()).collect();
-    let identities: Vec<String> = to_embed.iter().map(|r| r.agent_identity.clone()).collect();
-    let embeddings: Vec<String> = vectors.iter().map(|v| embed::pg_vector(v)).collect();
+    // `vector` value crosses the protocol, so the statement is checked like any other. A handed
+    // vector is copied in the statement; the person and identity are the log's either way.
     sqlx::query!(
         "INSERT INTO switchboard.message_vectors
             (message_id, model, person_id, agent_identity, dimensions, embedding)
-         SELECT id, $2, person_id, agent_identity, $3, embedding::vector
+         SELECT u.id, $2, u.person_id, u.agent_identity, $3,
+                coalesce(u.embedding::vector, h.embedding)
            FROM unnest($1::uuid[], $4::text[], $5::text[], $6::text[])
                 AS u(id, person_id, agent_identity, embedding)
+           LEFT JOIN switchboard.handed_vectors h ON h.message_id = u.id AND h.model = $2
+          WHERE u.embedding IS NOT NULL OR h.embedding IS NOT NULL
          ON CONFLICT DO NOTHING",
         &ids,
         embedder.model(),
         dimensions as i32,
         &people,
         &identities,
-        &embeddings,
+        &embeddings as &[Option<String>],
     )
+    // Planned for each batch: the hand-offs' table is near empty one moment and holds a
+    // backlog the next.
+    .persistent(false)
     .execute(&mut *tx)
     .await?;
-    if !handed.is_empty() {
-        // The message's person and identity are the log's, not the hand-off's.
-        let ids: Vec<Uuid> = handed.iter().map(|r| r.id).collect();
-        let people: Vec<String> = handed.iter().map(|r| r.person_id.clone()).collect();
-        let identities: Vec<String> = handed.iter().map(|r| r.agent_identity.clone()).collect();
-        sqlx::query!(
-            "INSERT INTO switchboard.message_vectors
-                (message_id, model, person_id, agent_identity, dimensions, embedding)
-             SELECT u.id, $2, u.person_id, u.agent_identity, h.dimensions, h.embedding
-               FROM unnest($1::uuid[], $3::text[], $4::text[]) AS u(id, person_id, agent_identity)
-               JOIN switchboard.handed_vectors h ON h.message_id = u.id AND h.model = $2
-             ON CONFLICT DO NOTHING",
-            &ids,
-            embedder.model(),
-            &people,
-            &identities,
-        )
-        // Planned for each batch, as every statement over a table that grows and shrinks.
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
-    }
     // Every hand-off of what was read is done with: taken, or the message had its vector.
     take_handed(&mut *tx, read).await?;
     tx.commit().await?;

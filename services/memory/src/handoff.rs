@@ -37,25 +37,21 @@ pub struct HandedVector {
 }
 
 impl HandedVector {
-    /// `text`'s vector is `message_text`'s own only when the same words were embedded: recall's
-    /// query is the message's text trimmed and cut, or several messages joined.
-    pub fn of_message(
-        message_id: Uuid,
-        message_text: &str,
-        embedded: &(String, String, usize),
+    /// What recall embedded for the one message it answers, handed over as that message's.
+    pub fn of(
+        v: crate::recall::MessageVector,
         person_id: &str,
         agent_identity: &str,
         model: &str,
-    ) -> Option<Self> {
-        let (text, vector, dimensions) = embedded;
-        (text == message_text && !text.is_empty()).then(|| Self {
-            message_id,
+    ) -> Self {
+        Self {
+            message_id: v.message_id,
             person_id: person_id.to_string(),
             agent_identity: agent_identity.to_string(),
             model: model.to_string(),
-            dimensions: *dimensions,
-            vector: vector.clone(),
-        })
+            dimensions: v.dimensions,
+            vector: v.vector,
+        }
     }
 }
 
@@ -165,29 +161,4 @@ pub async fn sweep_unclaimed(db: &PgPool, age: Duration) -> Result<u64, sqlx::Er
     .execute(db)
     .await?;
     Ok(done.rows_affected())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn embedded(text: &str) -> (String, String, usize) {
-        (text.to_string(), "[1,0]".to_string(), 2)
-    }
-
-    #[test]
-    fn only_a_query_of_the_messages_whole_text_is_its_vector() {
-        let id = Uuid::now_v7();
-        let handed = |message: &str, query: &str| {
-            HandedVector::of_message(id, message, &embedded(query), "p", "reggie", "m")
-        };
-        let h = handed("when do I work", "when do I work").expect("the same words");
-        assert_eq!((h.message_id, h.dimensions), (id, 2));
-        assert!(
-            handed("  when do I work ", "when do I work").is_none(),
-            "trimmed"
-        );
-        assert!(handed("one\ntwo", "one\ntwo\nthree").is_none(), "joined");
-        assert!(handed("", "").is_none());
-    }
 }

@@ -79,10 +79,7 @@ pub async fn lag_excluding(
             .await?
         }
         LagScope::Everyone => {
-            let marked = sqlx::query_scalar!("SELECT model FROM switchboard.embedding_marks")
-                .fetch_optional(db)
-                .await?;
-            if marked.as_deref() == Some(model) {
+            if marked_model(db).await?.as_deref() == Some(model) {
                 sqlx::query_as::<_, LagRow>(
                     "SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS seconds,
                             count(*) AS waiting
@@ -166,6 +163,14 @@ pub async fn ensure_marks(db: &PgPool, model: &str) -> Result<bool, sqlx::Error>
     .await?;
     tx.commit().await?;
     Ok(true)
+}
+
+/// The model the marks are for: the model of the embedding worker that last started here (`None`:
+/// no embedding worker has started on this database).
+pub async fn marked_model(db: &PgPool) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar!("SELECT model FROM switchboard.embedding_marks")
+        .fetch_optional(db)
+        .await
 }
 
 /// Mark `ids` as having a vector under `model`, in the transaction that wrote the vectors, if

@@ -5,6 +5,7 @@
 //! category counts. Each turn's recall is recorded in the session's journal
 //! ([`Recall::journal_detail`]) so "why did the agent know this" has an answer.
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -61,11 +62,32 @@ pub struct Recall {
     pub index_lag: IndexLag,
     /// Why meaning was not part of the ranking, when it was not.
     pub vector_error: Option<String>,
-    /// What was embedded to rank by meaning, and its vector (`pg_vector` text, `dimensions`
-    /// long): when it is one message's whole text, that message's vector
-    /// ([`crate::handoff`]).
-    pub embedded: Option<(String, String, usize)>,
+    /// The vector recall embedded for the one message it answers, its whole text: that
+    /// message's own, for the embedding worker ([`crate::handoff`]). `None` when the vector was
+    /// read (stored already), the query is not one message's text, or no embedding worker of the
+    /// model has started here (nothing would take it).
+    pub message_vector: Option<MessageVector>,
 }
+
+/// One message's vector under the recall's model.
+#[derive(Debug, Clone)]
+pub struct MessageVector {
+    pub message_id: Uuid,
+    /// `pg_vector` text.
+    pub vector: String,
+    pub dimensions: usize,
+}
+
+/// The message whose own vector the query's is: the one message the turn answers, when the
+/// query (its text trimmed and cut, as [`recall_query`] makes it) is that message's whole text.
+fn own_message(req: &RecallRequest<'_>) -> Option<Uuid> {
+    let (id, said) = req.message?;
+    let query: String = req.text.trim().chars().take(MAX_QUERY_CHARS).collect();
+    (said == query && !said.is_empty()).then_some(id)
+}
+
+/// How long recall trusts what it last read of the embedding marks.
+const MARKS_EVERY: Duration = Duration::from_secs(30);
 
 /// The search a turn's recall runs: `None` when recall is off or there is no text to recall for
 /// (a heartbeat's batch, an empty message).
@@ -141,11 +163,13 @@ async fn recall_reading(
     req: &RecallRequest<'_>,
 ) -> Result<Option<Recall>, SearchError> {
     // The answered message's own vector, when the embedding worker came first, read beside
-    // the held turns; only when the query is that message's whole text.
-    let own = req.message.and_then(|(id, said)| {
-        let query: String = req.text.trim().chars().take(MAX_QUERY_CHARS).collect();
-        (said == query && !said.is_empty()).then_some(id)
-    });
+    // the held turns; only when the query is that message's whole text, and (grouped, the
+    // dispatcher's way) only once an embedding worker of the model has started here: without
+    // one, neither the read nor a hand-off can find or feed anything.
+    let own = match reads {
+        Some(reads) if !reads.embedding_started(model).await => None,
+        _ => own_message(req),
+    };
     let stored = async {
         let Some(id) = own else {
             return Ok(None);
@@ -176,7 +200,7 @@ async fn recall_reading(
     };
     query.check()?;
     let embedded_text = query.text.trim().to_string();
-    let (vector, embedded) = match stored {
+    let (vector, message_vector) = match stored {
         Some((vector, dimensions)) => {
             metrics::counter!("sb_recall_query_vectors_total", "source" => "stored").increment(1);
             let vector = QueryVector {
@@ -190,21 +214,28 @@ async fn recall_reading(
             // One inference, kept: it may be the answered message's own (crate::handoff).
             metrics::counter!("sb_recall_query_vectors_total", "source" => "embedded").increment(1);
             let vector = query_vector(embedder, &embedded_text).await;
-            let embedded = match &vector {
-                QueryVector {
-                    vector: Some(v),
-                    dimensions,
-                    ..
-                } => Some((embedded_text, v.clone(), *dimensions)),
+            let message_vector = match (own, &vector) {
+                (
+                    Some(message_id),
+                    QueryVector {
+                        vector: Some(v),
+                        dimensions,
+                        ..
+                    },
+                ) => Some(MessageVector {
+                    message_id,
+                    vector: v.clone(),
+                    dimensions: *dimensions,
+                }),
                 _ => None,
             };
-            (vector, embedded)
+            (vector, message_vector)
         }
     };
     // A turn waits for its recall: the topics are read beside the search, not after it.
     let (results, topics) = tokio::try_join!(search_by(db, vector, model, &query), topics)?;
     Ok(Some(Recall {
-        embedded,
+        message_vector,
         hits: results.hits,
         topics,
         topic_days: config.category_days,
@@ -312,6 +343,8 @@ pub struct RecallReads {
     held: Coalescer<HeldAsk, sqlx::Result<Vec<Uuid>>>,
     topics: Coalescer<TopicsAsk, sqlx::Result<Vec<Topic>>>,
     stored: Coalescer<StoredAsk, sqlx::Result<Option<(String, i32)>>>,
+    /// The embedding marks' model as last read, and when.
+    marks: std::sync::Mutex<Option<(Instant, Option<String>)>>,
 }
 
 impl RecallReads {
@@ -359,6 +392,7 @@ impl RecallReads {
             held: held_group,
             topics: topics_group,
             stored: stored_group,
+            marks: std::sync::Mutex::new(None),
         }
     }
 
@@ -371,6 +405,22 @@ impl RecallReads {
             .call((session, engine.to_string()))
             .await
             .map_err(|_| sqlx::Error::WorkerCrashed)?
+    }
+
+    /// Whether an embedding worker of `model` has started on this database (its marks), read
+    /// at most every [`MARKS_EVERY`]; a failed read counts as not started.
+    async fn embedding_started(&self, model: &str) -> bool {
+        let cached = self.marks.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let marked = match cached {
+            Some((at, marked)) if at.elapsed() < MARKS_EVERY => marked,
+            _ => {
+                let marked = crate::index::marked_model(&self.db).await.ok().flatten();
+                *self.marks.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((Instant::now(), marked.clone()));
+                marked
+            }
+        };
+        marked.as_deref() == Some(model)
     }
 
     async fn stored_vector(
@@ -631,6 +681,32 @@ mod tests {
         }
     }
 
+    #[test]
+    fn only_a_query_of_one_messages_whole_text_is_that_messages_vector() {
+        let id = Uuid::now_v7();
+        let own = |text: &str, message: Option<&str>| {
+            own_message(&RecallRequest {
+                person_id: "p",
+                agent_identity: "reggie",
+                text,
+                held_by: None,
+                answering: vec![id],
+                message: message.map(|m| (id, m)),
+            })
+        };
+        assert_eq!(own("when do I work\n", Some("when do I work")), Some(id));
+        assert_eq!(
+            own("  when do I work \n", Some("  when do I work ")),
+            None,
+            "trimmed"
+        );
+        assert_eq!(own("one\ntwo\n", Some("one")), None, "joined");
+        assert_eq!(own("x\n", None), None, "several messages");
+        assert_eq!(own("\n", Some("")), None, "empty");
+        let long = "a".repeat(MAX_QUERY_CHARS + 1);
+        assert_eq!(own(&long, Some(&long)), None, "cut");
+    }
+
     fn recall(hits: Vec<SearchHit>, waiting: i64) -> Recall {
         Recall {
             hits,
@@ -645,7 +721,7 @@ mod tests {
                 messages_waiting: waiting,
             },
             vector_error: None,
-            embedded: None,
+            message_vector: None,
         }
     }
 
