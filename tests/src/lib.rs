@@ -281,10 +281,28 @@ pub fn local_embedder_from(
         ("SB_EMBEDDING__MODEL_DIR", &mut e.model_dir),
         ("SB_EMBEDDING__ONNX_RUNTIME", &mut e.onnx_runtime),
         ("SB_EMBEDDING__ONNX_MODEL", &mut e.onnx_model),
+        ("SB_EMBEDDING__STATIC_DIR", &mut e.static_dir),
     ] {
         if let Some(value) = var(name) {
             *field = value;
         }
+    }
+}
+
+/// `[embedding]` on the static model the stack fetched (`provider = "static"`, its own id and
+/// width), the folder looked up by `var`.
+pub fn static_embedder_from(
+    e: &mut switchboard_kit::memory_config::EmbeddingConfig,
+    var: impl Fn(&str) -> Option<String>,
+) {
+    use switchboard_kit::memory_config::{
+        EmbeddingProvider, STATIC_EMBEDDING_DIMENSIONS, STATIC_EMBEDDING_MODEL,
+    };
+    e.provider = EmbeddingProvider::Static;
+    e.model = STATIC_EMBEDDING_MODEL.into();
+    e.dimensions = STATIC_EMBEDDING_DIMENSIONS;
+    if let Some(dir) = var("SB_EMBEDDING__STATIC_DIR") {
+        e.static_dir = dir;
     }
 }
 

@@ -2,7 +2,8 @@
 //! on the runtime given (`onnx`: ONNX Runtime, the default's, from `SB_EMBEDDING__ONNX_RUNTIME`
 //! and `SB_EMBEDDING__ONNX_MODEL`, `RAYON_NUM_THREADS` threads; `candle`); writes each run's
 //! vectors (little-endian f32, row-major) to `<out_prefix>_b<batch>.f32` so they can be compared
-//! with sentence-transformers'. Used by `make bench` (tests/embed_bench/run.sh) and for
+//! with sentence-transformers'. `static` runs the static model (`[embedding] provider =
+//! "static"`) from the folder given in place of `<model_dir>` (`SB_EMBEDDING__STATIC_DIR`). Used by `make bench` (tests/embed_bench/run.sh) and for
 //! docs/embedding-runtime.md:
 //!
 //! ```text
@@ -11,7 +12,10 @@
 use std::io::Write;
 use std::time::Instant;
 
-use switchboard_kit::memory_config::{EmbeddingConfig, LocalRuntime};
+use switchboard_kit::memory_config::{
+    EmbeddingConfig, EmbeddingProvider, LocalRuntime, STATIC_EMBEDDING_DIMENSIONS,
+    STATIC_EMBEDDING_MODEL,
+};
 use switchboard_memory::embed;
 
 #[tokio::main(flavor = "current_thread")]
@@ -19,14 +23,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 6 {
         return Err(
-            "usage: embed_speed onnx|candle <model_dir> <texts.txt> <out_prefix> <batch>...".into(),
+            "usage: embed_speed onnx|candle|static <model_dir> <texts.txt> <out_prefix> <batch>..."
+                .into(),
         );
     }
-    let (runtime, args) = (args[1].as_str(), &args[1..]);
-    let runtime = match runtime {
+    let (name, args) = (args[1].clone(), &args[1..]);
+    let runtime = match name.as_str() {
         "onnx" => LocalRuntime::Onnx,
-        "candle" => LocalRuntime::Candle,
-        other => return Err(format!("unknown runtime {other:?}: onnx or candle").into()),
+        "candle" | "static" => LocalRuntime::Candle,
+        other => return Err(format!("unknown runtime {other:?}: onnx, candle or static").into()),
     };
     let var = |name: &str| std::env::var(name).unwrap_or_default();
     let texts: Vec<String> = std::fs::read_to_string(&args[2])?
@@ -35,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     for batch in &args[4..] {
         let batch: usize = batch.parse()?;
-        let config = EmbeddingConfig {
+        let mut config = EmbeddingConfig {
             model_dir: args[1].clone(),
             batch,
             runtime,
@@ -44,11 +49,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             threads: var("RAYON_NUM_THREADS").parse().unwrap_or(0),
             ..Default::default()
         };
+        if name == "static" {
+            config.provider = EmbeddingProvider::Static;
+            config.model = STATIC_EMBEDDING_MODEL.into();
+            config.dimensions = STATIC_EMBEDDING_DIMENSIONS;
+            config.static_dir = args[1].clone();
+        }
         let embedder = embed::from_config(&config)?;
-        let name = match runtime {
-            LocalRuntime::Onnx => "onnx",
-            _ => "candle",
-        };
         // Warm-up: the first pass pays for page faults and allocations.
         embedder.embed(&texts[..texts.len().min(64)]).await?;
         let started = Instant::now();

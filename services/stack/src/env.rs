@@ -18,6 +18,8 @@ pub struct EnvInput<'a> {
     pub model_dir: &'a Path,
     /// ONNX Runtime's library and the MiniLM graph, when both are installed.
     pub onnx: Option<(&'a Path, &'a Path)>,
+    /// The static embedding model's folder, when installed.
+    pub static_dir: Option<&'a Path>,
     pub nats_port: Option<u16>,
     pub nats_monitor_port: Option<u16>,
     /// NATS servers (1: a single one, no cluster).
@@ -54,6 +56,9 @@ pub fn render(e: &EnvInput<'_>) -> String {
     if let Some((runtime, model)) = e.onnx {
         let _ = writeln!(out, "export SB_EMBEDDING__ONNX_RUNTIME={}", path(runtime));
         let _ = writeln!(out, "export SB_EMBEDDING__ONNX_MODEL={}", path(model));
+    }
+    if let Some(dir) = e.static_dir {
+        let _ = writeln!(out, "export SB_EMBEDDING__STATIC_DIR={}", path(dir));
     }
     match e.credentials {
         Some(c) => {
@@ -202,6 +207,7 @@ mod tests {
         EnvInput {
             model_dir: model,
             onnx,
+            static_dir: None,
             nats_port: Some(26222),
             nats_monitor_port: Some(27222),
             nats_nodes: 1,
@@ -210,6 +216,19 @@ mod tests {
             cred_dir,
             pg_bin: None,
         }
+    }
+
+    #[test]
+    fn the_static_models_folder_is_printed_when_it_is_installed() {
+        let c = creds();
+        let (model, cred_dir) = (Path::new("/m"), Path::new("/c"));
+        let mut with_static = input(Some(&c), None, model, cred_dir);
+        with_static.static_dir = Some(Path::new("/s/wordllama-0.4.0.post1"));
+        assert!(
+            render(&with_static)
+                .contains("export SB_EMBEDDING__STATIC_DIR=/s/wordllama-0.4.0.post1\n")
+        );
+        assert!(!render(&input(Some(&c), None, model, cred_dir)).contains("STATIC_DIR"));
     }
 
     /// The lines the former deploy/local/stack.sh printed for the same stack (print_env).

@@ -19,7 +19,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::pins::{
     MODEL_PKG, MODEL_VERSION, NATS_PKG, NATS_VERSION, ONNX_SHA256, ORT_PKG, ORT_VERSION, PG_PKG,
-    PG_PKG_VERSION, nats_rel_bin,
+    PG_PKG_VERSION, STATIC_PKG, STATIC_VERSION, nats_rel_bin,
 };
 use crate::{Error, Result};
 
@@ -120,6 +120,10 @@ pub struct Cache {
     /// Written when the runtime could not be fetched: no new try for an hour (pip without a
     /// network takes a while to give up), so every `up` of an offline machine is not slowed down.
     pub ort_unavailable: PathBuf,
+    /// The static embedding model's folder (`model.safetensors`, `tokenizer.json`).
+    pub static_dir: PathBuf,
+    /// Like `ort_unavailable`, for the static model.
+    pub static_unavailable: PathBuf,
 }
 
 impl Cache {
@@ -140,8 +144,15 @@ impl Cache {
             ort_home,
             onnx_tools: dir.join("onnx-tools"),
             onnx_model: dir.join(format!("minilm-{}.onnx", &ONNX_SHA256[..12])),
+            static_dir: dir.join(format!("{STATIC_PKG}-{STATIC_VERSION}")),
+            static_unavailable: dir.join(format!("{STATIC_PKG}-{STATIC_VERSION}.unavailable")),
             dir,
         }
+    }
+
+    /// The static model's files are there (checked by sha256 when they were written).
+    pub fn static_installed(&self) -> bool {
+        self.static_dir.join(".complete").is_file()
     }
 
     /// ONNX Runtime and the derived graph are both there.

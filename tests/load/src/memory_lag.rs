@@ -52,6 +52,8 @@ pub enum Embedder {
     Local,
     /// The fake model's bag-of-words vectors over HTTP (no model CPU).
     Fake,
+    /// The static model (`[embedding] provider = "static"`, WordLlama's table, in process).
+    Static,
 }
 
 impl Embedder {
@@ -59,6 +61,7 @@ impl Embedder {
         match self {
             Embedder::Local => "local all-MiniLM-L6-v2 (the product's default)",
             Embedder::Fake => "fake model (bag-of-words over HTTP)",
+            Embedder::Static => "static wordllama-l2-supercat-256 (in process)",
         }
     }
 }
@@ -86,9 +89,16 @@ impl MemorySide {
     pub fn configure(&self, c: &mut Config, stack: &Stack) {
         let mut product_default: EmbeddingConfig = c.embedding.clone();
         self.model.configure(c);
-        if self.embedder == Embedder::Local {
-            switchboard_e2e::local_embedder_from(&mut product_default, |var| stack.var(var));
-            c.embedding = product_default;
+        match self.embedder {
+            Embedder::Local => {
+                switchboard_e2e::local_embedder_from(&mut product_default, |var| stack.var(var));
+                c.embedding = product_default;
+            }
+            Embedder::Static => {
+                switchboard_e2e::static_embedder_from(&mut product_default, |var| stack.var(var));
+                c.embedding = product_default;
+            }
+            Embedder::Fake => {}
         }
     }
 }

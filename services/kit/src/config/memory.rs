@@ -49,7 +49,16 @@ pub enum EmbeddingProvider {
     Local,
     /// An OpenAI-compatible `POST {base_url}/embeddings`.
     OpenAi,
+    /// In the process, offline: a static token table (mean of the tokens' rows) from
+    /// `static_dir`; ~100x cheaper than MiniLM and less exact (docs/embedding-runtime.md).
+    Static,
 }
+
+/// The model id `[embedding] model` has when not set: the local provider's MiniLM.
+pub const DEFAULT_EMBEDDING_MODEL: &str = "all-MiniLM-L6-v2";
+/// The id and width of the static model the stack tool fetches (WordLlama l2_supercat_256).
+pub const STATIC_EMBEDDING_MODEL: &str = "wordllama-l2-supercat-256";
+pub const STATIC_EMBEDDING_DIMENSIONS: usize = 256;
 
 /// `[embedding] runtime`: what runs the local provider's model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -87,6 +96,9 @@ pub struct EmbeddingConfig {
     pub onnx_model: String,
     /// Local provider on ONNX Runtime: threads one embedding uses (0: one per core).
     pub threads: usize,
+    /// Static provider: the folder with `model.safetensors` (the token table) and
+    /// `tokenizer.json` (`target/debug/stack env <name>` prints the copy it fetches).
+    pub static_dir: String,
     /// OpenAI-compatible provider.
     pub base_url: String,
     pub api_key: Secret,
@@ -110,13 +122,14 @@ impl Default for EmbeddingConfig {
     fn default() -> Self {
         Self {
             provider: EmbeddingProvider::Local,
-            model: "all-MiniLM-L6-v2".into(),
+            model: DEFAULT_EMBEDDING_MODEL.into(),
             dimensions: 384,
             model_dir: String::new(),
             runtime: LocalRuntime::Auto,
             onnx_runtime: String::new(),
             onnx_model: String::new(),
             threads: 0,
+            static_dir: String::new(),
             base_url: String::new(),
             api_key: Secret::default(),
             timeout_s: 30,

@@ -5,6 +5,8 @@
 //! - all-MiniLM-L6-v2 in the process, offline (`[embedding] provider = "local"`, the default), on
 //!   [`onnx::OnnxEmbedder`] (ONNX Runtime, the default runtime when the stack provides it) or
 //!   [`local::LocalEmbedder`] (candle, the fallback): same model id, interchangeable vectors.
+//! - [`static_model::StaticEmbedder`]: a static token table (`[embedding] provider = "static"`),
+//!   its own model id and width.
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -16,6 +18,8 @@ pub mod local;
 pub mod onnx;
 pub mod openai;
 mod shared;
+#[cfg(feature = "local-embedder")]
+pub mod static_model;
 #[cfg(feature = "local-embedder")]
 mod tokenize;
 
@@ -62,6 +66,17 @@ pub fn from_config(config: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedE
         #[cfg(not(feature = "local-embedder"))]
         EmbeddingProvider::Local => Err(EmbedError::Unusable(
             "this build has no local embedder (switchboard-memory without `local-embedder`)".into(),
+        )),
+        #[cfg(feature = "local-embedder")]
+        EmbeddingProvider::Static => {
+            let embedder = static_model::StaticEmbedder::new(config)?;
+            tracing::info!(model = embedder.model(), "static embedder ready");
+            Ok(Arc::new(embedder))
+        }
+        #[cfg(not(feature = "local-embedder"))]
+        EmbeddingProvider::Static => Err(EmbedError::Unusable(
+            "this build has no static embedder (switchboard-memory without `local-embedder`)"
+                .into(),
         )),
     }
 }

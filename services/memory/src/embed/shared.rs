@@ -18,7 +18,7 @@ fn cache() -> &'static Cache {
 /// What makes two configurations the same embedder.
 fn key(c: &EmbeddingConfig) -> String {
     format!(
-        "{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
+        "{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
         c.provider,
         c.model,
         c.dimensions,
@@ -27,6 +27,7 @@ fn key(c: &EmbeddingConfig) -> String {
         c.onnx_runtime,
         c.onnx_model,
         c.threads,
+        c.static_dir,
         c.base_url,
         c.api_key.expose(),
         c.timeout_s,
