@@ -73,6 +73,14 @@ for runtime in onnx candle; do
     RAYON_NUM_THREADS="$THREADS" "$EMBED_SPEED" "$runtime" "$MODEL_DIR" \
         "${OUT}/embed-texts.txt" "${OUT}/embed-${runtime}" $BATCHES | tee -a "${OUT}/embed-rust.jsonl"
 done
+# The static model (`[embedding] provider = "static"`), when the stack fetched it: its speed and
+# its top-10 agreement with MiniLM (verdict.py), beside the verdict, not part of it.
+STATIC_DIR="${SB_EMBEDDING__STATIC_DIR:-${CACHE}/wordllama-0.4.0.post1}"
+if [ -f "${STATIC_DIR}/.complete" ]; then
+    # shellcheck disable=SC2086
+    "$EMBED_SPEED" static "$STATIC_DIR" "${OUT}/embed-texts.txt" "${OUT}/embed-static" $BATCHES |
+        tee -a "${OUT}/embed-rust.jsonl"
+fi
 rm -f "${OUT}/embed-peers.json"
 if peer_venv 2> "${OUT}/embed-peers.log"; then
     # shellcheck disable=SC2086
@@ -100,5 +108,5 @@ else
 fi
 status=0
 "$PYTHON" "${REPO}/tests/embed_bench/verdict.py" "$OUT" "$N" || status=$?
-rm -f "${OUT}"/embed-onnx_b*.f32 "${OUT}"/embed-candle_b*.f32
+rm -f "${OUT}"/embed-onnx_b*.f32 "${OUT}"/embed-candle_b*.f32 "${OUT}"/embed-static_b*.f32
 exit "$status"

@@ -70,6 +70,7 @@ def main():
         with_candle.append({"batch": b, "cosine_min": min(c), "cosine_mean": sum(c) / len(c)})
     summary["cosine_to_peer"] = agreement
     summary["cosine_to_candle"] = with_candle
+    summary["static"] = static_beside_minilm(out, n, rust)
     if not ours:
         verdict, status = "FAIL: the default provider (embed_speed onnx) did not run", 1
     elif not peer:
@@ -106,7 +107,51 @@ def main():
     summary["verdict"] = verdict
     json.dump(summary, open(f"{out}/embed-summary.json", "w"), indent=1)
     print(f"embedding: {verdict}")
+    if summary["static"]:
+        s = summary["static"]
+        print(f"embedding: beside it, the static model ({s['model']}) {s['msgs_per_cpu_s']} msgs/CPU-s "
+              f"({s['vs_default']}x the default), top-10 agreement with MiniLM {s['top10_agreement']:.3f} "
+              f"over {s['distinct_texts']} distinct texts")
     return status
+
+
+def top10_agreement(ref, other):
+    """For every text as the query: the share of `other`'s 10 nearest other texts that are among
+    `ref`'s 10 nearest (a text tied with ref's 10th counts). Duplicate texts must be removed."""
+    def sims(vs, i):
+        x = vs[i]
+        return [sum(p * q for p, q in zip(x, y)) if j != i else -9.0 for j, y in enumerate(vs)]
+    shares = []
+    for i in range(len(ref)):
+        r, o = sims(ref, i), sims(other, i)
+        tenth = sorted(r, reverse=True)[9]
+        mine = sorted(range(len(o)), key=lambda j: -o[j])[:10]
+        shares.append(sum(1 for j in mine if r[j] >= tenth - 1e-6) / 10)
+    return sum(shares) / len(shares)
+
+
+def static_beside_minilm(out, n, rust):
+    """The static model's speed and its agreement with the default's vectors (batch 1 each)."""
+    static = [r for r in rust if r["runtime"] == "static"]
+    ours = [r for r in rust if r["runtime"] == "onnx"]
+    if not static or not ours:
+        return None
+    texts = open(f"{out}/embed-texts.txt").read().splitlines()[:n]
+    first = {}
+    for i, t in enumerate(texts):
+        first.setdefault(t, i)
+    keep = sorted(first.values())
+    try:
+        b = static[0]["batch"]
+        ref = vectors(f"{out}/embed-onnx_b{ours[0]['batch']}.f32", n)
+        mine = vectors(f"{out}/embed-static_b{b}.f32", n)
+    except FileNotFoundError:
+        return None
+    best, default = max(static, key=lambda r: r["msgs_per_cpu_s"]), max(ours, key=lambda r: r["msgs_per_cpu_s"])
+    return {"model": best.get("model", best["serving"]), "msgs_per_cpu_s": best["msgs_per_cpu_s"], "batch": best["batch"],
+            "vs_default": round(best["msgs_per_cpu_s"] / default["msgs_per_cpu_s"], 1),
+            "distinct_texts": len(keep),
+            "top10_agreement": top10_agreement([ref[i] for i in keep], [mine[i] for i in keep])}
 
 
 if __name__ == "__main__":

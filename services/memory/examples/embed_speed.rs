@@ -75,6 +75,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             serde_json::json!({
                 "runtime": name,
                 "serving": embedder.runtime(),
+                "model": embedder.model(),
                 "batch": batch,
                 "texts": texts.len(),
                 "seconds": secs,
