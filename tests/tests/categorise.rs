@@ -458,3 +458,47 @@ async fn a_message_logged_after_its_reply_was_labelled_joins_that_label() {
     assert_eq!(categorised_events(&app).await.len(), 1, "announced once");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn thirty_exchanges_labelled_together_each_get_the_label_of_their_own_words() {
+    let fake = FakeModel::start(64).await;
+    let e = embedding(&fake);
+    let app = spawn_app_configured(move |c| c.embedding = e).await;
+    let phone = |i: usize| format!("+1415555{:04}", 7100 + i);
+    let words = |i: usize| {
+        if i.is_multiple_of(2) {
+            format!("when is my next shift on the roster, what are my working hours {i}")
+        } else {
+            format!("my app login fails, I forgot my password, the phone system is down {i}")
+        }
+    };
+    // All at once, so the stage gets them many to a batch.
+    let sent = futures::future::join_all((0..30).map(|i| {
+        let (app, phone, text) = (&app, phone(i), words(i));
+        async move { app.send_sms(&phone, &text).await.status() }
+    }))
+    .await;
+    assert!(sent.iter().all(|s| *s == 200), "{sent:?}");
+    let exchanges = wait_for_exchanges(&app, 30).await;
+    let categories = message_categories(&app).await;
+    for i in 0..30 {
+        let person = format!("phone:{}", phone(i));
+        let x = exchanges
+            .iter()
+            .find(|x| x.person_id == person)
+            .unwrap_or_else(|| panic!("{person} has an exchange"));
+        let want = if i.is_multiple_of(2) {
+            "roster_query"
+        } else {
+            "technical_support"
+        };
+        assert_eq!(x.label, want, "{person}: {x:?}");
+        // Both messages of the exchange carry its label, and no one else's.
+        for id in [Some(x.outbound_id), x.inbound_id] {
+            let id = id.unwrap_or_else(|| panic!("{person}: the exchange names its message"));
+            let (_, _, category) = categories.iter().find(|c| c.0 == id).unwrap();
+            assert_eq!(category.as_deref(), Some(want), "{person}: message {id}");
+        }
+    }
+    app.shutdown().await;
+}
