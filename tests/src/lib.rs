@@ -3,6 +3,7 @@
 //! Twilio and the agent runner faked as real HTTP servers.
 pub mod browser;
 pub mod chat;
+pub mod embedding_checks;
 pub mod runner_host;
 pub mod tcp_cut;
 
@@ -304,6 +305,14 @@ pub fn static_embedder_from(
     if let Some(dir) = var("SB_EMBEDDING__STATIC_DIR") {
         e.static_dir = dir;
     }
+}
+
+/// The body of a prompt's recall block (between its two RECALL lines), if it has one.
+pub fn recall_block(prompt: &str) -> Option<String> {
+    let mut lines = prompt.lines().skip_while(|l| !l.starts_with("RECALL-"));
+    lines.next()?;
+    let body: Vec<&str> = lines.take_while(|l| !l.starts_with("RECALL-")).collect();
+    Some(body.join("\n"))
 }
 
 pub async fn fresh_database(admin_url: &str) -> String {
@@ -738,6 +747,14 @@ impl TestApp {
     }
 
     /// Wait until the fake Twilio has sent at least `n` SMS.
+    /// An SMS from `phone`, accepted and answered: waits for the `n`th SMS sent (30 s at most).
+    pub async fn text_answered(&self, phone: &str, body: &str, n: usize) {
+        // Accepted, or the wait below would time out without saying why.
+        let accepted = self.send_sms(phone, body).await;
+        assert_eq!(accepted.status(), 200, "{:?}", accepted.text().await);
+        self.wait_for_sms(n, Duration::from_secs(30)).await;
+    }
+
     pub async fn wait_for_sms(&self, n: usize, timeout: Duration) -> Vec<SentSms> {
         wait_for_sent("SMS", n, timeout, || self.twilio.sent()).await
     }

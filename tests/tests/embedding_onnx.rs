@@ -8,6 +8,7 @@
 //! which `stack up|env` (services/stack) prints (and `make test` exports).
 use std::time::{Duration, Instant};
 
+use switchboard_e2e::embedding_checks::reference;
 use switchboard_e2e::{TestApp, spawn_app_configured};
 use switchboard_kit::memory_config::{EmbeddingConfig, LocalRuntime};
 use switchboard_memory::embed::{self, EmbedError, cosine};
@@ -33,24 +34,9 @@ fn stack_config() -> EmbeddingConfig {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct Reference {
-    model: String,
-    texts: Vec<String>,
-    vectors: Vec<Vec<f32>>,
-}
-
-fn reference() -> Reference {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/fixtures/embedding/all-MiniLM-L6-v2.json"
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
 #[tokio::test]
 async fn onnx_runtime_serves_by_default_and_matches_the_reference_vectors_and_candle() {
-    let reference = reference();
+    let reference = reference("all-MiniLM-L6-v2.json");
     let config = stack_config();
     let onnx = embed::from_config(&config).expect("the default local embedder loads");
     assert!(
@@ -198,7 +184,7 @@ async fn stored_vectors(app: &TestApp, messages: usize) -> Vec<(String, String, 
 
 #[tokio::test]
 async fn the_embedding_worker_on_onnx_runtime_gives_every_message_its_reference_vector() {
-    let reference = reference();
+    let reference = reference("all-MiniLM-L6-v2.json");
     let config = EmbeddingConfig {
         // ONNX Runtime only: a failure to load it must not pass as candle here.
         runtime: LocalRuntime::Onnx,

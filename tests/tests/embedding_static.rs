@@ -9,7 +9,10 @@
 //! `make test` exports).
 use std::time::{Duration, Instant};
 
-use switchboard_e2e::{TestApp, spawn_app_configured, static_embedder_from};
+use switchboard_e2e::embedding_checks::{
+    SHIFT_PARAPHRASE, nearest_to_a_question_about_shifts, reference,
+};
+use switchboard_e2e::{TestApp, recall_block, spawn_app_configured, static_embedder_from};
 use switchboard_kit::memory_config::{
     EmbeddingConfig, STATIC_EMBEDDING_DIMENSIONS, STATIC_EMBEDDING_MODEL,
 };
@@ -28,24 +31,9 @@ fn static_config() -> EmbeddingConfig {
     config
 }
 
-#[derive(serde::Deserialize)]
-struct Reference {
-    model: String,
-    texts: Vec<String>,
-    vectors: Vec<Vec<f32>>,
-}
-
-fn reference() -> Reference {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/fixtures/embedding/wordllama-l2-supercat-256.json"
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
 #[tokio::test]
 async fn the_static_model_gives_the_vectors_wordllama_itself_computes() {
-    let reference = reference();
+    let reference = reference("wordllama-l2-supercat-256.json");
     let embedder = embed::from_config(&static_config()).expect("the static model loads");
     assert_eq!(
         (embedder.model(), embedder.dimensions()),
@@ -71,26 +59,8 @@ async fn the_static_model_gives_the_vectors_wordllama_itself_computes() {
 #[tokio::test]
 async fn the_static_model_ranks_a_paraphrase_above_unrelated_messages() {
     let embedder = embed::from_config(&static_config()).unwrap();
-    let query = "when is my next shift".to_string();
-    let history: Vec<String> = [
-        "The fire alarm in building C went off during lunch.",
-        "Can you reset my password for the rostering app?",
-        "what time do I work tomorrow",
-        "thanks, have a lovely weekend!",
-        "I need to apply for annual leave in March.",
-        "Mary enjoyed her walk by the river today.",
-    ]
-    .map(String::from)
-    .to_vec();
-    let q = &embedder.embed(std::slice::from_ref(&query)).await.unwrap()[0];
-    let vs = embedder.embed(&history).await.unwrap();
-    let mut ranked: Vec<(f32, &str)> = vs
-        .iter()
-        .zip(&history)
-        .map(|(v, t)| (cosine(q, v), t.as_str()))
-        .collect();
-    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-    assert_eq!(ranked[0].1, "what time do I work tomorrow", "{ranked:?}");
+    let ranked = nearest_to_a_question_about_shifts(embedder.as_ref()).await;
+    assert_eq!(ranked[0].1, SHIFT_PARAPHRASE, "{ranked:?}");
 }
 
 /// Every logged message has its vector; the (model, dimensions) of each.
@@ -118,25 +88,15 @@ async fn indexed(app: &TestApp, logged: i64) -> Vec<(String, i32)> {
     }
 }
 
-async fn text(app: &TestApp, phone: &str, body: &str, n: usize) {
-    let accepted = app.send_sms(phone, body).await;
-    assert_eq!(accepted.status(), 200, "{:?}", accepted.text().await);
-    app.wait_for_sms(n, WAIT).await;
-}
-
 #[tokio::test]
 async fn a_product_on_the_static_model_recalls_the_persons_earlier_message_on_the_same_matter() {
     let config = static_config();
     let app = spawn_app_configured(move |c| c.embedding = config).await;
     let phone = "+14155550391";
-    text(
-        &app,
-        phone,
-        "My March payslip is missing the overtime hours",
-        1,
-    )
-    .await;
-    text(&app, phone, "Also the canteen coffee machine is broken", 2).await;
+    app.text_answered(phone, "My March payslip is missing the overtime hours", 1)
+        .await;
+    app.text_answered(phone, "Also the canteen coffee machine is broken", 2)
+        .await;
     let stored = indexed(&app, 4).await;
     assert!(
         stored
@@ -158,18 +118,13 @@ async fn a_product_on_the_static_model_recalls_the_persons_earlier_message_on_th
     assert!(index.contains("halfvec(256)"), "{index}");
 
     // A reset: the new engine session knows nothing of the earlier turns.
-    text(&app, phone, "/reset is my March payslip fixed yet", 3).await;
+    app.text_answered(phone, "/reset is my March payslip fixed yet", 3)
+        .await;
     let calls = app.runner.calls();
     let prompt = &calls.last().unwrap().prompt;
-    let mut lines = prompt.lines().skip_while(|l| !l.starts_with("RECALL-"));
-    assert!(
-        lines.next().is_some(),
-        "the prompt has a recall block:\n{prompt}"
-    );
-    let recalled: Vec<&str> = lines
-        .take_while(|l| !l.starts_with("RECALL-"))
-        .filter(|l| l.starts_with("- "))
-        .collect();
+    let block =
+        recall_block(prompt).unwrap_or_else(|| panic!("the prompt has a recall block:\n{prompt}"));
+    let recalled: Vec<&str> = block.lines().filter(|l| l.starts_with("- ")).collect();
     assert!(
         recalled.first().is_some_and(
             |l| l.contains("they wrote: My March payslip is missing the overtime hours")

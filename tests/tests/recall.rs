@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use switchboard_e2e::{FakeModel, FakeRunner, TestApp, spawn_app_configured};
+use switchboard_e2e::{FakeModel, FakeRunner, TestApp, recall_block, spawn_app_configured};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -30,14 +30,6 @@ async fn app_with(workspaces: bool) -> (TestApp, FakeModel) {
     })
     .await;
     (app, fake)
-}
-
-/// The body of a prompt's recall block (between its two RECALL lines), if it has one.
-fn recall_block(prompt: &str) -> Option<String> {
-    let mut lines = prompt.lines().skip_while(|l| !l.starts_with("RECALL-"));
-    lines.next()?;
-    let body: Vec<&str> = lines.take_while(|l| !l.starts_with("RECALL-")).collect();
-    Some(body.join("\n"))
 }
 
 /// Wait until at least `logged` messages are logged and every logged message has its vector
@@ -67,10 +59,7 @@ async fn indexed(app: &TestApp, logged: i64) {
 
 /// An SMS from `phone`, answered: the `n`th SMS sent.
 async fn text(app: &TestApp, phone: &str, body: &str, n: usize) {
-    // Accepted, or the wait below would time out without saying why.
-    let accepted = app.send_sms(phone, body).await;
-    assert_eq!(accepted.status(), 200, "{:?}", accepted.text().await);
-    app.wait_for_sms(n, WAIT).await;
+    app.text_answered(phone, body, n).await;
 }
 
 async fn inbound_id(app: &TestApp, text: &str) -> Uuid {

@@ -96,20 +96,7 @@ impl Embedder for LocalEmbedder {
 
 fn load_once(dir: &Path) -> Result<Arc<Model>, EmbedError> {
     static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<Model>>>> = OnceLock::new();
-    let key = dir.canonicalize().map_err(|e| {
-        EmbedError::Unusable(format!("[embedding] model_dir {}: {e}", dir.display()))
-    })?;
-    // Held while loading, so two stages starting together load the model once.
-    let mut loaded = LOADED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(model) = loaded.get(&key) {
-        return Ok(model.clone());
-    }
-    let model = Arc::new(Model::load(&key)?);
-    loaded.insert(key, model.clone());
-    Ok(model)
+    super::load_once(&LOADED, dir, "model_dir", Model::load)
 }
 
 impl Model {

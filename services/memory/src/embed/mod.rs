@@ -114,6 +114,34 @@ fn local_embedder(config: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedEr
     Ok(embedder)
 }
 
+/// The model a folder holds, loaded once per process and shared by every embedder made from
+/// it (weights are megabytes: each stage of a process must not hold its own copy). The lock is
+/// held while loading, so two stages starting together load it once. `setting` names the
+/// configuration key in errors.
+#[cfg(feature = "local-embedder")]
+pub(crate) fn load_once<T>(
+    loaded: &'static std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, Arc<T>>>,
+    >,
+    dir: &std::path::Path,
+    setting: &str,
+    load: impl FnOnce(&std::path::Path) -> Result<T, EmbedError>,
+) -> Result<Arc<T>, EmbedError> {
+    let key = dir.canonicalize().map_err(|e| {
+        EmbedError::Unusable(format!("[embedding] {setting} {}: {e}", dir.display()))
+    })?;
+    let mut loaded = loaded
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(model) = loaded.get(&key) {
+        return Ok(model.clone());
+    }
+    let model = Arc::new(load(&key)?);
+    loaded.insert(key, model.clone());
+    Ok(model)
+}
+
 /// `v` scaled to length 1 (a zero vector stays zero).
 pub fn normalise(v: &mut [f32]) {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();

@@ -114,19 +114,7 @@ impl Embedder for StaticEmbedder {
 
 fn load_once(dir: &Path) -> Result<Arc<StaticModel>, EmbedError> {
     static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<StaticModel>>>> = OnceLock::new();
-    let key = dir.canonicalize().map_err(|e| {
-        EmbedError::Unusable(format!("[embedding] static_dir {}: {e}", dir.display()))
-    })?;
-    let mut loaded = LOADED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(model) = loaded.get(&key) {
-        return Ok(model.clone());
-    }
-    let model = Arc::new(StaticModel::load(&key)?);
-    loaded.insert(key, model.clone());
-    Ok(model)
+    super::load_once(&LOADED, dir, "static_dir", StaticModel::load)
 }
 
 impl StaticModel {
