@@ -502,3 +502,48 @@ async fn thirty_exchanges_labelled_together_each_get_the_label_of_their_own_word
     }
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn labels_that_fail_to_be_stored_are_labelled_again_not_lost() {
+    let fake = FakeModel::start(64).await;
+    let e = embedding(&fake);
+    let app = spawn_app_configured(move |c| c.embedding = e).await;
+    // The first write of labels fails, as when Postgres goes away mid-batch.
+    sqlx::raw_sql(
+        "CREATE SEQUENCE switchboard.labels_write_attempts;
+         CREATE FUNCTION switchboard.fail_the_first_labels_write() RETURNS trigger
+             LANGUAGE plpgsql AS $$
+         BEGIN
+             IF nextval('switchboard.labels_write_attempts') = 1 THEN
+                 RAISE EXCEPTION 'injected: the labels write fails once';
+             END IF;
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER fail_the_first_labels_write BEFORE INSERT
+             ON switchboard.exchange_categories
+             FOR EACH STATEMENT EXECUTE FUNCTION switchboard.fail_the_first_labels_write();",
+    )
+    .execute(&app.db)
+    .await
+    .expect("the failure is injected");
+    for i in 0..3 {
+        let status = app
+            .send_sms(&format!("+1415555{:04}", 7200 + i), "when is my next shift")
+            .await
+            .status();
+        assert_eq!(status, 200);
+    }
+    app.wait_for_sms(3, WAIT).await;
+    let exchanges = wait_for_exchanges(&app, 3).await;
+    assert_eq!(exchanges.len(), 3, "{exchanges:?}");
+    let attempts: i64 =
+        sqlx::query_scalar("SELECT last_value FROM switchboard.labels_write_attempts")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert!(
+        attempts >= 2,
+        "the failing write was tried again ({attempts})"
+    );
+    app.shutdown().await;
+}

@@ -225,6 +225,8 @@ impl CategoriseStage {
                 }
             }
         }
+        // Where the replies are: `label_replies` consumes its list as it decides.
+        let reply_at: Vec<usize> = replies.iter().map(|x| x.at).collect();
         if !replies.is_empty()
             && let Err(e) = self
                 .label_replies(events, &mut replies, &mut outcomes)
@@ -237,8 +239,8 @@ impl CategoriseStage {
                     | CategoriseError::NoLabeller(_)
                     | CategoriseError::Labels(_)
             );
-            for x in &replies {
-                outcomes[x.at].get_or_insert_with(|| {
+            for &at in &reply_at {
+                outcomes[at].get_or_insert_with(|| {
                     if permanent {
                         Err(StageError::permanent(anyhow::anyhow!("{why}")))
                     } else {
@@ -247,9 +249,16 @@ impl CategoriseStage {
                 });
             }
         }
+        // Every path above decides; an event left undecided is retried, never acked unlabelled.
         outcomes
             .into_iter()
-            .map(|o| o.unwrap_or_else(|| Ok(Vec::new())))
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(StageError::transient(anyhow::anyhow!(
+                        "categorise decided nothing for this event"
+                    )))
+                })
+            })
             .collect()
     }
 
