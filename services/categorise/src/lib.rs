@@ -144,36 +144,19 @@ impl CategoriseStage {
         }
     }
 
-    async fn choose(&self, labels: &LabelSet, text: &str) -> Result<Chosen, CategoriseError> {
-        match &self.labeller {
-            Labeller::Model(model) => {
-                let answer = model.complete(&labels.system_prompt(), text).await?;
-                let resolved = labels.resolve(&answer);
-                Ok(Chosen {
-                    label: resolved.label,
-                    source: LabelSource::Model,
-                    raw_label: resolved.raw_label,
-                })
-            }
-            Labeller::Nearest {
-                embedder,
-                label_vectors,
-            } => {
-                let label_vectors = label_vectors
-                    .get_or_try_init(|| async { embedder.embed(&labels.descriptions()).await })
-                    .await?;
-                let mut v = embedder.embed(&[text.to_string()]).await?;
-                let v = v
-                    .pop()
-                    .ok_or_else(|| EmbedError::Failed("the embedder answered no vector".into()))?;
-                Ok(Chosen {
-                    label: labels.nearest(&v, label_vectors).to_string(),
-                    source: LabelSource::Embedding,
-                    raw_label: None,
-                })
-            }
-            Labeller::Unusable(why) => Err(CategoriseError::NoLabeller(why.clone())),
-        }
+    /// The chat model's label for one exchange text.
+    async fn ask_model(
+        model: &ChatModel,
+        labels: &LabelSet,
+        text: &str,
+    ) -> Result<Chosen, CategoriseError> {
+        let answer = model.complete(&labels.system_prompt(), text).await?;
+        let resolved = labels.resolve(&answer);
+        Ok(Chosen {
+            label: resolved.label,
+            source: LabelSource::Model,
+            raw_label: resolved.raw_label,
+        })
     }
 
     /// The labels of one batch of `message.logged` events: one outcome per event, in order.
@@ -462,7 +445,14 @@ impl CategoriseStage {
                     }
                 }
             }
-            _ => futures::future::join_all(texts.iter().map(|t| self.choose(labels, t))).await,
+            Labeller::Model(model) => {
+                futures::future::join_all(texts.iter().map(|t| Self::ask_model(model, labels, t)))
+                    .await
+            }
+            Labeller::Unusable(why) => texts
+                .iter()
+                .map(|_| Err(CategoriseError::NoLabeller(why.clone())))
+                .collect(),
         }
     }
 
