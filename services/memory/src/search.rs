@@ -192,6 +192,40 @@ pub async fn query_vector(embedder: Result<&dyn Embedder, &EmbedError>, text: &s
     }
 }
 
+/// The messages' filters `q` has, as SQL over `m` (parameters numbered as
+/// [`ranking_arguments`] binds them; those of absent filters are bound and left unused). Only
+/// the filters a query has are written: behind "`$n IS NULL OR …`" Postgres plans every call
+/// afresh (the custom plan always looks cheaper than a generic one that must keep both arms),
+/// and a cached generic plan could not use the person's index either. With the statement
+/// written for its filters, recall's statement is the same text every turn and Postgres can
+/// keep one plan for it (planning was ~1.7 ms of a heavy person's recall at 1M,
+/// docs/bench-memory.md).
+fn message_filters(q: &SearchQuery) -> String {
+    let mut filters: Vec<&str> = Vec::new();
+    let present = [
+        (q.person.is_some(), "m.person_id = $2"),
+        (q.identity.is_some(), "m.agent_identity = $3"),
+        (q.agent.is_some(), "m.agent_name = $4"),
+        (q.channel.is_some(), "m.channel = $5"),
+        (q.from.is_some(), "m.created_at >= $6"),
+        (q.to.is_some(), "m.created_at < $7"),
+        (!q.exclude.is_empty(), "NOT (m.id = ANY($11::uuid[]))"),
+        (
+            !q.exclude_kinds.is_empty(),
+            "NOT (coalesce(m.metadata->>'kind', '') = ANY($12::text[]))",
+        ),
+        (
+            q.inbound_before.is_some(),
+            "(m.direction <> 'inbound' OR m.id < $13)",
+        ),
+    ];
+    filters.extend(present.iter().filter(|(has, _)| *has).map(|(_, sql)| *sql));
+    if filters.is_empty() {
+        return "true".to_string();
+    }
+    filters.join("\n               AND ")
+}
+
 /// The hybrid ranking statement: `model`'s vectors of `dimensions` (no vector branch when the
 /// query has no vector). `for_person`: one person's messages are ranked by their exact distance
 /// (the btree on person, then a sort), never by a walk of the HNSW graph: a person's vectors
@@ -205,28 +239,16 @@ pub async fn query_vector(embedder: Result<&dyn Embedder, &EmbedError>, text: &s
 /// model (the partial HNSW index's predicate), the dimensions (the `halfvec(n)` cast the index
 /// is matched by) and which branches the query has; a compile-time statement would need one
 /// literal per model and size.
-fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, for_person: bool) -> String {
-    // Both branches carry the same filters; the person and identity are checked on the vector
-    // rows themselves too (isolation where the data lives). A person's search names the person
-    // outright: behind "`$2 IS NULL OR …`" the cached statement's generic plan cannot use the
-    // person's index, and the words branch then ranks everyone's matching messages before
-    // filtering them (recall's 890 µs a turn in the bench's profile, growing with the log).
-    let person = if for_person {
-        "m.person_id = $2"
+fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, q: &SearchQuery) -> String {
+    let for_person = q.person.is_some();
+    let filters = message_filters(q);
+    // The person and identity are checked on the vector rows themselves too (isolation where
+    // the data lives).
+    let identity = if q.identity.is_some() {
+        "\n                                AND mv.agent_identity = $3"
     } else {
-        "($2::text IS NULL OR m.person_id = $2)"
+        ""
     };
-    let filters = format!(
-        "{person}
-               AND ($3::text IS NULL OR m.agent_identity = $3)
-               AND ($4::text IS NULL OR m.agent_name = $4)
-               AND ($5::text IS NULL OR m.channel = $5)
-               AND ($6::timestamptz IS NULL OR m.created_at >= $6)
-               AND ($7::timestamptz IS NULL OR m.created_at < $7)
-               AND NOT (m.id = ANY($11::uuid[]))
-               AND NOT (coalesce(m.metadata->>'kind', '') = ANY($12::text[]))
-               AND ($13::uuid IS NULL OR m.direction <> 'inbound' OR m.id < $13)"
-    );
     let vector_branch = if with_vector && for_person {
         let n = dimensions;
         let model = sql_literal(model);
@@ -242,8 +264,7 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, for_person: bo
                        FROM (SELECT mv.message_id, mv.embedding <=> $1::vector({n}) AS distance
                                FROM switchboard.message_vectors mv
                               WHERE mv.model = {model}
-                                AND mv.person_id = $2
-                                AND ($3::text IS NULL OR mv.agent_identity = $3)
+                                AND mv.person_id = $2{identity}
                               ORDER BY 2, 1
                              OFFSET 0) d
                       WHERE coalesce((SELECT true FROM switchboard.messages m
@@ -262,9 +283,7 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, for_person: bo
                FROM (SELECT mv.message_id, {distance} AS distance
                        FROM switchboard.message_vectors mv
                        JOIN switchboard.messages m ON m.id = mv.message_id
-                      WHERE mv.model = {model}
-                        AND ($2::text IS NULL OR mv.person_id = $2)
-                        AND ($3::text IS NULL OR mv.agent_identity = $3)
+                      WHERE mv.model = {model}{identity}
                         AND {filters}
                       ORDER BY {distance}
                       LIMIT $8) v"
@@ -415,7 +434,7 @@ async fn rank_by(
     } = vector;
     let with_vector = vector.is_some();
     let for_person = q.person.is_some();
-    let sql = ranking_sql(model, dimensions, with_vector, for_person);
+    let sql = ranking_sql(model, dimensions, with_vector, q);
     let arguments = ranking_arguments(vector, &text, q)?;
     if for_person || !with_vector {
         // No walk of the HNSW graph: none of its settings, so no transaction to hold them
@@ -449,7 +468,7 @@ pub async fn explain(
     let with_vector = vector.is_some();
     let sql = format!(
         "EXPLAIN (ANALYZE, BUFFERS) {}",
-        ranking_sql(model, dimensions, with_vector, q.person.is_some())
+        ranking_sql(model, dimensions, with_vector, q)
     );
     let mut tx = db.begin().await?;
     if with_vector && q.person.is_none() {
