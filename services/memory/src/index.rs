@@ -37,7 +37,8 @@ pub async fn lag(db: &PgPool, model: &str, scope: LagScope<'_>) -> Result<IndexL
 /// among the vectors: exact, and slow on a large log. Everyone's lag is two statements, not one
 /// with both branches: Postgres plans the slow branch in parallel and starts its workers
 /// (~10 ms) even when a one-time filter then skips it (seen in the memory bench at 1M). A
-/// person's lag is one statement (their messages only: no parallel plan).
+/// person's lag is one statement in the steady state (the marks for `model`), by the partial
+/// index of the person's unembedded messages.
 pub async fn lag_excluding(
     db: &PgPool,
     model: &str,
@@ -45,38 +46,65 @@ pub async fn lag_excluding(
     exclude: &[uuid::Uuid],
 ) -> Result<IndexLag, sqlx::Error> {
     let lag = match scope {
-        // A person's lag (every recall asks for it) reads that person's messages by
-        // `messages_person_identity`: a statement of its own with `person_id = $2`, since a
-        // "$2 IS NULL OR person_id = $2" filter keeps a generic plan from using the index, and
-        // then every recall scanned everyone's waiting messages (or, before any embedding worker
-        // ran, the whole log). Whether the marks are for `model` is read in the same statement
-        // (one round trip fewer on every turn's recall): a person's messages are few, so the
-        // look-up among the vectors when they are not is cheap here.
+        // A person's lag (every recall asks for it): a statement of its own with
+        // `person_id = $2`, since a "$2 IS NULL OR person_id = $2" filter keeps a generic plan
+        // from using the person's indexes. Whether the marks are for `model` is read in the
+        // same statement (one round trip fewer on every turn's recall).
         LagScope::Person {
             person_id,
             agent_identity,
         } => {
-            sqlx::query_as!(
-                LagRow,
-                r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+            // When the marks are for `model` (the steady state), the person's unmarked messages
+            // are read by the partial index `messages_person_unembedded`: a handful, where
+            // reading the person's log took a heavy person's recall 2.2 ms at 1M. Whether they
+            // are is read in the same statement, so that costs no round trip; the mark has to
+            // be a plain condition for the partial index to serve it, and the other case is a
+            // statement of its own: in one statement with it, Postgres started parallel
+            // workers (~28 ms) for the branch a one-time filter then skipped.
+            let marked = sqlx::query!(
+                r#"SELECT (SELECT EXISTS (SELECT 1 FROM switchboard.embedding_marks
+                                           WHERE model = $1)) AS "marked!",
+                          extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
                           count(*) AS "waiting!"
                      FROM switchboard.messages m
-                    WHERE m.person_id = $2 AND ($3::text IS NULL OR m.agent_identity = $3)
-                      AND m.conversation
-                      AND NOT (m.id = ANY($4::uuid[]))
-                      AND CASE WHEN EXISTS (SELECT 1 FROM switchboard.embedding_marks
-                                             WHERE model = $1)
-                               THEN m.embedded_model IS NULL
-                               ELSE NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                                                 WHERE v.message_id = m.id AND v.model = $1)
-                          END"#,
+                    WHERE (SELECT EXISTS (SELECT 1 FROM switchboard.embedding_marks
+                                           WHERE model = $1))
+                      AND m.person_id = $2 AND ($3::text IS NULL OR m.agent_identity = $3)
+                      AND m.embedded_model IS NULL AND m.conversation
+                      AND NOT (m.id = ANY($4::uuid[]))"#,
                 model,
                 person_id,
                 agent_identity,
                 exclude,
             )
             .fetch_one(db)
-            .await?
+            .await?;
+            if marked.marked {
+                LagRow {
+                    seconds: marked.seconds,
+                    waiting: marked.waiting,
+                }
+            } else {
+                // No worker of `model` has marked yet: each of the person's messages is looked
+                // up among the vectors (a person's messages are few).
+                sqlx::query_as!(
+                    LagRow,
+                    r#"SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                              count(*) AS "waiting!"
+                         FROM switchboard.messages m
+                        WHERE m.person_id = $2 AND ($3::text IS NULL OR m.agent_identity = $3)
+                          AND m.conversation
+                          AND NOT (m.id = ANY($4::uuid[]))
+                          AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
+                                           WHERE v.message_id = m.id AND v.model = $1)"#,
+                    model,
+                    person_id,
+                    agent_identity,
+                    exclude,
+                )
+                .fetch_one(db)
+                .await?
+            }
         }
         LagScope::Everyone => {
             if marked_model(db).await?.as_deref() == Some(model) {

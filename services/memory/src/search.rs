@@ -252,6 +252,9 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, q: &SearchQuer
     let vector_branch = if with_vector && for_person {
         let n = dimensions;
         let model = sql_literal(model);
+        // The query vector comes as text: cast once, in an InitPlan, not per row (a cached
+        // generic plan parsed the text again for each of a heavy person's 1,627 vectors: 26 ms
+        // against 4, docs/bench-memory.md).
         // The person's vectors are read once, each distance computed as it is read, and sorted
         // as (id, distance) pairs; the messages' filters are then checked row by row in that
         // order (a subquery per row, which Postgres does not turn into a join) until `$8` pass:
@@ -261,7 +264,7 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, q: &SearchQuer
             "SELECT v.message_id AS id,
                     row_number() OVER (ORDER BY v.distance, v.message_id) AS r
                FROM (SELECT d.message_id, d.distance
-                       FROM (SELECT mv.message_id, mv.embedding <=> $1::vector({n}) AS distance
+                       FROM (SELECT mv.message_id, mv.embedding <=> (SELECT $1::vector({n})) AS distance
                                FROM switchboard.message_vectors mv
                               WHERE mv.model = {model}
                                 AND mv.person_id = $2{identity}
@@ -274,8 +277,9 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, q: &SearchQuer
         )
     } else if with_vector {
         let n = dimensions;
-        // The HNSW index serves exactly this expression.
-        let distance = format!("mv.embedding::halfvec({n}) <=> $1::halfvec({n})");
+        // The HNSW index serves exactly this expression (an InitPlan's value is a constant to
+        // it, as `$1` is).
+        let distance = format!("mv.embedding::halfvec({n}) <=> (SELECT $1::halfvec({n}))");
         let model = sql_literal(model);
         format!(
             "SELECT v.message_id AS id,
