@@ -26,6 +26,26 @@ const HNSW_MAX_DIMENSIONS: usize = 4_000;
 /// The HNSW graph's parameters, as the migration `hnsw_construction` builds the default model's.
 const HNSW_M: u32 = 32;
 const HNSW_EF_CONSTRUCTION: u32 = 128;
+
+/// How an HNSW graph is built: links per node (`m`) and candidates kept while inserting
+/// (`ef_construction`). Both set what recall@10 the graph can reach and what each insert costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HnswParameters {
+    pub m: u32,
+    pub ef_construction: u32,
+}
+
+impl HnswParameters {
+    /// Every model's graph, the migration's for the default model: at 1M vectors the memory
+    /// bench's data needs it to find 0.95 of the true top 10 (m 16 / ef_construction 64 could
+    /// not; for the static model's 256 dimensions m 8 / 32 found 0.70 and 16 / 32 0.78,
+    /// docs/bench-memory.md), though it costs the most to insert into.
+    pub const DEFAULT: HnswParameters = HnswParameters {
+        m: HNSW_M,
+        ef_construction: HNSW_EF_CONSTRUCTION,
+    };
+}
+
 /// How often the lag gauge is refreshed.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -449,13 +469,28 @@ pub fn index_name(model: &str) -> String {
 /// Create the partial HNSW index over `model`'s vectors if it is not there (a model other than
 /// the migration's, after a change of `[embedding] model`).
 pub async fn ensure_index(db: &PgPool, model: &str, dimensions: usize) -> Result<(), sqlx::Error> {
-    if model == MIGRATION_MODEL || dimensions == 0 || dimensions > HNSW_MAX_DIMENSIONS {
+    if model == MIGRATION_MODEL {
         return Ok(());
     }
+    create_index(db, model, dimensions, HnswParameters::DEFAULT).await
+}
+
+/// Create `model`'s partial HNSW index with `graph`, if no index of that name is there (the
+/// memory bench builds other graphs with it to choose one).
+pub async fn create_index(
+    db: &PgPool,
+    model: &str,
+    dimensions: usize,
+    graph: HnswParameters,
+) -> Result<(), sqlx::Error> {
+    if dimensions == 0 || dimensions > HNSW_MAX_DIMENSIONS {
+        return Ok(());
+    }
+    let HnswParameters { m, ef_construction } = graph;
     let statement = format!(
         "CREATE INDEX IF NOT EXISTS {name} ON switchboard.message_vectors
              USING hnsw ((embedding::halfvec({dimensions})) halfvec_cosine_ops)
-             WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})
+             WITH (m = {m}, ef_construction = {ef_construction})
              WHERE model = '{model}'",
         name = index_name(model),
         model = model.replace('\'', "''"),
@@ -541,7 +576,8 @@ mod tests {
     #[test]
     fn other_models_get_the_graph_the_migration_gives_the_default_one() {
         let migration = include_str!("../../../migrations/20261201000003_hnsw_construction.sql");
-        let parameters = format!("m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION}");
+        let HnswParameters { m, ef_construction } = HnswParameters::DEFAULT;
+        let parameters = format!("m = {m}, ef_construction = {ef_construction}");
         assert!(migration.contains(&parameters), "{parameters}");
     }
 

@@ -5,7 +5,6 @@ use rand::{Rng, SeedableRng};
 use std::fmt::Write as _;
 use uuid::Uuid;
 
-pub const DIMS: usize = 384;
 /// Directions of a topic its messages vary along.
 pub const SUBSPACE: usize = 16;
 pub const SUBSPACE_SIGMA: f32 = 0.25;
@@ -42,6 +41,8 @@ pub struct Person {
 /// Everything generated, deterministic from the seed: the exact answers of a run that did not
 /// load are those of the run that did.
 pub struct Corpus {
+    /// The vectors' width: the measured model's (`--embedder`).
+    pub dims: usize,
     pub topics: usize,
     pub centroids: Vec<f32>,
     pub basis: Vec<f32>,
@@ -63,18 +64,18 @@ pub fn normalise(v: &mut [f32]) {
     }
 }
 
-pub fn unit(rng: &mut StdRng) -> Vec<f32> {
-    let mut v: Vec<f32> = (0..DIMS).map(|_| gauss(rng)).collect();
+pub fn unit(rng: &mut StdRng, dims: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..dims).map(|_| gauss(rng)).collect();
     normalise(&mut v);
     v
 }
 
 impl Corpus {
-    pub fn new(vectors: usize, topics: usize, seed: u64) -> Corpus {
+    pub fn new(vectors: usize, topics: usize, seed: u64, dims: usize) -> Corpus {
         let mut rng = StdRng::seed_from_u64(seed);
-        let centroids = (0..topics).flat_map(|_| unit(&mut rng)).collect();
+        let centroids = (0..topics).flat_map(|_| unit(&mut rng, dims)).collect();
         let basis = (0..topics * SUBSPACE)
-            .flat_map(|_| unit(&mut rng))
+            .flat_map(|_| unit(&mut rng, dims))
             .collect();
         let words = (0..topics)
             .map(|t| {
@@ -122,6 +123,7 @@ impl Corpus {
             })
             .collect();
         Corpus {
+            dims,
             topics,
             centroids,
             basis,
@@ -132,10 +134,11 @@ impl Corpus {
 
     /// A noisy copy of topic `t`'s centroid.
     pub fn sample(&self, t: usize, rng: &mut StdRng, out: &mut [f32]) {
-        out.copy_from_slice(&self.centroids[t * DIMS..(t + 1) * DIMS]);
+        let d = self.dims;
+        out.copy_from_slice(&self.centroids[t * d..(t + 1) * d]);
         for j in 0..SUBSPACE {
             let g = gauss(rng) * SUBSPACE_SIGMA;
-            let b = &self.basis[(t * SUBSPACE + j) * DIMS..(t * SUBSPACE + j + 1) * DIMS];
+            let b = &self.basis[(t * SUBSPACE + j) * d..(t * SUBSPACE + j + 1) * d];
             out.iter_mut().zip(b).for_each(|(o, b)| *o += g * b);
         }
         out.iter_mut().for_each(|o| *o += gauss(rng) * ISO_SIGMA);
@@ -196,8 +199,9 @@ pub fn generate(
     mut sink: Option<tokio::sync::mpsc::Sender<Chunk>>,
 ) -> Rows {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9);
+    let dims = corpus.dims;
     let mut rows = Rows {
-        vectors: vec![0.0; total * DIMS],
+        vectors: vec![0.0; total * dims],
         agent: vec![0; total],
         ids: Vec::with_capacity(total),
     };
@@ -217,7 +221,7 @@ pub fn generate(
             };
             let a = rng.random_range(0..AGENTS.len());
             let (agent, identity, channel) = AGENTS[a];
-            let v = &mut rows.vectors[i * DIMS..(i + 1) * DIMS];
+            let v = &mut rows.vectors[i * dims..(i + 1) * dims];
             corpus.sample(topic, &mut rng, v);
             let ms = BASE_MS + i as u64 * spacing_ms;
             let id = uuid::Builder::from_unix_timestamp_millis(ms, &rng.random()).into_uuid();
@@ -237,7 +241,7 @@ pub fn generate(
                 person.id
             );
             chunk.messages.extend_from_slice(m.as_bytes());
-            let mut line = format!("{id}\t{model}\t{}\t{identity}\t{DIMS}\t[", person.id);
+            let mut line = format!("{id}\t{model}\t{}\t{identity}\t{dims}\t[", person.id);
             for (j, x) in v.iter().enumerate() {
                 if j > 0 {
                     line.push(',');
@@ -292,7 +296,7 @@ impl Query {
 
 pub fn make_queries(corpus: &Corpus, n: usize, seed: u64) -> (Vec<Query>, Vec<Query>, Vec<Query>) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f0e);
-    let mut vector = vec![0f32; DIMS];
+    let mut vector = vec![0f32; corpus.dims];
     let regular = corpus.people.iter().filter(|p| !p.skewed).count();
     let recall = (0..n)
         .map(|i| {

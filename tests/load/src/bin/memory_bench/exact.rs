@@ -2,7 +2,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::corpus::{Corpus, DIMS, Query, Rows};
+use super::corpus::{Corpus, Query, Rows};
 
 /// Candidates the brute force keeps per query before Postgres orders them by halfvec distance.
 pub const EXACT_CANDIDATES: usize = 30;
@@ -20,6 +20,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The rows closest to each query by f32 cosine, under the query's filters: the
 /// [`EXACT_CANDIDATES`] best, best first. Two threads, each query block scanning the rows once.
 pub fn brute_force(corpus: &Corpus, rows: &Rows, queries: &[Query]) -> Vec<Vec<usize>> {
+    let dims = corpus.dims;
     let scan = |q: &[Query]| -> Vec<Vec<usize>> {
         let mut best: Vec<Vec<(f32, usize)>> = vec![Vec::new(); q.len()];
         let all = 0..rows.agent.len();
@@ -37,7 +38,7 @@ pub fn brute_force(corpus: &Corpus, rows: &Rows, queries: &[Query]) -> Vec<Vec<u
         let lo = ranges.iter().map(|r| r.start).min().unwrap_or(0);
         let hi = ranges.iter().map(|r| r.end).max().unwrap_or(0);
         for i in lo..hi {
-            let v = &rows.vectors[i * DIMS..(i + 1) * DIMS];
+            let v = &rows.vectors[i * dims..(i + 1) * dims];
             // Twins are next to each other: the similarity is computed once for both.
             let mut last: Option<(usize, f32)> = None;
             for (j, query) in q.iter().enumerate() {
@@ -102,10 +103,12 @@ pub fn brute_force(corpus: &Corpus, rows: &Rows, queries: &[Query]) -> Vec<Vec<u
 /// The exact top 10 of each query: its candidates ordered by the distance the product ranks
 /// that kind of query by, computed in Postgres: a person's (recall) by the stored vectors' own
 /// f32 cosine distance, a search across people by the halfvec cosine distance its index orders
-/// by (an expression the index cannot serve, so the order is exact).
+/// by (an expression the index cannot serve, so the order is exact). `dims`: the model's width,
+/// as the product casts to it.
 pub async fn exact_top10(
     db: &PgPool,
     model: &str,
+    dims: usize,
     rows: &Rows,
     queries: &[Query],
     candidates: &[Vec<usize>],
@@ -114,9 +117,9 @@ pub async fn exact_top10(
     for (q, c) in queries.iter().zip(candidates) {
         let ids: Vec<Uuid> = c.iter().map(|&i| rows.ids[i]).collect();
         let distance = if q.person.is_some() {
-            format!("embedding <=> $3::vector({DIMS})")
+            format!("embedding <=> $3::vector({dims})")
         } else {
-            format!("(embedding::halfvec({DIMS}) <=> $3::halfvec({DIMS})) + 0")
+            format!("(embedding::halfvec({dims}) <=> $3::halfvec({dims})) + 0")
         };
         let top: Vec<Uuid> = sqlx::query_scalar(&format!(
             "SELECT message_id FROM switchboard.message_vectors

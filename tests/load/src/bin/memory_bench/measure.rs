@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use super::TARGET_RECALL_P99_MS;
 use super::TARGET_SEARCH_P99_MS;
-use super::corpus::{AGENTS, Corpus, DIMS, Query};
+use super::corpus::{AGENTS, Corpus, Query};
 
 pub const WARMUP: usize = 50;
 /// A query text no message contains: the product's ranking is then by meaning alone.
@@ -26,6 +26,8 @@ pub const NO_WORD: &str = "zqxjvbenchnoword";
 /// The embedder the product's functions get: it answers the vector the bench set for the query.
 pub struct BenchEmbedder {
     pub model: String,
+    /// The model's width (the corpus's): the product casts the query vector to it.
+    pub dims: usize,
     pub next: Mutex<Vec<f32>>,
 }
 
@@ -40,7 +42,7 @@ impl Embedder for BenchEmbedder {
         &self.model
     }
     fn dimensions(&self) -> usize {
-        DIMS
+        self.dims
     }
     fn embed<'a>(
         &'a self,
@@ -248,7 +250,7 @@ pub fn load_average() -> [f64; 3] {
     [0; 3].map(|_| it.next().unwrap_or(f64::NAN))
 }
 
-/// `plan` with each vector literal (384 numbers) cut to its first values.
+/// `plan` with each vector literal (hundreds of numbers) cut to its first values.
 pub fn shorten_vectors(plan: &str) -> String {
     let mut out = String::with_capacity(plan.len());
     let mut rest = plan;
