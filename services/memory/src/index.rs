@@ -46,10 +46,9 @@ pub async fn lag_excluding(
     exclude: &[uuid::Uuid],
 ) -> Result<IndexLag, sqlx::Error> {
     let lag = match scope {
-        // A person's lag (every recall asks for it): a statement of its own with
+        // A person's lag (every recall asks for it): statements of their own with
         // `person_id = $2`, since a "$2 IS NULL OR person_id = $2" filter keeps a generic plan
-        // from using the person's indexes. Whether the marks are for `model` is read in the
-        // same statement (one round trip fewer on every turn's recall).
+        // from using the person's indexes.
         LagScope::Person {
             person_id,
             agent_identity,

@@ -201,7 +201,6 @@ pub async fn query_vector(embedder: Result<&dyn Embedder, &EmbedError>, text: &s
 /// keep one plan for it (planning was ~1.7 ms of a heavy person's recall at 1M,
 /// docs/bench-memory.md).
 fn message_filters(q: &SearchQuery) -> String {
-    let mut filters: Vec<&str> = Vec::new();
     let present = [
         (q.person.is_some(), "m.person_id = $2"),
         (q.identity.is_some(), "m.agent_identity = $3"),
@@ -219,7 +218,10 @@ fn message_filters(q: &SearchQuery) -> String {
             "(m.direction <> 'inbound' OR m.id < $13)",
         ),
     ];
-    filters.extend(present.iter().filter(|(has, _)| *has).map(|(_, sql)| *sql));
+    let filters: Vec<&str> = present
+        .iter()
+        .filter_map(|&(has, sql)| has.then_some(sql))
+        .collect();
     if filters.is_empty() {
         return "true".to_string();
     }
