@@ -219,16 +219,10 @@ async fn every_message_in_and_out_gets_one_vector_under_the_configured_model_and
         );
     }
 
-    // A model other than the migration's gets its own vector index at start.
-    let index: Option<String> =
-        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
-            .bind("message_vectors_hnsw_fake_embed")
-            .fetch_optional(&app.db)
-            .await
-            .unwrap();
-    let index = index.expect("the fake model's HNSW index exists");
+    // The model's vector index is built at start (IVFFlat; no model has one from the migrations).
+    let index = wait_for_index(&app, "message_vectors_ivf_fake_embed").await;
     assert!(
-        index.contains("hnsw") && index.contains("halfvec(16)") && index.contains("fake-embed"),
+        index.contains("ivfflat") && index.contains("halfvec(16)") && index.contains("fake-embed"),
         "{index}"
     );
     assert!(app.dead_letters("embed").await.is_empty());
@@ -433,11 +427,33 @@ async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new
     assert_eq!(per_model(&app).await[1], ("fake-embed-v2".to_string(), 4));
     let index: Option<String> =
         sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE indexname = $1")
-            .bind("message_vectors_hnsw_fake_embed_v2")
+            .bind("message_vectors_ivf_fake_embed_v2")
             .fetch_optional(&app.db)
             .await
             .unwrap();
     assert!(index.is_some(), "the new model gets its own vector index");
+}
+
+/// The definition of the index named `name`, once it is there (the embedding worker builds it
+/// beside its stage).
+async fn wait_for_index(app: &TestApp, name: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let index: Option<String> =
+            sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
+                .bind(name)
+                .fetch_optional(&app.db)
+                .await
+                .unwrap();
+        if let Some(index) = index {
+            return index;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no index {name} after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// An app embedding through `fake` with `left_out` stages not started (the test starts them).

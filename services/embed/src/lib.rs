@@ -19,33 +19,12 @@ use switchboard_memory::embed::{self, EmbedError, Embedder};
 use switchboard_memory::index::{self, LagScope};
 use uuid::Uuid;
 
-/// The model whose HNSW index the migration creates; any other gets its own at start.
-const MIGRATION_MODEL: &str = "all-MiniLM-L6-v2";
-/// pgvector's HNSW over `halfvec` takes at most this many dimensions.
-const HNSW_MAX_DIMENSIONS: usize = 4_000;
-/// The HNSW graph's parameters, as the migration `hnsw_construction` builds the default model's.
-const HNSW_M: u32 = 32;
-const HNSW_EF_CONSTRUCTION: u32 = 128;
+pub mod vector_index;
 
-/// How an HNSW graph is built: links per node (`m`) and candidates kept while inserting
-/// (`ef_construction`). Both set what recall@10 the graph can reach and what each insert costs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HnswParameters {
-    pub m: u32,
-    pub ef_construction: u32,
-}
+pub use vector_index::{Kept, keep_index};
 
-impl HnswParameters {
-    /// Every model's graph, the migration's for the default model: at 1M vectors the memory
-    /// bench's data needs it to find 0.95 of the true top 10 (m 16 / ef_construction 64 could
-    /// not; for the static model's 256 dimensions m 8 / 32 found 0.70 and 16 / 32 0.78,
-    /// docs/bench-memory.md), though it costs the most to insert into.
-    pub const DEFAULT: HnswParameters = HnswParameters {
-        m: HNSW_M,
-        ef_construction: HNSW_EF_CONSTRUCTION,
-    };
-}
-
+/// How often the vector index is checked against the vectors it indexes.
+const KEEP_INDEX_EVERY: Duration = Duration::from_secs(60);
 /// How often the lag gauge is refreshed.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -448,56 +427,24 @@ pub async fn reembed_step(
     Ok(rows.len())
 }
 
-/// The name of `model`'s partial HNSW index (the migration's for the default model).
-pub fn index_name(model: &str) -> String {
-    let mut name = String::from("message_vectors_hnsw_");
-    let mut last_underscore = true;
-    for c in model.chars() {
-        if c.is_ascii_alphanumeric() {
-            name.push(c.to_ascii_lowercase());
-            last_underscore = false;
-        } else if !last_underscore {
-            name.push('_');
-            last_underscore = true;
+/// Keep the model's vector index fitting its vectors, for good: built at start if missing, and
+/// again whenever the vectors have outgrown it ([`vector_index::keep_index`]).
+async fn keep_index_for_good(db: PgPool, model: String, dimensions: usize) {
+    loop {
+        match keep_index(&db, &model, dimensions).await {
+            Ok(Kept::Built { lists, rows }) => {
+                tracing::info!(
+                    model,
+                    lists,
+                    vectors = rows,
+                    "built the model's vector index"
+                )
+            }
+            Ok(Kept::AsItWas) => {}
+            Err(e) => tracing::warn!(model, error = %e, "could not build the model's vector index"),
         }
+        tokio::time::sleep(KEEP_INDEX_EVERY).await;
     }
-    // Postgres cuts identifiers at 63 bytes.
-    name.truncate(63);
-    name.trim_end_matches('_').to_string()
-}
-
-/// Create the partial HNSW index over `model`'s vectors if it is not there (a model other than
-/// the migration's, after a change of `[embedding] model`).
-pub async fn ensure_index(db: &PgPool, model: &str, dimensions: usize) -> Result<(), sqlx::Error> {
-    if model == MIGRATION_MODEL {
-        return Ok(());
-    }
-    create_index(db, model, dimensions, HnswParameters::DEFAULT).await
-}
-
-/// Create `model`'s partial HNSW index with `graph`, if no index of that name is there (the
-/// memory bench builds other graphs with it to choose one).
-pub async fn create_index(
-    db: &PgPool,
-    model: &str,
-    dimensions: usize,
-    graph: HnswParameters,
-) -> Result<(), sqlx::Error> {
-    if dimensions == 0 || dimensions > HNSW_MAX_DIMENSIONS {
-        return Ok(());
-    }
-    let HnswParameters { m, ef_construction } = graph;
-    let statement = format!(
-        "CREATE INDEX IF NOT EXISTS {name} ON switchboard.message_vectors
-             USING hnsw ((embedding::halfvec({dimensions})) halfvec_cosine_ops)
-             WITH (m = {m}, ef_construction = {ef_construction})
-             WHERE model = '{model}'",
-        name = index_name(model),
-        model = model.replace('\'', "''"),
-    );
-    // Names and numbers of the model's own index: DDL takes no parameters, so it is built here.
-    sqlx::query(&statement).execute(db).await?;
-    Ok(())
 }
 
 /// Refresh `sb_embed_lag_seconds` (everyone's messages) every few seconds, for good.
@@ -530,9 +477,6 @@ fn task(app: &App) -> Task {
         let embedder = load_embedder(&config).await;
         match &embedder {
             Ok(e) => {
-                if let Err(err) = ensure_index(&app.db, e.model(), e.dimensions()).await {
-                    tracing::warn!(model = e.model(), error = %err, "could not create the model's vector index");
-                }
                 // Without the marks for this model the lag is still exact, only slower: the
                 // next start (or `switchboard reembed`) tries again.
                 match index::ensure_marks(&app.db, e.model()).await {
@@ -555,9 +499,19 @@ fn task(app: &App) -> Task {
             Err(_) => config.model.clone(),
         };
         let lag = tokio::spawn(refresh_lag(app.db.clone(), model));
+        let keeper = embedder.as_ref().ok().map(|e| {
+            tokio::spawn(keep_index_for_good(
+                app.db.clone(),
+                e.model().to_string(),
+                e.dimensions(),
+            ))
+        });
         let stage = EmbedStage::new(app.db.clone(), app.topology.clone(), embedder, &config);
         let result = app.batch_stage_task(stage).await;
         lag.abort();
+        if let Some(keeper) = keeper {
+            keeper.abort();
+        }
         result
     })
 }
@@ -568,35 +522,3 @@ pub const STAGE: Registration = Registration {
     worker: "embed",
     start: task,
 };
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn other_models_get_the_graph_the_migration_gives_the_default_one() {
-        let migration = include_str!("../../../migrations/20261201000003_hnsw_construction.sql");
-        let HnswParameters { m, ef_construction } = HnswParameters::DEFAULT;
-        let parameters = format!("m = {m}, ef_construction = {ef_construction}");
-        assert!(migration.contains(&parameters), "{parameters}");
-    }
-
-    #[test]
-    fn each_model_gets_an_index_name_postgres_keeps_whole() {
-        assert_eq!(
-            index_name("all-MiniLM-L6-v2"),
-            "message_vectors_hnsw_all_minilm_l6_v2",
-            "the migration's name for the default model"
-        );
-        assert_eq!(
-            index_name("text-embedding-3-small"),
-            "message_vectors_hnsw_text_embedding_3_small"
-        );
-        let long = index_name(&"x".repeat(100));
-        assert!(long.len() <= 63, "{long}");
-        assert_eq!(
-            index_name("a'; DROP TABLE x; --"),
-            "message_vectors_hnsw_a_drop_table_x"
-        );
-    }
-}

@@ -79,7 +79,7 @@ async fn search_messages(
         exclude: Vec::new(),
         exclude_kinds: Vec::new(),
         inbound_before: None,
-        ef_search: state.config.embedding.hnsw_ef_search,
+        probes: state.config.embedding.ivfflat_probes,
     };
     let embedding = &state.config.embedding;
     // Loaded once per process, not per search.

@@ -1,5 +1,5 @@
 //! Search over the message log: hybrid ranking of messages, the vector similarity of each
-//! message to the query (under the current embedding model, through its partial HNSW index)
+//! message to the query (under the current embedding model, through its partial IVFFlat index)
 //! fused with the full-text rank (`messages.search`) by reciprocal rank fusion. The filters on
 //! the person and the agent identity are in the predicate of both branches, so a search for one
 //! person cannot rank another's message. Every answer says how far behind the vector index is.
@@ -47,10 +47,10 @@ pub struct SearchQuery {
     /// Only the person's messages that came before this one (recall: messages sent after the
     /// one being answered wait for turns of their own and are not memory yet).
     pub inbound_before: Option<Uuid>,
-    /// Candidates the HNSW walk keeps (pgvector's `hnsw.ef_search`) when the search spans
-    /// people (`[embedding] hnsw_ef_search`); 0: the database's setting. A person's search is
-    /// exact and walks no graph.
-    pub ef_search: u32,
+    /// Lists of the vector index read (pgvector's `ivfflat.probes`) when the search spans
+    /// people (`[embedding] ivfflat_probes`); 0: the database's setting. A person's search is
+    /// exact and reads no index.
+    pub probes: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -156,7 +156,7 @@ impl SearchResults {
     }
 }
 
-/// A model name as an SQL string literal (the partial HNSW index is chosen only when the
+/// A model name as an SQL string literal (the partial vector index is chosen only when the
 /// query's `model = '…'` is a literal equal to the index's predicate).
 fn sql_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
@@ -230,15 +230,15 @@ fn message_filters(q: &SearchQuery) -> String {
 
 /// The hybrid ranking statement: `model`'s vectors of `dimensions` (no vector branch when the
 /// query has no vector). `for_person`: one person's messages are ranked by their exact distance
-/// (the btree on person, then a sort), never by a walk of the HNSW graph: a person's vectors
-/// are few, and a filtered graph walk can miss one of them entirely among near-identical
+/// (the btree on person, then a sort), never through the approximate index: a person's vectors
+/// are few, and a filtered approximate scan can miss one of them entirely among near-identical
 /// vectors of other people (seen: recall's fifty-people test, a person's own message not
 /// recalled now and then). The exact distance is the stored vectors' own (`vector`, f32): no
 /// cast to the index's `halfvec` per row (the cast was most of a heavy person's recall: 18 of
 /// 32 ms for 1,745 vectors at 1M), and no rounding either.
 ///
 /// Built at run time, so checked when it runs, not by `sqlx::query!`: its text depends on the
-/// model (the partial HNSW index's predicate), the dimensions (the `halfvec(n)` cast the index
+/// model (the partial vector index's predicate), the dimensions (the `halfvec(n)` cast the index
 /// is matched by) and which branches the query has; a compile-time statement would need one
 /// literal per model and size.
 fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, q: &SearchQuery) -> String {
@@ -279,7 +279,7 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, q: &SearchQuer
         )
     } else if with_vector {
         let n = dimensions;
-        // The HNSW index serves exactly this expression (an InitPlan's value is a constant to
+        // The vector index serves exactly this expression (an InitPlan's value is a constant to
         // it, as `$1` is).
         let distance = format!("mv.embedding::halfvec({n}) <=> (SELECT $1::halfvec({n}))");
         let model = sql_literal(model);
@@ -353,16 +353,16 @@ fn ranking_arguments(
 /// The settings the ranking statement runs under, in its transaction.
 async fn ranking_settings(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    ef_search: u32,
+    probes: u32,
 ) -> Result<(), SearchError> {
-    // With filters, an HNSW scan that stops at ef_search candidates can return fewer rows
-    // than asked for (or none); the iterative scan keeps going until enough pass.
-    sqlx::query!("SET LOCAL hnsw.iterative_scan = relaxed_order")
+    // With filters, an index scan that stops after its probes can return fewer rows than
+    // asked for (or none); the iterative scan reads more lists until enough pass.
+    sqlx::query("SET LOCAL ivfflat.iterative_scan = relaxed_order")
         .execute(&mut **tx)
         .await?;
-    if ef_search > 0 {
+    if probes > 0 {
         // SET takes no parameter; a number is safe to write in.
-        sqlx::query(&format!("SET LOCAL hnsw.ef_search = {ef_search}"))
+        sqlx::query(&format!("SET LOCAL ivfflat.probes = {probes}"))
             .execute(&mut **tx)
             .await?;
     }
@@ -443,13 +443,13 @@ async fn rank_by(
     let sql = ranking_sql(model, dimensions, with_vector, q);
     let arguments = ranking_arguments(vector, &text, q)?;
     if for_person || !with_vector {
-        // No walk of the HNSW graph: none of its settings, so no transaction to hold them
+        // No approximate index read: none of its settings, so no transaction to hold them
         // (three round trips fewer for every turn's recall).
         let hits = sqlx::query_as_with(&sql, arguments).fetch_all(db).await?;
         return Ok((hits, vector_error));
     }
     let mut tx = db.begin().await?;
-    ranking_settings(&mut tx, q.ef_search).await?;
+    ranking_settings(&mut tx, q.probes).await?;
     let hits: Vec<SearchHit> = sqlx::query_as_with(&sql, arguments)
         .fetch_all(&mut *tx)
         .await?;
@@ -478,7 +478,7 @@ pub async fn explain(
     );
     let mut tx = db.begin().await?;
     if with_vector && q.person.is_none() {
-        ranking_settings(&mut tx, q.ef_search).await?;
+        ranking_settings(&mut tx, q.probes).await?;
     }
     let lines: Vec<String> = sqlx::query_scalar_with(&sql, ranking_arguments(vector, &text, q)?)
         .fetch_all(&mut *tx)

@@ -13,8 +13,9 @@ pub const PG_MAJOR: &str = "18";
 /// this project reaches), against the wheel's own server headers.
 ///
 /// Not the wheel's 0.8.2: 0.8.3 fixed index corruption when an HNSW index is vacuumed, 0.8.4 the
-/// `hnsw graph not repaired` error and errors of inserts during an HNSW vacuum, and the memory's
-/// graph is vacuumed while the embedding worker inserts (test: `tests/tests/pgvector_vacuum.rs`).
+/// `hnsw graph not repaired` error and errors of inserts during an HNSW vacuum, and an earlier
+/// version's graph is vacuumed while the embedding worker inserts until the worker replaces it
+/// with the IVFFlat index (test: `tests/tests/pgvector_vacuum.rs`).
 /// Their SQL is the wheel's 0.8.2 SQL (the upgrade scripts since are empty); the control file and
 /// scripts are installed with the library, so a new database's extension says which was built.
 ///

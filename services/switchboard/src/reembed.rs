@@ -13,9 +13,6 @@ pub async fn run(config: Config, batch: Option<usize>, json: bool) -> anyhow::Re
         .await
         .context("the configured embedder")?;
     let model = embedder.model().to_string();
-    switchboard_embed::ensure_index(&db, &model, embedder.dimensions())
-        .await
-        .context("creating the model's vector index")?;
     // Marked for this model first: what is left is then read off the marks' partial index.
     switchboard_memory::index::ensure_marks(&db, &model)
         .await
@@ -52,6 +49,11 @@ pub async fn run(config: Config, batch: Option<usize>, json: bool) -> anyhow::Re
              embedding worker of another model started meanwhile?): run again"
         );
     }
+    // Built (again) over the model's vectors once they are all there: its lists are learnt
+    // from them.
+    switchboard_embed::keep_index(&db, &model, embedder.dimensions())
+        .await
+        .context("building the model's vector index")?;
     if json {
         println!(
             "{}",

@@ -78,7 +78,7 @@ pub async fn search_command(config: Config, a: SearchArgs) -> anyhow::Result<()>
         exclude: Vec::new(),
         exclude_kinds: Vec::new(),
         inbound_before: None,
-        ef_search: config.embedding.hnsw_ef_search,
+        probes: config.embedding.ivfflat_probes,
     };
     let results = search(&db, embedder.as_deref(), &config.embedding.model, &q).await?;
     if a.json {

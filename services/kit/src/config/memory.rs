@@ -105,18 +105,20 @@ pub struct EmbeddingConfig {
     pub timeout_s: u64,
     /// Texts embedded in one call.
     pub batch: usize,
-    /// Candidates the vector index's graph walk keeps in a search across people (pgvector's
-    /// `hnsw.ef_search`): more finds more of the true nearest messages, and takes longer
-    /// (docs/bench-memory.md measures both at 1,000,000 vectors). A person's recall and search
-    /// are exact whatever this says.
-    pub hnsw_ef_search: u32,
+    /// Lists of the vector index a search across people reads (pgvector's `ivfflat.probes`):
+    /// more finds more of the true nearest messages, and takes longer (docs/bench-memory.md
+    /// measures both at 1,000,000 vectors, 1,000 lists). A person's recall and search are exact
+    /// whatever this says, and so is every search while the index has no more lists than this.
+    pub ivfflat_probes: u32,
 }
 
-/// `[embedding] hnsw_ef_search` when not set: at 1M vectors (m = 32) 0.944 of the true top 10 at
-/// search p99 29 ms; 1000 reached 0.957 at 53 ms, pgvector's 40 only 0.78 (docs/bench-memory.md).
-pub const DEFAULT_HNSW_EF_SEARCH: u32 = 400;
-/// The largest `hnsw.ef_search` pgvector takes.
-pub const MAX_HNSW_EF_SEARCH: u32 = 1_000;
+/// `[embedding] ivfflat_probes` when not set: at 1M vectors (1,000 lists) the memory bench's
+/// searches found the true top 10 (recall@10 1.000) at p99 20 ms; 10 probes did as well at 15 ms
+/// on its clustered data, so this keeps a margin for vectors less clustered than the bench's
+/// (docs/bench-memory.md).
+pub const DEFAULT_IVFFLAT_PROBES: u32 = 20;
+/// The most `ivfflat.probes` taken (an index has at most 32,768 lists).
+pub const MAX_IVFFLAT_PROBES: u32 = 32_768;
 
 impl Default for EmbeddingConfig {
     fn default() -> Self {
@@ -134,7 +136,7 @@ impl Default for EmbeddingConfig {
             api_key: Secret::default(),
             timeout_s: 30,
             batch: 64,
-            hnsw_ef_search: DEFAULT_HNSW_EF_SEARCH,
+            ivfflat_probes: DEFAULT_IVFFLAT_PROBES,
         }
     }
 }

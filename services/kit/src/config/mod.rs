@@ -35,8 +35,8 @@ pub use identity::{
     ContactKind, IdentityConfig, IdentityLookup, LinkProofConfig, ProofSmsProvider, SmsSender,
 };
 pub use memory::{
-    CategoriseConfig, CategoryLabel, DEFAULT_HNSW_EF_SEARCH, EmbeddingConfig, EmbeddingProvider,
-    LlmConfig, LocalRuntime, MAX_HNSW_EF_SEARCH, MemoryConfig, RecallConfig, SummaryConfig,
+    CategoriseConfig, CategoryLabel, DEFAULT_IVFFLAT_PROBES, EmbeddingConfig, EmbeddingProvider,
+    LlmConfig, LocalRuntime, MAX_IVFFLAT_PROBES, MemoryConfig, RecallConfig, SummaryConfig,
 };
 pub use prompt::PromptConfig;
 pub use retention::RetentionConfig;
@@ -461,12 +461,12 @@ impl Config {
                 "must be from 1 to 5 (1 on a single NATS server, 3 on a three-node cluster)",
             ));
         }
-        if !(1..=memory::MAX_HNSW_EF_SEARCH).contains(&self.embedding.hnsw_ef_search) {
+        if !(1..=memory::MAX_IVFFLAT_PROBES).contains(&self.embedding.ivfflat_probes) {
             return Err(ConfigError::invalid(
-                "embedding.hnsw_ef_search",
+                "embedding.ivfflat_probes",
                 format!(
                     "must be from 1 to {} (pgvector's range)",
-                    memory::MAX_HNSW_EF_SEARCH
+                    memory::MAX_IVFFLAT_PROBES
                 ),
             ));
         }

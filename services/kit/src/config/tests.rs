@@ -357,8 +357,8 @@ fn a_webhook_source_needs_a_sender_field_and_gets_the_documented_defaults() {
         // Without a secret nothing could be verified or signed.
         "[webhooks.shop]\nsender_field = \"u\"\n",
         // pgvector refuses it at every search.
-        "[embedding]\nhnsw_ef_search = 1001\n",
-        "[embedding]\nhnsw_ef_search = 0\n",
+        "[embedding]\nivfflat_probes = 32769\n",
+        "[embedding]\nivfflat_probes = 0\n",
     ] {
         assert!(
             matches!(parse(bad), Err(ConfigError::Invalid { .. })),

@@ -1,16 +1,16 @@
 //! Loading the corpus: COPY in chunks with a progress bar, the indexes dropped for the load and
-//! built after it; a model without an index in the migrations (the static one) gets its own, as
-//! the embedding worker creates it (`switchboard_embed::ensure_index`), built after the others.
+//! built after it; then the model's vector index, as the embedding worker builds it
+//! (`switchboard_embed::keep_index`), after the others.
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection as _, PgConnection};
 
-use switchboard_embed::HnswParameters;
+use switchboard_embed::{Kept, vector_index};
 
 use super::corpus::{AGENTS, Chunk, Corpus, Rows, generate, session_id};
 
@@ -43,7 +43,7 @@ pub async fn load(
     seed: u64,
     model: &str,
     maintenance_work_mem: &str,
-    graph: Option<HnswParameters>,
+    lists: Option<u32>,
 ) -> anyhow::Result<(Rows, LoadReport)> {
     let mut conn = PgConnection::connect(url).await?;
     // The indexes other than the primary keys go for the load and come back after it.
@@ -51,7 +51,7 @@ pub async fn load(
         "SELECT i.indexname::text, i.indexdef FROM pg_indexes i
           WHERE i.schemaname = 'switchboard' AND i.tablename IN ('messages', 'message_vectors')
             AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)
-          ORDER BY i.indexdef LIKE '%hnsw%', i.indexname",
+          ORDER BY i.indexname",
     )
     .fetch_all(&mut conn)
     .await?;
@@ -156,45 +156,39 @@ pub async fn load(
             seconds,
         });
     }
-    // A model the migrations have no index for: the product's own statement builds it, on a
-    // connection with the same maintenance_work_mem.
-    let own = switchboard_embed::index_name(model);
-    if !indexes.iter().any(|(name, _)| *name == own) {
-        let options: PgConnectOptions = url.parse()?;
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_with(options.options([("maintenance_work_mem", maintenance_work_mem)]))
-            .await?;
-        let spinner = ProgressBar::new_spinner();
-        spinner.set_message(format!("building {own}"));
-        spinner.enable_steady_tick(Duration::from_millis(500));
-        let t = Instant::now();
-        let graph = graph.unwrap_or(HnswParameters::DEFAULT);
-        println!(
-            "memory_bench: {own} with m = {}, ef_construction = {}",
-            graph.m, graph.ef_construction
-        );
-        switchboard_embed::create_index(&pool, model, corpus.dims, graph)
-            .await
-            .with_context(|| format!("building {own}"))?;
-        spinner.finish_and_clear();
-        let seconds = t.elapsed().as_secs_f64();
-        pool.close().await;
-        let built: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_indexes
-                             WHERE schemaname = 'switchboard' AND indexname = $1)",
-        )
-        .bind(&own)
-        .fetch_one(&mut conn)
-        .await?;
-        anyhow::ensure!(
-            built,
-            "switchboard_embed::ensure_index built no {own} for {model} ({} dimensions)",
-            corpus.dims
-        );
-        println!("memory_bench: built {own} in {seconds:.1} s");
-        index_builds.push(IndexBuild { name: own, seconds });
-    }
+    // The model's vector index, by the product's own statements (its lists from the vectors
+    // there, unless --lists says).
+    let own = vector_index::index_name(model);
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(format!("building {own}"));
+    spinner.enable_steady_tick(Duration::from_millis(500));
+    let t = Instant::now();
+    let lists = match lists {
+        Some(lists) => {
+            vector_index::build(&mut conn, model, corpus.dims, lists)
+                .await
+                .with_context(|| format!("building {own}"))?;
+            lists
+        }
+        None => {
+            let pool = PgPoolOptions::new().max_connections(2).connect(url).await?;
+            let kept = switchboard_embed::keep_index(&pool, model, corpus.dims)
+                .await
+                .with_context(|| format!("building {own}"))?;
+            pool.close().await;
+            match kept {
+                Kept::Built { lists, .. } => lists,
+                Kept::AsItWas => anyhow::bail!(
+                    "switchboard_embed::keep_index built no {own} for {model} ({} dimensions)",
+                    corpus.dims
+                ),
+            }
+        }
+    };
+    spinner.finish_and_clear();
+    let seconds = t.elapsed().as_secs_f64();
+    println!("memory_bench: built {own} with {lists} lists in {seconds:.1} s");
+    index_builds.push(IndexBuild { name: own, seconds });
     let t = Instant::now();
     sqlx::query(
         "VACUUM (ANALYZE) switchboard.sessions, switchboard.messages, switchboard.message_vectors",

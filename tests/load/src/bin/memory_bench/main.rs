@@ -9,8 +9,8 @@
 //! structure; plus a little isotropic noise), 100 per person plus a skewed slice (10 % of the
 //! vectors over 20 people), with texts drawn from a word list per topic so full-text search has
 //! hits. The indexes are dropped for the load and built after it (their build times reported);
-//! the static model, which has no index in the migrations, gets the one the embedding worker
-//! creates for it (`switchboard_embed::ensure_index`), built and timed after the others.
+//! then the model's vector index is built as the embedding worker builds it
+//! (`switchboard_embed::keep_index`: IVFFlat, its lists from the vectors there), timed.
 //!
 //! Then it measures the product's own functions (`switchboard_memory::recall::recall`, and
 //! `switchboard_memory::search::search` as `GET /api/v1/search` calls it, without and with an
@@ -48,7 +48,6 @@ use corpus::{
 use exact::{brute_force, exact_top10};
 use load::load;
 use measure::{Bench, BenchEmbedder, Kind, Series, load_average, measure};
-use switchboard_embed::HnswParameters;
 
 /// Issue 42's targets (issue 22 asked 10 and 50 ms).
 const TARGET_RECALL_P99_MS: f64 = 5.0;
@@ -105,10 +104,10 @@ struct Args {
     /// are the bench's own either way). With --database-url give the one that loaded it.
     #[arg(long, value_enum, default_value_t = EmbedderChoice::Minilm)]
     embedder: EmbedderChoice,
-    /// The HNSW graph of a model without one in the migrations, as `M,EF_CONSTRUCTION` (default:
-    /// the product's, `switchboard_embed::HnswParameters::DEFAULT`): to choose one.
-    #[arg(long, value_parser = parse_graph)]
-    graph: Option<HnswParameters>,
+    /// The vector index's lists (default: the product's for the vectors loaded,
+    /// `switchboard_embed::vector_index::lists_for`): to choose them.
+    #[arg(long)]
+    lists: Option<u32>,
     /// A database loaded by an earlier run with the same --vectors, --topics, --seed and
     /// --embedder (the URL it printed with --keep-stack): measure again without loading.
     #[arg(long)]
@@ -131,12 +130,12 @@ struct Args {
     /// behind a system call).
     #[arg(long, default_value = "auto")]
     shared_buffers: String,
-    /// Also measure with these `hnsw.ef_search` values (as `[embedding] hnsw_ef_search` sets
+    /// Also measure with these `ivfflat.probes` values (as `[embedding] ivfflat_probes` sets
     /// it for each search; the product's default is measured first).
     #[arg(long, value_delimiter = ',')]
-    ef_search: Vec<u32>,
+    probes: Vec<u32>,
     /// Searches timed as a whole call (ranking + index lag): the first this many queries
-    /// (at most 20 with the other --ef-search values; the lag query takes seconds at 1M); the
+    /// (at most 20 with the other --probes values; the lag query takes seconds at 1M); the
     /// ranking alone is timed over all of them.
     #[arg(long, default_value_t = 100)]
     full_calls: usize,
@@ -145,21 +144,10 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-fn parse_graph(s: &str) -> Result<HnswParameters, String> {
-    let (m, ef) = s
-        .split_once(',')
-        .ok_or("give M,EF_CONSTRUCTION, e.g. 16,64")?;
-    let number = |x: &str| x.trim().parse::<u32>().map_err(|e| format!("{x}: {e}"));
-    Ok(HnswParameters {
-        m: number(m)?,
-        ef_construction: number(ef)?,
-    })
-}
-
 #[derive(Debug, Serialize)]
 struct Run {
-    /// `hnsw.ef_search` of the searches across people (`[embedding] hnsw_ef_search`).
-    ef_search: String,
+    /// `ivfflat.probes` of the searches across people (`[embedding] ivfflat_probes`).
+    probes: String,
     series: Vec<Series>,
     /// The product's prepared ranking statements: how often Postgres planned them generically.
     prepared_statements: Vec<serde_json::Value>,
@@ -245,7 +233,7 @@ async fn check_loaded(url: &str, model: &str, dims: usize, vectors: usize) -> an
                          WHERE schemaname = 'switchboard' AND indexname = $2)",
     )
     .bind(model)
-    .bind(switchboard_embed::index_name(model))
+    .bind(switchboard_embed::vector_index::index_name(model))
     .fetch_one(&db)
     .await?;
     db.close().await;
@@ -274,10 +262,10 @@ async fn main() -> anyhow::Result<()> {
         "--vectors must be at least {} and --queries, --topics positive",
         SKEWED_PEOPLE * PER_PERSON * 10
     );
-    let max_ef = switchboard_kit::memory_config::MAX_HNSW_EF_SEARCH;
+    let max_probes = switchboard_kit::memory_config::MAX_IVFFLAT_PROBES;
     anyhow::ensure!(
-        args.ef_search.iter().all(|e| (1..=max_ef).contains(e)),
-        "--ef-search values go from 1 to {max_ef} (pgvector's range)"
+        args.probes.iter().all(|p| (1..=max_probes).contains(p)),
+        "--probes values go from 1 to {max_probes} (pgvector's range)"
     );
     let (model, dims) = args.embedder.model();
     if args.database_url.is_none() {
@@ -322,7 +310,7 @@ async fn main() -> anyhow::Result<()> {
                 args.seed,
                 &model,
                 &args.maintenance_work_mem,
-                args.graph,
+                args.lists,
             )
             .await?;
             (url, rows, Some(report))
@@ -380,7 +368,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     for run in &runs {
-        println!("\nhnsw.ef_search = {}", run.ef_search);
+        println!("\nivfflat.probes = {}", run.probes);
         println!(
             "{:<28} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10} {:>12} {:>12}",
             "query",
@@ -505,7 +493,7 @@ async fn measure_all(
             "messages".to_string(),
             "message_vectors".to_string(),
             "message_vectors_person".to_string(),
-            switchboard_embed::index_name(model),
+            switchboard_embed::vector_index::index_name(model),
             "messages_search".to_string(),
         ];
         let sizes: Vec<(String, i64)> = sqlx::query_as(
@@ -517,11 +505,11 @@ async fn measure_all(
         .bind(&relations[..])
         .fetch_all(&admin)
         .await?;
-        // The model's HNSW index as built (its graph's m and ef_construction are the model's).
+        // The model's vector index as built (its lists).
         let model_index: Option<String> = sqlx::query_scalar(
             "SELECT indexdef FROM pg_indexes WHERE schemaname = 'switchboard' AND indexname = $1",
         )
-        .bind(switchboard_embed::index_name(model))
+        .bind(switchboard_embed::vector_index::index_name(model))
         .fetch_optional(&admin)
         .await?;
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -554,19 +542,19 @@ async fn measure_all(
     };
 
     // The product's own setting first, then the others asked for.
-    let product = EmbeddingConfig::default().hnsw_ef_search;
+    let product = EmbeddingConfig::default().ivfflat_probes;
     let mut settings: Vec<u32> = vec![product];
-    settings.extend(args.ef_search.iter().copied().filter(|&e| e != product));
+    settings.extend(args.probes.iter().copied().filter(|&e| e != product));
     let mut runs = Vec::new();
     for ef in settings {
         // Three connections, as a process of the product has at least: a call's statements
         // that can run side by side do.
         let db = PgPoolOptions::new().max_connections(3).connect(url).await?;
-        let ef_search = ef.to_string();
-        println!("\nmemory_bench: measuring with hnsw.ef_search = {ef_search}");
+        let probes = ef.to_string();
+        println!("\nmemory_bench: measuring with ivfflat.probes = {probes}");
         let bench = Bench {
             db,
-            ef_search: ef,
+            probes: ef,
             corpus,
             embedder: BenchEmbedder {
                 model: model.to_string(),
@@ -580,7 +568,7 @@ async fn measure_all(
             (Kind::Search, &search_q, exact_search),
             (Kind::SearchAgent, &agent_q, exact_agent),
         ] {
-            // The other ef_search settings are about the ranking: a few whole calls only.
+            // The other probes settings are about the ranking: a few whole calls only.
             let full_calls = if ef == product {
                 args.full_calls
             } else {
@@ -600,7 +588,7 @@ async fn measure_all(
         .fetch_all(&bench.db)
         .await?;
         runs.push(Run {
-            ef_search,
+            probes,
             series,
             prepared_statements: prepared
                 .into_iter()

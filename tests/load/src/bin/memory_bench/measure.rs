@@ -78,8 +78,8 @@ impl Kind {
 
 pub struct Bench<'a> {
     pub db: PgPool,
-    /// `hnsw.ef_search` of the searches across people, as `[embedding] hnsw_ef_search` sets it.
-    pub ef_search: u32,
+    /// `ivfflat.probes` of the searches across people, as `[embedding] ivfflat_probes` sets it.
+    pub probes: u32,
     pub corpus: &'a Corpus,
     pub embedder: BenchEmbedder,
 }
@@ -127,7 +127,7 @@ impl Bench<'_> {
                 &self.db,
                 Ok(embedder),
                 model,
-                &search_query(q, text, limit, self.ef_search),
+                &search_query(q, text, limit, self.probes),
             )
             .await?
             .hits
@@ -138,7 +138,7 @@ impl Bench<'_> {
                 &self.db,
                 Ok(embedder),
                 model,
-                &search_query(q, text, limit, self.ef_search),
+                &search_query(q, text, limit, self.probes),
             )
             .await?
             .0
@@ -178,7 +178,7 @@ impl Bench<'_> {
                     &self.db,
                     Ok(embedder),
                     model,
-                    &search_query(q, &q.text, search::DEFAULT_LIMIT as usize, self.ef_search),
+                    &search_query(q, &q.text, search::DEFAULT_LIMIT as usize, self.probes),
                 )
                 .await?
             }
@@ -186,12 +186,12 @@ impl Bench<'_> {
     }
 }
 
-pub fn search_query(q: &Query, text: &str, limit: usize, ef_search: u32) -> SearchQuery {
+pub fn search_query(q: &Query, text: &str, limit: usize, probes: u32) -> SearchQuery {
     SearchQuery {
         text: text.to_string(),
         agent: q.agent.map(|a| AGENTS[a].0.to_string()),
         limit: limit as i64,
-        ef_search,
+        probes,
         ..Default::default()
     }
 }
