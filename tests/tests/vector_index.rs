@@ -94,14 +94,14 @@ async fn rebuilt(app: &TestApp, lists: u32) -> Kept {
     kept
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_index_is_built_from_the_vectors_and_again_when_they_outgrow_it_and_searches_read_it() {
+/// An app embedding through a fake model, after `phone` texted once, with the index its
+/// embedding worker built at start, over what was there: one list.
+async fn app_with_its_first_index(phone: &str) -> (FakeModel, TestApp) {
     let fake = FakeModel::start(DIMS).await;
     let config = fake.embedding_config(MODEL);
     let app = spawn_app_configured(move |c| c.embedding = config).await;
-    app.text_and_settle(&[("+14155550901", "when is my next shift")])
+    app.text_and_settle(&[(phone, "when is my next shift")])
         .await;
-    // Built at the worker's start, over what was there: one list.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while state(&app).await != IndexState::Lists(1) {
         assert!(
@@ -111,6 +111,12 @@ async fn the_index_is_built_from_the_vectors_and_again_when_they_outgrow_it_and_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    (fake, app)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_is_built_from_the_vectors_and_again_when_they_outgrow_it_and_searches_read_it() {
+    let (_fake, app) = app_with_its_first_index("+14155550901").await;
 
     log_with_vectors(&app, 1, 2_100).await;
     let kept = rebuilt(&app, 2).await;
@@ -175,16 +181,7 @@ async fn the_index_is_built_from_the_vectors_and_again_when_they_outgrow_it_and_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_versions_graph_is_replaced_and_a_half_done_build_is_not_left_behind() {
-    let fake = FakeModel::start(DIMS).await;
-    let config = fake.embedding_config(MODEL);
-    let app = spawn_app_configured(move |c| c.embedding = config).await;
-    app.text_and_settle(&[("+14155550902", "is the canteen open")])
-        .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while state(&app).await != IndexState::Lists(1) {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (_fake, app) = app_with_its_first_index("+14155550902").await;
     // As an earlier version left it: the model's HNSW graph, no IVFFlat index, and a build cut
     // off half way (an index left by a crashed CREATE INDEX CONCURRENTLY is invalid; this one
     // is valid, which the next build must drop all the same).
