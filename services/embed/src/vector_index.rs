@@ -86,11 +86,6 @@ pub fn graph_name(model: &str) -> String {
     name("message_vectors_hnsw_", model, "")
 }
 
-/// A model name as an SQL string literal (the partial index is matched by it).
-fn literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
 /// The index `model`'s vectors have now.
 pub async fn index_state(db: &PgPool, model: &str) -> Result<IndexState, sqlx::Error> {
     let ivf: Option<Vec<String>> = sqlx::query_scalar(
@@ -136,60 +131,48 @@ pub enum Kept {
 /// at a time (an advisory lock per model); searches and inserts go on during the build, which
 /// happens beside the old index (`CREATE INDEX CONCURRENTLY`) and replaces it when complete.
 pub async fn keep_index(db: &PgPool, model: &str, dimensions: usize) -> Result<Kept, sqlx::Error> {
-    if dimensions == 0 || dimensions > MAX_DIMENSIONS {
+    if dimensions == 0 || dimensions > MAX_DIMENSIONS || fits(db, model).await? {
         return Ok(Kept::AsItWas);
     }
-    let mut conn = db.acquire().await?;
-    let lock_key = format!("switchboard.vector_index:{model}");
+    // A connection of its own, closed when done: the session's advisory lock goes with it
+    // whatever happens (an error, a worker stopped mid-build), never back into the pool held.
+    let mut conn = db.acquire().await?.detach();
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))")
-        .bind(&lock_key)
-        .fetch_one(&mut *conn)
+        .bind(format!("switchboard.vector_index:{model}"))
+        .fetch_one(&mut conn)
         .await?;
     if !locked {
         return Ok(Kept::AsItWas);
     }
-    let kept = build_if_outgrown(db, &mut conn, model, dimensions).await;
-    let unlocked = sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
-        .bind(&lock_key)
-        .execute(&mut *conn)
-        .await;
-    let kept = kept?;
-    unlocked?;
-    Ok(kept)
-}
-
-/// [`keep_index`]'s work, under its lock.
-async fn build_if_outgrown(
-    db: &PgPool,
-    conn: &mut sqlx::PgConnection,
-    model: &str,
-    dimensions: usize,
-) -> Result<Kept, sqlx::Error> {
-    let state = index_state(db, model).await?;
-    // Counting a model's vectors reads all of them (at 1M, an index of ~40 MB or a heap of
-    // ~1.7 GB every minute, through the cache recall needs). The table's row estimate (every
-    // model's vectors, kept by autovacuum's analyze) says first whether a count could change
-    // anything: it lags growth by at most autovacuum's 10 %, the rebuild waits for twice.
-    if let IndexState::Lists(_) = state {
-        let estimate: f32 = sqlx::query_scalar(
-            "SELECT reltuples FROM pg_class WHERE oid = 'switchboard.message_vectors'::regclass",
-        )
-        .fetch_one(&mut *conn)
-        .await?;
-        if estimate >= 0.0 && plan(state, estimate as i64).is_none() {
-            return Ok(Kept::AsItWas);
-        }
-    }
     let rows: i64 =
         sqlx::query_scalar("SELECT count(*) FROM switchboard.message_vectors WHERE model = $1")
             .bind(model)
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut conn)
             .await?;
-    let Some(lists) = plan(state, rows) else {
+    // Read again under the lock: another process may have built it meanwhile.
+    let Some(lists) = plan(index_state(db, model).await?, rows) else {
         return Ok(Kept::AsItWas);
     };
-    build(conn, model, dimensions, lists).await?;
+    build(&mut conn, model, dimensions, lists).await?;
     Ok(Kept::Built { lists, rows })
+}
+
+/// Whether `model`'s index surely fits its vectors, without counting them. Counting reads
+/// every vector of the model (at 1M an index of ~40 MB, or a heap of ~1.7 GB, every minute,
+/// through the cache recall needs); the table's row estimate (every model's vectors, kept by
+/// autovacuum's analyze: it lags growth by about autovacuum's 10 %, and a rebuild waits for
+/// twice the vectors) says first whether a count could change anything.
+async fn fits(db: &PgPool, model: &str) -> Result<bool, sqlx::Error> {
+    let state = index_state(db, model).await?;
+    if !matches!(state, IndexState::Lists(_)) {
+        return Ok(false);
+    }
+    let estimate: f32 = sqlx::query_scalar(
+        "SELECT reltuples FROM pg_class WHERE oid = 'switchboard.message_vectors'::regclass",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(estimate >= 0.0 && plan(state, estimate as i64).is_none())
 }
 
 /// Build `model`'s index with `lists` beside the one there (a build left half done by a crash
@@ -215,7 +198,7 @@ pub async fn build(
              USING ivfflat ((embedding::halfvec({dimensions})) halfvec_cosine_ops)
              WITH (lists = {lists})
              WHERE model = {model}",
-        model = literal(model),
+        model = switchboard_memory::search::sql_literal(model),
     ))
     .execute(&mut *conn)
     .await;

@@ -158,7 +158,7 @@ impl SearchResults {
 
 /// A model name as an SQL string literal (the partial vector index is chosen only when the
 /// query's `model = '…'` is a literal equal to the index's predicate).
-fn sql_literal(s: &str) -> String {
+pub fn sql_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
