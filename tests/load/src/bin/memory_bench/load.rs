@@ -46,7 +46,9 @@ pub async fn load(
     lists: Option<u32>,
 ) -> anyhow::Result<(Rows, LoadReport)> {
     let mut conn = PgConnection::connect(url).await?;
-    // The indexes other than the primary keys go for the load and come back after it.
+    // The indexes other than the primary keys go for the load and come back after it; the
+    // model's vector index comes back as the embedding worker builds it (below), not as the
+    // migrations left it (one list).
     let indexes: Vec<(String, String)> = sqlx::query_as(
         "SELECT i.indexname::text, i.indexdef FROM pg_indexes i
           WHERE i.schemaname = 'switchboard' AND i.tablename IN ('messages', 'message_vectors')
@@ -60,6 +62,10 @@ pub async fn load(
             .execute(&mut conn)
             .await?;
     }
+    let indexes: Vec<(String, String)> = indexes
+        .into_iter()
+        .filter(|(_, def)| !def.contains("USING ivfflat"))
+        .collect();
     let mut sessions = String::new();
     for (p, person) in corpus.people.iter().enumerate() {
         for (a, (agent, identity, channel)) in AGENTS.iter().enumerate() {
