@@ -81,6 +81,17 @@ fn query_for(k: i32) -> QueryVector {
     }
 }
 
+/// The names of every index over the fake model's vectors.
+async fn indexes_of_the_model(app: &TestApp) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes
+          WHERE tablename = 'message_vectors' AND indexdef LIKE '%fake-embed%' ORDER BY 1",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap()
+}
+
 /// Keep the index, and see it built with `lists`: by this call, or (once a minute) by the
 /// embedding worker's own keeper holding the lock at that moment.
 async fn rebuilt(app: &TestApp, lists: u32) -> Kept {
@@ -129,15 +140,8 @@ async fn the_index_is_built_from_the_vectors_and_again_when_they_outgrow_it_and_
         matches!(kept, Kept::Built { lists: 2, rows } if rows >= 2_100) || kept == Kept::AsItWas,
         "2,100 vectors want 2 lists: {kept:?}"
     );
-    let names: Vec<String> = sqlx::query_scalar(
-        "SELECT indexname::text FROM pg_indexes
-          WHERE tablename = 'message_vectors' AND indexdef LIKE '%ivfflat%' ORDER BY 1",
-    )
-    .fetch_all(&app.db)
-    .await
-    .unwrap();
     assert_eq!(
-        names,
+        indexes_of_the_model(&app).await,
         ["message_vectors_ivf_fake_embed"],
         "the new index took the old one's place"
     );
@@ -205,14 +209,10 @@ async fn an_earlier_versions_graph_is_replaced_and_a_half_done_build_is_not_left
         .await
         .unwrap();
     assert!(matches!(kept, Kept::Built { lists: 1, .. }), "{kept:?}");
-    let names: Vec<String> = sqlx::query_scalar(
-        "SELECT indexname::text FROM pg_indexes
-          WHERE tablename = 'message_vectors' AND indexdef LIKE '%fake-embed%' ORDER BY 1",
-    )
-    .fetch_all(&app.db)
-    .await
-    .unwrap();
-    assert_eq!(names, ["message_vectors_ivf_fake_embed"]);
+    assert_eq!(
+        indexes_of_the_model(&app).await,
+        ["message_vectors_ivf_fake_embed"]
+    );
 }
 
 /// An embedder that answers one vector for any text.
