@@ -1,7 +1,7 @@
 //! The vector index a search across people reads (issue 42): pgvector's IVFFlat, built by the
 //! embedding worker from the vectors there and built again, beside the old one, when the
-//! vectors have outgrown its lists. Searches are answered through it and stay right while it is
-//! rebuilt; one process builds at a time.
+//! vectors have outgrown its lists. Searches are answered through it, before and after each
+//! rebuild (not checked during one); one process builds at a time.
 use std::time::Duration;
 
 use futures::future::BoxFuture;

@@ -185,11 +185,7 @@ pub async fn build(
     lists: u32,
 ) -> Result<(), sqlx::Error> {
     let (name, next) = (index_name(model), next_name(model));
-    sqlx::query(&format!(
-        "DROP INDEX CONCURRENTLY IF EXISTS switchboard.{next}"
-    ))
-    .execute(&mut *conn)
-    .await?;
+    drop_index(conn, &next).await?;
     sqlx::query(&format!("SET maintenance_work_mem = '{BUILD_MEMORY}'"))
         .execute(&mut *conn)
         .await?;
@@ -206,16 +202,21 @@ pub async fn build(
         .execute(&mut *conn)
         .await?;
     built?;
-    for old in [name.as_str(), graph_name(model).as_str()] {
-        sqlx::query(&format!(
-            "DROP INDEX CONCURRENTLY IF EXISTS switchboard.{old}"
-        ))
-        .execute(&mut *conn)
-        .await?;
-    }
+    drop_index(conn, &name).await?;
+    drop_index(conn, &graph_name(model)).await?;
     sqlx::query(&format!("ALTER INDEX switchboard.{next} RENAME TO {name}"))
         .execute(&mut *conn)
         .await?;
+    Ok(())
+}
+
+/// Drop the index `name` if it is there, without blocking writes (an index name, not input).
+async fn drop_index(conn: &mut sqlx::PgConnection, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "DROP INDEX CONCURRENTLY IF EXISTS switchboard.{name}"
+    ))
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
