@@ -413,8 +413,8 @@ async fn after_a_model_change_reembed_gives_every_message_a_vector_under_the_new
               AND message_id IN (SELECT message_id FROM switchboard.message_vectors
                                   WHERE model = 'fake-embed-v2' ORDER BY message_id LIMIT 2)
            RETURNING message_id)
-         UPDATE switchboard.messages SET embedded_model = NULL
-          WHERE id IN (SELECT message_id FROM gone)",
+         UPDATE switchboard.message_marks SET embedded_model = NULL
+          WHERE message_id IN (SELECT message_id FROM gone)",
     )
     .execute(&app.db)
     .await

@@ -65,11 +65,12 @@ async fn the_index_lag_counts_exactly_the_messages_without_a_vector_also_across_
     ])
     .await;
 
-    let marked: Vec<(bool, Option<String>)> =
-        sqlx::query_as("SELECT conversation, embedded_model FROM switchboard.messages ORDER BY id")
-            .fetch_all(&app.db)
-            .await
-            .unwrap();
+    let marked: Vec<(bool, Option<String>)> = sqlx::query_as(
+        "SELECT conversation, embedded_model FROM switchboard.message_marks ORDER BY message_id",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
     assert_eq!(marked.len(), 4);
     assert!(
         marked
@@ -211,12 +212,13 @@ async fn a_vector_written_while_the_marks_are_remade_for_its_model_is_not_left_w
     writer.commit().await.unwrap();
     assert!(remark.await.unwrap().unwrap(), "marked again");
 
-    let marked: Option<String> =
-        sqlx::query_scalar("SELECT embedded_model FROM switchboard.messages WHERE id = $1")
-            .bind(late)
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
+    let marked: Option<String> = sqlx::query_scalar(
+        "SELECT embedded_model FROM switchboard.message_marks WHERE message_id = $1",
+    )
+    .bind(late)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
     assert_eq!(
         marked.as_deref(),
         Some("fake-embed-v2"),

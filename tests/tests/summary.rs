@@ -75,10 +75,16 @@ async fn text(app: &TestApp, body: &str, n: usize) {
 /// An hour (and a bit) passes since everything logged so far.
 async fn time_passes(app: &TestApp) {
     app.settle().await;
-    sqlx::query("UPDATE switchboard.messages SET created_at = created_at - interval '2 hours'")
-        .execute(&app.db)
-        .await
-        .unwrap();
+    // The log and its marks (what the summary worker's sweep reads) alike.
+    sqlx::query(
+        "WITH m AS (UPDATE switchboard.messages SET created_at = created_at - interval '2 hours'
+                     RETURNING id)
+         UPDATE switchboard.message_marks k SET created_at = k.created_at - interval '2 hours'
+           FROM m WHERE k.message_id = m.id",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
 }
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -558,7 +564,8 @@ async fn log_late(app: &TestApp, id: Uuid, beside: Uuid, text: &str) {
 /// Which summary version merged each of Ana's messages, oldest id first.
 async fn marks(app: &TestApp) -> Vec<(Uuid, Option<i64>)> {
     sqlx::query_as(
-        "SELECT id, summary_version FROM switchboard.messages WHERE person_id = '17' ORDER BY id",
+        "SELECT message_id, summary_version FROM switchboard.message_marks
+          WHERE person_id = '17' ORDER BY message_id",
     )
     .fetch_all(&app.db)
     .await
@@ -660,8 +667,10 @@ async fn a_key_with_a_message_logged_late_is_summarised_soon_after_it_goes_quiet
     let late = minted_just_after(said[0].0);
     log_late(&app, late, said[0].0, "Sunday the 14th, not the 7th.").await;
     sqlx::query(
-        "UPDATE switchboard.messages SET created_at = created_at - interval '2 hours'
-          WHERE id <> $1",
+        "WITH m AS (UPDATE switchboard.messages SET created_at = created_at - interval '2 hours'
+                      WHERE id <> $1 RETURNING id)
+         UPDATE switchboard.message_marks k SET created_at = k.created_at - interval '2 hours'
+           FROM m WHERE k.message_id = m.id",
     )
     .bind(late)
     .execute(&app.db)

@@ -267,16 +267,20 @@ impl CategoriseStage {
             return Ok(());
         }
         let ids: Vec<Uuid> = replies.iter().map(|x| x.outbound_id).collect();
-        let texts: std::collections::HashMap<Uuid, (String, Option<String>)> = sqlx::query!(
-            r#"SELECT id, message, metadata->>'kind' AS "kind?" FROM switchboard.messages
-                WHERE id = ANY($1)"#,
-            &ids,
-        )
-        .fetch_all(&self.db)
-        .await?
-        .into_iter()
-        .map(|r| (r.id, (r.message, r.kind)))
-        .collect();
+        let texts: std::collections::HashMap<Uuid, (String, Option<String>)> =
+            sqlx::query_as::<_, (Uuid, String, Option<String>)>(
+                "SELECT id, message, metadata->>'kind' FROM switchboard.messages
+                  WHERE id = ANY($1)",
+            )
+            .bind(&ids)
+            // Planned for each batch: a generic plan cached while the log was nearly empty
+            // (and never analyzed) reads it whole (tests/tests/table_growth.rs).
+            .persistent(false)
+            .fetch_all(&self.db)
+            .await?
+            .into_iter()
+            .map(|(id, message, kind)| (id, (message, kind)))
+            .collect();
         replies.retain_mut(|x| match texts.get(&x.outbound_id) {
             None => {
                 // The row is gone since it was logged (the person was forgotten): nothing

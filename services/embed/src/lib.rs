@@ -391,10 +391,11 @@ pub async fn reembed_step(
 ) -> Result<usize, EmbedStageError> {
     let rows: Vec<Row> = sqlx::query!(
         "SELECT m.id, m.message, m.person_id, m.agent_identity, m.session_id
-           FROM switchboard.messages m
-          WHERE m.embedded_model IS NULL AND m.conversation
+           FROM switchboard.message_marks k
+           JOIN switchboard.messages m ON m.id = k.message_id
+          WHERE k.embedded_model IS NULL AND k.conversation
             AND EXISTS (SELECT 1 FROM switchboard.embedding_marks WHERE model = $1)
-          ORDER BY m.created_at, m.id
+          ORDER BY k.created_at, k.message_id
           LIMIT $2",
         embedder.model(),
         limit as i64,

@@ -122,8 +122,8 @@ pub async fn write_all(db: &PgPool, handed: &[HandedVector]) -> Result<u64, sqlx
                        $7::timestamptz[])
                 AS h(id, model, person_id, agent_identity, dimensions, embedding, received)
           WHERE EXISTS (SELECT 1 FROM switchboard.embedding_marks k WHERE k.model = h.model)
-            AND NOT EXISTS (SELECT 1 FROM switchboard.messages m
-                             WHERE m.id = h.id AND m.embedded_model = h.model)
+            AND NOT EXISTS (SELECT 1 FROM switchboard.message_marks k
+                             WHERE k.message_id = h.id AND k.embedded_model = h.model)
             AND NOT EXISTS (SELECT 1 FROM switchboard.forgotten_people f
                              WHERE f.person_sha256 = sha256(convert_to(h.person_id, 'UTF8'))
                                AND f.forgotten_at > h.received)

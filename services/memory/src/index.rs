@@ -32,7 +32,7 @@ pub async fn lag(db: &PgPool, model: &str, scope: LagScope<'_>) -> Result<IndexL
 /// engine session holds are not waited for, so they do not make the index look behind).
 ///
 /// When the marks are for `model` (the steady state: [`ensure_marks`]), the waiting messages are
-/// the entries of the partial index `messages_unembedded`, a handful whatever the log's size.
+/// the entries of the partial index `message_marks_unembedded`, a handful whatever the log's size.
 /// Otherwise (no embedding worker of that model has started yet) every message is looked up
 /// among the vectors: exact, and slow on a large log. Everyone's lag is two statements, not one
 /// with both branches: Postgres plans the slow branch in parallel and starts its workers
@@ -54,7 +54,7 @@ pub async fn lag_excluding(
             agent_identity,
         } => {
             // When the marks are for `model` (the steady state), the person's unmarked messages
-            // are read by the partial index `messages_person_unembedded`: a handful, where
+            // are read by the partial index `message_marks_person_unembedded`: a handful, where
             // reading the person's log took a heavy person's recall 2.2 ms at 1M. Whether they
             // are is read in the same statement, so that costs no round trip; the mark has to
             // be a plain condition for the partial index to serve it, and the other case is a
@@ -63,14 +63,14 @@ pub async fn lag_excluding(
             let marked = sqlx::query!(
                 r#"SELECT (SELECT EXISTS (SELECT 1 FROM switchboard.embedding_marks
                                            WHERE model = $1)) AS "marked!",
-                          extract(epoch FROM now() - min(m.created_at))::float8 AS "seconds?",
+                          extract(epoch FROM now() - min(k.created_at))::float8 AS "seconds?",
                           count(*) AS "waiting!"
-                     FROM switchboard.messages m
+                     FROM switchboard.message_marks k
                     WHERE (SELECT EXISTS (SELECT 1 FROM switchboard.embedding_marks
                                            WHERE model = $1))
-                      AND m.person_id = $2 AND ($3::text IS NULL OR m.agent_identity = $3)
-                      AND m.embedded_model IS NULL AND m.conversation
-                      AND NOT (m.id = ANY($4::uuid[]))"#,
+                      AND k.person_id = $2 AND ($3::text IS NULL OR k.agent_identity = $3)
+                      AND k.embedded_model IS NULL AND k.conversation
+                      AND NOT (k.message_id = ANY($4::uuid[]))"#,
                 model,
                 person_id,
                 agent_identity,
@@ -108,11 +108,11 @@ pub async fn lag_excluding(
         LagScope::Everyone => {
             if marked_model(db).await?.as_deref() == Some(model) {
                 sqlx::query_as::<_, LagRow>(
-                    "SELECT extract(epoch FROM now() - min(m.created_at))::float8 AS seconds,
+                    "SELECT extract(epoch FROM now() - min(k.created_at))::float8 AS seconds,
                             count(*) AS waiting
-                       FROM switchboard.messages m
-                      WHERE m.embedded_model IS NULL AND m.conversation
-                        AND NOT (m.id = ANY($1::uuid[]))",
+                       FROM switchboard.message_marks k
+                      WHERE k.embedded_model IS NULL AND k.conversation
+                        AND NOT (k.message_id = ANY($1::uuid[]))",
                 )
                 .bind(exclude)
                 // Planned each time, so the partial index of unembedded messages is used once
@@ -144,7 +144,7 @@ pub async fn lag_excluding(
     })
 }
 
-/// Make the marks (`messages.embedded_model`) be for `model`: when they are for another model
+/// Make the marks (`message_marks.embedded_model`) be for `model`: when they are for another model
 /// (or none yet), mark every message again by whether it has a vector under `model`, in one
 /// transaction holding the marks' row, so that no concurrent [`mark_embedded`] is lost. Run by
 /// the embedding worker and `switchboard reembed` before they embed; a no-op in the steady
@@ -166,18 +166,19 @@ pub async fn ensure_marks(db: &PgPool, model: &str) -> Result<bool, sqlx::Error>
     }
     // Unmark what has no vector under `model`, then mark what has.
     sqlx::query!(
-        "UPDATE switchboard.messages m SET embedded_model = NULL
-          WHERE m.embedded_model IS NOT NULL
+        "UPDATE switchboard.message_marks k SET embedded_model = NULL
+          WHERE k.embedded_model IS NOT NULL
             AND NOT EXISTS (SELECT 1 FROM switchboard.message_vectors v
-                             WHERE v.message_id = m.id AND v.model = $1)",
+                             WHERE v.message_id = k.message_id AND v.model = $1)",
         model,
     )
     .execute(&mut *tx)
     .await?;
     sqlx::query!(
-        "UPDATE switchboard.messages m SET embedded_model = $1
+        "UPDATE switchboard.message_marks k SET embedded_model = $1
            FROM switchboard.message_vectors v
-          WHERE v.message_id = m.id AND v.model = $1 AND m.embedded_model IS DISTINCT FROM $1",
+          WHERE v.message_id = k.message_id AND v.model = $1
+            AND k.embedded_model IS DISTINCT FROM $1",
         model,
     )
     .execute(&mut *tx)
@@ -217,8 +218,8 @@ pub async fn mark_embedded(
         return Ok(());
     }
     sqlx::query!(
-        "UPDATE switchboard.messages SET embedded_model = $1
-          WHERE id = ANY($2) AND embedded_model IS DISTINCT FROM $1",
+        "UPDATE switchboard.message_marks SET embedded_model = $1
+          WHERE message_id = ANY($2) AND embedded_model IS DISTINCT FROM $1",
         model,
         ids,
     )

@@ -33,15 +33,15 @@ pub(crate) async fn summary_due(
     // log backwards to its start. Planned each time, so a plan cached on an empty log does not
     // read it whole either.
     let newest: Option<(Uuid, i64)> = sqlx::query_as(
-        "SELECT m.id, coalesce(y.version, 0)
+        "SELECT k.message_id, coalesce(y.version, 0)
            FROM switchboard.sessions s
            CROSS JOIN LATERAL (
-                SELECT m.id FROM switchboard.messages m
-                 WHERE m.session_id = s.id AND m.summary_version IS NULL
-                 ORDER BY m.id DESC LIMIT 1) m
+                SELECT k.message_id FROM switchboard.message_marks k
+                 WHERE k.session_id = s.id AND k.summary_version IS NULL
+                 ORDER BY k.message_id DESC LIMIT 1) k
            LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
           WHERE s.memory_key = $1 AND NOT ($2 AND s.id = $3)
-          ORDER BY m.id DESC LIMIT 1",
+          ORDER BY k.message_id DESC LIMIT 1",
     )
     .bind(&opened.memory_key)
     .bind(other_sessions_only)

@@ -8,7 +8,7 @@
 //!   summary version), so replicas publishing the same item make one message, and once a run
 //!   has written a version the next sweep's item is a new one.
 //! - [`SummaryStage`] (`summary`): merges the messages no version has merged yet
-//!   (`messages.summary_version` NULL, so one logged late with an old id is merged by the next
+//!   (`message_marks.summary_version` NULL, so one logged late with an old id is merged by the next
 //!   version) with the configured model, or extractively when none is, and writes with
 //!   compare-and-set on the version, marking exactly the merged messages in the same
 //!   transaction: a replica that lost the race writes nothing, so no message is summarised

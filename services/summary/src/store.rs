@@ -1,6 +1,6 @@
 //! What the summary worker reads and writes: the summary row of a memory key, the messages it
 //! has not merged yet (every engine variant's and channel's, in id order: those whose
-//! `messages.summary_version` is NULL), and the compare-and-set write that marks the messages it
+//! `message_marks.summary_version` is NULL), and the compare-and-set write that marks the messages it
 //! merged, with its journal entries.
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -92,10 +92,11 @@ pub async fn unsummarised(
     sqlx::query_as!(
         Message,
         "SELECT m.id, m.direction, m.channel, m.agent_name, m.message, m.created_at
-           FROM switchboard.messages m
-           JOIN switchboard.sessions s ON s.id = m.session_id
-          WHERE s.memory_key = $1 AND m.summary_version IS NULL AND m.conversation
-          ORDER BY m.id
+           FROM switchboard.message_marks k
+           JOIN switchboard.sessions s ON s.id = k.session_id
+           JOIN switchboard.messages m ON m.id = k.message_id
+          WHERE s.memory_key = $1 AND k.summary_version IS NULL AND k.conversation
+          ORDER BY k.message_id
           LIMIT $2",
         memory_key,
         limit,
@@ -171,8 +172,8 @@ pub async fn write(
     // Exactly the merged messages carry this version (the compare-and-set above makes this
     // the only writer of the key's marks until commit).
     sqlx::query!(
-        "UPDATE switchboard.messages SET summary_version = $2
-          WHERE id = ANY($1::uuid[]) AND summary_version IS NULL",
+        "UPDATE switchboard.message_marks SET summary_version = $2
+          WHERE message_id = ANY($1::uuid[]) AND summary_version IS NULL",
         new.merged,
         version,
     )
@@ -181,10 +182,10 @@ pub async fn write(
     // What is not conversation is never merged: marked too, up to this version's last
     // message, so that the unsummarised index does not keep it for ever.
     sqlx::query!(
-        "UPDATE switchboard.messages m SET summary_version = $2
+        "UPDATE switchboard.message_marks k SET summary_version = $2
            FROM switchboard.sessions s
-          WHERE s.id = m.session_id AND s.memory_key = $1 AND m.summary_version IS NULL
-            AND m.id <= $3 AND NOT m.conversation",
+          WHERE s.id = k.session_id AND s.memory_key = $1 AND k.summary_version IS NULL
+            AND k.message_id <= $3 AND NOT k.conversation",
         new.memory_key,
         version,
         last_merged,
@@ -252,15 +253,15 @@ pub async fn quiet(db: &PgPool, idle_gap_s: u64, limit: i64) -> Result<Vec<Quiet
         Quiet,
         r#"SELECT s.memory_key, min(s.person_id) AS "person_id!",
                 min(s.agent_identity) AS "agent_identity!",
-                (array_agg(m.id ORDER BY m.id DESC))[1] AS "newest!",
+                (array_agg(k.message_id ORDER BY k.message_id DESC))[1] AS "newest!",
                 coalesce(max(y.version), 0) AS "version!"
-           FROM switchboard.messages m
-           JOIN switchboard.sessions s ON s.id = m.session_id
+           FROM switchboard.message_marks k
+           JOIN switchboard.sessions s ON s.id = k.session_id
            LEFT JOIN switchboard.summaries y ON y.memory_key = s.memory_key
-          WHERE m.summary_version IS NULL AND m.conversation
+          WHERE k.summary_version IS NULL AND k.conversation
           GROUP BY s.memory_key
-         HAVING max(m.created_at) < now() - $1 * interval '1 second'
-          ORDER BY max(m.created_at)
+         HAVING max(k.created_at) < now() - $1 * interval '1 second'
+          ORDER BY max(k.created_at)
           LIMIT $2"#,
         idle_gap_s as f64,
         limit,

@@ -338,10 +338,10 @@ async fn sample(src: &LagSource, start: Instant) -> Vec<LagPoint> {
     // how long it has waited past that.
     let summary: Option<(f64, i64)> = sqlx::query_as(
         "SELECT coalesce(max(extract(epoch FROM now() - k.newest)::float8 - $1), 0), count(*)
-           FROM (SELECT s.memory_key, max(m.created_at) AS newest
-                   FROM switchboard.messages m
-                   JOIN switchboard.sessions s ON s.id = m.session_id
-                  WHERE m.summary_version IS NULL AND m.conversation
+           FROM (SELECT s.memory_key, max(k.created_at) AS newest
+                   FROM switchboard.message_marks k
+                   JOIN switchboard.sessions s ON s.id = k.session_id
+                  WHERE k.summary_version IS NULL AND k.conversation
                   GROUP BY s.memory_key) k
           WHERE k.newest < now() - make_interval(secs => $1)",
     )

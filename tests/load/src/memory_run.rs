@@ -133,8 +133,8 @@ async fn outstanding(p: &Pipeline) -> anyhow::Result<Outstanding> {
     // late with an old id is still to do.
     let unsummarised_keys: i64 = sqlx::query_scalar(
         "SELECT count(DISTINCT s.memory_key)
-           FROM switchboard.messages m JOIN switchboard.sessions s ON s.id = m.session_id
-          WHERE m.summary_version IS NULL AND m.conversation",
+           FROM switchboard.message_marks k JOIN switchboard.sessions s ON s.id = k.session_id
+          WHERE k.summary_version IS NULL AND k.conversation",
     )
     .fetch_one(&p.db)
     .await?;
@@ -237,8 +237,9 @@ pub async fn collect(
     let messages = sqlx::query_as::<_, MessageRead>(
         "SELECT m.id::text AS id, coalesce(s.memory_key, '') AS memory_key, m.person_id,
                 m.direction, m.metadata->>'kind' AS kind, m.message,
-                (extract(epoch FROM m.created_at) * 1000)::bigint AS logged_ms, m.summary_version
-           FROM switchboard.messages m LEFT JOIN switchboard.sessions s ON s.id = m.session_id",
+                (extract(epoch FROM m.created_at) * 1000)::bigint AS logged_ms, k.summary_version
+           FROM switchboard.messages m LEFT JOIN switchboard.sessions s ON s.id = m.session_id
+           LEFT JOIN switchboard.message_marks k ON k.message_id = m.id",
     )
     .fetch_all(&mut *tx)
     .await?

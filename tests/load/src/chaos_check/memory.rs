@@ -16,7 +16,7 @@
 //!   event on the stream.
 //! - **No summary lost or doubled.** Per memory key, the journal's `summarised` versions are
 //!   1..n, each once; the number of messages version v says it merged is the number marked
-//!   with v (`messages.summary_version`, set in the summary's own transaction: none merged
+//!   with v (`message_marks.summary_version`, set in the summary's own transaction: none merged
 //!   twice, none counted and left unmarked); no message carries a version never written; the
 //!   row's `messages_covered` is the number of the key's marked messages; and after the run's
 //!   wait no message of the key (what is conversation) is left unmarked.
@@ -48,7 +48,7 @@ pub struct LoggedMessage {
     /// When its row was written (`created_at`), ms since the epoch.
     #[serde(default)]
     pub logged_ms: i64,
-    /// The summary version that merged it (`messages.summary_version`; none: not yet).
+    /// The summary version that merged it (`message_marks.summary_version`; none: not yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary_version: Option<i64>,
     /// The canaries its text carries.

@@ -51,7 +51,7 @@ pub async fn load(
     // migrations left it (one list).
     let indexes: Vec<(String, String)> = sqlx::query_as(
         "SELECT i.indexname::text, i.indexdef FROM pg_indexes i
-          WHERE i.schemaname = 'switchboard' AND i.tablename IN ('messages', 'message_vectors')
+          WHERE i.schemaname = 'switchboard' AND i.tablename IN ('messages', 'message_marks', 'message_vectors')
             AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)
           ORDER BY i.indexname",
     )
