@@ -771,6 +771,21 @@ impl TestApp {
         self.settle().await;
     }
 
+    /// Two hours pass for everything logged so far (except `keep`): the log and its marks (what
+    /// the summary worker's sweep reads for quiet keys) are moved back alike.
+    pub async fn log_ages_two_hours(&self, keep: Option<uuid::Uuid>) {
+        sqlx::query(
+            "WITH m AS (UPDATE switchboard.messages SET created_at = created_at - interval '2 hours'
+                         WHERE $1::uuid IS NULL OR id <> $1 RETURNING id)
+             UPDATE switchboard.message_marks k SET created_at = k.created_at - interval '2 hours'
+               FROM m WHERE k.message_id = m.id",
+        )
+        .bind(keep)
+        .execute(&self.db)
+        .await
+        .expect("the log moved back in time");
+    }
+
     /// Wait until every stage has consumed and acked everything (twice in a row, so work that
     /// is being retried is not mistaken for done).
     pub async fn settle(&self) {

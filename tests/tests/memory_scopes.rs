@@ -39,15 +39,7 @@ async fn memory_workers_ran(app: &TestApp, logged: i64) {
     }
     // An hour of quiet later, the summary worker merges it.
     app.settle().await;
-    sqlx::query(
-        "WITH m AS (UPDATE switchboard.messages SET created_at = created_at - interval '2 hours'
-                     RETURNING id)
-         UPDATE switchboard.message_marks k SET created_at = k.created_at - interval '2 hours'
-           FROM m WHERE k.message_id = m.id",
-    )
-    .execute(&app.db)
-    .await
-    .unwrap();
+    app.log_ages_two_hours(None).await;
     loop {
         let summary: Option<String> = sqlx::query_scalar(
             "SELECT summary FROM switchboard.summaries WHERE memory_key = 'reggie:main'",

@@ -75,16 +75,7 @@ async fn text(app: &TestApp, body: &str, n: usize) {
 /// An hour (and a bit) passes since everything logged so far.
 async fn time_passes(app: &TestApp) {
     app.settle().await;
-    // The log and its marks (what the summary worker's sweep reads) alike.
-    sqlx::query(
-        "WITH m AS (UPDATE switchboard.messages SET created_at = created_at - interval '2 hours'
-                     RETURNING id)
-         UPDATE switchboard.message_marks k SET created_at = k.created_at - interval '2 hours'
-           FROM m WHERE k.message_id = m.id",
-    )
-    .execute(&app.db)
-    .await
-    .unwrap();
+    app.log_ages_two_hours(None).await;
 }
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -666,16 +657,7 @@ async fn a_key_with_a_message_logged_late_is_summarised_soon_after_it_goes_quiet
     // A part of Ana's first SMS is logged only now, while the rest has been quiet for hours.
     let late = minted_just_after(said[0].0);
     log_late(&app, late, said[0].0, "Sunday the 14th, not the 7th.").await;
-    sqlx::query(
-        "WITH m AS (UPDATE switchboard.messages SET created_at = created_at - interval '2 hours'
-                      WHERE id <> $1 RETURNING id)
-         UPDATE switchboard.message_marks k SET created_at = k.created_at - interval '2 hours'
-           FROM m WHERE k.message_id = m.id",
-    )
-    .bind(late)
-    .execute(&app.db)
-    .await
-    .unwrap();
+    app.log_ages_two_hours(Some(late)).await;
     let key = memory_key(&app).await;
     // Sweeps pass while it is fresh (a run may stop before it, and merge what came first).
     tokio::time::sleep(Duration::from_secs(3)).await;

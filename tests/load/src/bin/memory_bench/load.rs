@@ -197,7 +197,8 @@ pub async fn load(
     index_builds.push(IndexBuild { name: own, seconds });
     let t = Instant::now();
     sqlx::query(
-        "VACUUM (ANALYZE) switchboard.sessions, switchboard.messages, switchboard.message_vectors",
+        "VACUUM (ANALYZE) switchboard.sessions, switchboard.messages, switchboard.message_marks,
+                          switchboard.message_vectors",
     )
     .execute(&mut conn)
     .await?;
