@@ -2,11 +2,10 @@
 //! table row, workspace folder, stream message or dead letter names them, also when they were
 //! mid-turn; everyone else's data is untouched; `person.forgotten` tells downstream consumers;
 //! a message they send afterwards starts a new conversation.
-mod forget_support;
 
 use std::time::{Duration, Instant};
 
-use forget_support::*;
+use crate::forget_support::*;
 use prost::Message as _;
 use switchboard_e2e::{AppOptions, ChatClient, spawn_app_with};
 use switchboard_kit::proto::PersonForgotten;

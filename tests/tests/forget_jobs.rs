@@ -2,12 +2,11 @@
 //! finishes it and announces it once; deletes that keep failing fail the job visibly (and a
 //! rerun retries it); the person's history includes the ids linked into them; an address is
 //! theirs only on the channels of its kind.
-mod forget_support;
 
 use std::time::Duration;
 
+use crate::forget_support::*;
 use async_nats::jetstream;
-use forget_support::*;
 use switchboard_e2e::{AppOptions, TestApp, spawn_app_with};
 
 /// Dana's second phone, a stranger to the directory until an operator links it to her.

@@ -1,0 +1,90 @@
+//! The end-to-end tests, one module a promise, linked into one test binary.
+//!
+//! One binary, not one a file: each file linked alone was a 240 MB executable carrying the
+//! whole product, and eighty of them filled a CI machine's disk (a run failed at the linker
+//! with "No space left on device"). nextest still runs every test in its own process; pick a
+//! file's tests with `cargo nextest run -p switchboard-e2e -E 'test(/^chat::/)'`.
+
+mod forget_support;
+
+mod analytics_reader;
+mod api;
+mod arrival_order;
+mod attachments;
+mod backup_restore;
+mod batches;
+mod categorise;
+mod chat;
+mod chat_uploads;
+mod cli_api_keys;
+mod cli_completions;
+mod cli_dlq;
+mod cli_local_stack;
+mod cli_send;
+mod cli_sessions;
+mod cli_status;
+mod collect_retry;
+mod console;
+mod curated_memory;
+mod delivery;
+mod demo_gateway;
+mod deploy_files;
+mod embedding;
+mod embedding_onnx;
+mod embedding_static;
+mod forget;
+mod forget_jobs;
+mod gateway_exposure;
+mod gateway_limits;
+mod generic_webhooks;
+mod hostile_input;
+mod identity_links;
+mod identity_lookups;
+mod identity_proof;
+mod index_lag;
+mod memory_flush;
+mod memory_models;
+mod memory_scopes;
+mod message_marks;
+mod migration_compat;
+mod migrations;
+mod nats_cluster;
+mod ordered_dispatch;
+mod outbound;
+mod people_import;
+mod pgvector_vacuum;
+mod public_events;
+mod queue_modes;
+mod rate_limit;
+mod reader_isolation;
+mod readme;
+mod recall;
+mod reference_docs;
+mod reply_path_batches;
+mod retention;
+mod runner_outage;
+mod runner_outage_database_down;
+mod runner_service;
+mod schedules;
+mod search;
+mod sender_isolation;
+mod session_lifecycle;
+mod session_scope;
+mod sessions_api;
+mod sms_flow;
+mod stack_credentials;
+mod stage_runtime;
+mod summary;
+mod table_growth;
+mod textmagic;
+mod topology;
+mod toy_channel;
+mod toy_stage;
+mod traces;
+mod try_it;
+mod turn_tokens;
+mod vector_index;
+mod waiting;
+mod widget;
+mod worker_crash;
+mod workspace_links;
