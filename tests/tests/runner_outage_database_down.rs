@@ -47,12 +47,20 @@ async fn told_the_notice(app: &TestApp, person: &str, within: Duration, when: &s
 /// The app with dispatch in worker processes; one refused call opens a dispatcher's breaker,
 /// and its probes are far apart (a turn meeting it open makes a check call of its own).
 async fn app() -> TestApp {
+    app_where_a_call_may_take(Duration::from_secs(10)).await
+}
+
+/// [`app`] with the agents' timeout (a call's lease lapses 5 s after it) at `timeout`.
+async fn app_where_a_call_may_take(timeout: Duration) -> TestApp {
     spawn_app_with(AppOptions {
-        tweak: Box::new(|c| {
+        tweak: Box::new(move |c| {
             c.runtime.max_deliver = 10;
             c.dispatch.breaker_failures = 1;
             c.dispatch.breaker_probe_ms = 20_000;
             c.dispatch.breaker_probe_max_ms = 20_000;
+            for agent in &mut c.agents {
+                agent.timeout_s = timeout.as_secs();
+            }
         }),
         ..AppOptions::dispatch_as_processes()
     })
@@ -233,6 +241,29 @@ async fn a_person_whose_turn_met_the_down_runner_as_the_database_stopped_answeri
     assert_eq!(app.send_sms(person, "hello?").await.status(), 200);
     let unanswered = "while the dispatcher's database does not answer";
     told_the_notice(&app, person, Duration::from_secs(5), unanswered).await;
+    assert_eq!(waits_recorded(&app, person).await, 1);
+    answered_after_the_dispatcher_dies(&app, dispatcher, &[(person, "hello?")]).await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_person_whose_turn_was_leased_as_the_database_went_away_is_told_while_the_runner_is_down()
+{
+    // The chaos run of seed 20261206: a dispatcher's statement leasing four people's call slots
+    // committed as Postgres went down, and its answer was lost. The slots stayed held by that
+    // live dispatcher, for no call, until the calls' deadline (the agent's timeout and 5 s);
+    // the turns' retries waited behind them, were answered after the runner was back, and
+    // their people were never told. Here the first lease's answer is lost on purpose, and a
+    // call may take two minutes, longer than the test waits for the notice.
+    let app = app_where_a_call_may_take(Duration::from_secs(120)).await;
+    let person = "+14155550466";
+    let lose = "dispatch.take_answered:lose".to_string();
+    let dispatcher =
+        app.spawn_worker_with_env("dispatch", &[(switchboard_kit::failpoint::ENV, lose)]);
+    app.runner.set_down(true);
+    assert_eq!(app.send_sms(person, "hello?").await.status(), 200);
+    let lost = "though the lease their turn first took was never answered";
+    told_the_notice(&app, person, WAIT, lost).await;
     assert_eq!(waits_recorded(&app, person).await, 1);
     answered_after_the_dispatcher_dies(&app, dispatcher, &[(person, "hello?")]).await;
     app.shutdown().await;

@@ -5,7 +5,8 @@
 //!
 //! A [`CallLease`] is given back in exactly one place, [`CallLease::finish`], once the turn is
 //! over (unless the statement that settled the call cleared the slot itself, in the same
-//! transaction).
+//! transaction). A take whose answer never came back (the database went away) gives back
+//! whatever it may have taken, in the background.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -235,7 +236,7 @@ impl CallSlots {
     ) -> Result<Option<CallLease>, DispatchError> {
         self.ensure_alive().await?;
         let id = Uuid::now_v7();
-        let leased = self
+        let mut asked = self
             .takes
             .call(Take {
                 session: call.session,
@@ -245,7 +246,35 @@ impl CallSlots {
                 seq: call.seq,
                 person_id: call.person_id.to_string(),
             })
-            .await??;
+            .await
+            .map_err(DispatchError::from)
+            .and_then(|taken| taken);
+        if matches!(asked, Ok(Some(_)))
+            && switchboard_kit::failpoint::lose_once_at("dispatch.take_answered")
+        {
+            asked = Err(DispatchError::Database(sqlx::Error::Io(
+                std::io::ErrorKind::ConnectionReset.into(),
+            )));
+        }
+        let leased = match asked {
+            Ok(leased) => leased,
+            Err(e) => {
+                // The statement may have committed with only its answer lost (the database
+                // went down as it replied): the slot would be held by this live process for
+                // no call until the call's deadline, and the turn's retry, which may have a
+                // person to tell of a down runner, kept waiting that long (a chaos run's
+                // people never told). Given back once the database answers; a no-op when
+                // it was never taken (only this call's lease is cleared).
+                release_in_background(
+                    self.db.clone(),
+                    self.wakers.clone(),
+                    call.session,
+                    id,
+                    call.timeout,
+                );
+                return Err(e);
+            }
+        };
         Ok(leased.map(|row| CallLease {
             session: call.session,
             call: id,
@@ -444,32 +473,33 @@ impl CallLease {
                 "could not release the call slot; trying again in the background");
         }
         self.held = false; // handed to the retry below
-        let (db, wakers, session, call) = (
-            self.db.clone(),
-            self.wakers.clone(),
-            self.session,
-            self.call,
-        );
-        let until = tokio::time::Instant::now() + self.timeout;
-        tokio::spawn(async move {
-            let mut delay = Duration::from_millis(100);
-            loop {
-                tokio::time::sleep(delay).await;
-                match release(&db, session, call).await {
-                    Ok(()) => {
-                        wakers.wake(session);
-                        return;
-                    }
-                    Err(e) if tokio::time::Instant::now() >= until => {
-                        tracing::warn!(%session, error = %e,
-                            "gave up releasing the call slot; it lapses at its deadline");
-                        return;
-                    }
-                    Err(_) => delay = (delay * 2).min(Duration::from_secs(1)),
-                }
-            }
-        });
+        let (db, wakers) = (self.db.clone(), self.wakers.clone());
+        release_in_background(db, wakers, self.session, self.call, self.timeout);
     }
+}
+
+/// Give `call`'s slot back in the background, trying again until the database answers or the
+/// lease would have lapsed anyway (`within`); the session's parked turns are woken after.
+fn release_in_background(db: PgPool, wakers: Wakers, session: Uuid, call: Uuid, within: Duration) {
+    let until = tokio::time::Instant::now() + within;
+    tokio::spawn(async move {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            tokio::time::sleep(delay).await;
+            match release(&db, session, call).await {
+                Ok(()) => {
+                    wakers.wake(session);
+                    return;
+                }
+                Err(e) if tokio::time::Instant::now() >= until => {
+                    tracing::warn!(%session, error = %e,
+                        "gave up releasing the call slot; it lapses at its deadline");
+                    return;
+                }
+                Err(_) => delay = (delay * 2).min(Duration::from_secs(1)),
+            }
+        }
+    });
 }
 
 impl Drop for CallLease {

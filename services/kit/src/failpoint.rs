@@ -27,3 +27,21 @@ pub async fn stall_at(name: &str) {
         std::future::pending::<()>().await;
     }
 }
+
+/// Whether the step at `name` should act as if its answer was lost, the first time it is
+/// reached in a process started with its failpoint set to `<name>:lose` (a statement that
+/// committed as the database went away, say): true once, then false, so the retry that
+/// follows is the process's own.
+pub fn lose_once_at(name: &str) -> bool {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    static LOST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let at = AT.get_or_init(|| std::env::var(ENV).ok());
+    if at.as_deref().and_then(|a| a.strip_suffix(":lose")) != Some(name) {
+        return false;
+    }
+    let first = !LOST.swap(true, std::sync::atomic::Ordering::Relaxed);
+    if first {
+        eprintln!("failpoint {name}: losing this answer");
+    }
+    first
+}
