@@ -246,6 +246,23 @@ async fn a_person_texting_and_chatting_is_one_session() {
 }
 
 #[tokio::test]
+async fn the_agent_knows_a_chatting_person_by_the_first_and_last_name_their_token_gives() {
+    // Seed 000 3.1: the dashboard's tokens name their user in two claims, with no `name`.
+    let app = spawn_app().await;
+    let names = json!({"first_name": "Ana", "last_name": "Ortiz", "role": "nurse"});
+    let token = chat_token("ana-2", names);
+    let mut chat = ChatClient::connect(&app.gateway_url, &format!("token={token}"))
+        .await
+        .expect("the gateway accepts a valid token");
+    chat.say("m-1", "who am I to you?").await;
+    assert_eq!(chat.reply(WAIT).await["text"], "echo: who am I to you?");
+    let calls = app.runner.calls();
+    let line = "Current user: Ana Ortiz | id user:ana-2 | type user | role nurse";
+    assert!(calls[0].prompt.contains(line), "{}", calls[0].prompt);
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn under_channel_scope_the_same_person_texting_and_chatting_has_two_sessions() {
     let app = spawn_app_configured(|c| c.session.scope = SessionScope::Channel).await;
     staff_with_phone_and_login(&app, "+14155550172", "ana@clinic").await;

@@ -41,6 +41,16 @@ struct Claims {
     exp: i64,
     #[serde(default)]
     name: Option<String>,
+    /// The name in two parts, when there is no `name` (the seed's dashboard tokens carry
+    /// `first_name` / `last_name`; OpenID Connect's carry `given_name` / `family_name`).
+    #[serde(default)]
+    first_name: Option<String>,
+    #[serde(default)]
+    last_name: Option<String>,
+    #[serde(default)]
+    given_name: Option<String>,
+    #[serde(default)]
+    family_name: Option<String>,
     #[serde(default)]
     role: Option<String>,
     #[serde(default)]
@@ -145,14 +155,33 @@ impl ChatTokens {
             c.map(|v| v.chars().filter(|c| !c.is_control()).take(200).collect())
                 .unwrap_or_default()
         };
+        let name = full_name(&[
+            &[claims.name],
+            &[claims.first_name, claims.last_name],
+            &[claims.given_name, claims.family_name],
+        ]);
         Ok(ChatUser {
             sub: claims.sub,
-            name: claim(claims.name),
+            name: claim(name),
             role: claim(claims.role),
             email: claim(claims.email),
             expires_at: claims.exp,
         })
     }
+}
+
+/// The first of `spellings` (a name whole, or in parts) with any part that is not blank: its
+/// parts joined by a space.
+fn full_name(spellings: &[&[Option<String>]]) -> Option<String> {
+    spellings.iter().find_map(|parts| {
+        let parts: Vec<&str> = parts
+            .iter()
+            .flatten()
+            .map(|p| p.trim())
+            .filter(|p| !p.is_empty())
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(" "))
+    })
 }
 
 fn unauthorized(reason: &str) -> ApiError {
@@ -378,6 +407,43 @@ mod tests {
                 expires_at: exp,
             }
         );
+    }
+
+    #[test]
+    fn a_token_without_a_name_names_its_user_by_their_first_and_last_name() {
+        let t = tokens(|_| {});
+        let name_of = |claims: serde_json::Value| {
+            let mut all = serde_json::json!({"sub": "u-18", "exp": now() + 60});
+            all.as_object_mut()
+                .unwrap()
+                .extend(claims.as_object().unwrap().clone());
+            t.verify(&hs256(all)).unwrap().name
+        };
+        use serde_json::json;
+        // The seed's dashboard tokens.
+        assert_eq!(
+            name_of(json!({"first_name": "Ana", "last_name": "Ortiz"})),
+            "Ana Ortiz"
+        );
+        assert_eq!(name_of(json!({"first_name": "Ana"})), "Ana");
+        assert_eq!(name_of(json!({"last_name": " Ortiz "})), "Ortiz");
+        // OpenID Connect's.
+        assert_eq!(
+            name_of(json!({"given_name": "Ben", "family_name": "Li"})),
+            "Ben Li"
+        );
+        // `name` when it says something; the parts otherwise.
+        let both = json!({"name": "Ana O.", "first_name": "Ana", "last_name": "Ortiz"});
+        assert_eq!(name_of(both), "Ana O.");
+        let blank = json!({"name": "  ", "first_name": "Ana", "last_name": "Ortiz"});
+        assert_eq!(name_of(blank), "Ana Ortiz");
+        assert_eq!(name_of(json!({"first_name": "", "last_name": ""})), "");
+        assert_eq!(name_of(json!({})), "");
+        // The parts are claims like any other: no control characters, 200 characters at most.
+        let long = json!({"first_name": "A\u{7}na", "last_name": "x".repeat(300)});
+        let name = name_of(long);
+        assert!(name.starts_with("Ana xxx"), "{name}");
+        assert_eq!(name.chars().count(), 200);
     }
 
     #[test]
