@@ -359,3 +359,73 @@ async fn an_agents_edit_made_on_an_older_memory_does_not_overwrite_a_newer_one()
         "the conflict is counted"
     );
 }
+
+/// The day a prompt's daily notes call today (`## memory/<day>.md (today)`), if it has any.
+fn notes_today(prompt: &str) -> Option<chrono::NaiveDate> {
+    let at = prompt.find(".md (today)")?;
+    let day = prompt[..at].rsplit("memory/").next()?;
+    chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").ok()
+}
+
+#[tokio::test]
+async fn the_agents_daily_notes_of_today_and_yesterday_are_in_its_next_prompt_and_no_others() {
+    // Seeds 001 and 004: the agent keeps notes of each day in memory/YYYY-MM-DD.md; today's
+    // and yesterday's come back after the curated memory. Its files are untrusted: a note that
+    // is a link to a file elsewhere is not read.
+    let root = workspace_root();
+    let app = spawn_app_configured(move |c| c.workspace.root = root).await;
+    app.send_sms(PERSON, "hello").await;
+    app.wait_for_sms(1, WAIT).await;
+    let first = app.runner.calls().pop().unwrap();
+    assert!(!first.prompt.contains("daily notes"), "{}", first.prompt);
+    let folder = PathBuf::from(first.workspace.expect("a workspace"));
+    // The agent writes its notes, as it would with its file tools.
+    let notes = folder.join("memory");
+    std::fs::create_dir_all(&notes).unwrap();
+    let today = chrono::Utc::now().date_naive();
+    let note = |back: u64| format!("- written {back} days back");
+    for back in 0..4 {
+        let day = today - chrono::Days::new(back);
+        std::fs::write(notes.join(format!("{day}.md")), note(back)).unwrap();
+    }
+    app.send_sms(PERSON, "where were we?").await;
+    app.wait_for_sms(2, WAIT).await;
+    let prompt = app.runner.calls().pop().unwrap().prompt;
+    // (A turn just past midnight UTC finds tomorrow's "today": the notes follow its calendar.)
+    let day = notes_today(&prompt).unwrap_or_else(|| panic!("daily notes in {prompt}"));
+    let back = (today - day).num_days();
+    assert!(back == 0 || back == -1, "today is {day}: {prompt}");
+    let shown: Vec<u64> = (0..4).filter(|b| prompt.contains(&note(*b))).collect();
+    let expected: Vec<u64> = [back, back + 1]
+        .into_iter()
+        .filter(|b| (0..4).contains(b))
+        .map(|b| b as u64)
+        .collect();
+    assert_eq!(
+        shown, expected,
+        "today's and yesterday's notes only: {prompt}"
+    );
+    let memory = prompt.find("Curated memory of this person").unwrap();
+    assert!(
+        memory < prompt.find("Your daily notes").unwrap(),
+        "{prompt}"
+    );
+
+    // Today's note replaced by a link to a file outside the workspace: not read.
+    let outside = std::env::temp_dir().join(format!("sb-outside-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&outside, "SECRET-OUTSIDE-THE-WORKSPACE").unwrap();
+    let todays = notes.join(format!("{day}.md"));
+    std::fs::remove_file(&todays).ok();
+    std::os::unix::fs::symlink(&outside, &todays).unwrap();
+    app.send_sms(PERSON, "and now?").await;
+    app.wait_for_sms(3, WAIT).await;
+    let prompt = app.runner.calls().pop().unwrap().prompt;
+    assert!(!prompt.contains("SECRET-OUTSIDE"), "{prompt}");
+    if back == 0 {
+        assert!(
+            prompt.contains(&note(1)),
+            "yesterday's still read: {prompt}"
+        );
+    }
+    std::fs::remove_file(&outside).ok();
+}

@@ -136,7 +136,7 @@ impl TurnDispatcher {
                 error: format!("could not write memory.md in the workspace: {e}"),
             };
         }
-        let text = prompt::flush_prompt(before.reset);
+        let text = prompt::flush_prompt(before.reset, self.daily_notes.today(chrono::Utc::now()));
         let workspace = folder.to_string_lossy();
         let request = RunRequest {
             agent: &before.agent.name,

@@ -158,6 +158,8 @@ pub struct TurnDispatcher {
     forgotten: switchboard_kit::forgotten::ForgottenCheck,
     /// Whether the database still answers, while a check call is being prepared.
     database: reachable::DatabaseProbe,
+    /// `[memory]`: the daily notes' calendar and cap.
+    daily_notes: workspace_files::DailyNotesSettings,
 }
 
 impl TurnDispatcher {
@@ -205,6 +207,7 @@ impl TurnDispatcher {
             recall,
             credentials,
             forgotten,
+            daily_notes: workspace_files::DailyNotesSettings::from_config(&config.memory),
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),

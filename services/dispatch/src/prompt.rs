@@ -11,7 +11,7 @@
 //! fenced as well. Both are capped, with a marker saying how much was cut.
 use std::borrow::Cow;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use switchboard_kit::config::PromptConfig;
 use switchboard_kit::lifecycle::reset_command;
 use switchboard_kit::proto::Turn;
@@ -38,6 +38,19 @@ pub struct PromptContext<'a> {
     /// The session is shared by everyone who writes to the agent: it carries no one's memory,
     /// summary or recall (they are `None`), and the agent is told why.
     pub shared: bool,
+    /// The agent's daily notes of today and yesterday, when the session has a workspace.
+    pub daily_notes: Option<DailyNotes<'a>>,
+}
+
+/// The agent's own notes of the last two days (`memory/YYYY-MM-DD.md` in its workspace).
+#[derive(Debug, Clone)]
+pub struct DailyNotes<'a> {
+    /// The day it is on the notes' calendar (`[memory] daily_notes_timezone`).
+    pub today: NaiveDate,
+    /// The notes of today and yesterday that exist, today's first.
+    pub notes: &'a [(NaiveDate, String)],
+    /// Both together are cut to this many characters, with a visible marker.
+    pub max_chars: usize,
 }
 
 /// What a shared session's prompt says in place of the person's memory and summary.
@@ -130,6 +143,32 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
               into memory.md in your workspace).\n"
             .to_string(),
     };
+    // The agent's own notes of the day: after the curated memory, which outranks them.
+    let daily_notes = match &ctx.daily_notes {
+        Some(d) if !ctx.shared && !d.notes.is_empty() => {
+            let body: String = d
+                .notes
+                .iter()
+                .map(|(day, text)| {
+                    let when = if *day == d.today {
+                        "today"
+                    } else {
+                        "yesterday"
+                    };
+                    let file = switchboard_kit::workspace::daily_note_path(*day);
+                    format!("## {file} ({when})\n{}\n", text.trim_end())
+                })
+                .collect();
+            format!(
+                "Your daily notes (today's and yesterday's, {} in your workspace; yours to keep \
+                 as you like, the curated memory wins where they disagree), between the two \
+                 NOTES lines:\nNOTES-{marker}\n{}\nNOTES-{marker}\n",
+                switchboard_kit::workspace::daily_note_path(d.today),
+                neutral(&capped(body.trim_end(), d.max_chars, "daily notes")),
+            )
+        }
+        _ => String::new(),
+    };
     let summary = match ctx.summary {
         _ if ctx.shared => String::new(),
         Some((s, updated)) if !s.trim().is_empty() => format!(
@@ -206,6 +245,7 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
     let head = format!(
         "[Switchboard turn {seq} | agent {agent} ({identity})]\n\
          {memory}\
+         {daily_notes}\
          {summary}\
          {recall}\
          Current user: {name} | id {pid} | type {ptype} | role {role}\n\
@@ -288,12 +328,16 @@ you must keep about this person; answer briefly.";
 /// The prompt of the silent turn that runs on the old engine session before a reset: the
 /// instruction, why the session is reset, and that the answer reaches nobody. Nothing of the
 /// person's is in it (no fence): the engine session already holds the conversation.
-pub fn flush_prompt(reason: ResetReason) -> String {
+/// `today`: the day on the daily notes' calendar, whose notes file it names.
+pub fn flush_prompt(reason: ResetReason, today: NaiveDate) -> String {
     format!(
         "[Switchboard: memory flush before a reset ({})]\n{FLUSH_INSTRUCTION}\n\
+         What matters only for now (today's open matters, where the conversation stands) goes \
+         into {} instead, your daily notes: today's and yesterday's are in your next prompts.\n\
          (Your answer is logged, never sent to the person. memory.md is in your workspace; \
          what you write there is in every later prompt of this person.)",
-        reason.as_str()
+        reason.as_str(),
+        switchboard_kit::workspace::daily_note_path(today),
     )
 }
 
@@ -352,6 +396,7 @@ mod tests {
             stale: false,
             attachments: &[],
             shared: false,
+            daily_notes: None,
         }
     }
 
@@ -543,6 +588,14 @@ mod tests {
             summary: Some(("they said 7719", at)),
             recall: Some("- they wrote: 7719\n"),
             shared: true,
+            daily_notes: Some(DailyNotes {
+                today: NaiveDate::from_ymd_opt(2026, 11, 19).unwrap(),
+                notes: &[(
+                    NaiveDate::from_ymd_opt(2026, 11, 19).unwrap(),
+                    "- 7719 again".into(),
+                )],
+                max_chars: 4_000,
+            }),
             ..ctx(&config)
         };
         let p = build_prompt(&turn("hello"), &c);
@@ -552,5 +605,56 @@ mod tests {
             !p.contains("memory.md"),
             "no invitation to keep a person's memory: {p}"
         );
+    }
+
+    #[test]
+    fn the_agents_notes_of_today_and_yesterday_come_after_the_memory_and_are_capped() {
+        let config = PromptConfig::default();
+        let at = DateTime::from_timestamp_millis(1_795_000_000_000).unwrap();
+        let day = |d| NaiveDate::from_ymd_opt(2026, 11, d).unwrap();
+        let notes = [
+            (day(19), "- rota question open\n".to_string()),
+            (day(18), "- asked about parking".to_string()),
+        ];
+        let mut c = PromptContext {
+            memory: Some(("- allergic to nuts", at)),
+            summary: Some(("Ana asked about shifts", at)),
+            daily_notes: Some(DailyNotes {
+                today: day(19),
+                notes: &notes,
+                max_chars: 4_000,
+            }),
+            ..ctx(&config)
+        };
+        let p = build_prompt(&turn("hello"), &c);
+        let marker = fence_marker(ID);
+        let block = format!(
+            "NOTES-{marker}\n## memory/2026-11-19.md (today)\n- rota question open\n\
+             ## memory/2026-11-18.md (yesterday)\n- asked about parking\nNOTES-{marker}\n"
+        );
+        let notes_at = p.find(&block).unwrap_or_else(|| panic!("{p}"));
+        assert!(p.find("- allergic to nuts").unwrap() < notes_at, "{p}");
+        assert!(notes_at < p.find("Ana asked about shifts").unwrap(), "{p}");
+        assert!(p.contains("memory/2026-11-19.md in your workspace"), "{p}");
+        // Cut visibly, the fence closed on its own line.
+        c.daily_notes.as_mut().unwrap().max_chars = 40;
+        let p = build_prompt(&turn("hello"), &c);
+        assert!(p.contains("[… daily notes cut here:"), "{p}");
+        assert!(!p.contains("asked about parking"), "{p}");
+        assert!(
+            p.contains(&format!("more characters not shown]\nNOTES-{marker}\n")),
+            "{p}"
+        );
+        // No notes, no block.
+        c.daily_notes.as_mut().unwrap().notes = &[];
+        assert!(!build_prompt(&turn("hello"), &c).contains("NOTES-"));
+    }
+
+    #[test]
+    fn the_flush_before_a_reset_names_todays_notes_file() {
+        let day = NaiveDate::from_ymd_opt(2026, 11, 19).unwrap();
+        let p = flush_prompt(ResetReason::Command, day);
+        assert!(p.contains(FLUSH_INSTRUCTION), "{p}");
+        assert!(p.contains("into memory/2026-11-19.md instead"), "{p}");
     }
 }

@@ -422,9 +422,21 @@ impl TurnDispatcher {
                     .await
             }
         };
+        // The agent's notes of the last two days, from the folder whose memory.md it edits
+        // (none in a shared session).
+        let today = self.daily_notes.today(now);
+        let notes = match &memory_file {
+            Some(folder) => self.read_daily_notes(session, folder, today).await,
+            None => Vec::new(),
+        };
         let prompt = prompt::build_joined_prompt(
             &group.turns,
             &prompt::PromptContext {
+                daily_notes: memory_file.as_ref().map(|_| prompt::DailyNotes {
+                    today,
+                    notes: &notes,
+                    max_chars: self.daily_notes.max_chars,
+                }),
                 attachments: &attachments,
                 config: &self.prompt,
                 summary: lease

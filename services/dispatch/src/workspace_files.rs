@@ -7,15 +7,65 @@
 //!
 //! A session shared by everyone (scope `main`) gets no memory.md: the file would hand one
 //! person's memory to the next, and what the agent leaves there is nobody's to keep.
+//!
+//! The agent's daily notes (`memory/YYYY-MM-DD.md`, seeds 001 and 004) are its own: read
+//! before the call, today's and yesterday's, for the prompt; never stored elsewhere, erased
+//! with the workspace. A note file refused like memory.md is left out of the prompt.
 use std::path::{Path, PathBuf};
 
+use chrono::{DateTime, NaiveDate, Utc};
+use switchboard_kit::config::MemoryConfig;
 use switchboard_memory::curated::AgentWrite;
 use uuid::Uuid;
 
 use crate::TurnDispatcher;
 use crate::lease::SessionAtCall;
 
+/// What the daily notes in the prompt are: the calendar that names their days, and their cap.
+pub(crate) struct DailyNotesSettings {
+    tz: chrono_tz::Tz,
+    pub max_chars: usize,
+}
+
+impl DailyNotesSettings {
+    pub fn from_config(memory: &MemoryConfig) -> Self {
+        Self {
+            // Checked when the configuration is loaded; UTC only for one built by hand.
+            tz: memory.daily_notes_tz().unwrap_or(chrono_tz::UTC),
+            max_chars: memory.daily_notes_max_chars,
+        }
+    }
+
+    /// The day it is at `now` on the notes' calendar.
+    pub fn today(&self, now: DateTime<Utc>) -> NaiveDate {
+        now.with_timezone(&self.tz).date_naive()
+    }
+}
+
 impl TurnDispatcher {
+    /// The agent's notes of today and yesterday (those that exist, today's first), from the
+    /// folder whose memory.md it may edit.
+    pub(crate) async fn read_daily_notes(
+        &self,
+        session: Uuid,
+        folder: &Path,
+        today: NaiveDate,
+    ) -> Vec<(NaiveDate, String)> {
+        let days = [Some(today), today.pred_opt()]
+            .into_iter()
+            .flatten()
+            .collect();
+        let (notes, refused) = switchboard_kit::workspace::read_daily_notes(folder, days).await;
+        for e in refused {
+            tracing::warn!(%session, error = %e, "a daily note refused; the prompt goes without it");
+            if e.is_refusal() {
+                metrics::counter!("sb_workspace_refused_total", "file" => "daily note", "reason" => e.reason())
+                    .increment(1);
+            }
+        }
+        notes
+    }
+
     /// Write summary.md and memory.md into the session's workspace; the folder whose
     /// memory.md the agent may edit (`None`: the session has no workspace).
     pub(crate) async fn write_workspace_files(

@@ -22,6 +22,51 @@ pub const MEMORY_FILE: &str = "memory.md";
 /// never becomes half a memory.
 pub const MEMORY_FILE_MAX_BYTES: u64 = 1 << 20;
 
+/// The folder of the agent's daily notes: `memory/YYYY-MM-DD.md`, one file a day.
+pub const DAILY_NOTES_DIR: &str = "memory";
+
+/// The most of one day's notes read; a larger file is refused whole (the prompt carries
+/// `[memory] daily_notes_max_chars` of them anyway).
+pub const DAILY_NOTE_MAX_BYTES: u64 = 256 << 10;
+
+/// Where the notes of `day` are, in the workspace.
+pub fn daily_note_path(day: chrono::NaiveDate) -> String {
+    format!("{DAILY_NOTES_DIR}/{}.md", day.format("%Y-%m-%d"))
+}
+
+/// The agent's notes of those of `days` that have a file, in the order asked. A day whose
+/// file is refused (a link, a FIFO, a hard link, too large, not UTF-8) is left out and its
+/// reason returned beside; so is a `memory` folder that is not a plain folder.
+pub async fn read_daily_notes(
+    path: &Path,
+    days: Vec<chrono::NaiveDate>,
+) -> (Vec<(chrono::NaiveDate, String)>, Vec<WorkspaceFileError>) {
+    let path = path.to_path_buf();
+    let read = blocking(move || {
+        let dir = match WorkspaceDir::open(&path)?.dir(DAILY_NOTES_DIR, false) {
+            Ok(dir) => dir,
+            Err(WorkspaceFileError::Io { source, .. })
+                if source.kind() == io::ErrorKind::NotFound =>
+            {
+                return Ok((Vec::new(), Vec::new()));
+            }
+            Err(e) => return Err(e),
+        };
+        let (mut notes, mut refused) = (Vec::new(), Vec::new());
+        for day in days {
+            let name = format!("{}.md", day.format("%Y-%m-%d"));
+            match dir.read_text(&name, DAILY_NOTE_MAX_BYTES) {
+                Ok(Some(text)) => notes.push((day, text)),
+                Ok(None) => {}
+                Err(e) => refused.push(e),
+            }
+        }
+        Ok((notes, refused))
+    })
+    .await;
+    read.unwrap_or_else(|e| (Vec::new(), vec![e]))
+}
+
 /// Run a blocking workspace operation on the blocking pool.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, WorkspaceFileError> + Send + 'static,

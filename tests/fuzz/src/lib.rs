@@ -320,6 +320,7 @@ pub fn work_payloads(data: &[u8]) {
             stale: false,
             attachments: &[],
             shared: false,
+            daily_notes: None,
         };
         let prompt = build_prompt(&turn, &ctx);
         let msg = turn.message.clone().unwrap_or_default();

@@ -260,10 +260,31 @@ impl Default for RecallConfig {
 pub struct MemoryConfig {
     /// The curated memory is cut to this many characters, with a visible marker.
     pub max_chars: usize,
+    /// The agent's daily notes (`memory/YYYY-MM-DD.md` in the workspace, today's and
+    /// yesterday's) are cut to this many characters together, with a visible marker.
+    pub daily_notes_max_chars: usize,
+    /// The time zone whose calendar names the daily notes' days (an IANA name).
+    pub daily_notes_timezone: String,
+}
+
+impl MemoryConfig {
+    /// [`Self::daily_notes_timezone`], or why it names none.
+    pub fn daily_notes_tz(&self) -> Result<chrono_tz::Tz, String> {
+        self.daily_notes_timezone.parse().map_err(|_| {
+            format!(
+                "{:?} is not an IANA time zone name (e.g. \"UTC\", \"Europe/London\")",
+                self.daily_notes_timezone
+            )
+        })
+    }
 }
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { max_chars: 8_000 }
+        Self {
+            max_chars: 8_000,
+            daily_notes_max_chars: 4_000,
+            daily_notes_timezone: "UTC".into(),
+        }
     }
 }

@@ -431,6 +431,9 @@ impl Config {
                 return invalid(why);
             }
         }
+        if let Err(why) = self.memory.daily_notes_tz() {
+            return Err(ConfigError::invalid("memory.daily_notes_timezone", why));
+        }
         if !self.console.jwt_roles.is_empty() {
             let audience = self.console.jwt_audience.trim();
             if audience.is_empty() {
