@@ -266,7 +266,7 @@ fn ranking_sql(model: &str, dimensions: usize, with_vector: bool, q: &SearchQuer
             "SELECT v.message_id AS id,
                     row_number() OVER (ORDER BY v.distance, v.message_id) AS r
                FROM (SELECT d.message_id, d.distance
-                       FROM (SELECT mv.message_id, mv.embedding <=> (SELECT $1::vector({n})) AS distance
+                       FROM (SELECT mv.message_id, mv.embedding <=> (SELECT $1::halfvec({n})) AS distance
                                FROM switchboard.message_vectors mv
                               WHERE mv.model = {model}
                                 AND mv.person_id = $2{identity}

@@ -100,11 +100,13 @@ pub fn brute_force(corpus: &Corpus, rows: &Rows, queries: &[Query]) -> Vec<Vec<u
     out
 }
 
-/// The exact top 10 of each query: its candidates ordered by the distance the product ranks
-/// that kind of query by, computed in Postgres: a person's (recall) by the stored vectors' own
-/// f32 cosine distance, a search across people by the halfvec cosine distance its index orders
-/// by (an expression the index cannot serve, so the order is exact). `dims`: the model's width,
-/// as the product casts to it.
+/// The exact top 10 of each query: its candidates ordered by a distance computed in Postgres: a
+/// person's (recall) by the f32 cosine distance of the stored vectors (stored at half
+/// precision: the product ranks them by the halfvec distance, so this counts what the query's
+/// rounding costs; what the storage's rounding costs was measured against a full-precision
+/// copy, docs/bench-memory.md "Half precision"), a search across people by the halfvec cosine
+/// distance its index orders by (an expression the index cannot serve, so the order is
+/// exact). `dims`: the model's width, as the product casts to it.
 pub async fn exact_top10(
     db: &PgPool,
     model: &str,
@@ -117,7 +119,7 @@ pub async fn exact_top10(
     for (q, c) in queries.iter().zip(candidates) {
         let ids: Vec<Uuid> = c.iter().map(|&i| rows.ids[i]).collect();
         let distance = if q.person.is_some() {
-            format!("embedding <=> $3::vector({dims})")
+            format!("embedding::vector({dims}) <=> $3::vector({dims})")
         } else {
             format!("(embedding::halfvec({dims}) <=> $3::halfvec({dims})) + 0")
         };
