@@ -84,16 +84,36 @@ impl Browser {
                     // DevTools over a pipe: no listening port (every port stays below 32768).
                     "--remote-debugging-pipe",
                     "--window-size=1280,900",
+                    // This machine's network is closed: Chromium's own background traffic
+                    // (updates, sync, first-run, QUIC probes) only fails, many at a time.
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--disable-quic",
                     format!("--user-data-dir={}", profile.0.display()),
                 ],
             }),
         );
-        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        let client = ClientBuilder::new(connector)
-            .capabilities(caps)
-            .connect(&url)
-            .await
-            .expect("a Chromium session");
+        // Chromium once exited at start while the whole suite loaded both cores (a full run's
+        // widget test; alone it passed): a session is asked for twice before the test fails.
+        let mut client = None;
+        for attempt in 1..=2 {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector)
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(c) => {
+                    client = Some(c);
+                    break;
+                }
+                Err(e) if attempt == 1 => eprintln!("no Chromium session yet ({e}); asking again"),
+                Err(e) => panic!("a Chromium session: {e:?}"),
+            }
+        }
+        let client = client.expect("a Chromium session");
         let shots = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../target/screenshots")
             .join(test);
