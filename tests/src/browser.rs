@@ -97,23 +97,20 @@ impl Browser {
         );
         // Chromium once exited at start while the whole suite loaded both cores (a full run's
         // widget test; alone it passed): a session is asked for twice before the test fails.
-        let mut client = None;
-        for attempt in 1..=2 {
+        let session = async || {
             let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-            match ClientBuilder::new(connector)
+            ClientBuilder::new(connector)
                 .capabilities(caps.clone())
                 .connect(&url)
                 .await
-            {
-                Ok(c) => {
-                    client = Some(c);
-                    break;
-                }
-                Err(e) if attempt == 1 => eprintln!("no Chromium session yet ({e}); asking again"),
-                Err(e) => panic!("a Chromium session: {e:?}"),
+        };
+        let client = match session().await {
+            Ok(client) => client,
+            Err(e) => {
+                eprintln!("no Chromium session yet ({e}); asking again");
+                session().await.expect("a Chromium session")
             }
-        }
-        let client = client.expect("a Chromium session");
+        };
         let shots = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../target/screenshots")
             .join(test);

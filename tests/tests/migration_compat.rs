@@ -125,3 +125,44 @@ fn offline_type_names_read_as_postgres_names() {
     );
     assert_eq!(postgres_name(&"Void".into()), None);
 }
+
+#[tokio::test]
+async fn the_previous_versions_vector_statements_built_at_run_time_still_plan_on_half_precision() {
+    // The baseline holds the compile-time-checked queries only. Recall's ranking (search.rs)
+    // and the vectors' other statements built at run time bound `$n::vector` before the
+    // vectors became halfvec (20261214000001); a previous version's worker still sends them
+    // during a rolling upgrade. Each must still plan, and rank by the same distance.
+    let url = fresh_database(&std::env::var("SB_DATABASE_URL").expect("SB_DATABASE_URL")).await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    MIGRATOR.run(&pool).await.unwrap();
+    let previous = [
+        // Recall's exact ranking of one person's vectors, as the previous version wrote it.
+        "SELECT mv.message_id, mv.embedding <=> (SELECT $1::vector(384)) AS distance
+           FROM switchboard.message_vectors mv
+          WHERE mv.model = 'all-MiniLM-L6-v2' AND mv.person_id = $2
+          ORDER BY 2, 1 OFFSET 0",
+        // A vector stored from its text form.
+        "INSERT INTO switchboard.message_vectors
+            (message_id, model, person_id, agent_identity, dimensions, embedding)
+         VALUES ($1, $2, $3, $4, 384, $5::vector)",
+        // A stored vector read back as text (recall's query from a message's own vector).
+        "SELECT embedding::text, dimensions FROM switchboard.message_vectors
+          WHERE message_id = $1 AND model = $2",
+    ];
+    for q in previous {
+        if let Err(e) = pool.describe(q).await {
+            panic!("{e}\n  in: {q}");
+        }
+    }
+    let same: bool = sqlx::query_scalar(
+        "SELECT ('[1,2,3]'::halfvec <=> '[3,2,1]'::vector(3))
+              = ('[1,2,3]'::halfvec <=> '[3,2,1]'::halfvec(3))",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        same,
+        "a vector query against halfvec storage ranks by the halfvec distance"
+    );
+}

@@ -29,9 +29,14 @@ pub const DAILY_NOTES_DIR: &str = "memory";
 /// `[memory] daily_notes_max_chars` of them anyway).
 pub const DAILY_NOTE_MAX_BYTES: u64 = 256 << 10;
 
+/// The file of `day`'s notes, in [`DAILY_NOTES_DIR`].
+fn daily_note_file(day: chrono::NaiveDate) -> String {
+    format!("{}.md", day.format("%Y-%m-%d"))
+}
+
 /// Where the notes of `day` are, in the workspace.
 pub fn daily_note_path(day: chrono::NaiveDate) -> String {
-    format!("{DAILY_NOTES_DIR}/{}.md", day.format("%Y-%m-%d"))
+    format!("{DAILY_NOTES_DIR}/{}", daily_note_file(day))
 }
 
 /// The agent's notes of those of `days` that have a file, in the order asked. A day whose
@@ -54,8 +59,7 @@ pub async fn read_daily_notes(
         };
         let (mut notes, mut refused) = (Vec::new(), Vec::new());
         for day in days {
-            let name = format!("{}.md", day.format("%Y-%m-%d"));
-            match dir.read_text(&name, DAILY_NOTE_MAX_BYTES) {
+            match dir.read_text(&daily_note_file(day), DAILY_NOTE_MAX_BYTES) {
                 Ok(Some(text)) => notes.push((day, text)),
                 Ok(None) => {}
                 Err(e) => refused.push(e),
