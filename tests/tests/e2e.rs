@@ -85,6 +85,7 @@ mod try_it;
 mod turn_tokens;
 mod vector_index;
 mod waiting;
+mod wakeups;
 mod widget;
 mod worker_crash;
 mod workspace_links;

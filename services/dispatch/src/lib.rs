@@ -38,6 +38,7 @@ mod settler;
 mod turn;
 mod turn_store;
 mod wakers;
+pub mod wakeups;
 mod workspace_files;
 
 use std::collections::HashMap;
@@ -160,6 +161,8 @@ pub struct TurnDispatcher {
     database: reachable::DatabaseProbe,
     /// `[memory]`: the daily notes' calendar and cap.
     daily_notes: workspace_files::DailyNotesSettings,
+    /// `[wakeups] time_zone`: the times of a person's `/reminders` list.
+    reminders_zone: chrono_tz::Tz,
 }
 
 impl TurnDispatcher {
@@ -208,6 +211,8 @@ impl TurnDispatcher {
             credentials,
             forgotten,
             daily_notes: workspace_files::DailyNotesSettings::from_config(&config.memory),
+            // Checked when the configuration is loaded; UTC only for one built by hand.
+            reminders_zone: config.wakeups.tz().unwrap_or(chrono_tz::UTC),
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),
@@ -394,6 +399,12 @@ fn task(app: &App) -> Task {
         Duration::from_millis(c.dispatch.schedule_tick_ms),
         Duration::from_secs(c.dispatch.schedule_lateness_s),
     );
+    let firer = wakeups::WakeupFirer::new(
+        app.db.clone(),
+        app.runtime(),
+        app.topology.clone(),
+        &c.wakeups,
+    );
     // Heartbeat until the stage has drained (in-flight calls still hold their leases).
     Box::pin(async move {
         let result = tokio::select! {
@@ -401,6 +412,7 @@ fn task(app: &App) -> Task {
             _ = stage.slots.keep_alive() => unreachable!("keep_alive never returns"),
             _ = stage.watch_sessions() => unreachable!("watch_sessions never returns"),
             _ = scheduler.run() => unreachable!("the scheduler never returns"),
+            _ = firer.run() => unreachable!("the wake-up firer never returns"),
         };
         stage.slots.retire().await;
         result

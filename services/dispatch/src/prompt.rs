@@ -195,6 +195,19 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         .collect();
     let scheduled = if inbound.scheduled.is_empty() {
         String::new()
+    } else if let Some(wakeup) = &inbound.wakeup {
+        let when = |ms: i64| {
+            DateTime::from_timestamp_millis(ms)
+                .map(at)
+                .unwrap_or_default()
+        };
+        format!(
+            "Wake-up: you scheduled it at {} to come back at {}. The text below is the note you \
+             left yourself for this moment, not a message from the person; your reply is sent \
+             to them.\n",
+            when(wakeup.scheduled_at_ms),
+            when(wakeup.due_at_ms),
+        )
     } else if inbound.heartbeat {
         format!(
             "Heartbeat ({}): a periodic check, one turn for the batch of people the text below \

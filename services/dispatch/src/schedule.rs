@@ -111,12 +111,32 @@ fn batch_text(text: &str, members: &[Member]) -> String {
 }
 
 /// Where a person's replies go: their latest message's channel, provider and addresses.
-struct Route {
-    channel: String,
-    provider: String,
-    sender: String,
-    recipient: Option<String>,
-    person_type: String,
+pub(crate) struct Route {
+    pub channel: String,
+    pub provider: String,
+    pub sender: String,
+    pub recipient: Option<String>,
+    pub person_type: String,
+}
+
+/// The way back to `person`: the channel, provider and addresses of their latest message.
+/// `None` when they never wrote on any channel.
+pub(crate) async fn last_route(db: &PgPool, person: &str) -> Result<Option<Route>, sqlx::Error> {
+    sqlx::query_as!(
+        Route,
+        r#"SELECT m.channel, m.metadata->>'provider' AS "provider!",
+                  m.metadata->>'sender' AS "sender!", m.metadata->>'recipient' AS recipient,
+                  s.person_type
+             FROM switchboard.messages m
+             JOIN switchboard.sessions s ON s.id = m.session_id
+            WHERE m.person_id = $1 AND m.direction = 'inbound'
+              AND m.metadata ? 'sender' AND m.metadata ? 'provider'
+            ORDER BY m.id DESC
+            LIMIT 1"#,
+        person,
+    )
+    .fetch_optional(db)
+    .await
 }
 
 impl Route {
@@ -359,21 +379,7 @@ impl Scheduler {
     }
 
     async fn route(&self, person: &str) -> Result<Option<Route>, ScheduleError> {
-        Ok(sqlx::query_as!(
-            Route,
-            r#"SELECT m.channel, m.metadata->>'provider' AS "provider!",
-                      m.metadata->>'sender' AS "sender!", m.metadata->>'recipient' AS recipient,
-                      s.person_type
-                 FROM switchboard.messages m
-                 JOIN switchboard.sessions s ON s.id = m.session_id
-                WHERE m.person_id = $1 AND m.direction = 'inbound'
-                  AND m.metadata ? 'sender' AND m.metadata ? 'provider'
-                ORDER BY m.id DESC
-                LIMIT 1"#,
-            person,
-        )
-        .fetch_optional(&self.db)
-        .await?)
+        Ok(last_route(&self.db, person).await?)
     }
 
     async fn publish(

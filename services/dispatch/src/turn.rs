@@ -300,6 +300,21 @@ impl TurnDispatcher {
                     text = shortfall;
                 }
             }
+            // `/reminders` (marked by identify): the person's wake-ups with the agent, listed
+            // or cancelled here, in the turn's order.
+            if let Some(inbound) = inbound.filter(|i| i.is_from_person())
+                && let Some(command) = switchboard_kit::wakeups::reminders_command(&inbound.text)
+            {
+                text = crate::wakeups::answer_reminders(
+                    &self.db,
+                    &run.person_id,
+                    &turn.agent_identity,
+                    &inbound.id,
+                    command,
+                    self.reminders_zone,
+                )
+                .await?;
+            }
             let next = if run.reset.is_some() {
                 NextEngineSession::Cleared
             } else {

@@ -17,6 +17,7 @@
 //! | `link_claims` | `link_claims` | claimant, their messages |
 //! | `messages` | `messages` | their ids, their sessions |
 //! | `summaries`, `memories` | `summaries`, `memories` | their ids, their sessions' memory keys |
+//! | `wakeups` | `wakeups` (the agent's notes to come back to them) | their ids, their sessions |
 //! | `session_events`, `turns`, `sessions` | the session tables | their sessions |
 //! | `chat_uploads` | `chat_uploads` | owner: one of their chat logins |
 //! | `arrival_cursors` | `arrival_cursors` | (channel, sender) of theirs |
@@ -334,6 +335,15 @@ async fn erase_rows(
         sqlx::query!(
             "DELETE FROM switchboard.memories WHERE person_id = ANY($1)",
             ids,
+        )
+    );
+    // Their notes are the agent's words about them: theirs, wherever the session was.
+    erase!(
+        "wakeups",
+        sqlx::query!(
+            "DELETE FROM switchboard.wakeups WHERE person_id = ANY($1) OR session_id = ANY($2)",
+            ids,
+            sessions,
         )
     );
     erase!(

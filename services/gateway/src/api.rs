@@ -60,8 +60,8 @@ pub(crate) async fn caller(
         (caller, None) => Ok(caller),
         (_, Some(_)) => Err(refuse(ApiError::forbidden(
             "turn_token_not_allowed",
-            "a turn token reaches only its person's search, memory, sessions and outbound \
-             messages (docs/agent-tools.md), not this route",
+            "a turn token reaches only its person's search, memory, sessions, outbound \
+             messages and wake-ups (docs/agent-tools.md), not this route",
         ))),
     }
 }

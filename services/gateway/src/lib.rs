@@ -18,6 +18,7 @@ mod query_params;
 pub mod search_api;
 pub mod sessions_api;
 pub mod uploads;
+pub mod wakeups_api;
 pub mod widget;
 
 use std::borrow::Cow;
@@ -193,6 +194,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(search_api::routes())
         .merge(analytics_api::routes())
         .merge(forget_api::routes())
+        .merge(wakeups_api::routes())
         // A server span per request, the root of a turn's trace (a caller's traceparent is
         // linked, not continued: this is the public edge), which the published message
         // carries on.
@@ -448,6 +450,7 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         scheduled: String::new(),
         uploads,
         heartbeat: false,
+        wakeup: None,
     };
     if let Some((first, retry_after)) = limited {
         metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel.clone())

@@ -257,6 +257,9 @@ impl IdentifyStage {
 }
 
 /// The answer to `/remember <text>`.
+/// The answer a `/reminders` message carries until dispatch, in its turn, writes the real one.
+pub const REMINDERS_PENDING: &str = "(your reminders)";
+
 pub fn remembered_answer(text: &str) -> String {
     let shown: String = text.chars().take(200).collect();
     let more = if text.chars().count() > 200 {
@@ -317,6 +320,15 @@ impl Stage for IdentifyStage {
             && let Some(text) = switchboard_kit::lifecycle::remember_command(&inbound.text)
         {
             inbound.outbound_text = remembered_answer(text);
+        }
+        // `/reminders`: Switchboard answers it without the agent; dispatch lists or cancels
+        // the person's wake-ups in the turn's place and puts that answer here.
+        if !agent_started
+            && inbound.scheduled.is_empty()
+            && inbound.outbound_text.is_empty()
+            && switchboard_kit::wakeups::reminders_command(&inbound.text).is_some()
+        {
+            inbound.outbound_text = REMINDERS_PENDING.to_string();
         }
         tracing::debug!(person_id = %person.person_id, "identified");
         let received = MessageReceived {

@@ -46,6 +46,7 @@ pub mod status;
 pub mod telemetry;
 pub mod topology;
 pub mod turn_token;
+pub mod wakeups;
 pub mod workspace;
 pub mod workspace_fs;
 

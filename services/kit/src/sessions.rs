@@ -9,11 +9,12 @@ use uuid::Uuid;
 use crate::status::{ResetReason, SessionEventKind, SessionStatus};
 
 /// Every status a session can have, as filters name them.
-pub const STATUSES: [SessionStatus; 4] = [
+pub const STATUSES: [SessionStatus; 5] = [
     SessionStatus::Idle,
     SessionStatus::Running,
     SessionStatus::Waiting,
     SessionStatus::Terminated,
+    SessionStatus::Rescheduling,
 ];
 
 /// The status named `name`, if it is one.
@@ -218,13 +219,21 @@ pub async fn list_sessions(
                         UNION SELECT m.channel FROM switchboard.messages m
                          WHERE m.session_id = s.id
                         ORDER BY 1) AS "channels!",
-                  s.memory_key, s.status AS "status: SessionStatus", s.next_seq, s.last_seq,
+                  s.memory_key,
+                  CASE WHEN s.status = 'idle' AND EXISTS (
+                           SELECT 1 FROM switchboard.wakeups w
+                            WHERE w.session_id = s.id AND w.status = 'pending')
+                       THEN 'rescheduling' ELSE s.status END AS "status!: SessionStatus",
+                  s.next_seq, s.last_seq,
                   s.last_message_at, s.pending_reset, s.pending_reset_at, s.resets,
                   s.workspace_path, s.created_at, s.updated_at
              FROM switchboard.sessions s
             WHERE ($1::text IS NULL OR s.person_id = $1)
               AND ($2::text IS NULL OR s.agent_name = $2 OR s.agent_identity = $2)
-              AND ($3::text IS NULL OR s.status = $3)
+              AND ($3::text IS NULL OR (CASE WHEN s.status = 'idle' AND EXISTS (
+                           SELECT 1 FROM switchboard.wakeups w
+                            WHERE w.session_id = s.id AND w.status = 'pending')
+                       THEN 'rescheduling' ELSE s.status END) = $3)
               AND ($4::text IS NULL OR s.channel = $4 OR EXISTS (
                       SELECT 1 FROM switchboard.messages m
                        WHERE m.session_id = s.id AND m.channel = $4))
@@ -257,7 +266,12 @@ pub async fn find_session(db: &PgPool, id: Uuid) -> Result<Option<SessionView>, 
                         UNION SELECT m.channel FROM switchboard.messages m
                          WHERE m.session_id = s.id
                         ORDER BY 1) AS "channels!",
-                  s.memory_key, s.status AS "status: SessionStatus", s.next_seq, s.last_seq,
+                  s.memory_key,
+                  CASE WHEN s.status = 'idle' AND EXISTS (
+                           SELECT 1 FROM switchboard.wakeups w
+                            WHERE w.session_id = s.id AND w.status = 'pending')
+                       THEN 'rescheduling' ELSE s.status END AS "status!: SessionStatus",
+                  s.next_seq, s.last_seq,
                   s.last_message_at, s.pending_reset, s.pending_reset_at, s.resets,
                   s.workspace_path, s.created_at, s.updated_at
              FROM switchboard.sessions s WHERE s.id = $1"#,

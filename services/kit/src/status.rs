@@ -34,7 +34,8 @@ impl DeliveryStatus {
 
 /// A session (`switchboard.sessions.status`): `running` while a runner call holds it, `waiting`
 /// while its turns wait for the agent's runner to come back, `terminated` when it takes no more
-/// turns, `idle` otherwise.
+/// turns, `idle` otherwise. `rescheduling` is never stored: a session is read so when it is
+/// idle with a wake-up pending (its agent will come back to it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
@@ -43,6 +44,7 @@ pub enum SessionStatus {
     Running,
     Waiting,
     Terminated,
+    Rescheduling,
 }
 
 impl SessionStatus {
@@ -52,6 +54,7 @@ impl SessionStatus {
             SessionStatus::Running => "running",
             SessionStatus::Waiting => "waiting",
             SessionStatus::Terminated => "terminated",
+            SessionStatus::Rescheduling => "rescheduling",
         }
     }
 }
@@ -122,6 +125,12 @@ pub enum SessionEventKind {
     MemoryFlush,
     /// The curated memory (memory.md) changed (by the agent, the person or an operator).
     MemoryWritten,
+    /// The agent scheduled a wake-up of the session (id, due time, who asked).
+    WakeupScheduled,
+    /// A wake-up came due and its turn's input was published.
+    WakeupFired,
+    /// A pending wake-up was cancelled (by the person, the agent or an operator).
+    WakeupCancelled,
 }
 
 /// The journal key of a session's wait for its agent's runner, told by the notice `notice`.

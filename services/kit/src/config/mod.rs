@@ -25,6 +25,7 @@ mod schedules;
 mod secret;
 mod session;
 mod sms;
+mod wakeups;
 mod webhooks;
 
 pub use agents::{AgentConfig, ChannelConfig, QueueMode};
@@ -45,6 +46,7 @@ pub use schedules::{ScheduleConfig, ScheduleKind};
 pub use secret::{ProviderSections, Secret, SecretUrl};
 pub use session::{ResetNotices, SessionConfig, SessionScope, WorkspaceConfig};
 pub use sms::{TextMagicConfig, TwilioConfig};
+pub use wakeups::WakeupsConfig;
 pub use webhooks::{WebhookSourceConfig, valid_source_name};
 
 /// `Debug` shows `nats_url` and `database_url` without their passwords.
@@ -105,6 +107,8 @@ pub struct Config {
     pub telemetry: switchboard_trace::TelemetryConfig,
     /// `[retention]`: how long finished rows are kept.
     pub retention: RetentionConfig,
+    /// `[wakeups]`: the wake-ups agents schedule for themselves.
+    pub wakeups: WakeupsConfig,
 }
 
 impl Default for Config {
@@ -156,6 +160,7 @@ impl Default for Config {
             memory: Default::default(),
             telemetry: Default::default(),
             retention: RetentionConfig::default(),
+            wakeups: WakeupsConfig::default(),
         }
     }
 }
@@ -433,6 +438,9 @@ impl Config {
         }
         if let Err(why) = self.memory.daily_notes_tz() {
             return Err(ConfigError::invalid("memory.daily_notes_timezone", why));
+        }
+        if let Err(why) = self.wakeups.tz() {
+            return Err(ConfigError::invalid("wakeups.time_zone", why));
         }
         if !self.console.jwt_roles.is_empty() {
             let audience = self.console.jwt_audience.trim();

@@ -1,0 +1,179 @@
+//! Firing the wake-ups agents scheduled for themselves ([`switchboard_kit::wakeups`]).
+//!
+//! Every dispatch replica runs a [`WakeupFirer`]. Each tick it claims what is due (`FOR UPDATE
+//! SKIP LOCKED`, held for `[wakeups] claim_s`), and for each publishes the turn's input where
+//! the person's last channel's messages come in: from their address, so identify finds them and
+//! the session stage gives it the next turn of their session with the agent that asked. The
+//! note is the input's text, marked `scheduled = "wakeup"` so it is not taken for the person's
+//! words. Only then is the wake-up marked fired.
+//!
+//! Once, whatever crashes: the input's id is drawn once and kept on the row, and it is
+//! published under `wakeup:<id>` (Nats-Msg-Id and provider message id). A replica that dies
+//! after publishing and before marking leaves a claim that lapses; the next one publishes the
+//! same message again, which JetStream (within its duplicate window) and the session stage
+//! (by provider id, always) drop. A wake-up due while every dispatcher or the database was down
+//! fires when they are back, however late: the prompt says when it was due.
+use std::time::Duration;
+
+use sqlx::PgPool;
+use switchboard_kit::config::WakeupsConfig;
+use switchboard_kit::proto::{InboundMessage, Person};
+use switchboard_kit::runtime::Runtime;
+use switchboard_kit::wakeups::{self, RemindersCommand, Wakeup, WakeupFilter, WakeupStatus};
+use switchboard_kit::{Output, Topology};
+use uuid::Uuid;
+
+use crate::schedule::last_route;
+
+/// `scheduled` on a wake-up's input.
+pub const WAKEUP_INPUT: &str = "wakeup";
+
+/// Wake-ups claimed at most per tick; more wait for the next.
+const BATCH: i64 = 100;
+
+pub struct WakeupFirer {
+    db: PgPool,
+    runtime: Runtime,
+    topology: Topology,
+    tick: Duration,
+    hold: Duration,
+    /// Who holds a claim (this process), for an operator reading the table.
+    claimer: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FireError {
+    #[error("wake-up store: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("publishing a wake-up's input: {0}")]
+    Publish(#[source] anyhow::Error),
+}
+
+impl WakeupFirer {
+    pub fn new(db: PgPool, runtime: Runtime, topology: Topology, config: &WakeupsConfig) -> Self {
+        Self {
+            db,
+            runtime,
+            topology,
+            tick: Duration::from_millis(config.tick_ms.max(50)),
+            hold: Duration::from_secs(config.claim_s.max(5)),
+            claimer: format!("dispatch:{}:{}", std::process::id(), Uuid::now_v7()),
+        }
+    }
+
+    /// Fire wake-ups as they come due, for as long as the future runs.
+    pub async fn run(&self) {
+        loop {
+            match wakeups::claim_due(&self.db, &self.claimer, self.hold, BATCH).await {
+                Ok(due) => {
+                    for wakeup in &due {
+                        // Left claimed: another try once the claim lapses.
+                        if let Err(e) = self.fire(wakeup).await {
+                            tracing::warn!(wakeup = %wakeup.id, error = %e, "wake-up did not fire");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not look for due wake-ups"),
+            }
+            tokio::time::sleep(self.tick).await;
+        }
+    }
+
+    async fn fire(&self, wakeup: &Wakeup) -> Result<(), FireError> {
+        let Some(route) = last_route(&self.db, &wakeup.person_id).await? else {
+            tracing::warn!(wakeup = %wakeup.id, person = %wakeup.person_id,
+                "no channel to reach this person on; the wake-up failed");
+            metrics::counter!("sb_wakeups_failed_total").increment(1);
+            wakeups::mark_failed(
+                &self.db,
+                wakeup,
+                "the person has no channel to reach them on",
+            )
+            .await?;
+            return Ok(());
+        };
+        let Some(id) = wakeups::input_id(&self.db, wakeup.id).await? else {
+            return Ok(());
+        };
+        let key = wakeups::input_key(wakeup.id);
+        let message = InboundMessage {
+            id: id.to_string(),
+            channel: route.channel.clone(),
+            provider: route.provider,
+            sender: route.sender,
+            recipient: route.recipient.unwrap_or_default(),
+            text: wakeup.note.clone(),
+            provider_message_id: key.clone(),
+            received_at_ms: switchboard_kit::now_ms(),
+            correlation_id: id.to_string(),
+            agent: wakeup.agent_name.clone(),
+            scheduled: WAKEUP_INPUT.to_string(),
+            asserted: Some(Person {
+                person_id: wakeup.person_id.clone(),
+                person_type: route.person_type,
+                ..Default::default()
+            }),
+            wakeup: Some(switchboard_kit::proto::Wakeup {
+                id: wakeup.id.to_string(),
+                due_at_ms: wakeup.due_at.timestamp_millis(),
+                scheduled_at_ms: wakeup.created_at.timestamp_millis(),
+            }),
+            ..Default::default()
+        };
+        let output = Output::new(self.topology.inbound(&route.channel), key, &message)
+            .correlated(message.correlation_id.clone());
+        self.runtime
+            .publish("wakeup", &output)
+            .await
+            .map_err(FireError::Publish)?;
+        // Published and not yet marked: a crash here leaves the claim to lapse.
+        switchboard_kit::failpoint::crash_at("dispatch.wakeup_published");
+        if wakeups::mark_fired(&self.db, wakeup, id).await? {
+            metrics::counter!("sb_wakeups_fired_total").increment(1);
+            let late = chrono::Utc::now().signed_duration_since(wakeup.due_at);
+            tracing::info!(wakeup = %wakeup.id, session = %wakeup.session_id,
+                late_ms = late.num_milliseconds(), "wake-up fired");
+        }
+        Ok(())
+    }
+}
+
+/// The answer to a person's `/reminders` message `message`: their pending wake-ups with
+/// `identity`, or what it cancelled. Once-only: a turn run again after its cancel committed
+/// answers with what that message cancelled, never cancels by the shifted numbers again.
+pub(crate) async fn answer_reminders(
+    db: &PgPool,
+    person: &str,
+    identity: &str,
+    message: &str,
+    command: RemindersCommand,
+    zone: chrono_tz::Tz,
+) -> Result<String, sqlx::Error> {
+    let by = format!("person:{message}");
+    let done = wakeups::cancelled_by(db, &by).await?;
+    if !done.is_empty() {
+        return Ok(wakeups::reminders_cancelled(&done, &[], zone));
+    }
+    let filter = WakeupFilter {
+        person: Some(person.to_string()),
+        identity: Some(identity.to_string()),
+        status: Some(WakeupStatus::Pending),
+        ..Default::default()
+    };
+    let pending = wakeups::list(db, &filter, 100).await?;
+    let chosen: Vec<usize> = match command {
+        RemindersCommand::List => return Ok(wakeups::reminders_list(&pending, zone)),
+        RemindersCommand::Unclear => return Ok(wakeups::REMINDERS_USAGE.to_string()),
+        RemindersCommand::CancelAll => (1..=pending.len()).collect(),
+        RemindersCommand::Cancel(numbers) => numbers,
+    };
+    let mut cancelled = Vec::new();
+    let mut missing = Vec::new();
+    for n in chosen {
+        match pending.get(n - 1) {
+            Some(w) => cancelled.extend(wakeups::cancel(db, w.id, &by).await?),
+            None => missing.push(n),
+        }
+    }
+    Ok(wakeups::reminders_cancelled(&cancelled, &missing, zone))
+}
