@@ -19,9 +19,12 @@ CREATE TABLE switchboard.wakeups (
     -- A replica firing it holds it until `claimed_until`; a claim that lapsed is free again.
     claimed_by     TEXT,
     claimed_until  TIMESTAMPTZ,
-    -- The inbound message the firing published (its correlation id), once fired.
-    fired_at       TIMESTAMPTZ,
+    -- The inbound message its firing publishes (its correlation id) and the way to the person
+    -- it goes by (channel, provider, sender, recipient, person_type): fixed the first time it
+    -- fires, so a firing repeated after a crash is the same message on the same channel.
     message_id     UUID,
+    input_route    JSONB,
+    fired_at       TIMESTAMPTZ,
     cancelled_at   TIMESTAMPTZ,
     -- `person` (their `/reminders cancel`), `agent:<name>`, `key:<owner>`.
     cancelled_by   TEXT,
@@ -43,4 +46,4 @@ ALTER TABLE switchboard.session_events DROP CONSTRAINT IF EXISTS session_events_
 ALTER TABLE switchboard.session_events ADD CONSTRAINT session_events_kind_check
     CHECK (kind IN ('message_in', 'turn_started', 'reply', 'reset', 'reset_requested', 'failure',
                     'waiting', 'expired', 'recall', 'summarised', 'memory_flush', 'memory_written',
-                    'wakeup_scheduled', 'wakeup_fired', 'wakeup_cancelled'));
+                    'wakeup_scheduled', 'wakeup_fired', 'wakeup_cancelled', 'wakeup_failed'));

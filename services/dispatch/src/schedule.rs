@@ -119,6 +119,36 @@ pub(crate) struct Route {
     pub person_type: String,
 }
 
+/// The way back to `person` in their conversations with `identity`: the channel, provider and
+/// addresses of their latest message to it (under a per-channel session scope, that is the
+/// session the agent spoke in), else of their latest message to anyone.
+pub(crate) async fn last_route_with(
+    db: &PgPool,
+    person: &str,
+    identity: &str,
+) -> Result<Option<Route>, sqlx::Error> {
+    let with = sqlx::query_as!(
+        Route,
+        r#"SELECT m.channel, m.metadata->>'provider' AS "provider!",
+                  m.metadata->>'sender' AS "sender!", m.metadata->>'recipient' AS recipient,
+                  s.person_type
+             FROM switchboard.messages m
+             JOIN switchboard.sessions s ON s.id = m.session_id
+            WHERE m.person_id = $1 AND m.agent_identity = $2 AND m.direction = 'inbound'
+              AND m.metadata ? 'sender' AND m.metadata ? 'provider'
+            ORDER BY m.id DESC
+            LIMIT 1"#,
+        person,
+        identity,
+    )
+    .fetch_optional(db)
+    .await?;
+    match with {
+        Some(route) => Ok(Some(route)),
+        None => last_route(db, person).await,
+    }
+}
+
 /// The way back to `person`: the channel, provider and addresses of their latest message.
 /// `None` when they never wrote on any channel.
 pub(crate) async fn last_route(db: &PgPool, person: &str) -> Result<Option<Route>, sqlx::Error> {

@@ -19,11 +19,13 @@ use sqlx::PgPool;
 use switchboard_kit::config::WakeupsConfig;
 use switchboard_kit::proto::{InboundMessage, Person};
 use switchboard_kit::runtime::Runtime;
-use switchboard_kit::wakeups::{self, RemindersCommand, Wakeup, WakeupFilter, WakeupStatus};
+use switchboard_kit::wakeups::{
+    self, InputRoute, RemindersCommand, Wakeup, WakeupError, WakeupFilter, WakeupStatus,
+};
 use switchboard_kit::{Output, Topology};
 use uuid::Uuid;
 
-use crate::schedule::last_route;
+use crate::schedule::last_route_with;
 
 /// `scheduled` on a wake-up's input.
 pub const WAKEUP_INPUT: &str = "wakeup";
@@ -45,6 +47,8 @@ pub struct WakeupFirer {
 pub enum FireError {
     #[error("wake-up store: {0}")]
     Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Store(#[from] WakeupError),
     #[error("publishing a wake-up's input: {0}")]
     Publish(#[source] anyhow::Error),
 }
@@ -80,7 +84,8 @@ impl WakeupFirer {
     }
 
     async fn fire(&self, wakeup: &Wakeup) -> Result<(), FireError> {
-        let Some(route) = last_route(&self.db, &wakeup.person_id).await? else {
+        let found = last_route_with(&self.db, &wakeup.person_id, &wakeup.agent_identity).await?;
+        let Some(found) = found else {
             tracing::warn!(wakeup = %wakeup.id, person = %wakeup.person_id,
                 "no channel to reach this person on; the wake-up failed");
             metrics::counter!("sb_wakeups_failed_total").increment(1);
@@ -92,7 +97,15 @@ impl WakeupFirer {
             .await?;
             return Ok(());
         };
-        let Some(id) = wakeups::input_id(&self.db, wakeup.id).await? else {
+        let now = InputRoute {
+            channel: found.channel,
+            provider: found.provider,
+            sender: found.sender,
+            recipient: found.recipient.unwrap_or_default(),
+            person_type: found.person_type,
+        };
+        // The first firing's id and route, whatever the person did since.
+        let Some((id, route)) = wakeups::fix_input(&self.db, wakeup.id, &now).await? else {
             return Ok(());
         };
         let key = wakeups::input_key(wakeup.id);
@@ -101,7 +114,7 @@ impl WakeupFirer {
             channel: route.channel.clone(),
             provider: route.provider,
             sender: route.sender,
-            recipient: route.recipient.unwrap_or_default(),
+            recipient: route.recipient,
             text: wakeup.note.clone(),
             provider_message_id: key.clone(),
             received_at_ms: switchboard_kit::now_ms(),
@@ -160,20 +173,37 @@ pub(crate) async fn answer_reminders(
         status: Some(WakeupStatus::Pending),
         ..Default::default()
     };
-    let pending = wakeups::list(db, &filter, 100).await?;
+    // Every pending one (a person has at most `[wakeups] max_pending_per_person`).
+    let pending = wakeups::list(db, &filter, 10_000).await?;
     let chosen: Vec<usize> = match command {
         RemindersCommand::List => return Ok(wakeups::reminders_list(&pending, zone)),
         RemindersCommand::Unclear => return Ok(wakeups::REMINDERS_USAGE.to_string()),
         RemindersCommand::CancelAll => (1..=pending.len()).collect(),
         RemindersCommand::Cancel(numbers) => numbers,
     };
-    let mut cancelled = Vec::new();
+    let mut ids = Vec::new();
     let mut missing = Vec::new();
     for n in chosen {
         match pending.get(n - 1) {
-            Some(w) => cancelled.extend(wakeups::cancel(db, w.id, &by).await?),
+            Some(w) => ids.push(w.id),
             None => missing.push(n),
         }
     }
-    Ok(wakeups::reminders_cancelled(&cancelled, &missing, zone))
+    // All at once: a rerun of this turn finds every one this message cancelled, or none.
+    let cancelled = wakeups::cancel_all(db, &ids, &by).await?;
+    // Those already on their way (their input fixed as the person asked) were not cancelled.
+    let firing: Vec<usize> = ids
+        .iter()
+        .filter(|id| !cancelled.iter().any(|c| c.id == **id))
+        .filter_map(|id| pending.iter().position(|w| w.id == *id).map(|i| i + 1))
+        .collect();
+    let mut answer = wakeups::reminders_cancelled(&cancelled, &missing, zone);
+    if !firing.is_empty() {
+        let list: Vec<String> = firing.iter().map(|n| n.to_string()).collect();
+        answer.push_str(&format!(
+            "\nReminder {} is already on its way and could not be cancelled.",
+            list.join(", ")
+        ));
+    }
+    Ok(answer)
 }

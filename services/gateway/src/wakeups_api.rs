@@ -377,16 +377,22 @@ async fn cancel(
     {
         Some(w) => Ok(Json(w).into_response()),
         None => {
-            let now = wakeups::find(&state.db, id)
-                .await
-                .map_err(unavailable)?
-                .map(|w| w.status.as_str())
-                .unwrap_or("gone");
-            Err(refuse(ApiError::new(
-                StatusCode::CONFLICT,
-                "not_pending",
-                format!("wake-up {id} is {now}: only a pending one can be cancelled"),
-            )))
+            let now = wakeups::find(&state.db, id).await.map_err(unavailable)?;
+            Err(refuse(match now {
+                Some(w) if w.status == WakeupStatus::Pending => ApiError::new(
+                    StatusCode::CONFLICT,
+                    "firing",
+                    format!("wake-up {id} is firing: its turn is on its way"),
+                ),
+                other => ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not_pending",
+                    format!(
+                        "wake-up {id} is {}: only a pending one can be cancelled",
+                        other.map_or("gone", |w| w.status.as_str())
+                    ),
+                ),
+            }))
         }
     }
 }

@@ -256,10 +256,10 @@ impl IdentifyStage {
     }
 }
 
-/// The answer to `/remember <text>`.
 /// The answer a `/reminders` message carries until dispatch, in its turn, writes the real one.
 pub const REMINDERS_PENDING: &str = "(your reminders)";
 
+/// The answer to `/remember <text>`.
 pub fn remembered_answer(text: &str) -> String {
     let shown: String = text.chars().take(200).collect();
     let more = if text.chars().count() > 200 {
@@ -287,7 +287,8 @@ impl Stage for IdentifyStage {
         if let Some(proofs) = self
             .proofs
             .as_ref()
-            .filter(|_| !agent_started && !inbound.heartbeat)
+            // Only the person's own words: never a schedule's text or an agent's wake-up note.
+            .filter(|_| inbound.is_from_person())
             && let Some(ask) = proof::parse(&inbound.text)
             && let Some(answer) = proofs
                 .answer(&self.resolver, &inbound, &person, ask)

@@ -131,6 +131,8 @@ pub enum SessionEventKind {
     WakeupFired,
     /// A pending wake-up was cancelled (by the person, the agent or an operator).
     WakeupCancelled,
+    /// A wake-up could not fire (the person had no channel to reach them on).
+    WakeupFailed,
 }
 
 /// The journal key of a session's wait for its agent's runner, told by the notice `notice`.

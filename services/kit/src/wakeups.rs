@@ -130,6 +130,7 @@ fn kind_key(kind: SessionEventKind) -> &'static str {
     match kind {
         SessionEventKind::WakeupScheduled => "wakeup-scheduled",
         SessionEventKind::WakeupFired => "wakeup-fired",
+        SessionEventKind::WakeupFailed => "wakeup-failed",
         _ => "wakeup-cancelled",
     }
 }
@@ -230,24 +231,31 @@ pub async fn list(
     .await
 }
 
-/// Cancel wake-up `id` if it is still pending: the cancelled wake-up, or `None` when it had
-/// fired, failed or been cancelled already (or never was).
+/// Cancel wake-up `id` if it is still pending and not firing yet: the cancelled wake-up, or
+/// `None` when it fired, failed, was cancelled already, is firing (its input is fixed: it is
+/// on its way) or never was.
 pub async fn cancel(db: &PgPool, id: Uuid, by: &str) -> Result<Option<Wakeup>, sqlx::Error> {
+    Ok(cancel_all(db, &[id], by).await?.pop())
+}
+
+/// Cancel, in one transaction, those of `ids` still pending and not firing yet (see
+/// [`cancel`]): the ones cancelled, soonest first.
+pub async fn cancel_all(db: &PgPool, ids: &[Uuid], by: &str) -> Result<Vec<Wakeup>, sqlx::Error> {
     let mut tx = db.begin().await?;
     let cancelled = sqlx::query_as!(
         Wakeup,
         r#"UPDATE switchboard.wakeups
               SET status = 'cancelled', cancelled_at = now(), cancelled_by = $2
-            WHERE id = $1 AND status = 'pending'
+            WHERE id = ANY($1) AND status = 'pending' AND message_id IS NULL
            RETURNING id, session_id, person_id, agent_name, agent_identity, due_at, note,
                      status AS "status: WakeupStatus", created_by, created_at, fired_at,
                      message_id, cancelled_at, cancelled_by, failure"#,
-        id,
+        ids,
         by,
     )
-    .fetch_optional(&mut *tx)
+    .fetch_all(&mut *tx)
     .await?;
-    if let Some(w) = &cancelled {
+    for w in &cancelled {
         journal(
             &mut tx,
             w,
@@ -257,6 +265,8 @@ pub async fn cancel(db: &PgPool, id: Uuid, by: &str) -> Result<Option<Wakeup>, s
         .await?;
     }
     tx.commit().await?;
+    let mut cancelled = cancelled;
+    cancelled.sort_by_key(|w| (w.due_at, w.id));
     Ok(cancelled)
 }
 
@@ -337,31 +347,69 @@ pub async fn mark_fired(db: &PgPool, wakeup: &Wakeup, message: Uuid) -> Result<b
 
 /// Record that `wakeup` cannot fire, and why.
 pub async fn mark_failed(db: &PgPool, wakeup: &Wakeup, why: &str) -> Result<(), sqlx::Error> {
-    sqlx::query!(
+    let mut tx = db.begin().await?;
+    let done = sqlx::query!(
         "UPDATE switchboard.wakeups
             SET status = 'failed', failure = $2, claimed_by = NULL, claimed_until = NULL
-          WHERE id = $1 AND status = 'pending'",
+          WHERE id = $1 AND status = 'pending' AND message_id IS NULL",
         wakeup.id,
         why,
     )
-    .execute(db)
-    .await?;
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if done {
+        journal(
+            &mut tx,
+            wakeup,
+            SessionEventKind::WakeupFailed,
+            serde_json::json!({"wakeup_id": wakeup.id, "due_at": wakeup.due_at, "why": why}),
+        )
+        .await?;
+    }
+    tx.commit().await?;
     Ok(())
 }
 
-/// The id of the inbound message `wakeup`'s firing publishes: drawn (UUIDv7, so it sorts with
-/// the session's other messages by when it came in) the first time it fires and kept, so a
-/// firing repeated after a crash publishes the same message. `None` once it is no longer
-/// pending (cancelled since it was claimed: it does not fire).
-pub async fn input_id(db: &PgPool, wakeup: Uuid) -> Result<Option<Uuid>, sqlx::Error> {
-    sqlx::query_scalar!(
-        r#"UPDATE switchboard.wakeups SET message_id = COALESCE(message_id, $2)
-            WHERE id = $1 AND status = 'pending' RETURNING message_id AS "message_id!""#,
+/// The way to the person a wake-up's input goes by: their last message's channel, provider
+/// and addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct InputRoute {
+    pub channel: String,
+    pub provider: String,
+    pub sender: String,
+    pub recipient: String,
+    pub person_type: String,
+}
+
+/// The id of the inbound message `wakeup`'s firing publishes, and the route it goes by: drawn
+/// (a UUIDv7, so it sorts with the session's other messages by when it came in; `route`, the
+/// person's way as it is now) the first time it fires and kept, so a firing repeated after a
+/// crash publishes the same message on the same channel, whatever the person did since.
+/// `None` once it is no longer pending (cancelled since it was claimed: it does not fire).
+pub async fn fix_input(
+    db: &PgPool,
+    wakeup: Uuid,
+    route: &InputRoute,
+) -> Result<Option<(Uuid, InputRoute)>, WakeupError> {
+    let fixed = sqlx::query!(
+        r#"UPDATE switchboard.wakeups
+              SET message_id = COALESCE(message_id, $2), input_route = COALESCE(input_route, $3)
+            WHERE id = $1 AND status = 'pending'
+           RETURNING message_id AS "message_id!", input_route AS "input_route!""#,
         wakeup,
         Uuid::now_v7(),
+        serde_json::to_value(route).expect("a route serialises"),
     )
     .fetch_optional(db)
-    .await
+    .await?;
+    let Some(row) = fixed else {
+        return Ok(None);
+    };
+    let route = serde_json::from_value(row.input_route)
+        .map_err(|e| WakeupError::Database(sqlx::Error::Decode(Box::new(e))))?;
+    Ok(Some((row.message_id, route)))
 }
 
 /// The provider message id (and Nats-Msg-Id) of a wake-up's input.

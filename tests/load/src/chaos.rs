@@ -28,6 +28,7 @@ use super::chaos_check::{
     Verdict, judge,
 };
 use super::chaos_nodes::{self, NodeKill};
+use super::chaos_wakeups;
 use super::loadgen::{LoadGen, LoadStats, in_groups};
 use super::memory_run::{self, MemoryModel};
 use super::observers::{
@@ -91,6 +92,11 @@ pub struct ChaosOptions {
     pub runner_down_at: Option<Duration>,
     pub runner_down_for: Duration,
     pub runner_503_for: Duration,
+    /// Wake-ups ([`chaos_wakeups`]): scheduled at `wakeups_at` for people among the first
+    /// `wakeups_among` senders, the k-th due `wakeups_due[k]` after that (one each).
+    pub wakeups_at: Duration,
+    pub wakeups_among: usize,
+    pub wakeups_due: Vec<Duration>,
     /// Worker binaries and replicas.
     pub replicas: Vec<(&'static str, usize)>,
     /// How long to wait for the last replies after the load and the kills stopped.
@@ -128,6 +134,13 @@ impl ChaosOptions {
             runner_down_at: Some(Duration::from_secs(18)),
             runner_down_for: Duration::from_secs(20),
             runner_503_for: Duration::from_secs(3),
+            // Due from 20 s to 36 s: while the runner is down (18-38 s) and across Postgres's
+            // crash (32 s); the first two groups (100 people) are done by 2.5 s.
+            wakeups_at: Duration::from_secs(10),
+            wakeups_among: 100,
+            wakeups_due: (0..20)
+                .map(|k| Duration::from_millis(10_000 + k * 800))
+                .collect(),
             replicas: vec![
                 ("gateway", 1),
                 ("identify", 1),
@@ -175,6 +188,13 @@ impl ChaosOptions {
             runner_down_at: Some(Duration::from_secs(4)),
             runner_down_for: Duration::from_secs(10),
             runner_503_for: Duration::from_secs(2),
+            // Due at 9-13 s: while the runner is down (4-14 s) and as Postgres is crashed
+            // (13 s); the first two groups (20 people) are done by 6.7 s.
+            wakeups_at: Duration::from_secs(7),
+            wakeups_among: 20,
+            wakeups_due: [2_000, 3_000, 5_000, 6_000]
+                .map(Duration::from_millis)
+                .to_vec(),
             replicas: vec![
                 ("gateway", 1),
                 ("identify", 1),
@@ -230,6 +250,7 @@ impl ChaosOptions {
             crash_pg_at: None,
             runner_down_at: None,
             rolling: true,
+            wakeups_due: Vec::new(),
             ..Self::full(dir)
         }
     }
@@ -561,6 +582,30 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
                 .await;
         })
     };
+    // Wake-ups, scheduled while the faults go on.
+    let wakeups_task = {
+        let senders =
+            chaos_wakeups::chosen(&o.mix, o.sessions, o.wakeups_among, o.wakeups_due.len());
+        let (db, gateway) = (pipeline.db.clone(), pipeline.gateway.base.clone());
+        let (at, due, index) = (o.wakeups_at, o.wakeups_due.clone(), o.per_session + 1);
+        tokio::spawn(async move {
+            if senders.is_empty() {
+                return Ok(Vec::new());
+            }
+            tokio::time::sleep(at).await;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            chaos_wakeups::schedule(
+                &db,
+                &gateway,
+                pipeline::AGENT,
+                &senders,
+                index,
+                &due,
+                deadline,
+            )
+            .await
+        })
+    };
     let bar = progress_bar(o.progress, total);
 
     // The faults.
@@ -733,6 +778,13 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     }
     let runner_outage = outage.filter(|p| p.phase == 3).map(|p| p.record);
     event("load done, faults stopped".into());
+    let wakeups = match wakeups_task.await? {
+        Ok(planned) => {
+            event(format!("{} wake-ups scheduled", planned.len()));
+            planned
+        }
+        Err(e) => bail!("scheduling the wake-ups: {e:#}"),
+    };
     // One person per channel comes back once their summary is written (see `returning`).
     let returned = if server_lost.load(Ordering::SeqCst) {
         Vec::new()
@@ -763,6 +815,11 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let want: Vec<(Channel, String)> = accepted
         .iter()
         .map(|a| (a.channel, message_text(a.sender, a.index)))
+        .chain(
+            wakeups
+                .iter()
+                .map(|w| (Channel::Twilio, message_text(w.sender, w.index))),
+        )
         .collect();
     let draining = Instant::now();
     let mut told = Duration::ZERO;
@@ -826,6 +883,9 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     )
     .await?;
     evidence.runner_outage = runner_outage;
+    evidence
+        .accepted
+        .extend(chaos_wakeups::as_accepted(&pipeline.db, &wakeups).await?);
     evidence.memory =
         Some(memory_run::collect(&pipeline, &memory, caught_up, waited, returned).await?);
     evidence.refused_calls = runner.refused();

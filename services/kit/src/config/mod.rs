@@ -442,6 +442,12 @@ impl Config {
         if let Err(why) = self.wakeups.tz() {
             return Err(ConfigError::invalid("wakeups.time_zone", why));
         }
+        if self.wakeups.max_ahead_days > 36_500 {
+            return Err(ConfigError::invalid(
+                "wakeups.max_ahead_days",
+                "at most 36500 (100 years)",
+            ));
+        }
         if !self.console.jwt_roles.is_empty() {
             let audience = self.console.jwt_audience.trim();
             if audience.is_empty() {
