@@ -1117,6 +1117,29 @@ impl TestApp {
 
     /// A new API key for `owner` with `scopes` (`switchboard api-keys create`, as an operator
     /// runs it); the key as printed.
+    /// `method path` with `credential` as the bearer (an API key, a turn token), and `body` as
+    /// JSON if given: the status and the JSON answer (`Null` when it is not JSON).
+    pub async fn call_api(
+        &self,
+        credential: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut request = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.gateway_url))
+            .bearer_auth(credential);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("gateway reachable");
+        let status = response.status().as_u16();
+        (
+            status,
+            response.json().await.unwrap_or(serde_json::Value::Null),
+        )
+    }
+
     pub async fn api_key(&self, owner: &str, scopes: &[&str]) -> String {
         let mut args: Vec<&std::ffi::OsStr> = vec![
             "api-keys".as_ref(),

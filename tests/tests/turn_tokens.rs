@@ -55,25 +55,6 @@ async fn session_of(app: &TestApp, person: &str) -> String {
     id.to_string()
 }
 
-/// A request to the API with `token`: its status and JSON answer.
-async fn call(
-    app: &TestApp,
-    token: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new()
-        .request(method, format!("{}{path}", app.gateway_url))
-        .bearer_auth(token);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.expect("gateway reachable");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 #[tokio::test]
 async fn with_its_turn_token_the_agent_reads_and_writes_the_persons_memory_searches_their_history_and_sends_them_a_follow_up()
  {
@@ -83,30 +64,25 @@ async fn with_its_turn_token_the_agent_reads_and_writes_the_persons_memory_searc
 
     // Memory: written and read back, as the agent's own edit, with the token's identity.
     let memory = format!("/api/v1/people/{alice}/memory");
-    let (status, body) = call(
-        &app,
-        &token,
-        Method::PUT,
-        &memory,
-        Some(json!({"body": "- locker code 3141"})),
-    )
-    .await;
+    let (status, body) = app
+        .call_api(
+            &token,
+            Method::PUT,
+            &memory,
+            Some(json!({"body": "- locker code 3141"})),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["identity"], "reggie");
     assert_eq!(body["updated_by"], "agent:reggie_oc");
-    let (status, body) = call(&app, &token, Method::GET, &memory, None).await;
+    let (status, body) = app.call_api(&token, Method::GET, &memory, None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["body"], "- locker code 3141");
 
     // Search: the person's own history.
-    let (status, body) = call(
-        &app,
-        &token,
-        Method::GET,
-        "/api/v1/search?q=locker%20code",
-        None,
-    )
-    .await;
+    let (status, body) = app
+        .call_api(&token, Method::GET, "/api/v1/search?q=locker%20code", None)
+        .await;
     assert_eq!(status, 200, "{body}");
     let hits = body["hits"].as_array().expect("hits");
     assert!(
@@ -117,26 +93,26 @@ async fn with_its_turn_token_the_agent_reads_and_writes_the_persons_memory_searc
 
     // The person's session.
     let session = session_of(&app, &alice).await;
-    let (status, body) = call(
-        &app,
-        &token,
-        Method::GET,
-        &format!("/api/v1/sessions/{session}"),
-        None,
-    )
-    .await;
+    let (status, body) = app
+        .call_api(
+            &token,
+            Method::GET,
+            &format!("/api/v1/sessions/{session}"),
+            None,
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["person"]["id"], alice, "{body}");
 
     // A follow-up: it reaches them by SMS, from the turn's agent.
-    let (status, body) = call(
-        &app,
-        &token,
-        Method::POST,
-        "/api/v1/outbound",
-        Some(json!({"person_id": alice, "text": "Your locker is ready."})),
-    )
-    .await;
+    let (status, body) = app
+        .call_api(
+            &token,
+            Method::POST,
+            "/api/v1/outbound",
+            Some(json!({"person_id": alice, "text": "Your locker is ready."})),
+        )
+        .await;
     assert_eq!(status, 202, "{body}");
     let sent = app.wait_for_sms(2, WAIT).await;
     assert_eq!(sent[1].body, "Your locker is ready.");
@@ -152,14 +128,14 @@ async fn with_the_token_of_one_persons_turn_another_persons_messages_memory_and_
     let bob = format!("phone:{BOB}");
     let alice = format!("phone:{ALICE}");
     let writer = app.api_key("ops", &["memory:write"]).await;
-    let (status, _) = call(
-        &app,
-        &writer,
-        Method::PUT,
-        &format!("/api/v1/people/{bob}/memory?identity=reggie"),
-        Some(json!({"body": "- bank pin 2718"})),
-    )
-    .await;
+    let (status, _) = app
+        .call_api(
+            &writer,
+            Method::PUT,
+            &format!("/api/v1/people/{bob}/memory?identity=reggie"),
+            Some(json!({"body": "- bank pin 2718"})),
+        )
+        .await;
     assert_eq!(status, 200);
     let refused = |(status, body): (u16, Value), what: &str| {
         assert_eq!(status, 403, "{what}: {body}");
@@ -172,7 +148,7 @@ async fn with_the_token_of_one_persons_turn_another_persons_messages_memory_and_
     // Bob's messages: asked for by name, refused; searched for without a name, not found.
     let get = |path: String| {
         let (app, token) = (&app, &alice_token);
-        async move { call(app, token, Method::GET, &path, None).await }
+        async move { app.call_api(token, Method::GET, &path, None).await }
     };
     refused(
         get(format!("/api/v1/search?q=bank%20pin&person={bob}")).await,
@@ -198,8 +174,7 @@ async fn with_the_token_of_one_persons_turn_another_persons_messages_memory_and_
         "reading Bob's memory by identity",
     );
     refused(
-        call(
-            &app,
+        app.call_api(
             &alice_token,
             Method::PUT,
             &format!("{bob_memory}?identity=reggie"),
@@ -230,8 +205,7 @@ async fn with_the_token_of_one_persons_turn_another_persons_messages_memory_and_
 
     // A message to Bob.
     refused(
-        call(
-            &app,
+        app.call_api(
             &alice_token,
             Method::POST,
             "/api/v1/outbound",
@@ -247,8 +221,7 @@ async fn with_the_token_of_one_persons_turn_another_persons_messages_memory_and_
         "reading analytics",
     );
     refused(
-        call(
-            &app,
+        app.call_api(
             &alice_token,
             Method::DELETE,
             &format!("/api/v1/people/{alice}"),
@@ -283,7 +256,9 @@ async fn an_expired_turn_token_and_one_with_a_changed_character_are_refused_with
     let token = text_and_take_token(&app, ALICE, "hello", 1).await;
     let alice = format!("phone:{ALICE}");
     let memory = format!("/api/v1/people/{alice}/memory");
-    let (status, body) = call(&app, &token, Method::GET, "/api/v1/search?q=hello", None).await;
+    let (status, body) = app
+        .call_api(&token, Method::GET, "/api/v1/search?q=hello", None)
+        .await;
     assert_eq!(status, 200, "the token as issued works: {body}");
 
     // One character of the signature changed.
@@ -291,7 +266,7 @@ async fn an_expired_turn_token_and_one_with_a_changed_character_are_refused_with
     let at = token.rfind('.').unwrap() + 5;
     chars[at] = if chars[at] == 'A' { 'B' } else { 'A' };
     let altered: String = chars.into_iter().collect();
-    let (status, body) = call(&app, &altered, Method::GET, &memory, None).await;
+    let (status, body) = app.call_api(&altered, Method::GET, &memory, None).await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(body["error"]["code"], "invalid_turn_token", "{body}");
 
@@ -311,7 +286,7 @@ async fn an_expired_turn_token_and_one_with_a_changed_character_are_refused_with
     claims.iat = now - 3_600;
     claims.exp = now - 600;
     let expired = tokens.mint(&claims);
-    let (status, body) = call(&app, &expired, Method::GET, &memory, None).await;
+    let (status, body) = app.call_api(&expired, Method::GET, &memory, None).await;
     assert_eq!(status, 401, "{body}");
     assert!(
         body["error"]["message"]
@@ -322,6 +297,8 @@ async fn an_expired_turn_token_and_one_with_a_changed_character_are_refused_with
     );
     // The same claims, still in time, are accepted: it was the time that was refused.
     claims.exp = now + 600;
-    let (status, body) = call(&app, &tokens.mint(&claims), Method::GET, &memory, None).await;
+    let (status, body) = app
+        .call_api(&tokens.mint(&claims), Method::GET, &memory, None)
+        .await;
     assert_ne!(status, 401, "{body}");
 }

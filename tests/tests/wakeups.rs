@@ -28,27 +28,10 @@ async fn text_and_take_token(app: &TestApp, phone: &str, text: &str, answers: us
         .expect("the /run body carries a turn token")
 }
 
-/// A request to the API with `credential` (a turn token or an API key): status and answer.
-async fn call(
-    app: &TestApp,
-    credential: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new()
-        .request(method, format!("{}{path}", app.gateway_url))
-        .bearer_auth(credential);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.expect("gateway reachable");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 async fn schedule(app: &TestApp, token: &str, body: Value) -> Value {
-    let (status, answer) = call(app, token, Method::POST, "/api/v1/wakeups", Some(body)).await;
+    let (status, answer) = app
+        .call_api(token, Method::POST, "/api/v1/wakeups", Some(body))
+        .await;
     assert_eq!(status, 201, "{answer}");
     answer
 }
@@ -64,14 +47,14 @@ async fn session_of(app: &TestApp, phone: &str) -> String {
 }
 
 async fn session_status(app: &TestApp, key: &str, session: &str) -> String {
-    let (status, answer) = call(
-        app,
-        key,
-        Method::GET,
-        &format!("/api/v1/sessions/{session}"),
-        None,
-    )
-    .await;
+    let (status, answer) = app
+        .call_api(
+            key,
+            Method::GET,
+            &format!("/api/v1/sessions/{session}"),
+            None,
+        )
+        .await;
     assert_eq!(status, 200, "{answer}");
     answer["status"].as_str().unwrap().to_string()
 }
@@ -126,26 +109,26 @@ async fn an_agent_that_schedules_a_wake_up_comes_back_to_the_person_at_that_time
         "rescheduling",
         "the session says its agent will come back"
     );
-    let (_, listed) = call(
-        &app,
-        &operator,
-        Method::GET,
-        "/api/v1/wakeups?status=rescheduling",
-        None,
-    )
-    .await;
+    let (_, listed) = app
+        .call_api(
+            &operator,
+            Method::GET,
+            "/api/v1/wakeups?status=rescheduling",
+            None,
+        )
+        .await;
     assert_eq!(listed["error"]["code"], "invalid_status", "{listed}");
-    let (status, listed) = call(
-        &app,
-        &operator,
-        Method::GET,
-        &format!(
-            "/api/v1/sessions?status=rescheduling&person=phone:%2B{}",
-            &DANA[1..]
-        ),
-        None,
-    )
-    .await;
+    let (status, listed) = app
+        .call_api(
+            &operator,
+            Method::GET,
+            &format!(
+                "/api/v1/sessions?status=rescheduling&person=phone:%2B{}",
+                &DANA[1..]
+            ),
+            None,
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(listed["sessions"].as_array().unwrap().len(), 1, "{listed}");
 
@@ -272,11 +255,11 @@ async fn a_person_lists_and_cancels_their_reminders_by_text_and_a_cancelled_one_
 
     // The operator cancels the other; cancelling it again is refused.
     let path = format!("/api/v1/wakeups/{}", later["id"].as_str().unwrap());
-    let (status, cancelled) = call(&app, &operator, Method::DELETE, &path, None).await;
+    let (status, cancelled) = app.call_api(&operator, Method::DELETE, &path, None).await;
     assert_eq!(status, 200, "{cancelled}");
     assert_eq!(cancelled["status"], "cancelled");
     assert_eq!(cancelled["cancelled_by"], "key:ops");
-    let (status, again) = call(&app, &operator, Method::DELETE, &path, None).await;
+    let (status, again) = app.call_api(&operator, Method::DELETE, &path, None).await;
     assert_eq!(status, 409);
     assert_eq!(again["error"]["code"], "not_pending");
 
@@ -314,11 +297,13 @@ async fn a_turn_token_reaches_only_its_own_persons_wake_ups_and_a_person_has_a_c
             format!("/api/v1/wakeups?person=phone:%2B{}", &DANA[1..]),
         ),
     ] {
-        let (status, answer) = call(&app, &eli, method, &path, None).await;
+        let (status, answer) = app.call_api(&eli, method, &path, None).await;
         assert_eq!(status, 403, "{path}: {answer}");
         assert_eq!(answer["error"]["code"], "outside_turn");
     }
-    let (status, listed) = call(&app, &eli, Method::GET, "/api/v1/wakeups", None).await;
+    let (status, listed) = app
+        .call_api(&eli, Method::GET, "/api/v1/wakeups", None)
+        .await;
     assert_eq!(status, 200);
     assert_eq!(
         listed["wakeups"],
@@ -326,14 +311,14 @@ async fn a_turn_token_reaches_only_its_own_persons_wake_ups_and_a_person_has_a_c
         "Eli's list holds none of Dana's"
     );
     let dana_session = session_of(&app, DANA).await;
-    let (status, answer) = call(
-        &app,
-        &eli,
-        Method::POST,
-        "/api/v1/wakeups",
-        Some(json!({"delay_s": 60, "note": "x", "session_id": dana_session})),
-    )
-    .await;
+    let (status, answer) = app
+        .call_api(
+            &eli,
+            Method::POST,
+            "/api/v1/wakeups",
+            Some(json!({"delay_s": 60, "note": "x", "session_id": dana_session})),
+        )
+        .await;
     assert_eq!(status, 403, "{answer}");
     assert_eq!(
         wakeup_status(&app, hers["id"].as_str().unwrap()).await,
@@ -361,47 +346,39 @@ async fn a_turn_token_reaches_only_its_own_persons_wake_ups_and_a_person_has_a_c
             "note_too_long",
         ),
     ] {
-        let (status, answer) = call(
-            &app,
-            &dana,
-            Method::POST,
-            "/api/v1/wakeups",
-            Some(body.clone()),
-        )
-        .await;
+        let (status, answer) = app
+            .call_api(&dana, Method::POST, "/api/v1/wakeups", Some(body.clone()))
+            .await;
         assert_eq!(status, 400, "{body}: {answer}");
         assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
     }
 
     // The cap: two pending at most.
     schedule(&app, &dana, json!({"delay_s": 7200, "note": "second"})).await;
-    let (status, answer) = call(
-        &app,
-        &dana,
-        Method::POST,
-        "/api/v1/wakeups",
-        Some(json!({"delay_s": 9000, "note": "third"})),
-    )
-    .await;
+    let (status, answer) = app
+        .call_api(
+            &dana,
+            Method::POST,
+            "/api/v1/wakeups",
+            Some(json!({"delay_s": 9000, "note": "third"})),
+        )
+        .await;
     assert_eq!(status, 429, "{answer}");
     assert_eq!(answer["error"]["code"], "too_many_wakeups");
     // Cancelling one makes room.
-    let (status, _) = call(&app, &dana, Method::DELETE, &path, None).await;
+    let (status, _) = app.call_api(&dana, Method::DELETE, &path, None).await;
     assert_eq!(status, 200);
     schedule(&app, &dana, json!({"delay_s": 9000, "note": "third"})).await;
 
     // An API key without the scope is refused; a turn token lists its own.
     let reader = app.api_key("reader", &["search:read"]).await;
-    let (status, _) = call(&app, &reader, Method::GET, "/api/v1/wakeups", None).await;
+    let (status, _) = app
+        .call_api(&reader, Method::GET, "/api/v1/wakeups", None)
+        .await;
     assert_eq!(status, 403);
-    let (_, listed) = call(
-        &app,
-        &dana,
-        Method::GET,
-        "/api/v1/wakeups?status=pending",
-        None,
-    )
-    .await;
+    let (_, listed) = app
+        .call_api(&dana, Method::GET, "/api/v1/wakeups?status=pending", None)
+        .await;
     let notes: Vec<&str> = listed["wakeups"]
         .as_array()
         .unwrap()
@@ -485,14 +462,14 @@ async fn forgetting_a_person_erases_their_wake_ups_and_none_of_them_comes_back()
         json!({"delay_s": 5, "note": "Dana's clinic appointment is at 3"}),
     )
     .await;
-    let (status, answer) = call(
-        &app,
-        &eraser,
-        Method::DELETE,
-        &format!("/api/v1/people/phone:{DANA}"),
-        None,
-    )
-    .await;
+    let (status, answer) = app
+        .call_api(
+            &eraser,
+            Method::DELETE,
+            &format!("/api/v1/people/phone:{DANA}"),
+            None,
+        )
+        .await;
     assert!(status == 200 || status == 202, "{status}: {answer}");
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM switchboard.wakeups")
         .fetch_one(&app.db)
