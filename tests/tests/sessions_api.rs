@@ -687,3 +687,41 @@ async fn an_unknown_session_is_404_and_a_malformed_request_400_with_an_error_cod
     assert_eq!(found.len(), 1);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_conversation_names_the_tools_the_agent_called_for_a_reply_and_never_their_arguments() {
+    let app = spawn_app().await;
+    // The runner reports what its engine says it called (OpenClaw: `meta.toolSummary.tools`),
+    // one name bounded and one of them control characters only.
+    app.runner
+        .report_tools(&["read", "web_search", "\u{7}", &"x".repeat(100), "read"]);
+    texts(&app, DANA, &["what is in my notes?"]).await;
+    let key = app.api_key("ops-console", &["sessions:read"]).await;
+    let dana = session_of(&app, &key, &format!("phone:{DANA}")).await;
+    let id = dana["id"].as_str().unwrap();
+    let (status, body) = get(
+        &app,
+        Some(&key),
+        &format!("/api/v1/sessions/{id}/messages"),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let messages = body["messages"].as_array().unwrap();
+    let (inbound, outbound) = (&messages[0], &messages[1]);
+    assert_eq!(inbound["tool_names"], json!([]));
+    assert_eq!(
+        outbound["tool_names"],
+        json!(["read", "web_search", "x".repeat(64)]),
+        "{outbound}"
+    );
+    assert_eq!(outbound["tool_calls_count"], 2);
+    // Kept in the log row beside the count.
+    let logged: Value = sqlx::query_scalar(
+        "SELECT metadata->'tool_names' FROM switchboard.messages WHERE direction = 'outbound'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(logged, json!(["read", "web_search", "x".repeat(64)]));
+}

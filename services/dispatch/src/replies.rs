@@ -79,6 +79,7 @@ impl TurnDispatcher {
             engine_session_id: stored.engine_session_id.clone(),
             processing_ms: stored.processing_ms,
             tool_calls_count: stored.tool_calls_count,
+            tool_names: stored.tool_names.clone(),
             correlation_id: inbound.correlation_id.clone(),
             in_reply_to: inbound.id.clone(),
             channel: inbound.channel.clone(),

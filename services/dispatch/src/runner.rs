@@ -72,6 +72,37 @@ pub struct RunResponse {
     pub processing_ms: i64,
     #[serde(default)]
     pub tool_calls_count: i64,
+    /// The tools the engine called, by name (bounded by [`tool_names`] before it is kept).
+    #[serde(default)]
+    pub tool_names: Vec<String>,
+}
+
+/// The most tool names a reply keeps, and the longest name: a runner's answer is bounded like
+/// any input (the runner bounds them too; something posing as a runner may not).
+const MAX_TOOL_NAMES: usize = 32;
+const MAX_TOOL_NAME_CHARS: usize = 64;
+
+/// `reported` without control characters, trimmed, each cut at 64 characters, once each, at
+/// most 32.
+pub fn tool_names(reported: &[String]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for name in reported {
+        let name: String = name
+            .chars()
+            .filter(|c| !c.is_control())
+            .collect::<String>()
+            .trim()
+            .chars()
+            .take(MAX_TOOL_NAME_CHARS)
+            .collect();
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+        if names.len() == MAX_TOOL_NAMES {
+            break;
+        }
+    }
+    names
 }
 
 /// The most of a runner's answer that is read: a reply is at most the engine's capped output

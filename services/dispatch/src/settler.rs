@@ -192,9 +192,10 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
              SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::uuid[],
                                   $5::bigint[], $6::uuid[], $7::text[], $8::text[],
                                   $9::bigint[], $10::bigint[], $11::text[], $12::text[],
-                                  $13::bool[], $14::timestamptz[])
+                                  $13::bool[], $14::timestamptz[], $24::jsonb[])
                AS i(session_id, seq, after, call, first, reply_id, reply_text, engine,
-                    processing_ms, tool_calls, reset, next, consumed, consumed_at)),
+                    processing_ms, tool_calls, reset, next, consumed, consumed_at,
+                    tool_names)),
            -- The answered turns not done yet (a replayed failed turn can be run by two
            -- copies: a done turn keeps its first reply).
            open AS (
@@ -238,7 +239,8 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
              UPDATE switchboard.turns t
                 SET status = $15, error = NULL, reply_id = i.reply_id, reply_text = i.reply_text,
                     engine_session_id = i.engine, processing_ms = i.processing_ms,
-                    tool_calls_count = i.tool_calls, completed_at = now(), reset = i.reset
+                    tool_calls_count = i.tool_calls, completed_at = now(), reset = i.reset,
+                    tool_names = ARRAY(SELECT jsonb_array_elements_text(i.tool_names))
                FROM input i JOIN moved m ON m.id = i.session_id
               WHERE t.session_id = i.session_id AND t.seq = i.seq),
            journal AS (
@@ -278,6 +280,12 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
     .bind(journal.iter().map(|e| e.seq).collect::<Vec<_>>())
     .bind(journal.iter().map(|e| &e.detail).collect::<Vec<_>>())
     .bind(journal.iter().map(|e| e.with_previous).collect::<Vec<_>>())
+    .bind(
+        commits
+            .iter()
+            .map(|c| serde_json::json!(c.settlement.reply.tool_names))
+            .collect::<Vec<_>>(),
+    )
     // Planned for each batch's own arrays (a plan cached while `turns` was nearly empty
     // would scan every turn for good).
     .persistent(false)

@@ -610,6 +610,7 @@ impl TurnDispatcher {
             started.elapsed().as_millis() as i64
         };
         settlement.reply.tool_calls_count = resp.tool_calls_count;
+        settlement.reply.tool_names = crate::runner::tool_names(&resp.tool_names);
         settlement.recall = call.recalled.map(|r| r.detail);
         if call.group.turns.len() > 1 {
             settlement.reply.answers = call

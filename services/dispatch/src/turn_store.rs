@@ -23,6 +23,8 @@ pub(crate) struct StoredReply {
     pub engine_session_id: String,
     pub processing_ms: i64,
     pub tool_calls_count: i64,
+    /// The tools the engine called, by name.
+    pub tool_names: Vec<String>,
     /// The fresh engine session the turn started (the reply tells the person).
     pub reset: Option<ResetReason>,
     /// The inbound messages a joined call answered, in order (empty: this turn's alone).
@@ -38,6 +40,7 @@ impl StoredReply {
             engine_session_id: String::new(),
             processing_ms: 0,
             tool_calls_count: 0,
+            tool_names: Vec::new(),
             reset,
             answers: Vec::new(),
         }
@@ -53,6 +56,7 @@ struct TurnRow {
     engine_session_id: Option<String>,
     processing_ms: Option<i64>,
     tool_calls_count: Option<i64>,
+    tool_names: Option<Vec<String>>,
     reset: Option<ResetReason>,
     joined_into: Option<i64>,
     /// The inbound ids of the turns joined into this one, in order.
@@ -141,7 +145,7 @@ impl TurnStore {
         let row = sqlx::query_as!(
             TurnRow,
             r#"SELECT status AS "status: TurnStatus", error, reply_id, reply_text,
-                      engine_session_id, processing_ms, tool_calls_count,
+                      engine_session_id, processing_ms, tool_calls_count, tool_names,
                       reset AS "reset: ResetReason", joined_into,
                       (SELECT array_agg(j.inbound_id::text ORDER BY j.seq)
                          FROM switchboard.turns j
@@ -186,6 +190,7 @@ impl TurnStore {
             engine_session_id: row.engine_session_id.unwrap_or_default(),
             processing_ms: row.processing_ms.unwrap_or(0),
             tool_calls_count: row.tool_calls_count.unwrap_or(0),
+            tool_names: row.tool_names.unwrap_or_default(),
             reset: row.reset,
         })
     }

@@ -175,6 +175,8 @@ pub struct MessageView {
     pub correlation_id: String,
     pub processing_ms: Option<i64>,
     pub tool_calls_count: Option<i64>,
+    /// The tools the engine called for an agent's reply, by name (never their arguments).
+    pub tool_names: Vec<String>,
 }
 
 /// An entry of the session's journal (resets, waits, recalls, summaries).
@@ -318,12 +320,16 @@ pub async fn session_messages(
 ) -> Result<Page<MessageView>, sqlx::Error> {
     let rows = sqlx::query_as!(
         MessageView,
-        "SELECT id, created_at AS at, direction, channel, agent_name AS agent, message AS text,
-                correlation_id, processing_ms, tool_calls_count
+        r#"SELECT id, created_at AS at, direction, channel, agent_name AS agent, message AS text,
+                correlation_id, processing_ms, tool_calls_count,
+                ARRAY(SELECT jsonb_array_elements_text(
+                          CASE jsonb_typeof(metadata->'tool_names')
+                               WHEN 'array' THEN metadata->'tool_names' ELSE '[]' END))
+                    AS "tool_names!"
            FROM switchboard.messages
           WHERE session_id = $1 AND ($2::uuid IS NULL OR id > $2)
           ORDER BY id
-          LIMIT $3",
+          LIMIT $3"#,
         session,
         after,
         limit + 1,
@@ -341,12 +347,16 @@ pub async fn last_messages(
 ) -> Result<Vec<MessageView>, sqlx::Error> {
     let mut rows = sqlx::query_as!(
         MessageView,
-        "SELECT id, created_at AS at, direction, channel, agent_name AS agent, message AS text,
-                correlation_id, processing_ms, tool_calls_count
+        r#"SELECT id, created_at AS at, direction, channel, agent_name AS agent, message AS text,
+                correlation_id, processing_ms, tool_calls_count,
+                ARRAY(SELECT jsonb_array_elements_text(
+                          CASE jsonb_typeof(metadata->'tool_names')
+                               WHEN 'array' THEN metadata->'tool_names' ELSE '[]' END))
+                    AS "tool_names!"
            FROM switchboard.messages
           WHERE session_id = $1
           ORDER BY id DESC
-          LIMIT $2",
+          LIMIT $2"#,
         session,
         limit,
     )

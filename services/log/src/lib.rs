@@ -42,6 +42,8 @@ pub struct LogEntry {
     pub message: String,
     pub processing_ms: Option<i64>,
     pub tool_calls_count: Option<i64>,
+    /// The tools the engine called for an outbound row, by name (also in its `metadata`).
+    pub tool_names: Vec<String>,
     pub correlation_id: String,
     pub external_id: Option<String>,
     /// The row's `metadata` (a JSON object). Inbound rows keep where the message came from
@@ -277,6 +279,7 @@ impl MessageLog {
             processing_ms: e.processing_ms.unwrap_or(0),
             tool_calls_count: e.tool_calls_count.unwrap_or(0),
             logged_at_ms: switchboard_kit::now_ms(),
+            tool_names: e.tool_names.clone(),
         };
         Output::new(topology.event("message.logged"), e.id.to_string(), &event)
             .correlated(e.correlation_id.clone())
@@ -351,6 +354,7 @@ fn inbound_entry(turn: &Turn) -> Result<LogEntry, LogError> {
         message: inbound.text.clone(),
         processing_ms: None,
         tool_calls_count: None,
+        tool_names: Vec::new(),
         correlation_id: inbound.correlation_id.clone(),
         external_id: Some(inbound.provider_message_id.clone()).filter(|s| !s.is_empty()),
         received_at: switchboard_kit::forgotten::received_at(inbound.received_at_ms),
@@ -415,6 +419,7 @@ fn outbound_entry(reply: &Reply) -> Result<LogEntry, LogError> {
         message: reply.text.clone(),
         processing_ms: Some(reply.processing_ms),
         tool_calls_count: Some(reply.tool_calls_count),
+        tool_names: reply.tool_names.clone(),
         correlation_id: reply.correlation_id.clone(),
         external_id: None,
         received_at: switchboard_kit::forgotten::id_time(&reply.in_reply_to),
@@ -423,8 +428,9 @@ fn outbound_entry(reply: &Reply) -> Result<LogEntry, LogError> {
     })
 }
 
-/// What an outbound row keeps beyond its text: a notice says so, and a reply to several
-/// messages (joined into one runner call) names them all, in order.
+/// What an outbound row keeps beyond its text: a notice says so, a reply to several messages
+/// (joined into one runner call) names them all, in order, and the tools the engine called for
+/// it are named (`tool_names`).
 fn outbound_metadata(reply: &Reply) -> serde_json::Value {
     let mut m = serde_json::Map::new();
     if !reply.kind.is_empty() {
@@ -432,6 +438,9 @@ fn outbound_metadata(reply: &Reply) -> serde_json::Value {
     }
     if !reply.answers.is_empty() {
         m.insert("answers".into(), reply.answers.clone().into());
+    }
+    if !reply.tool_names.is_empty() {
+        m.insert("tool_names".into(), reply.tool_names.clone().into());
     }
     m.into()
 }

@@ -74,6 +74,9 @@ pub struct EngineConfig {
     pub session_id_path: String,
     /// JSON pointer to a tool-call count, if the engine reports one.
     pub tool_calls_path: String,
+    /// JSON pointer to the names of the tools the engine called (an array of strings), if it
+    /// reports them (OpenClaw: `/meta/toolSummary/tools`). Names only, never arguments.
+    pub tool_names_path: String,
     pub timeout_s: Option<u64>,
     pub env: BTreeMap<String, String>,
     /// Working directory (default: the session's workspace when given).

@@ -78,6 +78,8 @@ pub struct RunOutcome {
     pub text: String,
     pub session_id: String,
     pub tool_calls_count: i64,
+    /// The tools it called, by name (see [`tool_names`]).
+    pub tool_names: Vec<String>,
 }
 
 /// The identity's core memory (`coreMEM-<identity>.md`), when there is one, ahead of the prompt.
@@ -161,6 +163,7 @@ pub fn spec(run: &Run<'_>, created_at_ms: u64) -> Result<Spec, EngineError> {
         text_path: e.text_path.clone(),
         session_id_path: e.session_id_path.clone(),
         tool_calls_path: e.tool_calls_path.clone(),
+        tool_names_path: e.tool_names_path.clone(),
         created_at_ms,
         rerun: false,
         turn_env: [(TURN_TOKEN_ENV, run.turn_token), (API_URL_ENV, run.api_url)]
@@ -234,11 +237,48 @@ pub fn answer(
             .and_then(|v| v.as_i64())
             .unwrap_or(0)
     };
+    let tool_names = if spec.tool_names_path.is_empty() {
+        Vec::new()
+    } else {
+        json.pointer(&spec.tool_names_path)
+            .map(tool_names)
+            .unwrap_or_default()
+    };
     Ok(RunOutcome {
         text,
         session_id,
         tool_calls_count,
+        tool_names,
     })
+}
+
+/// The most tool names one answer keeps, and the longest name.
+pub const MAX_TOOL_NAMES: usize = 32;
+pub const MAX_TOOL_NAME_CHARS: usize = 64;
+
+/// The tool names an engine reported: an array's strings, without control characters, trimmed,
+/// each cut at [`MAX_TOOL_NAME_CHARS`], once each, at most [`MAX_TOOL_NAMES`]; anything else in
+/// it is left out. The engine's output is the agent's, so it is bounded like any input.
+pub fn tool_names(reported: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for name in reported.as_array().into_iter().flatten() {
+        let Some(name) = name.as_str() else { continue };
+        let name: String = name
+            .chars()
+            .filter(|c| !c.is_control())
+            .collect::<String>()
+            .trim()
+            .chars()
+            .take(MAX_TOOL_NAME_CHARS)
+            .collect();
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+        if names.len() == MAX_TOOL_NAMES {
+            break;
+        }
+    }
+    names
 }
 
 /// The demo engine's answer (`switchboard-runner demo-engine`): JSON with the session id it was
@@ -270,6 +310,32 @@ pub fn demo_answer(session_id: &str, prompt: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_names_are_kept_as_names_once_each_and_bounded() {
+        let reported = serde_json::json!([
+            "read",
+            " exec ",
+            "read",
+            7,
+            "",
+            "we\u{7}b",
+            "x".repeat(100),
+            null
+        ]);
+        assert_eq!(
+            tool_names(&reported),
+            vec![
+                "read".to_string(),
+                "exec".into(),
+                "web".into(),
+                "x".repeat(MAX_TOOL_NAME_CHARS)
+            ]
+        );
+        let many: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
+        assert_eq!(tool_names(&serde_json::json!(many)).len(), MAX_TOOL_NAMES);
+        assert!(tool_names(&serde_json::json!({"read": 1})).is_empty());
+    }
 
     #[test]
     fn the_demo_engine_answers_as_an_engine_does_with_the_session_it_was_given() {

@@ -80,6 +80,9 @@ pub struct RunResponse {
     pub session_id: String,
     pub processing_ms: i64,
     pub tool_calls_count: i64,
+    /// The tools the engine called, by name (`tool_names_path`); empty when it does not say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_names: Vec<String>,
     /// The engine ran again for this turn: an earlier run of it died unfinished together with
     /// its runner (a host crash), so its tools may have run twice.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

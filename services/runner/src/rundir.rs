@@ -38,6 +38,9 @@ pub struct Spec {
     pub text_path: String,
     pub session_id_path: String,
     pub tool_calls_path: String,
+    /// Absent from the specs of runs kept by an older runner.
+    #[serde(default)]
+    pub tool_names_path: String,
     /// When the runner took the call (processing_ms counts from it).
     pub created_at_ms: u64,
     /// An earlier run of this key died unfinished (its answer says so).

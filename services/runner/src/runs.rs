@@ -163,6 +163,7 @@ pub fn outcome(run: &RunDir, settled: &Settled, spec: &Spec) -> Outcome {
                     session_id: answer.session_id,
                     processing_ms: exit.finished_at_ms.saturating_sub(spec.created_at_ms) as i64,
                     tool_calls_count: answer.tool_calls_count,
+                    tool_names: answer.tool_names,
                     rerun: spec.rerun,
                 }),
                 Err(EngineError::Timeout(s)) => timeout(s),

@@ -45,6 +45,39 @@ async fn completions(
         r.len()
     };
     let text = format!("fake answer {n}");
+    // A person's message `USE-TOOL:<path>` that no tool result follows yet is answered with
+    // a call of OpenClaw's `read` tool on that path, as a model asks for a tool.
+    let messages = body.0["messages"].as_array().cloned().unwrap_or_default();
+    let answered = messages.iter().any(|m| m["role"] == "tool");
+    let asked = messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| {
+            let c = m["content"].to_string();
+            c.split("USE-TOOL:").nth(1).map(|rest| {
+                rest.split(|ch: char| ch.is_whitespace() || ch == '"' || ch == '\\')
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+        })
+        .next_back()
+        .filter(|_| !answered);
+    if let Some(path) = asked.filter(|_| body.0["stream"] == json!(true)) {
+        let call = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m1",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0,
+                "id": "call_1", "type": "function",
+                "function": {"name": "read", "arguments": json!({"path": path}).to_string()}}]},
+                "finish_reason": Value::Null}]});
+        let done = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m1",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}});
+        return (
+            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+            format!("data: {call}\n\ndata: {done}\n\ndata: [DONE]\n\n"),
+        )
+            .into_response();
+    }
     if body.0["stream"] == json!(true) {
         let chunk = |delta: Value, finish: Value, usage: Option<Value>| {
             let mut c = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
@@ -170,13 +203,14 @@ async fn two_turns_through_the_runner_with_the_real_openclaw_cli_resume_one_engi
                 prompt_via: PromptVia::File,
                 text_path: "/payloads/0/text".into(),
                 session_id_path: "/meta/agentMeta/sessionId".into(),
+                tool_calls_path: "/meta/toolSummary/calls".into(),
+                tool_names_path: "/meta/toolSummary/tools".into(),
                 timeout_s: Some(180),
                 env: BTreeMap::from([
                     ("HOME".to_string(), home.to_string_lossy().into_owned()),
                     ("PATH".to_string(), path),
                 ]),
                 cwd: Some(home.clone()),
-                ..Default::default()
             },
         )]),
         agents: BTreeMap::from([(
@@ -263,5 +297,24 @@ async fn two_turns_through_the_runner_with_the_real_openclaw_cli_resume_one_engi
         system.contains("Reach the person you are talking to through Switchboard"),
         "the switchboard skill is not in the system prompt: {system}"
     );
+
+    // A turn in which the agent calls a tool: the answer names it (names only, never what it
+    // was called with), with the count.
+    let notes = home.join("notes.txt");
+    std::fs::write(&notes, "locker 12").unwrap();
+    let prompt: &'static str =
+        Box::leak(format!("Check my notes. USE-TOOL:{}", notes.display()).into_boxed_str());
+    let third = run("turn:s:3", Some(session.clone()), prompt).await;
+    assert_eq!(
+        third["tool_names"],
+        json!(["read"]),
+        "{third}; the model was asked: {}",
+        model.requests.lock().unwrap()[2]["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned()
+            .unwrap_or_default()
+    );
+    assert_eq!(third["tool_calls_count"], 1, "{third}");
     let _ = std::fs::remove_dir_all(&home);
 }

@@ -92,6 +92,8 @@ struct Inner {
     running: Mutex<HashMap<String, Arc<Notify>>>,
     /// Fixed answers by what the prompt contains (the first that matches).
     needles: Mutex<Vec<(String, String)>>,
+    /// The tool names every answer reports (`tool_names`), if any.
+    tools: Mutex<Vec<String>>,
     answer: Mutex<Option<Answerer>>,
     new_session: Mutex<Option<SessionNamer>>,
     observer: OnceLock<Arc<dyn RunObserver>>,
@@ -152,6 +154,7 @@ impl FakeRunner {
                 down: AtomicBool::new(false),
                 running: Mutex::default(),
                 needles: Mutex::default(),
+                tools: Mutex::default(),
                 answer: Mutex::default(),
                 new_session: Mutex::default(),
                 observer: OnceLock::new(),
@@ -270,6 +273,12 @@ impl FakeRunner {
             .lock()
             .unwrap()
             .push((needle.to_string(), text.to_string()));
+    }
+
+    /// Report `names` as the tools every answer's engine called (`tool_names`), as a runner
+    /// whose engine says so does.
+    pub fn report_tools(&self, names: &[&str]) {
+        *self.inner.tools.lock().unwrap() = names.iter().map(|n| n.to_string()).collect();
     }
 
     /// Answer every call with `f(call, engine session id)` instead of `echo: <what was said>`.
@@ -417,12 +426,16 @@ impl FakeRunner {
         } else {
             delay.as_millis() as u64
         };
-        let answer = json!({
+        let mut answer = json!({
             "text": text,
             "session_id": session_id,
             "processing_ms": processing_ms,
             "tool_calls_count": 2,
         });
+        let tools = inner.tools.lock().unwrap().clone();
+        if !tools.is_empty() {
+            answer["tool_names"] = json!(tools);
+        }
         if inner.keep {
             inner.cache.lock().unwrap().insert(key, answer.clone());
         }
