@@ -424,6 +424,19 @@ async fn a_wake_up_due_while_its_dispatcher_crashed_after_firing_it_comes_back_o
         "pending",
         "not recorded as fired"
     );
+    // Its turn is on its way: an operator can no longer cancel it (and is told why), so
+    // nobody is told "cancelled" of a reminder that still comes.
+    let operator = app.api_key("ops", &["sessions:write"]).await;
+    let (status, answer) = app
+        .call_api(
+            &operator,
+            Method::DELETE,
+            &format!("/api/v1/wakeups/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["error"]["code"], "firing");
 
     // Two dispatchers take over: the claim lapses, one fires it again, the same message.
     let _dispatchers: Vec<_> = (0..2).map(|_| app.spawn_worker("dispatch")).collect();

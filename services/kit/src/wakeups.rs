@@ -103,13 +103,23 @@ pub struct WakeupFilter {
     pub status: Option<WakeupStatus>,
 }
 
+/// Journal `kind` about `wakeup` in `tx`: its id and due time, and `more` (an object). Once
+/// per (kind, wake-up): the key is the kind as stored and the id.
 async fn journal(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     wakeup: &Wakeup,
     kind: SessionEventKind,
-    detail: serde_json::Value,
+    more: serde_json::Value,
 ) -> Result<(), sqlx::Error> {
-    let key = format!("{}:{}", kind_key(kind), wakeup.id);
+    let mut detail = serde_json::json!({"wakeup_id": wakeup.id, "due_at": wakeup.due_at});
+    if let (Some(d), serde_json::Value::Object(more)) = (detail.as_object_mut(), more) {
+        d.extend(more);
+    }
+    let kind_name = serde_json::to_value(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let key = format!("{kind_name}:{}", wakeup.id);
     sqlx::query!(
         "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
          SELECT $1, $2, $3, $4,
@@ -124,15 +134,6 @@ async fn journal(
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-fn kind_key(kind: SessionEventKind) -> &'static str {
-    match kind {
-        SessionEventKind::WakeupScheduled => "wakeup-scheduled",
-        SessionEventKind::WakeupFired => "wakeup-fired",
-        SessionEventKind::WakeupFailed => "wakeup-failed",
-        _ => "wakeup-cancelled",
-    }
 }
 
 /// Schedule `new`, unless its person already has `cap` pending with its agent identity. The
@@ -181,7 +182,7 @@ pub async fn schedule(db: &PgPool, new: NewWakeup, cap: u32) -> Result<Wakeup, W
         &wakeup,
         SessionEventKind::WakeupScheduled,
         serde_json::json!({
-            "wakeup_id": wakeup.id, "due_at": wakeup.due_at, "by": wakeup.created_by,
+            "by": wakeup.created_by,
         }),
     )
     .await?;
@@ -260,7 +261,7 @@ pub async fn cancel_all(db: &PgPool, ids: &[Uuid], by: &str) -> Result<Vec<Wakeu
             &mut tx,
             w,
             SessionEventKind::WakeupCancelled,
-            serde_json::json!({"wakeup_id": w.id, "due_at": w.due_at, "by": by}),
+            serde_json::json!({"by": by}),
         )
         .await?;
     }
@@ -336,7 +337,7 @@ pub async fn mark_fired(db: &PgPool, wakeup: &Wakeup, message: Uuid) -> Result<b
             wakeup,
             SessionEventKind::WakeupFired,
             serde_json::json!({
-                "wakeup_id": wakeup.id, "due_at": wakeup.due_at, "message_id": message,
+                "message_id": message,
             }),
         )
         .await?;
@@ -364,7 +365,7 @@ pub async fn mark_failed(db: &PgPool, wakeup: &Wakeup, why: &str) -> Result<(), 
             &mut tx,
             wakeup,
             SessionEventKind::WakeupFailed,
-            serde_json::json!({"wakeup_id": wakeup.id, "due_at": wakeup.due_at, "why": why}),
+            serde_json::json!({"why": why}),
         )
         .await?;
     }
