@@ -498,3 +498,38 @@ async fn forgetting_a_person_erases_their_wake_ups_and_none_of_them_comes_back()
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_agents_note_is_never_read_as_the_persons_request_to_link_a_phone() {
+    let app = spawn_app_with(AppOptions::default().configured(fast)).await;
+    let mut chat = switchboard_e2e::ChatClient::as_user(&app.gateway_url, "ana").await;
+    chat.say("m-1", "remind me to link my phone later").await;
+    chat.reply(WAIT).await;
+    app.settle().await;
+    let token = app
+        .runner
+        .calls()
+        .into_iter()
+        .rfind(|c| c.prompt.contains("remind me to link"))
+        .and_then(|c| c.turn_token)
+        .expect("the turn's token");
+    // Read as Ana's words, this would text a code to a number nobody asked for.
+    schedule(
+        &app,
+        &token,
+        json!({"delay_s": 1, "note": "link my phone +14155550177"}),
+    )
+    .await;
+    let reply = chat.reply(WAIT).await;
+    assert_eq!(
+        reply["text"], "echo: link my phone +14155550177",
+        "the agent answered its own note: {reply}"
+    );
+    pass(1).await;
+    assert!(
+        app.twilio.sent().iter().all(|s| s.to != "+14155550177"),
+        "a code was texted: {:?}",
+        app.twilio.sent()
+    );
+    app.shutdown().await;
+}
