@@ -26,6 +26,8 @@ use switchboard_kit::startup::App;
 use switchboard_kit::{Registration, Topology};
 use tokio::process::{Child, Command};
 
+mod held;
+
 pub use chat::{CHAT_SECRET, ChatClient, chat_token};
 pub use fakes::{
     CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeTextMagic, FakeTwilio, RunnerCall,

@@ -6,51 +6,17 @@ use prost::Message as _;
 use switchboard_e2e::{
     AppOptions, FakeRunner, TestApp, spawn_app, spawn_app_configured, spawn_app_with,
 };
-use switchboard_kit::arrival::{Admission, Arrival, ArrivalCounter};
+use switchboard_kit::arrival::Arrival;
 use switchboard_kit::proto::{IdentifiedMessage, InboundMessage, Person};
-use switchboard_kit::runtime::{Output, Runtime};
 
-/// Number a message the way the gateway does (same counter, same bucket).
 async fn number(app: &TestApp, from: &str, sid: &str) -> Arrival {
-    let admission = ArrivalCounter::new(app.js.clone(), &app.topology)
-        .admit("sms", from, sid, 0)
-        .await
-        .expect("arrival counter");
-    let Admission::Accepted(arrival) = admission else {
-        panic!("no limit was set, yet {admission:?}");
-    };
-    arrival
+    app.number_sms(from, sid).await
 }
 
 /// Publish a numbered SMS to the inbound subject exactly as the gateway would, but at a moment
 /// of the test's choosing (standing in for a message held up between gateway and session).
 async fn publish_numbered(app: &TestApp, from: &str, sid: &str, text: &str, arrival: Arrival) {
     publish_numbered_to(app, from, sid, text, arrival, "").await
-}
-
-/// A numbered SMS from `from`, as the gateway makes it.
-fn numbered_sms(
-    app: &TestApp,
-    from: &str,
-    sid: &str,
-    text: &str,
-    arrival: Arrival,
-) -> InboundMessage {
-    let id = uuid::Uuid::now_v7().to_string();
-    InboundMessage {
-        id: id.clone(),
-        channel: "sms".into(),
-        provider: "twilio".into(),
-        sender: from.into(),
-        recipient: app.config.twilio.from_number.clone(),
-        text: text.into(),
-        provider_message_id: sid.into(),
-        received_at_ms: switchboard_kit::now_ms(),
-        correlation_id: id,
-        arrival_seq: arrival.seq,
-        arrival_epoch: arrival.epoch,
-        ..Default::default()
-    }
 }
 
 /// [`publish_numbered`], naming the agent the message is for (empty: the channel's default).
@@ -64,19 +30,9 @@ async fn publish_numbered_to(
 ) {
     let inbound = InboundMessage {
         agent: agent.into(),
-        ..numbered_sms(app, from, sid, text, arrival)
+        ..app.numbered_sms(from, sid, text, arrival)
     };
-    let rt = Runtime::new(
-        app.js.clone(),
-        app.topology.clone(),
-        app.config.runtime.clone(),
-    );
-    let out = Output::new(
-        app.topology.inbound_from("sms", from),
-        format!("twilio:{sid}:{}.{}", arrival.epoch, arrival.seq),
-        &inbound,
-    );
-    rt.publish("gateway", &out).await.expect("publish inbound");
+    app.publish_numbered_sms(&inbound).await;
 }
 
 fn runner_texts(app: &TestApp) -> Vec<String> {
@@ -171,7 +127,7 @@ async fn a_message_whose_predecessor_never_comes_is_answered_after_the_gap_timeo
 /// message identify handled before its sender's earlier one).
 async fn publish_identified(app: &TestApp, from: &str, sid: &str, text: &str, arrival: Arrival) {
     let message = IdentifiedMessage {
-        inbound: Some(numbered_sms(app, from, sid, text, arrival)),
+        inbound: Some(app.numbered_sms(from, sid, text, arrival)),
         person: Some(Person {
             person_id: format!("phone:{from}"),
             person_type: "external".into(),

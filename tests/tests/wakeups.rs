@@ -533,3 +533,59 @@ async fn an_agents_note_is_never_read_as_the_persons_request_to_link_a_phone() {
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_wake_up_due_while_the_persons_earlier_message_is_on_its_way_comes_after_it() {
+    // Dana wrote again before the wake-up came due, but a crashed worker still holds that
+    // message (numbered by the gateway, not yet at the session stage) when it fires. The
+    // agent's return must not jump ahead of what Dana said before it.
+    let app = spawn_app_with(AppOptions::default().configured(fast)).await;
+    let token = text_and_take_token(&app, DANA, "remind me about the keys", 1).await;
+    let held = app.number_sms(DANA, "SMheld").await;
+    let wakeup = schedule(
+        &app,
+        &token,
+        json!({"delay_s": 0, "note": "Ask Dana whether she found the keys"}),
+    )
+    .await;
+    let id = wakeup["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + WAIT;
+    while wakeup_status(&app, &id).await != "fired" {
+        assert!(Instant::now() < deadline, "the wake-up never fired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pass(2).await;
+    assert_eq!(
+        texts_to(&app, DANA, "found the keys"),
+        0,
+        "the wake-up was answered before the message Dana sent before it"
+    );
+
+    let message = app.numbered_sms(DANA, "SMheld", "also, the car is at the garage", held);
+    app.publish_numbered_sms(&message).await;
+    let sent = app.wait_for_sms(3, WAIT).await;
+    assert_eq!(
+        [sent[1].body.as_str(), sent[2].body.as_str()],
+        [
+            "echo: also, the car is at the garage",
+            "echo: Ask Dana whether she found the keys"
+        ],
+        "Dana's message, then the agent's return"
+    );
+    let seqs: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT provider_message_id, seq FROM switchboard.turns
+          WHERE provider_message_id IN ('SMheld', $1) ORDER BY seq",
+    )
+    .bind(format!("wakeup:{id}"))
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        seqs.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["SMheld", format!("wakeup:{id}").as_str()],
+        "one turn each, Dana's first"
+    );
+    app.settle().await;
+    assert_eq!(app.twilio.sent().len(), 3, "nothing answered twice");
+    app.shutdown().await;
+}

@@ -13,9 +13,15 @@
 //! same message again, which JetStream (within its duplicate window) and the session stage
 //! (by provider id, always) drop. A wake-up due while every dispatcher or the database was down
 //! fires when they are back, however late: the prompt says when it was due.
+//!
+//! In the person's order: the input is numbered among the messages from that address
+//! ([`ArrivalCounter::number_input`]) and published on their sender subject, so a message the
+//! person sent before the wake-up fired that is still on its way (a crashed worker held it)
+//! has its turn first, and the wake-up the next one.
 use std::time::Duration;
 
 use sqlx::PgPool;
+use switchboard_kit::arrival::{ArrivalCounter, ArrivalError};
 use switchboard_kit::config::WakeupsConfig;
 use switchboard_kit::proto::{InboundMessage, Person};
 use switchboard_kit::runtime::Runtime;
@@ -37,6 +43,7 @@ pub struct WakeupFirer {
     db: PgPool,
     runtime: Runtime,
     topology: Topology,
+    arrivals: ArrivalCounter,
     tick: Duration,
     hold: Duration,
     /// Who holds a claim (this process), for an operator reading the table.
@@ -49,6 +56,8 @@ pub enum FireError {
     Database(#[from] sqlx::Error),
     #[error(transparent)]
     Store(#[from] WakeupError),
+    #[error("numbering a wake-up's input among the person's messages: {0}")]
+    Arrival(#[from] ArrivalError),
     #[error("publishing a wake-up's input: {0}")]
     Publish(#[source] anyhow::Error),
 }
@@ -56,6 +65,7 @@ pub enum FireError {
 impl WakeupFirer {
     pub fn new(db: PgPool, runtime: Runtime, topology: Topology, config: &WakeupsConfig) -> Self {
         Self {
+            arrivals: ArrivalCounter::new(runtime.js.clone(), &topology),
             db,
             runtime,
             topology,
@@ -109,6 +119,11 @@ impl WakeupFirer {
             return Ok(());
         };
         let key = wakeups::input_key(wakeup.id);
+        // After whatever the person sent before now; a re-fire gets the same number.
+        let arrival = self
+            .arrivals
+            .number_input(&route.channel, &route.sender, &key)
+            .await?;
         let message = InboundMessage {
             id: id.to_string(),
             channel: route.channel.clone(),
@@ -117,6 +132,8 @@ impl WakeupFirer {
             recipient: route.recipient,
             text: wakeup.note.clone(),
             provider_message_id: key.clone(),
+            arrival_seq: arrival.seq,
+            arrival_epoch: arrival.epoch,
             received_at_ms: switchboard_kit::now_ms(),
             correlation_id: id.to_string(),
             agent: wakeup.agent_name.clone(),
@@ -133,8 +150,16 @@ impl WakeupFirer {
             }),
             ..Default::default()
         };
-        let output = Output::new(self.topology.inbound(&route.channel), key, &message)
-            .correlated(message.correlation_id.clone());
+        // The number is part of the dedupe id, as the gateway's: a re-fire that got another
+        // one (the person wrote many times since) reaches the session stage, which maps it to
+        // the first firing's turn and moves the person's cursor past it.
+        let output = Output::new(
+            self.topology
+                .inbound_from(&message.channel, &message.sender),
+            format!("{key}:{}.{}", arrival.epoch, arrival.seq),
+            &message,
+        )
+        .correlated(message.correlation_id.clone());
         self.runtime
             .publish("wakeup", &output)
             .await

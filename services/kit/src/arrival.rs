@@ -16,6 +16,10 @@
 //! even when the sender wrote again in between. A number can still be lost (a gateway dies
 //! between counting and publishing and the provider never retries); the session stage stops
 //! waiting for it after `session.arrival_gap_timeout_ms`.
+//!
+//! An agent's wake-up is numbered too, when it fires ([`ArrivalCounter::number_input`]): it is
+//! not the person's message, but it comes after every message they sent before it fired, and
+//! it must not be answered before those that are still on their way.
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
@@ -152,7 +156,14 @@ impl CounterValue {
 
     /// The value after counting `provider_id`, given the current one (if any). A counter
     /// that cannot go on (none yet, or at the end of `u64`) starts a new epoch at 1.
-    fn next(current: Option<&CounterValue>, provider_id: &str, now_ms: i64) -> CounterValue {
+    /// `counted`: whether the message counts toward the sender's per-minute limit (one the
+    /// sender did not write, an agent's wake-up, does not).
+    fn next(
+        current: Option<&CounterValue>,
+        provider_id: &str,
+        now_ms: i64,
+        counted: bool,
+    ) -> CounterValue {
         let (epoch, seq, mut recent) = match current.and_then(|c| Some((c, c.seq.checked_add(1)?)))
         {
             Some((c, seq)) => (c.epoch, seq, c.recent.clone()),
@@ -168,7 +179,9 @@ impl CounterValue {
             },
             |c| c.window_at(now_ms),
         );
-        window.count = window.count.saturating_add(1);
+        if counted {
+            window.count = window.count.saturating_add(1);
+        }
         CounterValue {
             epoch,
             seq,
@@ -217,6 +230,35 @@ impl ArrivalCounter {
         provider_id: &str,
         per_minute: u32,
     ) -> Result<Admission, ArrivalError> {
+        self.count(channel, sender, provider_id, Some(per_minute))
+            .await
+    }
+
+    /// Place an input the sender did not write (an agent's wake-up, `provider_id` its own key)
+    /// among the sender's messages: after every one the gateway numbered before it, so the
+    /// session stage gives it its turn only once those have theirs. Never limited, and not
+    /// counted toward the sender's per-minute limit. A retry with the same `provider_id` gets
+    /// the same number, as a provider's retry does.
+    pub async fn number_input(
+        &self,
+        channel: &str,
+        sender: &str,
+        provider_id: &str,
+    ) -> Result<Arrival, ArrivalError> {
+        match self.count(channel, sender, provider_id, None).await? {
+            Admission::Accepted(arrival) => Ok(arrival),
+            Admission::Limited { .. } => unreachable!("an uncounted input is never limited"),
+        }
+    }
+
+    /// `per_minute`: the limit the message is counted toward (0: none); `None`: not counted.
+    async fn count(
+        &self,
+        channel: &str,
+        sender: &str,
+        provider_id: &str,
+        per_minute: Option<u32>,
+    ) -> Result<Admission, ArrivalError> {
         let store = self.store().await?;
         let key = sender_key(channel, sender);
         for _ in 0..MAX_ATTEMPTS {
@@ -239,7 +281,7 @@ impl ArrivalCounter {
             }
             let now_ms = crate::now_ms();
             if let Some(c) = &current
-                && per_minute > 0
+                && let Some(per_minute) = per_minute.filter(|&n| n > 0)
                 && c.window_at(now_ms).count >= per_minute
             {
                 let mut window = c.window_at(now_ms);
@@ -269,7 +311,8 @@ impl ArrivalCounter {
                     Err(e) => return Err(ArrivalError::Write(e.to_string())),
                 }
             }
-            let next = CounterValue::next(current.as_ref(), provider_id, now_ms);
+            let next =
+                CounterValue::next(current.as_ref(), provider_id, now_ms, per_minute.is_some());
             match store.update(key.as_str(), next.encode(), revision).await {
                 Ok(_) => {
                     return Ok(Admission::Accepted(Arrival {
@@ -310,18 +353,18 @@ mod tests {
 
     #[test]
     fn counting_starts_an_epoch_then_increments_within_it() {
-        let first = CounterValue::next(None, "SM1", 1_000);
+        let first = CounterValue::next(None, "SM1", 1_000, true);
         assert_eq!((first.epoch, first.seq), (1_000, 1));
-        let second = CounterValue::next(Some(&first), "SM2", 9_999);
+        let second = CounterValue::next(Some(&first), "SM2", 9_999, true);
         assert_eq!((second.epoch, second.seq), (1_000, 2));
         assert_eq!(CounterValue::decode(&second.encode()), Some(second));
     }
 
     #[test]
     fn a_retry_of_a_recent_message_finds_its_number_an_old_one_does_not() {
-        let mut v = CounterValue::next(None, "SM1", 1);
+        let mut v = CounterValue::next(None, "SM1", 1, true);
         for i in 2..=RECENT as u64 + 1 {
-            v = CounterValue::next(Some(&v), &format!("SM{i}"), 1);
+            v = CounterValue::next(Some(&v), &format!("SM{i}"), 1, true);
         }
         assert_eq!(v.number_of("SM2"), Some(2));
         assert_eq!(
@@ -344,22 +387,35 @@ mod tests {
             recent: vec![],
             window: None,
         };
-        let next = CounterValue::next(Some(&full), "SMx", 77);
+        let next = CounterValue::next(Some(&full), "SMx", 77, true);
         assert_eq!((next.epoch, next.seq), (77, 1));
     }
 
     #[test]
     fn the_window_counts_a_senders_messages_per_minute_and_a_new_minute_starts_over() {
-        let mut v = CounterValue::next(None, "SM1", 60_000 * 10 + 5);
-        v = CounterValue::next(Some(&v), "SM2", 60_000 * 10 + 59_999);
+        let mut v = CounterValue::next(None, "SM1", 60_000 * 10 + 5, true);
+        v = CounterValue::next(Some(&v), "SM2", 60_000 * 10 + 59_999, true);
         assert_eq!(v.window_at(60_000 * 10 + 59_999).count, 2);
         assert_eq!(v.window_at(60_000 * 11).count, 0, "a new minute");
-        let later = CounterValue::next(Some(&v), "SM3", 60_000 * 11 + 1);
+        let later = CounterValue::next(Some(&v), "SM3", 60_000 * 11 + 1, true);
         assert_eq!(later.window.unwrap().count, 1);
         assert!(!later.window.unwrap().told);
         // A value written before the window existed still reads.
         let old = br#"{"epoch":1,"seq":3,"recent":[["SM3",3]]}"#;
         assert_eq!(CounterValue::decode(old).unwrap().window, None);
+    }
+
+    #[test]
+    fn an_input_the_sender_did_not_write_is_numbered_but_not_counted_toward_their_limit() {
+        let v = CounterValue::next(None, "SM1", 60_000 * 10 + 5, true);
+        let woke = CounterValue::next(Some(&v), "wakeup:1", 60_000 * 10 + 6, false);
+        assert_eq!((woke.epoch, woke.seq), (v.epoch, 2), "numbered after SM1");
+        assert_eq!(
+            woke.number_of("wakeup:1"),
+            Some(2),
+            "a retry finds its number"
+        );
+        assert_eq!(woke.window_at(60_000 * 10 + 7).count, 1, "only SM1 counts");
     }
 
     #[test]

@@ -189,7 +189,9 @@ impl ChaosOptions {
             runner_down_for: Duration::from_secs(10),
             runner_503_for: Duration::from_secs(2),
             // Due at 9-13 s: while the runner is down (4-14 s) and as Postgres is crashed
-            // (13 s); the first two groups (20 people) are done by 6.7 s.
+            // (13 s). The first two groups (20 people) are sent by 6.7 s, but their last
+            // messages are often still on their way when the wake-ups fire (NATS crashed at
+            // 6 s, workers killed): each wake-up must come after them.
             wakeups_at: Duration::from_secs(7),
             wakeups_among: 20,
             wakeups_due: [2_000, 3_000, 5_000, 6_000]

@@ -2,7 +2,8 @@
 //! while workers are killed, the runner is down and Postgres is crashed, must each come back
 //! exactly once when the product is back.
 //!
-//! Early in the run, once their conversation is over, a few Twilio people (none the
+//! Early in the run, once they sent their last message (which may still be on its way when
+//! the wake-up fires: the wake-up must come after it), a few Twilio people (none the
 //! [`returning`](super::returning) ones, none talking to the `collect` agent) each get a
 //! wake-up scheduled through the gateway, as an operator's API key schedules one, whose note
 //! is the message text `s<sender>#<index>` with an index past their last message. The fake
