@@ -194,7 +194,7 @@ impl SessionStore {
                 // A heartbeat's session is its schedule's, whatever the scope mode.
                 return format!("{name}:heartbeat:{}", inbound.scheduled);
             }
-            self.scope.key(
+            agent.scope_or(self.scope).key(
                 name,
                 &person.person_type,
                 &person.person_id,

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::Secret;
+use super::session::SessionScope;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default)]
@@ -64,6 +65,18 @@ pub struct AgentConfig {
     /// `memory.md` (its reply is logged, never sent).
     #[serde(default = "default_true")]
     pub memory_flush: bool,
+    /// What one session of this agent spans (unset: `session.scope`), e.g. `"main"` for a
+    /// front-desk agent everyone talks to in one session beside private ones. The engine
+    /// variants of one identity must agree: they share its memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<SessionScope>,
+}
+
+impl AgentConfig {
+    /// The scope of this agent's sessions: its own, else the default (`session.scope`).
+    pub fn scope_or(&self, default: SessionScope) -> SessionScope {
+        self.scope.unwrap_or(default)
+    }
 }
 
 /// `[[agents]] queue_mode`.
@@ -110,6 +123,7 @@ impl Default for AgentConfig {
             reset_commands: true,
             queue_mode: QueueMode::Followup,
             memory_flush: true,
+            scope: None,
         }
     }
 }

@@ -350,6 +350,26 @@ impl Config {
                 ));
             }
         }
+        // Variants of one identity share its memory key, so they must share its scope.
+        for a in &self.agents {
+            if let Some(b) = self.agents.iter().find(|b| {
+                b.identity == a.identity
+                    && b.scope_or(self.session.scope) != a.scope_or(self.session.scope)
+            }) {
+                return Err(ConfigError::invalid(
+                    format!("agents.{}.scope", a.name),
+                    format!(
+                        "the engine variants of identity {:?} share its memory, so they need one \
+                         session scope: {} has {:?}, {} has {:?}",
+                        a.identity,
+                        a.name,
+                        a.scope_or(self.session.scope).as_str(),
+                        b.name,
+                        b.scope_or(self.session.scope).as_str()
+                    ),
+                ));
+            }
+        }
         for (channel, c) in &self.channels {
             for (number, agent) in &c.recipients {
                 if self.agent(agent).is_none() {

@@ -83,6 +83,16 @@ pub enum SessionScope {
 }
 
 impl SessionScope {
+    /// The name configuration gives it (`person`, `channel`, `account-channel`, `main`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionScope::Person => "person",
+            SessionScope::Channel => "channel",
+            SessionScope::AccountChannel => "account-channel",
+            SessionScope::Main => "main",
+        }
+    }
+
     /// The readable key of the session a message belongs to, e.g. `reggie_oc:person:staff:17`.
     pub fn key(
         self,

@@ -385,3 +385,29 @@ fn console_jwts_are_off_by_default_and_need_an_audience_of_their_own() {
         .unwrap();
     assert_eq!(ok.console.jwt_audience, "switchboard-console");
 }
+
+#[test]
+fn an_agent_may_have_a_scope_of_its_own_but_an_identitys_variants_share_one() {
+    let agents = |oc: &str, fd: &str| {
+        format!(
+            "[[agents]]\nname = \"reggie_oc\"\nidentity = \"reggie\"\nengine = \"openclaw\"\n\
+             runner_url = \"http://127.0.0.1:1\"\n{oc}\n\
+             [[agents]]\nname = \"reggie_fd\"\nidentity = \"reggie\"\nengine = \"droid\"\n\
+             runner_url = \"http://127.0.0.1:1\"\n{fd}\n\
+             [[agents]]\nname = \"desk\"\nidentity = \"desk\"\nengine = \"openclaw\"\n\
+             runner_url = \"http://127.0.0.1:1\"\nscope = \"main\"\n"
+        )
+    };
+    let c = parse(&agents("", "")).unwrap();
+    let scope = |name: &str| c.agent(name).unwrap().scope_or(c.session.scope);
+    assert_eq!(scope("reggie_oc"), SessionScope::Person, "the default");
+    assert_eq!(scope("desk"), SessionScope::Main, "its own");
+    parse(&agents("scope = \"channel\"", "scope = \"channel\"")).unwrap();
+    let err = format!("{:#}", parse(&agents("scope = \"main\"", "")).unwrap_err());
+    assert!(
+        err.contains("reggie_oc") && err.contains("\"main\"") && err.contains("\"person\""),
+        "{err}"
+    );
+    let err = format!("{:#}", parse(&agents("scope = \"mian\"", "")).unwrap_err());
+    assert!(err.contains("mian"), "{err}");
+}
