@@ -703,3 +703,49 @@ async fn a_single_failed_call_is_tried_again_at_once_and_nobody_is_told() {
     assert_eq!(session_row(&app, PERSON).await.1, None, "no wait recorded");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn in_a_session_everyone_shares_each_person_waiting_on_the_down_runner_is_told_once() {
+    // Scope `main`: everyone continues one session, so the other person's message waits
+    // behind the first person's turn, which waits for the runner. Both are told, once each.
+    let app = spawn_app_configured(|c| {
+        outage_settings(c);
+        c.session.scope = switchboard_kit::config::SessionScope::Main;
+    })
+    .await;
+    let notice = app.config.dispatch.runner_down_notice.clone();
+    app.runner.set_down(true);
+    for text in ["one", "two"] {
+        assert_eq!(app.send_sms(PERSON, text).await.status(), 200);
+    }
+    assert_eq!(app.send_sms(OTHER, "hello?").await.status(), 200);
+    until("both told", || {
+        bodies_to(&app, PERSON).len() == 1 && bodies_to(&app, OTHER).len() == 1
+    })
+    .await;
+    // Past the wait limit, with the turns parked and woken again: nobody is told twice.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(bodies_to(&app, PERSON), [notice.as_str()]);
+    assert_eq!(bodies_to(&app, OTHER), [notice.as_str()]);
+
+    app.runner.set_down(false);
+    until("every answer", || {
+        bodies_to(&app, PERSON).len() == 3 && bodies_to(&app, OTHER).len() == 2
+    })
+    .await;
+    assert_eq!(
+        bodies_to(&app, PERSON),
+        [notice.as_str(), "echo: one", "echo: two"]
+    );
+    assert_eq!(bodies_to(&app, OTHER), [notice.as_str(), "echo: hello?"]);
+    app.settle().await;
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchboard.session_events WHERE kind = 'waiting'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(waiting, 2, "one telling journalled per person");
+    assert!(app.dead_letters("dispatch").await.is_empty());
+    app.shutdown().await;
+}

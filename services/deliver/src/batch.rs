@@ -155,8 +155,18 @@ impl DeliverStage {
         taken.retain(|t| outcomes[t.index].is_none());
 
         // Replies of one session go out in turn order: only those whose previous reply is
-        // settled go with the batch.
-        let asked: Vec<(Uuid, i64)> = taken.iter().map(|t| (t.session, t.reply.seq)).collect();
+        // settled go with the batch (a notice marked to go ahead of them asks nothing: seq 0).
+        let asked: Vec<(Uuid, i64)> = taken
+            .iter()
+            .map(|t| {
+                let seq = if t.reply.ahead_of_earlier_replies {
+                    0
+                } else {
+                    t.reply.seq
+                };
+                (t.session, seq)
+            })
+            .collect();
         let unsettled = self.ledger.unsettled_among(&asked).await?;
         let mut i = 0;
         taken.retain(|_| {

@@ -259,7 +259,9 @@ impl DeliverStage {
         };
         switchboard_kit::trace::record_session(&reply.session_id);
         let ledger = self.ledger.with_lease(self.lease_for(sender.as_ref()));
-        if let Ok(session) = reply.session_id.parse::<Uuid>() {
+        if let Ok(session) = reply.session_id.parse::<Uuid>()
+            && !reply.ahead_of_earlier_replies
+        {
             self.wait_for_predecessor(session, reply.seq).await?;
         }
         let transient = |e: sqlx::Error| StageError::transient(DeliverError::Database(e));

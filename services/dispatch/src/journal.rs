@@ -30,18 +30,18 @@ impl Journal {
     }
 
     /// Write `entries` in `tx`, in one statement; an entry whose key is there already is
-    /// left as it was.
+    /// left as it was. How many were new.
     pub async fn write(
         tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
         entries: &[Journal],
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<u64, sqlx::Error> {
         let ids: Vec<Uuid> = entries.iter().map(|_| Uuid::now_v7()).collect();
         let sessions: Vec<Uuid> = entries.iter().map(|e| e.session).collect();
         let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
         let kinds: Vec<SessionEventKind> = entries.iter().map(|e| e.kind).collect();
         let seqs: Vec<i64> = entries.iter().map(|e| e.seq).collect();
         let details: Vec<&serde_json::Value> = entries.iter().map(|e| &e.detail).collect();
-        sqlx::query!(
+        let written = sqlx::query!(
             "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
              SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[],
                                   $6::jsonb[])
@@ -54,7 +54,8 @@ impl Journal {
             details as Vec<&serde_json::Value>,
         )
         .execute(&mut **tx)
-        .await?;
-        Ok(())
+        .await?
+        .rows_affected();
+        Ok(written)
     }
 }

@@ -75,8 +75,15 @@ pub enum DispatchError {
         seq: i64,
         error: String,
     },
+    /// `notice`: in a shared session waiting for the runner, the telling of this turn's
+    /// person (published before the turn parks).
     #[error("turn {seq} waits for turn {next}")]
-    NotYet { seq: i64, next: i64, wake: Wake },
+    NotYet {
+        seq: i64,
+        next: i64,
+        wake: Wake,
+        notice: Vec<Output>,
+    },
     #[error("another call of turn {seq} holds the session; its answer will stand")]
     Superseded { seq: i64 },
     /// The turn's call was cancelled by a newer message (queue mode interrupt): it runs again,
@@ -296,7 +303,21 @@ impl Stage for TurnDispatcher {
             Err(e @ DispatchError::Interrupted { .. }) => {
                 Err(StageError::Defer(Duration::from_millis(10), e.to_string()))
             }
-            Err(DispatchError::NotYet { seq, next, wake }) => {
+            Err(DispatchError::NotYet {
+                seq,
+                next,
+                wake,
+                notice,
+            }) if !notice.is_empty() => Err(StageError::Outage {
+                // Its person told, it waits behind the turn that waits for the runner.
+                after: Duration::from_millis(self.config.hold_timeout_ms),
+                why: format!("turn {seq} waits for turn {next}, which waits for the runner"),
+                outputs: notice,
+                wake: Some(wake),
+            }),
+            Err(DispatchError::NotYet {
+                seq, next, wake, ..
+            }) => {
                 // Behind a turn that waits for a down runner, a turn waits as long as it does.
                 let outage = self
                     .agents

@@ -2,17 +2,41 @@
 //! [`crate::breaker`] says so, or the call just found it), the session's turn gives its call
 //! slot back and waits for the runner, the session says `waiting`, and the person is told
 //! once per outage.
+//!
+//! In a session everyone shares (scope `main`) the turns queued behind the waiting one may be
+//! other people's: each person whose turn waits there is told once per outage, under a notice
+//! id of their own derived from the outage's ([`notice_for`]), so telling the head turn's
+//! person and then their own queued turn is still one message.
 use std::time::Duration;
 
 use switchboard_kit::proto::Turn;
 use switchboard_kit::status::{
     SessionEventKind, SessionStatus, runner_down_notice_id, waiting_key,
 };
-use switchboard_kit::{Attempt, Wake};
+use switchboard_kit::{Attempt, Output, Wake};
+use uuid::Uuid;
 
 use crate::journal::Journal;
 use crate::lease::CallLease;
 use crate::{DispatchError, TurnDispatcher};
+
+/// The id of the notice telling a person of the outage `outage` (the session's
+/// `waiting_notice`): the outage's own in a private session, and in a shared one, `person`'s
+/// own within it.
+pub(crate) fn notice_for(outage: Uuid, person: Option<&str>) -> Uuid {
+    match person {
+        Some(person) => Uuid::new_v5(&outage, format!("person:{person}").as_bytes()),
+        None => outage,
+    }
+}
+
+/// The person a turn is for.
+fn person_of(turn: &Turn) -> &str {
+    turn.message
+        .as_ref()
+        .and_then(|m| m.person.as_ref())
+        .map_or("", |p| p.person_id.as_str())
+}
 
 impl TurnDispatcher {
     /// The turn waits for its agent's runner to come back (for `after`, or until `recovery`):
@@ -29,6 +53,7 @@ impl TurnDispatcher {
     ) -> DispatchError {
         let (session, call) = (lease.session, lease.call);
         let fresh = runner_down_notice_id(session, turn.seq);
+        let person = lease.found.shared.then(|| person_of(turn));
         let marking = async {
             let mut tx = self.db.begin().await?;
             let marked = sqlx::query!(
@@ -46,16 +71,17 @@ impl TurnDispatcher {
             .fetch_optional(&mut *tx)
             .await?
             .map(|m| (m.notice, m.fresh));
-            if let Some((notice, true)) = marked {
-                let entry = Journal::new(
-                    session,
-                    waiting_key(session, notice),
-                    SessionEventKind::Waiting,
-                    turn.seq,
-                    serde_json::json!({ "notice_id": notice }),
-                );
-                Journal::write(&mut tx, &[entry]).await?;
-            }
+            // Journalled once per telling: per outage, and in a shared session per person.
+            let marked = match marked {
+                Some((outage, fresh)) if fresh || person.is_some() => {
+                    let notice = notice_for(outage, person);
+                    let written =
+                        Journal::write(&mut tx, &[waiting_entry(session, turn.seq, notice)])
+                            .await?;
+                    Some((notice, written > 0))
+                }
+                other => other,
+            };
             tx.commit().await?;
             // A dispatcher killed here recorded the wait and never told the person: the
             // turn's redelivery tells them (tests/tests/ordered_dispatch.rs).
@@ -119,7 +145,9 @@ impl TurnDispatcher {
         lease.database_unreachable();
         tracing::warn!(%session, "the database is unreachable: telling the person the turn waits for the runner without recording it");
         metrics::counter!("sb_dispatch_waits_told_unrecorded_total").increment(1);
-        let notice = runner_down_notice_id(session, turn.seq);
+        // The id recording the wait later gives this outage (unless one was recorded before).
+        let person = lease.found.shared.then(|| person_of(turn));
+        let notice = notice_for(runner_down_notice_id(session, turn.seq), person);
         let text = self.config.runner_down_notice.clone();
         DispatchError::RunnerDown {
             after,
@@ -128,4 +156,50 @@ impl TurnDispatcher {
             unrecorded: true,
         }
     }
+
+    /// A turn queued behind one that waits for the runner, in a session everyone shares: its
+    /// person is told once per outage (nothing while the session does not wait). A delivery
+    /// that parked before tells again only if the first telling may not have gone out (its
+    /// entry was written by a delivery that then died), under the same id: sent once.
+    pub(crate) async fn tell_queued_of_outage(
+        &self,
+        turn: &Turn,
+        session: Uuid,
+        person_id: &str,
+        attempt: &Attempt,
+    ) -> Result<Vec<Output>, DispatchError> {
+        let outage: Option<Uuid> = sqlx::query_scalar!(
+            "SELECT waiting_notice FROM switchboard.sessions WHERE id = $1 AND status = $2",
+            session,
+            SessionStatus::Waiting as SessionStatus,
+        )
+        .fetch_optional(&self.db)
+        .await?
+        .flatten();
+        let Some(outage) = outage else {
+            return Ok(Vec::new());
+        };
+        let notice = notice_for(outage, Some(person_id));
+        let mut tx = self.db.begin().await?;
+        let written = Journal::write(&mut tx, &[waiting_entry(session, turn.seq, notice)]).await?;
+        tx.commit().await?;
+        if written == 0 && attempt.waits > 0 {
+            return Ok(Vec::new());
+        }
+        metrics::counter!("sb_dispatch_queued_told_of_outage_total").increment(1);
+        let text = self.config.runner_down_notice.clone();
+        // Not after the answers of the turns ahead of it (other people's, waiting too).
+        Ok(vec![self.notice_ahead_output(turn, session, notice, text)])
+    }
+}
+
+/// The journal's `waiting` entry of a telling.
+fn waiting_entry(session: Uuid, seq: i64, notice: Uuid) -> Journal {
+    Journal::new(
+        session,
+        waiting_key(session, notice),
+        SessionEventKind::Waiting,
+        seq,
+        serde_json::json!({ "notice_id": notice }),
+    )
 }

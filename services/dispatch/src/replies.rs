@@ -91,6 +91,7 @@ impl TurnDispatcher {
             kind,
             answers: stored.answers.clone(),
             waits_for_runner: false,
+            ahead_of_earlier_replies: false,
         }
     }
 
@@ -105,13 +106,38 @@ impl TurnDispatcher {
         waits_for_runner: bool,
     ) -> Output {
         let stored = StoredReply::new(notice, text, None);
-        let reply = Reply {
+        self.notice_of(Reply {
             kind: "notice".into(),
             waits_for_runner,
             ..self.reply_message(turn, session, &stored)
-        };
-        Output::new(self.topology.reply(), format!("notice:{notice}"), &reply)
-            .correlated(reply.correlation_id.clone())
+        })
+    }
+
+    /// [`Self::notice_output`] of a runner-down notice that goes out before the session's
+    /// earlier replies (a person queued behind other people's turns in a shared session).
+    pub(crate) fn notice_ahead_output(
+        &self,
+        turn: &Turn,
+        session: Uuid,
+        notice: Uuid,
+        text: String,
+    ) -> Output {
+        let stored = StoredReply::new(notice, text, None);
+        self.notice_of(Reply {
+            kind: "notice".into(),
+            waits_for_runner: true,
+            ahead_of_earlier_replies: true,
+            ..self.reply_message(turn, session, &stored)
+        })
+    }
+
+    fn notice_of(&self, reply: Reply) -> Output {
+        Output::new(
+            self.topology.reply(),
+            format!("notice:{}", reply.id),
+            &reply,
+        )
+        .correlated(reply.correlation_id.clone())
     }
 
     /// Record that the turn expired and tell the person (the notice's id is kept in the

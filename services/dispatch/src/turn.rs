@@ -133,12 +133,26 @@ impl TurnDispatcher {
             .and_then(|m| m.person.as_ref())
             .map(|p| p.person_id.clone())
             .unwrap_or_default();
-        let mut lease = match self
-            .acquire(turn, session, agent, slots, &person_id)
-            .await?
-        {
-            Acquired::Leased(lease) => *lease,
-            Acquired::Settled(outputs) => return Ok(outputs),
+        let shared = crate::lease::shared_by_everyone(turn);
+        let mut lease = match self.acquire(turn, session, agent, slots, &person_id).await {
+            Ok(Acquired::Leased(lease)) => *lease,
+            Ok(Acquired::Settled(outputs)) => return Ok(outputs),
+            // Queued behind a turn that waits for the runner in a session everyone shares:
+            // maybe another person's message, so they are told too.
+            Err(DispatchError::NotYet {
+                seq, next, wake, ..
+            }) if shared => {
+                let notice = self
+                    .tell_queued_of_outage(turn, session, &person_id, attempt)
+                    .await?;
+                return Err(DispatchError::NotYet {
+                    seq,
+                    next,
+                    wake,
+                    notice,
+                });
+            }
+            Err(e) => return Err(e),
         };
         // The turn's own reset, else one asked for outside the conversation. A message the
         // agent started does not take an operator's reset: the person's next message does,
@@ -163,7 +177,13 @@ impl TurnDispatcher {
         // once however often it is published): the dispatcher that recorded the wait may have
         // died before publishing the notice, and the runner be back by now. (Whether this
         // delivery parked before does not matter: the notice may still never have gone out.)
-        let retell = lease.found.waiting_notice.filter(|_| attempt.delivered > 1);
+        let retell = lease
+            .found
+            .waiting_notice
+            .filter(|_| attempt.delivered > 1)
+            .map(|outage| {
+                crate::outage::notice_for(outage, shared.then_some(run.person_id.as_str()))
+            });
         let result = self.run_leased(&run, &mut lease).await;
         lease.finish().await;
         let mut outputs = result?;
@@ -240,6 +260,7 @@ impl TurnDispatcher {
             seq: turn.seq,
             next: last + 1,
             wake: Wake::new(waiting.woken()),
+            notice: Vec::new(),
         })
     }
 
