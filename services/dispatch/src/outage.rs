@@ -76,8 +76,7 @@ impl TurnDispatcher {
                 Some((outage, fresh)) if fresh || person.is_some() => {
                     let notice = notice_for(outage, person);
                     let written =
-                        Journal::write(&mut tx, &[waiting_entry(session, turn.seq, notice)])
-                            .await?;
+                        Journal::write(&mut tx, &[waiting_entry(session, turn, notice)]).await?;
                     Some((notice, written > 0))
                 }
                 other => other,
@@ -181,7 +180,7 @@ impl TurnDispatcher {
         };
         let notice = notice_for(outage, Some(person_id));
         let mut tx = self.db.begin().await?;
-        let written = Journal::write(&mut tx, &[waiting_entry(session, turn.seq, notice)]).await?;
+        let written = Journal::write(&mut tx, &[waiting_entry(session, turn, notice)]).await?;
         tx.commit().await?;
         if written == 0 && attempt.waits > 0 {
             return Ok(Vec::new());
@@ -193,13 +192,14 @@ impl TurnDispatcher {
     }
 }
 
-/// The journal's `waiting` entry of a telling.
-fn waiting_entry(session: Uuid, seq: i64, notice: Uuid) -> Journal {
+/// The journal's `waiting` entry of a telling: which notice told whom (in a session everyone
+/// shares, not necessarily the session's first person).
+fn waiting_entry(session: Uuid, turn: &Turn, notice: Uuid) -> Journal {
     Journal::new(
         session,
         waiting_key(session, notice),
         SessionEventKind::Waiting,
-        seq,
-        serde_json::json!({ "notice_id": notice }),
+        turn.seq,
+        serde_json::json!({ "notice_id": notice, "person_id": person_of(turn) }),
     )
 }

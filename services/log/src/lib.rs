@@ -200,7 +200,8 @@ impl MessageLog {
         let seqs: Vec<i64> = waits.iter().map(|(_, seq)| *seq).collect();
         let details: Vec<serde_json::Value> = waits
             .iter()
-            .map(|(e, _)| serde_json::json!({ "notice_id": e.id }))
+            // Whom it told: in a session everyone shares, not the session's first person.
+            .map(|(e, _)| serde_json::json!({ "notice_id": e.id, "person_id": e.person_id }))
             .collect();
         sqlx::query!(
             "INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)

@@ -38,6 +38,8 @@ pub const TEXTMAGIC_TOKEN: &str = "load-textmagic-token";
 pub const TEXTMAGIC_NUMBER: &str = "15555550198";
 /// The TextMagic number the chaos run's `collect` people text (given to the collect agent).
 pub const TEXTMAGIC_COLLECT_NUMBER: &str = "15555550196";
+/// The number the chaos run's front-desk people text by TextMagic.
+pub const TEXTMAGIC_SHARED_NUMBER: &str = "15555550194";
 
 /// A channel the load comes in on (and its replies go back on).
 #[derive(
@@ -116,6 +118,20 @@ pub struct Mix {
     /// One group of `total()` senders (one of each channel's share) in this many talks to the
     /// `collect` agent ([`super::pipeline::COLLECT_AGENT`]); 0: nobody does.
     pub collect_every: usize,
+    /// One group in this many (the third of each cycle, never a collecting group) talks
+    /// to the shared front desk ([`super::pipeline::SHARED_AGENT`]); 0: nobody does.
+    pub share_every: usize,
+}
+
+/// Which agent a sender talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentKind {
+    /// [`super::pipeline::AGENT`], one session per person.
+    Own,
+    /// [`super::pipeline::COLLECT_AGENT`].
+    Collect,
+    /// [`super::pipeline::SHARED_AGENT`], one session for all its people.
+    Shared,
 }
 
 impl Mix {
@@ -125,15 +141,17 @@ impl Mix {
         chat: 0,
         api: 0,
         collect_every: 0,
+        share_every: 0,
     };
     /// 40% Twilio, 20% each of TextMagic, chat and API; a quarter of each channel's people
-    /// talk to the `collect` agent.
+    /// talk to the `collect` agent, an eighth to the shared front desk.
     pub const CHAOS: Mix = Mix {
         twilio: 2,
         textmagic: 1,
         chat: 1,
         api: 1,
         collect_every: 4,
+        share_every: 8,
     };
 
     fn shares(&self) -> [(Channel, usize); 4] {
@@ -166,12 +184,29 @@ impl Mix {
         self.collect_every > 0 && (sender / self.total()).is_multiple_of(self.collect_every)
     }
 
+    /// Whether sender `sender` talks to the shared front desk.
+    pub fn at_front_desk(&self, sender: usize) -> bool {
+        self.share_every > 0
+            && (sender / self.total()) % self.share_every == 2.min(self.share_every - 1)
+            && !self.collects(sender)
+    }
+
+    pub fn kind_of(&self, sender: usize) -> AgentKind {
+        if self.collects(sender) {
+            AgentKind::Collect
+        } else if self.at_front_desk(sender) {
+            AgentKind::Shared
+        } else {
+            AgentKind::Own
+        }
+    }
+
     /// The agent sender `sender` talks to.
     pub fn agent_of(&self, sender: usize) -> &'static str {
-        if self.collects(sender) {
-            super::pipeline::COLLECT_AGENT
-        } else {
-            super::pipeline::AGENT
+        match self.kind_of(sender) {
+            AgentKind::Collect => super::pipeline::COLLECT_AGENT,
+            AgentKind::Shared => super::pipeline::SHARED_AGENT,
+            AgentKind::Own => super::pipeline::AGENT,
         }
     }
 
@@ -304,14 +339,19 @@ impl LoadClients {
                 Posted::Refused(status.as_u16().to_string())
             }
         };
-        let collects = self.mix.collects(sender);
+        let kind = self.mix.kind_of(sender);
+        // Chat and API name their agent (none: the channel's default).
+        let agent = match kind {
+            AgentKind::Own => "",
+            _ => self.mix.agent_of(sender),
+        };
         match self.channel_of(sender) {
             Channel::Twilio => {
                 let sid = format!("SM{}{sender:06}x{index:06}", self.tag);
-                let to = if collects {
-                    super::pipeline::TWILIO_COLLECT_NUMBER
-                } else {
-                    switchboard_e2e::TWILIO_NUMBER
+                let to = match kind {
+                    AgentKind::Collect => super::pipeline::TWILIO_COLLECT_NUMBER,
+                    AgentKind::Shared => super::pipeline::TWILIO_SHARED_NUMBER,
+                    AgentKind::Own => switchboard_e2e::TWILIO_NUMBER,
                 };
                 match self
                     .twilio
@@ -325,32 +365,18 @@ impl LoadClients {
             Channel::TextMagic => {
                 // TextMagic's ids are numbers.
                 let id = 7_000_000_000 + sender as u64 * 10_000 + index as u64;
-                let to = if collects {
-                    TEXTMAGIC_COLLECT_NUMBER
-                } else {
-                    TEXTMAGIC_NUMBER
+                let to = match kind {
+                    AgentKind::Collect => TEXTMAGIC_COLLECT_NUMBER,
+                    AgentKind::Shared => TEXTMAGIC_SHARED_NUMBER,
+                    AgentKind::Own => TEXTMAGIC_NUMBER,
                 };
                 match self.textmagic.post(sender, to, &text, id).await {
                     Ok(status) => answered(status, id.to_string()),
                     Err(_) => Posted::Failed,
                 }
             }
-            Channel::Chat => {
-                let agent = if collects {
-                    super::pipeline::COLLECT_AGENT
-                } else {
-                    ""
-                };
-                self.chat.post(sender, index, agent, &text).await
-            }
-            Channel::Api => {
-                let agent = if collects {
-                    super::pipeline::COLLECT_AGENT
-                } else {
-                    ""
-                };
-                self.api.post(sender, index, agent, &text).await
-            }
+            Channel::Chat => self.chat.post(sender, index, agent, &text).await,
+            Channel::Api => self.api.post(sender, index, agent, &text).await,
         }
     }
 
@@ -393,13 +419,32 @@ pub fn configure(c: &mut Config, textmagic: &LoadTextMagic) {
             ..first
         });
     }
+    // The front desk: one session for everyone who writes to it, an identity of its own (the
+    // variants of one identity share one scope).
+    if let Some(first) = c.agents.first().cloned()
+        && c.agent(super::pipeline::SHARED_AGENT).is_none()
+    {
+        c.agents.push(switchboard_kit::config::AgentConfig {
+            name: super::pipeline::SHARED_AGENT.into(),
+            identity: super::pipeline::SHARED_AGENT.into(),
+            scope: Some(switchboard_kit::config::SessionScope::Main),
+            ..first
+        });
+    }
     if let Some(sms) = c.channels.get_mut("sms") {
-        for number in [
-            super::pipeline::TWILIO_COLLECT_NUMBER,
-            TEXTMAGIC_COLLECT_NUMBER,
+        for (number, agent) in [
+            (
+                super::pipeline::TWILIO_COLLECT_NUMBER,
+                super::pipeline::COLLECT_AGENT,
+            ),
+            (TEXTMAGIC_COLLECT_NUMBER, super::pipeline::COLLECT_AGENT),
+            (
+                super::pipeline::TWILIO_SHARED_NUMBER,
+                super::pipeline::SHARED_AGENT,
+            ),
+            (TEXTMAGIC_SHARED_NUMBER, super::pipeline::SHARED_AGENT),
         ] {
-            sms.recipients
-                .insert(number.into(), super::pipeline::COLLECT_AGENT.into());
+            sms.recipients.insert(number.into(), agent.into());
         }
     }
 }

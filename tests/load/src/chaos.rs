@@ -246,6 +246,7 @@ impl ChaosOptions {
             // nobody talks to the collect agent (the full run proves collect under faults).
             mix: Mix {
                 collect_every: 0,
+                share_every: 0,
                 ..Mix::CHAOS
             },
             crash_nats_at: None,
@@ -1110,7 +1111,7 @@ async fn collect_evidence(
     .collect();
     // The journal's waits, on the harness's clock.
     let waiting = sqlx::query_as::<_, (String, Option<String>, Option<i64>, i64)>(
-        "SELECT s.person_id, e.detail->>'notice_id', e.seq,
+        "SELECT coalesce(e.detail->>'person_id', s.person_id), e.detail->>'notice_id', e.seq,
                 (extract(epoch FROM e.at) * 1000000)::bigint
            FROM switchboard.session_events e
            JOIN switchboard.sessions s ON s.id = e.session_id

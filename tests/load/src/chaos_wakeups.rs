@@ -17,7 +17,7 @@ use anyhow::Context as _;
 use serde_json::json;
 use switchboard_channels::api::{ApiKeys, Scope};
 
-use super::channels::{Channel, Mix};
+use super::channels::{AgentKind, Channel, Mix};
 use super::chaos_check::AcceptedMessage;
 use super::message_text;
 use super::now_us;
@@ -37,7 +37,7 @@ pub fn chosen(mix: &Mix, senders: usize, among: usize, n: usize) -> Vec<usize> {
     let returners = returning::returners(mix, senders);
     (0..senders.min(among))
         .filter(|&s| mix.channel_of(s) == Channel::Twilio)
-        .filter(|&s| !mix.collects(s) && !returners.contains(&s))
+        .filter(|&s| mix.kind_of(s) == AgentKind::Own && !returners.contains(&s))
         .take(n)
         .collect()
 }

@@ -28,12 +28,14 @@ pub fn print(m: &MemoryTally) {
     );
     println!(
         "  summaries: {} memory keys, {} summaries, {} versions; {} messages summarised, {} \
-         never; memory workers caught up: {} ({:.1} s after the drain); {} memory dead letters",
+         never ({} in the shared session, never to be); memory workers caught up: {} ({:.1} s \
+         after the drain); {} memory dead letters",
         m.memory_keys,
         m.summaries,
         m.summary_versions,
         m.messages_summarised,
         m.messages_unsummarised,
+        m.messages_shared,
         m.caught_up,
         m.waited_s,
         m.memory_dead_letters

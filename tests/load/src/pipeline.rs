@@ -23,6 +23,11 @@ pub const TWILIO_COLLECT_NUMBER: &str = "+15555550197";
 pub const AGENT: &str = "reggie_oc";
 /// The second agent of a chaos run: the same runner, `queue_mode = "collect"`.
 pub const COLLECT_AGENT: &str = "reggie_collect";
+/// The third agent of a chaos run: a front desk everyone talks to in one session (its own
+/// `scope = "main"`, an identity of its own), on the same runner.
+pub const SHARED_AGENT: &str = "front_desk";
+/// The number the chaos run's front-desk people text by Twilio.
+pub const TWILIO_SHARED_NUMBER: &str = "+15555550195";
 
 /// The knobs a run may turn (all of them are ordinary configuration keys).
 #[derive(Debug, Clone, serde::Serialize)]

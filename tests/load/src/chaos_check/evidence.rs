@@ -135,7 +135,7 @@ pub struct DeadLetterNote {
 /// waited for the runner, and which notice tells them.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct WaitingRow {
-    /// The session's person id (`phone:+1…`, `user:…`, `api:…`).
+    /// The person told (`phone:+1…`, `user:…`, `api:…`): the entry's own, else the session's.
     pub person: String,
     pub notice_id: String,
     /// The turn that waited.

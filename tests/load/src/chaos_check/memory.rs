@@ -168,6 +168,8 @@ pub struct MemoryTally {
     pub summary_versions: u64,
     pub messages_summarised: u64,
     pub messages_unsummarised: u64,
+    /// Messages of sessions everyone shares (scope `main`), each marked never to be merged.
+    pub messages_shared: u64,
     pub memory_dead_letters: u64,
     /// People who came back once their summary was written, and of them those whose prompt
     /// carried memory.
@@ -300,7 +302,9 @@ fn canaries(e: &Evidence, m: &MemoryEvidence, v: &mut Verdict, t: &mut MemoryTal
             .or_default()
             .extend(owners(c, &msg.canaries));
     }
-    for (key, o) in &key_owners {
+    // A shared session's key holds everyone's messages by design: it is never summarised
+    // (judged in `summaries`) nor read into anyone's prompt (the canary checks).
+    for (key, o) in key_owners.iter().filter(|(key, _)| !is_shared_key(key)) {
         if o.len() > 1 || o.contains(&None) {
             v.add(
                 Kind::KeyMixesPeople,
@@ -442,6 +446,11 @@ fn when(msg: &LoggedMessage, origin: i64) -> String {
     )
 }
 
+/// Whether `key` is the memory key of a session everyone shares (`<identity>:main`).
+fn is_shared_key(key: &str) -> bool {
+    key.ends_with(":main")
+}
+
 fn summaries(m: &MemoryEvidence, v: &mut Verdict, t: &mut MemoryTally) {
     // Every key's conversation, in id order (UUIDv7 text sorts as the ids do).
     let mut of_key: BTreeMap<&str, Vec<&LoggedMessage>> = BTreeMap::new();
@@ -479,6 +488,23 @@ fn summaries(m: &MemoryEvidence, v: &mut Verdict, t: &mut MemoryTally) {
         let msgs = of_key.get(key).unwrap_or(&empty);
         let row = rows.get(key);
         let versions = journal.remove(key).unwrap_or_default();
+        if is_shared_key(key) {
+            t.messages_shared += msgs.len() as u64;
+            let unmarked = msgs.iter().filter(|x| x.summary_version != Some(0)).count();
+            if row.is_some() || !versions.is_empty() || unmarked > 0 {
+                v.add(
+                    Kind::SharedSummarised,
+                    format!(
+                        "{key}: summary {:?}, journal versions {:?}, {unmarked} of {} \
+                         messages not marked never to merge",
+                        row.map(|r| r.version),
+                        versions.keys().collect::<Vec<_>>(),
+                        msgs.len()
+                    ),
+                );
+            }
+            continue;
+        }
         let top = row.map_or(0, |r| r.version);
         t.summary_versions += versions.len() as u64;
         let expected: Vec<i64> = (1..=top).collect();

@@ -59,6 +59,7 @@ pub enum Kind {
     SummaryVersions,
     SummaryCoverage,
     NotSummarised,
+    SharedSummarised,
     MemoryNotCaughtUp,
     MemoryEvidenceUnreadable,
 }
@@ -144,6 +145,9 @@ impl Kind {
             }
             Kind::SummaryCoverage => "summaries that passed a message over or covered one twice",
             Kind::NotSummarised => "memory keys with messages never summarised",
+            Kind::SharedSummarised => {
+                "sessions everyone shares that were summarised (they never are)"
+            }
             Kind::MemoryNotCaughtUp => "memory workers that did not catch up after the drain",
             Kind::MemoryEvidenceUnreadable => "memory evidence that could not be read",
         }
