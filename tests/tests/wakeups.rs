@@ -589,3 +589,57 @@ async fn a_wake_up_due_while_the_persons_earlier_message_is_on_its_way_comes_aft
     assert_eq!(app.twilio.sent().len(), 3, "nothing answered twice");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_wake_up_whose_input_could_not_be_published_is_tried_again_soon_and_holds_nobody_up() {
+    // Its input was numbered among Dana's messages, then its publish failed: Dana's next
+    // message waits for that number, so the wake-up must not wait out its whole claim.
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(|c| {
+            fast(c);
+            c.wakeups.claim_s = 600;
+        }),
+        ..AppOptions::dispatch_as_processes()
+    })
+    .await;
+    let _dispatcher = app.spawn_worker_with_env(
+        "dispatch",
+        &[(
+            switchboard_kit::failpoint::ENV,
+            "dispatch.wakeup_publish:lose".to_string(),
+        )],
+    );
+    let token = text_and_take_token(&app, DANA, "ping me", 1).await;
+    let wakeup = schedule(&app, &token, json!({"delay_s": 0, "note": "Pinging Dana"})).await;
+    let id = wakeup["id"].as_str().unwrap().to_string();
+    // The firing numbered its input among Dana's messages (then its publish failed).
+    let counters = app
+        .js
+        .get_key_value(app.topology.arrivals_bucket())
+        .await
+        .unwrap();
+    let key = switchboard_kit::arrival::sender_key("sms", DANA);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let counter = counters
+            .get(key.as_str())
+            .await
+            .unwrap()
+            .unwrap_or_default();
+        if String::from_utf8_lossy(&counter).contains(&format!("wakeup:{id}")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the wake-up was never numbered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Dana writes right after the failed firing.
+    assert_eq!(app.send_sms(DANA, "are you there?").await.status(), 200);
+    let sent = app.wait_for_sms(3, WAIT).await;
+    assert_eq!(
+        [sent[1].body.as_str(), sent[2].body.as_str()],
+        ["echo: Pinging Dana", "echo: are you there?"],
+        "the wake-up, fired again within the claim, then Dana's message"
+    );
+    assert_eq!(wakeup_status(&app, &id).await, "fired");
+    app.shutdown().await;
+}

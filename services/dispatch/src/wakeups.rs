@@ -39,6 +39,9 @@ pub const WAKEUP_INPUT: &str = "wakeup";
 /// Wake-ups claimed at most per tick; more wait for the next.
 const BATCH: i64 = 100;
 
+/// How soon a wake-up whose firing failed is tried again.
+const RETRY: Duration = Duration::from_secs(3);
+
 pub struct WakeupFirer {
     db: PgPool,
     runtime: Runtime,
@@ -81,9 +84,12 @@ impl WakeupFirer {
             match wakeups::claim_due(&self.db, &self.claimer, self.hold, BATCH).await {
                 Ok(due) => {
                     for wakeup in &due {
-                        // Left claimed: another try once the claim lapses.
                         if let Err(e) = self.fire(wakeup).await {
                             tracing::warn!(wakeup = %wakeup.id, error = %e, "wake-up did not fire");
+                            // Tried again soon: its input's number may hold the person's next
+                            // message back. (If even this fails, the claim lapses.)
+                            let _ = wakeups::retry_soon(&self.db, wakeup.id, &self.claimer, RETRY)
+                                .await;
                         }
                     }
                 }
@@ -160,6 +166,13 @@ impl WakeupFirer {
             &message,
         )
         .correlated(message.correlation_id.clone());
+        // A publish that fails after the input was numbered (a test's failpoint stands in for
+        // NATS going away here).
+        if switchboard_kit::failpoint::lose_once_at("dispatch.wakeup_publish") {
+            return Err(FireError::Publish(anyhow::anyhow!(
+                "failpoint: publish lost"
+            )));
+        }
         self.runtime
             .publish("wakeup", &output)
             .await

@@ -315,6 +315,30 @@ pub async fn claim_due(
     .await
 }
 
+/// Shorten `claimer`'s claim on `wakeup` to `after` from now: its firing failed (the input
+/// could not be numbered or published) and is tried again soon, not once the whole claim
+/// lapses, because the input's number may already hold the person's next message back.
+pub async fn retry_soon(
+    db: &PgPool,
+    wakeup: Uuid,
+    claimer: &str,
+    after: std::time::Duration,
+) -> Result<(), sqlx::Error> {
+    let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
+    sqlx::query!(
+        "UPDATE switchboard.wakeups
+            SET claimed_until = LEAST(claimed_until,
+                                      now() + make_interval(secs => $3::float8 / 1000))
+          WHERE id = $1 AND claimed_by = $2 AND status = 'pending'",
+        wakeup,
+        claimer,
+        after_ms as f64,
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
 /// Record that `wakeup`'s input, message `message`, was published (the claim is let go).
 /// `false` when it was no longer pending (cancelled while it fired: the input is out all the
 /// same, and the journal says what happened first).
