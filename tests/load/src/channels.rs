@@ -118,9 +118,11 @@ pub struct Mix {
     /// One group of `total()` senders (one of each channel's share) in this many talks to the
     /// `collect` agent ([`super::pipeline::COLLECT_AGENT`]); 0: nobody does.
     pub collect_every: usize,
-    /// One group in this many (the third of each cycle, never a collecting group) talks
-    /// to the shared front desk ([`super::pipeline::SHARED_AGENT`]); 0: nobody does.
-    pub share_every: usize,
+    /// The one group of `total()` senders (by index; never a collecting group) that talks to
+    /// the shared front desk ([`super::pipeline::SHARED_AGENT`]); none: nobody does. One group
+    /// only, whatever the run's size: a session everyone shares runs its turns one at a time,
+    /// so its load is bounded by design (the full run's 400 msg/s would queue thousands).
+    pub front_desk_group: Option<usize>,
 }
 
 /// Which agent a sender talks to.
@@ -141,17 +143,17 @@ impl Mix {
         chat: 0,
         api: 0,
         collect_every: 0,
-        share_every: 0,
+        front_desk_group: None,
     };
     /// 40% Twilio, 20% each of TextMagic, chat and API; a quarter of each channel's people
-    /// talk to the `collect` agent, an eighth to the shared front desk.
+    /// talk to the `collect` agent, and one group (five people) to the shared front desk.
     pub const CHAOS: Mix = Mix {
         twilio: 2,
         textmagic: 1,
         chat: 1,
         api: 1,
         collect_every: 4,
-        share_every: 8,
+        front_desk_group: Some(2),
     };
 
     fn shares(&self) -> [(Channel, usize); 4] {
@@ -186,9 +188,7 @@ impl Mix {
 
     /// Whether sender `sender` talks to the shared front desk.
     pub fn at_front_desk(&self, sender: usize) -> bool {
-        self.share_every > 0
-            && (sender / self.total()) % self.share_every == 2.min(self.share_every - 1)
-            && !self.collects(sender)
+        self.front_desk_group == Some(sender / self.total()) && !self.collects(sender)
     }
 
     pub fn kind_of(&self, sender: usize) -> AgentKind {

@@ -246,7 +246,7 @@ impl ChaosOptions {
             // nobody talks to the collect agent (the full run proves collect under faults).
             mix: Mix {
                 collect_every: 0,
-                share_every: 0,
+                front_desk_group: None,
                 ..Mix::CHAOS
             },
             crash_nats_at: None,

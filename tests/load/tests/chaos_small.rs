@@ -4,8 +4,8 @@
 //! Postgres are each SIGKILLed once and come back by crash recovery, on a stack of its own
 //! (`chaos-small`, ports 28222/29432, or the two of `SB_CHAOS_SMALL_PORTS=<nats>,<pg>`;
 //! Postgres durable) so that the crashes do not disturb other tests. A quarter of the people
-//! (on every channel) talk to an agent with `queue_mode = "collect"`, an eighth to a front desk
-//! everyone shares one session with (`scope = "main"`), and the runner is down
+//! (on every channel) talk to an agent with `queue_mode = "collect"`, five (one of each channel's
+//! share) to a front desk everyone shares one session with (`scope = "main"`), and the runner is down
 //! for 10 s from the 4th second (2 s answering 503, then refusing connections). `make chaos`
 //! is the full run. `SB_CHAOS_SEED` repeats a run's kill schedule.
 //!
