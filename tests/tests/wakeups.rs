@@ -643,3 +643,65 @@ async fn a_wake_up_whose_input_could_not_be_published_is_tried_again_soon_and_ho
     assert_eq!(wakeup_status(&app, &id).await, "fired");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_reminders_cancel_run_again_after_a_crash_cancels_nothing_more() {
+    // Dana cancels her first reminder; the dispatcher dies right after the cancel committed.
+    // The turn runs again: her second reminder is now "1" in her list, and must not be
+    // cancelled by the same message read again.
+    let app = spawn_app_with(AppOptions {
+        tweak: Box::new(fast),
+        ..AppOptions::dispatch_as_processes()
+    })
+    .await;
+    let mut crashing = app.spawn_worker_with_env(
+        "dispatch",
+        &[(
+            switchboard_kit::failpoint::ENV,
+            "dispatch.reminders_cancelled".to_string(),
+        )],
+    );
+    let token = text_and_take_token(&app, DANA, "two reminders please", 1).await;
+    let first = schedule(
+        &app,
+        &token,
+        json!({"delay_s": 3600, "note": "Water the plants"}),
+    )
+    .await;
+    let second = schedule(
+        &app,
+        &token,
+        json!({"delay_s": 7200, "note": "Call the vet"}),
+    )
+    .await;
+
+    assert_eq!(
+        app.send_sms(DANA, "/reminders cancel 1").await.status(),
+        200
+    );
+    let exit = tokio::time::timeout(WAIT, crashing.wait())
+        .await
+        .expect("the dispatcher reached its failpoint")
+        .unwrap();
+    assert!(!exit.success());
+    let _dispatcher = app.spawn_worker("dispatch");
+    let sent = app.wait_for_sms(2, WAIT).await;
+    assert!(sent[1].body.starts_with("Cancelled:"), "{}", sent[1].body);
+    assert!(
+        sent[1].body.contains("Water the plants"),
+        "{}",
+        sent[1].body
+    );
+    assert!(!sent[1].body.contains("Call the vet"), "{}", sent[1].body);
+    let id = |w: &Value| w["id"].as_str().unwrap().to_string();
+    assert_eq!(wakeup_status(&app, &id(&first)).await, "cancelled");
+    assert_eq!(
+        wakeup_status(&app, &id(&second)).await,
+        "pending",
+        "the rerun cancelled by the shifted numbers"
+    );
+    pass(2).await;
+    app.settle().await;
+    assert_eq!(app.twilio.sent().len(), 2, "answered once");
+    app.shutdown().await;
+}

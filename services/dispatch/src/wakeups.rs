@@ -229,6 +229,8 @@ pub(crate) async fn answer_reminders(
     }
     // All at once: a rerun of this turn finds every one this message cancelled, or none.
     let cancelled = wakeups::cancel_all(db, &ids, &by).await?;
+    // Cancelled and not yet answered: a crash here runs the turn again.
+    switchboard_kit::failpoint::crash_at("dispatch.reminders_cancelled");
     // Those already on their way (their input fixed as the person asked) were not cancelled.
     let firing: Vec<usize> = ids
         .iter()
