@@ -75,14 +75,13 @@ pub enum DispatchError {
         seq: i64,
         error: String,
     },
-    /// `notice`: in a shared session waiting for the runner, the telling of this turn's
-    /// person (published before the turn parks).
+    /// `outage`: the outage the session waits out, if it does (its `waiting_notice`).
     #[error("turn {seq} waits for turn {next}")]
     NotYet {
         seq: i64,
         next: i64,
         wake: Wake,
-        notice: Vec<Output>,
+        outage: Option<Uuid>,
     },
     #[error("another call of turn {seq} holds the session; its answer will stand")]
     Superseded { seq: i64 },
@@ -303,18 +302,6 @@ impl Stage for TurnDispatcher {
             Err(e @ DispatchError::Interrupted { .. }) => {
                 Err(StageError::Defer(Duration::from_millis(10), e.to_string()))
             }
-            Err(DispatchError::NotYet {
-                seq,
-                next,
-                wake,
-                notice,
-            }) if !notice.is_empty() => Err(StageError::Outage {
-                // Its person told, it waits behind the turn that waits for the runner.
-                after: Duration::from_millis(self.config.hold_timeout_ms),
-                why: format!("turn {seq} waits for turn {next}, which waits for the runner"),
-                outputs: notice,
-                wake: Some(wake),
-            }),
             Err(DispatchError::NotYet {
                 seq, next, wake, ..
             }) => {

@@ -13,7 +13,7 @@ use switchboard_kit::proto::Turn;
 use switchboard_kit::status::{
     SessionEventKind, SessionStatus, runner_down_notice_id, waiting_key,
 };
-use switchboard_kit::{Attempt, Output, Wake};
+use switchboard_kit::{Attempt, Wake};
 use uuid::Uuid;
 
 use crate::journal::Journal;
@@ -156,39 +156,45 @@ impl TurnDispatcher {
         }
     }
 
-    /// A turn queued behind one that waits for the runner, in a session everyone shares: its
-    /// person is told once per outage (nothing while the session does not wait). A delivery
-    /// that parked before tells again only if the first telling may not have gone out (its
-    /// entry was written by a delivery that then died), under the same id: sent once.
+    /// A turn queued behind one that waits for the runner (the session's outage `outage`),
+    /// in a session everyone shares: its person is told once per outage, and it waits as the
+    /// turn ahead does, until the session moves. A delivery that parked before tells again
+    /// only if the first telling may not have gone out (its entry was written by a delivery
+    /// that then died), under the same id: sent once.
     pub(crate) async fn tell_queued_of_outage(
         &self,
         turn: &Turn,
         session: Uuid,
         person_id: &str,
+        outage: Uuid,
+        wake: Wake,
         attempt: &Attempt,
-    ) -> Result<Vec<Output>, DispatchError> {
-        let outage: Option<Uuid> = sqlx::query_scalar!(
-            "SELECT waiting_notice FROM switchboard.sessions WHERE id = $1 AND status = $2",
-            session,
-            SessionStatus::Waiting as SessionStatus,
-        )
-        .fetch_optional(&self.db)
-        .await?
-        .flatten();
-        let Some(outage) = outage else {
-            return Ok(Vec::new());
-        };
+    ) -> DispatchError {
         let notice = notice_for(outage, Some(person_id));
-        let mut tx = self.db.begin().await?;
-        let written = Journal::write(&mut tx, &[waiting_entry(session, turn, notice)]).await?;
-        tx.commit().await?;
-        if written == 0 && attempt.waits > 0 {
-            return Ok(Vec::new());
+        let written = async {
+            let mut tx = self.db.begin().await?;
+            let written = Journal::write(&mut tx, &[waiting_entry(session, turn, notice)]).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(written)
+        };
+        let written = match written.await {
+            Ok(written) => written,
+            Err(e) => return DispatchError::Database(e),
+        };
+        let notice = if written == 0 && attempt.waits > 0 {
+            Vec::new()
+        } else {
+            metrics::counter!("sb_dispatch_queued_told_of_outage_total").increment(1);
+            let text = self.config.runner_down_notice.clone();
+            // Not after the answers of the turns ahead of it (other people's, waiting too).
+            vec![self.notice_ahead_output(turn, session, notice, text)]
+        };
+        DispatchError::RunnerDown {
+            after: Duration::from_millis(self.config.hold_timeout_ms),
+            notice,
+            recovery: wake,
+            unrecorded: false,
         }
-        metrics::counter!("sb_dispatch_queued_told_of_outage_total").increment(1);
-        let text = self.config.runner_down_notice.clone();
-        // Not after the answers of the turns ahead of it (other people's, waiting too).
-        Ok(vec![self.notice_ahead_output(turn, session, notice, text)])
     }
 }
 

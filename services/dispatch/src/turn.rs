@@ -140,17 +140,13 @@ impl TurnDispatcher {
             // Queued behind a turn that waits for the runner in a session everyone shares:
             // maybe another person's message, so they are told too.
             Err(DispatchError::NotYet {
-                seq, next, wake, ..
+                outage: Some(outage),
+                wake,
+                ..
             }) if shared => {
-                let notice = self
-                    .tell_queued_of_outage(turn, session, &person_id, attempt)
-                    .await?;
-                return Err(DispatchError::NotYet {
-                    seq,
-                    next,
-                    wake,
-                    notice,
-                });
+                return Err(self
+                    .tell_queued_of_outage(turn, session, &person_id, outage, wake, attempt)
+                    .await);
             }
             Err(e) => return Err(e),
         };
@@ -225,7 +221,7 @@ impl TurnDispatcher {
         }
         // Woken by this process moving the session on, or by the session watch.
         let waiting = self.wakers.wait_on(session);
-        let last = self.turns.cursor(session).await?;
+        let (last, outage) = self.turns.cursor_and_outage(session).await?;
         let mut ready = None;
         if turn.seq <= last {
             match self.turns.stored_reply(session, turn.seq).await {
@@ -260,7 +256,7 @@ impl TurnDispatcher {
             seq: turn.seq,
             next: last + 1,
             wake: Wake::new(waiting.woken()),
-            notice: Vec::new(),
+            outage,
         })
     }
 

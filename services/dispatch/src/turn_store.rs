@@ -122,6 +122,26 @@ impl TurnStore {
     }
 
     /// The session's cursor: the last turn done (or failed for good).
+    /// [`Self::cursor`], and the outage the session waits out (its `waiting_notice` while it
+    /// says `waiting`), in the same read: a turn queued behind it learns both at once.
+    pub async fn cursor_and_outage(
+        &self,
+        session: Uuid,
+    ) -> Result<(i64, Option<Uuid>), DispatchError> {
+        let _admitted = self.checks.acquire().await.expect("never closed");
+        let row = sqlx::query!(
+            "SELECT last_seq,
+                    CASE WHEN status = $2 THEN waiting_notice END AS outage
+               FROM switchboard.sessions WHERE id = $1",
+            session,
+            SessionStatus::Waiting as SessionStatus,
+        )
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or(DispatchError::UnknownSession(session))?;
+        Ok((row.last_seq, row.outage))
+    }
+
     pub async fn cursor(&self, session: Uuid) -> Result<i64, DispatchError> {
         let _admitted = self.checks.acquire().await.expect("never closed");
         sqlx::query_scalar!(
