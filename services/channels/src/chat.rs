@@ -300,6 +300,10 @@ pub enum ServerFrame {
         agent: String,
         text: String,
         sent_at: String,
+        /// Files the agent left for the person: name, content type, size, a signed link
+        /// that works until `expires_at`.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        attachments: Vec<switchboard_kit::exports::ExportLink>,
     },
     /// Switchboard telling the person something while their message waits (the agent's host
     /// is down: it will be answered shortly). Not the answer: a `reply` follows.
@@ -350,6 +354,7 @@ impl ServerFrame {
             agent: entry.agent.clone(),
             text: entry.text.clone(),
             sent_at: entry.created_at.to_rfc3339(),
+            attachments: entry.attachments.0.clone(),
         }
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
+use switchboard_kit::exports::ExportLink;
 use switchboard_kit::proto::Reply;
 
 /// One part of a reply, ready to send.
@@ -15,11 +16,27 @@ pub struct OutboundPart<'a> {
     /// Which part (0-based).
     pub index: usize,
     pub text: &'a str,
+    /// The files the agent left for the person, with their links: on the first part, for a
+    /// channel that takes them as media or a list ([`AttachmentStyle`]); else empty.
+    pub attachments: &'a [ExportLink],
 }
 
 impl<'a> OutboundPart<'a> {
     pub fn new(reply: &'a Reply, index: usize, text: &'a str) -> Self {
-        Self { reply, index, text }
+        Self {
+            reply,
+            index,
+            text,
+            attachments: &[],
+        }
+    }
+
+    /// The same part carrying `attachments`.
+    pub fn with_attachments(self, attachments: &'a [ExportLink]) -> Self {
+        Self {
+            attachments,
+            ..self
+        }
     }
 
     /// The person's address (the inbound message's sender).
@@ -52,10 +69,40 @@ pub enum SendError {
     Rejected(String),
 }
 
+/// How a channel carries the files the agent left for the person (`exports/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachmentStyle {
+    /// As the provider's media, with the first part (Twilio MMS: `MediaUrl`, fetched by the
+    /// provider from the link).
+    Media,
+    /// As a list with the first part (name, type, size, link): clients of ours and callback
+    /// receivers read it as data.
+    Listed,
+    /// The provider takes text only: a line per file (its name and link) ends the reply.
+    LinksInText,
+}
+
+/// The reply's text with a line per file (its name and link), for a text-only channel.
+pub fn with_links(text: &str, links: &[ExportLink]) -> String {
+    let lines: Vec<String> = links
+        .iter()
+        .map(|l| format!("{}: {}", l.name, l.url))
+        .collect();
+    match (text.trim().is_empty(), lines.is_empty()) {
+        (_, true) => text.to_string(),
+        (true, false) => lines.join("\n"),
+        (false, false) => format!("{text}\n\n{}", lines.join("\n")),
+    }
+}
+
 /// A channel's egress.
 pub trait Egress: Send + Sync + 'static {
     /// Split a reply into the parts this provider takes, in order.
     fn split(&self, text: &str) -> Vec<String>;
+    /// How it carries files: a line with a link in the text, unless it says otherwise.
+    fn attachments(&self) -> AttachmentStyle {
+        AttachmentStyle::LinksInText
+    }
     /// How long a deliverer holds a reply to this channel while it sends it (renewed after
     /// each part): longer than one send can take, so that only a dead deliverer's hold ends
     /// early. A reply whose deliverer died waits this long before another takes it.

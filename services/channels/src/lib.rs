@@ -26,7 +26,9 @@ use std::sync::Arc;
 use switchboard_kit::config::Config;
 use switchboard_kit::startup::App;
 
-pub use egress::{Egress, OutboundPart, SEND_LEASE, SendError, split_message};
+pub use egress::{
+    AttachmentStyle, Egress, OutboundPart, SEND_LEASE, SendError, split_message, with_links,
+};
 pub use error::ApiError;
 pub use ingress::{Ack, Received, Webhook, WebhookRequest, client_id, client_message_key};
 pub use mailbox::{MAILBOX_LEASE, Mailbox, MailboxEgress, MailboxEntry};

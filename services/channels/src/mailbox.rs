@@ -11,6 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use switchboard_kit::exports::ExportLink;
 use uuid::Uuid;
 
 use crate::egress::{Egress, OutboundPart, SendError};
@@ -34,6 +35,16 @@ pub struct MailboxEntry {
     /// `reply` (the turn's answer) or `notice` (told while the turn waits).
     #[serde(default = "reply_kind")]
     pub kind: String,
+    /// The files the agent left for the person (name, type, size, a signed expiring link).
+    #[serde(default, skip_serializing_if = "no_attachments")]
+    pub attachments: Attachments,
+}
+
+/// The `attachments` column (serialised as the list itself).
+pub type Attachments = sqlx::types::Json<Vec<ExportLink>>;
+
+fn no_attachments(a: &Attachments) -> bool {
+    a.0.is_empty()
 }
 
 fn reply_kind() -> String {
@@ -110,19 +121,20 @@ impl Mailbox {
             r#"WITH new AS (
                 INSERT INTO switchboard.mailbox
                     (reply_id, part, channel, address, agent, session_id, correlation_id,
-                     in_reply_to, text, kind)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                     in_reply_to, text, kind, attachments)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
                 ON CONFLICT (reply_id, part) DO NOTHING
                 RETURNING seq, reply_id, part, channel, address, agent, correlation_id,
-                          in_reply_to, text, created_at, kind)
+                          in_reply_to, text, created_at, kind, attachments)
              SELECT seq AS "seq!", reply_id AS "reply_id!", part AS "part!",
                     channel AS "channel!", address AS "address!", agent AS "agent!",
                     correlation_id AS "correlation_id!", in_reply_to AS "in_reply_to!",
-                    text AS "text!", created_at AS "created_at!", kind AS "kind!"
+                    text AS "text!", created_at AS "created_at!", kind AS "kind!",
+                    attachments AS "attachments!: Attachments"
                FROM new
              UNION ALL
              SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
-                    text, created_at, kind
+                    text, created_at, kind, attachments
                FROM switchboard.mailbox WHERE reply_id = $1 AND part = $2
              LIMIT 1"#,
             reply_id,
@@ -135,6 +147,7 @@ impl Mailbox {
             in_reply_to,
             part.text,
             kind,
+            sqlx::types::Json(part.attachments) as _,
         )
         .fetch_one(&mut *tx)
         .await?;
@@ -164,11 +177,11 @@ impl Mailbox {
     ) -> Result<Vec<MailboxEntry>, MailboxError> {
         Ok(sqlx::query_as!(
             MailboxEntry,
-            "SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
-                    text, created_at, kind
+            r#"SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
+                    text, created_at, kind, attachments AS "attachments!: Attachments"
                FROM switchboard.mailbox
               WHERE channel = $1 AND address = $2 AND seq > $3
-              ORDER BY seq LIMIT $4",
+              ORDER BY seq LIMIT $4"#,
             channel,
             address,
             seq,
@@ -201,11 +214,11 @@ impl Mailbox {
     ) -> Result<Vec<MailboxEntry>, MailboxError> {
         Ok(sqlx::query_as!(
             MailboxEntry,
-            "SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
-                    text, created_at, kind
+            r#"SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
+                    text, created_at, kind, attachments AS "attachments!: Attachments"
                FROM switchboard.mailbox
               WHERE channel = $1 AND address = $2 AND seq <= $3 AND pushed_at IS NULL
-              ORDER BY seq LIMIT $4",
+              ORDER BY seq LIMIT $4"#,
             channel,
             address,
             seq,
@@ -222,10 +235,10 @@ impl Mailbox {
     ) -> Result<Vec<MailboxEntry>, MailboxError> {
         Ok(sqlx::query_as!(
             MailboxEntry,
-            "SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
-                    text, created_at, kind
+            r#"SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
+                    text, created_at, kind, attachments AS "attachments!: Attachments"
                FROM switchboard.mailbox WHERE correlation_id = $1
-              ORDER BY seq",
+              ORDER BY seq"#,
             correlation_id,
         )
         .fetch_all(&self.db)
@@ -236,9 +249,9 @@ impl Mailbox {
     pub async fn for_reply(&self, reply_id: Uuid) -> Result<Vec<MailboxEntry>, MailboxError> {
         Ok(sqlx::query_as!(
             MailboxEntry,
-            "SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
-                    text, created_at, kind
-               FROM switchboard.mailbox WHERE reply_id = $1 ORDER BY seq",
+            r#"SELECT seq, reply_id, part, channel, address, agent, correlation_id, in_reply_to,
+                    text, created_at, kind, attachments AS "attachments!: Attachments"
+               FROM switchboard.mailbox WHERE reply_id = $1 ORDER BY seq"#,
             reply_id,
         )
         .fetch_all(&self.db)
@@ -287,6 +300,11 @@ const _: () = assert!(MAILBOX_LEASE.as_secs() < crate::SEND_LEASE.as_secs());
 impl Egress for MailboxEgress {
     fn split(&self, text: &str) -> Vec<String> {
         crate::egress::whole_message(text)
+    }
+
+    /// The entry lists them (chat frames and API answers carry the list).
+    fn attachments(&self) -> crate::egress::AttachmentStyle {
+        crate::egress::AttachmentStyle::Listed
     }
 
     fn lease(&self) -> std::time::Duration {

@@ -106,6 +106,10 @@ impl DeliverStage {
         }
         let id: Uuid = reply.id.parse().ok()?;
         let session: Uuid = reply.session_id.parse().ok()?;
+        // A reply with files goes alone: its links are signed, its text may change.
+        if !reply.exports.is_empty() {
+            return None;
+        }
         let sender = self.senders.get(&reply.provider).cloned()?;
         let parts = sender.split(&reply.text);
         if parts.is_empty() {
@@ -214,7 +218,7 @@ impl DeliverStage {
                     t.id,
                     t.sender.as_ref(),
                     &t.ledger,
-                    &t.parts,
+                    (&t.parts, &[]),
                     claim,
                     lease_taken,
                 )

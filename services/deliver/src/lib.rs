@@ -32,6 +32,7 @@
 //! sent again, as before. Rows written before the attempt was recorded carry no attempt and are
 //! sent again after a crash, as before.
 mod batch;
+mod exports;
 mod ledger;
 
 use std::sync::Arc;
@@ -39,6 +40,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures::future::join_all;
+use switchboard_kit::config::Config;
+use switchboard_kit::exports::ExportLink;
 use switchboard_kit::proto::{DeliveryFailed, HEARTBEAT_OK_KIND, Reply, ReplyDelivered};
 use switchboard_kit::startup::{App, Task};
 use switchboard_kit::{Attempt, BatchStage, Hold, Outcome, Output, StageError, Topology};
@@ -78,6 +81,8 @@ pub struct DeliverStage {
     ledger: DeliveryLedger,
     senders: Senders,
     topology: Topology,
+    /// Signs the links of the files a reply carries (`exports/`), loaded on first use.
+    links: exports::LinkSigner,
 }
 
 /// How long a reply waits in its handler slot for the previous reply of its session before it
@@ -91,10 +96,21 @@ const ORDER_RETRY: Duration = Duration::from_millis(250);
 
 impl DeliverStage {
     pub fn new(ledger: DeliveryLedger, senders: Senders, topology: Topology) -> Self {
+        let links = exports::LinkSigner::new(ledger.db.clone(), &Config::default());
         Self {
             ledger,
             senders,
             topology,
+            links,
+        }
+    }
+
+    /// The same stage signing file links as `config` says (`gateway.public_url`, the
+    /// replicas' shared secret).
+    pub fn with_links_of(self, config: &Config) -> Self {
+        Self {
+            links: exports::LinkSigner::new(self.ledger.db.clone(), config),
+            ..self
         }
     }
 
@@ -272,7 +288,12 @@ impl DeliverStage {
                 .increment(1);
             return Ok(Vec::new());
         }
-        let parts = sender.split(&reply.text);
+        let outgoing = self
+            .links
+            .outgoing(&reply, sender.as_ref())
+            .await
+            .map_err(transient)?;
+        let parts = outgoing.parts;
         let lease_taken = Instant::now();
         let claim = ledger
             .claim(&reply, id, parts.len())
@@ -283,7 +304,7 @@ impl DeliverStage {
             id,
             sender.as_ref(),
             &ledger,
-            &parts,
+            (&parts, &outgoing.attachments),
             claim,
             lease_taken,
         )
@@ -299,7 +320,7 @@ impl DeliverStage {
         id: Uuid,
         sender: &dyn Egress,
         ledger: &DeliveryLedger,
-        parts: &[String],
+        (parts, attachments): (&[String], &[ExportLink]),
         claim: Claim,
         mut lease_taken: Instant,
     ) -> Outcome {
@@ -334,7 +355,15 @@ impl DeliverStage {
             // release from before the last part's write also set it.
             ledger.finish(id, None).await.map_err(transient)?;
         }
-        let part_at = |index: usize| OutboundPart::new(reply, index, &parts[index]);
+        // The files go with the first part (for a channel that carries them so).
+        let part_at = |index: usize| {
+            let part = OutboundPart::new(reply, index, &parts[index]);
+            if index == 0 {
+                part.with_attachments(attachments)
+            } else {
+                part
+            }
+        };
         // The provider's id of the next part when its log shows an earlier attempt sent it.
         let mut found = None;
         if sent < parts.len() {
@@ -521,6 +550,7 @@ fn task(app: &App) -> Task {
         DeliveryLedger::new(app.db.clone(), DELIVERY_LEASE),
         senders(app),
         app.topology.clone(),
-    );
+    )
+    .with_links_of(&app.config);
     app.batch_stage_task(stage)
 }

@@ -23,6 +23,7 @@
 //! matters before a reset.
 pub mod attachments;
 pub mod breaker;
+mod exports;
 pub mod flush;
 mod journal;
 mod lease;
@@ -169,6 +170,8 @@ pub struct TurnDispatcher {
     daily_notes: workspace_files::DailyNotesSettings,
     /// `[wakeups] time_zone`: the times of a person's `/reminders` list.
     reminders_zone: chrono_tz::Tz,
+    /// `[workspace]`: the caps and lifetime of the files sent from `exports/`.
+    config_exports: switchboard_kit::config::WorkspaceConfig,
 }
 
 impl TurnDispatcher {
@@ -219,6 +222,7 @@ impl TurnDispatcher {
             daily_notes: workspace_files::DailyNotesSettings::from_config(&config.memory),
             // Checked when the configuration is loaded; UTC only for one built by hand.
             reminders_zone: config.wakeups.tz().unwrap_or(chrono_tz::UTC),
+            config_exports: config.workspace.clone(),
             breakers: breaker::Breakers::new(
                 config.dispatch.breaker_failures,
                 Duration::from_millis(config.dispatch.breaker_probe_ms.max(10)),

@@ -80,6 +80,7 @@ impl TurnDispatcher {
             processing_ms: stored.processing_ms,
             tool_calls_count: stored.tool_calls_count,
             tool_names: stored.tool_names.clone(),
+            exports: stored.exports.iter().map(Into::into).collect(),
             correlation_id: inbound.correlation_id.clone(),
             in_reply_to: inbound.id.clone(),
             channel: inbound.channel.clone(),

@@ -192,10 +192,10 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
              SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::uuid[],
                                   $5::bigint[], $6::uuid[], $7::text[], $8::text[],
                                   $9::bigint[], $10::bigint[], $11::text[], $12::text[],
-                                  $13::bool[], $14::timestamptz[], $24::jsonb[])
+                                  $13::bool[], $14::timestamptz[], $24::jsonb[], $25::jsonb[])
                AS i(session_id, seq, after, call, first, reply_id, reply_text, engine,
                     processing_ms, tool_calls, reset, next, consumed, consumed_at,
-                    tool_names)),
+                    tool_names, exports)),
            -- The answered turns not done yet (a replayed failed turn can be run by two
            -- copies: a done turn keeps its first reply).
            open AS (
@@ -240,9 +240,16 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
                 SET status = $15, error = NULL, reply_id = i.reply_id, reply_text = i.reply_text,
                     engine_session_id = i.engine, processing_ms = i.processing_ms,
                     tool_calls_count = i.tool_calls, completed_at = now(), reset = i.reset,
-                    tool_names = ARRAY(SELECT jsonb_array_elements_text(i.tool_names))
+                    tool_names = ARRAY(SELECT jsonb_array_elements_text(i.tool_names)),
+                    exports = i.exports
                FROM input i JOIN moved m ON m.id = i.session_id
               WHERE t.session_id = i.session_id AND t.seq = i.seq),
+           -- The files the call kept for the person stand with its answer (a call whose
+           -- answer is not committed leaves its rows uncommitted: never served).
+           sent AS (
+             UPDATE switchboard.exports x SET committed = true
+               FROM input i JOIN moved m ON m.id = i.session_id
+              WHERE x.reply_id = i.reply_id),
            journal AS (
              INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
              SELECT e.id, e.session_id, e.key, e.kind, e.seq,
@@ -284,6 +291,15 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
         commits
             .iter()
             .map(|c| serde_json::json!(c.settlement.reply.tool_names))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        commits
+            .iter()
+            .map(|c| {
+                let e = &c.settlement.reply.exports;
+                (!e.is_empty()).then(|| serde_json::json!(e))
+            })
             .collect::<Vec<_>>(),
     )
     // Planned for each batch's own arrays (a plan cached while `turns` was nearly empty

@@ -15,6 +15,7 @@ use switchboard_kit::{Attempt, Output, Wake};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
+use crate::exports::ExportsOfCall;
 use crate::lease::{CALL_DEADLINE_MARGIN, CallFor, CallLease};
 use crate::queue::Group;
 use crate::recall::Recalled;
@@ -549,6 +550,9 @@ impl TurnDispatcher {
             queue_mode: agent.queue_mode.as_str(),
         };
         let probe = Duration::from_millis(self.config.breaker_probe_ms.max(10));
+        // What the agent writes from here on is this call's (less the coarsest file system
+        // timestamps' two seconds).
+        let call_began = std::time::SystemTime::now() - Duration::from_secs(2);
         let mut failed_here = 0;
         // The answering call's own time (a retry's wait before it is not the agent's).
         let mut started;
@@ -621,6 +625,20 @@ impl TurnDispatcher {
         }
         let text = self.told_of_reset(run.reset, &resp.text);
         let mut settlement = run.settlement(text, resp.session_id, NextEngineSession::Answered);
+        if let Some(workspace) = lease.found.workspace.as_deref() {
+            let kept = self
+                .keep_exports(ExportsOfCall {
+                    session: lease.session,
+                    seq: turn.seq,
+                    reply_id: settlement.reply.reply_id,
+                    person_id: &run.person_id,
+                    workspace,
+                    shared_since: lease.found.shared.then_some(call_began),
+                })
+                .await?;
+            settlement.reply.text = kept.told(std::mem::take(&mut settlement.reply.text));
+            settlement.reply.exports = kept.kept;
+        }
         settlement.reply.processing_ms = if resp.processing_ms > 0 {
             resp.processing_ms
         } else {

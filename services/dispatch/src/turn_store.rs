@@ -29,6 +29,8 @@ pub(crate) struct StoredReply {
     pub reset: Option<ResetReason>,
     /// The inbound messages a joined call answered, in order (empty: this turn's alone).
     pub answers: Vec<String>,
+    /// The files of `exports/` kept for the person with this reply.
+    pub exports: Vec<crate::exports::KeptExport>,
 }
 
 impl StoredReply {
@@ -43,6 +45,7 @@ impl StoredReply {
             tool_names: Vec::new(),
             reset,
             answers: Vec::new(),
+            exports: Vec::new(),
         }
     }
 }
@@ -61,6 +64,7 @@ struct TurnRow {
     joined_into: Option<i64>,
     /// The inbound ids of the turns joined into this one, in order.
     joined: Option<Vec<String>>,
+    exports: Option<sqlx::types::Json<Vec<crate::exports::KeptExport>>>,
 }
 
 /// The engine session a session goes on with after a turn.
@@ -170,7 +174,8 @@ impl TurnStore {
                       (SELECT array_agg(j.inbound_id::text ORDER BY j.seq)
                          FROM switchboard.turns j
                         WHERE j.session_id = t.session_id AND j.joined_into = t.seq
-                          AND j.status = $3 AND j.seq < t.seq) AS joined
+                          AND j.status = $3 AND j.seq < t.seq) AS joined,
+                      exports AS "exports: sqlx::types::Json<Vec<crate::exports::KeptExport>>"
                  FROM switchboard.turns t WHERE session_id = $1 AND seq = $2"#,
             session,
             seq,
@@ -212,6 +217,7 @@ impl TurnStore {
             tool_calls_count: row.tool_calls_count.unwrap_or(0),
             tool_names: row.tool_names.unwrap_or_default(),
             reset: row.reset,
+            exports: row.exports.map(|e| e.0).unwrap_or_default(),
         })
     }
 

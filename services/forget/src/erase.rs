@@ -18,6 +18,7 @@
 //! | `messages` | `messages` | their ids, their sessions |
 //! | `summaries`, `memories` | `summaries`, `memories` | their ids, their sessions' memory keys |
 //! | `wakeups` | `wakeups` (the agent's notes to come back to them) | their ids, their sessions |
+//! | `exports` | `exports` (files the agent left for them, `exports/`) | their ids, their sessions |
 //! | `session_events`, `turns`, `sessions` | the session tables | their sessions |
 //! | `chat_uploads` | `chat_uploads` | owner: one of their chat logins |
 //! | `arrival_cursors` | `arrival_cursors` | (channel, sender) of theirs |
@@ -342,6 +343,15 @@ async fn erase_rows(
         "wakeups",
         sqlx::query!(
             "DELETE FROM switchboard.wakeups WHERE person_id = ANY($1) OR session_id = ANY($2)",
+            ids,
+            sessions,
+        )
+    );
+    // The files the agent left for them, and what was sent to whom: theirs, in any session.
+    erase!(
+        "exports",
+        sqlx::query!(
+            "DELETE FROM switchboard.exports WHERE person_id = ANY($1) OR session_id = ANY($2)",
             ids,
             sessions,
         )

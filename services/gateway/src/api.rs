@@ -130,6 +130,10 @@ pub struct ReplyView {
     pub agent: String,
     pub text: String,
     pub sent_at: String,
+    /// Files the agent left for the person: name, content type, size, a signed link that
+    /// works until `expires_at`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<switchboard_kit::exports::ExportLink>,
 }
 
 impl From<&MailboxEntry> for ReplyView {
@@ -139,6 +143,7 @@ impl From<&MailboxEntry> for ReplyView {
             agent: e.agent.clone(),
             text: e.text.clone(),
             sent_at: e.created_at.to_rfc3339(),
+            attachments: e.attachments.0.clone(),
         }
     }
 }
@@ -416,6 +421,8 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
                 agent,
                 text,
                 sent_at: sent_at.to_rfc3339(),
+                // Sent on the provider's channel, as its links or media.
+                attachments: Vec::new(),
             }],
             notices,
             error: None,

@@ -9,6 +9,7 @@ pub mod analytics_api;
 pub mod api;
 pub mod chat;
 pub mod console;
+pub mod exports_api;
 pub mod forget_api;
 pub mod hub;
 pub mod identity_api;
@@ -65,6 +66,8 @@ pub struct GatewayState {
     pub senders: Senders,
     /// Verifies the turn tokens agents call the API with.
     pub turn_tokens: switchboard_kit::turn_token::TurnTokenKeys,
+    /// Verifies the links to the files agents leave for people (`/api/v1/exports/…`).
+    pub export_links: switchboard_kit::exports::ExportLinkKeys,
     /// Set only on the ops console's copy of the state, when `console.jwt_roles` is: a JWT with
     /// one of these roles and the console's audience signs in as an operator ([`console`]);
     /// the public routes never take one.
@@ -101,13 +104,17 @@ impl GatewayState {
                 app.db.clone(),
                 app.config.gateway.turn_token_secret.clone(),
             ),
+            export_links: switchboard_kit::exports::ExportLinkKeys::new(
+                app.db.clone(),
+                &app.config,
+            ),
             console_jwts: None,
             runtime,
         })
     }
 
     /// The task that hands the mailbox's announcements to this replica's sockets and waiters,
-    /// and deletes chat uploads past their retention.
+    /// and deletes chat uploads and exported files past their retention.
     pub fn follower(&self) -> Task {
         let follow = hub::follow(
             self.hub.clone(),
@@ -115,11 +122,19 @@ impl GatewayState {
             self.mailbox.announcements(),
             self.shutdown.clone(),
         );
-        let prune = uploads::prune_expired(
+        let uploads = uploads::prune_expired(
             uploads::UploadStore::new(self.db.clone()),
             std::time::Duration::from_secs(self.config.chat.upload_retention_s),
             self.shutdown.clone(),
         );
+        let exports = exports_api::prune_expired(
+            self.db.clone(),
+            std::time::Duration::from_secs(self.config.workspace.export_ttl_s),
+            self.shutdown.clone(),
+        );
+        let prune = async move {
+            tokio::join!(uploads, exports);
+        };
         Box::pin(async move {
             // Pruning ends only at shutdown; following ends then too, or with its error.
             tokio::pin!(follow);
@@ -195,6 +210,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(analytics_api::routes())
         .merge(forget_api::routes())
         .merge(wakeups_api::routes())
+        .merge(exports_api::routes())
         // A server span per request, the root of a turn's trace (a caller's traceparent is
         // linked, not continued: this is the public edge), which the published message
         // carries on.

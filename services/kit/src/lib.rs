@@ -26,6 +26,7 @@ pub mod config;
 pub mod db;
 pub mod dlq;
 pub mod endpoint;
+pub mod exports;
 pub mod failpoint;
 pub mod forgotten;
 pub mod http;

@@ -137,22 +137,7 @@ impl TurnTokens {
     /// The configured secret, else the one kept in Postgres (made now if there is none yet;
     /// two replicas racing both read the one that was stored first).
     pub async fn load(db: &PgPool, configured: &Secret) -> Result<Self, sqlx::Error> {
-        if !configured.is_empty() {
-            return Ok(Self::from_secret(configured.expose().as_bytes()));
-        }
-        let fresh: [u8; 32] = rand::random();
-        sqlx::query!(
-            "INSERT INTO switchboard.turn_token_secret (id, secret) VALUES (1, $1)
-             ON CONFLICT (id) DO NOTHING",
-            &fresh[..],
-        )
-        .execute(db)
-        .await?;
-        let secret =
-            sqlx::query_scalar!("SELECT secret FROM switchboard.turn_token_secret WHERE id = 1")
-                .fetch_one(db)
-                .await?;
-        Ok(Self::from_secret(&secret))
+        Ok(Self::from_secret(&shared_secret(db, configured).await?))
     }
 
     /// The token for `claims`.
@@ -191,6 +176,27 @@ impl TurnTokens {
         }
         Ok(claims)
     }
+}
+
+/// The key every replica signs with: the configured secret, else the one kept in Postgres
+/// (made now if there is none yet; two replicas racing both read the one stored first). Turn
+/// tokens use it as it is; other signatures derive their own key from it
+/// ([`crate::exports::ExportLinks`]).
+pub async fn shared_secret(db: &PgPool, configured: &Secret) -> Result<Vec<u8>, sqlx::Error> {
+    if !configured.is_empty() {
+        return Ok(configured.expose().as_bytes().to_vec());
+    }
+    let fresh: [u8; 32] = rand::random();
+    sqlx::query!(
+        "INSERT INTO switchboard.turn_token_secret (id, secret) VALUES (1, $1)
+         ON CONFLICT (id) DO NOTHING",
+        &fresh[..],
+    )
+    .execute(db)
+    .await?;
+    sqlx::query_scalar!("SELECT secret FROM switchboard.turn_token_secret WHERE id = 1")
+        .fetch_one(db)
+        .await
 }
 
 /// [`TurnTokens`] loaded on first use (the key may live in Postgres), shared by clones.

@@ -313,6 +313,15 @@ impl WorkspaceDir {
     /// The regular files in this folder, with their sizes (links, FIFOs, folders and names
     /// that are not UTF-8 are left out).
     pub fn regular_files(&self) -> Result<Vec<(String, u64)>, WorkspaceFileError> {
+        Ok(self
+            .listed_files()?
+            .into_iter()
+            .map(|f| (f.name, f.bytes))
+            .collect())
+    }
+
+    /// [`Self::regular_files`] with each one's modification time, by name.
+    pub fn listed_files(&self) -> Result<Vec<ListedFile>, WorkspaceFileError> {
         let io = |e: Errno| WorkspaceFileError::Io {
             path: self.path.clone(),
             source: e.into(),
@@ -334,12 +343,30 @@ impl WorkspaceDir {
                 continue;
             };
             if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile {
-                out.push((name.to_string(), st.st_size as u64));
+                let modified = std::time::UNIX_EPOCH
+                    + std::time::Duration::new(
+                        st.st_mtime.max(0) as u64,
+                        (st.st_mtime_nsec as u32).min(999_999_999),
+                    );
+                out.push(ListedFile {
+                    name: name.to_string(),
+                    bytes: st.st_size as u64,
+                    modified,
+                });
             }
         }
-        out.sort();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
+}
+
+/// A regular file as [`WorkspaceDir::listed_files`] found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedFile {
+    pub name: String,
+    pub bytes: u64,
+    /// Its `st_mtime`: when its content last changed (the agent may set it as it likes).
+    pub modified: std::time::SystemTime,
 }
 
 #[cfg(test)]

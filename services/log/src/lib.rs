@@ -430,8 +430,8 @@ fn outbound_entry(reply: &Reply) -> Result<LogEntry, LogError> {
 }
 
 /// What an outbound row keeps beyond its text: a notice says so, a reply to several messages
-/// (joined into one runner call) names them all, in order, and the tools the engine called for
-/// it are named (`tool_names`).
+/// (joined into one runner call) names them all, in order, the tools the engine called for
+/// it are named (`tool_names`), and so are the files sent with it (`exports`: never a link).
 fn outbound_metadata(reply: &Reply) -> serde_json::Value {
     let mut m = serde_json::Map::new();
     if !reply.kind.is_empty() {
@@ -442,6 +442,19 @@ fn outbound_metadata(reply: &Reply) -> serde_json::Value {
     }
     if !reply.tool_names.is_empty() {
         m.insert("tool_names".into(), reply.tool_names.clone().into());
+    }
+    if !reply.exports.is_empty() {
+        let files: Vec<serde_json::Value> = reply
+            .exports
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "id": e.id, "name": e.name, "content_type": e.content_type,
+                    "size_bytes": e.size_bytes,
+                })
+            })
+            .collect();
+        m.insert("exports".into(), files.into());
     }
     m.into()
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use switchboard_kit::config::WebhookSourceConfig;
 
 use super::{DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
-use crate::egress::{self, Egress, OutboundPart, SendError};
+use crate::egress::{self, AttachmentStyle, Egress, OutboundPart, SendError};
 use crate::ingress;
 
 /// What a callback receiver gets.
@@ -26,6 +26,9 @@ pub struct Callback<'a> {
     pub correlation_id: &'a str,
     pub agent: &'a str,
     pub text: &'a str,
+    /// The files the agent left for the person (name, type, size, a signed expiring link).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub attachments: &'a [switchboard_kit::exports::ExportLink],
 }
 
 /// The egress of the `generic` provider: one signed POST per reply.
@@ -66,6 +69,7 @@ impl GenericWebhookSender {
             correlation_id: &reply.correlation_id,
             agent: &reply.agent_name,
             text: part.text,
+            attachments: part.attachments,
         };
         let body = serde_json::to_vec(&callback)
             .map_err(|e| SendError::Unavailable(format!("callback as JSON: {e}")))?;
@@ -91,6 +95,11 @@ impl Egress for GenericWebhookSender {
     /// One part: a callback body has no length limit of its own.
     fn split(&self, text: &str) -> Vec<String> {
         egress::whole_message(text)
+    }
+
+    /// The callback body lists them.
+    fn attachments(&self) -> AttachmentStyle {
+        AttachmentStyle::Listed
     }
 
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {

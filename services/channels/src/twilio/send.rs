@@ -7,10 +7,13 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 use switchboard_kit::config::TwilioConfig;
 
-use crate::egress::{self, Egress, LogPage, Logged, OutboundPart, SendError};
+use crate::egress::{self, AttachmentStyle, Egress, LogPage, Logged, OutboundPart, SendError};
 
 /// Twilio's limit on one message body.
 pub const MAX_BODY_CHARS: usize = 1600;
+
+/// Twilio's limit on the media of one message.
+pub const MAX_MEDIA: usize = 10;
 
 #[derive(Clone)]
 pub struct TwilioSender {
@@ -112,8 +115,22 @@ impl TwilioSender {
 
     /// Send one body (≤ 1,600 characters). Returns Twilio's message sid.
     pub async fn send_body(&self, to: &str, from: &str, body: &str) -> Result<String, SendError> {
+        self.send_message(to, from, body, &[]).await
+    }
+
+    /// Send one body with up to 10 media (`MediaUrl`, one field each: an MMS; Twilio fetches
+    /// each URL itself, so it must be reachable from the internet). The body may be empty
+    /// when there is media.
+    pub async fn send_message(
+        &self,
+        to: &str,
+        from: &str,
+        body: &str,
+        media: &[&str],
+    ) -> Result<String, SendError> {
         let url = self.messages_url();
         let mut form: Vec<(&str, &str)> = vec![("To", to), ("Body", body)];
+        form.extend(media.iter().take(MAX_MEDIA).map(|m| ("MediaUrl", *m)));
         match self.sender_number(from) {
             Some(from) => form.push(("From", from)),
             None => form.push(("MessagingServiceSid", &self.config.messaging_service_sid)),
@@ -181,8 +198,18 @@ impl Egress for TwilioSender {
         egress::split_message(text, MAX_BODY_CHARS)
     }
 
+    /// MMS: the files go as media of the first part.
+    fn attachments(&self) -> AttachmentStyle {
+        AttachmentStyle::Media
+    }
+
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {
-        self.send_body(part.to(), part.from(), part.text).boxed()
+        async move {
+            let media: Vec<&str> = part.attachments.iter().map(|a| a.url.as_str()).collect();
+            self.send_message(part.to(), part.from(), part.text, &media)
+                .await
+        }
+        .boxed()
     }
 
     fn find_sent<'a>(

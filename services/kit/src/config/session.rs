@@ -141,6 +141,15 @@ pub struct WorkspaceConfig {
     /// Media a person sends (MMS) larger than this is not kept in `attachments/`; a chat
     /// upload larger than this is refused (413).
     pub max_attachment_bytes: u64,
+    /// A file the agent leaves in `exports/` larger than this is not sent (the reply says
+    /// so). 5 MiB: the most Twilio takes in one MMS.
+    pub max_export_bytes: u64,
+    /// At most this many files of `exports/` go with one reply (Twilio takes 10 media in one
+    /// message); the rest go with the next.
+    pub max_exports_per_reply: usize,
+    /// How long the person's links to a sent file work; the file's bytes are deleted then
+    /// (what was sent is remembered, so an unchanged file is never sent twice).
+    pub export_ttl_s: u64,
 }
 
 impl Default for WorkspaceConfig {
@@ -149,6 +158,9 @@ impl Default for WorkspaceConfig {
             root: String::new(),
             separate_variants: false,
             max_attachment_bytes: 10 * 1024 * 1024,
+            max_export_bytes: 5 * 1024 * 1024,
+            max_exports_per_reply: 10,
+            export_ttl_s: 7 * 24 * 3_600,
         }
     }
 }
