@@ -144,7 +144,7 @@ pub fn read_exports(
                         file: listed.name,
                         bytes: listed.bytes,
                         key: unread_key,
-                        why: e.reason().to_string(),
+                        why: refusal_words(&e),
                     });
                 }
             }
@@ -169,6 +169,17 @@ pub fn export_names(folder: &std::path::Path) -> Result<Vec<String>, WorkspaceFi
             Ok(Vec::new())
         }
         Err(e) => Err(e),
+    }
+}
+
+/// Why a file was not sent, in the words the person reads ("Not sent: x (…)").
+fn refusal_words(e: &WorkspaceFileError) -> String {
+    match e {
+        WorkspaceFileError::Link(_) => "a link, not a file".into(),
+        WorkspaceFileError::HardLinked { .. } => "a hard link, not a file of its own".into(),
+        WorkspaceFileError::NotRegular { kind, .. } => format!("a {kind}, not a file"),
+        WorkspaceFileError::TooLarge { cap, .. } => format!("larger than {}", size(*cap)),
+        other => other.reason().replace('_', " "),
     }
 }
 

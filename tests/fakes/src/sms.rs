@@ -23,6 +23,8 @@ pub struct SentSms {
     pub to: String,
     pub from: String,
     pub body: String,
+    /// The media sent with it (Twilio `MediaUrl`, in order; TextMagic sends text alone).
+    pub media_urls: Vec<String>,
     /// When the provider took it (its log's `date_created` / `messageTime`).
     pub created: DateTime<Utc>,
     /// The sender's `User-Agent` (a deliverer names its host and pid there).

@@ -186,6 +186,7 @@ impl FakeTextMagic {
             to: phones,
             from: m.from.unwrap_or_default(),
             body: text,
+            media_urls: Vec::new(),
             created: Utc::now(),
             user_agent: Some(header(&headers, "user-agent").to_string()).filter(|u| !u.is_empty()),
         });

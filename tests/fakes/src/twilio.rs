@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -53,16 +53,33 @@ struct ListQuery {
     page: Option<usize>,
 }
 
-#[derive(Deserialize)]
+/// The send form. Parsed by hand: `MediaUrl` repeats (one field a picture, up to ten), which
+/// serde's form decoding cannot collect.
+#[derive(Default)]
 struct SendForm {
-    #[serde(rename = "To")]
     to: Option<String>,
-    #[serde(rename = "From")]
     from: Option<String>,
-    #[serde(rename = "MessagingServiceSid")]
     messaging_service_sid: Option<String>,
-    #[serde(rename = "Body")]
     body: Option<String>,
+    media_urls: Vec<String>,
+}
+
+impl SendForm {
+    fn parse(raw: &[u8]) -> Self {
+        let mut form = Self::default();
+        for (key, value) in form_urlencoded::parse(raw) {
+            let value = value.into_owned();
+            match key.as_ref() {
+                "To" => form.to = Some(value),
+                "From" => form.from = Some(value),
+                "MessagingServiceSid" => form.messaging_service_sid = Some(value),
+                "Body" => form.body = Some(value),
+                "MediaUrl" => form.media_urls.push(value),
+                _ => {}
+            }
+        }
+        form
+    }
 }
 
 fn twilio_error(
@@ -282,21 +299,46 @@ impl FakeTwilio {
         State(s): State<FakeTwilio>,
         Path(account): Path<String>,
         headers: HeaderMap,
-        Form(f): Form<SendForm>,
+        raw: axum::body::Bytes,
     ) -> (StatusCode, Json<serde_json::Value>) {
+        let f = SendForm::parse(&raw);
         if let Err(refused) = s.authenticate(&account, &headers) {
             return refused;
         }
         if let Some(status) = s.inner.failures.take() {
             return twilio_error(status, 20500, "Internal Server Error");
         }
-        let (Some(to), Some(body)) = (f.to, f.body) else {
+        // Twilio takes a message with media and no body (an MMS of pictures alone).
+        let body = match (f.body, f.media_urls.is_empty()) {
+            (Some(body), _) => Some(body),
+            (None, false) => Some(String::new()),
+            (None, true) => None,
+        };
+        let (Some(to), Some(body)) = (f.to, body) else {
             return twilio_error(
                 StatusCode::BAD_REQUEST,
                 21604,
                 "A 'To' phone number and a 'Body' are required.",
             );
         };
+        if f.media_urls.len() > 10 {
+            return twilio_error(
+                StatusCode::BAD_REQUEST,
+                21623,
+                "Number of media files exceeds allowed limit of 10.",
+            );
+        }
+        if let Some(bad) = f
+            .media_urls
+            .iter()
+            .find(|u| !(u.starts_with("https://") || u.starts_with("http://")))
+        {
+            return twilio_error(
+                StatusCode::BAD_REQUEST,
+                21620,
+                &format!("Invalid media URL(s): {bad}"),
+            );
+        }
         if f.from.is_none() && f.messaging_service_sid.is_none() {
             return twilio_error(
                 StatusCode::BAD_REQUEST,
@@ -317,10 +359,12 @@ impl FakeTwilio {
             to,
             from: f.from.unwrap_or_default(),
             body,
+            media_urls: f.media_urls,
             created: Utc::now(),
             user_agent: Some(header(&headers, "user-agent").to_string()).filter(|u| !u.is_empty()),
         };
-        let answer = json!({"sid": sms.sid, "to": sms.to, "from": sms.from, "body": sms.body, "status": "queued"});
+        let answer = json!({"sid": sms.sid, "to": sms.to, "from": sms.from, "body": sms.body, "status": "queued",
+            "num_media": sms.media_urls.len().to_string()});
         s.inner.outbox.take(sms);
         (StatusCode::CREATED, Json(answer))
     }
