@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
-use switchboard_e2e::{TestApp, spawn_app_configured};
+use switchboard_e2e::{ChatClient, FakeCallbackReceiver, TestApp, spawn_app_configured};
 use switchboard_fakes::runner::{FakeRunner, RunnerCall};
 use switchboard_kit::exports::ExportLinkKeys;
 
@@ -58,7 +58,10 @@ async fn fetch(url: &str) -> reqwest::Response {
 async fn error_code(answer: reqwest::Response) -> (u16, String) {
     let status = answer.status().as_u16();
     let body: serde_json::Value = answer.json().await.unwrap_or_default();
-    (status, body["error"]["code"].as_str().unwrap_or("").to_string())
+    (
+        status,
+        body["error"]["code"].as_str().unwrap_or("").to_string(),
+    )
 }
 
 #[tokio::test]
@@ -66,7 +69,8 @@ async fn a_report_the_agent_writes_reaches_the_person_by_mms_once_and_again_when
     let (app, root) = app_with_workspaces(1_000_000).await;
     agent_that_writes_reports(&app);
 
-    app.text_answered(PERSON, "send me the visits report", 1).await;
+    app.text_answered(PERSON, "send me the visits report", 1)
+        .await;
     let sent = app.twilio.sent();
     assert_eq!(sent[0].body, "echo: send me the visits report");
     assert_eq!(sent[0].media_urls.len(), 1, "{:?}", sent[0]);
@@ -95,7 +99,10 @@ async fn a_report_the_agent_writes_reaches_the_person_by_mms_once_and_again_when
     let third = app.twilio.sent()[2].clone();
     assert_eq!(third.media_urls.len(), 1, "{third:?}");
     assert_ne!(third.media_urls[0], first);
-    assert_eq!(fetch(&third.media_urls[0]).await.text().await.unwrap(), CHANGED);
+    assert_eq!(
+        fetch(&third.media_urls[0]).await.text().await.unwrap(),
+        CHANGED
+    );
     assert_eq!(fetch(&first).await.text().await.unwrap(), REPORT);
 
     // The outbound log says what went with the reply.
@@ -221,6 +228,64 @@ async fn textmagic_carries_the_link_in_the_text_and_the_api_lists_attachments() 
 }
 
 #[tokio::test]
+async fn a_chat_reply_frame_and_a_webhook_callback_list_the_file_with_its_link() {
+    let shop = FakeCallbackReceiver::start("shop-secret-77").await;
+    let shop_url = shop.url.clone();
+    let root = std::env::temp_dir().join(format!("sb-exports-{}", uuid::Uuid::new_v4().simple()));
+    let root_text = root.to_string_lossy().into_owned();
+    let app = spawn_app_configured(move |c| {
+        c.workspace.root = root_text;
+        c.webhooks.insert(
+            "shop".into(),
+            switchboard_kit::config::WebhookSourceConfig {
+                secret: switchboard_kit::config::Secret::new("shop-secret-77"),
+                sender_field: "user.id".into(),
+                callback_url: shop_url,
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    agent_that_writes_reports(&app);
+
+    let mut chat = ChatClient::as_user(&app.gateway_url, "ana").await;
+    chat.say("m-exports-1", "the report please").await;
+    let frame = chat.reply(WAIT).await;
+    assert_eq!(frame["text"], "echo: the report please", "{frame}");
+    let attached = &frame["attachments"][0];
+    assert_eq!(attached["name"], "visits.csv", "{frame}");
+    assert_eq!(attached["size_bytes"], REPORT.len());
+    let url = attached["url"].as_str().unwrap();
+    assert_eq!(fetch(url).await.text().await.unwrap(), REPORT);
+
+    let event = serde_json::to_vec(&json!({
+        "id": "evt-exports-1", "user": {"id": "u-77"}, "text": "the report please",
+    }))
+    .unwrap();
+    let accepted = app
+        .post_webhook(
+            "shop",
+            "shop-secret-77",
+            chrono::Utc::now().timestamp(),
+            &event,
+        )
+        .await;
+    assert_eq!(accepted.status(), 200);
+    let callback = shop.wait_for(1, WAIT).await[0].body.clone();
+    assert!(
+        callback["text"].as_str().unwrap().starts_with("echo: "),
+        "{callback}"
+    );
+    let attached = &callback["attachments"][0];
+    assert_eq!(attached["name"], "visits.csv", "{callback}");
+    assert_eq!(attached["content_type"], "text/csv");
+    let url = attached["url"].as_str().unwrap();
+    assert_eq!(fetch(url).await.text().await.unwrap(), REPORT);
+    app.shutdown().await;
+    let _ = std::fs::remove_dir_all(root);
+}
+
+#[tokio::test]
 async fn a_file_too_large_or_not_the_agents_own_is_not_sent_and_the_person_is_told_once() {
     let (app, root) = app_with_workspaces(1_000).await;
     let secret = root.join("host-secret.txt");
@@ -242,7 +307,10 @@ async fn a_file_too_large_or_not_the_agents_own_is_not_sent_and_the_person_is_to
     app.text_answered(PERSON, "send everything", 1).await;
     let first = app.twilio.sent()[0].clone();
     assert_eq!(first.media_urls.len(), 1, "only the small file: {first:?}");
-    assert_eq!(fetch(&first.media_urls[0]).await.text().await.unwrap(), "all fine");
+    assert_eq!(
+        fetch(&first.media_urls[0]).await.text().await.unwrap(),
+        "all fine"
+    );
     assert!(
         first
             .body
@@ -262,11 +330,45 @@ async fn a_file_too_large_or_not_the_agents_own_is_not_sent_and_the_person_is_to
         .await
         .unwrap();
     assert!(
-        stored
-            .iter()
-            .flatten()
-            .all(|d| d.as_slice() == b"all fine"),
+        stored.iter().flatten().all(|d| d.as_slice() == b"all fine"),
         "{stored:?}"
+    );
+    app.shutdown().await;
+    let _ = std::fs::remove_dir_all(root);
+}
+
+#[tokio::test]
+async fn in_a_session_shared_by_everyone_a_person_gets_only_what_their_turn_wrote() {
+    let root = std::env::temp_dir().join(format!("sb-exports-{}", uuid::Uuid::new_v4().simple()));
+    let root_text = root.to_string_lossy().into_owned();
+    let app = spawn_app_configured(move |c| {
+        c.workspace.root = root_text;
+        c.session.scope = switchboard_kit::config::SessionScope::Main;
+    })
+    .await;
+    agent_that_writes_reports(&app);
+    app.text_answered("+14155550181", "hello", 1).await;
+    // Something left in exports/ before the next person's turn (by an earlier turn, say),
+    // never sent to anyone: not theirs to get.
+    let exports = exports_of(&app.runner.calls()[0]);
+    let earlier = exports.join("someone-elses.txt");
+    std::fs::write(&earlier, "another person's notes").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&earlier)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(600))
+        .unwrap();
+
+    app.text_answered("+14155550182", "the report please", 2)
+        .await;
+    let second = app.twilio.sent()[1].clone();
+    assert_eq!(second.to, "+14155550182");
+    assert_eq!(second.media_urls.len(), 1, "{second:?}");
+    assert!(second.media_urls[0].contains("/visits.csv?"), "{second:?}");
+    assert_eq!(
+        fetch(&second.media_urls[0]).await.text().await.unwrap(),
+        REPORT
     );
     app.shutdown().await;
     let _ = std::fs::remove_dir_all(root);
@@ -281,11 +383,10 @@ async fn forgetting_the_person_makes_their_links_dead() {
     assert_eq!(fetch(&url).await.status(), 200);
     app.settle().await;
 
-    let person: String =
-        sqlx::query_scalar("SELECT person_id FROM switchboard.sessions LIMIT 1")
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
+    let person: String = sqlx::query_scalar("SELECT person_id FROM switchboard.sessions LIMIT 1")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
     app.cli_ok(&["forget", &person, "--json"]).await;
     assert_eq!(
         error_code(fetch(&url).await).await,

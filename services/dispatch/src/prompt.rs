@@ -40,6 +40,9 @@ pub struct PromptContext<'a> {
     pub shared: bool,
     /// The agent's daily notes of today and yesterday, when the session has a workspace.
     pub daily_notes: Option<DailyNotes<'a>>,
+    /// The caps of what `exports/` sends (files a reply, bytes a file), when the session has
+    /// a workspace: the agent is told where a file for the person goes.
+    pub exports: Option<(usize, u64)>,
 }
 
 /// The agent's own notes of the last two days (`memory/YYYY-MM-DD.md` in its workspace).
@@ -193,6 +196,14 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
         .iter()
         .map(|a| format!("Attachment: {a}\n"))
         .collect();
+    let exports = match ctx.exports {
+        Some((files, bytes)) => format!(
+            "Files for the person: write them into exports/ in your workspace; each new or \
+             changed file there (at most {files} a reply, {} each) is sent with your reply.\n",
+            switchboard_kit::exports::human_size(bytes)
+        ),
+        None => String::new(),
+    };
     let scheduled = if inbound.scheduled.is_empty() {
         String::new()
     } else if let Some(wakeup) = &inbound.wakeup {
@@ -265,6 +276,7 @@ pub fn build_prompt(turn: &Turn, ctx: &PromptContext<'_>) -> String {
          Authority ({ptype}): {auth}\n\
          Channel: {channel} via {provider}\n\
          {attachments}\
+         {exports}\
          {session}\
          {scheduled}\
          {sent_line}",
@@ -410,6 +422,7 @@ mod tests {
             attachments: &[],
             shared: false,
             daily_notes: None,
+            exports: None,
         }
     }
 
@@ -589,6 +602,21 @@ mod tests {
         c.memory = None;
         assert!(
             build_prompt(&turn("hello"), &c).contains("Curated memory of this person: none yet")
+        );
+    }
+
+    #[test]
+    fn an_agent_with_a_workspace_is_told_where_files_for_the_person_go() {
+        let config = PromptConfig::default();
+        assert!(!build_prompt(&turn("hi"), &ctx(&config)).contains("exports/"));
+        let c = PromptContext {
+            exports: Some((10, 5 * 1024 * 1024)),
+            ..ctx(&config)
+        };
+        let p = build_prompt(&turn("hi"), &c);
+        assert!(
+            p.contains("write them into exports/ in your workspace; each new or changed file there (at most 10 a reply, 5.0 MB each) is sent with your reply."),
+            "{p}"
         );
     }
 

@@ -487,6 +487,12 @@ impl TurnDispatcher {
                 now,
                 stale: stale.is_some(),
                 shared: lease.found.shared,
+                exports: lease.found.workspace.as_ref().map(|_| {
+                    (
+                        self.config_exports.max_exports_per_reply,
+                        self.config_exports.max_export_bytes,
+                    )
+                }),
             },
         );
         let (turn_token, api_url) = self

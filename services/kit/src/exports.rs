@@ -117,7 +117,7 @@ pub fn read_exports(
                     file: listed.name,
                     bytes: listed.bytes,
                     key: unread_key,
-                    why: format!("larger than {}", size(scan.max_bytes)),
+                    why: format!("larger than {}", human_size(scan.max_bytes)),
                 });
             }
             continue;
@@ -178,12 +178,13 @@ fn refusal_words(e: &WorkspaceFileError) -> String {
         WorkspaceFileError::Link(_) => "a link, not a file".into(),
         WorkspaceFileError::HardLinked { .. } => "a hard link, not a file of its own".into(),
         WorkspaceFileError::NotRegular { kind, .. } => format!("a {kind}, not a file"),
-        WorkspaceFileError::TooLarge { cap, .. } => format!("larger than {}", size(*cap)),
+        WorkspaceFileError::TooLarge { cap, .. } => format!("larger than {}", human_size(*cap)),
         other => other.reason().replace('_', " "),
     }
 }
 
-fn size(bytes: u64) -> String {
+/// A size as the person and the agent read it (`900 B`, `12 KB`, `5.0 MB`).
+pub fn human_size(bytes: u64) -> String {
     match bytes {
         0..1_024 => format!("{bytes} B"),
         1_024..1_048_576 => format!("{} KB", bytes / 1_024),

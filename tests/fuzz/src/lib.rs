@@ -321,6 +321,7 @@ pub fn work_payloads(data: &[u8]) {
             attachments: &[],
             shared: false,
             daily_notes: None,
+            exports: None,
         };
         let prompt = build_prompt(&turn, &ctx);
         let msg = turn.message.clone().unwrap_or_default();
