@@ -311,3 +311,189 @@ async fn the_readmes_memory_walkthrough_works_as_written_on_the_example_configur
     assert_eq!(gone["status"], "done", "{gone}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The README's "Try it" commands, one per logical line (continuations joined, comments left
+/// to the shell), with the gateway's port in place of 8080.
+fn readme_try_it_lines(http_port: u16) -> Vec<String> {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let section = readme.split("## Try it").nth(1).expect("a Try it section");
+    let block = section
+        .split("```sh")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("its shell block");
+    let mut lines = Vec::new();
+    let mut pending = String::new();
+    for line in block.lines() {
+        if pending.is_empty() && (line.trim().is_empty() || line.trim_start().starts_with('#')) {
+            continue;
+        }
+        if let Some(head) = line.strip_suffix('\\') {
+            pending.push_str(head);
+            continue;
+        }
+        pending.push_str(line);
+        lines.push(pending.replace("127.0.0.1:8080", &format!("127.0.0.1:{http_port}")));
+        pending.clear();
+    }
+    lines
+}
+
+/// A second terminal of `checkout`: a shell with nothing of ours in its environment (no `SB_*`,
+/// no `RUST_LOG`), only `KEY` once a line set it.
+fn bare_shell(checkout: &Path, line: &str, key: Option<&str>) -> (bool, String, String) {
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(line).current_dir(checkout).env_clear();
+    for keep in ["PATH", "HOME", "LANG"] {
+        if let Some(v) = std::env::var_os(keep) {
+            cmd.env(keep, v);
+        }
+    }
+    if let Some(key) = key {
+        cmd.env("KEY", key);
+    }
+    let out = cmd.output().expect("run bash");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_try_it_runs_line_by_line_from_a_bare_second_shell() {
+    // A checkout with `make run`'s stack up: the stack's env file as it writes it (the test
+    // stack's servers, a database of this test's own, the embedder's files), the example
+    // configuration (its own ports and subjects), and the binary where the README runs it.
+    let checkout =
+        std::env::temp_dir().join(format!("sb-try-it-{}", uuid::Uuid::new_v4().simple()));
+    let creds = checkout.join(".stack/run/credentials");
+    std::fs::create_dir_all(&creds).unwrap();
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} (the test stack's)"));
+    let mut env = format!(
+        "export SB_NATS_URL={}\nexport SB_DATABASE_URL={}\n",
+        var("SB_NATS_URL"),
+        fresh_database(&var("SB_DATABASE_URL")).await
+    );
+    for key in [
+        "SB_EMBEDDING__MODEL_DIR",
+        "SB_EMBEDDING__ONNX_RUNTIME",
+        "SB_EMBEDDING__ONNX_MODEL",
+        "SB_EMBEDDING__STATIC_DIR",
+    ] {
+        if let Ok(value) = std::env::var(key) {
+            env.push_str(&format!("export {key}='{value}'\n"));
+        }
+    }
+    write_private(&creds.join("env"), &env).unwrap();
+    let port = || switchboard_kit::net::free_port("127.0.0.1").expect("a free port");
+    let (http, admin) = (port(), port());
+    let example = std::fs::read_to_string(repo().join("switchboard.toml")).unwrap();
+    let prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    write_private(
+        &checkout.join("switchboard.toml"),
+        &format!(
+            "subject_prefix = \"{prefix}\"\n{}",
+            example
+                .replace("127.0.0.1:8080", &format!("127.0.0.1:{http}"))
+                .replace("127.0.0.1:8081", &format!("127.0.0.1:{admin}"))
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(checkout.join("target/debug")).unwrap();
+    std::os::unix::fs::symlink(switchboard_bin(), checkout.join("target/debug/switchboard"))
+        .unwrap();
+
+    // `make run`'s first terminal: `switchboard up` from the checkout, nothing set either.
+    let mut up = Command::new(switchboard_bin());
+    up.arg("up").current_dir(&checkout).env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        up.env("PATH", path);
+    }
+    let mut up = tokio::process::Command::from(up)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start switchboard up");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            up.try_wait().unwrap().is_none(),
+            "switchboard up exited before it was ready"
+        );
+        if reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "switchboard up did not get ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let lines = readme_try_it_lines(http);
+    assert_eq!(lines.len(), 10, "{lines:#?}");
+    let mut key: Option<String> = None;
+    let mut said = Vec::new();
+    for line in &lines {
+        let found_by_meaning = line.contains(" search ");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (stdout, stderr) = loop {
+            let run = if line.starts_with("KEY=") {
+                format!("{line} && printf %s \"$KEY\"")
+            } else {
+                line.clone()
+            };
+            let (ok, stdout, stderr) = bare_shell(&checkout, &run, key.as_deref());
+            assert!(ok, "{line}\n{stdout}{stderr}");
+            // The memory workers run beside the reply: the README's search waits for them.
+            if !found_by_meaning || stdout.contains("Sundays") || Instant::now() > deadline {
+                break (stdout, stderr);
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        assert!(
+            !stderr.contains(" INFO ") && !stderr.contains("\"level\":\"INFO\""),
+            "a command logs nothing below WARN unless asked: {line}\n{stderr}"
+        );
+        if line.starts_with("KEY=") {
+            key = Some(stdout.clone());
+        }
+        said.push(stdout);
+    }
+    let expect = |i: usize, needle: &str| {
+        assert!(
+            said[i].contains(needle),
+            "{} printed {:?}, not {needle:?}",
+            lines[i],
+            said[i]
+        );
+    };
+    expect(
+        0,
+        r#"you said "Hello Reggie". Turn 1 of engine session demo-"#,
+    );
+    expect(1, "by textmagic");
+    expect(1, "Turn 2 of engine session demo-");
+    expect(2, "Hello from the dashboard");
+    assert!(
+        key.as_deref().is_some_and(|k| k.starts_with("sb_")),
+        "{key:?}"
+    );
+    expect(4, r#""status":"answered""#);
+    expect(5, "I will remember: I can't work Sundays");
+    expect(6, "Sundays");
+    assert!(!said[6].contains("ranked by words only"), "{}", said[6]);
+    expect(7, "reggie");
+    assert_eq!(said[8].lines().count(), 5, "{}", said[8]);
+    for event in said[8].lines() {
+        serde_json::from_str::<serde_json::Value>(event).expect("a JSON line");
+    }
+    expect(9, "forgot phone:+14155550100");
+    let _ = up.kill().await;
+    let _ = std::fs::remove_dir_all(&checkout);
+}

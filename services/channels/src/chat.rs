@@ -302,7 +302,7 @@ pub enum ServerFrame {
         sent_at: String,
         /// Files the agent left for the person: name, content type, size, a signed link
         /// that works until `expires_at`.
-        #[serde(skip_serializing_if = "Vec::is_empty")]
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         attachments: Vec<switchboard_kit::exports::ExportLink>,
     },
     /// Switchboard telling the person something while their message waits (the agent's host

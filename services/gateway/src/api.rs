@@ -132,7 +132,7 @@ pub struct ReplyView {
     pub sent_at: String,
     /// Files the agent left for the person: name, content type, size, a signed link that
     /// works until `expires_at`.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<switchboard_kit::exports::ExportLink>,
 }
 

@@ -14,8 +14,25 @@ pub fn init(
     telemetry: &switchboard_trace::TelemetryConfig,
     service: &str,
 ) -> Result<switchboard_trace::Traces, switchboard_trace::TraceError> {
+    init_at(SERVICE_LOG_LEVELS, format, telemetry, service)
+}
+
+/// What a running service logs unless `RUST_LOG` says otherwise.
+pub const SERVICE_LOG_LEVELS: &str = "info,sqlx=warn,async_nats=warn";
+
+/// What a one-off command (`switchboard search`, `sessions list`, …) logs unless `RUST_LOG`
+/// says otherwise: warnings and errors only, so its output is what it answered.
+pub const COMMAND_LOG_LEVELS: &str = "warn";
+
+/// [`init`] with `default_levels` in place of the service's (`RUST_LOG` still wins).
+pub fn init_at(
+    default_levels: &str,
+    format: crate::config::LogFormat,
+    telemetry: &switchboard_trace::TelemetryConfig,
+    service: &str,
+) -> Result<switchboard_trace::Traces, switchboard_trace::TraceError> {
     switchboard_trace::init(
-        "info,sqlx=warn,async_nats=warn",
+        default_levels,
         format == crate::config::LogFormat::Json,
         telemetry,
         service,

@@ -33,6 +33,10 @@ struct Cli {
     /// Configuration file (default: $SB_CONFIG, else ./switchboard.toml).
     #[arg(long, global = true)]
     config: Option<std::path::PathBuf>,
+    /// Log what a command does (info; -vv: debug). A command logs only warnings by default;
+    /// `up`, `worker` and `gateway` log info. `RUST_LOG` wins over both.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -271,7 +275,20 @@ async fn main() -> anyhow::Result<()> {
         Command::Gateway => "switchboard-gateway".to_string(),
         _ => "switchboard".to_string(),
     };
-    let _traces = switchboard_kit::telemetry::init(config.log_format, &config.telemetry, &service)?;
+    let levels = match (&cli.command, cli.verbose) {
+        (Command::Up | Command::Worker { .. } | Command::Gateway, 0) => {
+            switchboard_kit::telemetry::SERVICE_LOG_LEVELS
+        }
+        (_, 0) => switchboard_kit::telemetry::COMMAND_LOG_LEVELS,
+        (_, 1) => switchboard_kit::telemetry::SERVICE_LOG_LEVELS,
+        _ => "debug,sqlx=info,async_nats=info",
+    };
+    let _traces = switchboard_kit::telemetry::init_at(
+        levels,
+        config.log_format,
+        &config.telemetry,
+        &service,
+    )?;
     if let Some(env) = local_stack {
         tracing::debug!(file = %env.display(), "using the embedded stack's credentials");
     }
