@@ -79,3 +79,54 @@ async fn a_stage_added_by_one_module_and_one_line_sees_every_logged_message_of_a
         "the runtime counts the toy stage's outcomes like any other's: {handled_ok:?}"
     );
 }
+
+/// Every file outside a stage's crate that names it, for a stage nothing else uses (the
+/// categoriser and the summariser): this page must name each, so a newcomer touches them all.
+#[test]
+fn the_guide_names_every_file_a_new_stage_touches() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let guide = std::fs::read_to_string(repo.join("docs/adding-a-stage.md")).unwrap();
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "toml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = vec![repo.join("Cargo.toml")];
+    walk(&repo.join("services"), &mut files);
+    for stage in ["categorise", "summary"] {
+        let (dash, snake) = (
+            format!("switchboard-{stage}"),
+            format!("switchboard_{stage}"),
+        );
+        let own = repo.join("services").join(stage);
+        let touched: Vec<String> = files
+            .iter()
+            .filter(|f| !f.starts_with(&own))
+            .filter(|f| {
+                let text = std::fs::read_to_string(f).unwrap_or_default();
+                text.contains(&dash) || text.contains(&snake)
+            })
+            .map(|f| {
+                f.strip_prefix(&repo)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        assert!(touched.len() >= 3, "{stage}: {touched:?}");
+        for file in &touched {
+            assert!(
+                guide.contains(&format!("`{file}`")),
+                "docs/adding-a-stage.md does not name {file}, which the {stage} stage touches"
+            );
+        }
+    }
+}
