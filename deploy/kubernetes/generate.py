@@ -39,6 +39,8 @@ WORKERS = [
     ("forget", [("forget-sweep", WORK_STREAM)], "50m", "64Mi", "256Mi", 10, 2),
     ("embed", [("embed", EVENTS_STREAM)], "1", "512Mi", "1536Mi", 500, 8),
     ("categorise", [("categorise", EVENTS_STREAM)], "100m", "64Mi", "256Mi", 500, 4),
+    # Escalations: one row per labelled exchange that asks for a person; light work.
+    ("escalate", [("escalate", EVENTS_STREAM)], "50m", "64Mi", "256Mi", 500, 2),
     ("summary", [("summary", EVENTS_STREAM)], "100m", "64Mi", "256Mi", 500, 4),
 ]
 # dispatch also scales on the runner calls it holds (its consumer's messages in hand:

@@ -32,6 +32,7 @@ mod deploy_files;
 mod embedding;
 mod embedding_onnx;
 mod embedding_static;
+mod escalations;
 mod exports;
 mod forget;
 mod forget_jobs;

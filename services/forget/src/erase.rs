@@ -19,6 +19,7 @@
 //! | `summaries`, `memories` | `summaries`, `memories` | their ids, their sessions' memory keys |
 //! | `wakeups` | `wakeups` (the agent's notes to come back to them) | their ids, their sessions |
 //! | `exports` | `exports` (files the agent left for them, `exports/`) | their ids, their sessions |
+//! | `escalations` | `escalations` (exchanges of theirs that asked for a person) | their ids, their sessions |
 //! | `session_events`, `turns`, `sessions` | the session tables | their sessions |
 //! | `chat_uploads` | `chat_uploads` | owner: one of their chat logins |
 //! | `arrival_cursors` | `arrival_cursors` | (channel, sender) of theirs |
@@ -352,6 +353,15 @@ async fn erase_rows(
         "exports",
         sqlx::query!(
             "DELETE FROM switchboard.exports WHERE person_id = ANY($1) OR session_id = ANY($2)",
+            ids,
+            sessions,
+        )
+    );
+    erase!(
+        "escalations",
+        sqlx::query!(
+            "DELETE FROM switchboard.escalations
+              WHERE person_id = ANY($1) OR session_id = ANY($2)",
             ids,
             sessions,
         )

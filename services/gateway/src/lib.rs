@@ -9,6 +9,7 @@ pub mod analytics_api;
 pub mod api;
 pub mod chat;
 pub mod console;
+pub mod escalations_api;
 pub mod exports_api;
 pub mod forget_api;
 pub mod hub;
@@ -211,6 +212,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(forget_api::routes())
         .merge(wakeups_api::routes())
         .merge(exports_api::routes())
+        .merge(escalations_api::routes())
         // A server span per request, the root of a turn's trace (a caller's traceparent is
         // linked, not continued: this is the public edge), which the published message
         // carries on.

@@ -133,6 +133,10 @@ pub enum SessionEventKind {
     WakeupCancelled,
     /// A wake-up could not fire (the person had no channel to reach them on).
     WakeupFailed,
+    /// An exchange got one of `[escalation] labels`: a person should step in (label, reply).
+    Escalated,
+    /// An operator acknowledged an escalation (who, which).
+    EscalationAcknowledged,
 }
 
 /// The journal key of a session's wait for its agent's runner, told by the notice `notice`.

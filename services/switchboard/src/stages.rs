@@ -13,6 +13,7 @@ pub const ALL: &[Registration] = &[
     switchboard_deliver::STAGE,
     switchboard_embed::STAGE,
     switchboard_categorise::STAGE,
+    switchboard_escalate::STAGE,
     switchboard_summary::STAGE,
     switchboard_forget::STAGE,
 ];

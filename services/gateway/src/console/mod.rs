@@ -74,6 +74,7 @@ pub fn router(mut state: GatewayState, stages: &'static [Registration]) -> Route
         .merge(crate::sessions_api::routes())
         .merge(crate::search_api::routes())
         .merge(crate::analytics_api::routes())
+        .merge(crate::escalations_api::routes())
         .with_state(state)
 }
 

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 mod agents;
 mod chat;
 mod dispatch;
+mod escalation;
 mod gateway;
 mod identity;
 /// Public so that `lib.rs` can keep it at `memory_config`, the path the memory crates name.
@@ -31,6 +32,7 @@ mod webhooks;
 pub use agents::{AgentConfig, ChannelConfig, QueueMode};
 pub use chat::ChatConfig;
 pub use dispatch::{DispatchConfig, StaleTurns};
+pub use escalation::EscalationConfig;
 pub use gateway::{ApiConfig, GatewayConfig, RateLimitConfig};
 pub use identity::{
     ContactKind, IdentityConfig, IdentityLookup, LinkProofConfig, ProofSmsProvider, SmsSender,
@@ -109,6 +111,8 @@ pub struct Config {
     pub retention: RetentionConfig,
     /// `[wakeups]`: the wake-ups agents schedule for themselves.
     pub wakeups: WakeupsConfig,
+    /// `[escalation]`: the labels that ask for a person to step in.
+    pub escalation: EscalationConfig,
 }
 
 impl Default for Config {
@@ -161,6 +165,7 @@ impl Default for Config {
             telemetry: Default::default(),
             retention: RetentionConfig::default(),
             wakeups: WakeupsConfig::default(),
+            escalation: EscalationConfig::default(),
         }
     }
 }
@@ -484,6 +489,19 @@ impl Config {
                      the console",
                 ));
             }
+        }
+        if let Some(unknown) = self
+            .escalation
+            .labels
+            .iter()
+            .find(|l| !self.categorise.labels.iter().any(|c| &c.name == *l))
+        {
+            return Err(ConfigError::invalid(
+                "escalation.labels",
+                format!(
+                    "{unknown:?} is not one of [categorise] labels, so no exchange could get it"
+                ),
+            ));
         }
         if self.runtime.turn_partitions == 0 {
             return Err(ConfigError::invalid(

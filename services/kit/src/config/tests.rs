@@ -411,3 +411,20 @@ fn an_agent_may_have_a_scope_of_its_own_but_an_identitys_variants_share_one() {
     let err = format!("{:#}", parse(&agents("scope = \"mian\"", "")).unwrap_err());
     assert!(err.contains("mian"), "{err}");
 }
+
+#[test]
+fn an_escalation_label_no_exchange_can_get_is_refused_at_load() {
+    assert_eq!(
+        parse("").unwrap().escalation.labels,
+        ["escalation", "incident_report"]
+    );
+    assert!(parse("[escalation]\nlabels = []").is_ok());
+    let err = format!(
+        "{:#}",
+        parse("[escalation]\nlabels = [\"incident\"]").unwrap_err()
+    );
+    assert!(
+        err.contains("escalation.labels") && err.contains("\"incident\""),
+        "{err}"
+    );
+}
