@@ -247,3 +247,69 @@ async fn an_incident_texted_or_a_manager_asked_for_in_chat_is_escalated_once_and
     assert_eq!(journal[1].1["by"], "nurse-lead");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn console_an_escalation_heads_the_queue_with_the_conversation_and_is_acknowledged_there() {
+    let (app, _model) = app_with_a_labelling_model().await;
+    app.text_answered(ANA, "the fire door is broken", 1).await;
+    let key = app
+        .api_key(
+            "ops-desk",
+            &[
+                "sessions:read",
+                "search:read",
+                "analytics:read",
+                "ops:read",
+                "ops:write",
+            ],
+        )
+        .await;
+    let raised = queue_of(&app, &key, 1).await;
+
+    let browser = switchboard_e2e::browser::Browser::start("escalations_console").await;
+    browser.goto(&format!("{}/console", app.admin_url)).await;
+    browser.type_into("#login-key", &key).await;
+    browser.click("#login-form button").await;
+    let queue = browser
+        .texts_until(
+            "#escalations-list > li",
+            "the escalation in the queue",
+            |t| t.len() == 1 && t[0].contains("incident report"),
+        )
+        .await;
+    assert!(queue[0].contains(&format!("phone:{ANA}")), "{queue:?}");
+    assert!(queue[0].contains("the fire door is broken"), "{queue:?}");
+    assert!(queue[0].contains("reggie_oc"), "{queue:?}");
+    browser.screenshot("queue").await;
+
+    // The conversation, with the escalation in its journal.
+    browser.click("#escalations-list button.open").await;
+    browser
+        .texts_until("#transcript li.journal", "the journal entry", |t| {
+            t.iter().any(|t| t.contains("escalated"))
+        })
+        .await;
+    browser.screenshot("conversation").await;
+    browser.click("#transcript-back").await;
+    browser
+        .texts_until("#escalations-list > li", "the queue again", |t| {
+            t.len() == 1 && t[0].contains("Acknowledge")
+        })
+        .await;
+
+    browser.click("#escalations-list button.acknowledge").await;
+    browser
+        .texts_until("#escalations-list > li", "the queue emptied", |t| {
+            t == ["No open escalations."]
+        })
+        .await;
+    browser.screenshot("acknowledged").await;
+    let (_, all) = get(&app, &key, "/api/v1/escalations?status=all").await;
+    assert_eq!(all["escalations"][0]["id"], raised[0]["id"]);
+    assert_eq!(
+        all["escalations"][0]["acknowledged_by"], "ops-desk",
+        "{all}"
+    );
+    browser.close().await;
+    app.shutdown().await;
+}

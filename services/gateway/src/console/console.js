@@ -134,7 +134,63 @@ function sessionQuery() {
   return q;
 }
 
+// ---- escalations: the queue above the sessions, open ones longest waiting first ----
+let escalationsDrawn = null;
+async function loadEscalations() {
+  let body;
+  try {
+    body = await api("/api/v1/escalations?status=open&limit=50");
+  } catch (e) {
+    // A sign-in without ops:read sees the sessions alone.
+    if (e instanceof ApiError && e.status === 403) {
+      $("#escalations").hidden = true;
+      return;
+    }
+    throw e;
+  }
+  $("#escalations").hidden = false;
+  // Drawn again only when it changed: a refresh must not swap a button under the pointer.
+  const drawn = JSON.stringify(body.escalations.map((x) => [x.id, x.last_messages.length]));
+  if (drawn === escalationsDrawn) return;
+  escalationsDrawn = drawn;
+  const items = body.escalations.map((x) =>
+    el(
+      "li",
+      { "data-escalation": x.id, "data-label": x.label },
+      el(
+        "div",
+        { class: "head" },
+        el("strong", {}, x.label.replaceAll("_", " ")),
+        ` · ${x.person_name ? `${x.person_name} (${x.person_id})` : x.person_id} · ${x.agent} · ${x.channel} · raised ${when(x.raised_at)}`,
+      ),
+      el(
+        "ol",
+        { class: "recent" },
+        ...x.last_messages.map((m) => el("li", { class: m.direction }, `${m.direction === "inbound" ? "them" : x.agent}: ${m.text}`)),
+      ),
+      el(
+        "div",
+        { class: "actions" },
+        el("button", { type: "button", class: "open", onclick: () => openTranscript(x.session_id) }, "Open conversation"),
+        el("button", { type: "button", class: "acknowledge", "aria-label": `Acknowledge the ${x.label} of ${x.person_id}`, onclick: () => acknowledge(x.id) }, "Acknowledge"),
+      ),
+    ),
+  );
+  $("#escalations-list").replaceChildren(...(items.length ? items : [el("li", { class: "none" }, "No open escalations.")]));
+}
+
+async function acknowledge(id) {
+  try {
+    const x = await api(`/api/v1/escalations/${id}/acknowledge`, { method: "POST" });
+    $("#live").textContent = `Escalation acknowledged by ${x.acknowledged_by}`;
+    await loadEscalations();
+  } catch (e) {
+    showError(e);
+  }
+}
+
 async function loadSessions() {
+  await loadEscalations();
   const body = await api(`/api/v1/sessions?${sessionQuery()}`);
   const rows = body.sessions.map((s) =>
     el(
