@@ -50,6 +50,7 @@ mod memory_scopes;
 mod message_marks;
 mod migration_compat;
 mod migrations;
+mod module_graph;
 mod nats_cluster;
 mod ordered_dispatch;
 mod outbound;

@@ -8,15 +8,15 @@ use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
 use switchboard_channels::api::Scope;
 use switchboard_memory::analytics::{AnalyticsError, AnalyticsQuery, categories};
 
-use crate::api::{caller, refuse, unavailable};
+use crate::auth::Key;
 use crate::query_params::{bad, given, query, time};
+use crate::refusal::{refuse, unavailable};
 use crate::{GatewayState, Refused};
 
 pub fn routes() -> Router<GatewayState> {
@@ -34,13 +34,10 @@ struct Params {
 
 async fn category_counts(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    Key(caller): Key,
     q: Result<Query<Params>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    caller(&state, &headers)
-        .await?
-        .require(Scope::AnalyticsRead)
-        .map_err(refuse)?;
+    caller.require(Scope::AnalyticsRead).map_err(refuse)?;
     let p = query(q)?;
     let q = AnalyticsQuery {
         from: time("from", p.from)?,

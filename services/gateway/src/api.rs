@@ -10,16 +10,15 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
-use switchboard_channels::api::{self, ApiCaller, Scope};
+use switchboard_channels::api::{self, Scope};
 use switchboard_channels::{ApiError, MailboxEntry, Received, client_message_key};
 use switchboard_kit::proto::Person;
 use switchboard_kit::status::{DeliveryStatus, TurnStatus};
-use switchboard_kit::turn_token::{self, TurnClaims};
 use uuid::Uuid;
 
-use crate::{
-    Accept, GatewayState, Published, Refused, check_agent, publish, read_body, refused_on,
-};
+use crate::auth::{Key, KeyOrTurn};
+use crate::refusal::{refuse, unavailable};
+use crate::{Accept, GatewayState, Published, Refused, check_agent, publish, read_body};
 
 pub fn routes() -> Router<GatewayState> {
     Router::new()
@@ -30,84 +29,11 @@ pub fn routes() -> Router<GatewayState> {
 /// How often a waiting request reads the mailbox itself, in case the announcement is lost.
 const WAIT_POLL: Duration = Duration::from_secs(1);
 
-pub(crate) fn refuse(e: ApiError) -> Refused {
-    refused_on(api::CHANNEL, api::PROVIDER, e)
-}
-
-/// The credential of `Authorization: Bearer <credential>` (API keys, chat tokens).
-pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-}
-
 /// The `Idempotency-Key` header (a value that is not text reads as one that fails the check).
 pub(crate) fn idempotency_header(headers: &HeaderMap) -> Option<&str> {
     headers
         .get("idempotency-key")
         .map(|v| v.to_str().unwrap_or("\u{fffd}"))
-}
-
-/// The caller an API key names. An agent's turn token is refused here (after it is checked):
-/// only the routes that confine a turn to its person ask for [`key_or_turn`] instead, so a
-/// route nobody thought about stays closed to agents.
-pub(crate) async fn caller(
-    state: &GatewayState,
-    headers: &HeaderMap,
-) -> Result<ApiCaller, Refused> {
-    match key_or_turn(state, headers).await? {
-        (caller, None) => Ok(caller),
-        (_, Some(_)) => Err(refuse(ApiError::forbidden(
-            "turn_token_not_allowed",
-            "a turn token reaches only its person's search, memory, sessions, outbound \
-             messages and wake-ups (docs/agent-tools.md), not this route",
-        ))),
-    }
-}
-
-/// The caller behind an API key, or an agent's turn token (`sbt_…`): then a caller with the
-/// token's scopes and the token's claims, which the route must confine the request to. An
-/// expired or altered token is 401 with the reason.
-pub(crate) async fn key_or_turn(
-    state: &GatewayState,
-    headers: &HeaderMap,
-) -> Result<(ApiCaller, Option<TurnClaims>), Refused> {
-    let credential = bearer(headers).map(str::trim);
-    if let Some(console) = &state.console_jwts
-        && let Some(jwt) =
-            credential.filter(|c| !c.starts_with(turn_token::PREFIX) && c.matches('.').count() == 2)
-    {
-        return console.operator(jwt).map(|caller| (caller, None));
-    }
-    let Some(token) = credential.filter(|c| c.starts_with(turn_token::PREFIX)) else {
-        let caller = state
-            .api_keys
-            .authenticate(credential)
-            .await
-            .map_err(refuse)?;
-        return Ok((caller, None));
-    };
-    let tokens = state.turn_tokens.get().await.map_err(unavailable)?;
-    let claims = tokens.verify(token).map_err(|e| {
-        refuse(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_turn_token",
-            e.to_string(),
-        ))
-    })?;
-    let caller = ApiCaller {
-        key_id: Uuid::nil(),
-        // Its own owner per agent and person: its Idempotency-Keys and messages are its own.
-        owner: format!("turn.{}.{}", claims.agent, claims.sub),
-        scopes: claims.scopes.clone(),
-    };
-    Ok((caller, Some(claims)))
-}
-
-/// 403 for a turn's request about someone or something outside its turn.
-pub(crate) fn outside_turn(message: impl Into<String>) -> Refused {
-    refuse(ApiError::forbidden("outside_turn", message))
 }
 
 /// Where a message stands, as both routes answer it.
@@ -146,15 +72,6 @@ impl From<&MailboxEntry> for ReplyView {
             attachments: e.attachments.0.clone(),
         }
     }
-}
-
-pub(crate) fn unavailable(e: impl std::fmt::Display) -> Refused {
-    tracing::error!(error = %e, "API request could not be served");
-    Refused(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "unavailable",
-        "try again",
-    ))
 }
 
 /// The API route a request was sent to: an Idempotency-Key is the caller's own per route, so
@@ -200,10 +117,10 @@ pub(crate) async fn record_request(
 
 async fn send_message(
     State(state): State<GatewayState>,
+    Key(caller): Key,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refused> {
-    let caller = caller(&state, &headers).await?;
     caller.require(Scope::MessagesWrite).map_err(refuse)?;
     let body = read_body(&headers, body, state.config.gateway.max_body_bytes)
         .await
@@ -305,12 +222,11 @@ async fn send_message(
 
 async fn message_status(
     State(state): State<GatewayState>,
+    KeyOrTurn { caller, .. }: KeyOrTurn,
     Path(correlation_id): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Response, Refused> {
     // A turn's token too: it follows the follow-ups it sent (the owner check below confines it
     // to them).
-    let (caller, _) = key_or_turn(&state, &headers).await?;
     // Whoever may send a message may follow it (agent-started ones included).
     caller
         .require_any(&[

@@ -74,30 +74,6 @@ async fn connect_on(
     open(state, params, Some(channel), headers, slot, ws).await
 }
 
-/// The chat user a request's token names (`Authorization: Bearer` or `?token=`), checked
-/// before anything else is done for it (the socket and uploads alike); refusals are counted.
-pub(crate) fn authenticate(
-    state: &GatewayState,
-    headers: &HeaderMap,
-    query_token: Option<&str>,
-) -> Result<ChatUser, Refused> {
-    let refuse = |e| refused_on("chat", chat::PROVIDER, e);
-    let Some(tokens) = state.chat_tokens.clone() else {
-        return Err(refuse(ApiError::forbidden(
-            "not_configured",
-            "chat is not configured (chat.jwt_secret or chat.jwt_public_key)",
-        )));
-    };
-    let token = crate::api::bearer(headers).or(query_token).ok_or_else(|| {
-        refuse(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_token",
-            "a token is required: Authorization: Bearer <jwt> or ?token=<jwt>",
-        ))
-    })?;
-    tokens.verify(token.trim()).map_err(refuse)
-}
-
 async fn open(
     State(state): State<GatewayState>,
     params: ConnectParams,
@@ -119,7 +95,7 @@ async fn open(
                 ))
             })?,
     };
-    let user = authenticate(&state, &headers, params.token.as_deref())?;
+    let user = crate::auth::chat_user(&state, &headers, params.token.as_deref())?;
     let ws = ws.map_err(|e| {
         refuse(ApiError::new(
             StatusCode::UPGRADE_REQUIRED,

@@ -13,7 +13,7 @@ use axum::Json;
 use axum::Router;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -22,8 +22,9 @@ use switchboard_channels::api::Scope;
 use switchboard_escalate::store::{self, Acknowledged, Listed};
 use uuid::Uuid;
 
-use crate::api::{caller, refuse, unavailable};
+use crate::auth::Key;
 use crate::query_params::{bad, given, query, query_limit};
+use crate::refusal::{refuse, unavailable};
 use crate::{GatewayState, Refused};
 
 pub fn routes() -> Router<GatewayState> {
@@ -46,13 +47,10 @@ struct ListParams {
 
 async fn list(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    Key(caller): Key,
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    caller(&state, &headers)
-        .await?
-        .require(Scope::OpsRead)
-        .map_err(refuse)?;
+    caller.require(Scope::OpsRead).map_err(refuse)?;
     let p = query(params)?;
     let which = match given(p.status).as_deref() {
         None | Some("open") => Listed::Open,
@@ -75,10 +73,9 @@ async fn list(
 
 async fn acknowledge(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    Key(c): Key,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Refused> {
-    let c = caller(&state, &headers).await?;
     c.require(Scope::OpsWrite).map_err(refuse)?;
     let not_found = |shown: &str| {
         refuse(ApiError::new(

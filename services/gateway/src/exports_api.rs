@@ -60,7 +60,7 @@ async fn download(
         .export_links
         .get()
         .await
-        .map_err(crate::api::unavailable)?;
+        .map_err(crate::refusal::unavailable)?;
     match links.verify(id, exp, &sig, Utc::now()) {
         Ok(()) => {}
         Err(LinkRefused::Forged) => {
@@ -90,7 +90,7 @@ async fn download(
     )
     .fetch_optional(&state.db)
     .await
-    .map_err(crate::api::unavailable)?
+    .map_err(crate::refusal::unavailable)?
     .ok_or_else(not_found)?;
     metrics::counter!("sb_gateway_exports_served_total").increment(1);
     let disposition = if exports::shown_inline(&served.content_type) {

@@ -10,14 +10,15 @@
 use axum::Json;
 use axum::Router;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use switchboard_channels::ApiError;
 use switchboard_channels::api::Scope;
 use switchboard_forget::{ErasureJob, ForgetError, JobStatus, forget, job};
 
-use crate::api::{caller, refuse, unavailable};
+use crate::auth::Key;
+use crate::refusal::{refuse, unavailable};
 use crate::{GatewayState, Refused};
 
 pub fn routes() -> Router<GatewayState> {
@@ -28,10 +29,9 @@ pub fn routes() -> Router<GatewayState> {
 
 async fn forget_person(
     State(state): State<GatewayState>,
+    Key(caller): Key,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Response, Refused> {
-    let caller = caller(&state, &headers).await?;
     caller.require(Scope::PeopleForget).map_err(refuse)?;
     let rt = &state.runtime;
     let by = format!("api:{}", caller.owner);
@@ -59,10 +59,9 @@ async fn forget_person(
 
 async fn erasure_status(
     State(state): State<GatewayState>,
+    Key(caller): Key,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Response, Refused> {
-    let caller = caller(&state, &headers).await?;
     caller.require(Scope::PeopleForget).map_err(refuse)?;
     let unknown = || {
         refuse(ApiError::new(

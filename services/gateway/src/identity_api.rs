@@ -15,12 +15,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
 use serde::{Deserialize, Serialize};
 use switchboard_channels::ApiError;
-use switchboard_channels::api::{ApiCaller, Scope};
+use switchboard_channels::api::Scope;
 use switchboard_identify::links::{
     AuditEntry, IdentityLinks, Link, LinkAction, LinkError, Outcome, Request,
 };
 
-use crate::api::{caller, refuse, unavailable};
+use crate::auth::Key;
+use crate::refusal::{refuse, unavailable};
 use crate::{GatewayState, Refused, read_body};
 
 pub fn routes() -> Router<GatewayState> {
@@ -92,12 +93,6 @@ fn refused(e: LinkError) -> Refused {
     }
 }
 
-async fn writer(state: &GatewayState, headers: &HeaderMap) -> Result<ApiCaller, Refused> {
-    let caller = caller(state, headers).await?;
-    caller.require(Scope::IdentityWrite).map_err(refuse)?;
-    Ok(caller)
-}
-
 /// `recorded` with the audit entry when something changed (201 for a link or merge made; 200
 /// for an unlink, which creates nothing), else 200 `unchanged`.
 fn answer(action: LinkAction, outcome: Outcome) -> Response {
@@ -132,11 +127,12 @@ async fn read_link_body(
 
 async fn act(
     state: GatewayState,
+    Key(caller): Key,
     headers: HeaderMap,
     body: Body,
     action: LinkAction,
 ) -> Result<Response, Refused> {
-    let caller = writer(&state, &headers).await?;
+    caller.require(Scope::IdentityWrite).map_err(refuse)?;
     let body = read_link_body(&state, &headers, body).await?;
     let actor = format!("api:{}", caller.owner);
     let request = Request {
@@ -151,27 +147,29 @@ async fn act(
 
 async fn link(
     State(state): State<GatewayState>,
+    key: Key,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refused> {
-    act(state, headers, body, LinkAction::Link).await
+    act(state, key, headers, body, LinkAction::Link).await
 }
 
 async fn merge(
     State(state): State<GatewayState>,
+    key: Key,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refused> {
-    act(state, headers, body, LinkAction::Merge).await
+    act(state, key, headers, body, LinkAction::Merge).await
 }
 
 async fn unlink(
     State(state): State<GatewayState>,
+    Key(caller): Key,
     Path((from, to)): Path<(String, String)>,
     Query(query): Query<ReasonQuery>,
-    headers: HeaderMap,
 ) -> Result<Response, Refused> {
-    let caller = writer(&state, &headers).await?;
+    caller.require(Scope::IdentityWrite).map_err(refuse)?;
     let actor = format!("api:{}", caller.owner);
     let request = Request {
         from: &from,
@@ -185,10 +183,9 @@ async fn unlink(
 
 async fn list(
     State(state): State<GatewayState>,
+    Key(caller): Key,
     Query(query): Query<ListQuery>,
-    headers: HeaderMap,
 ) -> Result<Response, Refused> {
-    let caller = caller(&state, &headers).await?;
     caller
         .require_any(&[Scope::IdentityRead, Scope::IdentityWrite])
         .map_err(refuse)?;

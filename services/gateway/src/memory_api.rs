@@ -23,8 +23,9 @@ use switchboard_channels::ApiError;
 use switchboard_channels::api::Scope;
 use switchboard_memory::curated::{CUT_MARKER, CuratedMemory, MemoryStore};
 
-use crate::api::{key_or_turn, outside_turn, refuse, unavailable};
+use crate::auth::{KeyOrTurn, outside_turn};
 use crate::query_params::{bad, query};
+use crate::refusal::{refuse, unavailable};
 use crate::{GatewayState, Refused, read_body};
 use switchboard_kit::turn_token::TurnClaims;
 
@@ -106,11 +107,10 @@ fn shown(m: &CuratedMemory) -> serde_json::Value {
 
 async fn show(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     Path(person): Path<String>,
     which: Result<Query<Which>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::MemoryRead).map_err(refuse)?;
     let which = query(which)?;
     let which = confine(turn.as_ref(), &person, which.identity)?;
@@ -137,12 +137,12 @@ async fn show(
 
 async fn replace(
     State(state): State<GatewayState>,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     headers: HeaderMap,
     Path(person): Path<String>,
     which: Result<Query<Which>, QueryRejection>,
     body: Body,
 ) -> Result<Response, Refused> {
-    let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::MemoryWrite).map_err(refuse)?;
     let which = query(which)?;
     let which = confine(turn.as_ref(), &person, which.identity)?;

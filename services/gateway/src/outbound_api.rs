@@ -29,9 +29,9 @@ use switchboard_channels::api::{self, Scope};
 use switchboard_channels::ingress::message_text;
 use switchboard_kit::proto::Person;
 
-use crate::api::{
-    RequestKind, idempotency_header, key_or_turn, outside_turn, record_request, refuse, unavailable,
-};
+use crate::api::{RequestKind, idempotency_header, record_request};
+use crate::auth::{KeyOrTurn, outside_turn};
+use crate::refusal::{refuse, unavailable};
 use crate::{Accept, GatewayState, Refused, check_agent, publish, read_body};
 
 pub fn routes() -> Router<GatewayState> {
@@ -80,10 +80,10 @@ fn no_channel(channel: Option<&str>) -> Refused {
 
 async fn send_outbound(
     State(state): State<GatewayState>,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refused> {
-    let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::OutboundWrite).map_err(refuse)?;
     let body = read_body(&headers, body, state.config.gateway.max_body_bytes)
         .await

@@ -7,7 +7,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use switchboard_channels::ApiError;
 
 use crate::Refused;
-use crate::api::refuse;
+use crate::refusal::refuse;
 
 /// 400 with `code` and `message`.
 pub(crate) fn bad(code: &'static str, message: impl Into<String>) -> Refused {

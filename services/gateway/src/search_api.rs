@@ -13,15 +13,15 @@ use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
 use switchboard_channels::api::Scope;
 use switchboard_memory::search::{DEFAULT_LIMIT, MAX_LIMIT, SearchError, SearchQuery, search};
 
-use crate::api::{key_or_turn, outside_turn, refuse, unavailable};
+use crate::auth::{KeyOrTurn, outside_turn};
 use crate::query_params::{bad, given, query, query_limit, time};
+use crate::refusal::{refuse, unavailable};
 use crate::{GatewayState, Refused};
 
 pub fn routes() -> Router<GatewayState> {
@@ -43,10 +43,9 @@ struct SearchParams {
 
 async fn search_messages(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     q: Result<Query<SearchParams>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::SearchRead).map_err(refuse)?;
     let p = query(q)?;
     let (mut person, mut identity) = (given(p.person), given(p.identity));

@@ -26,14 +26,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use switchboard_channels::ApiError;
-use switchboard_channels::api::{ApiCaller, Scope};
+use switchboard_channels::api::Scope;
 use switchboard_kit::sessions::{self, ResetRequest, SessionFilter, SessionView};
 use switchboard_kit::status::SessionStatus;
 use switchboard_kit::turn_token::TurnClaims;
 use uuid::Uuid;
 
-use crate::api::{caller, key_or_turn, outside_turn, refuse, unavailable};
+use crate::auth::{Key, KeyOrTurn, outside_turn};
 use crate::query_params::{bad, given, query, query_limit};
+use crate::refusal::{refuse, unavailable};
 use crate::{GatewayState, Refused, read_body};
 
 pub fn routes() -> Router<GatewayState> {
@@ -61,23 +62,6 @@ fn session_not_found(id: Uuid) -> Refused {
         "session_not_found",
         format!("no session {id}"),
     ))
-}
-
-async fn reader(state: &GatewayState, headers: &HeaderMap) -> Result<ApiCaller, Refused> {
-    let caller = caller(state, headers).await?;
-    caller.require(Scope::SessionsRead).map_err(refuse)?;
-    Ok(caller)
-}
-
-/// A reader of one session: a key with `sessions:read`, or an agent's turn (its claims: the
-/// session must then pass [`turn_may_read`]).
-async fn session_reader(
-    state: &GatewayState,
-    headers: &HeaderMap,
-) -> Result<Option<TurnClaims>, Refused> {
-    let (caller, turn) = key_or_turn(state, headers).await?;
-    caller.require(Scope::SessionsRead).map_err(refuse)?;
-    Ok(turn)
 }
 
 /// A turn reads session `id` only when its person has it with its identity (any other
@@ -193,10 +177,10 @@ struct PageQuery {
 
 async fn list(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    Key(caller): Key,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    reader(&state, &headers).await?;
+    caller.require(Scope::SessionsRead).map_err(refuse)?;
     let q = query(q)?;
     let filter = SessionFilter {
         person: given(q.person),
@@ -214,10 +198,10 @@ async fn list(
 
 async fn show(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Refused> {
-    let turn = session_reader(&state, &headers).await?;
+    caller.require(Scope::SessionsRead).map_err(refuse)?;
     let id = session_id(path)?;
     turn_may_read(&state, turn.as_ref(), id).await?;
     let session = find_session(&state, id).await?;
@@ -231,11 +215,11 @@ async fn show(
 
 async fn messages(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     path: Result<Path<String>, PathRejection>,
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    let turn = session_reader(&state, &headers).await?;
+    caller.require(Scope::SessionsRead).map_err(refuse)?;
     let id = session_id(path)?;
     let q = query(q)?;
     let (after, limit) = (
@@ -252,11 +236,11 @@ async fn messages(
 
 async fn events(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    Key(caller): Key,
     path: Result<Path<String>, PathRejection>,
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    reader(&state, &headers).await?;
+    caller.require(Scope::SessionsRead).map_err(refuse)?;
     let id = session_id(path)?;
     let q = query(q)?;
     let (after, limit) = (
@@ -273,11 +257,11 @@ async fn events(
 /// Ask for a fresh engine session ([`sessions::request_reset`]): 202 with the pending reset.
 async fn reset(
     State(state): State<GatewayState>,
+    Key(caller): Key,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     body: Body,
 ) -> Result<Response, Refused> {
-    let caller = caller(&state, &headers).await?;
     caller.require(Scope::SessionsWrite).map_err(refuse)?;
     let id = session_id(path)?;
     // No body is needed; one that is sent is bounded like every other.
@@ -312,10 +296,10 @@ async fn reset(
 /// that looks whole.
 async fn export(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    Key(caller): Key,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Refused> {
-    reader(&state, &headers).await?;
+    caller.require(Scope::SessionsRead).map_err(refuse)?;
     let id = session_id(path)?;
     exists(&state, id).await?;
     let db = state.db.clone();

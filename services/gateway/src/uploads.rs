@@ -118,7 +118,7 @@ async fn upload(
     body: Body,
 ) -> Result<Response, Refused> {
     let refuse = |e| refused_on("chat", chat::PROVIDER, e);
-    let user = crate::chat::authenticate(&state, &headers, params.token.as_deref())?;
+    let user = crate::auth::chat_user(&state, &headers, params.token.as_deref())?;
     if state.config.workspace.root.is_empty() {
         return Err(refuse(ApiError::forbidden(
             "uploads_off",

@@ -25,13 +25,14 @@ use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use switchboard_channels::ApiError;
-use switchboard_channels::api::{ApiCaller, Scope};
+use switchboard_channels::api::Scope;
 use switchboard_kit::turn_token::TurnClaims;
 use switchboard_kit::wakeups::{self, NewWakeup, Wakeup, WakeupError, WakeupFilter, WakeupStatus};
 use uuid::Uuid;
 
-use crate::api::{key_or_turn, outside_turn, refuse, unavailable};
+use crate::auth::{KeyOrTurn, outside_turn};
 use crate::query_params::{bad, given, query, query_limit};
+use crate::refusal::{refuse, unavailable};
 use crate::{GatewayState, Refused, read_body};
 
 pub fn routes() -> Router<GatewayState> {
@@ -124,10 +125,10 @@ fn due_time(
 
 async fn create(
     State(state): State<GatewayState>,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refused> {
-    let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller.require(Scope::OutboundWrite).map_err(refuse)?;
     let body = read_body(&headers, body, state.config.gateway.max_body_bytes)
         .await
@@ -252,21 +253,12 @@ struct ListQuery {
     limit: Option<String>,
 }
 
-async fn reader(
-    state: &GatewayState,
-    headers: &HeaderMap,
-) -> Result<(ApiCaller, Option<TurnClaims>), Refused> {
-    let (caller, turn) = key_or_turn(state, headers).await?;
-    caller.require(Scope::SessionsRead).map_err(refuse)?;
-    Ok((caller, turn))
-}
-
 async fn list(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, Refused> {
-    let (_, turn) = reader(&state, &headers).await?;
+    caller.require(Scope::SessionsRead).map_err(refuse)?;
     let q = query(q)?;
     let limit = query_limit(q.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let status = given(q.status)
@@ -329,10 +321,10 @@ fn wakeup_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Refused>
 
 async fn show(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Refused> {
-    let (_, turn) = reader(&state, &headers).await?;
+    caller.require(Scope::SessionsRead).map_err(refuse)?;
     let id = wakeup_id(path)?;
     let found = wakeups::find(&state.db, id).await.map_err(unavailable)?;
     match found {
@@ -350,10 +342,9 @@ async fn show(
 
 async fn cancel(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    KeyOrTurn { caller, turn }: KeyOrTurn,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Refused> {
-    let (caller, turn) = key_or_turn(&state, &headers).await?;
     caller
         .require_any(&[Scope::OutboundWrite, Scope::SessionsWrite])
         .map_err(refuse)?;

@@ -23,7 +23,6 @@
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
 use crate::topology::Topology;
@@ -65,17 +64,7 @@ pub fn sender_key(channel: &str, sender: &str) -> String {
     format!("{channel}.{hex}")
 }
 
-/// A sender as one subject token: a digest of the channel and address (the same for every
-/// process), so a sender's messages can be found on the work stream by subject
-/// ([`crate::topology::Topology::inbound_from`]) without the address showing in subject names.
-pub fn sender_token(channel: &str, sender: &str) -> String {
-    let digest = Sha256::new()
-        .chain_update(channel.as_bytes())
-        .chain_update([0u8])
-        .chain_update(sender.as_bytes())
-        .finalize();
-    hex::encode(&digest[..16])
-}
+pub use crate::topology::sender_token;
 
 /// How many of a sender's latest messages keep their number for a provider retry.
 const RECENT: usize = 8;

@@ -57,7 +57,8 @@ pub use config::memory as memory_config;
 pub use runtime::{Attempt, BatchStage, Hold, Outcome, Output, Stage, StageError, Wake};
 pub use settle::{GiveUp, MessageOutcome};
 pub use shutdown::Shutdown;
-pub use stage::{Registration, Source, StageOptions, StageSpec};
+pub use stage::{Source, StageOptions, StageSpec};
+pub use startup::Registration;
 /// One trace per turn: OTLP export and W3C trace context (`services/trace`).
 pub use switchboard_trace as trace;
 pub use topology::Topology;

@@ -8,6 +8,7 @@ use chrono::{DateTime, Days, NaiveDate, NaiveTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
 use crate::config::AgentConfig;
+pub use crate::config::PolicyError;
 use crate::status::ResetReason;
 
 /// An agent's reset rules (`[[agents]]` `idle_reset_s`, `daily_reset`, `time_zone`,
@@ -22,37 +23,11 @@ pub struct ResetPolicy {
     pub commands: bool,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum PolicyError {
-    #[error("agent {agent}: daily_reset {value:?} is not a time like \"04:00\"")]
-    DailyReset { agent: String, value: String },
-    #[error("agent {agent}: time_zone {value:?} is not an IANA time zone like \"Europe/London\"")]
-    TimeZone { agent: String, value: String },
-}
-
 impl ResetPolicy {
     pub fn of(agent: &AgentConfig) -> Result<Self, PolicyError> {
-        let zone: Tz = agent
-            .time_zone
-            .trim()
-            .parse()
-            .map_err(|_| PolicyError::TimeZone {
-                agent: agent.name.clone(),
-                value: agent.time_zone.clone(),
-            })?;
-        let daily = match agent.daily_reset.trim() {
-            "" => None,
-            t => Some((
-                NaiveTime::parse_from_str(t, "%H:%M").map_err(|_| PolicyError::DailyReset {
-                    agent: agent.name.clone(),
-                    value: agent.daily_reset.clone(),
-                })?,
-                zone,
-            )),
-        };
         Ok(Self {
             idle: (agent.idle_reset_s > 0).then(|| Duration::from_secs(agent.idle_reset_s)),
-            daily,
+            daily: agent.daily_reset_at()?,
             commands: agent.reset_commands,
         })
     }

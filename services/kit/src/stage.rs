@@ -1,14 +1,12 @@
 //! A stage, declared once: [`StageSpec`] says what it reads and how it runs; a
-//! [`Registration`] adds how to start it. The product's list of registrations
+//! [`crate::startup::Registration`] adds how to start it. The product's list of registrations
 //! (`switchboard::stages::ALL`) is what the topology, `switchboard up`, `switchboard worker`,
 //! the per-stage configuration and the metrics all loop over.
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::config::RuntimeConfig;
+pub use crate::config::StageOverrides;
 use crate::retry::Backoff;
-use crate::startup::{App, Task};
 
 /// The stream a stage's durable consumer reads, and the subject filter within it (after the
 /// subject prefix).
@@ -98,26 +96,6 @@ impl StageSpec {
     }
 }
 
-/// `[stages.<name>]`: an operator's override of one stage's knobs.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(default, deny_unknown_fields)]
-pub struct StageOverrides {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub concurrency: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub batch: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_deliver: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_wait_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_base_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_max_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub linger_ms: Option<u64>,
-}
-
 /// A stage's knobs as it runs: its override, else its spec, else `[runtime]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageOptions {
@@ -172,27 +150,6 @@ impl StageOptions {
                 .unwrap_or_default()
                 .min(Duration::from_millis(rt.ack_wait_ms) / 2),
         }
-    }
-}
-
-/// A stage as the product lists it: its declaration, the worker it belongs to, and how to start
-/// it in a process.
-#[derive(Clone, Copy)]
-pub struct Registration {
-    pub spec: StageSpec,
-    /// The worker (`switchboard worker <name>`) that runs this stage with its siblings of the
-    /// same crate, e.g. `log` for `log-inbound` and `log-outbound`.
-    pub worker: &'static str,
-    /// The stage's task in `app`: builds its handler and runs it until shutdown.
-    pub start: fn(&App) -> Task,
-}
-
-impl std::fmt::Debug for Registration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registration")
-            .field("spec", &self.spec)
-            .field("worker", &self.worker)
-            .finish()
     }
 }
 

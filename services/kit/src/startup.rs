@@ -12,7 +12,7 @@ use sqlx::PgPool;
 use crate::config::Config;
 use crate::runtime::{BatchStage, Runtime, Stage};
 use crate::shutdown::Shutdown;
-use crate::stage::{Registration, StageOptions, StageSpec};
+use crate::stage::{StageOptions, StageSpec};
 use crate::topology::Topology;
 
 pub type Task = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -268,6 +268,27 @@ pub fn check_overrides(config: &Config, stages: &[Registration]) -> anyhow::Resu
         }
     }
     Ok(())
+}
+
+/// A stage as the product lists it: its declaration, the worker it belongs to, and how to start
+/// it in a process.
+#[derive(Clone, Copy)]
+pub struct Registration {
+    pub spec: StageSpec,
+    /// The worker (`switchboard worker <name>`) that runs this stage with its siblings of the
+    /// same crate, e.g. `log` for `log-inbound` and `log-outbound`.
+    pub worker: &'static str,
+    /// The stage's task in `app`: builds its handler and runs it until shutdown.
+    pub start: fn(&App) -> Task,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("spec", &self.spec)
+            .field("worker", &self.worker)
+            .finish()
+    }
 }
 
 #[cfg(test)]

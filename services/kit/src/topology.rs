@@ -14,7 +14,7 @@
 //! Beside the streams, the `<P>_ARRIVALS` key-value bucket holds one counter per sender: the
 //! gateway numbers each sender's messages in the order it accepted them and the session stage
 //! places them in that order ([`crate::arrival`]). Up to the session stage a message's subject
-//! names its sender (a digest, [`crate::arrival::sender_token`]), so the session stage can see
+//! names its sender (a digest, [`sender_token`]), so the session stage can see
 //! whether a sender's earlier message is still on its way before it gives up waiting for it.
 //!
 //! `{p}` is the subject prefix (`sb` in production). Work subjects live in one stream with
@@ -117,12 +117,12 @@ impl Topology {
         format!("{}.in.{channel}", self.prefix)
     }
     /// `sb.in.<channel>.<sender>`: a sender's messages from the gateway (the sender as a digest,
-    /// [`crate::arrival::sender_token`]).
+    /// [`sender_token`]).
     pub fn inbound_from(&self, channel: &str, sender: &str) -> String {
         format!(
             "{}.{}",
             self.inbound(channel),
-            crate::arrival::sender_token(channel, sender)
+            sender_token(channel, sender)
         )
     }
     /// `sb.identified.<channel>.<sender>`: a sender's messages with the resolved person.
@@ -130,7 +130,7 @@ impl Topology {
         format!(
             "{}.identified.{channel}.{}",
             self.prefix,
-            crate::arrival::sender_token(channel, sender)
+            sender_token(channel, sender)
         )
     }
     /// `sb.identified`: where versions before the sender's subjects published identified
@@ -472,6 +472,19 @@ pub fn subject_covers(pattern: &str, filter: &str) -> bool {
             _ => return false,
         }
     }
+}
+
+/// A sender as one subject token: a digest of the channel and address (the same for every
+/// process), so a sender's messages can be found on the work stream by subject
+/// ([`crate::topology::Topology::inbound_from`]) without the address showing in subject names.
+pub fn sender_token(channel: &str, sender: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    let digest = Sha256::new()
+        .chain_update(channel.as_bytes())
+        .chain_update([0u8])
+        .chain_update(sender.as_bytes())
+        .finalize();
+    hex::encode(&digest[..16])
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -31,7 +31,8 @@ use switchboard_kit::Registration;
 use switchboard_kit::dlq::{self, DeadLetterView, DlqError, DlqFilter};
 use uuid::Uuid;
 
-use crate::api::{caller, refuse, unavailable};
+use crate::auth::Key;
+use crate::refusal::{refuse, unavailable};
 use crate::{GatewayState, Refused};
 
 /// What an operator signed in with a JWT may do: the console's reads and dead-letter replay.
@@ -67,7 +68,7 @@ pub fn router(mut state: GatewayState, stages: &'static [Registration]) -> Route
         .route("/console/api/me", get(me))
         .route(
             "/console/api/status",
-            get(move |s: State<GatewayState>, h: HeaderMap| status(s, h, stages)),
+            get(move |s: State<GatewayState>, k: Key| status(s, k, stages)),
         )
         .route("/console/api/dead-letters", get(dead_letters))
         .route("/console/api/dead-letters/{seq}/replay", post(replay))
@@ -169,20 +170,16 @@ impl ConsoleJwts {
     }
 }
 
-async fn me(State(state): State<GatewayState>, headers: HeaderMap) -> Result<Response, Refused> {
-    let c = caller(&state, &headers).await?;
+async fn me(Key(c): Key) -> Result<Response, Refused> {
     Ok(Json(serde_json::json!({"owner": c.owner, "scopes": c.scopes})).into_response())
 }
 
 async fn status(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    Key(caller): Key,
     stages: &'static [Registration],
 ) -> Result<Response, Refused> {
-    caller(&state, &headers)
-        .await?
-        .require(Scope::OpsRead)
-        .map_err(refuse)?;
+    caller.require(Scope::OpsRead).map_err(refuse)?;
     let rt = &state.runtime;
     let s = switchboard_kit::ops_status::status(
         &rt.js,
@@ -215,13 +212,10 @@ fn dlq_refusal(e: DlqError) -> Refused {
 
 async fn dead_letters(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    Key(caller): Key,
     Query(p): Query<LetterParams>,
 ) -> Result<Response, Refused> {
-    caller(&state, &headers)
-        .await?
-        .require(Scope::OpsRead)
-        .map_err(refuse)?;
+    caller.require(Scope::OpsRead).map_err(refuse)?;
     let filter = DlqFilter::stage(p.stage.as_deref().filter(|s| !s.is_empty()));
     let limit = p.limit.unwrap_or(100).clamp(1, 1000);
     let rt = &state.runtime;
@@ -234,10 +228,9 @@ async fn dead_letters(
 
 async fn replay(
     State(state): State<GatewayState>,
-    headers: HeaderMap,
+    Key(c): Key,
     Path(seq): Path<u64>,
 ) -> Result<Response, Refused> {
-    let c = caller(&state, &headers).await?;
     c.require(Scope::OpsWrite).map_err(refuse)?;
     let rt = &state.runtime;
     let letter = dlq::replay(&rt.js, &rt.topology, seq)

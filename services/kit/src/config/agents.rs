@@ -72,7 +72,39 @@ pub struct AgentConfig {
     pub scope: Option<SessionScope>,
 }
 
+/// Why an agent's reset rules cannot be read.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PolicyError {
+    #[error("agent {agent}: daily_reset {value:?} is not a time like \"04:00\"")]
+    DailyReset { agent: String, value: String },
+    #[error("agent {agent}: time_zone {value:?} is not an IANA time zone like \"Europe/London\"")]
+    TimeZone { agent: String, value: String },
+}
+
 impl AgentConfig {
+    /// `daily_reset` in its `time_zone` (none when `daily_reset` is empty), or why not.
+    pub fn daily_reset_at(
+        &self,
+    ) -> Result<Option<(chrono::NaiveTime, chrono_tz::Tz)>, PolicyError> {
+        let zone: chrono_tz::Tz =
+            self.time_zone
+                .trim()
+                .parse()
+                .map_err(|_| PolicyError::TimeZone {
+                    agent: self.name.clone(),
+                    value: self.time_zone.clone(),
+                })?;
+        match self.daily_reset.trim() {
+            "" => Ok(None),
+            t => chrono::NaiveTime::parse_from_str(t, "%H:%M")
+                .map(|at| Some((at, zone)))
+                .map_err(|_| PolicyError::DailyReset {
+                    agent: self.name.clone(),
+                    value: self.daily_reset.clone(),
+                }),
+        }
+    }
+
     /// The scope of this agent's sessions: its own, else the default (`session.scope`).
     pub fn scope_or(&self, default: SessionScope) -> SessionScope {
         self.scope.unwrap_or(default)

@@ -29,7 +29,7 @@ mod sms;
 mod wakeups;
 mod webhooks;
 
-pub use agents::{AgentConfig, ChannelConfig, QueueMode};
+pub use agents::{AgentConfig, ChannelConfig, PolicyError, QueueMode};
 pub use chat::ChatConfig;
 pub use dispatch::{DispatchConfig, StaleTurns};
 pub use escalation::EscalationConfig;
@@ -43,7 +43,7 @@ pub use memory::{
 };
 pub use prompt::PromptConfig;
 pub use retention::RetentionConfig;
-pub use runtime::{AdminConfig, RuntimeConfig};
+pub use runtime::{AdminConfig, RuntimeConfig, StageOverrides};
 pub use schedules::{ScheduleConfig, ScheduleKind};
 pub use secret::{ProviderSections, Secret, SecretUrl};
 pub use session::{ResetNotices, SessionConfig, SessionScope, WorkspaceConfig};
@@ -94,8 +94,8 @@ pub struct Config {
     pub prompt: PromptConfig,
     /// `[[schedules]]`: inputs agents get on a timetable.
     pub schedules: Vec<ScheduleConfig>,
-    /// `[stages.<name>]`: per-stage overrides of the runtime knobs (see [`crate::stage`]).
-    pub stages: BTreeMap<String, crate::stage::StageOverrides>,
+    /// `[stages.<name>]`: per-stage overrides of the runtime knobs (the stage runtime's).
+    pub stages: BTreeMap<String, StageOverrides>,
     pub demo: DemoConfig,
     pub readers: ReadersConfig,
     pub console: ConsoleConfig,
@@ -346,7 +346,7 @@ impl Config {
                     "an agent needs name, identity and runner_url",
                 ));
             }
-            crate::lifecycle::ResetPolicy::of(a)
+            a.daily_reset_at()
                 .map_err(|e| ConfigError::invalid(format!("agents.{}", a.name), e.to_string()))?;
             if !seen.insert(a.name.as_str()) {
                 return Err(ConfigError::invalid(

@@ -95,3 +95,23 @@ impl Default for AdminConfig {
         }
     }
 }
+
+/// `[stages.<name>]`: an operator's override of one stage's knobs.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StageOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_deliver: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_base_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_max_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub linger_ms: Option<u64>,
+}
