@@ -160,22 +160,29 @@ async fn try_start_demo(dir: &Path) -> Option<(Demo, tokio::process::Child)> {
         .kill_on_drop(true)
         .spawn()
         .expect("start switchboard up");
+    ready(&mut up, http, admin).await.then_some((demo, up))
+}
+
+/// Wait until `up` answers `/readyz` on `admin` and its gateway listens on `http`; false when
+/// it exited first (a port picked free was taken by another test's process before `up` bound
+/// it: seen once in a full run).
+async fn ready(up: &mut tokio::process::Child, http: u16, admin: u16) -> bool {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok(Some(status)) = up.try_wait() {
             eprintln!("switchboard up exited ({status}) before it was ready: trying other ports");
-            return None;
+            return false;
         }
-        let ready = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
+        let answered = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
             .await
             .is_ok_and(|r| r.status().is_success());
         // Ours, not another process on a port it took: the gateway answers too.
-        if ready
+        if answered
             && tokio::net::TcpStream::connect(("127.0.0.1", http))
                 .await
                 .is_ok()
         {
-            return Some((demo, up));
+            return true;
         }
         assert!(
             Instant::now() < deadline,
@@ -339,6 +346,42 @@ fn readme_try_it_lines(http_port: u16) -> Vec<String> {
     lines
 }
 
+/// `make run`'s first terminal in `checkout`: `switchboard up` with nothing set, on the
+/// example configuration with free ports and subjects of its own; it and its gateway's port.
+async fn up_in_bare_checkout(checkout: &Path) -> (tokio::process::Child, u16) {
+    let example = std::fs::read_to_string(repo().join("switchboard.toml")).unwrap();
+    let prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    for _ in 0..3 {
+        let port = || switchboard_kit::net::free_port("127.0.0.1").expect("a free port");
+        let (http, admin) = (port(), port());
+        write_private(
+            &checkout.join("switchboard.toml"),
+            &format!(
+                "subject_prefix = \"{prefix}\"\n{}",
+                example
+                    .replace("127.0.0.1:8080", &format!("127.0.0.1:{http}"))
+                    .replace("127.0.0.1:8081", &format!("127.0.0.1:{admin}"))
+            ),
+        )
+        .unwrap();
+        let mut up = Command::new(switchboard_bin());
+        up.arg("up").current_dir(checkout).env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            up.env("PATH", path);
+        }
+        let mut up = tokio::process::Command::from(up)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start switchboard up");
+        if ready(&mut up, http, admin).await {
+            return (up, http);
+        }
+    }
+    panic!("switchboard up did not start three times (see its log above)");
+}
+
 /// A second terminal of `checkout`: a shell with nothing of ours in its environment (no `SB_*`,
 /// no `RUST_LOG`), only `KEY` once a line set it.
 fn bare_shell(checkout: &Path, line: &str, key: Option<&str>) -> (bool, String, String) {
@@ -386,54 +429,10 @@ async fn the_readmes_try_it_runs_line_by_line_from_a_bare_second_shell() {
         }
     }
     write_private(&creds.join("env"), &env).unwrap();
-    let port = || switchboard_kit::net::free_port("127.0.0.1").expect("a free port");
-    let (http, admin) = (port(), port());
-    let example = std::fs::read_to_string(repo().join("switchboard.toml")).unwrap();
-    let prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    write_private(
-        &checkout.join("switchboard.toml"),
-        &format!(
-            "subject_prefix = \"{prefix}\"\n{}",
-            example
-                .replace("127.0.0.1:8080", &format!("127.0.0.1:{http}"))
-                .replace("127.0.0.1:8081", &format!("127.0.0.1:{admin}"))
-        ),
-    )
-    .unwrap();
     std::fs::create_dir_all(checkout.join("target/debug")).unwrap();
     std::os::unix::fs::symlink(switchboard_bin(), checkout.join("target/debug/switchboard"))
         .unwrap();
-
-    // `make run`'s first terminal: `switchboard up` from the checkout, nothing set either.
-    let mut up = Command::new(switchboard_bin());
-    up.arg("up").current_dir(&checkout).env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        up.env("PATH", path);
-    }
-    let mut up = tokio::process::Command::from(up)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start switchboard up");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(
-            up.try_wait().unwrap().is_none(),
-            "switchboard up exited before it was ready"
-        );
-        if reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "switchboard up did not get ready"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (mut up, http) = up_in_bare_checkout(&checkout).await;
 
     let lines = readme_try_it_lines(http);
     assert_eq!(lines.len(), 10, "{lines:#?}");

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use switchboard_kit::exports::{self, ExportScan, NotExported, ReadExports};
 use switchboard_kit::proto::Export;
 use switchboard_kit::retry::{self, Backoff};
+use switchboard_kit::workspace::blocking;
 use switchboard_kit::workspace_fs::WorkspaceFileError;
 use uuid::Uuid;
 
@@ -270,15 +271,4 @@ async fn read(
         })
     })
     .await
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, WorkspaceFileError> + Send + 'static,
-) -> Result<T, WorkspaceFileError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(WorkspaceFileError::Io {
-            path: PathBuf::new(),
-            source: std::io::Error::other(e),
-        })
-    })
 }

@@ -25,6 +25,7 @@ use switchboard_channels::ingress::{check_client_id, media_type};
 use uuid::Uuid;
 
 use crate::{GatewayState, Refused, read_body, refused_on};
+use switchboard_kit::file_names::safe_file_name;
 
 pub fn routes() -> Router<GatewayState> {
     use axum::http::{HeaderName, Method};
@@ -54,30 +55,9 @@ pub struct UploadParams {
     name: Option<String>,
 }
 
-/// The most characters of a file name kept.
-const MAX_NAME_CHARS: usize = 80;
-
-/// A file name safe to put in a folder and a prompt: its last path component, letters,
-/// digits, `.`, `-` and `_` (others become `_`), no leading dot, at most 80 characters.
+/// A file name safe to put in a folder and a prompt ([`safe_file_name`]).
 pub fn safe_name(name: &str) -> String {
-    let last = name.rsplit(['/', '\\']).next().unwrap_or("");
-    let cleaned: String = last
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let trimmed = cleaned.trim_start_matches('.');
-    let cut: String = trimmed.chars().take(MAX_NAME_CHARS).collect();
-    if cut.chars().all(|c| c == '_' || c == '.') {
-        "upload".into()
-    } else {
-        cut
-    }
+    safe_file_name(name, "upload")
 }
 
 /// The upload's media type, or `application/octet-stream` when none (or none readable) is
@@ -356,7 +336,10 @@ mod tests {
         assert_eq!(safe_name(".bashrc"), "bashrc");
         assert_eq!(safe_name(""), "upload");
         assert_eq!(safe_name(".."), "upload");
-        assert_eq!(safe_name(&"a".repeat(200)).len(), MAX_NAME_CHARS);
+        assert_eq!(
+            safe_name(&"a".repeat(200)).len(),
+            switchboard_kit::file_names::MAX_NAME_CHARS
+        );
     }
 
     #[test]

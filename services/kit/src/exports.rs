@@ -197,32 +197,9 @@ pub fn unread_key(bytes: u64, modified: SystemTime) -> String {
     format!("unread:{bytes}:{modified:?}")
 }
 
-/// The most characters of a file name the person sees.
-const MAX_NAME_CHARS: usize = 80;
-
-/// A file name safe in a URL path, a header and a message: letters, digits, `.`, `-` and `_`
-/// (anything else becomes `_`), no leading dot, at most 80 characters.
+/// A file name safe in a URL path, a header and a message ([`crate::file_names::safe_file_name`]).
 pub fn display_name(file: &str) -> String {
-    let cleaned: String = file
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let cut: String = cleaned
-        .trim_start_matches('.')
-        .chars()
-        .take(MAX_NAME_CHARS)
-        .collect();
-    if cut.chars().all(|c| c == '_' || c == '.') {
-        "file".into()
-    } else {
-        cut
-    }
+    crate::file_names::safe_file_name(file, "file")
 }
 
 /// The content type a file is served with, by its extension. Only types a browser shows
@@ -454,10 +431,8 @@ mod tests {
         assert_eq!(content_type_for("logo.svg"), "application/octet-stream");
         assert_eq!(content_type_for("noextension"), "application/octet-stream");
         assert!(shown_inline("image/png") && !shown_inline("application/octet-stream"));
-        assert_eq!(
-            display_name("../../etc/passwd"),
-            ".._.._etc_passwd".trim_start_matches('.')
-        );
+        // A path is never a name: only its last part is kept.
+        assert_eq!(display_name("../../etc/passwd"), "passwd");
         assert_eq!(display_name("...."), "file");
         assert_eq!(display_name("шифр.txt"), "____.txt");
     }

@@ -28,6 +28,7 @@ pub mod dlq;
 pub mod endpoint;
 pub mod exports;
 pub mod failpoint;
+pub mod file_names;
 pub mod forgotten;
 pub mod http;
 pub mod lifecycle;

@@ -72,7 +72,7 @@ pub async fn read_daily_notes(
 }
 
 /// Run a blocking workspace operation on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, WorkspaceFileError> + Send + 'static,
 ) -> Result<T, WorkspaceFileError> {
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {

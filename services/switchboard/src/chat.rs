@@ -49,22 +49,7 @@ pub struct ChatReply {
 
 /// A media type for a file, by its extension (the gateway stores what it is told).
 fn content_type_of(path: &std::path::Path) -> &'static str {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    match ext.as_str() {
-        "jpg" | "jpeg" => "image/jpeg",
-        "png" => "image/png",
-        "gif" => "image/gif",
-        "webp" => "image/webp",
-        "pdf" => "application/pdf",
-        "txt" | "md" | "log" => "text/plain",
-        "csv" => "text/csv",
-        "json" => "application/json",
-        _ => "application/octet-stream",
-    }
+    switchboard_kit::exports::content_type_for(&path.to_string_lossy())
 }
 
 /// Upload `path` (`POST /chat/uploads` with the token); its upload id.
