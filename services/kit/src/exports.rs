@@ -151,16 +151,38 @@ pub fn read_exports(
             Err(e) => return Err(e),
         }
     }
+    // A link, a FIFO or a device is not the agent's file to send: named to the person once
+    // (by what it is), never opened.
+    for (name, kind) in dir.listed_others()? {
+        if name.starts_with('.') || out.refused.len() + out.files.len() >= scan.max_files {
+            continue;
+        }
+        let key = format!("not-a-file:{kind}");
+        if !sent(&name, &key) {
+            out.refused.push(NotExported {
+                file: name,
+                bytes: 0,
+                key,
+                why: match kind {
+                    "link" => "a link, not a file".into(),
+                    other => format!("a {other}, not a file"),
+                },
+            });
+        }
+    }
     Ok(out)
 }
 
-/// The names of the files in `folder/exports/` (none: it has no such folder).
+/// The names of the files in `folder/exports/`, and of the links and the like there (none: it
+/// has no such folder).
 pub fn export_names(folder: &std::path::Path) -> Result<Vec<String>, WorkspaceFileError> {
     match WorkspaceDir::open(folder)?.dir(EXPORTS_DIR, false) {
+        // Links and FIFOs too: they are named to the person once, which is remembered by name.
         Ok(dir) => Ok(dir
             .listed_files()?
             .into_iter()
             .map(|f| f.name)
+            .chain(dir.listed_others()?.into_iter().map(|(name, _)| name))
             .filter(|n| !n.starts_with('.'))
             .collect()),
         Err(WorkspaceFileError::Io { source, .. })
@@ -462,7 +484,8 @@ mod tests {
         );
         assert_eq!(read.files[0].data, b"x,y\n");
         let refused: Vec<_> = read.refused.iter().map(|f| f.file.as_str()).collect();
-        assert_eq!(refused, ["big.bin", "hard.txt"]);
+        assert_eq!(refused, ["big.bin", "hard.txt", "link.txt"]);
+        assert_eq!(read.refused[2].why, "a link, not a file");
         // Sent before, with that content: not again; changed: again.
         let sha = read.files[0].sha256.clone();
         let again = read_exports(&root, &scan, &|f, s| f == "a.csv" && s == sha).unwrap();

@@ -322,11 +322,23 @@ impl WorkspaceDir {
 
     /// [`Self::regular_files`] with each one's modification time, by name.
     pub fn listed_files(&self) -> Result<Vec<ListedFile>, WorkspaceFileError> {
+        Ok(self.listed()?.0)
+    }
+
+    /// The entries that are neither regular files nor folders (links, FIFOs, sockets,
+    /// devices), by name, with what each is (`link`, `fifo`, …), sorted by name.
+    pub fn listed_others(&self) -> Result<Vec<(String, &'static str)>, WorkspaceFileError> {
+        Ok(self.listed()?.1)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn listed(&self) -> Result<(Vec<ListedFile>, Vec<(String, &'static str)>), WorkspaceFileError> {
         let io = |e: Errno| WorkspaceFileError::Io {
             path: self.path.clone(),
             source: e.into(),
         };
         let mut out = Vec::new();
+        let mut others = Vec::new();
         for entry in rustix::fs::Dir::read_from(&self.fd).map_err(io)? {
             let entry = entry.map_err(io)?;
             let Ok(name) = std::str::from_utf8(entry.file_name().to_bytes()) else {
@@ -353,10 +365,16 @@ impl WorkspaceDir {
                     bytes: st.st_size as u64,
                     modified,
                 });
+            } else if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+                others.push((
+                    name.to_string(),
+                    kind_of(FileType::from_raw_mode(st.st_mode)),
+                ));
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        others.sort();
+        Ok((out, others))
     }
 }
 
