@@ -43,9 +43,10 @@ async fn app_with_a_labelling_model() -> (TestApp, FakeModel) {
     (app, fake)
 }
 
-async fn get(app: &TestApp, key: &str, path: &str) -> (u16, Value) {
+/// `method path` on the gateway with `key`: the status and the JSON answer.
+async fn call(app: &TestApp, method: reqwest::Method, key: &str, path: &str) -> (u16, Value) {
     let answer = reqwest::Client::new()
-        .get(format!("{}{path}", app.gateway_url))
+        .request(method, format!("{}{path}", app.gateway_url))
         .bearer_auth(key)
         .send()
         .await
@@ -56,20 +57,13 @@ async fn get(app: &TestApp, key: &str, path: &str) -> (u16, Value) {
     )
 }
 
+async fn get(app: &TestApp, key: &str, path: &str) -> (u16, Value) {
+    call(app, reqwest::Method::GET, key, path).await
+}
+
 async fn acknowledge(app: &TestApp, key: &str, id: &str) -> (u16, Value) {
-    let answer = reqwest::Client::new()
-        .post(format!(
-            "{}/api/v1/escalations/{id}/acknowledge",
-            app.gateway_url
-        ))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    (
-        answer.status().as_u16(),
-        answer.json().await.unwrap_or_default(),
-    )
+    let path = format!("/api/v1/escalations/{id}/acknowledge");
+    call(app, reqwest::Method::POST, key, &path).await
 }
 
 /// The open escalations, once there are `n`.
