@@ -79,6 +79,7 @@ mod stack_credentials;
 mod stage_runtime;
 mod summary;
 mod table_growth;
+mod takeover;
 mod textmagic;
 mod topology;
 mod toy_channel;

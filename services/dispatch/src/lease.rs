@@ -45,6 +45,11 @@ pub(crate) struct SessionAtCall {
     /// nothing person-private (curated memory, recall, summary) goes into it, because every
     /// next sender continues the engine session that would hold it.
     pub shared: bool,
+    /// The operator's takeover holding the session ([`switchboard_kit::takeovers`]): its
+    /// turns are held, not given to the agent.
+    pub takeover: Option<Uuid>,
+    /// A takeover ended that the agent was not told of yet: the call's prompt retells it.
+    pub unbriefed: bool,
 }
 
 /// Whether `turn`'s session is one everyone who writes to the agent continues (scope `main`),
@@ -70,6 +75,8 @@ struct LeaseRow {
     memory_by: Option<String>,
     memory_at: Option<DateTime<Utc>>,
     memory_identity: Option<String>,
+    takeover: Option<Uuid>,
+    unbriefed: bool,
 }
 
 impl LeaseRow {
@@ -109,6 +116,8 @@ impl LeaseRow {
             waiting_notice: self.waiting_notice,
             memory,
             shared,
+            takeover: self.takeover,
+            unbriefed: self.unbriefed,
         }
     }
 }
@@ -381,7 +390,12 @@ async fn take_all(
          SELECT l.call, l.engine_session_id, l.pending_reset, l.pending_reset_at,
                 l.workspace_path, m.summary, m.updated_at AS summary_at, l.waiting_notice,
                 c.body AS memory, c.version AS memory_version, c.updated_by AS memory_by,
-                c.updated_at AS memory_at, c.agent_identity AS memory_identity
+                c.updated_at AS memory_at, c.agent_identity AS memory_identity,
+                (SELECT o.id FROM switchboard.takeovers o
+                  WHERE o.session_id = l.id AND o.ended_at IS NULL) AS takeover,
+                EXISTS (SELECT 1 FROM switchboard.takeovers b
+                         WHERE b.session_id = l.id AND b.ended_at IS NOT NULL
+                           AND b.briefed_at IS NULL) AS unbriefed
            FROM leased l
            LEFT JOIN switchboard.summaries m ON m.memory_key = l.memory_key
            -- The curated memory of the turn's person (not the session's: a session shared

@@ -36,6 +36,7 @@ mod replies;
 pub mod runner;
 pub mod schedule;
 mod settler;
+mod takeover;
 mod turn;
 mod turn_store;
 mod wakers;

@@ -93,6 +93,12 @@ impl TurnDispatcher {
             answers: stored.answers.clone(),
             waits_for_runner: false,
             ahead_of_earlier_replies: false,
+            // A given answer an operator wrote (a takeover) says whose it is.
+            operator: if stored.text.is_empty() {
+                String::new()
+            } else {
+                inbound.operator.clone()
+            },
         }
     }
 

@@ -192,10 +192,11 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
              SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::uuid[],
                                   $5::bigint[], $6::uuid[], $7::text[], $8::text[],
                                   $9::bigint[], $10::bigint[], $11::text[], $12::text[],
-                                  $13::bool[], $14::timestamptz[], $24::jsonb[], $25::jsonb[])
+                                  $13::bool[], $14::timestamptz[], $24::jsonb[], $25::jsonb[],
+                                  $26::timestamptz[])
                AS i(session_id, seq, after, call, first, reply_id, reply_text, engine,
                     processing_ms, tool_calls, reset, next, consumed, consumed_at,
-                    tool_names, exports)),
+                    tool_names, exports, briefed_through)),
            -- The answered turns not done yet (a replayed failed turn can be run by two
            -- copies: a done turn keeps its first reply).
            open AS (
@@ -250,6 +251,12 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
              UPDATE switchboard.exports x SET committed = true
                FROM input i JOIN moved m ON m.id = i.session_id
               WHERE x.reply_id = i.reply_id),
+           -- The takeovers the call's prompt retold are told (once).
+           briefed AS (
+             UPDATE switchboard.takeovers t SET briefed_at = now()
+               FROM input i JOIN moved m ON m.id = i.session_id
+              WHERE i.briefed_through IS NOT NULL AND t.session_id = i.session_id
+                AND t.briefed_at IS NULL AND t.ended_at <= i.briefed_through),
            journal AS (
              INSERT INTO switchboard.session_events (id, session_id, key, kind, seq, detail)
              SELECT e.id, e.session_id, e.key, e.kind, e.seq,
@@ -300,6 +307,12 @@ async fn commit_all(db: &PgPool, commits: &[&Commit]) -> Result<HashSet<Uuid>, s
                 let e = &c.settlement.reply.exports;
                 (!e.is_empty()).then(|| serde_json::json!(e))
             })
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        commits
+            .iter()
+            .map(|c| c.settlement.briefed_through)
             .collect::<Vec<_>>(),
     )
     // Planned for each batch's own arrays (a plan cached while `turns` was nearly empty

@@ -75,6 +75,7 @@ impl TurnRun<'_> {
             first: self.turn.seq,
             consumed: self.consumed,
             recall: None,
+            briefed_through: None,
         }
     }
 }
@@ -111,6 +112,8 @@ struct PlannedCall {
     memory_file: Option<std::path::PathBuf>,
     turn_token: String,
     api_url: String,
+    /// The prompt retold the takeovers ended by then.
+    briefed_through: Option<DateTime<Utc>>,
 }
 
 impl TurnDispatcher {
@@ -267,6 +270,23 @@ impl TurnDispatcher {
         run: &TurnRun<'_>,
         lease: &mut CallLease,
     ) -> Result<Vec<Output>, DispatchError> {
+        // An operator has the conversation: the agent is not called, not even to flush before
+        // a reset (the reset waits for the agent's next turn). Switchboard's own answers and
+        // the operator's replies (given answers) still go.
+        if let Some(takeover) = lease.found.takeover
+            && run.turn.given_answer().is_none()
+        {
+            let own_reset = ResetReason::parse(&run.turn.reset);
+            if crate::takeover::hold(&self.db, lease, run.turn.seq, takeover, own_reset).await? {
+                lease.cleared();
+                self.wakers.wake(run.session);
+                metrics::counter!("sb_dispatch_held_turns_total").increment(1);
+                tracing::info!(session = %run.session, seq = run.turn.seq, %takeover,
+                    "turn held: an operator has the conversation");
+                return Ok(Vec::new());
+            }
+            // Handed back meanwhile: the agent answers.
+        }
         // Before the reset, the agent writes what it must keep (once per engine session).
         if let Some(reset) = run.reset {
             let before = flush::Before {
@@ -462,9 +482,15 @@ impl TurnDispatcher {
             Some(folder) => self.read_daily_notes(session, folder, today).await,
             None => Vec::new(),
         };
+        // What was said while an operator had the conversation, once (the commit marks it told).
+        let handover = match lease.found.unbriefed {
+            true => switchboard_kit::takeovers::briefing(&self.db, session).await?,
+            false => None,
+        };
         let prompt = prompt::build_joined_prompt(
             &group.turns,
             &prompt::PromptContext {
+                handover: handover.as_ref().map(|b| b.text.as_str()),
                 daily_notes: memory_file.as_ref().map(|_| prompt::DailyNotes {
                     today,
                     notes: &notes,
@@ -530,6 +556,7 @@ impl TurnDispatcher {
             memory_file,
             turn_token,
             api_url: api_url.to_string(),
+            briefed_through: handover.map(|b| b.through),
         }))
     }
 
@@ -653,6 +680,7 @@ impl TurnDispatcher {
         settlement.reply.tool_calls_count = resp.tool_calls_count;
         settlement.reply.tool_names = crate::runner::tool_names(&resp.tool_names);
         settlement.recall = call.recalled.map(|r| r.detail);
+        settlement.briefed_through = call.briefed_through;
         if call.group.turns.len() > 1 {
             settlement.reply.answers = call
                 .group

@@ -100,6 +100,8 @@ pub(crate) struct Settlement {
     pub first: i64,
     /// What the call's prompt recalled (the journal's `recall` entry).
     pub recall: Option<serde_json::Value>,
+    /// The prompt retold the takeovers ended by then: the commit marks them briefed.
+    pub briefed_through: Option<DateTime<Utc>>,
 }
 
 pub(crate) struct TurnStore {

@@ -20,6 +20,7 @@
 //! | `wakeups` | `wakeups` (the agent's notes to come back to them) | their ids, their sessions |
 //! | `exports` | `exports` (files the agent left for them, `exports/`) | their ids, their sessions |
 //! | `escalations` | `escalations` (exchanges of theirs that asked for a person) | their ids, their sessions |
+//! | `takeovers` | `takeovers` (operators who stepped into their conversations) | their sessions |
 //! | `session_events`, `turns`, `sessions` | the session tables | their sessions |
 //! | `chat_uploads` | `chat_uploads` | owner: one of their chat logins |
 //! | `arrival_cursors` | `arrival_cursors` | (channel, sender) of theirs |
@@ -363,6 +364,13 @@ async fn erase_rows(
             "DELETE FROM switchboard.escalations
               WHERE person_id = ANY($1) OR session_id = ANY($2)",
             ids,
+            sessions,
+        )
+    );
+    erase!(
+        "takeovers",
+        sqlx::query!(
+            "DELETE FROM switchboard.takeovers WHERE session_id = ANY($1)",
             sessions,
         )
     );

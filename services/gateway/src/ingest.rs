@@ -188,6 +188,8 @@ pub(crate) async fn publish(state: &GatewayState, message: Accept) -> Result<Pub
         uploads,
         heartbeat: false,
         wakeup: None,
+        // Operators' replies are published by the takeover's own path.
+        operator: String::new(),
     };
     if let Some((first, retry_after)) = limited {
         metrics::counter!("sb_gateway_rate_limited_total", "channel" => channel.clone())

@@ -22,6 +22,7 @@ mod query_params;
 pub mod refusal;
 pub mod search_api;
 pub mod sessions_api;
+pub mod takeover_api;
 pub mod uploads;
 pub mod wakeups_api;
 pub mod widget;
@@ -133,8 +134,10 @@ impl GatewayState {
             std::time::Duration::from_secs(self.config.workspace.export_ttl_s),
             self.shutdown.clone(),
         );
+        let handbacks =
+            takeover_api::publish_stranded_handbacks(self.clone(), self.shutdown.clone());
         let prune = async move {
-            tokio::join!(uploads, exports);
+            tokio::join!(uploads, exports, handbacks);
         };
         Box::pin(async move {
             // Pruning ends only at shutdown; following ends then too, or with its error.
@@ -213,6 +216,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(wakeups_api::routes())
         .merge(exports_api::routes())
         .merge(escalations_api::routes())
+        .merge(takeover_api::routes())
         // A server span per request, the root of a turn's trace (a caller's traceparent is
         // linked, not continued: this is the public edge), which the published message
         // carries on.

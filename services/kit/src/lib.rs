@@ -45,6 +45,7 @@ pub mod snapshot;
 pub mod stage;
 pub mod startup;
 pub mod status;
+pub mod takeovers;
 pub mod telemetry;
 pub mod topology;
 pub mod turn_token;

@@ -137,6 +137,15 @@ pub enum SessionEventKind {
     Escalated,
     /// An operator acknowledged an escalation (who, which).
     EscalationAcknowledged,
+    /// An operator took the conversation over: the agent is paused (who, the takeover).
+    Takeover,
+    /// An operator's reply to the person during a takeover (who, the message).
+    OperatorReply,
+    /// A turn of a taken-over session was not given to the agent (the takeover holding it).
+    Held,
+    /// The operator handed the conversation back to the agent (who, messages held, whether
+    /// the agent was given a turn to answer what went unanswered).
+    Handback,
 }
 
 /// The journal key of a session's wait for its agent's runner, told by the notice `notice`.

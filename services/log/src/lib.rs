@@ -443,6 +443,9 @@ fn outbound_metadata(reply: &Reply) -> serde_json::Value {
     if !reply.tool_names.is_empty() {
         m.insert("tool_names".into(), reply.tool_names.clone().into());
     }
+    if !reply.operator.is_empty() {
+        m.insert("operator".into(), reply.operator.clone().into());
+    }
     if !reply.exports.is_empty() {
         let files: Vec<serde_json::Value> = reply
             .exports

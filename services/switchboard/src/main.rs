@@ -25,6 +25,7 @@ mod sessions_cli;
 mod sms_cli;
 mod status;
 mod tail;
+mod takeover_cli;
 mod topology_cli;
 
 #[derive(Parser)]

@@ -1,4 +1,5 @@
-//! `switchboard sessions list|show|reset|export`: the sessions API's read model
+//! `switchboard sessions list|show|reset|export|takeover|reply|handback`: the sessions API's
+//! read model
 //! ([`switchboard_kit::sessions`]) straight against the database, as tables for a person or
 //! (`--json`) as the API answers, for a script.
 use std::io::Write as _;
@@ -56,6 +57,27 @@ pub enum SessionsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Take the conversation over from the agent: its turns are held, you answer (as POST
+    /// /api/v1/sessions/{id}/takeover; the journal records `cli:<login>`).
+    Takeover {
+        id: Uuid,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Answer the person during a takeover, on the channel they last wrote on.
+    Reply {
+        id: Uuid,
+        text: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give the conversation back to the agent; it answers what you left unanswered and is told
+    /// what was said meanwhile.
+    Handback {
+        id: Uuid,
+        #[arg(long)]
+        json: bool,
+    },
     /// The whole conversation as JSON lines, one message a line, oldest first (as GET
     /// /api/v1/sessions/{id}/export).
     Export {
@@ -74,6 +96,17 @@ fn parse_status(name: &str) -> Result<SessionStatus, String> {
 }
 
 pub async fn run(config: Config, command: SessionsCommand) -> anyhow::Result<()> {
+    use crate::takeover_cli::Step;
+    let step = match &command {
+        SessionsCommand::Takeover { id, json } => Some((*id, Step::Take, *json)),
+        SessionsCommand::Reply { id, text, json } => Some((*id, Step::Reply(text.clone()), *json)),
+        SessionsCommand::Handback { id, json } => Some((*id, Step::HandBack, *json)),
+        _ => None,
+    };
+    if let Some((id, step, json)) = step {
+        let app = switchboard_kit::startup::App::connect(config, "cli").await?;
+        return crate::takeover_cli::run(&app, &asker(), id, step, json).await;
+    }
     let db = switchboard_kit::db::connect(&config.database_url, 2).await?;
     match command {
         SessionsCommand::List {
@@ -96,6 +129,9 @@ pub async fn run(config: Config, command: SessionsCommand) -> anyhow::Result<()>
         SessionsCommand::Show { id, last, json } => show(&db, id, last, json).await,
         SessionsCommand::Reset { id, json } => reset(&db, id, json).await,
         SessionsCommand::Export { id, output } => export(&db, id, output).await,
+        SessionsCommand::Takeover { .. }
+        | SessionsCommand::Reply { .. }
+        | SessionsCommand::Handback { .. } => unreachable!("run above"),
     }
 }
 

@@ -322,6 +322,7 @@ pub fn work_payloads(data: &[u8]) {
             shared: false,
             daily_notes: None,
             exports: None,
+            handover: None,
         };
         let prompt = build_prompt(&turn, &ctx);
         let msg = turn.message.clone().unwrap_or_default();

@@ -76,6 +76,7 @@ pub fn router(mut state: GatewayState, stages: &'static [Registration]) -> Route
         .merge(crate::search_api::routes())
         .merge(crate::analytics_api::routes())
         .merge(crate::escalations_api::routes())
+        .merge(crate::takeover_api::routes())
         .with_state(state)
 }
 
