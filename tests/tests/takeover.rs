@@ -367,3 +367,84 @@ async fn an_operator_steps_in_from_a_terminal() {
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn console_an_operator_takes_over_replies_and_hands_back_in_the_transcript() {
+    const DINA: &str = "+14155550743";
+    let app = spawn_app().await;
+    app.text_answered(DINA, "hello", 1).await;
+    let key = app
+        .api_key("ops-desk", &["sessions:read", "ops:read", "ops:write"])
+        .await;
+
+    let browser = switchboard_e2e::browser::Browser::start("takeover_console").await;
+    browser.goto(&format!("{}/console", app.admin_url)).await;
+    browser.type_into("#login-key", &key).await;
+    browser.click("#login-form button").await;
+    browser
+        .texts_until("#sessions-table tbody tr", "the session", |t| {
+            t.iter().any(|r| r.contains(DINA))
+        })
+        .await;
+    browser.click("#sessions-table tbody tr").await;
+    browser
+        .texts_until("#takeover-state", "the agent has it", |t| {
+            t == ["The agent has this conversation."]
+        })
+        .await;
+    browser.screenshot("agent").await;
+
+    browser.click("#takeover-take").await;
+    browser
+        .texts_until("#takeover-state", "taken over", |t| {
+            t.len() == 1 && t[0].starts_with("Taken over by ops-desk")
+        })
+        .await;
+    // The person writes: shown live, held for the operator.
+    assert_eq!(app.send_sms(DINA, "is there a person?").await.status(), 200);
+    browser
+        .texts_until("#transcript li", "the message and its hold", |t| {
+            t.iter().any(|l| l.contains("is there a person?"))
+                && t.iter().any(|l| l.contains("held"))
+        })
+        .await;
+    browser.screenshot("taken_over").await;
+    assert_eq!(app.runner.calls().len(), 1, "the agent is paused");
+
+    browser.type_into("#takeover-text", "Yes, Nora here.").await;
+    browser.click("#takeover-reply button").await;
+    let texts = app.wait_for_sms(2, WAIT).await;
+    assert_eq!(
+        (texts[1].to.as_str(), texts[1].body.as_str()),
+        (DINA, "Yes, Nora here.")
+    );
+    browser
+        .texts_until("#transcript li.operator", "the operator's reply", |t| {
+            t.iter()
+                .any(|l| l.contains("operator ops-desk") && l.contains("Yes, Nora here."))
+        })
+        .await;
+    browser.screenshot("replied").await;
+
+    browser.click("#takeover-handback").await;
+    browser
+        .texts_until("#takeover-state", "handed back", |t| {
+            t == ["The agent has this conversation."]
+        })
+        .await;
+    browser
+        .texts_until("#transcript li.journal", "the hand-back", |t| {
+            t.iter()
+                .any(|l| l.contains("handback") && l.contains("by: ops-desk"))
+        })
+        .await;
+    browser.screenshot("handed_back").await;
+    app.settle().await;
+    assert_eq!(
+        app.twilio.sent().len(),
+        2,
+        "the reply went once; nothing was left for the agent"
+    );
+    browser.close().await;
+    app.shutdown().await;
+}

@@ -177,6 +177,9 @@ pub struct MessageView {
     pub tool_calls_count: Option<i64>,
     /// The tools the engine called for an agent's reply, by name (never their arguments).
     pub tool_names: Vec<String>,
+    /// The operator who wrote an outbound message during a takeover (`null`: the agent, or
+    /// Switchboard).
+    pub operator: Option<String>,
 }
 
 /// An entry of the session's journal (resets, waits, recalls, summaries).
@@ -325,7 +328,8 @@ pub async fn session_messages(
                 ARRAY(SELECT jsonb_array_elements_text(
                           CASE jsonb_typeof(metadata->'tool_names')
                                WHEN 'array' THEN metadata->'tool_names' ELSE '[]' END))
-                    AS "tool_names!"
+                    AS "tool_names!",
+                metadata->>'operator' AS operator
            FROM switchboard.messages
           WHERE session_id = $1 AND ($2::uuid IS NULL OR id > $2)
           ORDER BY id
@@ -352,7 +356,8 @@ pub async fn last_messages(
                 ARRAY(SELECT jsonb_array_elements_text(
                           CASE jsonb_typeof(metadata->'tool_names')
                                WHEN 'array' THEN metadata->'tool_names' ELSE '[]' END))
-                    AS "tool_names!"
+                    AS "tool_names!",
+                metadata->>'operator' AS operator
            FROM switchboard.messages
           WHERE session_id = $1
           ORDER BY id DESC

@@ -264,11 +264,84 @@ async function loadTranscript(id) {
   const summary = session.summary;
   $("#transcript-summary").textContent = summary ? `Summary (v${summary.version}): ${summary.text}` : "";
   const timeline = [
-    ...messages.map((m) => ({ at: m.at, node: el("li", { class: m.direction, "data-message": m.id }, el("span", { class: "when" }, `${m.direction === "inbound" ? s.person.id : m.agent} · ${m.channel} · ${when(m.at)}`), m.text) })),
+    ...messages.map((m) => {
+      const who = m.direction === "inbound" ? s.person.id : m.operator ? `operator ${m.operator}` : m.agent;
+      const kind = m.operator ? `${m.direction} operator` : m.direction;
+      return { at: m.at, node: el("li", { class: kind, "data-message": m.id }, el("span", { class: "when" }, `${who} · ${m.channel} · ${when(m.at)}`), m.text) };
+    }),
     ...events.map((e) => ({ at: e.at, node: el("li", { class: "journal", "data-event": e.kind }, `${when(e.at)} · ${journalText(e)}`) })),
   ].sort((a, b) => new Date(a.at) - new Date(b.at));
   $("#transcript").replaceChildren(...timeline.map((t) => t.node));
+  await loadTakeover(id);
 }
+
+// ---- an operator steps in: take over, reply, hand back (docs/sessions.md) ----
+// The section is static and only its state is redrawn, so a reply being typed survives the
+// transcript's refresh. A draft keeps one Idempotency-Key until it is sent: a double click or a
+// retry after a dropped answer sends it once.
+let takeoverDrawn = null;
+let draftKey = null;
+async function loadTakeover(id) {
+  let body;
+  try {
+    body = await api(`/api/v1/sessions/${id}/takeover`);
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 403) {
+      $("#takeover").hidden = true;
+      return;
+    }
+    throw e;
+  }
+  const t = body.takeover && !body.takeover.ended_at ? body.takeover : null;
+  $("#takeover").hidden = false;
+  const drawn = JSON.stringify([id, t && t.id]);
+  if (drawn === takeoverDrawn) return;
+  takeoverDrawn = drawn;
+  $("#takeover-state").textContent = t
+    ? `Taken over by ${t.taken_by} since ${when(t.started_at)}: the agent is paused; the person's messages wait for you.`
+    : "The agent has this conversation.";
+  $("#takeover-take").hidden = !!t;
+  $("#takeover-handback").hidden = !t;
+  $("#takeover-reply").hidden = !t;
+}
+
+async function takeoverStep(path, options, done) {
+  try {
+    const x = await api(`/api/v1/sessions/${openSession}/${path}`, options);
+    $("#live").textContent = done(x);
+    showError(null);
+    takeoverDrawn = null;
+    await loadTranscript(openSession);
+    return true;
+  } catch (e) {
+    showError(e);
+    return false;
+  }
+}
+
+$("#takeover-take").addEventListener("click", () =>
+  takeoverStep("takeover", { method: "POST" }, (t) => `Taken over by ${t.taken_by}`),
+);
+$("#takeover-handback").addEventListener("click", () =>
+  takeoverStep("handback", { method: "POST" }, (x) =>
+    x.agent_answers ? "Handed back: the agent answers what is left" : "Handed back to the agent",
+  ),
+);
+$("#takeover-reply").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const text = $("#takeover-text").value.trim();
+  if (!text) return;
+  draftKey = draftKey || (crypto.randomUUID ? crypto.randomUUID() : `${Date.now()}-${Math.floor(Math.random() * 1e9)}`);
+  const sent = await takeoverStep(
+    "replies",
+    { method: "POST", headers: { "Content-Type": "application/json", "Idempotency-Key": draftKey }, body: JSON.stringify({ text }) },
+    (x) => `Sent on ${x.channel}`,
+  );
+  if (sent) {
+    $("#takeover-text").value = "";
+    draftKey = null;
+  }
+});
 
 // ---- search ----
 $("#search-form").addEventListener("submit", async (ev) => {
