@@ -196,10 +196,10 @@ async fn send_as_operator(
     message: Uuid,
     text: String,
 ) -> Result<String, Refused> {
-    let channel =
-        takeovers::send_as_operator(&state.db, &state.runtime, takeover, by, message, text)
-            .await
-            .map_err(refused)?;
+    let (db, runtime, arrivals) = (&state.db, &state.runtime, &state.arrivals);
+    let channel = takeovers::send_as_operator(db, runtime, arrivals, takeover, by, message, text)
+        .await
+        .map_err(refused)?;
     metrics::counter!("sb_operator_replies_total").increment(1);
     Ok(channel)
 }

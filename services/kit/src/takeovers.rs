@@ -325,7 +325,7 @@ pub enum PublishError {
     /// Nothing to answer on: the person never wrote in this session.
     #[error("the person has not written in this session yet")]
     NoChannel,
-    #[error("numbering the hand-back's input among the person's messages: {0}")]
+    #[error("numbering among the person's messages: {0}")]
     Arrival(#[from] ArrivalError),
     #[error("publishing: {0}")]
     Publish(#[source] anyhow::Error),
@@ -357,12 +357,14 @@ async fn route_of(db: &PgPool, session: Uuid) -> Result<Route, PublishError> {
 
 /// Send `text` to the takeover's person as `by`'s reply `message`: a turn whose answer is given
 /// (like a message the agent starts), from the person's address on the channel they last wrote
-/// on in the session, so it takes its place among the session's turns and the delivery ledger
-/// sends it once (the session stage keeps one turn of a message id). Journalled once. Returns
-/// the channel it goes on.
+/// on in the session, so the delivery ledger sends it once. Numbered among the person's
+/// messages (as a wake-up's input), so the operator's replies go out in the order they were
+/// written, after what the person sent before; the session stage keeps one turn of it however
+/// often it is published. Journalled once. Returns the channel it goes on.
 pub async fn send_as_operator(
     db: &PgPool,
     runtime: &Runtime,
+    arrivals: &ArrivalCounter,
     takeover: &Takeover,
     by: &str,
     message: Uuid,
@@ -372,18 +374,22 @@ pub async fn send_as_operator(
         .await?
         .ok_or(PublishError::NoSession)?;
     let route = route_of(db, takeover.session_id).await?;
+    let key = format!("operator:{message}");
+    let arrival = arrivals
+        .number_input(&route.channel, &route.sender, &key)
+        .await?;
     let inbound = InboundMessage {
         id: message.to_string(),
         channel: route.channel.clone(),
         provider: route.provider.clone(),
         sender: route.sender,
         recipient: route.recipient.unwrap_or_default(),
+        provider_message_id: key.clone(),
         received_at_ms: crate::now_ms(),
         correlation_id: message.to_string(),
         agent: party.agent_name.clone(),
-        // Unnumbered: not the person's message, it holds no one's order.
-        arrival_seq: 0,
-        arrival_epoch: 0,
+        arrival_seq: arrival.seq,
+        arrival_epoch: arrival.epoch,
         asserted: Some(Person {
             person_id: party.person_id.clone(),
             person_type: party.person_type.clone(),
@@ -398,7 +404,7 @@ pub async fn send_as_operator(
         runtime
             .topology
             .inbound_from(&inbound.channel, &inbound.sender),
-        format!("{}:{message}:0.0", route.provider),
+        format!("{key}:{}.{}", arrival.epoch, arrival.seq),
         &inbound,
     )
     .correlated(inbound.correlation_id.clone());

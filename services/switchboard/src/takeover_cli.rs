@@ -16,14 +16,16 @@ pub enum Step {
 
 pub async fn run(app: &App, by: &str, id: Uuid, step: Step, json: bool) -> anyhow::Result<()> {
     let db = &app.db;
+    let runtime = app.runtime();
+    let arrivals = ArrivalCounter::new(runtime.js.clone(), &runtime.topology);
     let shown = match step {
         Step::Take => match takeovers::take_over(db, id, by).await? {
             TakenOver::Now(t) | TakenOver::Already(t) => {
                 let notice = app.config.escalation.takeover_notice.trim();
                 if !notice.is_empty() {
                     let message = Uuid::new_v5(&t.id, b"takeover-notice");
-                    let runtime = app.runtime();
-                    takeovers::send_as_operator(db, &runtime, &t, by, message, notice.into())
+                    let text = notice.to_string();
+                    takeovers::send_as_operator(db, &runtime, &arrivals, &t, by, message, text)
                         .await?;
                 }
                 (
@@ -55,7 +57,7 @@ pub async fn run(app: &App, by: &str, id: Uuid, step: Step, json: bool) -> anyho
             };
             let message = Uuid::now_v7();
             let channel =
-                takeovers::send_as_operator(db, &app.runtime(), &t, by, message, text).await?;
+                takeovers::send_as_operator(db, &runtime, &arrivals, &t, by, message, text).await?;
             (
                 serde_json::json!({"message_id": message, "takeover_id": t.id, "channel": channel}),
                 format!("sent on {channel} (message {message})"),
@@ -63,8 +65,6 @@ pub async fn run(app: &App, by: &str, id: Uuid, step: Step, json: bool) -> anyho
         }
         Step::HandBack => match takeovers::hand_back(db, id, by).await? {
             HandedBack::Now { takeover, held } => {
-                let runtime = app.runtime();
-                let arrivals = ArrivalCounter::new(runtime.js.clone(), &runtime.topology);
                 takeovers::publish_handback(db, &runtime, &arrivals, &takeover).await?;
                 let answers = takeover.handback_input.is_some();
                 (

@@ -28,6 +28,7 @@ use super::chaos_check::{
     Verdict, judge,
 };
 use super::chaos_nodes::{self, NodeKill};
+use super::chaos_takeover;
 use super::chaos_wakeups;
 use super::loadgen::{LoadGen, LoadStats, in_groups};
 use super::memory_run::{self, MemoryModel};
@@ -97,6 +98,9 @@ pub struct ChaosOptions {
     pub wakeups_at: Duration,
     pub wakeups_among: usize,
     pub wakeups_due: Vec<Duration>,
+    /// When an operator takes one person of the first group over ([`chaos_takeover`]); `None`:
+    /// no takeover.
+    pub takeover_at: Option<Duration>,
     /// Worker binaries and replicas.
     pub replicas: Vec<(&'static str, usize)>,
     /// How long to wait for the last replies after the load and the kills stopped.
@@ -141,6 +145,9 @@ impl ChaosOptions {
             wakeups_due: (0..20)
                 .map(|k| Duration::from_millis(10_000 + k * 800))
                 .collect(),
+            // As NATS crashes (15 s), workers are killed, and its held messages wait out the
+            // runner's outage and Postgres's crash before the operator answers them.
+            takeover_at: Some(Duration::from_secs(14)),
             replicas: vec![
                 ("gateway", 1),
                 ("identify", 1),
@@ -197,6 +204,10 @@ impl ChaosOptions {
             wakeups_due: [2_000, 3_000, 5_000, 6_000]
                 .map(Duration::from_millis)
                 .to_vec(),
+            // While the runner is down and workers are killed, before Postgres crashes (13 s),
+            // once the first three groups sent all their messages (10 s): the first two's
+            // Twilio people are the wake-ups' and the returning one.
+            takeover_at: Some(Duration::from_secs(10)),
             replicas: vec![
                 ("gateway", 1),
                 ("identify", 1),
@@ -214,6 +225,13 @@ impl ChaosOptions {
             knobs: chaos_knobs(),
             progress: false,
         }
+    }
+
+    /// The senders whose messages are all sent `at` into the load (the groups done by then).
+    pub fn sent_by(&self, at: Duration) -> usize {
+        let per_group = (self.group as f64) * f64::from(self.per_session);
+        let groups = (at.as_secs_f64() * self.rate / per_group).floor() as usize;
+        (groups * self.group).min(self.sessions)
     }
 
     /// The same run on a JetStream cluster of `nodes` (`make chaos CLUSTER=3`): streams at
@@ -609,6 +627,35 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
             .await
         })
     };
+    // The takeover, while the faults go on.
+    let takeover_task = {
+        let wakeup_senders =
+            chaos_wakeups::chosen(&o.mix, o.sessions, o.wakeups_among, o.wakeups_due.len());
+        let sender = o.takeover_at.and_then(|at| {
+            chaos_takeover::chosen(&o.mix, o.sessions, o.sent_by(at), &wakeup_senders)
+        });
+        let (db, gateway, load) = (
+            pipeline.db.clone(),
+            pipeline.gateway.base.clone(),
+            load.clone(),
+        );
+        let (at, first_extra, patience) = (
+            o.takeover_at,
+            o.per_session + 1,
+            o.drain_timeout + Duration::from_secs(120),
+        );
+        tokio::spawn(async move {
+            let (Some(at), Some(sender)) = (at, sender) else {
+                return Ok(None);
+            };
+            tokio::time::sleep(at).await;
+            let deadline = Instant::now() + patience;
+            let agent = pipeline::AGENT;
+            chaos_takeover::run(&db, &gateway, &load, agent, sender, first_extra, deadline)
+                .await
+                .map(Some)
+        })
+    };
     let bar = progress_bar(o.progress, total);
 
     // The faults.
@@ -788,6 +835,19 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         }
         Err(e) => bail!("scheduling the wake-ups: {e:#}"),
     };
+    let takeover = match takeover_task.await? {
+        Ok(t) => {
+            if let Some(t) = &t {
+                event(format!(
+                    "takeover of s{}: {} message(s) held and answered by the operator, handed back",
+                    t.sender,
+                    t.held.len()
+                ));
+            }
+            t
+        }
+        Err(e) => bail!("the takeover: {e:#}"),
+    };
     // One person per channel comes back once their summary is written (see `returning`).
     let returned = if server_lost.load(Ordering::SeqCst) {
         Vec::new()
@@ -889,6 +949,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     evidence
         .accepted
         .extend(chaos_wakeups::as_accepted(&pipeline.db, &wakeups).await?);
+    evidence.takeover = takeover;
     evidence.memory =
         Some(memory_run::collect(&pipeline, &memory, caught_up, waited, returned).await?);
     evidence.refused_calls = runner.refused();

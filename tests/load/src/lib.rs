@@ -25,6 +25,7 @@ pub mod channels;
 pub mod chaos;
 pub mod chaos_check;
 pub mod chaos_nodes;
+pub mod chaos_takeover;
 pub mod chaos_wakeups;
 pub mod floor;
 pub mod loadgen;

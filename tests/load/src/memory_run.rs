@@ -207,6 +207,7 @@ struct MessageRead {
     message: String,
     logged_ms: i64,
     summary_version: Option<i64>,
+    operator: bool,
 }
 
 /// A `summarised` journal entry as [`collect`] reads it.
@@ -237,6 +238,7 @@ pub async fn collect(
     let messages = sqlx::query_as::<_, MessageRead>(
         "SELECT m.id::text AS id, coalesce(s.memory_key, '') AS memory_key, m.person_id,
                 m.direction, m.metadata->>'kind' AS kind, m.message,
+                m.metadata ? 'operator' AS operator,
                 (extract(epoch FROM m.created_at) * 1000)::bigint AS logged_ms, k.summary_version
            FROM switchboard.messages m LEFT JOIN switchboard.sessions s ON s.id = m.session_id
            LEFT JOIN switchboard.message_marks k ON k.message_id = m.id",
@@ -256,6 +258,7 @@ pub async fn collect(
         kind: r.kind,
         logged_ms: r.logged_ms,
         summary_version: r.summary_version,
+        operator: r.operator,
     })
     .collect();
     let vectors = sqlx::query_as::<_, (String, String, String)>(

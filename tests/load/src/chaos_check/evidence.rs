@@ -144,6 +144,18 @@ pub struct WaitingRow {
     pub at_us: u64,
 }
 
+/// What the takeover did, for the verdict.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TakeoverRecord {
+    pub sender: usize,
+    /// The messages sent after the takeover (`s<sender>#<index>`).
+    pub sent_after: Vec<String>,
+    /// The messages the product held for the operator, in the session's order.
+    pub held: Vec<String>,
+    /// What the hand-back said: the agent gets a turn (it should not: everything was answered).
+    pub agent_answers: bool,
+}
+
 /// Everything a chaos run recorded, as plain data (saved as `chaos-evidence.json`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Evidence {
@@ -187,6 +199,9 @@ pub struct Evidence {
     /// What the memory workers left, and the prompts' canaries ([`memory`](super::memory)).
     #[serde(default)]
     pub memory: Option<MemoryEvidence>,
+    /// The operator's takeover of one person ([`crate::chaos_takeover`]).
+    #[serde(default)]
+    pub takeover: Option<TakeoverRecord>,
 }
 
 impl Evidence {

@@ -54,6 +54,9 @@ pub struct LoggedMessage {
     /// The canaries its text carries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub canaries: Vec<String>,
+    /// An operator wrote it during a takeover (`metadata.operator`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub operator: bool,
 }
 
 impl LoggedMessage {
@@ -407,6 +410,9 @@ fn categorised(m: &MemoryEvidence, v: &mut Verdict, t: &mut MemoryTally) {
         let answered = labels[0].inbound_id.as_deref().and_then(|id| by_id.get(id));
         match answered {
             Some(msg) if msg.direction == "inbound" && msg.memory_key == reply.memory_key => {}
+            // An operator's reply is an exchange of its own, as a message the agent starts: the
+            // messages it answers were held, never paired with an answer of the agent's.
+            None if reply.operator && labels[0].inbound_id.is_none() => {}
             _ => v.add(
                 Kind::LabelWithoutItsMessage,
                 format!(

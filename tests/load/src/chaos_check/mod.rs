@@ -90,12 +90,13 @@ mod outage;
 mod reply_order;
 mod reruns;
 mod runner;
+mod takeover;
 mod verdict;
 mod waited;
 
 pub use evidence::{
-    AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, MailboxRow, ServerCrash, TurnRow,
-    WaitingRow,
+    AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, MailboxRow, ServerCrash,
+    TakeoverRecord, TurnRow, WaitingRow,
 };
 pub use memory::{
     CategoryRow, LoggedMessage, MEMORY_STAGES, MemoryEvidence, MemoryTally, ModelPrompt,
@@ -148,6 +149,7 @@ pub fn judge(e: &Evidence) -> Verdict {
 
     health::judge(e, &mut v);
     memory::judge(e, &mut v);
+    takeover::judge(e, &mut v);
     v
 }
 

@@ -565,3 +565,52 @@ fn the_user_agent_names_the_sending_process() {
         None
     );
 }
+
+/// [`clean_run`] with sender 1 taken over after their first message: the second was held for
+/// the operator, never called at the runner, and answered by the operator (whose reply is the
+/// echo the agent would have sent, so the usual checks judge it).
+fn taken_over() -> (Evidence, CallRecord) {
+    let mut e = clean_run();
+    let held = e
+        .runner_calls
+        .iter()
+        .find(|c| c.text == "s1#1")
+        .unwrap()
+        .clone();
+    e.runner_calls.retain(|c| c.text != "s1#1");
+    e.takeover = Some(TakeoverRecord {
+        sender: 1,
+        sent_after: vec!["s1#1".into()],
+        held: vec!["s1#1".into()],
+        agent_answers: false,
+    });
+    (e, held)
+}
+
+#[test]
+fn a_takeover_that_kept_its_messages_from_the_agent_passes() {
+    let v = judge(&taken_over().0);
+    assert!(v.passed(), "{:?}", v.failures());
+}
+
+#[test]
+fn a_message_held_for_the_operator_that_reached_the_agent_fails() {
+    let (mut e, call) = taken_over();
+    e.runner_calls.push(call);
+    let f = only_kind(&judge(&e), Kind::Takeover);
+    assert!(
+        f.evidence
+            .contains("s1#1, held for the operator, reached the agent")
+    );
+}
+
+#[test]
+fn a_takeover_that_held_nothing_or_left_the_agent_an_answer_fails() {
+    let (mut e, _) = taken_over();
+    e.takeover.as_mut().unwrap().held.clear();
+    let f = only_kind(&judge(&e), Kind::Takeover);
+    assert!(f.evidence.contains("held no message"), "{}", f.evidence);
+    let (mut e, _) = taken_over();
+    e.takeover.as_mut().unwrap().agent_answers = true;
+    only_kind(&judge(&e), Kind::Takeover);
+}

@@ -62,6 +62,7 @@ pub enum Kind {
     SharedSummarised,
     MemoryNotCaughtUp,
     MemoryEvidenceUnreadable,
+    Takeover,
 }
 
 impl Kind {
@@ -150,6 +151,10 @@ impl Kind {
             }
             Kind::MemoryNotCaughtUp => "memory workers that did not catch up after the drain",
             Kind::MemoryEvidenceUnreadable => "memory evidence that could not be read",
+            Kind::Takeover => {
+                "a takeover that held nothing, let a held message reach the agent, or left the \
+                 agent something to answer"
+            }
         }
     }
 }
