@@ -448,3 +448,58 @@ async fn console_an_operator_takes_over_replies_and_hands_back_in_the_transcript
     browser.close().await;
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_hand_back_whose_gateway_died_before_publishing_still_gives_the_agent_its_turn() {
+    const EVA: &str = "+14155550744";
+    let app = spawn_app().await;
+    let lead = app
+        .api_key("nora", &["sessions:read", "ops:read", "ops:write"])
+        .await;
+    app.text_answered(EVA, "hello", 1).await;
+    let session = session_of(&app, &lead, Some(&format!("phone:{EVA}"))).await;
+    let path = format!("/api/v1/sessions/{session}/takeover");
+    assert_eq!(post(&app.gateway_url, &lead, &path).await.0, 201);
+    assert_eq!(app.send_sms(EVA, "still there?").await.status(), 200);
+    journal_once(&app, &lead, &session, "held", 1).await;
+
+    // The hand-back commits, and its gateway dies before publishing the agent's turn.
+    let id: uuid::Uuid = session.parse().unwrap();
+    let back = switchboard_kit::takeovers::hand_back(&app.db, id, "nora")
+        .await
+        .unwrap();
+    let switchboard_kit::takeovers::HandedBack::Now { takeover, held } = back else {
+        panic!("handed back now: {back:?}");
+    };
+    assert_eq!(held, 1);
+    assert!(
+        takeover.handback_input.is_some(),
+        "the person waits for an answer"
+    );
+
+    // A gateway finds it stranded and publishes it: the agent answers, once.
+    let texts = app.wait_for_sms(2, Duration::from_secs(45)).await;
+    assert_eq!(texts[1].to, EVA);
+    assert!(
+        texts[1].body.starts_with("echo: The operator handed"),
+        "{}",
+        texts[1].body
+    );
+    let (_, shown) = call(
+        &app.gateway_url,
+        reqwest::Method::GET,
+        &lead,
+        &path,
+        None,
+        None,
+    )
+    .await;
+    assert!(
+        shown["takeover"]["handback_published_at"].is_string(),
+        "{shown}"
+    );
+    app.settle().await;
+    assert_eq!(app.twilio.sent().len(), 2, "published once");
+    assert_eq!(app.runner.calls().len(), 2);
+    app.shutdown().await;
+}

@@ -169,25 +169,37 @@ pub async fn take_over(db: &PgPool, session: Uuid, by: &str) -> Result<TakenOver
     if party.shared() {
         return Ok(TakenOver::Shared);
     }
-    let mut tx = db.begin().await?;
-    let taken: Option<Takeover> = sqlx::query_as(&format!(
-        "INSERT INTO switchboard.takeovers (id, session_id, taken_by) VALUES ($1, $2, $3)
-         ON CONFLICT (session_id) WHERE ended_at IS NULL DO NOTHING
-         RETURNING {COLUMNS}"
-    ))
-    .bind(Uuid::now_v7())
-    .bind(session)
-    .bind(by)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(taken) = taken else {
+    // Twice at most: a takeover handed back between the insert and the look finds none open.
+    let mut attempts = 0;
+    let (mut tx, taken) = loop {
+        attempts += 1;
+        let mut tx = db.begin().await?;
+        let taken: Option<Takeover> = sqlx::query_as(&format!(
+            "INSERT INTO switchboard.takeovers (id, session_id, taken_by) VALUES ($1, $2, $3)
+             ON CONFLICT (session_id) WHERE ended_at IS NULL DO NOTHING
+             RETURNING {COLUMNS}"
+        ))
+        .bind(Uuid::now_v7())
+        .bind(session)
+        .bind(by)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(taken) = taken {
+            break (tx, taken);
+        }
         tx.rollback().await?;
-        return Ok(match open(db, session).await? {
-            Some(t) if t.taken_by == by => TakenOver::Already(t),
-            Some(t) => TakenOver::HeldByOther(t),
-            // Handed back in between: the caller may simply ask again.
-            None => TakenOver::HeldByOther(latest(db, session).await?.expect("one existed")),
-        });
+        match open(db, session).await? {
+            Some(t) if t.taken_by == by => return Ok(TakenOver::Already(t)),
+            Some(t) => return Ok(TakenOver::HeldByOther(t)),
+            None if attempts < 2 => continue,
+            // Taken and handed back again while we looked: whoever had it last is named.
+            None => {
+                return Ok(match latest(db, session).await? {
+                    Some(t) => TakenOver::HeldByOther(t),
+                    None => TakenOver::NoSuchSession,
+                });
+            }
+        }
     };
     journal(
         &mut tx,
