@@ -323,6 +323,16 @@ async fn an_operator_answers_a_chat_and_the_agent_learns_of_it_at_its_next_turn(
         "{prompt}"
     );
     assert_eq!(FakeRunner::said(prompt), "thanks, and one more thing");
+    // Counted where an operator looks.
+    let metrics = app.metrics().await;
+    for counted in [
+        "sb_takeovers_total 1",
+        "sb_operator_replies_total 1",
+        "sb_handbacks_total 1",
+        "sb_dispatch_held_turns_total 1",
+    ] {
+        assert!(metrics.contains(counted), "{counted}: {metrics}");
+    }
     app.shutdown().await;
 }
 

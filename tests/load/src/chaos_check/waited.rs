@@ -16,6 +16,10 @@
 //! the first pickup is recorded: how long the redelivery then waited at another dispatcher is
 //! not judged.)
 //!
+//! Time while Postgres was down does not count either: a dispatcher cannot take a turn up then,
+//! nor learn that a lease the crash cut off was taken (its answer lost with the connection), so
+//! the turn can neither meet the runner nor wait on it until the database is back.
+//!
 //! Evidence recorded before turns carried their pickup is judged by the rule it was recorded
 //! under: a turn opened (else a message accepted) [`super::TOLD_GRACE_US`] or more before the
 //! runner was back.
@@ -119,7 +123,13 @@ pub(super) fn who_must_be_told<'a>(
                 None => Since::Accepted(a.accepted_us),
             }
         };
-        if since.at() + since.grace() <= live_until {
+        // While Postgres was down a dispatcher could not take the turn up nor learn that it
+        // had (a lease whose answer the crash lost): that time is not time it met the runner.
+        let at_dispatcher = match since {
+            Since::PickedUp(t) => time_up(t, live_until, &e.crashes),
+            _ => live_until.saturating_sub(since.at()),
+        };
+        if live_until >= since.at() && at_dispatcher >= since.grace() {
             must.entry(a.sender).or_insert(MustTell {
                 message: a,
                 since,
@@ -128,6 +138,16 @@ pub(super) fn who_must_be_told<'a>(
         }
     }
     must
+}
+
+/// How much of `from..until` Postgres was up (the crashes of `pg` taken out).
+fn time_up(from: u64, until: u64, crashes: &[ServerCrash]) -> u64 {
+    let mut up = until.saturating_sub(from);
+    for c in crashes.iter().filter(|c| c.server == "pg") {
+        let (a, b) = (c.at_us.max(from), c.back_us.min(until));
+        up = up.saturating_sub(b.saturating_sub(a));
+    }
+    up
 }
 
 /// A finding for everyone who must have been told and was not, with what happened between
@@ -266,6 +286,42 @@ mod tests {
         }];
         let v = judge(&e);
         only_kind(&v, Kind::NotTold);
+    }
+
+    #[test]
+    fn time_while_postgres_was_down_is_not_time_at_a_dispatcher() {
+        // As chaos-20261207-132457 recorded it: picked up 2 s before the runner was back as
+        // Postgres went down (the lease's answer lost), Postgres back 1.6 s later, the
+        // dispatcher killed 0.3 s after that: 0.3 s it could have met the runner.
+        let mut e = untold_chat_person(8_000_000);
+        turn_of(&mut e, 3, 1).picked_by_pid = Some(77);
+        e.kills.push(Kill {
+            at_us: 9_900_000,
+            kind: "dispatch".into(),
+            target: "dispatch-77".into(),
+            pid: 77,
+        });
+        e.crashes.push(ServerCrash {
+            server: "pg".into(),
+            at_us: 7_900_000,
+            back_us: 9_600_000,
+            recovered: true,
+        });
+        let v = judge(&e);
+        assert!(v.passed(), "{:?}", v.findings);
+        // Postgres back 1 s earlier: 1.3 s at a live dispatcher with a database, untold.
+        e.crashes[0].back_us = 8_600_000;
+        let v = judge(&e);
+        let f = only_kind(&v, Kind::NotTold);
+        assert!(
+            f.evidence.contains("pg down from 7.900s to 8.600s"),
+            "{}",
+            f.evidence
+        );
+        // NATS down instead: that does not stop a dispatcher holding the turn.
+        e.crashes[0].server = "nats".into();
+        e.crashes[0].back_us = 9_600_000;
+        only_kind(&judge(&e), Kind::NotTold);
     }
 
     #[test]
