@@ -36,6 +36,10 @@ async fn call(
     )
 }
 
+async fn get(base: &str, key: &str, path: &str) -> (u16, Value) {
+    call(base, reqwest::Method::GET, key, path, None, None).await
+}
+
 async fn post(base: &str, key: &str, path: &str) -> (u16, Value) {
     call(base, reqwest::Method::POST, key, path, None, None).await
 }
@@ -52,15 +56,7 @@ async fn session_of(app: &TestApp, key: &str, person: Option<&str>) -> String {
         Some(p) => format!("/api/v1/sessions?person={}", p.replace('+', "%2B")),
         None => "/api/v1/sessions".to_string(),
     };
-    let (status, body) = call(
-        &app.gateway_url,
-        reqwest::Method::GET,
-        key,
-        &path,
-        None,
-        None,
-    )
-    .await;
+    let (status, body) = get(&app.gateway_url, key, &path).await;
     assert_eq!(status, 200, "{body}");
     body["sessions"][0]["id"]
         .as_str()
@@ -73,15 +69,7 @@ async fn journal_once(app: &TestApp, key: &str, session: &str, kind: &str, n: us
     let path = format!("/api/v1/sessions/{session}/events?limit=500");
     let deadline = Instant::now() + WAIT;
     loop {
-        let (status, body) = call(
-            &app.gateway_url,
-            reqwest::Method::GET,
-            key,
-            &path,
-            None,
-            None,
-        )
-        .await;
+        let (status, body) = get(&app.gateway_url, key, &path).await;
         assert_eq!(status, 200, "{body}");
         let events = body["events"].as_array().cloned().unwrap_or_default();
         if events.iter().filter(|e| e["kind"] == kind).count() >= n {
@@ -495,15 +483,7 @@ async fn a_hand_back_whose_gateway_died_before_publishing_still_gives_the_agent_
         "{}",
         texts[1].body
     );
-    let (_, shown) = call(
-        &app.gateway_url,
-        reqwest::Method::GET,
-        &lead,
-        &path,
-        None,
-        None,
-    )
-    .await;
+    let (_, shown) = get(&app.gateway_url, &lead, &path).await;
     assert!(
         shown["takeover"]["handback_published_at"].is_string(),
         "{shown}"

@@ -56,7 +56,7 @@ const MAX_LIMIT: i64 = 500;
 /// between batches.
 const EXPORT_BATCH: i64 = 500;
 
-fn session_not_found(id: Uuid) -> Refused {
+pub(crate) fn session_not_found(id: Uuid) -> Refused {
     refuse(ApiError::new(
         StatusCode::NOT_FOUND,
         "session_not_found",
@@ -93,7 +93,7 @@ async fn turn_may_read(
 }
 
 /// The session id of the path: 400 `invalid_session_id` unless it is a UUID.
-fn session_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Refused> {
+pub(crate) fn session_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Refused> {
     let Path(raw) = path.map_err(|e| bad("invalid_session_id", e.body_text()))?;
     raw.parse().map_err(|_| {
         let shown: String = raw.chars().filter(|c| !c.is_control()).take(60).collect();

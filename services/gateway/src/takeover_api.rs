@@ -15,6 +15,9 @@
 //!   messages it held, and whether the agent gets a turn to answer the ones after the
 //!   operator's last reply; again: 200, unchanged; 409 `not_taken_over`. Scope `ops:write`.
 //!
+//! Checked in this order, as the sessions API: the key (401), its scope (403), the request (400,
+//! `invalid_session_id` for a path that is no UUID), the session (404 `session_not_found`).
+//!
 //! The same routes serve the console on the admin address.
 use std::time::Duration;
 
@@ -37,6 +40,7 @@ use uuid::Uuid;
 use crate::api::idempotency_header;
 use crate::auth::Key;
 use crate::refusal::{refuse, unavailable};
+use crate::sessions_api::{session_id, session_not_found};
 use crate::{GatewayState, Refused, read_body};
 
 pub fn routes() -> Router<GatewayState> {
@@ -46,21 +50,8 @@ pub fn routes() -> Router<GatewayState> {
         .route("/api/v1/sessions/{id}/handback", post(hand_back))
 }
 
-fn not_found(id: &str) -> Refused {
-    refuse(ApiError::new(
-        StatusCode::NOT_FOUND,
-        "session_not_found",
-        format!("no session {id}"),
-    ))
-}
-
 fn conflict(code: &'static str, message: impl Into<String>) -> Refused {
     refuse(ApiError::new(StatusCode::CONFLICT, code, message))
-}
-
-fn session_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Refused> {
-    let Path(raw) = path.map_err(|_| not_found("with that id"))?;
-    raw.parse().map_err(|_| not_found("with that id"))
 }
 
 async fn show(
@@ -75,7 +66,7 @@ async fn show(
         .map_err(unavailable)?
         .is_none()
     {
-        return Err(not_found(&id.to_string()));
+        return Err(session_not_found(id));
     }
     let latest = takeovers::latest(&state.db, id)
         .await
@@ -114,7 +105,7 @@ async fn take(
                 t.taken_by, t.started_at
             ),
         )),
-        TakenOver::NoSuchSession => Err(not_found(&id.to_string())),
+        TakenOver::NoSuchSession => Err(session_not_found(id)),
         TakenOver::Terminated => Err(conflict(
             "session_terminated",
             format!("session {id} is terminated: it takes no more turns"),
@@ -160,7 +151,7 @@ async fn reply(
             .map_err(unavailable)?
             .is_none()
         {
-            return Err(not_found(&id.to_string()));
+            return Err(session_not_found(id));
         }
         return Err(conflict(
             "not_taken_over",
@@ -236,7 +227,7 @@ async fn hand_back(
                 "the agent has this conversation already",
             ));
         }
-        HandedBack::NoSuchSession => return Err(not_found(&id.to_string())),
+        HandedBack::NoSuchSession => return Err(session_not_found(id)),
     };
     // The agent's turn (once, whichever hand-back or sweep publishes it).
     if takeover.handback_input.is_some() && takeover.handback_published_at.is_none() {
