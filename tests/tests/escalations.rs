@@ -285,6 +285,24 @@ async fn console_an_escalation_heads_the_queue_with_the_conversation_and_is_ackn
         .await;
     browser.screenshot("conversation").await;
     browser.click("#transcript-back").await;
+    // From the queue straight to the conversation, taken over from the agent.
+    browser
+        .texts_until("#escalations-list > li", "the queue", |t| t.len() == 1)
+        .await;
+    browser.click("#escalations-list button.take-over").await;
+    browser
+        .texts_until("#takeover-state", "taken over from the queue", |t| {
+            t.len() == 1 && t[0].starts_with("Taken over by ops-desk")
+        })
+        .await;
+    browser.screenshot("taken_over").await;
+    browser.click("#takeover-handback").await;
+    browser
+        .texts_until("#takeover-state", "handed back", |t| {
+            t == ["The agent has this conversation."]
+        })
+        .await;
+    browser.click("#transcript-back").await;
     browser
         .texts_until("#escalations-list > li", "the queue again", |t| {
             t.len() == 1 && t[0].contains("Acknowledge")

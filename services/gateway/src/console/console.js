@@ -172,11 +172,25 @@ async function loadEscalations() {
         "div",
         { class: "actions" },
         el("button", { type: "button", class: "open", onclick: () => openTranscript(x.session_id) }, "Open conversation"),
+        el("button", { type: "button", class: "take-over", "aria-label": `Take over the conversation of ${x.person_id}`, onclick: () => takeOverFromQueue(x.session_id) }, "Take over"),
         el("button", { type: "button", class: "acknowledge", "aria-label": `Acknowledge the ${x.label} of ${x.person_id}`, onclick: () => acknowledge(x.id) }, "Acknowledge"),
       ),
     ),
   );
   $("#escalations-list").replaceChildren(...(items.length ? items : [el("li", { class: "none" }, "No open escalations.")]));
+}
+
+// Straight from the queue to the conversation, the agent paused (409 when someone else has it:
+// the transcript says who).
+async function takeOverFromQueue(session) {
+  try {
+    const t = await api(`/api/v1/sessions/${session}/takeover`, { method: "POST" });
+    $("#live").textContent = `Taken over by ${t.taken_by}`;
+  } catch (e) {
+    showError(e);
+  }
+  takeoverDrawn = null;
+  openTranscript(session);
 }
 
 async function acknowledge(id) {
