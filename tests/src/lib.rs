@@ -892,6 +892,35 @@ impl TestApp {
             .expect("metrics body")
     }
 
+    /// Every `name` event on the public stream so far (`session.escalated`, …), decoded, in
+    /// stream order: read from the start by a consumer of the test's own, until a second passes
+    /// with nothing more.
+    pub async fn public_events<T: prost::Message + Default>(&self, name: &str) -> Vec<T> {
+        use futures::StreamExt as _;
+        let stream = self
+            .js
+            .get_stream(self.topology.events_stream())
+            .await
+            .expect("the events stream");
+        let reader = stream
+            .create_consumer(jetstream::consumer::pull::Config {
+                filter_subject: self.topology.event(name),
+                deliver_policy: jetstream::consumer::DeliverPolicy::All,
+                ack_policy: jetstream::consumer::AckPolicy::None,
+                ..Default::default()
+            })
+            .await
+            .expect("a reader of the events stream");
+        let mut messages = reader.messages().await.expect("its messages");
+        let mut events = Vec::new();
+        while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(1), messages.next()).await
+        {
+            let m = m.expect("an event");
+            events.push(T::decode(m.payload.clone()).expect("the event's protobuf"));
+        }
+        events
+    }
+
     /// A rejected request must leave no trace downstream: nothing stored for the identify stage,
     /// no runner call, no SMS. Waits a little so a wrongly published message would show up.
     pub async fn assert_nothing_reached_the_pipeline(&self) {

@@ -5,8 +5,6 @@
 //! whose description is nearest by embedding. The fake OpenAI-compatible server plays both.
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer;
-use futures::StreamExt;
 use switchboard_e2e::{FakeAnswer, FakeModel, TestApp, spawn_app_configured};
 use switchboard_kit::memory_config::{EmbeddingConfig, EmbeddingProvider, LlmConfig};
 use switchboard_kit::proto::ExchangeCategorised;
@@ -71,32 +69,7 @@ async fn message_categories(app: &TestApp) -> Vec<(Uuid, String, Option<String>)
 
 /// Every `exchange.categorised` event on the public stream.
 async fn categorised_events(app: &TestApp) -> Vec<ExchangeCategorised> {
-    let stream = app
-        .js
-        .get_stream(app.topology.events_stream())
-        .await
-        .expect("the events stream");
-    let reader = stream
-        .create_consumer(consumer::pull::Config {
-            filter_subject: app.topology.event("exchange.categorised"),
-            deliver_policy: consumer::DeliverPolicy::All,
-            ack_policy: consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .expect("a consumer on the events stream");
-    let mut messages = reader.messages().await.expect("read events");
-    let mut events = Vec::new();
-    while let Ok(Some(message)) =
-        tokio::time::timeout(Duration::from_secs(1), messages.next()).await
-    {
-        let message = message.expect("an event");
-        events.push(
-            <ExchangeCategorised as prost::Message>::decode(message.payload.clone())
-                .expect("an ExchangeCategorised"),
-        );
-    }
-    events
+    app.public_events("exchange.categorised").await
 }
 
 /// The one `message.logged` of `direction` on the stream, published again under a new stream

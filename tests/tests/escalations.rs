@@ -4,8 +4,6 @@
 //! operator, in the session's journal both times.
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer;
-use futures::StreamExt as _;
 use serde_json::Value;
 use switchboard_e2e::{ChatClient, FakeAnswer, FakeModel, TestApp, spawn_app_configured};
 use switchboard_escalate::store::{self, Raised};
@@ -85,28 +83,7 @@ async fn queue_of(app: &TestApp, key: &str, n: usize) -> Vec<Value> {
 }
 
 async fn escalated_events(app: &TestApp) -> Vec<SessionEscalated> {
-    let stream = app
-        .js
-        .get_stream(app.topology.events_stream())
-        .await
-        .unwrap();
-    let reader = stream
-        .create_consumer(consumer::pull::Config {
-            filter_subject: app.topology.event("session.escalated"),
-            deliver_policy: consumer::DeliverPolicy::All,
-            ack_policy: consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut messages = reader.messages().await.unwrap();
-    let mut events = Vec::new();
-    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(1), messages.next()).await {
-        events.push(
-            <SessionEscalated as prost::Message>::decode(m.unwrap().payload.clone()).unwrap(),
-        );
-    }
-    events
+    app.public_events("session.escalated").await
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use switchboard_e2e::{AppOptions, ChatClient, FakeRunner, TestApp, spawn_app, spawn_app_with};
+use switchboard_kit::proto::{SessionHandedBack, SessionTakenOver};
 
 const WAIT: Duration = Duration::from_secs(30);
 const ANA: &str = "+14155550741";
@@ -229,6 +230,16 @@ async fn an_operator_takes_an_sms_conversation_over_answers_and_hands_it_back_ac
     .await
     .unwrap();
     assert_eq!(operator.as_deref(), Some("nora"));
+    // Announced on the public stream, once each, for analytics.
+    let taken: Vec<SessionTakenOver> = app.public_events("session.taken_over").await;
+    let back: Vec<SessionHandedBack> = app.public_events("session.handed_back").await;
+    assert_eq!((taken.len(), back.len()), (1, 1), "{taken:?} {back:?}");
+    assert_eq!(taken[0].session_id, session);
+    assert_eq!(taken[0].person_id, format!("phone:{ANA}"));
+    assert_eq!(taken[0].taken_by, "nora");
+    assert_eq!((back[0].held, back[0].agent_answers), (2, true));
+    assert_eq!(back[0].handed_back_by, "nora");
+    assert_eq!(back[0].takeover_id, taken[0].takeover_id);
 
     dispatcher.kill().await.ok();
     gateway.kill().await.ok();

@@ -95,9 +95,14 @@ async fn take(
                 let message = Uuid::new_v5(&t.id, b"takeover-notice");
                 send_as_operator(&state, &t, by, message, notice.to_string()).await?;
             }
+            announce_taken(&state, &t).await?;
             Ok((StatusCode::CREATED, Json(t)).into_response())
         }
-        TakenOver::Already(t) => Ok(Json(t).into_response()),
+        // Announced again (once on the stream): the first answer may have been lost.
+        TakenOver::Already(t) => {
+            announce_taken(&state, &t).await?;
+            Ok(Json(t).into_response())
+        }
         TakenOver::HeldByOther(t) => Err(conflict(
             "taken_over",
             format!(
@@ -195,6 +200,12 @@ async fn send_as_operator(
     Ok(channel)
 }
 
+async fn announce_taken(state: &GatewayState, t: &Takeover) -> Result<(), Refused> {
+    takeovers::announce_taken(&state.db, &state.runtime, t)
+        .await
+        .map_err(refused)
+}
+
 fn refused(e: PublishError) -> Refused {
     match e {
         PublishError::NoChannel => conflict("no_channel", e.to_string()),
@@ -229,6 +240,9 @@ async fn hand_back(
         }
         HandedBack::NoSuchSession => return Err(session_not_found(id)),
     };
+    takeovers::announce_handed_back(&state.db, &state.runtime, &takeover)
+        .await
+        .map_err(refused)?;
     // The agent's turn (once, whichever hand-back or sweep publishes it).
     if takeover.handback_input.is_some() && takeover.handback_published_at.is_none() {
         takeovers::publish_handback(&state.db, &state.runtime, &state.arrivals, &takeover)

@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use crate::arrival::{ArrivalCounter, ArrivalError};
 use crate::config::SessionScope;
-use crate::proto::{InboundMessage, Person};
+use crate::proto::{InboundMessage, Person, SessionHandedBack, SessionTakenOver};
 use crate::runtime::{Output, Runtime};
 use crate::status::{SessionEventKind, SessionStatus};
 
@@ -482,6 +482,75 @@ pub async fn publish_handback(
         .map_err(PublishError::Publish)?;
     mark_published(db, takeover.id).await?;
     Ok(())
+}
+
+/// Announce on the public stream that `takeover` began (`session.taken_over`), once however
+/// often it is announced (its id is the dedupe id): a caller that lost the first answer and asks
+/// again announces it again.
+pub async fn announce_taken(
+    db: &PgPool,
+    runtime: &Runtime,
+    takeover: &Takeover,
+) -> Result<(), PublishError> {
+    let party = party(db, takeover.session_id)
+        .await?
+        .ok_or(PublishError::NoSession)?;
+    let event = SessionTakenOver {
+        takeover_id: takeover.id.to_string(),
+        session_id: takeover.session_id.to_string(),
+        person_id: party.person_id,
+        agent_name: party.agent_name,
+        agent_identity: party.agent_identity,
+        taken_by: takeover.taken_by.clone(),
+        taken_at_ms: takeover.started_at.timestamp_millis(),
+    };
+    let name = "session.taken_over";
+    let out = Output::new(
+        runtime.topology.event(name),
+        format!("{name}:{}", takeover.id),
+        &event,
+    );
+    runtime
+        .publish("takeover", &out)
+        .await
+        .map_err(PublishError::Publish)
+}
+
+/// Announce that `takeover` ended (`session.handed_back`), once however often it is announced.
+pub async fn announce_handed_back(
+    db: &PgPool,
+    runtime: &Runtime,
+    takeover: &Takeover,
+) -> Result<(), PublishError> {
+    let party = party(db, takeover.session_id)
+        .await?
+        .ok_or(PublishError::NoSession)?;
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM switchboard.turns WHERE held_by = $1")
+        .bind(takeover.id)
+        .fetch_one(db)
+        .await?;
+    let event = SessionHandedBack {
+        takeover_id: takeover.id.to_string(),
+        session_id: takeover.session_id.to_string(),
+        person_id: party.person_id,
+        agent_name: party.agent_name,
+        agent_identity: party.agent_identity,
+        handed_back_by: takeover.ended_by.clone().unwrap_or_default(),
+        held,
+        agent_answers: takeover.handback_input.is_some(),
+        taken_at_ms: takeover.started_at.timestamp_millis(),
+        handed_back_at_ms: takeover.ended_at.map_or(0, |t| t.timestamp_millis()),
+    };
+    let name = "session.handed_back";
+    let out = Output::new(
+        runtime.topology.event(name),
+        format!("{name}:{}", takeover.id),
+        &event,
+    );
+    runtime
+        .publish("takeover", &out)
+        .await
+        .map_err(PublishError::Publish)
 }
 
 /// What the next prompt retells of the takeovers the agent was not told of yet.

@@ -21,6 +21,7 @@ pub async fn run(app: &App, by: &str, id: Uuid, step: Step, json: bool) -> anyho
     let shown = match step {
         Step::Take => match takeovers::take_over(db, id, by).await? {
             TakenOver::Now(t) | TakenOver::Already(t) => {
+                takeovers::announce_taken(db, &runtime, &t).await?;
                 let notice = app.config.escalation.takeover_notice.trim();
                 if !notice.is_empty() {
                     let message = Uuid::new_v5(&t.id, b"takeover-notice");
@@ -65,6 +66,7 @@ pub async fn run(app: &App, by: &str, id: Uuid, step: Step, json: bool) -> anyho
         }
         Step::HandBack => match takeovers::hand_back(db, id, by).await? {
             HandedBack::Now { takeover, held } => {
+                takeovers::announce_handed_back(db, &runtime, &takeover).await?;
                 takeovers::publish_handback(db, &runtime, &arrivals, &takeover).await?;
                 let answers = takeover.handback_input.is_some();
                 (
