@@ -6,7 +6,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use switchboard_e2e::{AppOptions, ChatClient, FakeRunner, TestApp, spawn_app, spawn_app_with};
+use switchboard_e2e::{
+    AppOptions, ChatClient, FakeRunner, TestApp, spawn_app, spawn_app_configured, spawn_app_with,
+};
 use switchboard_kit::proto::{SessionHandedBack, SessionTakenOver};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -336,9 +338,10 @@ async fn an_operator_answers_a_chat_and_the_agent_learns_of_it_at_its_next_turn(
 }
 
 #[tokio::test]
-async fn an_operator_steps_in_from_a_terminal() {
+async fn an_operator_steps_in_from_a_terminal_and_the_person_is_told_once() {
     const CLEO: &str = "+14155550742";
-    let app = spawn_app().await;
+    const NOTICE: &str = "A person from the desk has joined this conversation.";
+    let app = spawn_app_configured(|c| c.escalation.takeover_notice = NOTICE.into()).await;
     let reader = app.api_key("watcher", &["sessions:read"]).await;
     app.text_answered(CLEO, "hello", 1).await;
     let session = session_of(&app, &reader, Some(&format!("phone:{CLEO}"))).await;
@@ -348,15 +351,25 @@ async fn an_operator_steps_in_from_a_terminal() {
         .await;
     let by = taken["taken_by"].as_str().unwrap().to_string();
     assert!(by.starts_with("cli:"), "{taken}");
+    // Told once, though the take is repeated (as a caller whose answer was lost would).
+    let again = app
+        .cli_json(&["sessions", "takeover", &session, "--json"])
+        .await;
+    assert_eq!(again["id"], taken["id"]);
+    let texts = app.wait_for_sms(2, WAIT).await;
+    assert_eq!(
+        (texts[1].to.as_str(), texts[1].body.as_str()),
+        (CLEO, NOTICE)
+    );
     assert_eq!(app.send_sms(CLEO, "are you a bot?").await.status(), 200);
     journal_once(&app, &reader, &session, "held", 1).await;
     let sent = app
         .cli_json(&["sessions", "reply", &session, "No, a person.", "--json"])
         .await;
     assert_eq!(sent["channel"], "sms", "{sent}");
-    let texts = app.wait_for_sms(2, WAIT).await;
+    let texts = app.wait_for_sms(3, WAIT).await;
     assert_eq!(
-        (texts[1].to.as_str(), texts[1].body.as_str()),
+        (texts[2].to.as_str(), texts[2].body.as_str()),
         (CLEO, "No, a person.")
     );
     let back = app
@@ -369,6 +382,11 @@ async fn an_operator_steps_in_from_a_terminal() {
     );
     assert_eq!(back["takeover"]["ended_by"], by.as_str());
     app.settle().await;
+    assert_eq!(
+        app.twilio.sent().len(),
+        3,
+        "the notice and the reply once each"
+    );
     assert_eq!(
         app.runner.calls().len(),
         1,

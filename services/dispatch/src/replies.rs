@@ -94,11 +94,7 @@ impl TurnDispatcher {
             waits_for_runner: false,
             ahead_of_earlier_replies: false,
             // A given answer an operator wrote (a takeover) says whose it is.
-            operator: if stored.text.is_empty() {
-                String::new()
-            } else {
-                inbound.operator.clone()
-            },
+            operator: inbound.operator.clone(),
         }
     }
 

@@ -89,18 +89,12 @@ async fn take(
         TakenOver::Now(t) => {
             metrics::counter!("sb_takeovers_total").increment(1);
             tracing::info!(session = %id, %by, takeover = %t.id, "conversation taken over");
-            // Told once: the notice's id is the takeover's own.
-            let notice = state.config.escalation.takeover_notice.trim();
-            if !notice.is_empty() {
-                let message = Uuid::new_v5(&t.id, b"takeover-notice");
-                send_as_operator(&state, &t, by, message, notice.to_string()).await?;
-            }
-            announce_taken(&state, &t).await?;
+            publish_taken(&state, &t).await?;
             Ok((StatusCode::CREATED, Json(t)).into_response())
         }
-        // Announced again (once on the stream): the first answer may have been lost.
+        // Published again (each once): the first answer may have been lost.
         TakenOver::Already(t) => {
-            announce_taken(&state, &t).await?;
+            publish_taken(&state, &t).await?;
             Ok(Json(t).into_response())
         }
         TakenOver::HeldByOther(t) => Err(conflict(
@@ -200,8 +194,10 @@ async fn send_as_operator(
     Ok(channel)
 }
 
-async fn announce_taken(state: &GatewayState, t: &Takeover) -> Result<(), Refused> {
-    takeovers::announce_taken(&state.db, &state.runtime, t)
+/// The takeover's event and the person's notice ([`takeovers::publish_taken`]).
+async fn publish_taken(state: &GatewayState, t: &Takeover) -> Result<(), Refused> {
+    let notice = &state.config.escalation.takeover_notice;
+    takeovers::publish_taken(&state.db, &state.runtime, &state.arrivals, t, notice)
         .await
         .map_err(refused)
 }

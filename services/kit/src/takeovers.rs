@@ -367,12 +367,76 @@ async fn route_of(db: &PgPool, session: Uuid) -> Result<Route, PublishError> {
     route.ok_or(PublishError::NoChannel)
 }
 
+/// What an input from the session's person carries besides its address and number.
+struct FromPerson {
+    /// Its id (and correlation id).
+    id: Uuid,
+    /// Its provider message id: the session stage keeps one turn of it however often it is
+    /// published (a re-publish may get another number).
+    key: String,
+    text: String,
+    outbound_text: String,
+    operator: String,
+    scheduled: String,
+}
+
+/// Publish `input` as the session's person's, from their address on the channel they last wrote
+/// on in it, numbered after what they sent before it (as a wake-up's input), so its turn comes
+/// after theirs. The channel it went on.
+async fn publish_from_person(
+    db: &PgPool,
+    runtime: &Runtime,
+    arrivals: &ArrivalCounter,
+    session: Uuid,
+    input: FromPerson,
+) -> Result<String, PublishError> {
+    let party = party(db, session).await?.ok_or(PublishError::NoSession)?;
+    let route = route_of(db, session).await?;
+    let arrival = arrivals
+        .number_input(&route.channel, &route.sender, &input.key)
+        .await?;
+    let message = InboundMessage {
+        id: input.id.to_string(),
+        channel: route.channel.clone(),
+        provider: route.provider,
+        sender: route.sender,
+        recipient: route.recipient.unwrap_or_default(),
+        text: input.text,
+        provider_message_id: input.key.clone(),
+        arrival_seq: arrival.seq,
+        arrival_epoch: arrival.epoch,
+        received_at_ms: crate::now_ms(),
+        correlation_id: input.id.to_string(),
+        agent: party.agent_name,
+        scheduled: input.scheduled,
+        asserted: Some(Person {
+            person_id: party.person_id,
+            person_type: party.person_type,
+            ..Default::default()
+        }),
+        outbound_text: input.outbound_text,
+        operator: input.operator,
+        ..Default::default()
+    };
+    let output = Output::new(
+        runtime
+            .topology
+            .inbound_from(&message.channel, &message.sender),
+        format!("{}:{}.{}", input.key, arrival.epoch, arrival.seq),
+        &message,
+    )
+    .correlated(message.correlation_id.clone());
+    runtime
+        .publish("takeover", &output)
+        .await
+        .map_err(PublishError::Publish)?;
+    Ok(route.channel)
+}
+
 /// Send `text` to the takeover's person as `by`'s reply `message`: a turn whose answer is given
-/// (like a message the agent starts), from the person's address on the channel they last wrote
-/// on in the session, so the delivery ledger sends it once. Numbered among the person's
-/// messages (as a wake-up's input), so the operator's replies go out in the order they were
-/// written, after what the person sent before; the session stage keeps one turn of it however
-/// often it is published. Journalled once. Returns the channel it goes on.
+/// (like a message the agent starts), so the delivery ledger sends it once, numbered among the
+/// person's messages so the operator's replies go out in the order they were written.
+/// Journalled once. Returns the channel it goes on.
 pub async fn send_as_operator(
     db: &PgPool,
     runtime: &Runtime,
@@ -382,112 +446,66 @@ pub async fn send_as_operator(
     message: Uuid,
     text: String,
 ) -> Result<String, PublishError> {
-    let party = party(db, takeover.session_id)
-        .await?
-        .ok_or(PublishError::NoSession)?;
-    let route = route_of(db, takeover.session_id).await?;
-    let key = format!("operator:{message}");
-    let arrival = arrivals
-        .number_input(&route.channel, &route.sender, &key)
-        .await?;
-    let inbound = InboundMessage {
-        id: message.to_string(),
-        channel: route.channel.clone(),
-        provider: route.provider.clone(),
-        sender: route.sender,
-        recipient: route.recipient.unwrap_or_default(),
-        provider_message_id: key.clone(),
-        received_at_ms: crate::now_ms(),
-        correlation_id: message.to_string(),
-        agent: party.agent_name.clone(),
-        arrival_seq: arrival.seq,
-        arrival_epoch: arrival.epoch,
-        asserted: Some(Person {
-            person_id: party.person_id.clone(),
-            person_type: party.person_type.clone(),
-            ..Default::default()
-        }),
+    record_reply(db, takeover, by, message).await?;
+    let input = FromPerson {
+        id: message,
+        key: format!("operator:{message}"),
+        text: String::new(),
         outbound_text: text,
         operator: by.to_string(),
-        ..Default::default()
+        scheduled: String::new(),
     };
-    record_reply(db, takeover, by, message).await?;
-    let output = Output::new(
-        runtime
-            .topology
-            .inbound_from(&inbound.channel, &inbound.sender),
-        format!("{key}:{}.{}", arrival.epoch, arrival.seq),
-        &inbound,
-    )
-    .correlated(inbound.correlation_id.clone());
-    runtime
-        .publish("operator", &output)
-        .await
-        .map_err(PublishError::Publish)?;
-    Ok(route.channel)
+    publish_from_person(db, runtime, arrivals, takeover.session_id, input).await
 }
 
 /// Publish the agent's turn of a hand-back that left the person's last messages unanswered
-/// (nothing when it left none): numbered after what the person sent before it, known by the
-/// takeover, so however often it is published the session stage keeps one turn of it.
+/// (nothing when it left none), and mark it published.
 pub async fn publish_handback(
     db: &PgPool,
     runtime: &Runtime,
     arrivals: &ArrivalCounter,
     takeover: &Takeover,
 ) -> Result<(), PublishError> {
-    let Some(input) = takeover.handback_input else {
+    let Some(id) = takeover.handback_input else {
         return Ok(());
     };
-    let party = party(db, takeover.session_id)
-        .await?
-        .ok_or(PublishError::NoSession)?;
-    let route = route_of(db, takeover.session_id).await?;
-    let key = format!("handback:{}", takeover.id);
-    let arrival = arrivals
-        .number_input(&route.channel, &route.sender, &key)
-        .await?;
-    let message = InboundMessage {
-        id: input.to_string(),
-        channel: route.channel.clone(),
-        provider: route.provider,
-        sender: route.sender,
-        recipient: route.recipient.unwrap_or_default(),
+    let input = FromPerson {
+        id,
+        key: format!("handback:{}", takeover.id),
         text: HANDBACK_TEXT.to_string(),
-        provider_message_id: key.clone(),
-        arrival_seq: arrival.seq,
-        arrival_epoch: arrival.epoch,
-        received_at_ms: crate::now_ms(),
-        correlation_id: input.to_string(),
-        agent: party.agent_name.clone(),
+        outbound_text: String::new(),
+        operator: String::new(),
         scheduled: HANDBACK_INPUT.to_string(),
-        asserted: Some(Person {
-            person_id: party.person_id.clone(),
-            person_type: party.person_type.clone(),
-            ..Default::default()
-        }),
-        ..Default::default()
     };
-    let output = Output::new(
-        runtime
-            .topology
-            .inbound_from(&message.channel, &message.sender),
-        format!("{key}:{}.{}", arrival.epoch, arrival.seq),
-        &message,
-    )
-    .correlated(message.correlation_id.clone());
-    runtime
-        .publish("handback", &output)
-        .await
-        .map_err(PublishError::Publish)?;
+    publish_from_person(db, runtime, arrivals, takeover.session_id, input).await?;
     mark_published(db, takeover.id).await?;
+    Ok(())
+}
+
+/// What a takeover owes once taken, published again (each once) when the take is repeated, so
+/// a caller whose first answer was lost gets them out: the public event, and the person's
+/// notice (`[escalation] takeover_notice`) when one is configured.
+pub async fn publish_taken(
+    db: &PgPool,
+    runtime: &Runtime,
+    arrivals: &ArrivalCounter,
+    takeover: &Takeover,
+    notice: &str,
+) -> Result<(), PublishError> {
+    announce_taken(db, runtime, takeover).await?;
+    let notice = notice.trim();
+    if !notice.is_empty() {
+        let message = Uuid::new_v5(&takeover.id, b"takeover-notice");
+        let by = takeover.taken_by.as_str();
+        send_as_operator(db, runtime, arrivals, takeover, by, message, notice.into()).await?;
+    }
     Ok(())
 }
 
 /// Announce on the public stream that `takeover` began (`session.taken_over`), once however
 /// often it is announced (its id is the dedupe id): a caller that lost the first answer and asks
 /// again announces it again.
-pub async fn announce_taken(
+async fn announce_taken(
     db: &PgPool,
     runtime: &Runtime,
     takeover: &Takeover,

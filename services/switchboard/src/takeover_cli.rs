@@ -21,14 +21,8 @@ pub async fn run(app: &App, by: &str, id: Uuid, step: Step, json: bool) -> anyho
     let shown = match step {
         Step::Take => match takeovers::take_over(db, id, by).await? {
             TakenOver::Now(t) | TakenOver::Already(t) => {
-                takeovers::announce_taken(db, &runtime, &t).await?;
-                let notice = app.config.escalation.takeover_notice.trim();
-                if !notice.is_empty() {
-                    let message = Uuid::new_v5(&t.id, b"takeover-notice");
-                    let text = notice.to_string();
-                    takeovers::send_as_operator(db, &runtime, &arrivals, &t, by, message, text)
-                        .await?;
-                }
+                let notice = &app.config.escalation.takeover_notice;
+                takeovers::publish_taken(db, &runtime, &arrivals, &t, notice).await?;
                 (
                     serde_json::json!(t),
                     format!("session {id}: yours ({by}); the agent is paused"),
