@@ -6,6 +6,7 @@ pub mod chat;
 pub mod embedding_checks;
 pub mod runner_host;
 pub mod tcp_cut;
+pub use telegram::{TELEGRAM_BOT_ID, TELEGRAM_BOT_TOKEN, TELEGRAM_SECRET};
 
 /// The third parties, one fake each (the `switchboard-fakes` crate).
 pub use switchboard_fakes as fakes;
@@ -27,6 +28,7 @@ use switchboard_kit::{Registration, Topology};
 use tokio::process::{Child, Command};
 
 mod held;
+mod telegram;
 
 pub use chat::{CHAT_SECRET, ChatClient, chat_token};
 pub use fakes::{
@@ -175,6 +177,7 @@ pub struct TestApp {
     pub topology: Topology,
     pub twilio: FakeTwilio,
     pub textmagic: FakeTextMagic,
+    pub telegram: switchboard_fakes::FakeTelegram,
     pub runner: FakeRunner,
     app: App,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -408,6 +411,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     let database_url = fresh_database(&env("SB_DATABASE_URL")).await;
     let twilio = FakeTwilio::start("ACtest00000000000000000000000000", "test-auth-token").await;
     let textmagic = FakeTextMagic::start("switchboard-test", "tm-api-key").await;
+    let telegram = switchboard_fakes::FakeTelegram::start(TELEGRAM_BOT_TOKEN).await;
     let runner = FakeRunner::start().await;
     let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -428,6 +432,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.textmagic.api_key = Secret::new(textmagic.api_key.clone());
     config.textmagic.api_base = textmagic.url.clone();
     config.textmagic.webhook_token = Secret::new(TEXTMAGIC_TOKEN);
+    telegram::configure(&mut config, &telegram);
     config.chat.jwt_secret = Secret::new(CHAT_SECRET);
     local_embedder_from_stack(&mut config.embedding);
     config.agents = vec![
@@ -521,6 +526,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
         config_path,
         twilio,
         textmagic,
+        telegram,
         runner,
         app,
         handle,
@@ -537,12 +543,12 @@ fn database_name(url: &str) -> String {
 }
 
 /// What a fake provider sent, once it has sent at least `n` messages.
-async fn wait_for_sent(
+async fn wait_for_sent<T: std::fmt::Debug>(
     what: &str,
     n: usize,
     timeout: Duration,
-    sent: impl Fn() -> Vec<SentSms>,
-) -> Vec<SentSms> {
+    sent: impl Fn() -> Vec<T>,
+) -> Vec<T> {
     let deadline = Instant::now() + timeout;
     loop {
         let sent = sent();

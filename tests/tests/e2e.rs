@@ -80,6 +80,7 @@ mod stage_runtime;
 mod summary;
 mod table_growth;
 mod takeover;
+mod telegram;
 mod textmagic;
 mod topology;
 mod toy_channel;

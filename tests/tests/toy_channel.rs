@@ -19,7 +19,7 @@ mod toy {
     use futures::FutureExt as _;
     use futures::future::BoxFuture;
     use serde::{Deserialize, Serialize};
-    use switchboard_channels::ingress::{self, Ack, Received, Webhook, WebhookRequest};
+    use switchboard_channels::ingress::{self, Ack, Incoming, Received, Webhook, WebhookRequest};
     use switchboard_channels::{Adapter, ApiError, Egress, OutboundPart, SendError};
     use switchboard_kit::config::Config;
 
@@ -70,7 +70,7 @@ mod toy {
             PROVIDER
         }
 
-        fn receive(&self, request: &WebhookRequest<'_>) -> Result<Received, ApiError> {
+        fn receive(&self, request: &WebhookRequest<'_>) -> Result<Incoming, ApiError> {
             let settings = self
                 .settings
                 .as_ref()
@@ -98,7 +98,8 @@ mod toy {
                 text: ingress::message_text("text", &posted.text, self.max_text_chars)?,
                 media_urls: Vec::new(),
                 agent: String::new(),
-            })
+            }
+            .into())
         }
 
         fn ack(&self) -> Ack {

@@ -80,6 +80,9 @@ pub enum AttachmentStyle {
     Listed,
     /// The provider takes text only: a line per file (its name and link) ends the reply.
     LinksInText,
+    /// Each file as a part of its own after the text's (Telegram: one `sendDocument` a file),
+    /// so that each send is still one part the ledger records.
+    PartEach,
 }
 
 /// The reply's text with a line per file (its name and link), for a text-only channel.

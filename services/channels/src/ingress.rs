@@ -59,6 +59,51 @@ pub struct Received {
     pub agent: String,
 }
 
+/// What an authenticated webhook request carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    /// Messages to take, in order, each numbered and published before the provider is
+    /// answered with [`Webhook::ack`] (a provider may batch several in one request).
+    Messages(Vec<Received>),
+    /// A request the provider makes of the endpoint itself (Slack's `url_verification`):
+    /// answered as given, nothing published.
+    Answer(Answer),
+    /// An event that is no message for us (an edit, a status callback, a group chat that is
+    /// not configured as a conversation): acknowledged, so the provider does not send it again,
+    /// and counted and logged with this reason (`sb_gateway_ignored_total`), never dropped
+    /// unseen.
+    Ignored(&'static str),
+}
+
+impl From<Received> for Incoming {
+    fn from(received: Received) -> Self {
+        Incoming::Messages(vec![received])
+    }
+}
+
+impl Incoming {
+    /// The messages it carries (none for an answer or an ignored event).
+    pub fn messages(self) -> Vec<Received> {
+        match self {
+            Incoming::Messages(messages) => messages,
+            Incoming::Answer(_) | Incoming::Ignored(_) => Vec::new(),
+        }
+    }
+
+    /// Its one message: what a test of a one-message channel reads (`None` otherwise).
+    pub fn message(self) -> Option<Received> {
+        let mut messages = self.messages();
+        (messages.len() == 1).then(|| messages.remove(0))
+    }
+}
+
+/// A provider's request answered by the endpoint itself: 200 with this body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub content_type: &'static str,
+    pub body: String,
+}
+
 /// What the provider is answered once the message is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ack {
@@ -79,8 +124,9 @@ pub trait Webhook: Send + Sync + 'static {
     fn channel(&self) -> &'static str;
     /// The provider (`twilio`), which also picks the egress for the reply.
     fn provider(&self) -> &'static str;
-    /// Authenticate the request and read the message, or say why not (status, code, reason).
-    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Received, ApiError>;
+    /// Authenticate the request and read what it carries, or say why not (status, code,
+    /// reason).
+    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Incoming, ApiError>;
     /// The answer once the message is stored.
     fn ack(&self) -> Ack;
 }

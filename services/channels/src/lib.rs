@@ -17,6 +17,7 @@ pub mod generic;
 pub mod ingress;
 pub mod mailbox;
 pub mod media;
+pub mod telegram;
 pub mod textmagic;
 pub mod twilio;
 
@@ -30,7 +31,9 @@ pub use egress::{
     AttachmentStyle, Egress, OutboundPart, SEND_LEASE, SendError, split_message, with_links,
 };
 pub use error::ApiError;
-pub use ingress::{Ack, Received, Webhook, WebhookRequest, client_id, client_message_key};
+pub use ingress::{
+    Ack, Answer, Incoming, Received, Webhook, WebhookRequest, client_id, client_message_key,
+};
 pub use mailbox::{MAILBOX_LEASE, Mailbox, MailboxEgress, MailboxEntry};
 pub use media::{MakeMedia, MediaAccess, MediaSources};
 
@@ -53,7 +56,12 @@ pub struct Adapter {
 }
 
 /// Every channel adapter the product has.
-pub const ADAPTERS: &[Adapter] = &[twilio::ADAPTER, textmagic::ADAPTER, generic::ADAPTER];
+pub const ADAPTERS: &[Adapter] = &[
+    twilio::ADAPTER,
+    textmagic::ADAPTER,
+    generic::ADAPTER,
+    telegram::ADAPTER,
+];
 
 /// The channel adapters a process has: the product's ([`ADAPTERS`]), and any a test adds the
 /// way `docs/adding-a-channel.md` says ([`Channels::with`], put in the [`App`] with
@@ -177,7 +185,7 @@ mod tests {
         routes.dedup();
         assert_eq!(routes.len(), n);
         let senders = channels.senders(&config);
-        for provider in ["twilio", "textmagic", "generic"] {
+        for provider in ["twilio", "textmagic", "generic", "telegram"] {
             assert!(senders.get(provider).is_some(), "{provider}");
         }
         assert!(senders.get("carrier-pigeon").is_none());

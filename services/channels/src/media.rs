@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
+
 use switchboard_kit::config::Config;
 
 use crate::Adapter;
@@ -12,9 +14,14 @@ use crate::Adapter;
 /// How one provider's media URLs are fetched.
 pub trait MediaAccess: Send + Sync {
     /// The request for `url`, with the provider's credentials, or why it is not fetched (a URL
-    /// outside the provider's media API).
-    fn request(&self, http: &reqwest::Client, url: &str)
-    -> Result<reqwest::RequestBuilder, String>;
+    /// outside the provider's media API, a file the provider no longer has). Asynchronous: a
+    /// provider whose messages name files by id (Telegram) asks its API where the file is
+    /// first.
+    fn request<'a>(
+        &'a self,
+        http: &'a reqwest::Client,
+        url: &'a str,
+    ) -> BoxFuture<'a, Result<reqwest::RequestBuilder, String>>;
 }
 
 /// Builds a channel's media access from the configuration.

@@ -10,10 +10,11 @@ use switchboard_kit::exports::{ExportLink, ExportLinkKeys};
 use switchboard_kit::proto::Reply;
 use uuid::Uuid;
 
-/// A reply as its channel sends it: its parts, and the files that go with the first.
+/// A reply as its channel sends it: its parts, and the files that go with each (by part
+/// index; a part with none may have no entry).
 pub(crate) struct Outgoing {
     pub parts: Vec<String>,
-    pub attachments: Vec<ExportLink>,
+    pub attachments: Vec<Vec<ExportLink>>,
 }
 
 /// Signs export links with the replicas' shared key.
@@ -26,8 +27,9 @@ impl LinkSigner {
     }
 
     /// `reply` split for `sender`, its files' links where the channel takes them: with the
-    /// first part (media, a list), or as lines ending the text. A reply of files alone is one
-    /// part with no text, unless the links are its text.
+    /// first part (media, a list), each in a part of its own after the text, or as lines
+    /// ending the text. A reply of files alone has no part of text, unless the links are its
+    /// text.
     pub async fn outgoing(
         &self,
         reply: &Reply,
@@ -59,7 +61,22 @@ impl LinkSigner {
                 if parts.is_empty() && !attachments.is_empty() {
                     parts.push(String::new());
                 }
-                Outgoing { parts, attachments }
+                Outgoing {
+                    parts,
+                    attachments: vec![attachments],
+                }
+            }
+            AttachmentStyle::PartEach => {
+                let mut parts = sender.split(&reply.text);
+                let mut each = vec![Vec::new(); parts.len()];
+                for file in attachments {
+                    parts.push(String::new());
+                    each.push(vec![file]);
+                }
+                Outgoing {
+                    parts,
+                    attachments: each,
+                }
             }
         })
     }

@@ -77,6 +77,10 @@ pub enum DeliverError {
     LostLease,
 }
 
+/// The longest a provider's "retry after" is waited for at once (a longer one is asked again
+/// after this).
+const MAX_THROTTLE_WAIT: Duration = Duration::from_secs(600);
+
 pub struct DeliverStage {
     ledger: DeliveryLedger,
     senders: Senders,
@@ -320,7 +324,7 @@ impl DeliverStage {
         id: Uuid,
         sender: &dyn Egress,
         ledger: &DeliveryLedger,
-        (parts, attachments): (&[String], &[ExportLink]),
+        (parts, attachments): (&[String], &[Vec<ExportLink>]),
         claim: Claim,
         mut lease_taken: Instant,
     ) -> Outcome {
@@ -355,13 +359,12 @@ impl DeliverStage {
             // release from before the last part's write also set it.
             ledger.finish(id, None).await.map_err(transient)?;
         }
-        // The files go with the first part (for a channel that carries them so).
+        // The files go with the part the channel's style put them on.
         let part_at = |index: usize| {
             let part = OutboundPart::new(reply, index, &parts[index]);
-            if index == 0 {
-                part.with_attachments(attachments)
-            } else {
-                part
+            match attachments.get(index) {
+                Some(files) => part.with_attachments(files),
+                None => part,
             }
         };
         // The provider's id of the next part when its log shows an earlier attempt sent it.
@@ -447,6 +450,20 @@ impl DeliverStage {
                         .increment(1);
                 }
                 let _ = ledger.release(id, &e.to_string(), throttled).await;
+                if let SendError::Throttled {
+                    retry_after: Some(after),
+                    ..
+                } = &e
+                {
+                    // The provider said when to come back (Telegram's `retry_after`, a
+                    // `Retry-After`): that wait, not the stage's backoff, and not a failed
+                    // attempt; a provider that never lets up still ends in `delivery.failed`
+                    // once the reply has waited `runtime.max_wait_ms`.
+                    return Err(StageError::Defer(
+                        (*after).clamp(Duration::from_millis(250), MAX_THROTTLE_WAIT),
+                        e.to_string(),
+                    ));
+                }
                 Err(StageError::transient(e))
             }
         }

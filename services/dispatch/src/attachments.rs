@@ -139,7 +139,7 @@ impl MediaFetcher {
             .sources
             .get(provider)
             .ok_or_else(|| format!("{provider} messages carry no media this product fetches"))?;
-        let req = access.request(&self.http, url)?;
+        let req = access.request(&self.http, url).await?;
         let mut resp = req.send().await.map_err(|e| format!("fetch failed: {e}"))?;
         if !resp.status().is_success() {
             return Err(format!("the provider answered {}", resp.status().as_u16()));

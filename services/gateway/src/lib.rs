@@ -37,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use switchboard_channels::api::ApiKeys;
 use switchboard_channels::chat::ChatTokens;
-use switchboard_channels::{Channels, Mailbox, Senders, Webhook, WebhookRequest};
+use switchboard_channels::{Channels, Incoming, Mailbox, Senders, Webhook, WebhookRequest};
 use switchboard_kit::arrival::ArrivalCounter;
 use switchboard_kit::config::Config;
 use switchboard_kit::runtime::Runtime;
@@ -286,14 +286,40 @@ async fn receive_webhook(
         body: &body,
         now: chrono::Utc::now(),
     };
-    let received = hook
+    let messages = match hook
         .receive(&request)
-        .map_err(|e| refused(hook.as_ref(), e))?;
-    let message = Accept::new(hook.channel(), hook.provider(), received);
-    if let Published::Limited(limited) = publish(&state, message).await? {
-        // The provider is answered as usual (it must not retry); the message is kept as a dead
-        // letter and the sender told, once a minute.
-        rate_limited(&state, limited).await?;
+        .map_err(|e| refused(hook.as_ref(), e))?
+    {
+        Incoming::Messages(messages) => messages,
+        Incoming::Answer(answer) => {
+            return Ok(([(header::CONTENT_TYPE, answer.content_type)], answer.body).into_response());
+        }
+        Incoming::Ignored(reason) => {
+            metrics::counter!(
+                "sb_gateway_ignored_total",
+                "channel" => hook.channel(),
+                "provider" => hook.provider(),
+                "reason" => reason
+            )
+            .increment(1);
+            tracing::info!(
+                channel = hook.channel(),
+                provider = hook.provider(),
+                reason,
+                "webhook event acknowledged without a message"
+            );
+            Vec::new()
+        }
+    };
+    // In the provider's order; a failure answers 503 and the provider sends the whole request
+    // again: the messages already stored are known by their ids and become no second turn.
+    for received in messages {
+        let message = Accept::new(hook.channel(), hook.provider(), received);
+        if let Published::Limited(limited) = publish(&state, message).await? {
+            // The provider is answered as usual (it must not retry); the message is kept as a
+            // dead letter and the sender told, once a minute.
+            rate_limited(&state, limited).await?;
+        }
     }
     let ack = hook.ack();
     Ok(([(header::CONTENT_TYPE, ack.content_type)], ack.body).into_response())

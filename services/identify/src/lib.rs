@@ -62,7 +62,9 @@ pub fn id_type<'a>(person_id: &str, config: &'a IdentityConfig) -> Option<&'a st
         "user" => Some("user"),
         // An integration calling with an API key, not a person (seed 000 §3.1).
         "api" => Some("system"),
-        "phone" | "chat_user" | "api_key_owner" | "address" | "webhook" => Some("external"),
+        "phone" | "chat_user" | "api_key_owner" | "address" | "webhook" | "telegram" => {
+            Some("external")
+        }
         _ => config
             .lookups
             .iter()
@@ -80,6 +82,7 @@ pub fn contact_of(person_id: &str) -> Option<(ContactKind, String)> {
         "api_key_owner" | "api" => ContactKind::ApiKeyOwner,
         "address" => ContactKind::Address,
         "webhook" => ContactKind::WebhookSender,
+        "telegram" => ContactKind::Telegram,
         _ => return None,
     };
     (!rest.is_empty()).then(|| (kind, rest.to_string()))

@@ -13,7 +13,7 @@ use switchboard_kit::config::{Config, WebhookSourceConfig};
 
 use super::{CHANNEL, PROVIDER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
 use crate::ApiError;
-use crate::ingress::{self, Ack, Received, Webhook, WebhookRequest};
+use crate::ingress::{self, Ack, Incoming, Received, Webhook, WebhookRequest};
 
 const PATH_PREFIX: &str = "/webhooks/generic/";
 /// Longest sender id a source may give (it becomes part of an address and a person id).
@@ -202,7 +202,7 @@ impl Webhook for GenericWebhook {
         PROVIDER
     }
 
-    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Received, ApiError> {
+    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Incoming, ApiError> {
         let name = request.path.strip_prefix(PATH_PREFIX).unwrap_or_default();
         let Some((source, key)) = self
             .sources
@@ -241,7 +241,8 @@ impl Webhook for GenericWebhook {
             text: event.text,
             media_urls: Vec::new(),
             agent: source.agent.clone(),
-        })
+        }
+        .into())
     }
 
     fn ack(&self) -> Ack {
@@ -311,6 +312,7 @@ mod tests {
             body: body.as_bytes(),
             now: at(now),
         })
+        .map(|incoming| incoming.message().expect("one message"))
     }
 
     const EVENT: &str =

@@ -9,7 +9,7 @@ use switchboard_kit::config::{Config, Secret};
 
 use crate::ApiError;
 use crate::form::{self, MAX_FORM_FIELDS};
-use crate::ingress::{self, Ack, Received, Webhook, WebhookRequest};
+use crate::ingress::{self, Ack, Incoming, Received, Webhook, WebhookRequest};
 
 const PATH_PREFIX: &str = "/webhooks/textmagic/sms/";
 
@@ -225,7 +225,7 @@ impl Webhook for TextMagicWebhook {
         "textmagic"
     }
 
-    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Received, ApiError> {
+    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Incoming, ApiError> {
         if self.token.expose().is_empty() {
             return Err(ApiError::forbidden(
                 "not_configured",
@@ -251,7 +251,8 @@ impl Webhook for TextMagicWebhook {
             text: sms.text,
             media_urls: Vec::new(),
             agent: String::new(),
-        })
+        }
+        .into())
     }
 
     fn ack(&self) -> Ack {

@@ -3,7 +3,7 @@ use http::StatusCode;
 use switchboard_kit::config::Config;
 
 use crate::form::{self, MAX_FORM_FIELDS};
-use crate::ingress::{self, Ack, Received, Webhook, WebhookRequest};
+use crate::ingress::{self, Ack, Incoming, Received, Webhook, WebhookRequest};
 use crate::{ApiError, twilio::signature::verify_twilio_signature};
 
 /// What checking a Twilio webhook needs besides the request itself.
@@ -136,7 +136,7 @@ impl Webhook for TwilioWebhook {
         "twilio"
     }
 
-    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Received, ApiError> {
+    fn receive(&self, request: &WebhookRequest<'_>) -> Result<Incoming, ApiError> {
         if self.auth_token.expose().is_empty() {
             return Err(ApiError::forbidden(
                 "not_configured",
@@ -162,7 +162,8 @@ impl Webhook for TwilioWebhook {
             text: sms.text,
             media_urls: sms.media_urls,
             agent: String::new(),
-        })
+        }
+        .into())
     }
 
     /// Empty TwiML: the reply goes out later through the Messages API.

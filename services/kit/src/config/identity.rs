@@ -103,7 +103,7 @@ pub struct SmsSender {
 pub struct IdentityLookup {
     pub person_type: String,
     /// Which contact kind it applies to (`phone`, the default; `chat_user`, `api_key_owner`,
-    /// `webhook_sender`, `address`): a misspelt kind is refused at load, not silently never
+    /// `webhook_sender`, `telegram`, `address`): a misspelt kind is refused at load, not silently never
     /// matched.
     #[serde(default)]
     pub kind: ContactKind,
@@ -121,6 +121,9 @@ pub enum ContactKind {
     ApiKeyOwner,
     /// Addressed `<source>:<sender>`: a sender id means something only within its source.
     WebhookSender,
+    /// A Telegram chat (`telegram:<chat id>`): a person's private chat with the bot, or a
+    /// group configured as a conversation of its own.
+    Telegram,
     /// Any other channel's address, as given.
     Address,
 }
@@ -133,6 +136,7 @@ impl ContactKind {
             "admin_chat" | "header_widget" => ContactKind::ChatUser,
             "api" => ContactKind::ApiKeyOwner,
             "webhook" => ContactKind::WebhookSender,
+            "telegram" => ContactKind::Telegram,
             _ => ContactKind::Address,
         }
     }
@@ -144,6 +148,7 @@ impl ContactKind {
             ContactKind::ChatUser => "chat_user",
             ContactKind::ApiKeyOwner => "api_key_owner",
             ContactKind::WebhookSender => "webhook_sender",
+            ContactKind::Telegram => "telegram",
             ContactKind::Address => "address",
         }
     }

@@ -130,19 +130,26 @@ impl Default for Config {
             api: ApiConfig::default(),
             rate_limit: RateLimitConfig::default(),
             webhooks: BTreeMap::new(),
-            channels: ["sms", "admin_chat", "header_widget", "api", "webhook"]
-                .into_iter()
-                .map(|channel| {
-                    let default_agent = "reggie_oc".into();
-                    (
-                        channel.to_string(),
-                        ChannelConfig {
-                            default_agent,
-                            ..Default::default()
-                        },
-                    )
-                })
-                .collect(),
+            channels: [
+                "sms",
+                "admin_chat",
+                "header_widget",
+                "api",
+                "webhook",
+                "telegram",
+            ]
+            .into_iter()
+            .map(|channel| {
+                let default_agent = "reggie_oc".into();
+                (
+                    channel.to_string(),
+                    ChannelConfig {
+                        default_agent,
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect(),
             providers: ProviderSections::default(),
             agents: Vec::new(),
             identity: IdentityConfig::default(),
