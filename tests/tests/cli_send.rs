@@ -3,6 +3,7 @@
 use std::ffi::OsStr;
 
 use serde_json::Value;
+use switchboard_channels::telegram::TelegramSettings;
 use switchboard_e2e::{TestApp, spawn_app_configured};
 
 async fn send(app: &TestApp, args: &[&str]) -> Value {
@@ -20,6 +21,9 @@ async fn a_person_trying_it_gets_an_answer_on_every_channel_from_the_cli() {
         c.demo.enabled = true;
         c.twilio.api_base = format!("{}/demo/twilio", c.gateway.public_url);
         c.textmagic.api_base = format!("{}/demo/textmagic", c.gateway.public_url);
+        let mut telegram: TelegramSettings = c.provider_settings("telegram").unwrap();
+        telegram.api_base = format!("{}/demo/telegram", c.gateway.public_url);
+        c.set_provider_settings("telegram", &telegram).unwrap();
     })
     .await;
     let sms = send(&app, &["hello by sms", "--from", "+1 415 555 0177"]).await;
@@ -58,6 +62,32 @@ async fn a_person_trying_it_gets_an_answer_on_every_channel_from_the_cli() {
     let key = app.api_key("crm", &[]).await;
     let api = send(&app, &["order 1234?", "--channel", "api", "--key", &key]).await;
     assert_eq!(api["replies"], serde_json::json!(["echo: order 1234?"]));
+
+    // A Telegram user: the bot's webhook pointed at this gateway, then a private message.
+    let set = app.cli_ok(&["telegram", "set-webhook"]).await;
+    assert!(
+        set.contains(&format!(
+            "webhook set to {}/webhooks/telegram",
+            app.gateway_url
+        )),
+        "{set}"
+    );
+    let tg = send(
+        &app,
+        &[
+            "hello by telegram",
+            "--channel",
+            "telegram",
+            "--from",
+            "424242",
+        ],
+    )
+    .await;
+    assert_eq!(tg["from"], "telegram:424242");
+    assert_eq!(
+        tg["replies"],
+        serde_json::json!(["echo: hello by telegram"])
+    );
 
     // `sms send`, the provider-faithful form, for a script too.
     let sms = app

@@ -435,7 +435,7 @@ async fn the_readmes_try_it_runs_line_by_line_from_a_bare_second_shell() {
     let (mut up, http) = up_in_bare_checkout(&checkout).await;
 
     let lines = readme_try_it_lines(http);
-    assert_eq!(lines.len(), 10, "{lines:#?}");
+    assert_eq!(lines.len(), 11, "{lines:#?}");
     let mut key: Option<String> = None;
     let mut said = Vec::new();
     for line in &lines {
@@ -479,20 +479,24 @@ async fn the_readmes_try_it_runs_line_by_line_from_a_bare_second_shell() {
     expect(1, "by textmagic");
     expect(1, "Turn 2 of engine session demo-");
     expect(2, "Hello from the dashboard");
+    expect(
+        3,
+        "reply to telegram:424242: reggie_oc (demo engine): you said \"Hello from Telegram\"",
+    );
     assert!(
         key.as_deref().is_some_and(|k| k.starts_with("sb_")),
         "{key:?}"
     );
-    expect(4, r#""status":"answered""#);
-    expect(5, "I will remember: I can't work Sundays");
-    expect(6, "Sundays");
-    assert!(!said[6].contains("ranked by words only"), "{}", said[6]);
-    expect(7, "reggie");
-    assert_eq!(said[8].lines().count(), 5, "{}", said[8]);
-    for event in said[8].lines() {
+    expect(5, r#""status":"answered""#);
+    expect(6, "I will remember: I can't work Sundays");
+    expect(7, "Sundays");
+    assert!(!said[7].contains("ranked by words only"), "{}", said[7]);
+    expect(8, "reggie");
+    assert_eq!(said[9].lines().count(), 5, "{}", said[9]);
+    for event in said[9].lines() {
         serde_json::from_str::<serde_json::Value>(event).expect("a JSON line");
     }
-    expect(9, "forgot phone:+14155550100");
+    expect(10, "forgot phone:+14155550100");
     let _ = up.kill().await;
     let _ = std::fs::remove_dir_all(&checkout);
 }

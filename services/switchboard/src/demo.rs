@@ -17,16 +17,18 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use switchboard_channels::telegram::TelegramSettings;
 use switchboard_channels::textmagic::textmagic_number;
 use switchboard_fakes::{
-    CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeTextMagic, FakeTwilio, Provider,
-    SendObserver, SentSms,
+    CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeTelegram, FakeTextMagic, FakeTwilio,
+    Provider, SendObserver, SentSms, TelegramSent,
 };
 use switchboard_kit::config::Config;
 
 #[derive(Clone, Serialize)]
 pub struct OutboxMessage {
-    /// Which send API took it: `twilio`, `textmagic` or `generic` (a webhook callback).
+    /// Which send API took it: `twilio`, `textmagic`, `telegram` or `generic` (a webhook
+    /// callback).
     pub provider: &'static str,
     pub sid: String,
     pub to: String,
@@ -54,10 +56,30 @@ impl OutboxMessage {
     }
 }
 
+impl OutboxMessage {
+    fn of_telegram(m: TelegramSent) -> Self {
+        let body = match &m.upload {
+            Some(file) if m.text.is_empty() => format!("[{}]", file.file_name),
+            Some(file) => format!("{} [{}]", m.text, file.file_name),
+            None => m.text,
+        };
+        Self {
+            provider: "telegram",
+            sid: m.message_id.to_string(),
+            to: m.chat_id,
+            from: "bot".into(),
+            body,
+            sent_at: m.created.to_rfc3339(),
+            created: m.created,
+        }
+    }
+}
+
 #[derive(Clone)]
 struct DemoState {
     twilio: FakeTwilio,
     textmagic: FakeTextMagic,
+    telegram: FakeTelegram,
     callbacks: FakeCallbackReceiver,
     /// The last prompt the demo engine was given, to show what an agent sees (memory, summary,
     /// recall around the person's message).
@@ -105,6 +127,16 @@ pub fn router(config: &Config) -> Router {
         &config.textmagic.username,
         config.textmagic.api_key.expose(),
     );
+    // The demo bot answers to the configured token (an unset one: the demo's own).
+    let telegram = FakeTelegram::new(
+        config
+            .provider_settings::<TelegramSettings>(switchboard_channels::telegram::PROVIDER)
+            .ok()
+            .filter(|s| s.bot_id().is_some())
+            .map(|s| s.bot_token.expose().to_string())
+            .as_deref()
+            .unwrap_or("7000000001:demo-bot-token"),
+    );
     twilio.observe(Arc::new(LogSends));
     textmagic.observe(Arc::new(LogSends));
     let last_prompt: Arc<Mutex<Option<String>>> = Arc::default();
@@ -123,6 +155,7 @@ pub fn router(config: &Config) -> Router {
     let state = DemoState {
         twilio: twilio.clone(),
         textmagic: textmagic.clone(),
+        telegram: telegram.clone(),
         callbacks: callbacks.clone(),
         last_prompt,
     };
@@ -130,6 +163,7 @@ pub fn router(config: &Config) -> Router {
         .nest("/demo/runner", runner.router())
         .nest("/demo/twilio", twilio.router())
         .nest("/demo/textmagic", textmagic.router())
+        .nest("/demo/telegram", telegram.router())
         .nest("/demo/webhook", callbacks.router())
         .merge(
             Router::new()
@@ -185,6 +219,12 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
         .chain(s.textmagic.sent())
         .map(OutboxMessage::of_sms)
         .chain(OutboxMessage::of_callbacks(s.callbacks.accepted()))
+        .chain(
+            s.telegram
+                .sent()
+                .into_iter()
+                .map(OutboxMessage::of_telegram),
+        )
         .collect();
     all.sort_by_key(|m| m.created);
     let filtered: Vec<OutboxMessage> = all

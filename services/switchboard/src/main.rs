@@ -26,6 +26,7 @@ mod sms_cli;
 mod status;
 mod tail;
 mod takeover_cli;
+mod telegram_cli;
 mod topology_cli;
 
 #[derive(Parser)]
@@ -101,6 +102,11 @@ enum Command {
     Sms {
         #[command(subcommand)]
         command: sms_cli::SmsCommand,
+    },
+    /// A Telegram bot: point its webhook at this gateway.
+    Telegram {
+        #[command(subcommand)]
+        command: telegram_cli::TelegramCommand,
     },
     /// API keys for the REST API (stored hashed; a key is printed once, when made).
     ApiKeys {
@@ -319,6 +325,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Directory { command } => directory(config, command).await,
         Command::People { command } => people_cli::run(config, command).await,
         Command::Sms { command } => sms_cli::run(config, command).await,
+        Command::Telegram { command } => telegram_cli::run(config, command).await,
         Command::ApiKeys { command } => api_keys_cli::run(config, command).await,
         Command::Chat { command } => chat(config, command).await,
         Command::Search(args) => search_cli::search_command(config, args).await,

@@ -1,6 +1,6 @@
 //! `switchboard send`: one message in through any channel, exactly as that channel's client
 //! would send it (a signed Twilio webhook, TextMagic's callback, the chat socket with a JWT,
-//! the REST API with a key), and the reply printed: for trying the product end to end.
+//! the REST API with a key, a Telegram update with the webhook's secret token), and the reply printed: for trying the product end to end.
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -20,6 +20,8 @@ pub enum Channel {
     Chat,
     /// `POST /api/v1/messages` with an API key, waiting for the answer.
     Api,
+    /// A Telegram bot's update (a private message), with the webhook's secret token.
+    Telegram,
 }
 
 #[derive(Args)]
@@ -28,8 +30,8 @@ pub struct SendArgs {
     pub text: String,
     #[arg(long, value_enum, default_value_t = Channel::Sms)]
     pub channel: Channel,
-    /// Who sends it: a phone number (sms, textmagic), a chat user (chat); for the API the
-    /// sender is the key's owner.
+    /// Who sends it: a phone number (sms, textmagic), a chat user (chat), a Telegram user id
+    /// (telegram); for the API the sender is the key's owner.
     #[arg(long, default_value = "+15555550100")]
     pub from: String,
     /// The agent to talk to (chat, API; SMS goes by the number written to).
@@ -77,6 +79,9 @@ pub async fn run(config: Config, args: SendArgs) -> anyhow::Result<()> {
             )
             .await?;
             (format!("user:{sub}"), vec![reply.text])
+        }
+        Channel::Telegram => {
+            crate::telegram_cli::send_update(&config, &args.from, &args.text, args.wait).await?
         }
         Channel::Api => {
             let Some(key) = args.key else {
