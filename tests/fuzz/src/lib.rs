@@ -207,6 +207,136 @@ pub fn textmagic_webhook(data: &[u8]) {
     }
 }
 
+/// The bot the `telegram_update` check reads updates for, and the group chat configured as a
+/// conversation.
+pub const TELEGRAM_BOT_ID: &str = "7000000001";
+pub const TELEGRAM_GROUP: i64 = -1001;
+
+/// Every code `telegram::parse_update` may answer with, and its status.
+const TELEGRAM_CODES: &[(&str, u16)] = &[
+    ("unsupported_media_type", 415),
+    ("malformed_json", 400),
+    ("missing_field", 400),
+    ("invalid_field", 400),
+    ("text_too_long", 413),
+];
+
+/// Every reason `telegram::parse_update` may give for an update that carries no message for us.
+const TELEGRAM_IGNORED: &[&str] = &[
+    "edited_message",
+    "channel_post",
+    "callback_query",
+    "membership",
+    "other_update",
+    "group_not_configured",
+    "unsupported_message",
+];
+
+const TELEGRAM_CONTENT_TYPES: [Option<&str>; 8] = [
+    Some("application/json"),
+    Some("application/json; charset=utf-8"),
+    Some("Application/JSON;charset=\"UTF8\""),
+    Some("application/json; charset=ISO-8859-1"),
+    Some("text/plain"),
+    Some("application/x-www-form-urlencoded"),
+    Some("multipart/form-data; boundary=x"),
+    None,
+];
+
+/// A Telegram bot's update, once its secret token matched: JSON only, one message or a reason
+/// it carries none for us.
+///
+/// Input: one flag byte, then the body. Flag bits 0-2: the content type; bit 3: a 16-character
+/// text limit instead of 4096; bit 4: no group chat configured (else [`TELEGRAM_GROUP`]).
+pub fn telegram_update(data: &[u8]) {
+    use switchboard_channels::ingress::check_provider_id;
+    use switchboard_channels::telegram::parse_update;
+    let Some((&flags, body)) = data.split_first() else {
+        return;
+    };
+    let content_type = TELEGRAM_CONTENT_TYPES[usize::from(flags) & 7];
+    let json = matches!(usize::from(flags) & 7, 0..=2);
+    let max_text_chars = if flags & 8 != 0 { 16 } else { 4096 };
+    let groups: &[i64] = if flags & 16 != 0 {
+        &[]
+    } else {
+        &[TELEGRAM_GROUP]
+    };
+    match parse_update(body, content_type, TELEGRAM_BOT_ID, groups, max_text_chars) {
+        Ok(Ok(m)) => {
+            assert!(json, "accepted content type {content_type:?}");
+            assert!(
+                check_provider_id("id", &m.id).is_ok(),
+                "id {:?} is not a provider id",
+                m.id
+            );
+            // `<bot id>_<chat id>_<message id>`, the chat id being the one given.
+            let (chat, message) =
+                m.id.strip_prefix(TELEGRAM_BOT_ID)
+                    .and_then(|rest| rest.strip_prefix('_'))
+                    .and_then(|rest| rest.rsplit_once('_'))
+                    .unwrap_or_else(|| panic!("id {:?} is not <bot>_<chat>_<message>", m.id));
+            assert_eq!(chat, m.chat_id, "the id names another chat");
+            let chat_id: i64 = m
+                .chat_id
+                .parse()
+                .unwrap_or_else(|_| panic!("chat id {:?} is not an i64", m.chat_id));
+            assert_eq!(chat_id.to_string(), m.chat_id, "chat id not canonical");
+            let message_id: i64 = message
+                .parse()
+                .unwrap_or_else(|_| panic!("message id {message:?} is not an i64"));
+            assert_eq!(message_id.to_string(), message, "message id not canonical");
+            assert!(
+                m.text.chars().count() <= max_text_chars,
+                "text over the limit"
+            );
+            assert!(
+                m.text
+                    .chars()
+                    .all(|c| c == '\n' || c == '\t' || !c.is_control()),
+                "a control character reaches the pipeline"
+            );
+            assert!(
+                !m.text.trim().is_empty() || !m.files.is_empty(),
+                "a message with nothing in it accepted"
+            );
+            for file in &m.files {
+                let id = file
+                    .strip_prefix("telegram-file:")
+                    .unwrap_or_else(|| panic!("file {file:?} is not telegram-file:"));
+                assert!(
+                    !id.is_empty()
+                        && id
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                    "file {file:?} is not header-safe"
+                );
+            }
+            for s in [&m.id, &m.chat_id, &m.text].into_iter().chain(&m.files) {
+                assert!(!s.contains('\0'), "NUL reaches the pipeline");
+            }
+        }
+        Ok(Err(reason)) => {
+            assert!(json, "read an update sent as {content_type:?}");
+            assert!(
+                TELEGRAM_IGNORED.contains(&reason),
+                "unexpected reason {reason:?}"
+            );
+        }
+        Err(e) => {
+            let status = e.status().as_u16();
+            assert!(
+                TELEGRAM_CODES.contains(&(e.code(), status)),
+                "unexpected rejection {} {status}",
+                e.code()
+            );
+            if !json {
+                assert_eq!(e.code(), "unsupported_media_type");
+            }
+        }
+    }
+}
+
 fn assert_e164(s: &str) {
     let digits = s
         .strip_prefix('+')
@@ -387,9 +517,10 @@ pub fn work_payloads(data: &[u8]) {
 pub type Check = fn(&[u8]);
 
 /// The fuzz targets by name, for the seed replay.
-pub const TARGETS: [(&str, Check); 6] = [
+pub const TARGETS: [(&str, Check); 7] = [
     ("twilio_webhook", twilio_webhook),
     ("textmagic_webhook", textmagic_webhook),
+    ("telegram_update", telegram_update),
     ("twilio_signature", twilio_signature),
     ("phone_normalize", phone_normalize),
     ("work_payloads", work_payloads),

@@ -182,6 +182,88 @@ fn write_seeds() {
         write("textmagic_webhook", name, &[&[flags][..], &body].concat());
     }
 
+    // telegram_update: flag byte (bits 0-2 = content type, bit 3 = short text limit, bit 4 = no
+    // group chat configured), then an update as the Bot API sends it.
+    let tg_cases: Vec<(&str, u8, Vec<u8>)> = vec![
+        (
+            "private_text",
+            0,
+            br#"{"update_id":123456789,"message":{"message_id":5,"from":{"id":42,"is_bot":false,"first_name":"Ana","language_code":"en"},"chat":{"id":42,"first_name":"Ana","type":"private"},"date":1767000000,"text":"Hello Reggie"}}"#.to_vec(),
+        ),
+        (
+            "photo_caption",
+            1,
+            br#"{"update_id":123456790,"message":{"message_id":6,"from":{"id":42,"is_bot":false,"first_name":"Ana"},"chat":{"id":42,"type":"private"},"date":1767000001,"caption":"look at this","photo":[{"file_id":"AgACAgQAAxkBAAIBsmall","file_unique_id":"AQADs","file_size":1200,"width":90,"height":67},{"file_id":"AgACAgQAAxkBAAIB-big_1","file_unique_id":"AQADb","file_size":98000,"width":1280,"height":960}]}}"#.to_vec(),
+        ),
+        (
+            "group",
+            0,
+            br#"{"update_id":123456791,"message":{"message_id":7,"from":{"id":42,"is_bot":false,"first_name":"Ana"},"chat":{"id":-1001,"title":"Ops","type":"supergroup"},"date":1767000002,"text":"hi all\n\tsecond line"}}"#.to_vec(),
+        ),
+        (
+            "group_not_configured",
+            16,
+            br#"{"update_id":123456792,"message":{"message_id":8,"chat":{"id":-1001,"title":"Ops","type":"group"},"date":1767000003,"text":"hi"}}"#.to_vec(),
+        ),
+        (
+            "edited_message",
+            0,
+            br#"{"update_id":123456793,"edited_message":{"message_id":5,"chat":{"id":42,"type":"private"},"date":1767000000,"edit_date":1767000100,"text":"Hello again"}}"#.to_vec(),
+        ),
+        (
+            "document_voice",
+            2,
+            br#"{"update_id":123456794,"message":{"message_id":9,"chat":{"id":42,"type":"private"},"date":1767000004,"document":{"file_id":"BQACAgQAAxkBAAIB","file_name":"a.pdf"},"voice":{"file_id":"AwACAgQAAxkBAAIB","duration":3}}}"#.to_vec(),
+        ),
+        (
+            "bad_file_id",
+            0,
+            br#"{"update_id":1,"message":{"message_id":1,"chat":{"id":42,"type":"private"},"document":{"file_id":"a/../b c\r\n"}}}"#.to_vec(),
+        ),
+        (
+            "long_text",
+            8,
+            br#"{"update_id":1,"message":{"message_id":1,"chat":{"id":42,"type":"private"},"text":"a much longer text than sixteen"}}"#.to_vec(),
+        ),
+        (
+            "control_text",
+            0,
+            b"{\"update_id\":1,\"message\":{\"message_id\":1,\"chat\":{\"id\":42,\"type\":\"private\"},\"text\":\"a\\u0007b\\r\\n\\u001b[31m\\u2028\"}}".to_vec(),
+        ),
+        (
+            "nul_text",
+            0,
+            b"{\"update_id\":1,\"message\":{\"message_id\":1,\"chat\":{\"id\":42,\"type\":\"private\"},\"text\":\"a\\u0000b\"}}".to_vec(),
+        ),
+        (
+            "huge_update_id",
+            0,
+            br#"{"update_id":123456789012345678901234567890,"message":{"message_id":9223372036854775807,"chat":{"id":-9223372036854775808,"type":"private"},"text":"hi"}}"#.to_vec(),
+        ),
+        (
+            "extreme_ids",
+            0,
+            br#"{"update_id":9223372036854775807,"message":{"message_id":-9223372036854775808,"chat":{"id":-9223372036854775808,"type":"private"},"text":"hi"}}"#.to_vec(),
+        ),
+        (
+            "nested_garbage",
+            0,
+            br#"{"update_id":1,"message":{"message_id":[[[{}]]],"chat":{"id":{"a":[1,{"b":null}]},"type":["private"]},"text":{"x":[[[[[[[[]]]]]]]]},"photo":[[[{"file_id":{}}]]]},"callback_query":[[[[null]]]]}"#.to_vec(),
+        ),
+        ("channel_post", 0, br#"{"update_id":2,"channel_post":{"message_id":1,"chat":{"id":-100200,"type":"channel"},"text":"news"}}"#.to_vec()),
+        ("callback_query", 0, br#"{"update_id":3,"callback_query":{"id":"4382","from":{"id":42},"data":"yes"}}"#.to_vec()),
+        ("my_chat_member", 0, br#"{"update_id":4,"my_chat_member":{"chat":{"id":42,"type":"private"}}}"#.to_vec()),
+        ("location", 0, br#"{"update_id":5,"message":{"message_id":2,"chat":{"id":42,"type":"private"},"location":{"latitude":1.5,"longitude":2.5}}}"#.to_vec()),
+        ("no_update_id", 0, br#"{"message":{"message_id":1,"chat":{"id":42,"type":"private"},"text":"hi"}}"#.to_vec()),
+        ("not_json", 0, b"update_id=1&message=hi".to_vec()),
+        ("not_object", 0, b"[1,2,3]".to_vec()),
+        ("latin1_charset", 3, br#"{"update_id":1}"#.to_vec()),
+        ("text_plain", 4, br#"{"update_id":1}"#.to_vec()),
+    ];
+    for (name, flags, body) in tg_cases {
+        write("telegram_update", name, &[&[flags][..], &body].concat());
+    }
+
     // twilio_signature: arbitrary bytes, read through `arbitrary`.
     write("twilio_signature", "empty", b"");
     write(
