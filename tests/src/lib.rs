@@ -6,6 +6,7 @@ pub mod chat;
 pub mod embedding_checks;
 pub mod runner_host;
 pub mod tcp_cut;
+pub use slack::{SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET, SLACK_TEAM};
 pub use telegram::{TELEGRAM_BOT_ID, TELEGRAM_BOT_TOKEN, TELEGRAM_SECRET};
 
 /// The third parties, one fake each (the `switchboard-fakes` crate).
@@ -28,6 +29,7 @@ use switchboard_kit::{Registration, Topology};
 use tokio::process::{Child, Command};
 
 mod held;
+mod slack;
 mod telegram;
 
 pub use chat::{CHAT_SECRET, ChatClient, chat_token};
@@ -178,6 +180,7 @@ pub struct TestApp {
     pub twilio: FakeTwilio,
     pub textmagic: FakeTextMagic,
     pub telegram: switchboard_fakes::FakeTelegram,
+    pub slack: switchboard_fakes::FakeSlack,
     pub runner: FakeRunner,
     app: App,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -412,6 +415,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     let twilio = FakeTwilio::start("ACtest00000000000000000000000000", "test-auth-token").await;
     let textmagic = FakeTextMagic::start("switchboard-test", "tm-api-key").await;
     let telegram = switchboard_fakes::FakeTelegram::start(TELEGRAM_BOT_TOKEN).await;
+    let slack = switchboard_fakes::FakeSlack::start(SLACK_BOT_TOKEN, SLACK_TEAM).await;
     let runner = FakeRunner::start().await;
     let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -433,6 +437,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.textmagic.api_base = textmagic.url.clone();
     config.textmagic.webhook_token = Secret::new(TEXTMAGIC_TOKEN);
     telegram::configure(&mut config, &telegram);
+    slack::configure(&mut config, &slack);
     config.chat.jwt_secret = Secret::new(CHAT_SECRET);
     local_embedder_from_stack(&mut config.embedding);
     config.agents = vec![
@@ -527,6 +532,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
         twilio,
         textmagic,
         telegram,
+        slack,
         runner,
         app,
         handle,

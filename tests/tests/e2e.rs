@@ -74,6 +74,7 @@ mod sender_isolation;
 mod session_lifecycle;
 mod session_scope;
 mod sessions_api;
+mod slack;
 mod sms_flow;
 mod stack_credentials;
 mod stage_runtime;

@@ -17,6 +17,7 @@ pub mod generic;
 pub mod ingress;
 pub mod mailbox;
 pub mod media;
+pub mod slack;
 pub mod telegram;
 pub mod textmagic;
 pub mod twilio;
@@ -61,6 +62,7 @@ pub const ADAPTERS: &[Adapter] = &[
     textmagic::ADAPTER,
     generic::ADAPTER,
     telegram::ADAPTER,
+    slack::ADAPTER,
 ];
 
 /// The channel adapters a process has: the product's ([`ADAPTERS`]), and any a test adds the
@@ -185,7 +187,7 @@ mod tests {
         routes.dedup();
         assert_eq!(routes.len(), n);
         let senders = channels.senders(&config);
-        for provider in ["twilio", "textmagic", "generic", "telegram"] {
+        for provider in ["twilio", "textmagic", "generic", "telegram", "slack"] {
             assert!(senders.get(provider).is_some(), "{provider}");
         }
         assert!(senders.get("carrier-pigeon").is_none());

@@ -62,7 +62,7 @@ pub fn id_type<'a>(person_id: &str, config: &'a IdentityConfig) -> Option<&'a st
         "user" => Some("user"),
         // An integration calling with an API key, not a person (seed 000 §3.1).
         "api" => Some("system"),
-        "phone" | "chat_user" | "api_key_owner" | "address" | "webhook" | "telegram" => {
+        "phone" | "chat_user" | "api_key_owner" | "address" | "webhook" | "telegram" | "slack" => {
             Some("external")
         }
         _ => config
@@ -83,6 +83,7 @@ pub fn contact_of(person_id: &str) -> Option<(ContactKind, String)> {
         "address" => ContactKind::Address,
         "webhook" => ContactKind::WebhookSender,
         "telegram" => ContactKind::Telegram,
+        "slack" => ContactKind::Slack,
         _ => return None,
     };
     (!rest.is_empty()).then(|| (kind, rest.to_string()))

@@ -103,7 +103,7 @@ pub struct SmsSender {
 pub struct IdentityLookup {
     pub person_type: String,
     /// Which contact kind it applies to (`phone`, the default; `chat_user`, `api_key_owner`,
-    /// `webhook_sender`, `telegram`, `address`): a misspelt kind is refused at load, not silently never
+    /// `webhook_sender`, `telegram`, `slack`, `address`): a misspelt kind is refused at load, not silently never
     /// matched.
     #[serde(default)]
     pub kind: ContactKind,
@@ -124,6 +124,9 @@ pub enum ContactKind {
     /// A Telegram chat (`telegram:<chat id>`): a person's private chat with the bot, or a
     /// group configured as a conversation of its own.
     Telegram,
+    /// A Slack user (`slack:<team>:<user>`): user ids mean something only within their
+    /// workspace.
+    Slack,
     /// Any other channel's address, as given.
     Address,
 }
@@ -137,6 +140,7 @@ impl ContactKind {
             "api" => ContactKind::ApiKeyOwner,
             "webhook" => ContactKind::WebhookSender,
             "telegram" => ContactKind::Telegram,
+            "slack" => ContactKind::Slack,
             _ => ContactKind::Address,
         }
     }
@@ -149,6 +153,7 @@ impl ContactKind {
             ContactKind::ApiKeyOwner => "api_key_owner",
             ContactKind::WebhookSender => "webhook_sender",
             ContactKind::Telegram => "telegram",
+            ContactKind::Slack => "slack",
             ContactKind::Address => "address",
         }
     }

@@ -137,6 +137,7 @@ impl Default for Config {
                 "api",
                 "webhook",
                 "telegram",
+                "slack",
             ]
             .into_iter()
             .map(|channel| {
