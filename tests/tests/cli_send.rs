@@ -3,6 +3,7 @@
 use std::ffi::OsStr;
 
 use serde_json::Value;
+use switchboard_channels::slack::SlackSettings;
 use switchboard_channels::telegram::TelegramSettings;
 use switchboard_e2e::{TestApp, spawn_app_configured};
 
@@ -24,6 +25,10 @@ async fn a_person_trying_it_gets_an_answer_on_every_channel_from_the_cli() {
         let mut telegram: TelegramSettings = c.provider_settings("telegram").unwrap();
         telegram.api_base = format!("{}/demo/telegram", c.gateway.public_url);
         c.set_provider_settings("telegram", &telegram).unwrap();
+        let mut slack: SlackSettings = c.provider_settings("slack").unwrap();
+        slack.api_base = format!("{}/demo/slack", c.gateway.public_url);
+        slack.files_base = slack.api_base.clone();
+        c.set_provider_settings("slack", &slack).unwrap();
     })
     .await;
     let sms = send(&app, &["hello by sms", "--from", "+1 415 555 0177"]).await;
@@ -88,6 +93,21 @@ async fn a_person_trying_it_gets_an_answer_on_every_channel_from_the_cli() {
         tg["replies"],
         serde_json::json!(["echo: hello by telegram"])
     );
+
+    // A Slack user writing to the app directly.
+    let sl = send(
+        &app,
+        &[
+            "hello by slack",
+            "--channel",
+            "slack",
+            "--from",
+            "U0ANA0001",
+        ],
+    )
+    .await;
+    assert_eq!(sl["from"], "slack:T0DEMO001:U0ANA0001");
+    assert_eq!(sl["replies"], serde_json::json!(["echo: hello by slack"]));
 
     // `sms send`, the provider-faithful form, for a script too.
     let sms = app

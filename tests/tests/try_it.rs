@@ -435,7 +435,7 @@ async fn the_readmes_try_it_runs_line_by_line_from_a_bare_second_shell() {
     let (mut up, http) = up_in_bare_checkout(&checkout).await;
 
     let lines = readme_try_it_lines(http);
-    assert_eq!(lines.len(), 11, "{lines:#?}");
+    assert_eq!(lines.len(), 12, "{lines:#?}");
     let mut key: Option<String> = None;
     let mut said = Vec::new();
     for line in &lines {
@@ -483,20 +483,24 @@ async fn the_readmes_try_it_runs_line_by_line_from_a_bare_second_shell() {
         3,
         "reply to telegram:424242: reggie_oc (demo engine): you said \"Hello from Telegram\"",
     );
+    expect(
+        4,
+        "reply to slack:T0DEMO001:U0ANA0001: reggie_oc (demo engine): you said \"Hello from Slack\"",
+    );
     assert!(
         key.as_deref().is_some_and(|k| k.starts_with("sb_")),
         "{key:?}"
     );
-    expect(5, r#""status":"answered""#);
-    expect(6, "I will remember: I can't work Sundays");
-    expect(7, "Sundays");
-    assert!(!said[7].contains("ranked by words only"), "{}", said[7]);
-    expect(8, "reggie");
-    assert_eq!(said[9].lines().count(), 5, "{}", said[9]);
-    for event in said[9].lines() {
+    expect(6, r#""status":"answered""#);
+    expect(7, "I will remember: I can't work Sundays");
+    expect(8, "Sundays");
+    assert!(!said[8].contains("ranked by words only"), "{}", said[8]);
+    expect(9, "reggie");
+    assert_eq!(said[10].lines().count(), 5, "{}", said[10]);
+    for event in said[10].lines() {
         serde_json::from_str::<serde_json::Value>(event).expect("a JSON line");
     }
-    expect(10, "forgot phone:+14155550100");
+    expect(11, "forgot phone:+14155550100");
     let _ = up.kill().await;
     let _ = std::fs::remove_dir_all(&checkout);
 }

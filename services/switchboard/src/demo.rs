@@ -17,18 +17,22 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use switchboard_channels::slack::SlackSettings;
 use switchboard_channels::telegram::TelegramSettings;
 use switchboard_channels::textmagic::textmagic_number;
 use switchboard_fakes::{
-    CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeTelegram, FakeTextMagic, FakeTwilio,
-    Provider, SendObserver, SentSms, TelegramSent,
+    CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeSlack, FakeTelegram, FakeTextMagic,
+    FakeTwilio, Provider, SendObserver, SentSms, SlackPosted, TelegramSent,
 };
+
+/// The demo Slack workspace's id (what `switchboard send --channel slack` writes from).
+pub const DEMO_SLACK_TEAM: &str = "T0DEMO001";
 use switchboard_kit::config::Config;
 
 #[derive(Clone, Serialize)]
 pub struct OutboxMessage {
-    /// Which send API took it: `twilio`, `textmagic`, `telegram` or `generic` (a webhook
-    /// callback).
+    /// Which send API took it: `twilio`, `textmagic`, `telegram`, `slack` or `generic` (a
+    /// webhook callback).
     pub provider: &'static str,
     pub sid: String,
     pub to: String,
@@ -57,6 +61,18 @@ impl OutboxMessage {
 }
 
 impl OutboxMessage {
+    fn of_slack(m: SlackPosted) -> Self {
+        Self {
+            provider: "slack",
+            sid: m.ts,
+            to: m.channel,
+            from: "app".into(),
+            body: m.text,
+            sent_at: m.created.to_rfc3339(),
+            created: m.created,
+        }
+    }
+
     fn of_telegram(m: TelegramSent) -> Self {
         let body = match &m.upload {
             Some(file) if m.text.is_empty() => format!("[{}]", file.file_name),
@@ -80,6 +96,7 @@ struct DemoState {
     twilio: FakeTwilio,
     textmagic: FakeTextMagic,
     telegram: FakeTelegram,
+    slack: FakeSlack,
     callbacks: FakeCallbackReceiver,
     /// The last prompt the demo engine was given, to show what an agent sees (memory, summary,
     /// recall around the person's message).
@@ -137,6 +154,17 @@ pub fn router(config: &Config) -> Router {
             .as_deref()
             .unwrap_or("7000000001:demo-bot-token"),
     );
+    // The demo workspace answers to the configured bot token (an unset one: the demo's own).
+    let slack = FakeSlack::new(
+        config
+            .provider_settings::<SlackSettings>(switchboard_channels::slack::PROVIDER)
+            .ok()
+            .filter(|s| !s.bot_token.is_empty())
+            .map(|s| s.bot_token.expose().to_string())
+            .as_deref()
+            .unwrap_or("xoxb-demo-bot-token"),
+        DEMO_SLACK_TEAM,
+    );
     twilio.observe(Arc::new(LogSends));
     textmagic.observe(Arc::new(LogSends));
     let last_prompt: Arc<Mutex<Option<String>>> = Arc::default();
@@ -156,6 +184,7 @@ pub fn router(config: &Config) -> Router {
         twilio: twilio.clone(),
         textmagic: textmagic.clone(),
         telegram: telegram.clone(),
+        slack: slack.clone(),
         callbacks: callbacks.clone(),
         last_prompt,
     };
@@ -164,6 +193,7 @@ pub fn router(config: &Config) -> Router {
         .nest("/demo/twilio", twilio.router())
         .nest("/demo/textmagic", textmagic.router())
         .nest("/demo/telegram", telegram.router())
+        .nest("/demo/slack", slack.router())
         .nest("/demo/webhook", callbacks.router())
         .merge(
             Router::new()
@@ -225,14 +255,18 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
                 .into_iter()
                 .map(OutboxMessage::of_telegram),
         )
+        .chain(s.slack.posted().into_iter().map(OutboxMessage::of_slack))
         .collect();
     all.sort_by_key(|m| m.created);
     let filtered: Vec<OutboxMessage> = all
         .into_iter()
-        // TextMagic writes numbers without `+`: compare digits.
+        // TextMagic writes numbers without `+`: SMS compare by digits; chats and channels
+        // by their ids.
         .filter(|m| {
-            q.to.as_ref()
-                .is_none_or(|t| textmagic_number(&m.to) == textmagic_number(t))
+            q.to.as_ref().is_none_or(|t| match m.provider {
+                "twilio" | "textmagic" => textmagic_number(&m.to) == textmagic_number(t),
+                _ => &m.to == t,
+            })
         })
         .collect();
     Json(filtered)

@@ -22,6 +22,7 @@ mod reembed;
 mod search_cli;
 mod send_cli;
 mod sessions_cli;
+mod slack_cli;
 mod sms_cli;
 mod status;
 mod tail;

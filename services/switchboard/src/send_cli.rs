@@ -22,6 +22,8 @@ pub enum Channel {
     Api,
     /// A Telegram bot's update (a private message), with the webhook's secret token.
     Telegram,
+    /// A Slack direct message to the app, signed with its signing secret.
+    Slack,
 }
 
 #[derive(Args)]
@@ -31,7 +33,7 @@ pub struct SendArgs {
     #[arg(long, value_enum, default_value_t = Channel::Sms)]
     pub channel: Channel,
     /// Who sends it: a phone number (sms, textmagic), a chat user (chat), a Telegram user id
-    /// (telegram); for the API the sender is the key's owner.
+    /// (telegram), a Slack user id (slack, `U…`); for the API the sender is the key's owner.
     #[arg(long, default_value = "+15555550100")]
     pub from: String,
     /// The agent to talk to (chat, API; SMS goes by the number written to).
@@ -82,6 +84,9 @@ pub async fn run(config: Config, args: SendArgs) -> anyhow::Result<()> {
         }
         Channel::Telegram => {
             crate::telegram_cli::send_update(&config, &args.from, &args.text, args.wait).await?
+        }
+        Channel::Slack => {
+            crate::slack_cli::send_dm(&config, &args.from, &args.text, args.wait).await?
         }
         Channel::Api => {
             let Some(key) = args.key else {
