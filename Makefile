@@ -183,7 +183,7 @@ upgrade-drill:
 # toolchain accept them. Not part of `make test`: a cold instrumented build takes 8-18 minutes on
 # 2 cores. `make test` replays the same checks over the seeds and mutations without libFuzzer
 # (tests/tests/hostile_input.rs). FUZZ_SECONDS per target; FUZZ_SANITIZER=none is ~2x faster.
-FUZZ_TARGETS      ?= twilio_webhook textmagic_webhook twilio_signature phone_normalize work_payloads client_input telegram_update
+FUZZ_TARGETS      ?= twilio_webhook textmagic_webhook twilio_signature phone_normalize work_payloads client_input telegram_update slack_event
 FUZZ_SECONDS      ?= 10
 FUZZ_SANITIZER    ?= address
 CARGO_FUZZ_VERSION := 0.13.2

@@ -15,6 +15,7 @@ pub mod telegram;
 pub mod textmagic;
 pub mod twilio;
 pub mod webhook;
+pub mod whatsapp;
 
 #[cfg(feature = "collector")]
 pub use collector::{CollectedSpan, FakeCollector};
@@ -27,3 +28,4 @@ pub use telegram::{FakeTelegram, TelegramSent};
 pub use textmagic::FakeTextMagic;
 pub use twilio::FakeTwilio;
 pub use webhook::{CallbackRequest, FakeCallbackReceiver, hmac_sha256, webhook_signature};
+pub use whatsapp::{FakeWhatsApp, WhatsAppSent};

@@ -337,6 +337,139 @@ pub fn telegram_update(data: &[u8]) {
     }
 }
 
+/// Every code `slack::parse_event` may answer with, and its status.
+const SLACK_CODES: &[(&str, u16)] = &[
+    ("unsupported_media_type", 415),
+    ("malformed_json", 400),
+    ("missing_field", 400),
+    ("invalid_field", 400),
+    ("text_too_long", 413),
+];
+
+/// Every reason `slack::parse_event` may give for an event that carries no message for us.
+const SLACK_IGNORED: &[&str] = &[
+    "other_callback",
+    "other_event",
+    "from_a_bot",
+    "message_subtype",
+    "channel_message",
+    "empty_message",
+];
+
+/// The same choice as Telegram's: JSON in UTF-8 (0-2) or not (3-7).
+const SLACK_CONTENT_TYPES: [Option<&str>; 8] = TELEGRAM_CONTENT_TYPES;
+
+/// A Slack id as the adapter takes it (team, user, channel, event): ASCII letters and digits.
+fn is_slack_id(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// A Slack message timestamp: digits, one dot, digits (`1355517523.000005`).
+fn is_slack_ts(s: &str) -> bool {
+    s.split_once('.').is_some_and(|(secs, frac)| {
+        [secs, frac]
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// A Slack app's Events API request, once its signature and timestamp were checked: JSON only,
+/// a challenge to answer, one message, or a reason it carries none for us.
+///
+/// Input: one flag byte, then the body. Flag bits 0-2: the content type; bit 3: a 16-character
+/// text limit instead of 4096.
+pub fn slack_event(data: &[u8]) {
+    use switchboard_channels::ingress::check_provider_id;
+    use switchboard_channels::slack::{SlackEvent, parse_event};
+    let Some((&flags, body)) = data.split_first() else {
+        return;
+    };
+    let content_type = SLACK_CONTENT_TYPES[usize::from(flags) & 7];
+    let json = matches!(usize::from(flags) & 7, 0..=2);
+    let max_text_chars = if flags & 8 != 0 { 16 } else { 4096 };
+    match parse_event(body, content_type, max_text_chars) {
+        Ok(SlackEvent::Challenge(challenge)) => {
+            assert!(json, "read a request sent as {content_type:?}");
+            assert!(
+                !challenge.is_empty()
+                    && challenge.chars().count() <= 256
+                    && !challenge.chars().any(char::is_control),
+                "challenge {challenge:?} echoed back"
+            );
+        }
+        Ok(SlackEvent::Message {
+            id,
+            sender,
+            place,
+            text,
+            files,
+        }) => {
+            assert!(json, "accepted content type {content_type:?}");
+            assert!(
+                check_provider_id("id", &id).is_ok(),
+                "id {id:?} is not a provider id"
+            );
+            // `<team>-<event id>`, and the sender `<team>:<user>` of the same team.
+            let (team, _) = id
+                .split_once('-')
+                .filter(|(team, event_id)| is_slack_id(team) && is_slack_id(event_id))
+                .unwrap_or_else(|| panic!("id {id:?} is not <team>-<event id>"));
+            assert!(
+                sender
+                    .split_once(':')
+                    .is_some_and(|(t, user)| t == team && is_slack_id(user)),
+                "sender {sender:?} is not {team}:<user>"
+            );
+            // `<channel>` or `<channel>:<thread ts>`.
+            let (channel, thread) = match place.split_once(':') {
+                Some((channel, ts)) => (channel, Some(ts)),
+                None => (place.as_str(), None),
+            };
+            assert!(is_slack_id(channel), "place {place:?}: channel");
+            if let Some(ts) = thread {
+                assert!(is_slack_ts(ts), "place {place:?}: thread ts");
+            }
+            assert!(
+                text.chars().count() <= max_text_chars,
+                "text over the limit"
+            );
+            assert!(
+                text.chars()
+                    .all(|c| c == '\n' || c == '\t' || !c.is_control()),
+                "a control character reaches the pipeline"
+            );
+            assert!(
+                !text.trim().is_empty() || !files.is_empty(),
+                "a message with nothing in it accepted"
+            );
+            for file in &files {
+                assert!(url::Url::parse(file).is_ok(), "file {file:?} is not a URL");
+            }
+            for s in [&id, &sender, &place, &text].into_iter().chain(&files) {
+                assert!(!s.contains('\0'), "NUL reaches the pipeline");
+            }
+        }
+        Ok(SlackEvent::Ignored(reason)) => {
+            assert!(json, "read a request sent as {content_type:?}");
+            assert!(
+                SLACK_IGNORED.contains(&reason),
+                "unexpected reason {reason:?}"
+            );
+        }
+        Err(e) => {
+            let status = e.status().as_u16();
+            assert!(
+                SLACK_CODES.contains(&(e.code(), status)),
+                "unexpected rejection {} {status}",
+                e.code()
+            );
+            if !json {
+                assert_eq!(e.code(), "unsupported_media_type");
+            }
+        }
+    }
+}
+
 fn assert_e164(s: &str) {
     let digits = s
         .strip_prefix('+')
@@ -517,10 +650,11 @@ pub fn work_payloads(data: &[u8]) {
 pub type Check = fn(&[u8]);
 
 /// The fuzz targets by name, for the seed replay.
-pub const TARGETS: [(&str, Check); 7] = [
+pub const TARGETS: [(&str, Check); 8] = [
     ("twilio_webhook", twilio_webhook),
     ("textmagic_webhook", textmagic_webhook),
     ("telegram_update", telegram_update),
+    ("slack_event", slack_event),
     ("twilio_signature", twilio_signature),
     ("phone_normalize", phone_normalize),
     ("work_payloads", work_payloads),

@@ -264,6 +264,104 @@ fn write_seeds() {
         write("telegram_update", name, &[&[flags][..], &body].concat());
     }
 
+    // slack_event: flag byte (bits 0-2 = content type, bit 3 = short text limit), then an Events
+    // API request as Slack sends it.
+    fn slack_callback(event: &str) -> Vec<u8> {
+        format!(
+            r#"{{"token":"XXYYZZ","team_id":"T0TEAM","api_app_id":"A0APP","type":"event_callback","event_id":"Ev08MFMKH6","event_time":1700000000,"authorizations":[{{"team_id":"T0TEAM","user_id":"U0BOT","is_bot":true}}],"event":{event}}}"#
+        )
+        .into_bytes()
+    }
+    let huge_event = slack_callback(&format!(
+        r#"{{"type":"message","channel":"D024BE91L","user":"U2147483697","channel_type":"im","ts":"1700000000.000100","text":"{}","files":[{}]}}"#,
+        "a".repeat(4097),
+        vec![r#"{"url_private_download":"https://files.slack.com/files-pri/T0TEAM-F0FILE/download/a.pdf"}"#; 32].join(",")
+    ));
+    let slack_cases: Vec<(&str, u8, Vec<u8>)> = vec![
+        (
+            "dm",
+            0,
+            slack_callback(r#"{"type":"message","channel":"D024BE91L","user":"U2147483697","text":"Hello Reggie","ts":"1355517523.000005","event_ts":"1355517523.000005","channel_type":"im"}"#),
+        ),
+        (
+            "mention",
+            1,
+            slack_callback(r#"{"type":"app_mention","channel":"C0CHAN","user":"U2147483697","text":"<@U0BOT> can you help?","ts":"1700000000.000100","event_ts":"1700000000.000100"}"#),
+        ),
+        (
+            "mention_in_thread",
+            2,
+            slack_callback(r#"{"type":"app_mention","channel":"C0CHAN","user":"U2147483697","text":"<@U0BOT> <@U0BOT>   and one more","ts":"1700000009.000200","thread_ts":"1700000000.000100","event_ts":"1700000009.000200"}"#),
+        ),
+        (
+            "file_share",
+            0,
+            slack_callback(r#"{"type":"message","subtype":"file_share","channel":"D024BE91L","user":"U2147483697","text":"","ts":"1700000010.000300","channel_type":"im","files":[{"id":"F0FILE1","name":"a.pdf","mimetype":"application/pdf","url_private":"https://files.slack.com/files-pri/T0TEAM-F0FILE1/a.pdf","url_private_download":"https://files.slack.com/files-pri/T0TEAM-F0FILE1/download/a.pdf"},{"id":"F0FILE2","url_private":"https://files.slack.com/files-pri/T0TEAM-F0FILE2/b.png"},{"id":"F0FILE3"}]}"#),
+        ),
+        (
+            "bot_message",
+            0,
+            slack_callback(r#"{"type":"message","subtype":"bot_message","bot_id":"B0BOT","channel":"D024BE91L","text":"our own reply","ts":"1700000011.000100","channel_type":"im"}"#),
+        ),
+        (
+            "message_changed",
+            0,
+            slack_callback(r#"{"type":"message","subtype":"message_changed","channel":"D024BE91L","hidden":true,"message":{"type":"message","user":"U2147483697","text":"edited","ts":"1700000000.000100"},"previous_message":{"text":"Hello"},"ts":"1700000012.000100","channel_type":"im"}"#),
+        ),
+        (
+            "channel_message",
+            0,
+            slack_callback(r#"{"type":"message","channel":"C0CHAN","user":"U2147483697","text":"chatter","ts":"1700000013.000100","channel_type":"channel"}"#),
+        ),
+        (
+            "url_verification",
+            0,
+            br#"{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#.to_vec(),
+        ),
+        (
+            "app_rate_limited",
+            0,
+            br#"{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","type":"app_rate_limited","team_id":"T0TEAM","minute_rate_limited":1518467820,"api_app_id":"A0APP"}"#.to_vec(),
+        ),
+        ("not_json", 0, b"token=x&type=event_callback&challenge=abc".to_vec()),
+        (
+            "nul_text",
+            0,
+            slack_callback("{\"type\":\"message\",\"channel\":\"D024BE91L\",\"user\":\"U2147483697\",\"text\":\"a\\u0000b\\u0007c\\r\\n\\u001b[31m\",\"ts\":\"1700000014.000100\",\"channel_type\":\"im\"}"),
+        ),
+        (
+            "nested_garbage",
+            0,
+            br#"{"type":"event_callback","team_id":"T0TEAM","event_id":"Ev1","event":{"type":"message","channel":[[[{}]]],"user":{"a":[1,{"b":null}]},"text":{"x":[[[[[[[[]]]]]]]]},"ts":1.5,"channel_type":["im"],"files":[[[{"url_private":{}}]]]},"challenge":[[[[null]]]]}"#.to_vec(),
+        ),
+        ("huge_event", 0, huge_event),
+        (
+            "escaped_text",
+            0,
+            slack_callback(r#"{"type":"message","channel":"D024BE91L","user":"U2147483697","text":"Tom &amp; Jerry &lt;3 &amp;lt;b&amp;gt; &gt;_&lt;","ts":"1700000015.000100","channel_type":"im"}"#),
+        ),
+        (
+            "long_text",
+            8,
+            slack_callback(r#"{"type":"message","channel":"D024BE91L","user":"U2147483697","text":"a much longer text than sixteen","ts":"1700000016.000100","channel_type":"im"}"#),
+        ),
+        (
+            "bad_ids",
+            0,
+            slack_callback(r#"{"type":"app_mention","channel":"C0 CHAN\r\n","user":"U1-../x","text":"<@U0BOT> hi","ts":"1.2.3","thread_ts":"now"}"#),
+        ),
+        (
+            "bad_file_url",
+            0,
+            slack_callback(r#"{"type":"message","subtype":"file_share","channel":"D024BE91L","user":"U2147483697","ts":"1700000017.000100","channel_type":"im","files":[{"url_private_download":"not a url"}]}"#),
+        ),
+        ("latin1_charset", 3, br#"{"type":"url_verification","challenge":"abc"}"#.to_vec()),
+        ("text_plain", 4, br#"{"type":"url_verification","challenge":"abc"}"#.to_vec()),
+    ];
+    for (name, flags, body) in slack_cases {
+        write("slack_event", name, &[&[flags][..], &body].concat());
+    }
+
     // twilio_signature: arbitrary bytes, read through `arbitrary`.
     write("twilio_signature", "empty", b"");
     write(

@@ -114,11 +114,11 @@ fn slack_id<'a>(field: &str, value: Option<&'a str>) -> Result<&'a str, ApiError
 /// A message timestamp (`1355517523.000005`).
 fn slack_ts<'a>(field: &str, value: Option<&'a str>) -> Result<&'a str, ApiError> {
     let value = value.ok_or_else(|| ApiError::missing_field(field))?;
-    let well_formed = value
-        .split_once('.')
-        .is_some_and(|(s, f)| !s.is_empty() && !f.is_empty())
-        && value.len() <= 24
-        && value.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    let well_formed = value.len() <= 24
+        && value
+            .split_once('.')
+            .is_some_and(|(secs, fraction)| digits(secs) && digits(fraction));
     if !well_formed {
         return Err(invalid(field, "must be a Slack timestamp"));
     }
@@ -265,7 +265,10 @@ pub fn parse_event(
         .iter()
         .filter_map(|f| f.url_private_download.as_ref().or(f.url_private.as_ref()))
         .map(|url| {
-            if url.len() > MAX_URL_CHARS || url::Url::parse(url).is_err() {
+            // The URL as sent, never as a parser would clean it: control characters (a NUL
+            // Postgres cannot store, a CR/LF) and spaces are refused, not silently dropped.
+            let clean = !url.chars().any(|c| c.is_control() || c.is_whitespace());
+            if url.len() > MAX_URL_CHARS || !clean || url::Url::parse(url).is_err() {
                 Err(invalid("event.files", "must be URLs"))
             } else {
                 Ok(url.clone())
@@ -466,12 +469,28 @@ mod tests {
             )),
             "invalid_field"
         );
-        assert_eq!(
-            code(&callback(
-                r#"{"type":"message","channel":"D1","user":"U1","text":"hi","ts":"now","channel_type":"im"}"#
-            )),
-            "invalid_field"
-        );
+        for ts in ["now", "1.2.3", "1..2", ".1", "1."] {
+            assert_eq!(
+                code(&callback(&format!(
+                    r#"{{"type":"message","channel":"D1","user":"U1","text":"hi","ts":"{ts}","channel_type":"im"}}"#
+                ))),
+                "invalid_field",
+                "{ts}"
+            );
+        }
+        // Found by the fuzz check: a parser cleans these URLs; they are refused instead.
+        for url in [
+            r"https://f.example/a\u0000b",
+            r"\u0000 https://f.example/a\r\n",
+        ] {
+            assert_eq!(
+                code(&callback(&format!(
+                    r#"{{"type":"message","subtype":"file_share","channel":"D1","user":"U1","text":"hi","ts":"1.1","channel_type":"im","files":[{{"url_private_download":"{url}"}}]}}"#
+                ))),
+                "invalid_field",
+                "{url}"
+            );
+        }
     }
 
     fn at(secs: i64) -> DateTime<Utc> {
