@@ -8,6 +8,9 @@ pub mod runner_host;
 pub mod tcp_cut;
 pub use slack::{SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET, SLACK_TEAM};
 pub use telegram::{TELEGRAM_BOT_ID, TELEGRAM_BOT_TOKEN, TELEGRAM_SECRET};
+pub use whatsapp::{
+    WHATSAPP_APP_SECRET, WHATSAPP_NUMBER_ID, WHATSAPP_TOKEN, WHATSAPP_VERIFY_TOKEN,
+};
 
 /// The third parties, one fake each (the `switchboard-fakes` crate).
 pub use switchboard_fakes as fakes;
@@ -31,6 +34,7 @@ use tokio::process::{Child, Command};
 mod held;
 mod slack;
 mod telegram;
+mod whatsapp;
 
 pub use chat::{CHAT_SECRET, ChatClient, chat_token};
 pub use fakes::{
@@ -181,6 +185,7 @@ pub struct TestApp {
     pub textmagic: FakeTextMagic,
     pub telegram: switchboard_fakes::FakeTelegram,
     pub slack: switchboard_fakes::FakeSlack,
+    pub whatsapp: switchboard_fakes::FakeWhatsApp,
     pub runner: FakeRunner,
     app: App,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -416,6 +421,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     let textmagic = FakeTextMagic::start("switchboard-test", "tm-api-key").await;
     let telegram = switchboard_fakes::FakeTelegram::start(TELEGRAM_BOT_TOKEN).await;
     let slack = switchboard_fakes::FakeSlack::start(SLACK_BOT_TOKEN, SLACK_TEAM).await;
+    let whatsapp = switchboard_fakes::FakeWhatsApp::start(WHATSAPP_TOKEN, WHATSAPP_NUMBER_ID).await;
     let runner = FakeRunner::start().await;
     let listener = switchboard_kit::net::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -438,6 +444,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
     config.textmagic.webhook_token = Secret::new(TEXTMAGIC_TOKEN);
     telegram::configure(&mut config, &telegram);
     slack::configure(&mut config, &slack);
+    whatsapp::configure(&mut config, &whatsapp);
     config.chat.jwt_secret = Secret::new(CHAT_SECRET);
     local_embedder_from_stack(&mut config.embedding);
     config.agents = vec![
@@ -533,6 +540,7 @@ pub async fn spawn_app_with(opts: AppOptions) -> TestApp {
         textmagic,
         telegram,
         slack,
+        whatsapp,
         runner,
         app,
         handle,

@@ -92,6 +92,7 @@ mod turn_tokens;
 mod vector_index;
 mod waiting;
 mod wakeups;
+mod whatsapp;
 mod widget;
 mod worker_crash;
 mod workspace_links;

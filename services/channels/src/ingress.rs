@@ -129,6 +129,12 @@ pub trait Webhook: Send + Sync + 'static {
     fn receive(&self, request: &WebhookRequest<'_>) -> Result<Incoming, ApiError>;
     /// The answer once the message is stored.
     fn ack(&self) -> Ack;
+    /// A provider's `GET` to the route: the subscription handshake some make (Meta's
+    /// `hub.challenge`, checked against a verify token). `None`: the provider makes none, and a
+    /// `GET` is answered 405.
+    fn handshake(&self, _request: &WebhookRequest<'_>) -> Option<Result<Answer, ApiError>> {
+        None
+    }
 }
 
 /// Longest accepted provider message id. Twilio's are 34 characters, TextMagic's are numbers.

@@ -21,6 +21,7 @@ pub mod slack;
 pub mod telegram;
 pub mod textmagic;
 pub mod twilio;
+pub mod whatsapp;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -63,6 +64,7 @@ pub const ADAPTERS: &[Adapter] = &[
     generic::ADAPTER,
     telegram::ADAPTER,
     slack::ADAPTER,
+    whatsapp::ADAPTER,
 ];
 
 /// The channel adapters a process has: the product's ([`ADAPTERS`]), and any a test adds the
@@ -187,7 +189,14 @@ mod tests {
         routes.dedup();
         assert_eq!(routes.len(), n);
         let senders = channels.senders(&config);
-        for provider in ["twilio", "textmagic", "generic", "telegram", "slack"] {
+        for provider in [
+            "twilio",
+            "textmagic",
+            "generic",
+            "telegram",
+            "slack",
+            "whatsapp",
+        ] {
             assert!(senders.get(provider).is_some(), "{provider}");
         }
         assert!(senders.get("carrier-pigeon").is_none());

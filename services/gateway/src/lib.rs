@@ -188,6 +188,7 @@ pub fn router(state: GatewayState) -> Router {
     let mut router = Router::new();
     for hook in state.channels.webhooks(&state.config) {
         let route = hook.route();
+        let asked = hook.clone();
         router = router.route(
             route,
             post(
@@ -196,6 +197,11 @@ pub fn router(state: GatewayState) -> Router {
                       headers: HeaderMap,
                       body: Body| {
                     receive_webhook(state, hook.clone(), uri, headers, body)
+                },
+            )
+            .get(
+                move |state: State<GatewayState>, uri: OriginalUri, headers: HeaderMap| {
+                    webhook_handshake(state, asked.clone(), uri, headers)
                 },
             ),
         );
@@ -257,6 +263,43 @@ async fn unknown_webhook(
         )
     };
     refused_on("unknown", "unknown", e)
+}
+
+/// A provider's `GET` to a webhook route: its subscription handshake, answered by the adapter
+/// (405 for one that makes none). Nothing is published.
+async fn webhook_handshake(
+    State(state): State<GatewayState>,
+    hook: Arc<dyn Webhook>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Result<Response, Refused> {
+    let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let url = format!(
+        "{}{}",
+        state.config.gateway.public_url.trim_end_matches('/'),
+        path_and_query
+    );
+    let request = WebhookRequest {
+        url: &url,
+        path: uri.path(),
+        headers: &headers,
+        body: &[],
+        now: chrono::Utc::now(),
+    };
+    match hook.handshake(&request) {
+        Some(Ok(answer)) => {
+            Ok(([(header::CONTENT_TYPE, answer.content_type)], answer.body).into_response())
+        }
+        Some(Err(e)) => Err(refused(hook.as_ref(), e)),
+        None => Err(refused(
+            hook.as_ref(),
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this webhook takes POST",
+            ),
+        )),
+    }
 }
 
 /// Any channel's webhook: read and authenticate it (the adapter), number the sender's message,

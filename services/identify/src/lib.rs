@@ -62,9 +62,8 @@ pub fn id_type<'a>(person_id: &str, config: &'a IdentityConfig) -> Option<&'a st
         "user" => Some("user"),
         // An integration calling with an API key, not a person (seed 000 §3.1).
         "api" => Some("system"),
-        "phone" | "chat_user" | "api_key_owner" | "address" | "webhook" | "telegram" | "slack" => {
-            Some("external")
-        }
+        "phone" | "chat_user" | "api_key_owner" | "address" | "webhook" | "telegram" | "slack"
+        | "whatsapp" => Some("external"),
         _ => config
             .lookups
             .iter()
@@ -84,6 +83,7 @@ pub fn contact_of(person_id: &str) -> Option<(ContactKind, String)> {
         "webhook" => ContactKind::WebhookSender,
         "telegram" => ContactKind::Telegram,
         "slack" => ContactKind::Slack,
+        "whatsapp" => ContactKind::WhatsApp,
         _ => return None,
     };
     (!rest.is_empty()).then(|| (kind, rest.to_string()))
@@ -153,7 +153,9 @@ impl IdentityResolver {
     ) -> Result<Person, IdentityError> {
         let kind = ContactKind::of_channel(channel);
         let address = match kind {
-            ContactKind::Phone => normalize_phone(address, &self.config.default_region)?,
+            ContactKind::Phone | ContactKind::WhatsApp => {
+                normalize_phone(address, &self.config.default_region)?
+            }
             _ => address.trim().to_string(),
         };
         if address.is_empty() {

@@ -228,16 +228,19 @@ impl IdentityLinks {
         Self { db, config }
     }
 
-    /// An id as stored: `phone:` ids carry the number in E.164, whatever way it was typed.
+    /// An id as stored: `phone:` and `whatsapp:` ids carry the number in E.164, whatever way
+    /// it was typed.
     pub fn person_id(&self, raw: &str) -> Result<String, IdentityError> {
         let raw = raw.trim();
-        match raw.strip_prefix("phone:") {
-            Some(number) => Ok(format!(
-                "phone:{}",
-                crate::normalize_phone(number, &self.config.default_region)?
-            )),
-            None => Ok(raw.to_string()),
+        for prefix in ["phone:", "whatsapp:"] {
+            if let Some(number) = raw.strip_prefix(prefix) {
+                return Ok(format!(
+                    "{prefix}{}",
+                    crate::normalize_phone(number, &self.config.default_region)?
+                ));
+            }
         }
+        Ok(raw.to_string())
     }
 
     /// Do `action` (one entry point for the CLI and the API).

@@ -103,7 +103,7 @@ pub struct SmsSender {
 pub struct IdentityLookup {
     pub person_type: String,
     /// Which contact kind it applies to (`phone`, the default; `chat_user`, `api_key_owner`,
-    /// `webhook_sender`, `telegram`, `slack`, `address`): a misspelt kind is refused at load, not silently never
+    /// `webhook_sender`, `telegram`, `slack`, `whatsapp`, `address`): a misspelt kind is refused at load, not silently never
     /// matched.
     #[serde(default)]
     pub kind: ContactKind,
@@ -127,6 +127,9 @@ pub enum ContactKind {
     /// A Slack user (`slack:<team>:<user>`): user ids mean something only within their
     /// workspace.
     Slack,
+    /// A WhatsApp number (`whatsapp:<E.164>`): a phone, but one the person proves or links to
+    /// their SMS number, never assumed to be it.
+    WhatsApp,
     /// Any other channel's address, as given.
     Address,
 }
@@ -141,6 +144,7 @@ impl ContactKind {
             "webhook" => ContactKind::WebhookSender,
             "telegram" => ContactKind::Telegram,
             "slack" => ContactKind::Slack,
+            "whatsapp" => ContactKind::WhatsApp,
             _ => ContactKind::Address,
         }
     }
@@ -154,6 +158,7 @@ impl ContactKind {
             ContactKind::WebhookSender => "webhook_sender",
             ContactKind::Telegram => "telegram",
             ContactKind::Slack => "slack",
+            ContactKind::WhatsApp => "whatsapp",
             ContactKind::Address => "address",
         }
     }

@@ -138,6 +138,7 @@ impl Default for Config {
                 "webhook",
                 "telegram",
                 "slack",
+                "whatsapp",
             ]
             .into_iter()
             .map(|channel| {

@@ -1,0 +1,223 @@
+//! The Graph API out: `POST /{version}/{phone number id}/messages`, text split at 4,096
+//! characters, each file the agent leaves a `document` message of its own by its signed link
+//! (Meta fetches it). Errors come as `{"error":{"code":…}}`: throughput limits (130429, 131056,
+//! 80007) are throttling, an expired token (190) and Meta's own trouble (131000, 131016, 5xx)
+//! are retried, anything else about the message (an invalid number, a closed 24-hour window
+//! the API refuses at once) ends the reply in `delivery.failed`.
+//!
+//! The Cloud API keeps no log of sent messages a business can read: a part whose send may have
+//! reached Meta before its deliverer died is not sent again (the reply ends in
+//! `delivery.failed` with the reason, never doubled).
+use chrono::{DateTime, Utc};
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use serde::Deserialize;
+
+use super::WhatsAppSettings;
+use crate::egress::{self, AttachmentStyle, Egress, OutboundPart, SendError};
+
+/// WhatsApp's limit on a text message's body.
+pub const MAX_TEXT_CHARS: usize = 4096;
+
+pub struct WhatsAppSender {
+    http: reqwest::Client,
+    settings: Result<WhatsAppSettings, String>,
+}
+
+#[derive(Deserialize)]
+struct Sent {
+    #[serde(default)]
+    messages: Vec<SentMessage>,
+}
+
+#[derive(Deserialize)]
+struct SentMessage {
+    id: String,
+}
+
+#[derive(Deserialize)]
+struct Failure {
+    error: GraphError,
+}
+
+#[derive(Deserialize)]
+struct GraphError {
+    #[serde(default)]
+    code: i64,
+    #[serde(default)]
+    message: String,
+}
+
+/// Throughput and pair rate limits.
+const THROTTLED: &[i64] = &[130429, 131056, 80007, 4, 17, 32, 613];
+/// The token, and Meta's own trouble: an operator or time fixes them.
+const RETRIED: &[i64] = &[190, 131000, 131016, 1, 2];
+
+fn read_answer(status: u16, body: &str) -> Result<String, SendError> {
+    if (200..300).contains(&status) {
+        return serde_json::from_str::<Sent>(body)
+            .ok()
+            .and_then(|s| s.messages.into_iter().next())
+            .map(|m| m.id)
+            .ok_or_else(|| {
+                SendError::Unavailable(format!(
+                    "unreadable WhatsApp answer: {}",
+                    body.chars().take(300).collect::<String>()
+                ))
+            });
+    }
+    let error = serde_json::from_str::<Failure>(body).ok().map(|f| f.error);
+    let detail = match &error {
+        Some(e) => format!("WhatsApp HTTP {status}: ({}) {}", e.code, e.message),
+        None => format!(
+            "WhatsApp HTTP {status}: {}",
+            body.chars().take(300).collect::<String>()
+        ),
+    };
+    let code = error.map(|e| e.code).unwrap_or_default();
+    if status == 429 || THROTTLED.contains(&code) {
+        return Err(SendError::Throttled {
+            retry_after: None,
+            detail,
+        });
+    }
+    if status >= 500 || status == 401 || RETRIED.contains(&code) {
+        return Err(SendError::Unavailable(detail));
+    }
+    Err(SendError::Rejected(detail))
+}
+
+impl WhatsAppSender {
+    pub fn new(settings: Result<WhatsAppSettings, String>) -> Self {
+        Self {
+            http: crate::http_client(),
+            settings,
+        }
+    }
+
+    fn settings(&self) -> Result<&WhatsAppSettings, SendError> {
+        let settings = self
+            .settings
+            .as_ref()
+            .map_err(|e| SendError::Unavailable(format!("providers.whatsapp: {e}")))?;
+        if settings.access_token.is_empty() {
+            return Err(SendError::Unavailable(
+                "providers.whatsapp.access_token is not set".into(),
+            ));
+        }
+        Ok(settings)
+    }
+}
+
+impl Egress for WhatsAppSender {
+    fn split(&self, text: &str) -> Vec<String> {
+        egress::split_message(text, MAX_TEXT_CHARS)
+    }
+
+    fn attachments(&self) -> AttachmentStyle {
+        AttachmentStyle::PartEach
+    }
+
+    fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {
+        async move {
+            let settings = self.settings()?;
+            // The number the person wrote to, else the configured one.
+            let from = if part.from().is_empty() {
+                settings.phone_number_id.as_str()
+            } else {
+                part.from()
+            };
+            if from.is_empty() {
+                return Err(SendError::Unavailable(
+                    "providers.whatsapp.phone_number_id is not set".into(),
+                ));
+            }
+            let to = part.to().trim_start_matches('+');
+            let mut body = serde_json::json!({
+                "messaging_product": "whatsapp",
+                "recipient_type": "individual",
+                "to": to,
+            });
+            match part.attachments {
+                [] => {
+                    body["type"] = "text".into();
+                    body["text"] = serde_json::json!({ "preview_url": false, "body": part.text });
+                }
+                [file] => {
+                    body["type"] = "document".into();
+                    body["document"] =
+                        serde_json::json!({ "link": file.url, "filename": file.name });
+                    if !part.text.is_empty() {
+                        body["document"]["caption"] = part.text.into();
+                    }
+                }
+                more => {
+                    return Err(SendError::Rejected(format!(
+                        "a WhatsApp part carries one file, not {}",
+                        more.len()
+                    )));
+                }
+            }
+            let resp = self
+                .http
+                .post(settings.graph_url(&format!("{from}/messages")))
+                .bearer_auth(settings.access_token.expose())
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| SendError::Unavailable(format!("WhatsApp: {e}")))?;
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            read_answer(status, &text)
+        }
+        .boxed()
+    }
+
+    fn find_sent<'a>(
+        &'a self,
+        _part: OutboundPart<'a>,
+        _since: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Vec<String>, SendError>> {
+        futures::future::ready(Err(SendError::Unavailable(
+            "the WhatsApp Cloud API keeps no log of sent messages: a part that may have reached \
+             Meta is not sent again"
+                .into(),
+        )))
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metas_answer_says_whether_to_retry() {
+        assert_eq!(
+            read_answer(
+                200,
+                r#"{"messaging_product":"whatsapp","messages":[{"id":"wamid.X="}]}"#
+            ),
+            Ok("wamid.X=".into())
+        );
+        let rate = r#"{"error":{"message":"(#130429) Rate limit hit","code":130429}}"#;
+        assert!(matches!(
+            read_answer(400, rate),
+            Err(SendError::Throttled { .. })
+        ));
+        let token = r#"{"error":{"message":"Invalid OAuth access token","code":190}}"#;
+        assert!(matches!(
+            read_answer(401, token),
+            Err(SendError::Unavailable(_))
+        ));
+        let number =
+            r#"{"error":{"message":"(#131009) Parameter value is not valid","code":131009}}"#;
+        assert!(
+            matches!(read_answer(400, number), Err(SendError::Rejected(d)) if d.contains("131009"))
+        );
+        assert!(matches!(
+            read_answer(503, "down"),
+            Err(SendError::Unavailable(_))
+        ));
+    }
+}
