@@ -32,6 +32,7 @@ use switchboard_kit::{Registration, Topology};
 use tokio::process::{Child, Command};
 
 mod held;
+mod proof;
 mod slack;
 mod telegram;
 mod whatsapp;

@@ -312,13 +312,7 @@ async fn a_slack_user_who_proves_their_phone_is_one_session_with_the_sms_from_it
         "1700000401.000100",
     ))
     .await;
-    let texted = app.wait_for_sms(1, WAIT).await;
-    let code: String = texted[0]
-        .body
-        .split(|c: char| !c.is_ascii_digit())
-        .find(|w| w.len() == 6)
-        .expect("a code")
-        .into();
+    let code = app.code_texted_to(PHONE).await;
     app.post_slack(&say("Ev0P3", &code, "1700000402.000100"))
         .await;
     let answers = app.wait_for_slack(3, WAIT).await;

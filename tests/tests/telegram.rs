@@ -229,14 +229,7 @@ async fn a_telegram_user_who_proves_their_phone_is_one_session_with_the_sms_from
 
     app.telegram_says(ANA, &format!("link my phone {PHONE}"), 9502)
         .await;
-    let texted = app.wait_for_sms(1, WAIT).await;
-    assert_eq!(texted[0].to, PHONE);
-    let code: String = texted[0]
-        .body
-        .split(|c: char| !c.is_ascii_digit())
-        .find(|w| w.len() == 6)
-        .expect("a code")
-        .into();
+    let code = app.code_texted_to(PHONE).await;
     app.telegram_says(ANA, &code, 9503).await;
     let answers = app.wait_for_telegram(3, WAIT).await;
     assert!(answers[2].text.starts_with("Linked"), "{answers:?}");

@@ -250,13 +250,7 @@ async fn a_whatsapp_number_proved_to_be_the_persons_sms_number_is_one_session_wi
     app.wait_for_whatsapp(1, WAIT).await;
     app.post_whatsapp(&say("wamid.P2=", &format!("link my phone {phone}")))
         .await;
-    let texted = app.wait_for_sms(1, WAIT).await;
-    let code: String = texted[0]
-        .body
-        .split(|c: char| !c.is_ascii_digit())
-        .find(|w| w.len() == 6)
-        .expect("a code")
-        .into();
+    let code = app.code_texted_to(&phone).await;
     app.post_whatsapp(&say("wamid.P3=", &code)).await;
     let answers = app.wait_for_whatsapp(3, WAIT).await;
     assert!(answers[2].text.starts_with("Linked"), "{answers:?}");

@@ -12,6 +12,7 @@ mod api_keys_cli;
 mod backup;
 #[cfg(test)]
 mod cli_reference_tests;
+mod demo_outbox;
 mod dlq_cli;
 mod forget;
 mod local_stack;

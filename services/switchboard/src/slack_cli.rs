@@ -1,13 +1,11 @@
 //! `switchboard send --channel slack`: a direct message to the app posted to the gateway's
 //! Events API URL as Slack would (signed with the app's signing secret), the reply read from
 //! the demo outbox.
-use std::time::{Duration, Instant};
-
 use anyhow::{Context as _, bail};
 use switchboard_channels::slack::{PROVIDER, SIGNATURE_HEADER, SlackSettings, TIMESTAMP_HEADER};
 use switchboard_kit::Config;
 
-use crate::sms_cli::OutboxSms;
+use crate::demo_outbox::DemoOutbox;
 
 /// Post a direct message from Slack user `from` (`U…`) of the demo workspace and wait up to
 /// `wait` seconds for the replies in the demo outbox.
@@ -47,8 +45,8 @@ pub async fn send_dm(
     );
     let base = config.gateway.public_url.trim_end_matches('/');
     let http = reqwest::Client::new();
-    let outbox_url = format!("{base}/demo/outbox");
-    let before = outbox(&http, &outbox_url, &dm).await.map(|l| l.len());
+    let outbox = DemoOutbox::of(config, &dm, Some(PROVIDER));
+    let before = outbox.list().await.map(|l| l.len());
     let url = format!("{base}/webhooks/slack/events");
     let resp = http
         .post(&url)
@@ -70,27 +68,6 @@ pub async fn send_dm(
     let Some(before) = before.filter(|_| wait > 0) else {
         bail!("no demo outbox to read the reply from: it went out through Slack");
     };
-    let deadline = Instant::now() + Duration::from_secs(wait);
-    while Instant::now() < deadline {
-        if let Some(list) = outbox(&http, &outbox_url, &dm).await
-            && list.len() > before
-        {
-            return Ok((
-                person,
-                list[before..].iter().map(|m| m.body.clone()).collect(),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("no reply within {wait} s (see `switchboard dlq list`)")
-}
-
-/// What the demo outbox took for conversation `channel`, if there is a demo outbox.
-async fn outbox(http: &reqwest::Client, url: &str, channel: &str) -> Option<Vec<OutboxSms>> {
-    let resp = http.get(url).query(&[("to", channel)]).send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let all: Vec<OutboxSms> = resp.json().await.ok()?;
-    Some(all.into_iter().filter(|m| m.provider == PROVIDER).collect())
+    let replies = outbox.wait_past(before, wait).await?;
+    Ok((person, replies.into_iter().map(|m| m.body).collect()))
 }

@@ -1,12 +1,12 @@
 //! `switchboard sms send`: post an SMS webhook to the gateway exactly as the provider would
 //! (Twilio: a signed form; TextMagic: JSON to the token URL), then wait for the reply in the
 //! demo outbox. [`send_sms`] is also `switchboard send --channel sms|textmagic`.
-use std::time::{Duration, Instant};
-
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use serde::Serialize;
 use switchboard_kit::Config;
+
+use crate::demo_outbox::DemoOutbox;
 
 #[derive(Subcommand)]
 pub enum SmsCommand {
@@ -105,8 +105,8 @@ pub async fn send_sms(
     let from = switchboard_kit::address::normalize_phone(from, &config.identity.default_region)?;
     let base = config.gateway.public_url.trim_end_matches('/').to_string();
     let http = reqwest::Client::new();
-    let outbox_url = format!("{base}/demo/outbox");
-    let before = outbox(&http, &outbox_url, &from).await.map(|l| l.len());
+    let outbox = DemoOutbox::of(config, &from, None);
+    let before = outbox.list().await.map(|l| l.len());
     let (id, url, request) = match via {
         SmsProvider::Twilio => {
             let to = to.unwrap_or_else(|| config.twilio.from_number.clone());
@@ -169,27 +169,10 @@ pub async fn send_sms(
             replies: None,
         });
     };
-    let deadline = Instant::now() + Duration::from_secs(wait);
-    while Instant::now() < deadline {
-        if let Some(list) = outbox(&http, &outbox_url, &from).await
-            && list.len() > before
-        {
-            return Ok(SmsSent {
-                id,
-                from,
-                replies: Some(list[before..].to_vec()),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("no reply within {wait} s (see `switchboard dlq list`)")
-}
-
-/// What the demo outbox took for `to`, if there is a demo outbox.
-async fn outbox(http: &reqwest::Client, url: &str, to: &str) -> Option<Vec<OutboxSms>> {
-    let resp = http.get(url).query(&[("to", to)]).send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    resp.json().await.ok()
+    let replies = outbox.wait_past(before, wait).await?;
+    Ok(SmsSent {
+        id,
+        from,
+        replies: Some(replies),
+    })
 }

@@ -1,15 +1,13 @@
 //! `switchboard telegram set-webhook`: tell Telegram where the bot's updates go (this
 //! gateway's `/webhooks/telegram`) and the secret token they carry. `switchboard send
 //! --channel telegram` posts an update as Telegram would ([`send_update`]).
-use std::time::{Duration, Instant};
-
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use serde_json::json;
 use switchboard_channels::telegram::{PROVIDER, SECRET_HEADER, TelegramSettings};
 use switchboard_kit::Config;
 
-use crate::sms_cli::OutboxSms;
+use crate::demo_outbox::DemoOutbox;
 
 #[derive(Subcommand)]
 pub enum TelegramCommand {
@@ -89,9 +87,9 @@ pub async fn send_update(
     let settings = settings(config)?;
     let base = config.gateway.public_url.trim_end_matches('/');
     let http = reqwest::Client::new();
-    let outbox_url = format!("{base}/demo/outbox");
     let chat = user.to_string();
-    let before = outbox(&http, &outbox_url, &chat).await.map(|l| l.len());
+    let outbox = DemoOutbox::of(config, &chat, Some(PROVIDER));
+    let before = outbox.list().await.map(|l| l.len());
     let id =
         i64::try_from(uuid::Uuid::new_v4().as_u128() % 1_000_000_000).expect("under a billion");
     let update = switchboard_fakes::telegram::text_update(id, user, user, "private", text);
@@ -114,27 +112,6 @@ pub async fn send_update(
     let Some(before) = before.filter(|_| wait > 0) else {
         bail!("no demo outbox to read the reply from: it went out through Telegram");
     };
-    let deadline = Instant::now() + Duration::from_secs(wait);
-    while Instant::now() < deadline {
-        if let Some(list) = outbox(&http, &outbox_url, &chat).await
-            && list.len() > before
-        {
-            return Ok((
-                from,
-                list[before..].iter().map(|m| m.body.clone()).collect(),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("no reply within {wait} s (see `switchboard dlq list`)")
-}
-
-/// What the demo outbox took for chat `chat`, if there is a demo outbox.
-async fn outbox(http: &reqwest::Client, url: &str, chat: &str) -> Option<Vec<OutboxSms>> {
-    let resp = http.get(url).query(&[("to", chat)]).send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let all: Vec<OutboxSms> = resp.json().await.ok()?;
-    Some(all.into_iter().filter(|m| m.provider == PROVIDER).collect())
+    let replies = outbox.wait_past(before, wait).await?;
+    Ok((from, replies.into_iter().map(|m| m.body).collect()))
 }

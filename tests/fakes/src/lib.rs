@@ -12,6 +12,8 @@ mod serve;
 pub mod slack;
 pub mod sms;
 pub mod telegram;
+#[cfg(test)]
+mod test_client;
 pub mod textmagic;
 pub mod twilio;
 pub mod webhook;

@@ -743,99 +743,21 @@ pub fn photo_update(
 
 #[cfg(test)]
 mod tests {
-    //! Driven over real HTTP: the crate has no HTTP client, so a few lines of HTTP/1.1 on a
-    //! socket (one request a connection, `Connection: close`).
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
+    //! Driven over real HTTP with the crate's test client ([`crate::test_client`]).
     use super::*;
+    use crate::test_client::{Answer, form, http};
 
     const TOKEN: &str = "123456789:AAHfakeTokenForTests_0123456789abcdef";
-
-    struct Answer {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    }
-
-    impl Answer {
-        fn json(&self) -> Value {
-            serde_json::from_slice(&self.body).expect("a JSON body")
-        }
-        fn header(&self, name: &str) -> Option<&str> {
-            self.headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        }
-    }
-
-    async fn http(
-        base: &str,
-        verb: &str,
-        path: &str,
-        content_type: Option<&str>,
-        body: &[u8],
-    ) -> Answer {
-        let host = base.strip_prefix("http://").expect("an http base");
-        let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
-        let mut request = format!(
-            "{verb} {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: switchboard-test/1\r\n\
-             Connection: close\r\nContent-Length: {}\r\n",
-            body.len()
-        );
-        if let Some(content_type) = content_type {
-            request.push_str(&format!("Content-Type: {content_type}\r\n"));
-        }
-        request.push_str("\r\n");
-        stream.write_all(request.as_bytes()).await.expect("write");
-        stream.write_all(body).await.expect("write");
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.expect("read");
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .expect("a header block");
-        let head = String::from_utf8(raw[..split].to_vec()).expect("text headers");
-        let mut lines = head.split("\r\n");
-        let status = lines
-            .next()
-            .and_then(|l| l.split(' ').nth(1))
-            .and_then(|s| s.parse().ok())
-            .expect("a status line");
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-            .collect();
-        assert!(
-            !headers
-                .iter()
-                .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked")),
-            "this client reads sized bodies only"
-        );
-        Answer {
-            status,
-            headers,
-            body: raw[split + 4..].to_vec(),
-        }
-    }
 
     async fn post_json(base: &str, path: &str, body: Value) -> Answer {
         http(
             base,
             "POST",
             path,
-            Some("application/json"),
+            &[("Content-Type", "application/json")],
             body.to_string().as_bytes(),
         )
         .await
-    }
-
-    fn form(pairs: &[(&str, &str)]) -> String {
-        let mut form = form_urlencoded::Serializer::new(String::new());
-        for (k, v) in pairs {
-            form.append_pair(k, v);
-        }
-        form.finish()
     }
 
     #[tokio::test]
@@ -859,7 +781,7 @@ mod tests {
             &tg.url,
             "POST",
             &path,
-            Some("application/x-www-form-urlencoded"),
+            &[("Content-Type", "application/x-www-form-urlencoded")],
             body.as_bytes(),
         )
         .await;
@@ -872,7 +794,7 @@ mod tests {
             &tg.url,
             "GET",
             &format!("/bot{TOKEN}/sendmessage?{query}"),
-            None,
+            &[],
             b"",
         )
         .await;
@@ -891,7 +813,7 @@ mod tests {
         assert_eq!(sent[2].chat_id, "-1001234");
         assert_eq!(tg.requests(), 3);
 
-        let me = http(&tg.url, "GET", &format!("/bot{TOKEN}/getMe"), None, b"").await;
+        let me = http(&tg.url, "GET", &format!("/bot{TOKEN}/getMe"), &[], b"").await;
         assert_eq!(me.status, 200);
         assert_eq!(me.json()["result"]["id"], 123_456_789);
         assert_eq!(me.json()["result"]["username"], "switchboard_test_bot");
@@ -911,14 +833,7 @@ mod tests {
             a.json(),
             json!({"ok": false, "error_code": 401, "description": "Unauthorized"})
         );
-        let a = http(
-            &tg.url,
-            "GET",
-            &format!("/bot{TOKEN}/sendPigeon"),
-            None,
-            b"",
-        )
-        .await;
+        let a = http(&tg.url, "GET", &format!("/bot{TOKEN}/sendPigeon"), &[], b"").await;
         assert_eq!(a.status, 404);
         assert_eq!(
             a.json(),
@@ -938,7 +853,14 @@ mod tests {
         assert_eq!(a.json()["result"]["chat"]["type"], "channel");
         let a = post_json(&tg.url, &path, json!({"chat_id": 42, "text": "{"})).await;
         assert_eq!(a.status, 200);
-        let a = http(&tg.url, "POST", &path, Some("application/json"), b"{").await;
+        let a = http(
+            &tg.url,
+            "POST",
+            &path,
+            &[("Content-Type", "application/json")],
+            b"{",
+        )
+        .await;
         assert_eq!(a.status, 400);
         assert_eq!(tg.sent().len(), 2);
     }
@@ -994,7 +916,7 @@ mod tests {
         assert_eq!(a.status, 502);
         assert_eq!(a.json()["description"], "Bad Gateway");
         tg.failures.fail_next(1, 429);
-        let a = http(&tg.url, "GET", &format!("/bot{TOKEN}/getMe"), None, b"").await;
+        let a = http(&tg.url, "GET", &format!("/bot{TOKEN}/getMe"), &[], b"").await;
         assert_eq!(a.status, 429);
         assert_eq!(a.json()["parameters"]["retry_after"], 1);
         assert_eq!(a.header("retry-after"), None);
@@ -1011,7 +933,7 @@ mod tests {
             &tg.url,
             "GET",
             &format!("/bot{TOKEN}/getFile?{query}"),
-            None,
+            &[],
             b"",
         )
         .await;
@@ -1030,7 +952,7 @@ mod tests {
             &tg.url,
             "GET",
             &format!("/file/bot{TOKEN}/{file_path}"),
-            None,
+            &[],
             b"",
         )
         .await;
@@ -1042,7 +964,7 @@ mod tests {
             &tg.url,
             "GET",
             &format!("/file/botWRONG/{file_path}"),
-            None,
+            &[],
             b"",
         )
         .await;
@@ -1051,7 +973,7 @@ mod tests {
             &tg.url,
             "GET",
             &format!("/file/bot{TOKEN}/photos/nope.jpg"),
-            None,
+            &[],
             b"",
         )
         .await;
@@ -1131,7 +1053,7 @@ mod tests {
             &tg.url,
             "POST",
             &format!("/bot{TOKEN}/setWebhook"),
-            Some("application/x-www-form-urlencoded"),
+            &[("Content-Type", "application/x-www-form-urlencoded")],
             body.as_bytes(),
         )
         .await;
@@ -1150,7 +1072,7 @@ mod tests {
             &tg.url,
             "GET",
             &format!("/bot{TOKEN}/getWebhookInfo"),
-            None,
+            &[],
             b"",
         )
         .await;

@@ -1062,83 +1062,13 @@ pub fn status_update(
 
 #[cfg(test)]
 mod tests {
-    //! Driven over real HTTP: the crate has no HTTP client, so a few lines of HTTP/1.1 on a
-    //! socket (one request a connection, `Connection: close`).
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
+    //! Driven over real HTTP with the crate's test client ([`crate::test_client`]).
     use super::*;
+    use crate::test_client::{Answer, http};
 
     const TOKEN: &str = "EAAGfakeAccessTokenForTests0123456789";
     const PHONE_ID: &str = "106540352242922";
     const PERSON: &str = "16315551181";
-
-    struct Answer {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    }
-
-    impl Answer {
-        fn json(&self) -> Value {
-            serde_json::from_slice(&self.body).expect("a JSON body")
-        }
-        fn header(&self, name: &str) -> Option<&str> {
-            self.headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        }
-    }
-
-    async fn http(
-        base: &str,
-        verb: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> Answer {
-        let host = base.strip_prefix("http://").expect("an http base");
-        let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
-        let mut request = format!(
-            "{verb} {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: switchboard-test/1\r\n\
-             Connection: close\r\nContent-Length: {}\r\n",
-            body.len()
-        );
-        for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
-        }
-        request.push_str("\r\n");
-        stream.write_all(request.as_bytes()).await.expect("write");
-        stream.write_all(body).await.expect("write");
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.expect("read");
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .expect("a header block");
-        let head = String::from_utf8(raw[..split].to_vec()).expect("text headers");
-        let mut lines = head.split("\r\n");
-        let status = lines
-            .next()
-            .and_then(|l| l.split(' ').nth(1))
-            .and_then(|s| s.parse().ok())
-            .expect("a status line");
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-            .collect();
-        assert!(
-            !headers
-                .iter()
-                .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked")),
-            "this client reads sized bodies only"
-        );
-        Answer {
-            status,
-            headers,
-            body: raw[split + 4..].to_vec(),
-        }
-    }
 
     /// A `POST …/messages` with `token`, by JSON.
     async fn send_with(base: &str, token: &str, body: Value) -> Answer {

@@ -58,22 +58,7 @@ pub fn check_signature(
              source's secret",
         ));
     }
-    let sent: i64 = Some(timestamp)
-        .filter(|t| (1..=18).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| {
-            unauthorized(
-                "invalid_timestamp",
-                "X-Switchboard-Timestamp must be unix seconds",
-            )
-        })?;
-    if now.timestamp().abs_diff(sent) > window_s {
-        return Err(unauthorized(
-            "stale_timestamp",
-            format!("X-Switchboard-Timestamp is more than {window_s} s from our clock"),
-        ));
-    }
-    Ok(())
+    ingress::check_timestamp("X-Switchboard-Timestamp", timestamp, window_s, now)
 }
 
 /// The value at a dotted path (`user.id`) of a JSON object; a missing or null value is `None`.

@@ -148,22 +148,7 @@ pub fn check_signature(
              signing secret",
         ));
     }
-    let sent: i64 = Some(timestamp)
-        .filter(|t| (1..=18).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| {
-            unauthorized(
-                "invalid_timestamp",
-                "X-Slack-Request-Timestamp must be unix seconds",
-            )
-        })?;
-    if now.timestamp().abs_diff(sent) > window_s {
-        return Err(unauthorized(
-            "stale_timestamp",
-            format!("X-Slack-Request-Timestamp is more than {window_s} s from our clock"),
-        ));
-    }
-    Ok(())
+    ingress::check_timestamp("X-Slack-Request-Timestamp", timestamp, window_s, now)
 }
 
 /// The text of a mention without the leading mentions of the app (`<@U0BOT> hello` → `hello`).
