@@ -263,3 +263,92 @@ async fn a_whatsapp_number_proved_to_be_the_persons_sms_number_is_one_session_wi
     assert_eq!(calls[1].session_id.as_deref(), Some("eng-1"));
     app.shutdown().await;
 }
+
+/// Ana wrote and was answered, 25 hours ago as far as Switchboard's log and Meta know.
+async fn ana_wrote_a_day_ago(app: &switchboard_e2e::TestApp) {
+    app.whatsapp.person_wrote(ANA);
+    let hello = text_message(
+        WHATSAPP_NUMBER_ID,
+        DISPLAY_PHONE_NUMBER,
+        ANA,
+        "Ana",
+        "wamid.OLD1=",
+        "hello",
+    );
+    assert_eq!(app.post_whatsapp(&hello).await.status(), 200);
+    app.wait_for_whatsapp(1, WAIT).await;
+    app.settle().await;
+    let long_ago = chrono::Utc::now() - chrono::Duration::hours(25);
+    sqlx::query("UPDATE switchboard.messages SET created_at = $1 WHERE direction = 'inbound'")
+        .bind(long_ago)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    app.whatsapp.person_wrote_at(ANA, long_ago);
+}
+
+/// An agent-started message to Ana through the REST API.
+async fn agent_writes_to_ana(app: &switchboard_e2e::TestApp, text: &str) {
+    let key = app.api_key("scheduler", &["outbound:write"]).await;
+    let body = serde_json::json!({"person_id": format!("whatsapp:+{ANA}"), "agent": "reggie_oc", "text": text});
+    let resp = app.post_api("outbound", &key, body, None).await;
+    assert_eq!(resp.status(), 202, "{:?}", resp.text().await);
+}
+
+#[tokio::test]
+async fn outside_the_24_hour_window_a_message_goes_as_the_configured_template() {
+    let app = spawn_app_configured(|c| {
+        let mut wa: switchboard_channels::whatsapp::WhatsAppSettings =
+            c.provider_settings("whatsapp").unwrap();
+        wa.window_template = "reengage_reply".into();
+        c.set_provider_settings("whatsapp", &wa).unwrap();
+    })
+    .await;
+    app.whatsapp.add_template("reengage_reply");
+    ana_wrote_a_day_ago(&app).await;
+    agent_writes_to_ana(&app, "Your order shipped.").await;
+    let sent = app.wait_for_whatsapp(2, WAIT).await;
+    app.settle().await;
+    assert_eq!(sent[1].kind, "template", "{:?}", sent[1]);
+    assert_eq!(sent[1].text, "reengage_reply");
+    assert_eq!(
+        sent[1].request["template"]["components"][0]["parameters"][0]["text"],
+        "Your order shipped."
+    );
+    assert!(
+        sent[1].delivered,
+        "a template is delivered outside the window"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn outside_the_window_with_no_template_the_message_fails_saying_why_never_silently() {
+    let app = spawn_app().await;
+    ana_wrote_a_day_ago(&app).await;
+    agent_writes_to_ana(&app, "Your order shipped.").await;
+    let deadline = std::time::Instant::now() + WAIT;
+    let error = loop {
+        let failed: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT status, last_error FROM switchboard.deliveries WHERE status = 'failed'",
+        )
+        .fetch_optional(&app.db)
+        .await
+        .unwrap();
+        if let Some((_, error)) = failed {
+            break error.unwrap_or_default();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the message did not fail"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(error.contains("24-hour window is closed"), "{error}");
+    assert_eq!(
+        app.whatsapp.sent().len(),
+        1,
+        "nothing sent that Meta would drop"
+    );
+    app.shutdown().await;
+}

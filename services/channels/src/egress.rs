@@ -19,6 +19,9 @@ pub struct OutboundPart<'a> {
     /// The files the agent left for the person, with their links: on the first part, for a
     /// channel that takes them as media or a list ([`AttachmentStyle`]); else empty.
     pub attachments: &'a [ExportLink],
+    /// When the person last wrote on this channel, for a channel that answers freely only for a
+    /// while after that ([`Egress::session_window`]); `None`: never, unknown, or not asked.
+    pub last_inbound: Option<DateTime<Utc>>,
 }
 
 impl<'a> OutboundPart<'a> {
@@ -28,6 +31,15 @@ impl<'a> OutboundPart<'a> {
             index,
             text,
             attachments: &[],
+            last_inbound: None,
+        }
+    }
+
+    /// The same part, knowing when the person last wrote on its channel.
+    pub fn with_last_inbound(self, last_inbound: Option<DateTime<Utc>>) -> Self {
+        Self {
+            last_inbound,
+            ..self
         }
     }
 
@@ -111,6 +123,12 @@ pub trait Egress: Send + Sync + 'static {
     /// early. A reply whose deliverer died waits this long before another takes it.
     fn lease(&self) -> Duration {
         SEND_LEASE
+    }
+    /// How long after the person last wrote the provider lets a business answer freely
+    /// (WhatsApp: 24 hours; after it, only a template). `Some`: the deliver stage finds when
+    /// the person last wrote and hands it to each part ([`OutboundPart::last_inbound`]).
+    fn session_window(&self) -> Option<Duration> {
+        None
     }
     /// Send one part; the provider's id for it on success.
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>>;

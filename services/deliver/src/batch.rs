@@ -111,6 +111,10 @@ impl DeliverStage {
             return None;
         }
         let sender = self.senders.get(&reply.provider).cloned()?;
+        // A channel with a session window goes alone: its parts need the person's last message.
+        if sender.session_window().is_some() {
+            return None;
+        }
         let parts = sender.split(&reply.text);
         if parts.is_empty() {
             return None;

@@ -77,6 +77,39 @@ pub enum DeliverError {
     LostLease,
 }
 
+/// When the person `reply` goes to last wrote on its channel: the message it answers, when
+/// that is the person's own (its UUIDv7 says when it came in, even before the log has it; an
+/// agent-started message carries no provider id), or their latest inbound message in the log.
+async fn last_inbound(
+    db: &sqlx::PgPool,
+    reply: &Reply,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
+    let answered = Some(reply)
+        .filter(|r| !r.provider_message_id.is_empty())
+        .and_then(|r| r.in_reply_to.parse::<Uuid>().ok())
+        .and_then(|id| id.get_timestamp())
+        .and_then(|t| {
+            let (secs, nanos) = t.to_unix();
+            chrono::DateTime::from_timestamp(i64::try_from(secs).ok()?, nanos)
+        });
+    let person = reply
+        .person
+        .as_ref()
+        .map(|p| p.person_id.as_str())
+        .unwrap_or("");
+    // Checked at run time: a read the message log's index (person, id) serves.
+    let logged: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT created_at FROM switchboard.messages
+          WHERE direction = 'inbound' AND person_id = $1 AND channel = $2
+          ORDER BY id DESC LIMIT 1",
+    )
+    .bind(person)
+    .bind(&reply.channel)
+    .fetch_optional(db)
+    .await?;
+    Ok(answered.max(logged))
+}
+
 /// The longest a provider's "retry after" is waited for at once (a longer one is asked again
 /// after this).
 const MAX_THROTTLE_WAIT: Duration = Duration::from_secs(600);
@@ -359,9 +392,18 @@ impl DeliverStage {
             // release from before the last part's write also set it.
             ledger.finish(id, None).await.map_err(transient)?;
         }
+        // When the person last wrote, for a channel that answers freely only for a while.
+        let last_inbound = if sender.session_window().is_some() {
+            last_inbound(&self.ledger.db, reply)
+                .await
+                .map_err(transient)?
+        } else {
+            None
+        };
         // The files go with the part the channel's style put them on.
         let part_at = |index: usize| {
-            let part = OutboundPart::new(reply, index, &parts[index]);
+            let part =
+                OutboundPart::new(reply, index, &parts[index]).with_last_inbound(last_inbound);
             match attachments.get(index) {
                 Some(files) => part.with_attachments(files),
                 None => part,

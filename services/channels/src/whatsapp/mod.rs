@@ -54,6 +54,12 @@ pub struct WhatsAppSettings {
     pub verify_token: Secret,
     /// The business phone number's id: replies go out from it unless the message names another.
     pub phone_number_id: String,
+    /// The approved template sent in place of a reply when the 24-hour customer-service window
+    /// is closed (the person last wrote more than 24 hours ago, or never): its body's one
+    /// parameter is the reply's text. Empty: such a reply ends in `delivery.failed`, saying so.
+    pub window_template: String,
+    /// The template's language code.
+    pub window_template_language: String,
     /// The Graph API version (`v21.0`).
     pub api_version: String,
     /// The Graph API's base (`https://graph.facebook.com`); tests and the demo name a fake.
@@ -67,6 +73,8 @@ impl Default for WhatsAppSettings {
             app_secret: Secret::default(),
             verify_token: Secret::default(),
             phone_number_id: String::new(),
+            window_template: String::new(),
+            window_template_language: "en_US".into(),
             api_version: "v21.0".into(),
             api_base: String::new(),
         }

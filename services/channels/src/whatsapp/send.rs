@@ -5,6 +5,11 @@
 //! are retried, anything else about the message (an invalid number, a closed 24-hour window
 //! the API refuses at once) ends the reply in `delivery.failed`.
 //!
+//! The 24-hour window: Meta accepts a free-form message to someone who last wrote more than 24
+//! hours ago, then fails it (131047). So the deliver stage says when the person last wrote, and
+//! outside the window a part goes as the configured template (its text the template's
+//! parameter), or, with none configured, ends in `delivery.failed` saying why.
+//!
 //! The Cloud API keeps no log of sent messages a business can read: a part whose send may have
 //! reached Meta before its deliverer died is not sent again (the reply ends in
 //! `delivery.failed` with the reason, never doubled).
@@ -18,6 +23,20 @@ use crate::egress::{self, AttachmentStyle, Egress, OutboundPart, SendError};
 
 /// WhatsApp's limit on a text message's body.
 pub const MAX_TEXT_CHARS: usize = 4096;
+/// The customer-service window: how long after the person last wrote a business may answer
+/// freely.
+pub const SESSION_WINDOW: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+/// Taken off the window, so that a part sent at its very end is not refused by Meta for the
+/// time it took to get there.
+const WINDOW_MARGIN: chrono::Duration = chrono::Duration::minutes(2);
+/// The longest text a template's body parameter carries here.
+const MAX_PARAMETER_CHARS: usize = 1000;
+
+/// Whether the window is open at `now` for a person who last wrote at `last_inbound`.
+pub fn window_open(last_inbound: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+    let window = chrono::Duration::from_std(SESSION_WINDOW).expect("a day") - WINDOW_MARGIN;
+    last_inbound.is_some_and(|t| now - t < window)
+}
 
 pub struct WhatsAppSender {
     http: reqwest::Client,
@@ -118,6 +137,10 @@ impl Egress for WhatsAppSender {
         AttachmentStyle::PartEach
     }
 
+    fn session_window(&self) -> Option<std::time::Duration> {
+        Some(SESSION_WINDOW)
+    }
+
     fn send<'a>(&'a self, part: OutboundPart<'a>) -> BoxFuture<'a, Result<String, SendError>> {
         async move {
             let settings = self.settings()?;
@@ -138,7 +161,42 @@ impl Egress for WhatsAppSender {
                 "recipient_type": "individual",
                 "to": to,
             });
+            let open = window_open(part.last_inbound, Utc::now());
+            if !open {
+                let since = part
+                    .last_inbound
+                    .map_or("never".to_string(), |t| t.to_rfc3339());
+                if settings.window_template.is_empty() {
+                    return Err(SendError::Rejected(format!(
+                        "the 24-hour window is closed (the person last wrote: {since}) and \
+                         providers.whatsapp.window_template is not set"
+                    )));
+                }
+                if !part.attachments.is_empty() {
+                    return Err(SendError::Rejected(format!(
+                        "a file cannot go outside the 24-hour window (the person last wrote: \
+                         {since})"
+                    )));
+                }
+            }
             match part.attachments {
+                [] if !open => {
+                    let text: String = if part.text.chars().count() > MAX_PARAMETER_CHARS {
+                        let cut: String = part.text.chars().take(MAX_PARAMETER_CHARS - 1).collect();
+                        format!("{cut}…")
+                    } else {
+                        part.text.to_string()
+                    };
+                    body["type"] = "template".into();
+                    body["template"] = serde_json::json!({
+                        "name": settings.window_template,
+                        "language": { "code": settings.window_template_language },
+                        "components": [{
+                            "type": "body",
+                            "parameters": [{ "type": "text", "text": text }],
+                        }],
+                    });
+                }
                 [] => {
                     body["type"] = "text".into();
                     body["text"] = serde_json::json!({ "preview_url": false, "body": part.text });
@@ -190,6 +248,18 @@ impl Egress for WhatsAppSender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_window_is_open_for_a_day_after_the_person_last_wrote_less_a_margin() {
+        let now = Utc::now();
+        assert!(window_open(Some(now - chrono::Duration::hours(23)), now));
+        assert!(!window_open(
+            Some(now - chrono::Duration::minutes(24 * 60 - 1)),
+            now
+        ));
+        assert!(!window_open(Some(now - chrono::Duration::hours(25)), now));
+        assert!(!window_open(None, now), "never wrote: closed");
+    }
 
     #[test]
     fn metas_answer_says_whether_to_retry() {
