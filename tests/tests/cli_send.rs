@@ -5,6 +5,7 @@ use std::ffi::OsStr;
 use serde_json::Value;
 use switchboard_channels::slack::SlackSettings;
 use switchboard_channels::telegram::TelegramSettings;
+use switchboard_channels::whatsapp::WhatsAppSettings;
 use switchboard_e2e::{TestApp, spawn_app_configured};
 
 async fn send(app: &TestApp, args: &[&str]) -> Value {
@@ -29,6 +30,9 @@ async fn a_person_trying_it_gets_an_answer_on_every_channel_from_the_cli() {
         slack.api_base = format!("{}/demo/slack", c.gateway.public_url);
         slack.files_base = slack.api_base.clone();
         c.set_provider_settings("slack", &slack).unwrap();
+        let mut whatsapp: WhatsAppSettings = c.provider_settings("whatsapp").unwrap();
+        whatsapp.api_base = format!("{}/demo/whatsapp", c.gateway.public_url);
+        c.set_provider_settings("whatsapp", &whatsapp).unwrap();
     })
     .await;
     let sms = send(&app, &["hello by sms", "--from", "+1 415 555 0177"]).await;
@@ -108,6 +112,24 @@ async fn a_person_trying_it_gets_an_answer_on_every_channel_from_the_cli() {
     .await;
     assert_eq!(sl["from"], "slack:T0DEMO001:U0ANA0001");
     assert_eq!(sl["replies"], serde_json::json!(["echo: hello by slack"]));
+
+    // A WhatsApp message to the business number.
+    let wa = send(
+        &app,
+        &[
+            "hello by whatsapp",
+            "--channel",
+            "whatsapp",
+            "--from",
+            "+1 650 555 0199",
+        ],
+    )
+    .await;
+    assert_eq!(wa["from"], "whatsapp:+16505550199");
+    assert_eq!(
+        wa["replies"],
+        serde_json::json!(["echo: hello by whatsapp"])
+    );
 
     // `sms send`, the provider-faithful form, for a script too.
     let sms = app

@@ -20,9 +20,11 @@ use serde::{Deserialize, Serialize};
 use switchboard_channels::slack::SlackSettings;
 use switchboard_channels::telegram::TelegramSettings;
 use switchboard_channels::textmagic::textmagic_number;
+use switchboard_channels::whatsapp::WhatsAppSettings;
 use switchboard_fakes::{
     CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeSlack, FakeTelegram, FakeTextMagic,
-    FakeTwilio, Provider, SendObserver, SentSms, SlackPosted, TelegramSent,
+    FakeTwilio, FakeWhatsApp, Provider, SendObserver, SentSms, SlackPosted, TelegramSent,
+    WhatsAppSent,
 };
 
 /// The demo Slack workspace's id (what `switchboard send --channel slack` writes from).
@@ -31,8 +33,8 @@ use switchboard_kit::config::Config;
 
 #[derive(Clone, Serialize)]
 pub struct OutboxMessage {
-    /// Which send API took it: `twilio`, `textmagic`, `telegram`, `slack` or `generic` (a
-    /// webhook callback).
+    /// Which send API took it: `twilio`, `textmagic`, `telegram`, `slack`, `whatsapp` or
+    /// `generic` (a webhook callback).
     pub provider: &'static str,
     pub sid: String,
     pub to: String,
@@ -61,6 +63,21 @@ impl OutboxMessage {
 }
 
 impl OutboxMessage {
+    fn of_whatsapp(m: WhatsAppSent) -> Self {
+        Self {
+            provider: "whatsapp",
+            sid: m.wamid,
+            to: m.wa_id,
+            from: "business".into(),
+            body: match &m.filename {
+                Some(name) if m.text.is_empty() => format!("[{name}]"),
+                _ => m.text,
+            },
+            sent_at: m.created.to_rfc3339(),
+            created: m.created,
+        }
+    }
+
     fn of_slack(m: SlackPosted) -> Self {
         Self {
             provider: "slack",
@@ -97,6 +114,7 @@ struct DemoState {
     textmagic: FakeTextMagic,
     telegram: FakeTelegram,
     slack: FakeSlack,
+    whatsapp: FakeWhatsApp,
     callbacks: FakeCallbackReceiver,
     /// The last prompt the demo engine was given, to show what an agent sees (memory, summary,
     /// recall around the person's message).
@@ -165,6 +183,18 @@ pub fn router(config: &Config) -> Router {
             .unwrap_or("xoxb-demo-bot-token"),
         DEMO_SLACK_TEAM,
     );
+    let whatsapp_settings = config
+        .provider_settings::<WhatsAppSettings>(switchboard_channels::whatsapp::PROVIDER)
+        .unwrap_or_default();
+    let whatsapp = FakeWhatsApp::new(
+        Some(whatsapp_settings.access_token.expose())
+            .filter(|t| !t.is_empty())
+            .unwrap_or("demo-whatsapp-token"),
+        Some(whatsapp_settings.phone_number_id.as_str())
+            .filter(|id| !id.is_empty())
+            .unwrap_or("106540352242922"),
+    );
+    whatsapp.without_window();
     twilio.observe(Arc::new(LogSends));
     textmagic.observe(Arc::new(LogSends));
     let last_prompt: Arc<Mutex<Option<String>>> = Arc::default();
@@ -185,6 +215,7 @@ pub fn router(config: &Config) -> Router {
         textmagic: textmagic.clone(),
         telegram: telegram.clone(),
         slack: slack.clone(),
+        whatsapp: whatsapp.clone(),
         callbacks: callbacks.clone(),
         last_prompt,
     };
@@ -194,6 +225,7 @@ pub fn router(config: &Config) -> Router {
         .nest("/demo/textmagic", textmagic.router())
         .nest("/demo/telegram", telegram.router())
         .nest("/demo/slack", slack.router())
+        .nest("/demo/whatsapp", whatsapp.router())
         .nest("/demo/webhook", callbacks.router())
         .merge(
             Router::new()
@@ -256,6 +288,12 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
                 .map(OutboxMessage::of_telegram),
         )
         .chain(s.slack.posted().into_iter().map(OutboxMessage::of_slack))
+        .chain(
+            s.whatsapp
+                .sent()
+                .into_iter()
+                .map(OutboxMessage::of_whatsapp),
+        )
         .collect();
     all.sort_by_key(|m| m.created);
     let filtered: Vec<OutboxMessage> = all

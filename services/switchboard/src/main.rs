@@ -30,6 +30,7 @@ mod tail;
 mod takeover_cli;
 mod telegram_cli;
 mod topology_cli;
+mod whatsapp_cli;
 
 #[derive(Parser)]
 #[command(name = "switchboard", version, about)]

@@ -24,6 +24,8 @@ pub enum Channel {
     Telegram,
     /// A Slack direct message to the app, signed with its signing secret.
     Slack,
+    /// A WhatsApp message to the business number, signed with the app secret as Meta signs it.
+    Whatsapp,
 }
 
 #[derive(Args)]
@@ -33,7 +35,8 @@ pub struct SendArgs {
     #[arg(long, value_enum, default_value_t = Channel::Sms)]
     pub channel: Channel,
     /// Who sends it: a phone number (sms, textmagic), a chat user (chat), a Telegram user id
-    /// (telegram), a Slack user id (slack, `U…`); for the API the sender is the key's owner.
+    /// (telegram), a Slack user id (slack, `U…`), a phone number (whatsapp); for the API the
+    /// sender is the key's owner.
     #[arg(long, default_value = "+15555550100")]
     pub from: String,
     /// The agent to talk to (chat, API; SMS goes by the number written to).
@@ -87,6 +90,9 @@ pub async fn run(config: Config, args: SendArgs) -> anyhow::Result<()> {
         }
         Channel::Slack => {
             crate::slack_cli::send_dm(&config, &args.from, &args.text, args.wait).await?
+        }
+        Channel::Whatsapp => {
+            crate::whatsapp_cli::send_text(&config, &args.from, &args.text, args.wait).await?
         }
         Channel::Api => {
             let Some(key) = args.key else {

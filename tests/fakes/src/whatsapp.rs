@@ -127,6 +127,9 @@ struct Inner {
     templates: Mutex<BTreeSet<String>>,
     /// When each person (by wa_id) last wrote.
     last_wrote: Mutex<HashMap<String, DateTime<Utc>>>,
+    /// Whether the 24-hour window is applied (the demo's number, which never sees people
+    /// write, does not apply it).
+    window: std::sync::atomic::AtomicBool,
     media: Mutex<HashMap<String, StoredMedia>>,
     next_media: AtomicU64,
 }
@@ -381,6 +384,7 @@ impl FakeWhatsApp {
                 read: Mutex::default(),
                 templates: Mutex::new(BTreeSet::from([HELLO_WORLD.to_string()])),
                 last_wrote: Mutex::default(),
+                window: std::sync::atomic::AtomicBool::new(true),
                 media: Mutex::default(),
                 next_media: AtomicU64::new(1_180_000_000_000_001),
             }),
@@ -486,8 +490,17 @@ impl FakeWhatsApp {
         Ok(())
     }
 
+    /// Deliver free-form messages whenever the person last wrote: for the demo's number, whose
+    /// people write to the gateway, never to this fake (Switchboard's own window still applies).
+    pub fn without_window(&self) {
+        self.inner.window.store(false, Ordering::SeqCst);
+    }
+
     /// Whether the person last wrote within 24 hours.
     fn window_open(&self, wa_id: &str, now: DateTime<Utc>) -> bool {
+        if !self.inner.window.load(Ordering::SeqCst) {
+            return true;
+        }
         self.inner
             .last_wrote
             .lock()

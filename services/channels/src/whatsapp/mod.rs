@@ -130,6 +130,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_example_configuration_names_only_whatsapp_settings() {
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../switchboard.toml");
+        let file: toml::Table = std::fs::read_to_string(example)
+            .expect("the example configuration")
+            .parse()
+            .expect("it is TOML");
+        let section = file["providers"]["whatsapp"]
+            .as_table()
+            .expect("[providers.whatsapp]");
+        let known = toml::Table::try_from(WhatsAppSettings::default()).expect("a table");
+        for key in section.keys() {
+            assert!(
+                known.contains_key(key),
+                "unknown key providers.whatsapp.{key}"
+            );
+        }
+        let read: WhatsAppSettings = section.clone().try_into().expect("it reads");
+        assert!(!read.app_secret.is_empty() && !read.phone_number_id.is_empty());
+    }
+
+    #[test]
     fn the_signature_is_hmac_sha256_of_the_body() {
         // Python: hmac.new(b"app-secret", b'{"a":1}', hashlib.sha256).hexdigest()
         let known = "sha256=a2ac6607a24977f9757e6d78319ae1660ad42ffeee0ee3f0dff30a92bcf85448";
