@@ -263,6 +263,25 @@ pub fn media_type(content_type: &str) -> String {
         .to_ascii_lowercase()
 }
 
+/// A webhook's JSON body read as `T`: 415 `unsupported_media_type` unless the `Content-Type` is
+/// `application/json` (UTF-8), 400 `malformed_json` unless it parses. serde_json refuses bytes
+/// that are not UTF-8, so every string read is valid text.
+pub fn json_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    content_type: Option<&str>,
+) -> Result<T, ApiError> {
+    let content_type = content_type.unwrap_or_default();
+    if media_type(content_type) != "application/json" || !charset_is_utf8(content_type) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "Content-Type must be application/json (UTF-8)",
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("malformed_json", format!("body is not JSON: {e}")))
+}
+
 /// Whether a `Content-Type`'s charset (if any) is UTF-8.
 pub fn charset_is_utf8(content_type: &str) -> bool {
     content_type

@@ -88,19 +88,7 @@ pub fn parse_generic_event(
     source: &WebhookSourceConfig,
     max_text_chars: usize,
 ) -> Result<GenericEvent, ApiError> {
-    let content_type = content_type.unwrap_or_default();
-    if ingress::media_type(content_type) != "application/json"
-        || !ingress::charset_is_utf8(content_type)
-    {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "Content-Type must be application/json (UTF-8)",
-        ));
-    }
-    // serde_json refuses bytes that are not UTF-8, so every string below is valid text.
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request("malformed_json", format!("body is not JSON: {e}")))?;
+    let value: Value = ingress::json_body(body, content_type)?;
     if !value.is_object() {
         return Err(ApiError::bad_request(
             "malformed_json",

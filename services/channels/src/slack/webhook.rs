@@ -169,18 +169,7 @@ pub fn parse_event(
     content_type: Option<&str>,
     max_text_chars: usize,
 ) -> Result<SlackEvent, ApiError> {
-    let content_type = content_type.unwrap_or_default();
-    if ingress::media_type(content_type) != "application/json"
-        || !ingress::charset_is_utf8(content_type)
-    {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "Content-Type must be application/json (UTF-8)",
-        ));
-    }
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request("malformed_json", format!("body is not JSON: {e}")))?;
+    let value: Value = ingress::json_body(body, content_type)?;
     let Some(envelope) = value.as_object() else {
         return Err(ApiError::bad_request(
             "malformed_json",

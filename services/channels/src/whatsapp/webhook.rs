@@ -150,18 +150,7 @@ pub fn parse_notification(
     default_region: &str,
     max_text_chars: usize,
 ) -> Result<Incoming, ApiError> {
-    let content_type = content_type.unwrap_or_default();
-    if ingress::media_type(content_type) != "application/json"
-        || !ingress::charset_is_utf8(content_type)
-    {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "Content-Type must be application/json (UTF-8)",
-        ));
-    }
-    let notification: Notification = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request("malformed_json", format!("body: {e}")))?;
+    let notification: Notification = ingress::json_body(body, content_type)?;
     if notification.object != "whatsapp_business_account" {
         return Ok(Incoming::Ignored("other_object"));
     }
