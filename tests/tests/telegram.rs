@@ -251,3 +251,36 @@ async fn a_telegram_user_who_proves_their_phone_is_one_session_with_the_sms_from
     );
     app.shutdown().await;
 }
+
+/// The lease of a deliverer that dies holding a reply: short, so the test need not wait 45 s.
+const DEAD_LEASE: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn a_part_telegram_may_have_taken_before_its_deliverer_died_is_never_sent_again() {
+    let app =
+        switchboard_e2e::spawn_app_with(switchboard_e2e::AppOptions::all_but("deliver")).await;
+    assert_eq!(
+        app.telegram_says(ANA, "did you get that", 9601)
+            .await
+            .status(),
+        200
+    );
+    let reply = app.wait_for_reply(&[], WAIT).await;
+    // Telegram took the part, and the deliverer died before the ledger said so. The Bot API
+    // keeps no log to ask: the part's outcome cannot be known.
+    app.deliverer_dies_sending(&reply, DEAD_LEASE, 0, true)
+        .await;
+    assert_eq!(app.telegram.sent().len(), 1);
+
+    app.start_stage("deliver");
+    let (status, _) = app.wait_for_delivery(&reply, Duration::from_secs(90)).await;
+    app.settle().await;
+    assert_eq!(status, "failed", "ends failed, with its reason");
+    assert_eq!(app.telegram.sent().len(), 1, "never sent a second time");
+    let error: Option<String> = sqlx::query_scalar("SELECT last_error FROM switchboard.deliveries")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert!(error.unwrap_or_default().contains("no log"), "says why");
+    app.shutdown().await;
+}
