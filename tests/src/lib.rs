@@ -8,6 +8,7 @@ pub mod runner_host;
 pub mod tcp_cut;
 pub use slack::{SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET, SLACK_TEAM};
 pub use telegram::{TELEGRAM_BOT_ID, TELEGRAM_BOT_TOKEN, TELEGRAM_SECRET};
+pub use twilio_whatsapp::{TWILIO_WHATSAPP_FROM, TWILIO_WHATSAPP_ROUTE};
 pub use whatsapp::{
     WHATSAPP_APP_SECRET, WHATSAPP_NUMBER_ID, WHATSAPP_TOKEN, WHATSAPP_VERIFY_TOKEN,
 };
@@ -35,6 +36,7 @@ mod held;
 mod proof;
 mod slack;
 mod telegram;
+mod twilio_whatsapp;
 mod whatsapp;
 
 pub use chat::{CHAT_SECRET, ChatClient, chat_token};
@@ -1323,8 +1325,11 @@ impl TestApp {
             ),
             "the dead deliverer must be the first to take the reply"
         );
+        // The person has just written: a channel with a window has it open.
+        let last_inbound = sender.session_window().map(|_| chrono::Utc::now());
         let send = |index: usize| {
-            let part = switchboard_channels::OutboundPart::new(reply, index, &parts[index]);
+            let part = switchboard_channels::OutboundPart::new(reply, index, &parts[index])
+                .with_last_inbound(last_inbound);
             sender.send(part)
         };
         for index in 0..sent_before {

@@ -86,6 +86,7 @@ mod textmagic;
 mod topology;
 mod toy_channel;
 mod toy_stage;
+mod twilio_whatsapp;
 mod traces;
 mod try_it;
 mod turn_tokens;

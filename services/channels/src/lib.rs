@@ -60,6 +60,7 @@ pub struct Adapter {
 /// Every channel adapter the product has.
 pub const ADAPTERS: &[Adapter] = &[
     twilio::ADAPTER,
+    twilio::whatsapp::ADAPTER,
     textmagic::ADAPTER,
     generic::ADAPTER,
     telegram::ADAPTER,
@@ -196,6 +197,7 @@ mod tests {
             "telegram",
             "slack",
             "whatsapp",
+            "twilio_whatsapp",
         ] {
             assert!(senders.get(provider).is_some(), "{provider}");
         }

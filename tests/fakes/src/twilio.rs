@@ -1,6 +1,8 @@
 //! Twilio's Messages API: Basic auth, form `To`/`From`/`Body`, 201 with a `sid`; `GET` lists
 //! what it accepted (`To`, `From`, `DateSent>` filters, most recent first, paged with
-//! `next_page_uri`); MMS media served as Twilio serves it (Basic auth required).
+//! `next_page_uri`); MMS media served as Twilio serves it (Basic auth required). WhatsApp
+//! senders too: `whatsapp:` addresses on both ends (error 21910 when only one has it), and
+//! Content templates (`ContentSid` + `ContentVariables`) filled in as Twilio lists them.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +37,8 @@ struct Inner {
     failures: Failures,
     /// MMS media by path: content type and bytes.
     media: Mutex<HashMap<String, (String, Vec<u8>)>>,
+    /// Approved Content templates by sid: their body, `{{1}}` … where the variables go.
+    templates: Mutex<HashMap<String, String>>,
 }
 
 /// The query of Twilio's Messages list.
@@ -62,6 +66,8 @@ struct SendForm {
     messaging_service_sid: Option<String>,
     body: Option<String>,
     media_urls: Vec<String>,
+    content_sid: Option<String>,
+    content_variables: Option<String>,
 }
 
 impl SendForm {
@@ -75,6 +81,8 @@ impl SendForm {
                 "MessagingServiceSid" => form.messaging_service_sid = Some(value),
                 "Body" => form.body = Some(value),
                 "MediaUrl" => form.media_urls.push(value),
+                "ContentSid" => form.content_sid = Some(value),
+                "ContentVariables" => form.content_variables = Some(value),
                 _ => {}
             }
         }
@@ -110,6 +118,7 @@ impl FakeTwilio {
                 outbox: Outbox::default(),
                 failures: Failures::default(),
                 media: Mutex::default(),
+                templates: Mutex::default(),
             }),
         }
     }
@@ -148,6 +157,35 @@ impl FakeTwilio {
     /// How many times the Messages list was asked for.
     pub fn lookups(&self) -> u64 {
         self.inner.outbox.lookups()
+    }
+
+    /// An approved Content template `sid` whose body is `body` (variables written `{{1}}`).
+    pub fn add_content_template(&self, sid: &str, body: &str) {
+        self.inner
+            .templates
+            .lock()
+            .unwrap()
+            .insert(sid.into(), body.into());
+    }
+
+    /// The body Twilio makes of template `sid` and the JSON object `variables`.
+    fn fill_template(&self, sid: &str, variables: Option<&str>) -> Result<String, &'static str> {
+        let Some(mut body) = self.inner.templates.lock().unwrap().get(sid).cloned() else {
+            return Err("The Content SID is invalid.");
+        };
+        let variables: serde_json::Map<String, serde_json::Value> = match variables {
+            Some(v) => {
+                serde_json::from_str(v).map_err(|_| "ContentVariables is not a JSON object.")?
+            }
+            None => Default::default(),
+        };
+        for (key, value) in variables {
+            let Some(value) = value.as_str() else {
+                return Err("A ContentVariables value is not a string.");
+            };
+            body = body.replace(&format!("{{{{{key}}}}}"), value);
+        }
+        Ok(body)
     }
 
     /// Answer the next `n` sends with 500 (a Twilio outage).
@@ -308,11 +346,25 @@ impl FakeTwilio {
         if let Some(status) = s.inner.failures.take() {
             return twilio_error(status, 20500, "Internal Server Error");
         }
-        // Twilio takes a message with media and no body (an MMS of pictures alone).
-        let body = match (f.body, f.media_urls.is_empty()) {
-            (Some(body), _) => Some(body),
-            (None, false) => Some(String::new()),
-            (None, true) => None,
+        let whatsapp =
+            |a: &Option<String>| a.as_deref().is_some_and(|a| a.starts_with("whatsapp:"));
+        if f.from.is_some() && whatsapp(&f.to) != whatsapp(&f.from) {
+            return twilio_error(
+                StatusCode::BAD_REQUEST,
+                21910,
+                "Invalid From and To pair. From and To should be of the same channel",
+            );
+        }
+        // Twilio takes a message with media and no body (an MMS of pictures alone), and a
+        // template's body is its own.
+        let body = match (&f.content_sid, f.body, f.media_urls.is_empty()) {
+            (Some(sid), _, _) => match s.fill_template(sid, f.content_variables.as_deref()) {
+                Ok(body) => Some(body),
+                Err(why) => return twilio_error(StatusCode::BAD_REQUEST, 21655, why),
+            },
+            (None, Some(body), _) => Some(body),
+            (None, None, false) => Some(String::new()),
+            (None, None, true) => None,
         };
         let (Some(to), Some(body)) = (f.to, body) else {
             return twilio_error(

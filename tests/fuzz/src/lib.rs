@@ -76,6 +76,8 @@ pub fn twilio_webhook(data: &[u8]) {
         url: URL,
         max_text_chars,
         default_region: "US",
+        // The same parser reads a WhatsApp sender's posts, whose addresses carry a prefix.
+        address_prefix: if flags & 64 != 0 { "whatsapp:" } else { "" },
     };
     let header = (flags & 32 == 0).then_some(signature.as_str());
     match parse_twilio_sms(body, content_type, header, &check) {
@@ -98,6 +100,10 @@ pub fn twilio_webhook(data: &[u8]) {
                 sms.message_sid
             );
             assert_e164(&sms.sender);
+            assert!(
+                field_starts_with(&fields, "From", check.address_prefix),
+                "a From without the route's prefix was taken"
+            );
             assert!(sms.text.chars().count() <= max_text_chars);
             for s in [&sms.text, &sms.recipient]
                 .into_iter()
@@ -903,4 +909,12 @@ pub fn replay(fuzz_dir: &Path, rounds: usize) -> Vec<(&'static str, usize)> {
         done.push((name, all.len()));
     }
     done
+}
+
+/// Whether the form's first `name` field starts with `prefix`.
+fn field_starts_with(fields: &[(String, String)], name: &str, prefix: &str) -> bool {
+    fields
+        .iter()
+        .find(|(k, _)| k == name)
+        .is_some_and(|(_, v)| v.starts_with(prefix))
 }

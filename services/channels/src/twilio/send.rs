@@ -46,14 +46,33 @@ struct ListedMessage {
     date_created: String,
 }
 
+/// Which listed bodies are the part's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum BodyMatch<'a> {
+    /// The body sent as written.
+    Is(&'a str),
+    /// A template Twilio filled in: its body holds the text given as its variable.
+    Holds(&'a str),
+}
+
+impl BodyMatch<'_> {
+    fn matches(self, listed: &str) -> bool {
+        match self {
+            BodyMatch::Is(body) => listed == body,
+            BodyMatch::Holds(text) => listed.contains(text),
+        }
+    }
+}
+
 impl MessagePage {
     /// The messages on this page to `to`, from `from` (any sender when Twilio picks it from a
-    /// Messaging Service), with `body`, created at or after `not_before`; and the next page.
+    /// Messaging Service), whose body is the part's, created at or after `not_before`; and the
+    /// next page.
     pub(crate) fn read(
         self,
         to: &str,
         from: Option<&str>,
-        body: &str,
+        body: BodyMatch<'_>,
         not_before: DateTime<Utc>,
     ) -> Result<LogPage, SendError> {
         let mut matches = Vec::new();
@@ -68,7 +87,7 @@ impl MessagePage {
                 .with_timezone(&Utc);
             if m.to == to
                 && from.is_none_or(|f| m.from == f)
-                && m.body == body
+                && body.matches(&m.body)
                 && created >= not_before
             {
                 matches.push(Logged { id: m.sid, created });
@@ -128,21 +147,26 @@ impl TwilioSender {
         body: &str,
         media: &[&str],
     ) -> Result<String, SendError> {
-        let url = self.messages_url();
         let mut form: Vec<(&str, &str)> = vec![("To", to), ("Body", body)];
         form.extend(media.iter().take(MAX_MEDIA).map(|m| ("MediaUrl", *m)));
         match self.sender_number(from) {
             Some(from) => form.push(("From", from)),
             None => form.push(("MessagingServiceSid", &self.config.messaging_service_sid)),
         }
+        self.create(&form).await
+    }
+
+    /// Create one message from the Messages API's form fields (`To`, `From`, `Body`,
+    /// `MediaUrl`, `ContentSid`, …). Returns Twilio's message sid.
+    pub(crate) async fn create(&self, form: &[(&str, &str)]) -> Result<String, SendError> {
         let request = self
             .http
-            .post(url)
+            .post(self.messages_url())
             .basic_auth(
                 &self.config.account_sid,
                 Some(self.config.auth_token.expose()),
             )
-            .form(&form);
+            .form(form);
         // 400 and 422: the request is wrong for this recipient (invalid number, unsubscribed).
         let created: Created = egress::send_request(request, "Twilio", &[400, 422]).await?;
         Ok(created.sid)
@@ -158,8 +182,20 @@ impl TwilioSender {
         body: &str,
         since: DateTime<Utc>,
     ) -> Result<Vec<String>, SendError> {
+        self.find_listed(to, self.sender_number(from), BodyMatch::Is(body), since)
+            .await
+    }
+
+    /// [`Self::find_body`] from exactly `from` (none: any of a Messaging Service's senders),
+    /// matching bodies by `body`.
+    pub(crate) async fn find_listed(
+        &self,
+        to: &str,
+        from: Option<&str>,
+        body: BodyMatch<'_>,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<String>, SendError> {
         let not_before = egress::not_before(since);
-        let from = self.sender_number(from);
         let mut query = vec![
             ("To", to.to_string()),
             ("DateSent>", not_before.format("%Y-%m-%d").to_string()),
@@ -271,7 +307,7 @@ mod tests {
             .read(
                 "+14155550100",
                 Some("+15555550199"),
-                "hello",
+                BodyMatch::Is("hello"),
                 egress::not_before(since),
             )
             .unwrap();
@@ -286,7 +322,12 @@ mod tests {
         let read = page(Some(
             "/2010-04-01/Accounts/AC1/Messages.json?Page=1&PageToken=PA1",
         ))
-        .read("+14155550100", None, "hello", egress::not_before(since))
+        .read(
+            "+14155550100",
+            None,
+            BodyMatch::Is("hello"),
+            egress::not_before(since),
+        )
         .unwrap();
         assert_eq!(read.matches.len(), 3, "{:?}", read.matches);
         assert_eq!(
@@ -303,7 +344,7 @@ mod tests {
             "next_page_uri": null
         }))
         .unwrap();
-        let read = page.read("+1", Some("+2"), "x", Utc::now());
+        let read = page.read("+1", Some("+2"), BodyMatch::Is("x"), Utc::now());
         assert!(matches!(read, Err(SendError::Unavailable(e)) if e.contains("yesterday")));
     }
 }

@@ -15,6 +15,9 @@ pub struct TwilioCheck<'a> {
     pub max_text_chars: usize,
     /// Region for numbers written without a country code (ISO 3166, e.g. `US`).
     pub default_region: &'a str,
+    /// What `From` and `To` start with on this route: `""` for SMS, `whatsapp:` for a
+    /// WhatsApp sender. A message of another kind posted here is refused, not taken as this.
+    pub address_prefix: &'a str,
 }
 
 /// A Twilio SMS webhook, authenticated and validated.
@@ -22,9 +25,9 @@ pub struct TwilioCheck<'a> {
 pub struct ParsedSms {
     /// `MessageSid` (or `SmsSid`), header-safe as [`ingress::check_provider_id`] requires.
     pub message_sid: String,
-    /// `From`, normalised to E.164.
+    /// `From` less the route's address prefix, normalised to E.164.
     pub sender: String,
-    /// `To`, as sent.
+    /// `To` less the route's address prefix, as sent.
     pub recipient: String,
     /// `Body`, control characters removed, at most `max_text_chars` characters.
     pub text: String,
@@ -85,7 +88,14 @@ pub fn parse_twilio_sms(
         .unwrap_or_default();
     ingress::check_provider_id("MessageSid", sid)?;
     let from = field("From").ok_or_else(|| ApiError::missing_field("From"))?;
+    let from = from.strip_prefix(check.address_prefix).ok_or_else(|| {
+        ApiError::bad_request(
+            "invalid_from",
+            format!("From must be a {}<number> address", check.address_prefix),
+        )
+    })?;
     let to = field("To").unwrap_or_default();
+    let to = to.strip_prefix(check.address_prefix).unwrap_or(to);
     let text = ingress::clean_text(
         "Body",
         field("Body").unwrap_or_default(),
@@ -106,34 +116,60 @@ pub fn parse_twilio_sms(
     })
 }
 
-/// `POST /webhooks/twilio/sms`.
+/// Where a Twilio sender posts, and what its messages are.
+#[derive(Debug, Clone, Copy)]
+pub struct TwilioRoute {
+    pub route: &'static str,
+    pub channel: &'static str,
+    pub provider: &'static str,
+    /// See [`TwilioCheck::address_prefix`].
+    pub address_prefix: &'static str,
+}
+
+/// A phone number's SMS and MMS.
+pub const SMS_ROUTE: TwilioRoute = TwilioRoute {
+    route: "/webhooks/twilio/sms",
+    channel: "sms",
+    provider: "twilio",
+    address_prefix: "",
+};
+
+/// `POST /webhooks/twilio/sms`, and the same form for a WhatsApp sender
+/// ([`crate::twilio::whatsapp`]).
 pub struct TwilioWebhook {
     auth_token: switchboard_kit::config::Secret,
     max_text_chars: usize,
     default_region: String,
+    route: TwilioRoute,
 }
 
 impl TwilioWebhook {
+    /// The SMS webhook.
     pub fn new(config: &Config) -> Self {
+        Self::on(config, SMS_ROUTE)
+    }
+
+    pub fn on(config: &Config, route: TwilioRoute) -> Self {
         Self {
             auth_token: config.twilio.auth_token.clone(),
             max_text_chars: config.gateway.max_text_chars,
             default_region: config.identity.default_region.clone(),
+            route,
         }
     }
 }
 
 impl Webhook for TwilioWebhook {
     fn route(&self) -> &'static str {
-        "/webhooks/twilio/sms"
+        self.route.route
     }
 
     fn channel(&self) -> &'static str {
-        "sms"
+        self.route.channel
     }
 
     fn provider(&self) -> &'static str {
-        "twilio"
+        self.route.provider
     }
 
     fn receive(&self, request: &WebhookRequest<'_>) -> Result<Incoming, ApiError> {
@@ -148,6 +184,7 @@ impl Webhook for TwilioWebhook {
             url: request.url,
             max_text_chars: self.max_text_chars,
             default_region: &self.default_region,
+            address_prefix: self.route.address_prefix,
         };
         let sms = parse_twilio_sms(
             request.body,

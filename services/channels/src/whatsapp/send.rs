@@ -32,6 +32,16 @@ const WINDOW_MARGIN: chrono::Duration = chrono::Duration::minutes(2);
 /// The longest text a template's body parameter carries here.
 const MAX_PARAMETER_CHARS: usize = 1000;
 
+/// `text` as a template's parameter: cut to the longest a parameter may be, the cut marked.
+pub fn template_parameter(text: &str) -> String {
+    if text.chars().count() > MAX_PARAMETER_CHARS {
+        let cut: String = text.chars().take(MAX_PARAMETER_CHARS - 1).collect();
+        format!("{cut}…")
+    } else {
+        text.to_string()
+    }
+}
+
 /// Whether the window is open at `now` for a person who last wrote at `last_inbound`.
 pub fn window_open(last_inbound: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
     let window = chrono::Duration::from_std(SESSION_WINDOW).expect("a day") - WINDOW_MARGIN;
@@ -181,12 +191,7 @@ impl Egress for WhatsAppSender {
             }
             match part.attachments {
                 [] if !open => {
-                    let text: String = if part.text.chars().count() > MAX_PARAMETER_CHARS {
-                        let cut: String = part.text.chars().take(MAX_PARAMETER_CHARS - 1).collect();
-                        format!("{cut}…")
-                    } else {
-                        part.text.to_string()
-                    };
+                    let text = template_parameter(part.text);
                     body["type"] = "template".into();
                     body["template"] = serde_json::json!({
                         "name": settings.window_template,
