@@ -3,7 +3,8 @@
 //! answered once though Meta sends it again, statuses acknowledged and counted, a long reply
 //! split at 4,096 characters after Meta's throughput limit, a person's picture in the session's
 //! workspace and a file the agent leaves sent as a document by its link, and a WhatsApp number
-//! proved to be the person's SMS number one session with it.
+//! proved to be the person's SMS number one session with it; a part Meta may have taken before
+//! its deliverer died ends failed with its reason, never sent twice (the Cloud API keeps no log).
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -350,5 +351,41 @@ async fn outside_the_window_with_no_template_the_message_fails_saying_why_never_
         1,
         "nothing sent that Meta would drop"
     );
+    app.shutdown().await;
+}
+
+const DEAD_LEASE: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn a_part_meta_may_have_taken_before_its_deliverer_died_is_never_sent_again() {
+    let app =
+        switchboard_e2e::spawn_app_with(switchboard_e2e::AppOptions::all_but("deliver")).await;
+    app.whatsapp.person_wrote(ANA);
+    let message = text_message(
+        WHATSAPP_NUMBER_ID,
+        DISPLAY_PHONE_NUMBER,
+        ANA,
+        "Ana",
+        "wamid.D1=",
+        "did you get that",
+    );
+    assert_eq!(app.post_whatsapp(&message).await.status(), 200);
+    let reply = app.wait_for_reply(&[], WAIT).await;
+    // Meta took the part, and the deliverer died before the ledger said so. The Cloud API
+    // keeps no log a business can read: the part's outcome cannot be known.
+    app.deliverer_dies_sending(&reply, DEAD_LEASE, 0, true)
+        .await;
+    assert_eq!(app.whatsapp.sent().len(), 1);
+
+    app.start_stage("deliver");
+    let (status, _) = app.wait_for_delivery(&reply, Duration::from_secs(90)).await;
+    app.settle().await;
+    assert_eq!(status, "failed", "ends failed, with its reason");
+    assert_eq!(app.whatsapp.sent().len(), 1, "never sent a second time");
+    let error: Option<String> = sqlx::query_scalar("SELECT last_error FROM switchboard.deliveries")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert!(error.unwrap_or_default().contains("no log"), "says why");
     app.shutdown().await;
 }
