@@ -244,3 +244,32 @@ async fn the_limit_and_the_one_notice_hold_across_gateway_replicas() {
     assert_eq!(frames[3]["code"], "rate_limited");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_whatsapp_sender_over_the_limit_is_told_within_the_window_they_just_opened() {
+    let app = limited_app().await;
+    for i in 1..=5 {
+        let message =
+            app.twilio_whatsapp_params("+14155550184", &format!("m{i}"), &format!("SMrl{i:04}"));
+        assert_eq!(app.post_twilio_whatsapp(&message).await.status(), 200);
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let told = app
+            .twilio
+            .sent()
+            .iter()
+            .any(|s| s.to == "whatsapp:+14155550184" && s.body == NOTICE);
+        if told {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never told: {:?}",
+            app.twilio.sent()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.settle().await;
+    app.shutdown().await;
+}

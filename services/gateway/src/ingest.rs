@@ -289,7 +289,9 @@ pub(crate) async fn rate_limited(
         };
         // Told in the background: the provider's answer does not wait for our send.
         tokio::spawn(async move {
-            let part = OutboundPart::new(&notice, 0, &notice.text);
+            // The person wrote just now: a channel with a window (WhatsApp) has it open.
+            let part = OutboundPart::new(&notice, 0, &notice.text)
+                .with_last_inbound(Some(chrono::Utc::now()));
             if let Err(e) = sender.send(part).await {
                 tracing::warn!(error = %e, "could not tell a sender they are rate-limited");
             }
