@@ -22,7 +22,9 @@ use super::send::{BodyMatch, MAX_BODY_CHARS, TwilioSender};
 use super::webhook::{TwilioRoute, TwilioWebhook};
 use crate::Adapter;
 use crate::egress::{self, AttachmentStyle, Egress, OutboundPart, SendError};
-use crate::whatsapp::send::{SESSION_WINDOW, template_parameter, window_open};
+use crate::whatsapp::send::{
+    SESSION_WINDOW, WindowShape, template_parameter, window_open, window_shape,
+};
 
 /// The provider name messages and replies carry.
 pub const PROVIDER: &str = "twilio_whatsapp";
@@ -42,6 +44,9 @@ pub const ADAPTER: Adapter = Adapter {
     egress: Some(|config| Arc::new(TwilioWhatsAppSender::new(config))),
     media: Some(|config| Arc::new(TwilioMedia::new(&config.twilio))),
 };
+
+/// Named in the reason a reply outside the window fails for without it.
+const WINDOW_SETTING: &str = "providers.twilio_whatsapp.window_content_sid";
 
 /// `[providers.twilio_whatsapp]`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -108,58 +113,6 @@ fn address(number: &str) -> String {
     )
 }
 
-/// How one part goes out.
-enum Shape<'a> {
-    /// A free-form message (the window is open): its body and its one file, if any.
-    Free {
-        body: &'a str,
-        media: Option<&'a str>,
-    },
-    /// The window's template, its variable the text.
-    Template { content_sid: &'a str, text: String },
-}
-
-fn shape<'a>(
-    part: &OutboundPart<'a>,
-    settings: &'a TwilioWhatsAppSettings,
-    now: DateTime<Utc>,
-) -> Result<Shape<'a>, SendError> {
-    let media = match part.attachments {
-        [] => None,
-        [file] => Some(file.url.as_str()),
-        more => {
-            return Err(SendError::Rejected(format!(
-                "a WhatsApp part carries one file, not {}",
-                more.len()
-            )));
-        }
-    };
-    if window_open(part.last_inbound, now) {
-        return Ok(Shape::Free {
-            body: part.text,
-            media,
-        });
-    }
-    let since = part
-        .last_inbound
-        .map_or("never".to_string(), |t| t.to_rfc3339());
-    if settings.window_content_sid.is_empty() {
-        return Err(SendError::Rejected(format!(
-            "the 24-hour window is closed (the person last wrote: {since}) and \
-             providers.twilio_whatsapp.window_content_sid is not set"
-        )));
-    }
-    if media.is_some() {
-        return Err(SendError::Rejected(format!(
-            "a file cannot go outside the 24-hour window (the person last wrote: {since})"
-        )));
-    }
-    Ok(Shape::Template {
-        content_sid: &settings.window_content_sid,
-        text: template_parameter(part.text),
-    })
-}
-
 impl Egress for TwilioWhatsAppSender {
     fn split(&self, text: &str) -> Vec<String> {
         egress::split_message(text, MAX_BODY_CHARS)
@@ -180,15 +133,17 @@ impl Egress for TwilioWhatsAppSender {
             let to = address(part.to());
             let from = self.from(&part)?;
             let mut form: Vec<(&str, &str)> = vec![("To", &to), ("From", &from)];
+            let template = (!settings.window_content_sid.is_empty())
+                .then_some(settings.window_content_sid.as_str());
             let variables;
-            match shape(&part, settings, Utc::now())? {
-                Shape::Free { body, media } => {
-                    form.push(("Body", body));
-                    form.extend(media.map(|m| ("MediaUrl", m)));
+            match window_shape(&part, template, WINDOW_SETTING, Utc::now())? {
+                WindowShape::Free { file } => {
+                    form.push(("Body", part.text));
+                    form.extend(file.map(|f| ("MediaUrl", f.url.as_str())));
                 }
-                Shape::Template { content_sid, text } => {
-                    variables = serde_json::json!({ "1": text }).to_string();
-                    form.push(("ContentSid", content_sid));
+                WindowShape::Template { name, parameter } => {
+                    variables = serde_json::json!({ "1": parameter }).to_string();
+                    form.push(("ContentSid", name));
                     form.push(("ContentVariables", &variables));
                 }
             }
@@ -227,13 +182,6 @@ mod tests {
     use super::*;
     use switchboard_kit::exports::ExportLink;
 
-    fn settings(content_sid: &str) -> TwilioWhatsAppSettings {
-        TwilioWhatsAppSettings {
-            from_number: "+14155238886".into(),
-            window_content_sid: content_sid.into(),
-        }
-    }
-
     fn reply() -> switchboard_kit::proto::Reply {
         switchboard_kit::proto::Reply {
             recipient: "+14155550100".into(),
@@ -247,6 +195,15 @@ mod tests {
         assert_eq!(address("whatsapp:+14155550100"), "whatsapp:+14155550100");
     }
 
+    fn shape<'a>(
+        part: &OutboundPart<'a>,
+        content_sid: &'a str,
+        now: DateTime<Utc>,
+    ) -> Result<WindowShape<'a>, SendError> {
+        let template = (!content_sid.is_empty()).then_some(content_sid);
+        window_shape(part, template, WINDOW_SETTING, now)
+    }
+
     #[test]
     fn within_the_window_the_text_goes_free_and_after_it_as_the_template() {
         let reply = reply();
@@ -255,26 +212,21 @@ mod tests {
             .with_last_inbound(Some(now - chrono::Duration::hours(2)));
         let stale = OutboundPart::new(&reply, 0, "hello")
             .with_last_inbound(Some(now - chrono::Duration::hours(25)));
-        let with = settings("HXabc");
         assert!(matches!(
-            shape(&fresh, &with, now),
-            Ok(Shape::Free {
-                body: "hello",
-                media: None
-            })
+            shape(&fresh, "HXabc", now),
+            Ok(WindowShape::Free { file: None })
         ));
         assert!(matches!(
-            shape(&stale, &with, now),
-            Ok(Shape::Template { content_sid: "HXabc", ref text }) if text == "hello"
+            shape(&stale, "HXabc", now),
+            Ok(WindowShape::Template { name: "HXabc", ref parameter }) if parameter == "hello"
         ));
         let never = OutboundPart::new(&reply, 0, "hello");
         assert!(matches!(
-            shape(&never, &with, now),
-            Ok(Shape::Template { .. })
+            shape(&never, "HXabc", now),
+            Ok(WindowShape::Template { .. })
         ));
-        let without = settings("");
         assert!(matches!(
-            shape(&stale, &without, now),
+            shape(&stale, "", now),
             Err(SendError::Rejected(why)) if why.contains("window_content_sid")
         ));
     }
@@ -295,24 +247,21 @@ mod tests {
             .with_attachments(&one)
             .with_last_inbound(Some(now));
         assert!(matches!(
-            shape(&part, &settings(""), now),
-            Ok(Shape::Free { media: Some(url), .. }) if url.ends_with("a.txt")
+            shape(&part, "", now),
+            Ok(WindowShape::Free { file: Some(f) }) if f.name == "a.txt"
         ));
         let closed = OutboundPart::new(&reply, 1, "")
             .with_attachments(&one)
             .with_last_inbound(Some(now - chrono::Duration::days(2)));
         assert!(matches!(
-            shape(&closed, &settings("HXabc"), now),
+            shape(&closed, "HXabc", now),
             Err(SendError::Rejected(why)) if why.contains("file")
         ));
         let two = [link("a.txt"), link("b.txt")];
         let part = OutboundPart::new(&reply, 1, "")
             .with_attachments(&two)
             .with_last_inbound(Some(now));
-        assert!(matches!(
-            shape(&part, &settings(""), now),
-            Err(SendError::Rejected(_))
-        ));
+        assert!(matches!(shape(&part, "", now), Err(SendError::Rejected(_))));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use serde::Deserialize;
 
 use super::WhatsAppSettings;
 use crate::egress::{self, AttachmentStyle, Egress, OutboundPart, SendError};
+use switchboard_kit::exports::ExportLink;
 
 /// WhatsApp's limit on a text message's body.
 pub const MAX_TEXT_CHARS: usize = 4096;
@@ -40,6 +41,58 @@ pub fn template_parameter(text: &str) -> String {
     } else {
         text.to_string()
     }
+}
+
+/// How a WhatsApp part goes out, whichever API carries it.
+#[derive(Debug)]
+pub enum WindowShape<'a> {
+    /// Inside the window: the text, or the part's one file with the text as its caption.
+    Free { file: Option<&'a ExportLink> },
+    /// Outside it: the template `name`, its one parameter the text.
+    Template { name: &'a str, parameter: String },
+}
+
+/// The shape of `part` at `now`: free inside the window; outside it the `template` (named by
+/// the setting `setting` in the reason when it is not set), text only. A part carries at most
+/// one file (files are parts of their own: [`AttachmentStyle::PartEach`]). A part that cannot
+/// go is `Rejected` with the reason, never sent for WhatsApp to drop.
+pub fn window_shape<'a>(
+    part: &OutboundPart<'a>,
+    template: Option<&'a str>,
+    setting: &str,
+    now: DateTime<Utc>,
+) -> Result<WindowShape<'a>, SendError> {
+    let file = match part.attachments {
+        [] => None,
+        [file] => Some(file),
+        more => {
+            return Err(SendError::Rejected(format!(
+                "a WhatsApp part carries one file, not {}",
+                more.len()
+            )));
+        }
+    };
+    if window_open(part.last_inbound, now) {
+        return Ok(WindowShape::Free { file });
+    }
+    let since = part
+        .last_inbound
+        .map_or("never".to_string(), |t| t.to_rfc3339());
+    let Some(name) = template else {
+        return Err(SendError::Rejected(format!(
+            "the 24-hour window is closed (the person last wrote: {since}) and {setting} is \
+             not set"
+        )));
+    };
+    if file.is_some() {
+        return Err(SendError::Rejected(format!(
+            "a file cannot go outside the 24-hour window (the person last wrote: {since})"
+        )));
+    }
+    Ok(WindowShape::Template {
+        name,
+        parameter: template_parameter(part.text),
+    })
 }
 
 /// Whether the window is open at `now` for a person who last wrote at `last_inbound`.
@@ -171,54 +224,36 @@ impl Egress for WhatsAppSender {
                 "recipient_type": "individual",
                 "to": to,
             });
-            let open = window_open(part.last_inbound, Utc::now());
-            if !open {
-                let since = part
-                    .last_inbound
-                    .map_or("never".to_string(), |t| t.to_rfc3339());
-                if settings.window_template.is_empty() {
-                    return Err(SendError::Rejected(format!(
-                        "the 24-hour window is closed (the person last wrote: {since}) and \
-                         providers.whatsapp.window_template is not set"
-                    )));
-                }
-                if !part.attachments.is_empty() {
-                    return Err(SendError::Rejected(format!(
-                        "a file cannot go outside the 24-hour window (the person last wrote: \
-                         {since})"
-                    )));
-                }
-            }
-            match part.attachments {
-                [] if !open => {
-                    let text = template_parameter(part.text);
+            let template =
+                (!settings.window_template.is_empty()).then_some(settings.window_template.as_str());
+            match window_shape(
+                &part,
+                template,
+                "providers.whatsapp.window_template",
+                Utc::now(),
+            )? {
+                WindowShape::Template { name, parameter } => {
                     body["type"] = "template".into();
                     body["template"] = serde_json::json!({
-                        "name": settings.window_template,
+                        "name": name,
                         "language": { "code": settings.window_template_language },
                         "components": [{
                             "type": "body",
-                            "parameters": [{ "type": "text", "text": text }],
+                            "parameters": [{ "type": "text", "text": parameter }],
                         }],
                     });
                 }
-                [] => {
+                WindowShape::Free { file: None } => {
                     body["type"] = "text".into();
                     body["text"] = serde_json::json!({ "preview_url": false, "body": part.text });
                 }
-                [file] => {
+                WindowShape::Free { file: Some(file) } => {
                     body["type"] = "document".into();
                     body["document"] =
                         serde_json::json!({ "link": file.url, "filename": file.name });
                     if !part.text.is_empty() {
                         body["document"]["caption"] = part.text.into();
                     }
-                }
-                more => {
-                    return Err(SendError::Rejected(format!(
-                        "a WhatsApp part carries one file, not {}",
-                        more.len()
-                    )));
                 }
             }
             let resp = self
