@@ -3,13 +3,17 @@
 //! turn), its replies out with `chat.postMessage` in the conversation and thread they answer
 //! (split at 4,000 characters, a 429 waited out as long as Slack says), a part Slack took
 //! before its deliverer died found in the history and not sent again, a person's file in the
-//! workspace, and a Slack user who proves their phone one session with its SMS.
+//! workspace, the agent's files uploaded to the conversation (and one Slack took before its
+//! deliverer died found there, not uploaded again), and a Slack user who proves their phone
+//! one session with its SMS.
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
 use switchboard_e2e::fakes::person_of;
 use switchboard_e2e::{
-    AppOptions, SLACK_SIGNING_SECRET, SLACK_TEAM, spawn_app, spawn_app_configured, spawn_app_with,
+    AppOptions, FakeRunner, SLACK_SIGNING_SECRET, SLACK_TEAM, TestApp, spawn_app,
+    spawn_app_configured, spawn_app_with,
 };
 use switchboard_fakes::slack::{
     bot_message_event, dm_event, dm_file_event, edited_event, mention_event, url_verification,
@@ -294,6 +298,123 @@ async fn a_file_a_person_shares_lands_in_the_workspace_byte_for_byte() {
         call.prompt.contains("(image/png, 800 B)"),
         "{}",
         call.prompt
+    );
+    app.shutdown().await;
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// What the agent leaves in `exports/`: a report whose bytes must arrive unchanged.
+const REPORT: &str = "city,visits\nZürich,14\nSão Paulo,17\n";
+
+/// An app whose agent answers with an echo and leaves `exports/visits.csv` ([`REPORT`]), with
+/// `options`' stages; and the workspaces' root, to remove after.
+async fn app_whose_agent_leaves_a_report(options: AppOptions) -> (TestApp, PathBuf) {
+    let root = std::env::temp_dir().join(format!("sb-slack-{}", uuid::Uuid::new_v4().simple()));
+    let root_text = root.to_string_lossy().into_owned();
+    let app = spawn_app_with(options.configured(move |c| c.workspace.root = root_text)).await;
+    app.runner.answer_with(|call, _| {
+        let folder = PathBuf::from(call.workspace.clone().expect("a workspace"));
+        std::fs::create_dir_all(folder.join("exports")).unwrap();
+        std::fs::write(folder.join("exports/visits.csv"), REPORT).unwrap();
+        format!("echo: {}", FakeRunner::said(&call.prompt))
+    });
+    (app, root)
+}
+
+/// The provider ids the ledger recorded for the reply, in part order.
+async fn recorded_ids(app: &TestApp) -> Vec<String> {
+    sqlx::query_scalar("SELECT unnest(provider_message_ids) FROM switchboard.deliveries")
+        .fetch_all(&app.db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_file_the_agent_leaves_is_uploaded_once_to_the_thread_it_answers_byte_for_byte() {
+    let (app, root) = app_whose_agent_leaves_a_report(AppOptions::default()).await;
+    let mention = mention_event(
+        SLACK_TEAM,
+        "Ev0EXPORT",
+        ANA,
+        "C0SUPPORT",
+        "the visits, please",
+        "1700000500.000100",
+        None,
+    );
+    assert_eq!(app.post_slack(&mention).await.status(), 200);
+    let uploaded = app.wait_for_slack_files(1, WAIT).await;
+    app.settle().await;
+
+    let posted = app.slack.posted();
+    assert_eq!(posted.len(), 1, "the text once: {posted:?}");
+    assert_eq!(
+        posted[0].text, "echo: the visits, please",
+        "no link in the text"
+    );
+    assert_eq!(posted[0].thread_ts.as_deref(), Some("1700000500.000100"));
+    let uploaded_now = app.slack.uploaded_files();
+    assert_eq!(uploaded_now.len(), 1, "the file once: {uploaded_now:?}");
+    let file = &uploaded[0];
+    assert_eq!(file.name, "visits.csv");
+    assert_eq!(file.bytes, REPORT.as_bytes(), "byte for byte");
+    assert_eq!(file.channel, "C0SUPPORT");
+    assert_eq!(
+        file.thread_ts.as_deref(),
+        Some("1700000500.000100"),
+        "in the thread the reply answers"
+    );
+    assert!(file.ts > posted[0].ts, "after the text");
+    assert_eq!(
+        recorded_ids(&app).await,
+        [posted[0].ts.clone(), file.id.clone()],
+        "the text's ts, then the file's id"
+    );
+    app.shutdown().await;
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[tokio::test]
+async fn a_file_slack_took_before_its_deliverer_died_is_found_in_the_history_not_uploaded_again() {
+    let (app, root) = app_whose_agent_leaves_a_report(AppOptions::all_but("deliver")).await;
+    let event = dm_event(
+        SLACK_TEAM,
+        "Ev0UPDIES",
+        ANA,
+        ANA_DM,
+        "the visits, please",
+        "1700000600.000100",
+    );
+    app.post_slack(&event).await;
+    let reply = app.wait_for_reply(&[], WAIT).await;
+    assert_eq!(reply.exports.len(), 1, "{reply:?}");
+    app.slack_deliverer_dies_uploading(&reply, DEAD_LEASE).await;
+    let (posted, taken) = (app.slack.posted(), app.slack.uploaded_files());
+    assert_eq!(
+        (posted.len(), taken.len()),
+        (1, 1),
+        "the text, then the file"
+    );
+    assert_eq!(taken[0].channel, ANA_DM);
+    let lookups = app.slack.history_lookups();
+
+    app.start_stage("deliver");
+    let (status, ids) = app.wait_for_delivery(&reply, WAIT).await;
+    app.settle().await;
+    assert_eq!(status, "sent");
+    assert_eq!(
+        app.slack.uploaded_files().len(),
+        1,
+        "the person got the file once"
+    );
+    assert_eq!(app.slack.posted().len(), 1, "and the text once");
+    assert_eq!(
+        ids,
+        [posted[0].ts.clone(), taken[0].id.clone()],
+        "the ledger has the file's id from the history"
+    );
+    assert!(
+        app.slack.history_lookups() > lookups,
+        "the history was asked"
     );
     app.shutdown().await;
     let _ = std::fs::remove_dir_all(&root);

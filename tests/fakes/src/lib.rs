@@ -3,7 +3,8 @@
 //! OpenAI-compatible model ([`model`]), a webhook source's callback receiver ([`webhook`])
 //! and an OpenTelemetry collector's trace receiver ([`collector`]). The demo (`switchboard up` with `demo.enabled`) mounts them in its own
 //! server, the end-to-end tests start them on ports of their own, and the load tools watch
-//! every send and call through [`SendObserver`] and [`RunObserver`] without keeping them all.
+//! every send and call through [`SendObserver`] and [`RunObserver`] without keeping them all
+//! (the SMS providers' and the chat platforms' fakes, Telegram, Slack and WhatsApp, alike).
 #[cfg(feature = "collector")]
 pub mod collector;
 pub mod model;
@@ -25,7 +26,7 @@ pub use model::{ChatCall, FakeAnswer, FakeModel, bag_of_words};
 pub use runner::{FakeRunner, RunObserver, RunnerCall, fenced_texts, person_of};
 pub use serve::{Failures, serve};
 pub use slack::{FakeSlack, SlackPosted};
-pub use sms::{Provider, SendObserver, SentSms};
+pub use sms::{Platform, Provider, SendObserver, SentMessage, SentSms};
 pub use telegram::{FakeTelegram, TelegramSent};
 pub use textmagic::FakeTextMagic;
 pub use twilio::FakeTwilio;

@@ -3,7 +3,9 @@
 //! the bot token in `Authorization: Bearer …` (a form or query may carry `token=` instead).
 //! Slack answers every refusal with HTTP 200 and `{"ok":false,"error":…}`; only throttling has
 //! a status of its own (429 with `Retry-After`). Files a person shared are served at their
-//! `url_private` to the bot's token alone (anyone else is sent to the login page, a 302).
+//! `url_private` to the bot's token alone (anyone else is sent to the login page, a 302); files
+//! the bot uploads take Slack's three steps (`files.getUploadURLExternal`, the bytes to the
+//! upload URL it answers, `files.completeUploadExternal`) and are shared as a bot's message.
 //! The pure helpers at the end build what Slack POSTs to an app's Events API request URL
 //! (<https://api.slack.com/apis/events-api>) and sign it as Slack does.
 use std::collections::HashMap;
@@ -21,6 +23,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use crate::serve::{Failures, header, serve};
+use crate::sms::{Platform, PostedObserver, SendObserver, SentMessage};
 use crate::webhook::hmac_sha256;
 
 /// The header Slack signs a request to the request URL in (`v0=<hex>`, see [`sign`]).
@@ -107,6 +110,12 @@ struct Inner {
     posted: Mutex<Vec<SlackPosted>>,
     /// Files people shared, by `<team>-<id>` (their `url_private`'s first segment).
     files: Mutex<HashMap<String, StoredFile>>,
+    /// Files `files.getUploadURLExternal` announced and not yet shared, by id.
+    uploads: Mutex<HashMap<String, PendingUpload>>,
+    /// Files the bot uploaded and shared, in ts order.
+    uploaded: Mutex<Vec<SlackUploaded>>,
+    /// Told of every `chat.postMessage` accepted (a load run's watch).
+    observer: PostedObserver,
 }
 
 /// A message the fake holds.
@@ -123,6 +132,8 @@ struct Message {
     from_bot: bool,
     blocks: Option<Value>,
     attachments: Option<Value>,
+    /// The files a message shares (`files.completeUploadExternal`'s), as Slack lists them.
+    files: Option<Value>,
 }
 
 impl Message {
@@ -141,6 +152,37 @@ struct StoredFile {
     name: String,
     mimetype: String,
     bytes: Vec<u8>,
+}
+
+/// A file the bot uploaded and shared (`files.getUploadURLExternal`, its bytes to the upload
+/// URL, then `files.completeUploadExternal`), as the fake took it.
+#[derive(Debug, Clone)]
+pub struct SlackUploaded {
+    /// The file's id (`F…`), as `files.getUploadURLExternal` answered it.
+    pub id: String,
+    /// Its `filename`, as `files.getUploadURLExternal` was told it.
+    pub name: String,
+    /// Its title, as `files.completeUploadExternal` was told it (else its name).
+    pub title: String,
+    pub bytes: Vec<u8>,
+    /// The conversation it was shared in (a user's DM when `channels` named the user).
+    pub channel: String,
+    /// The thread it was shared in, as the request named it.
+    pub thread_ts: Option<String>,
+    /// `initial_comment`: the text of the message that shares it.
+    pub comment: String,
+    /// The ts of that message.
+    pub ts: String,
+    /// When the fake shared it.
+    pub created: DateTime<Utc>,
+}
+
+/// A file `files.getUploadURLExternal` announced: its name and length, and its bytes once
+/// they were posted to its upload URL.
+struct PendingUpload {
+    name: String,
+    length: usize,
+    bytes: Option<Vec<u8>>,
 }
 
 /// A request's parameters, from its query string and its JSON or form body (the body wins).
@@ -366,6 +408,9 @@ impl FakeSlack {
                 messages: Mutex::default(),
                 posted: Mutex::default(),
                 files: Mutex::default(),
+                uploads: Mutex::default(),
+                uploaded: Mutex::default(),
+                observer: PostedObserver::default(),
             }),
         }
     }
@@ -377,10 +422,20 @@ impl FakeSlack {
         this
     }
 
-    /// Slack's routes: `/api/<method>` and `/files-pri/<team>-<file id>/[download/]<name>`.
+    /// Slack's routes: `/api/<method>`, an upload's URL (`/upload/<file id>`) and
+    /// `/files-pri/<team>-<file id>/[download/]<name>`.
     pub fn router(&self) -> Router {
         Router::new()
             .route("/api/{method}", get(Self::method).post(Self::method))
+            .route(
+                "/api/files.getUploadURLExternal",
+                get(Self::get_upload_url).post(Self::get_upload_url),
+            )
+            .route(
+                "/api/files.completeUploadExternal",
+                axum::routing::post(Self::complete_upload),
+            )
+            .route("/upload/{file_id}", axum::routing::post(Self::upload))
             .route("/files-pri/{*rest}", get(Self::download))
             .with_state(self.clone())
     }
@@ -388,6 +443,12 @@ impl FakeSlack {
     /// Every message the bot posted that the fake accepted, oldest first.
     pub fn posted(&self) -> Vec<SlackPosted> {
         self.inner.posted.lock().unwrap().clone()
+    }
+
+    /// Tell `observer` of every `chat.postMessage` accepted from now on, in ts order (one
+    /// observer per fake).
+    pub fn observe(&self, observer: Arc<dyn SendObserver>) {
+        self.inner.observer.set(observer);
     }
 
     /// How many `chat.postMessage` requests reached the fake, refused ones included (a
@@ -431,6 +492,7 @@ impl FakeSlack {
             from_bot: false,
             blocks: None,
             attachments: None,
+            files: None,
         });
         ts
     }
@@ -619,11 +681,23 @@ impl FakeSlack {
             from_bot: true,
             blocks,
             attachments,
+            files: None,
         });
         let message = messages
             .last()
             .map(|m| self.message_json(&messages, m, false))
             .unwrap_or_default();
+        self.inner.observer.tell(SentMessage {
+            platform: Platform::Slack,
+            sid: ts.clone(),
+            to: match &thread_ts {
+                Some(thread) => format!("{channel}:{thread}"),
+                None => channel.clone(),
+            },
+            body: text.clone(),
+            created,
+            user_agent: user_agent.clone(),
+        });
         self.inner.posted.lock().unwrap().push(SlackPosted {
             channel: channel.clone(),
             requested_channel: requested,
@@ -652,6 +726,9 @@ impl FakeSlack {
         }
         if let Some(attachments) = &m.attachments {
             v["attachments"] = attachments.clone();
+        }
+        if let Some(files) = &m.files {
+            v["files"] = files.clone();
         }
         if let Some(thread_ts) = &m.thread_ts {
             v["thread_ts"] = json!(thread_ts);
@@ -819,6 +896,286 @@ impl FakeSlack {
             }
         }
         response
+    }
+}
+
+/// A new file id, as Slack writes them (`F0` and nine more).
+fn new_file_id() -> String {
+    let simple = uuid::Uuid::new_v4()
+        .simple()
+        .to_string()
+        .to_ascii_uppercase();
+    format!("F0{}", &simple[..9])
+}
+
+/// Uploads (<https://api.slack.com/messaging/files#uploading_files>):
+/// `files.getUploadURLExternal` announces a file and answers where its bytes go (on this fake),
+/// the bytes are posted there, and `files.completeUploadExternal` shares the file in a
+/// conversation, as a message of the bot's carrying it.
+impl FakeSlack {
+    /// Every file the bot uploaded and shared in a conversation, oldest first.
+    pub fn uploaded_files(&self) -> Vec<SlackUploaded> {
+        self.inner.uploaded.lock().unwrap().clone()
+    }
+
+    /// What a Web API method checks first (the body's encoding, the token, a failure asked
+    /// for): the parameters and whether Slack would warn `missing_charset`, else the answer.
+    fn checked(
+        &self,
+        query: Option<&str>,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<(Params, bool), Box<Response>> {
+        let refused = |error| Box::new(Json(slack_error(error)).into_response());
+        let (params, warn) = Self::params(query, headers, body).map_err(refused)?;
+        self.authenticate(headers, &params).map_err(refused)?;
+        if let Some(status) = self.failures.take() {
+            return Err(Box::new(failure(status)));
+        }
+        Ok((params, warn))
+    }
+
+    /// `body` as Slack answers it, with its `missing_charset` warning if `warn`.
+    fn answered(mut body: Value, warn: bool) -> Response {
+        if warn {
+            body["warning"] = json!("missing_charset");
+            body["response_metadata"]["warnings"] = json!(["missing_charset"]);
+        }
+        Json(body).into_response()
+    }
+
+    /// Where this fake answers: the `url` set before [`Self::router`], else this request's
+    /// host and the point the router is mounted at.
+    fn base_of(
+        &self,
+        original: &axum::http::Uri,
+        uri: &axum::http::Uri,
+        headers: &HeaderMap,
+    ) -> String {
+        if !self.url.is_empty() {
+            return self.url.clone();
+        }
+        let prefix = original
+            .path()
+            .strip_suffix(uri.path())
+            .unwrap_or("")
+            .trim_end_matches('/');
+        format!("http://{}{prefix}", header(headers, "host"))
+    }
+
+    /// `files.getUploadURLExternal`: a new file id for `filename` of `length` bytes, and the
+    /// URL its bytes go to.
+    async fn get_upload_url(
+        State(s): State<FakeSlack>,
+        axum::extract::OriginalUri(original): axum::extract::OriginalUri,
+        uri: axum::http::Uri,
+        RawQuery(query): RawQuery,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        let (params, warn) = match s.checked(query.as_deref(), &headers, &body) {
+            Ok(checked) => checked,
+            Err(answer) => return *answer,
+        };
+        let Some(name) = param(&params, "filename").filter(|n| !n.trim().is_empty()) else {
+            return Self::answered(slack_error("invalid_arguments"), warn);
+        };
+        let length = match param(&params, "length").map(|l| l.trim().parse::<usize>()) {
+            // Slack's own word for a length of 0.
+            Some(Ok(0)) => return Self::answered(slack_error("missing_argument"), warn),
+            Some(Ok(length)) => length,
+            _ => return Self::answered(slack_error("invalid_arguments"), warn),
+        };
+        let id = new_file_id();
+        s.inner.uploads.lock().unwrap().insert(
+            id.clone(),
+            PendingUpload {
+                name,
+                length,
+                bytes: None,
+            },
+        );
+        let base = s.base_of(&original, &uri, &headers);
+        Self::answered(
+            json!({"ok": true, "upload_url": format!("{base}/upload/{id}"), "file_id": id}),
+            warn,
+        )
+    }
+
+    /// `POST /upload/<file id>`: the file's bytes, raw or as the file of a
+    /// `multipart/form-data` body; `200 OK - <length>` when they are as long as announced.
+    async fn upload(
+        State(s): State<FakeSlack>,
+        Path(id): Path<String>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        let content_type = header(&headers, "content-type").to_ascii_lowercase();
+        let bytes = if content_type.starts_with("multipart/form-data") {
+            match Self::file_part(&headers, body).await {
+                Some(bytes) => bytes,
+                None => {
+                    return (StatusCode::BAD_REQUEST, "no file in the multipart body")
+                        .into_response();
+                }
+            }
+        } else {
+            body.to_vec()
+        };
+        let mut uploads = s.inner.uploads.lock().unwrap();
+        let Some(pending) = uploads.get_mut(&id) else {
+            return (StatusCode::NOT_FOUND, "no such upload").into_response();
+        };
+        if bytes.len() != pending.length {
+            let why = format!("{} bytes announced, {} sent", pending.length, bytes.len());
+            return (StatusCode::BAD_REQUEST, why).into_response();
+        }
+        let answer = format!("OK - {}", bytes.len());
+        pending.bytes = Some(bytes);
+        (StatusCode::OK, answer).into_response()
+    }
+
+    /// The bytes of a `multipart/form-data` body's file (its first field with a file name).
+    async fn file_part(headers: &HeaderMap, body: Bytes) -> Option<Vec<u8>> {
+        let boundary = multer::parse_boundary(header(headers, "content-type")).ok()?;
+        let stream = futures::stream::once(async move { Ok::<_, std::convert::Infallible>(body) });
+        let mut form = multer::Multipart::new(stream, boundary);
+        while let Some(field) = form.next_field().await.ok()? {
+            if field.file_name().is_some() {
+                return Some(field.bytes().await.ok()?.to_vec());
+            }
+        }
+        None
+    }
+
+    /// `files.completeUploadExternal`.
+    async fn complete_upload(
+        State(s): State<FakeSlack>,
+        RawQuery(query): RawQuery,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        match s.checked(query.as_deref(), &headers, &body) {
+            Ok((params, warn)) => Self::answered(s.share(&params), warn),
+            Err(answer) => *answer,
+        }
+    }
+
+    /// The uploaded `files` (`[{"id", "title"}]`, JSON or JSON text) shared in `channel_id`
+    /// (or each of `channels`, which may name users), in the thread of `thread_ts`, by a
+    /// message of the bot's whose text is `initial_comment`. Without a conversation they stay
+    /// private (and are not listed by [`Self::uploaded_files`]). A file is shared once.
+    fn share(&self, params: &Params) -> Value {
+        let listed = match params.get("files") {
+            Some(Value::String(text)) => serde_json::from_str::<Value>(text).ok(),
+            other => other.cloned(),
+        };
+        let listed = match listed {
+            Some(Value::Array(listed)) if !listed.is_empty() => listed,
+            _ => return slack_error("invalid_arguments"),
+        };
+        let mut channels = Vec::new();
+        if let Some(id) = param(params, "channel_id").filter(|c| !c.trim().is_empty()) {
+            if !is_id(&id, false) {
+                return slack_error("invalid_channel");
+            }
+            channels.push(id);
+        }
+        if let Some(list) = param(params, "channels").filter(|c| !c.trim().is_empty()) {
+            for id in list.split(',') {
+                let Some(channel) = channel_of(id.trim()) else {
+                    return slack_error("invalid_channel");
+                };
+                channels.push(channel);
+            }
+        }
+        let thread_ts = param(params, "thread_ts").filter(|t| !t.trim().is_empty());
+        if thread_ts.is_some() && channels.len() > 1 {
+            // A thread is in one conversation.
+            return slack_error("invalid_arguments");
+        }
+        let comment = param(params, "initial_comment").unwrap_or_default();
+        // (id, name, title, bytes) of each file, all uploaded.
+        let mut files = Vec::new();
+        let mut uploads = self.inner.uploads.lock().unwrap();
+        for file in &listed {
+            let Some(id) = file["id"].as_str() else {
+                return slack_error("invalid_arguments");
+            };
+            let Some(PendingUpload {
+                name,
+                bytes: Some(bytes),
+                ..
+            }) = uploads.get(id)
+            else {
+                return slack_error("file_not_found");
+            };
+            let title = file["title"]
+                .as_str()
+                .filter(|t| !t.trim().is_empty())
+                .unwrap_or(name);
+            files.push((
+                id.to_string(),
+                name.clone(),
+                title.to_string(),
+                bytes.clone(),
+            ));
+        }
+        for (id, ..) in &files {
+            uploads.remove(id);
+        }
+        drop(uploads);
+        let created = Utc::now();
+        let objects: Vec<Value> = files
+            .iter()
+            .map(|(id, name, title, bytes)| {
+                let (filetype, pretty_type) = filetype_of("", name);
+                json!({
+                    "id": id, "created": created.timestamp(), "timestamp": created.timestamp(),
+                    "name": name, "title": title, "filetype": filetype,
+                    "pretty_type": pretty_type, "user": self.bot_user_id, "size": bytes.len(),
+                    "mode": "hosted", "is_external": false, "is_public": false,
+                    "display_as_bot": false,
+                })
+            })
+            .collect();
+        // Held until recorded, so messages and what was uploaded stay in ts order.
+        let mut messages = self.inner.messages.lock().unwrap();
+        let mut uploaded = self.inner.uploaded.lock().unwrap();
+        for channel in channels {
+            let (ts, at) = self.next_ts();
+            messages.push(Message {
+                channel: channel.clone(),
+                ts: ts.clone(),
+                at,
+                thread_ts: thread_ts.clone(),
+                thread_at: thread_ts.as_deref().and_then(parse_ts),
+                text: comment.clone(),
+                user: self.bot_user_id.clone(),
+                from_bot: true,
+                blocks: None,
+                attachments: None,
+                files: Some(Value::Array(objects.clone())),
+            });
+            for (id, name, title, bytes) in &files {
+                uploaded.push(SlackUploaded {
+                    id: id.clone(),
+                    name: name.clone(),
+                    title: title.clone(),
+                    bytes: bytes.clone(),
+                    channel: channel.clone(),
+                    thread_ts: thread_ts.clone(),
+                    comment: comment.clone(),
+                    ts: ts.clone(),
+                    created,
+                });
+            }
+        }
+        let shared: Vec<Value> = files
+            .iter()
+            .map(|(id, _, title, _)| json!({"id": id, "title": title}))
+            .collect();
+        json!({"ok": true, "files": shared})
     }
 }
 
@@ -1688,5 +2045,187 @@ mod tests {
         assert_eq!(f["event"]["upload"], false);
         assert_eq!(f["event"]["channel_type"], "im");
         assert_eq!(f["event"]["user"], "U0PERSON1");
+    }
+
+    /// A `multipart/form-data` body with one file field: its content type and bytes.
+    fn multipart(field: &str, file_name: &str, bytes: &[u8]) -> (String, Vec<u8>) {
+        let boundary = "sbBoundary7MA4YWxk";
+        let mut body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; \
+             filename=\"{file_name}\"\r\nContent-Type: text/csv\r\n\r\n"
+        )
+        .into_bytes();
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        (format!("multipart/form-data; boundary={boundary}"), body)
+    }
+
+    #[tokio::test]
+    async fn slack_takes_a_file_in_three_steps_and_shares_it_in_the_thread_once() {
+        let slack = FakeSlack::start(TOKEN, TEAM).await;
+        let root = slack.add_message("C0CHANNEL1", "U0PERSON1", "the report?", None);
+        let report = b"date,visits\n2026-12-01,14\n".to_vec();
+        let auth = format!("Bearer {TOKEN}");
+        let length = report.len().to_string();
+        let body = form(&[("filename", "visits.csv"), ("length", &length)]);
+        let a = http(
+            &slack.url,
+            "POST",
+            "/api/files.getUploadURLExternal",
+            &[
+                ("Content-Type", "application/x-www-form-urlencoded"),
+                ("Authorization", &auth),
+            ],
+            body.as_bytes(),
+        )
+        .await;
+        let v = a.json();
+        assert_eq!(v["ok"], true, "{v}");
+        let id = v["file_id"].as_str().expect("a file id").to_string();
+        assert!(id.starts_with("F0"), "{id}");
+        let upload_url = v["upload_url"].as_str().expect("an upload URL");
+        assert_eq!(upload_url, format!("{}/upload/{id}", slack.url));
+        let upload_path = upload_url
+            .strip_prefix(slack.url.as_str())
+            .expect("on the fake")
+            .to_string();
+
+        let share = json!({"files": [{"id": id, "title": "Visits"}], "channel_id": "C0CHANNEL1",
+            "thread_ts": root, "initial_comment": "here &amp; now"});
+        let a = call(&slack.url, "files.completeUploadExternal", share.clone()).await;
+        assert_eq!(
+            a.json(),
+            json!({"ok": false, "error": "file_not_found"}),
+            "its bytes are not there yet"
+        );
+        let a = http(&slack.url, "POST", &upload_path, &[], b"too short").await;
+        assert_eq!(a.status, 400, "not the length announced");
+        let (content_type, body) = multipart("file", "visits.csv", &report);
+        let a = http(
+            &slack.url,
+            "POST",
+            &upload_path,
+            &[("Content-Type", &content_type)],
+            &body,
+        )
+        .await;
+        assert_eq!(a.status, 200);
+        assert_eq!(a.body, format!("OK - {}", report.len()).into_bytes());
+
+        let a = call(&slack.url, "files.completeUploadExternal", share.clone()).await;
+        assert_eq!(
+            a.json(),
+            json!({"ok": true, "files": [{"id": id, "title": "Visits"}]})
+        );
+        let uploaded = slack.uploaded_files();
+        assert_eq!(uploaded.len(), 1);
+        let u = &uploaded[0];
+        assert_eq!(
+            (u.id.as_str(), u.name.as_str(), u.title.as_str()),
+            (id.as_str(), "visits.csv", "Visits")
+        );
+        assert_eq!(u.bytes, report);
+        assert_eq!(u.channel, "C0CHANNEL1");
+        assert_eq!(u.thread_ts.as_deref(), Some(root.as_str()));
+        assert_eq!(u.comment, "here &amp; now");
+        assert!(slack.posted().is_empty(), "no chat.postMessage");
+
+        // The thread lists it as a message of the bot's carrying the file.
+        let a = call(
+            &slack.url,
+            "conversations.replies",
+            json!({"channel": "C0CHANNEL1", "ts": root}),
+        )
+        .await;
+        let v = a.json();
+        assert_eq!(texts(&v), ["the report?", "here &amp; now"]);
+        let shared = &v["messages"][1];
+        assert_eq!(shared["ts"], u.ts.as_str());
+        assert_eq!(shared["user"], "U0BOT0001");
+        assert_eq!(shared["bot_id"], "B0BOT0001");
+        assert_eq!(shared["files"][0]["id"], id.as_str());
+        assert_eq!(shared["files"][0]["name"], "visits.csv");
+        assert_eq!(shared["files"][0]["title"], "Visits");
+        assert_eq!(shared["files"][0]["size"], report.len());
+
+        // A file is shared once; a raw body and a user's DM do as well.
+        let a = call(&slack.url, "files.completeUploadExternal", share).await;
+        assert_eq!(a.json()["error"], "file_not_found");
+        let a = call(
+            &slack.url,
+            "files.getUploadURLExternal",
+            json!({"filename": "a.txt", "length": 2}),
+        )
+        .await;
+        let second = a.json()["file_id"].as_str().expect("an id").to_string();
+        let path = format!("/upload/{second}");
+        assert_eq!(
+            http(&slack.url, "POST", &path, &[], b"hi").await.status,
+            200
+        );
+        let files = json!([{"id": second}]).to_string();
+        let a = call(
+            &slack.url,
+            "files.completeUploadExternal",
+            json!({"files": files, "channels": "U0PERSON1"}),
+        )
+        .await;
+        assert_eq!(a.json()["ok"], true);
+        let dm = &slack.uploaded_files()[1];
+        assert_eq!(
+            (dm.channel.as_str(), dm.title.as_str(), dm.comment.as_str()),
+            ("D0PERSON1", "a.txt", "")
+        );
+
+        for (args, error) in [
+            (json!({"length": 2}), "invalid_arguments"),
+            (json!({"filename": "a.txt"}), "invalid_arguments"),
+            (
+                json!({"filename": "a.txt", "length": 0}),
+                "missing_argument",
+            ),
+        ] {
+            let a = call(&slack.url, "files.getUploadURLExternal", args).await;
+            assert_eq!(a.json(), json!({"ok": false, "error": error}));
+        }
+        let a = http(
+            &slack.url,
+            "POST",
+            "/api/files.getUploadURLExternal",
+            &[("Authorization", "Bearer xoxb-wrong")],
+            b"",
+        )
+        .await;
+        assert_eq!(a.json()["error"], "invalid_auth");
+        slack.failures.fail_next(1, 429);
+        let a = call(
+            &slack.url,
+            "files.completeUploadExternal",
+            json!({"files": [{"id": "F0NOPE"}], "channel_id": "C0CHANNEL1"}),
+        )
+        .await;
+        assert_eq!(a.status, 429);
+        assert_eq!(a.header("retry-after"), Some("1"));
+        let a = http(&slack.url, "POST", "/upload/F0NOPE", &[], b"x").await;
+        assert_eq!(a.status, 404);
+
+        // Mounted in another router, the upload URL is under its mount point.
+        let mounted = FakeSlack::new(TOKEN, TEAM);
+        let base = serve(Router::new().nest("/demo/slack", mounted.router())).await;
+        let a = http(
+            &base,
+            "POST",
+            "/demo/slack/api/files.getUploadURLExternal",
+            &[("Content-Type", JSON), ("Authorization", &auth)],
+            json!({"filename": "b.bin", "length": 1})
+                .to_string()
+                .as_bytes(),
+        )
+        .await;
+        let url = a.json()["upload_url"].as_str().expect("a URL").to_string();
+        assert!(
+            url.starts_with(&format!("{base}/demo/slack/upload/F0")),
+            "{url}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! What the SMS providers' fakes share: the message they took, the outbox that lists it, and
-//! the hook through which a load run watches every send.
+//! the hook through which a load run watches every send (the chat platforms' fakes, Telegram,
+//! Slack and WhatsApp, report theirs through the same hook).
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -31,10 +32,57 @@ pub struct SentSms {
     pub user_agent: Option<String>,
 }
 
+/// A chat platform whose fake reports what it took through [`SendObserver::posted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Platform {
+    Telegram,
+    Slack,
+    WhatsApp,
+}
+
+/// One message a chat platform's fake accepted, as an SMS provider's would be reported.
+#[derive(Debug, Clone)]
+pub struct SentMessage {
+    pub platform: Platform,
+    /// The platform's id of the message: Telegram's `message_id`, Slack's `ts`, a `wamid`.
+    pub sid: String,
+    /// Where it went, as the fake records it: Telegram's `chat_id`, Slack's
+    /// `<channel>[:<thread ts>]`, the WhatsApp number's digits.
+    pub to: String,
+    /// The text (a file's caption; a template's name).
+    pub body: String,
+    pub created: DateTime<Utc>,
+    /// The sender's `User-Agent` (a deliverer names its host and pid there).
+    pub user_agent: Option<String>,
+}
+
 /// Told of every send a provider's fake accepts, once it is listed (as the provider lists a
 /// message once it took it). Load runs keep their order and duplicate checks here.
 pub trait SendObserver: Send + Sync + 'static {
     fn accepted(&self, sms: &SentSms);
+
+    /// Told of every message a chat platform's fake accepts, once it recorded it. Apart from
+    /// [`Self::accepted`] so that [`Provider`] stays the SMS providers' (code matching on it
+    /// keeps compiling); an observer of SMS alone (the demo's log) has nothing to do here.
+    fn posted(&self, _message: &SentMessage) {}
+}
+
+/// The observer a chat platform's fake reports to, once one is set.
+#[derive(Default)]
+pub(crate) struct PostedObserver(OnceLock<Arc<dyn SendObserver>>);
+
+impl PostedObserver {
+    pub(crate) fn set(&self, observer: Arc<dyn SendObserver>) {
+        if self.0.set(observer).is_err() {
+            panic!("a fake provider takes one observer");
+        }
+    }
+
+    pub(crate) fn tell(&self, message: SentMessage) {
+        if let Some(observer) = self.0.get() {
+            observer.posted(&message);
+        }
+    }
 }
 
 /// Every message a provider took, oldest first, and by recipient (the lists a deliverer reads

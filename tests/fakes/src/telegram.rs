@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use crate::serve::{Failures, header, serve};
+use crate::sms::{Platform, PostedObserver, SendObserver, SentMessage};
 
 /// The header Telegram sends a webhook's `secret_token` in (set with `setWebhook`).
 pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
@@ -88,6 +89,8 @@ struct Inner {
     /// Files a person sent, by file_id.
     files: Mutex<HashMap<String, StoredFile>>,
     webhook: Mutex<Option<Webhook>>,
+    /// Told of every message accepted (a load run's watch).
+    observer: PostedObserver,
 }
 
 struct StoredFile {
@@ -252,6 +255,7 @@ impl FakeTelegram {
                 sent: Mutex::default(),
                 files: Mutex::default(),
                 webhook: Mutex::default(),
+                observer: PostedObserver::default(),
             }),
         }
     }
@@ -274,6 +278,12 @@ impl FakeTelegram {
     /// Every message the bot sent that the fake accepted, oldest first.
     pub fn sent(&self) -> Vec<TelegramSent> {
         self.inner.sent.lock().unwrap().clone()
+    }
+
+    /// Tell `observer` of every message accepted from now on, as it is recorded (one observer
+    /// per fake).
+    pub fn observe(&self, observer: Arc<dyn SendObserver>) {
+        self.inner.observer.set(observer);
     }
 
     /// How many `send*` requests reached the fake, refused ones included (a throttled or failed
@@ -589,6 +599,14 @@ impl FakeTelegram {
         } else {
             message["text"] = json!(text);
         }
+        let posted = SentMessage {
+            platform: Platform::Telegram,
+            sid: message_id.to_string(),
+            to: chat_id.clone(),
+            body: text.clone(),
+            created,
+            user_agent: user_agent.clone(),
+        };
         self.inner.sent.lock().unwrap().push(TelegramSent {
             method: method.into(),
             message_id,
@@ -599,6 +617,7 @@ impl FakeTelegram {
             user_agent,
             upload: upload.map(|(_, file)| file),
         });
+        self.inner.observer.tell(posted);
         ok(message)
     }
 

@@ -25,6 +25,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde_json::{Map, Value, json};
 
 use crate::serve::{Failures, header, serve};
+use crate::sms::{Platform, PostedObserver, SendObserver, SentMessage};
 use crate::webhook::hmac_sha256;
 
 /// The header Meta signs a webhook POST in (`sha256=<hex>`, see [`sign`]).
@@ -131,6 +132,8 @@ struct Inner {
     /// write, does not apply it).
     window: std::sync::atomic::AtomicBool,
     media: Mutex<HashMap<String, StoredMedia>>,
+    /// Told of every message accepted (a load run's watch).
+    observer: PostedObserver,
     next_media: AtomicU64,
 }
 
@@ -387,6 +390,7 @@ impl FakeWhatsApp {
                 window: std::sync::atomic::AtomicBool::new(true),
                 media: Mutex::default(),
                 next_media: AtomicU64::new(1_180_000_000_000_001),
+                observer: PostedObserver::default(),
             }),
         }
     }
@@ -418,6 +422,12 @@ impl FakeWhatsApp {
     /// first.
     pub fn sent(&self) -> Vec<WhatsAppSent> {
         self.inner.sent.lock().unwrap().clone()
+    }
+
+    /// Tell `observer` of every message accepted from now on (delivered or not), as it is
+    /// recorded (one observer per fake).
+    pub fn observe(&self, observer: Arc<dyn SendObserver>) {
+        self.inner.observer.set(observer);
     }
 
     /// How many `POST …/messages` requests reached the fake, refused ones included (a
@@ -618,6 +628,14 @@ impl FakeWhatsApp {
             ));
         }
         let user_agent = Some(header(headers, "user-agent").to_string()).filter(|u| !u.is_empty());
+        let posted = SentMessage {
+            platform: Platform::WhatsApp,
+            sid: wamid.clone(),
+            to: wa_id.clone(),
+            body: message.text.clone(),
+            created,
+            user_agent: user_agent.clone(),
+        };
         self.inner.sent.lock().unwrap().push(WhatsAppSent {
             kind: kind.into(),
             wamid: wamid.clone(),
@@ -632,6 +650,7 @@ impl FakeWhatsApp {
             user_agent,
             request: params,
         });
+        self.inner.observer.tell(posted);
         let mut sent = json!({"id": wamid});
         if message.kind == "template" {
             sent["message_status"] = json!("accepted");

@@ -1,8 +1,9 @@
 //! Slack: an app's Events API in (`POST /webhooks/slack/events`, signed with the app's signing
 //! secret: `X-Slack-Signature: v0=<hex HMAC-SHA256(secret, "v0:<timestamp>:<body>")>`, the
-//! timestamp within five minutes), `chat.postMessage` out, the channel's history asked before a
-//! part of unknown outcome is sent again, files fetched from `files.slack.com` with the bot's
-//! token.
+//! timestamp within five minutes), `chat.postMessage` out and the agent's files uploaded
+//! (`files.getUploadURLExternal`, the bytes, `files.completeUploadExternal`), the channel's
+//! history asked before a part of unknown outcome is sent again, a person's files fetched from
+//! `files.slack.com` with the bot's token.
 //!
 //! A Slack user is one person, `slack:<team>:<user>`, wherever they write: a direct message
 //! with the app, or a thread that mentions it. The conversation's place (the channel, and the
@@ -11,6 +12,7 @@
 //! Settings: `[providers.slack]` ([`SlackSettings`]); the agent is `[channels.slack]`'s.
 pub mod media;
 pub mod send;
+pub mod upload;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -47,7 +49,7 @@ pub const ADAPTER: Adapter = Adapter {
 pub struct SlackSettings {
     /// The app's signing secret (Basic Information): every event is signed with it.
     pub signing_secret: Secret,
-    /// The bot token (`xoxb-…`): sends, reads the history, fetches files.
+    /// The bot token (`xoxb-…`): sends, uploads, reads the history, fetches files.
     pub bot_token: Secret,
     /// How far an event's `X-Slack-Request-Timestamp` may be from our clock (Slack's advice:
     /// five minutes), so that a captured request cannot be replayed later.
