@@ -34,6 +34,7 @@ use tokio::process::{Child, Command};
 
 mod held;
 mod proof;
+mod receipts;
 mod slack;
 mod telegram;
 mod twilio_whatsapp;

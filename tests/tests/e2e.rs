@@ -27,6 +27,7 @@ mod collect_retry;
 mod console;
 mod curated_memory;
 mod delivery;
+mod delivery_receipts;
 mod demo_gateway;
 mod deploy_files;
 mod embedding;

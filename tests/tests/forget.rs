@@ -24,6 +24,17 @@ async fn a_person_who_texted_and_chatted_is_forgotten_everywhere_and_no_one_else
     app.send_sms(BEN_PHONE, "am I on tomorrow").await;
     app.wait_for_sms(2, WAIT).await;
     app.settle().await;
+    // What Twilio reported of each one's reply: hers goes with her, his stays.
+    for phone in [DANA_PHONE, BEN_PHONE] {
+        let sms = app
+            .twilio
+            .sent()
+            .into_iter()
+            .find(|m| m.to == phone)
+            .unwrap();
+        let report = app.twilio_reports(&sms.sid, "delivered", None).await;
+        assert_eq!(report.status(), 200);
+    }
     memory_of(&app, DANA).await;
     memory_of(&app, BEN).await;
     let dana = sessions_of(&app, DANA).await;
@@ -65,6 +76,7 @@ async fn a_person_who_texted_and_chatted_is_forgotten_everywhere_and_no_one_else
     assert_eq!(removed["memories"], 1, "{body}");
     assert_eq!(removed["workspaces"], 1, "{body}");
     assert_eq!(removed["dead_letters"], 1, "{body}");
+    assert_eq!(removed["delivery_receipts"], 1, "{body}");
     assert!(removed["stream_messages"].as_i64().unwrap() > 0, "{body}");
 
     // Nothing names her: no row, no folder, no stored message, no dead letter.
@@ -77,6 +89,11 @@ async fn a_person_who_texted_and_chatted_is_forgotten_everywhere_and_no_one_else
     assert!(app.dead_letters("dispatch").await.is_empty());
 
     // Ben keeps everything.
+    let receipts: i64 = sqlx::query_scalar("SELECT count(*) FROM switchboard.delivery_receipts")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(receipts, 1, "Ben's report alone is left");
     assert_eq!(rows_naming(&app, &ben_needles).await, ben_rows);
     assert_eq!(stream_messages_naming(&app, &ben_needles).await, ben_stored);
     assert!(std::path::Path::new(ben[0].1.as_deref().unwrap()).is_dir());

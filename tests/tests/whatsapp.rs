@@ -1,6 +1,6 @@
 //! WhatsApp through Meta's Cloud API: the subscription handshake, notifications signed with
 //! the app secret (a forged one refused), several people's messages in one notification each
-//! answered once though Meta sends it again, statuses acknowledged and counted, a long reply
+//! answered once though Meta sends it again, statuses kept as delivery receipts, a long reply
 //! split at 4,096 characters after Meta's throughput limit, a person's picture in the session's
 //! workspace and a file the agent leaves sent as a document by its link, and a WhatsApp number
 //! proved to be the person's SMS number one session with it; a part Meta may have taken before
@@ -111,9 +111,12 @@ async fn each_message_of_a_notification_is_answered_once_though_meta_sends_it_ag
             .into_iter()
             .collect()
     );
-    assert!(app.metrics().await.contains(
-        "sb_gateway_ignored_total{channel=\"whatsapp\",provider=\"whatsapp\",reason=\"status\"} 1"
-    ));
+    // A status is a delivery receipt, kept (here of a message we never sent): no turn.
+    assert!(
+        app.metrics()
+            .await
+            .contains("sb_delivery_receipts_total{provider=\"whatsapp\",status=\"read\"} 1")
+    );
     app.shutdown().await;
 }
 

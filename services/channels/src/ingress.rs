@@ -4,6 +4,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::ApiError;
+pub use switchboard_kit::receipts::{Receipt, ReceiptStatus};
 
 /// Whether a secret a request carries is the configured one, in constant time, also in its
 /// length (both sides are hashed first). An empty configured secret matches nothing, so an
@@ -94,6 +95,12 @@ pub enum Incoming {
     /// Messages to take, in order, each numbered and published before the provider is
     /// answered with [`Webhook::ack`] (a provider may batch several in one request).
     Messages(Vec<Received>),
+    /// Reports on messages we sent (delivery receipts: WhatsApp's statuses, Twilio's status
+    /// callbacks), kept before the provider is answered, and the messages that came with them.
+    Receipts {
+        receipts: Vec<Receipt>,
+        messages: Vec<Received>,
+    },
     /// A request the provider makes of the endpoint itself (Slack's `url_verification`):
     /// answered as given, nothing published.
     Answer(Answer),
@@ -114,8 +121,16 @@ impl Incoming {
     /// The messages it carries (none for an answer or an ignored event).
     pub fn messages(self) -> Vec<Received> {
         match self {
-            Incoming::Messages(messages) => messages,
+            Incoming::Messages(messages) | Incoming::Receipts { messages, .. } => messages,
             Incoming::Answer(_) | Incoming::Ignored(_) => Vec::new(),
+        }
+    }
+
+    /// The delivery receipts it carries.
+    pub fn receipts(&self) -> &[Receipt] {
+        match self {
+            Incoming::Receipts { receipts, .. } => receipts,
+            _ => &[],
         }
     }
 

@@ -34,7 +34,8 @@ pub use egress::{
 };
 pub use error::ApiError;
 pub use ingress::{
-    Ack, Answer, Incoming, Received, Webhook, WebhookRequest, client_id, client_message_key,
+    Ack, Answer, Incoming, Receipt, ReceiptStatus, Received, Webhook, WebhookRequest, client_id,
+    client_message_key,
 };
 pub use mailbox::{MAILBOX_LEASE, Mailbox, MailboxEgress, MailboxEntry};
 pub use media::{MakeMedia, MediaAccess, MediaSources};

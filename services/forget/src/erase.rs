@@ -12,6 +12,7 @@
 //! | `handed_vectors` | `handed_vectors` (recall's vectors for the embedding worker) | their ids, messages |
 //! | `api_requests` | `api_requests` | the correlation ids of their messages |
 //! | `mailbox` | `mailbox` | their sessions, their replies, (channel, address) of theirs |
+//! | `delivery_receipts` | `delivery_receipts` (what providers reported of their replies) | the provider ids of their replies' deliveries |
 //! | `deliveries` | `deliveries` | their sessions, their replies |
 //! | `link_proof_answers` | `link_proof_answers` | their messages, their claims |
 //! | `link_claims` | `link_claims` | claimant, their messages |
@@ -286,6 +287,19 @@ async fn erase_rows(
             messages,
             &mailbox_channels,
             &mailbox_addresses,
+        )
+    );
+    // Before the deliveries: a receipt is found by the provider ids its delivery lists.
+    erase!(
+        "delivery_receipts",
+        sqlx::query!(
+            "DELETE FROM switchboard.delivery_receipts r
+              USING switchboard.deliveries d
+              WHERE (d.session_id = ANY($1) OR d.reply_id = ANY($2))
+                AND r.provider = d.provider
+                AND r.provider_message_id = ANY(d.provider_message_ids)",
+            sessions,
+            messages,
         )
     );
     erase!(

@@ -1,6 +1,7 @@
 //! The REST API: `POST /api/v1/messages` and `GET /api/v1/messages/<correlation id>`, behind
 //! API keys (`Authorization: Bearer <key>`, made by `switchboard api-keys create`).
 use std::time::Duration;
+use switchboard_kit::receipts::{ReceiptOutcome, ReceiptStatus, ReceiptStore};
 
 use axum::Json;
 use axum::Router;
@@ -60,6 +61,10 @@ pub struct ReplyView {
     /// works until `expires_at`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<switchboard_kit::exports::ExportLink>,
+    /// For a reply sent through a provider that reports on it (WhatsApp, Twilio): how far it
+    /// has gone, `sent`, `delivered`, `read` or `failed`; absent before any report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<&'static str>,
 }
 
 impl From<&MailboxEntry> for ReplyView {
@@ -70,6 +75,7 @@ impl From<&MailboxEntry> for ReplyView {
             text: e.text.clone(),
             sent_at: e.created_at.to_rfc3339(),
             attachments: e.attachments.0.clone(),
+            receipt: None,
         }
     }
 }
@@ -316,7 +322,7 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
     // once the delivery ledger says it went out.
     let delivered = sqlx::query!(
         r#"SELECT t.reply_id AS "reply_id!", s.agent_name, t.reply_text AS "reply_text!",
-                  d.updated_at
+                  d.updated_at, d.provider, d.provider_message_ids
              FROM switchboard.turns t
              JOIN switchboard.sessions s ON s.id = t.session_id
              JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
@@ -326,22 +332,42 @@ async fn status_of(state: &GatewayState, correlation_id: &str) -> Result<Message
     )
     .fetch_optional(&state.db)
     .await
-    .map_err(unavailable)?
-    .map(|d| (d.reply_id, d.agent_name, d.reply_text, d.updated_at));
-    if let Some((reply_id, agent, text, sent_at)) = delivered {
-        return Ok(MessageStatus {
-            correlation_id: correlation_id.into(),
-            status: "answered",
-            replies: vec![ReplyView {
-                reply_id: reply_id.to_string(),
-                agent,
-                text,
-                sent_at: sent_at.to_rfc3339(),
-                // Sent on the provider's channel, as its links or media.
-                attachments: Vec::new(),
-            }],
-            notices,
-            error: None,
+    .map_err(unavailable)?;
+    if let Some(d) = delivered {
+        // What the provider reported after it took the parts: a part it could not deliver
+        // after all fails the message, saying why.
+        let receipt = ReceiptStore::new(state.db.clone())
+            .outcome(&d.provider, &d.provider_message_ids)
+            .await
+            .map_err(unavailable)?;
+        let reply = ReplyView {
+            reply_id: d.reply_id.to_string(),
+            agent: d.agent_name,
+            text: d.reply_text,
+            sent_at: d.updated_at.to_rfc3339(),
+            // Sent on the provider's channel, as its links or media.
+            attachments: Vec::new(),
+            receipt: match &receipt {
+                ReceiptOutcome::Reached(status) => Some(status.as_str()),
+                ReceiptOutcome::Failed(_) => Some(ReceiptStatus::Failed.as_str()),
+                ReceiptOutcome::Unreported => None,
+            },
+        };
+        return Ok(match receipt {
+            ReceiptOutcome::Failed(why) => MessageStatus {
+                correlation_id: correlation_id.into(),
+                status: "failed",
+                replies: vec![reply],
+                notices,
+                error: Some(format!("{}: {why}", d.provider)),
+            },
+            _ => MessageStatus {
+                correlation_id: correlation_id.into(),
+                status: "answered",
+                replies: vec![reply],
+                notices,
+                error: None,
+            },
         });
     }
     let failure: Option<Option<String>> = sqlx::query_scalar!(

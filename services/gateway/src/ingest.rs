@@ -115,7 +115,7 @@ impl Limited {
 
 /// 503: the message could not be stored. Providers retry on it; a retry of the same message id
 /// gets the same number and is deduplicated downstream.
-fn not_stored(
+pub(crate) fn not_stored(
     channel: Cow<'static, str>,
     provider: &str,
     what: &str,

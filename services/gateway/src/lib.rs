@@ -302,6 +302,43 @@ async fn webhook_handshake(
     }
 }
 
+/// Keep a provider's delivery receipts before it is answered: a failure answers 503, and the
+/// provider sends them again (a receipt kept twice is one row).
+async fn keep_receipts(
+    state: &GatewayState,
+    hook: &dyn Webhook,
+    receipts: &[switchboard_channels::Receipt],
+) -> Result<(), Refused> {
+    switchboard_kit::receipts::ReceiptStore::new(state.db.clone())
+        .record(hook.provider(), receipts)
+        .await
+        .map_err(|e| {
+            ingest::not_stored(
+                hook.channel().into(),
+                hook.provider(),
+                "keep delivery receipts",
+                &e,
+            )
+        })?;
+    for receipt in receipts {
+        metrics::counter!(
+            "sb_delivery_receipts_total",
+            "provider" => hook.provider(),
+            "status" => receipt.status.as_str()
+        )
+        .increment(1);
+        if receipt.status == switchboard_channels::ReceiptStatus::Failed {
+            tracing::warn!(
+                provider = hook.provider(),
+                provider_message_id = %receipt.provider_message_id,
+                error = %receipt.error,
+                "the provider reports a message it took was not delivered"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Any channel's webhook: read and authenticate it (the adapter), number the sender's message,
 /// publish it durably, then acknowledge. A failure to store answers 503, so the provider
 /// retries; its retry carries the same provider message id and becomes the same turn.
@@ -334,6 +371,10 @@ async fn receive_webhook(
         .map_err(|e| refused(hook.as_ref(), e))?
     {
         Incoming::Messages(messages) => messages,
+        Incoming::Receipts { receipts, messages } => {
+            keep_receipts(&state, hook.as_ref(), &receipts).await?;
+            messages
+        }
         Incoming::Answer(answer) => {
             return Ok(([(header::CONTENT_TYPE, answer.content_type)], answer.body).into_response());
         }

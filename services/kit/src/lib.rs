@@ -35,6 +35,7 @@ pub mod lifecycle;
 pub mod net;
 pub mod ops_status;
 pub mod proto;
+pub mod receipts;
 pub mod retention;
 pub mod retry;
 pub mod runtime;

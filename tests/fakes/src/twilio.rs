@@ -39,6 +39,9 @@ struct Inner {
     media: Mutex<HashMap<String, (String, Vec<u8>)>>,
     /// Approved Content templates by sid: their body, `{{1}}` … where the variables go.
     templates: Mutex<HashMap<String, String>>,
+    /// The `StatusCallback` each message asked for, by its sid: where Twilio would post what
+    /// became of it.
+    status_callbacks: Mutex<HashMap<String, String>>,
 }
 
 /// The query of Twilio's Messages list.
@@ -68,6 +71,7 @@ struct SendForm {
     media_urls: Vec<String>,
     content_sid: Option<String>,
     content_variables: Option<String>,
+    status_callback: Option<String>,
 }
 
 impl SendForm {
@@ -83,6 +87,7 @@ impl SendForm {
                 "MediaUrl" => form.media_urls.push(value),
                 "ContentSid" => form.content_sid = Some(value),
                 "ContentVariables" => form.content_variables = Some(value),
+                "StatusCallback" => form.status_callback = Some(value),
                 _ => {}
             }
         }
@@ -119,6 +124,7 @@ impl FakeTwilio {
                 failures: Failures::default(),
                 media: Mutex::default(),
                 templates: Mutex::default(),
+                status_callbacks: Mutex::default(),
             }),
         }
     }
@@ -157,6 +163,16 @@ impl FakeTwilio {
     /// How many times the Messages list was asked for.
     pub fn lookups(&self) -> u64 {
         self.inner.outbox.lookups()
+    }
+
+    /// The `StatusCallback` URL the send of message `sid` asked for.
+    pub fn status_callback_of(&self, sid: &str) -> Option<String> {
+        self.inner
+            .status_callbacks
+            .lock()
+            .unwrap()
+            .get(sid)
+            .cloned()
     }
 
     /// An approved Content template `sid` whose body is `body` (variables written `{{1}}`).
@@ -417,6 +433,13 @@ impl FakeTwilio {
         };
         let answer = json!({"sid": sms.sid, "to": sms.to, "from": sms.from, "body": sms.body, "status": "queued",
             "num_media": sms.media_urls.len().to_string()});
+        if let Some(url) = f.status_callback {
+            s.inner
+                .status_callbacks
+                .lock()
+                .unwrap()
+                .insert(sms.sid.clone(), url);
+        }
         s.inner.outbox.take(sms);
         (StatusCode::CREATED, Json(answer))
     }

@@ -11,7 +11,8 @@ use arbitrary::{Arbitrary, Unstructured};
 use prost::Message;
 use switchboard_channels::form::MAX_FORM_FIELDS;
 use switchboard_channels::twilio::{
-    MAX_SID_CHARS, TwilioCheck, parse_twilio_sms, twilio_signature as sign, verify_twilio_signature,
+    MAX_SID_CHARS, TwilioCheck, TwilioForm, parse_twilio_form, twilio_signature as sign,
+    verify_twilio_signature,
 };
 use switchboard_kit::address::normalize_phone;
 use switchboard_kit::proto::{DeadLetter, IdentifiedMessage, InboundMessage, Reply, Turn};
@@ -19,7 +20,7 @@ use switchboard_kit::proto::{DeadLetter, IdentifiedMessage, InboundMessage, Repl
 pub const AUTH_TOKEN: &str = "fuzz-auth-token";
 pub const URL: &str = "https://sb.example.com/webhooks/twilio/sms";
 
-/// Every code `parse_twilio_sms` may answer with, and its status.
+/// Every code `parse_twilio_form` may answer with, and its status.
 const CODES: &[(&str, u16)] = &[
     ("missing_signature", 403),
     ("unsupported_media_type", 415),
@@ -80,8 +81,28 @@ pub fn twilio_webhook(data: &[u8]) {
         address_prefix: if flags & 64 != 0 { "whatsapp:" } else { "" },
     };
     let header = (flags & 32 == 0).then_some(signature.as_str());
-    match parse_twilio_sms(body, content_type, header, &check) {
-        Ok(sms) => {
+    match parse_twilio_form(body, content_type, header, &check, chrono::Utc::now()) {
+        Ok(TwilioForm::Status(receipt)) => {
+            let fields = strict.expect("accepted only a well-formed form");
+            assert!(verify_twilio_signature(
+                AUTH_TOKEN, URL, &fields, &signature
+            ));
+            let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+            let status = field("MessageStatus").expect("a status callback names its status");
+            assert!(
+                status != "received" && status != "receiving",
+                "a message taken as a status"
+            );
+            if let Some(receipt) = receipt {
+                assert!(!receipt.provider_message_id.is_empty());
+                assert!(receipt.provider_message_id.len() <= MAX_SID_CHARS);
+                assert!(
+                    !receipt.error.chars().any(char::is_control),
+                    "control characters kept"
+                );
+            }
+        }
+        Ok(TwilioForm::Message(sms)) => {
             let fields = strict.expect("accepted only a well-formed form");
             assert!(
                 std::str::from_utf8(body).is_ok(),

@@ -13,7 +13,8 @@ pub use media::TwilioMedia;
 pub use send::{MAX_BODY_CHARS, TwilioSender};
 pub use signature::{twilio_signature, verify_twilio_signature};
 pub use webhook::{
-    MAX_SID_CHARS, ParsedSms, SMS_ROUTE, TwilioCheck, TwilioRoute, TwilioWebhook, parse_twilio_sms,
+    MAX_SID_CHARS, ParsedSms, SMS_ROUTE, TwilioCheck, TwilioForm, TwilioRoute, TwilioWebhook,
+    parse_twilio_form, parse_twilio_sms,
 };
 
 use crate::Adapter;
@@ -21,6 +22,11 @@ use crate::Adapter;
 pub const ADAPTER: Adapter = Adapter {
     provider: "twilio",
     webhook: Some(|config| Arc::new(TwilioWebhook::new(config))),
-    egress: Some(|config| Arc::new(TwilioSender::new(config.twilio.clone()))),
+    egress: Some(|config| {
+        Arc::new(
+            TwilioSender::new(config.twilio.clone())
+                .with_status_callback(&config.gateway.public_url, SMS_ROUTE.route),
+        )
+    }),
     media: Some(|config| Arc::new(TwilioMedia::new(&config.twilio))),
 };

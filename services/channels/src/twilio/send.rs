@@ -19,6 +19,9 @@ pub const MAX_MEDIA: usize = 10;
 pub struct TwilioSender {
     http: reqwest::Client,
     config: TwilioConfig,
+    /// Where Twilio posts what becomes of each message (`StatusCallback`): the webhook the
+    /// messages come in on, which keeps them as delivery receipts. `None`: not asked for.
+    status_callback: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -105,7 +108,16 @@ impl TwilioSender {
         Self {
             http: crate::http_client(),
             config,
+            status_callback: None,
         }
+    }
+
+    /// The same sender, asking Twilio to post each message's status to `public_url` + `route`
+    /// (none when no public URL is configured: Twilio could not reach it).
+    pub fn with_status_callback(mut self, public_url: &str, route: &str) -> Self {
+        let base = public_url.trim_end_matches('/');
+        self.status_callback = (!base.is_empty()).then(|| format!("{base}{route}"));
+        self
     }
 
     fn base(&self) -> &str {
@@ -159,6 +171,10 @@ impl TwilioSender {
     /// Create one message from the Messages API's form fields (`To`, `From`, `Body`,
     /// `MediaUrl`, `ContentSid`, …). Returns Twilio's message sid.
     pub(crate) async fn create(&self, form: &[(&str, &str)]) -> Result<String, SendError> {
+        let mut form = form.to_vec();
+        if let Some(url) = &self.status_callback {
+            form.push(("StatusCallback", url));
+        }
         let request = self
             .http
             .post(self.messages_url())
@@ -166,7 +182,7 @@ impl TwilioSender {
                 &self.config.account_sid,
                 Some(self.config.auth_token.expose()),
             )
-            .form(form);
+            .form(&form);
         // 400 and 422: the request is wrong for this recipient (invalid number, unsubscribed).
         let created: Created = egress::send_request(request, "Twilio", &[400, 422]).await?;
         Ok(created.sid)

@@ -3,7 +3,9 @@ use http::StatusCode;
 use switchboard_kit::config::Config;
 
 use crate::form::{self, MAX_FORM_FIELDS};
-use crate::ingress::{self, Ack, Incoming, Received, Webhook, WebhookRequest};
+use crate::ingress::{
+    self, Ack, Incoming, Receipt, ReceiptStatus, Received, Webhook, WebhookRequest,
+};
 use crate::{ApiError, twilio::signature::verify_twilio_signature};
 
 /// What checking a Twilio webhook needs besides the request itself.
@@ -40,19 +42,46 @@ pub const MAX_SID_CHARS: usize = ingress::MAX_PROVIDER_ID_CHARS;
 
 const FORM_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
 
-/// Authenticate and validate a Twilio SMS webhook: the pure part of `POST
-/// /webhooks/twilio/sms`, shared by the webhook and the fuzz target `twilio_webhook`.
-///
-/// In order: the signature header is present (403), the content type is a UTF-8 form (415), the
-/// body is a well-formed form of UTF-8 fields without NUL and at most [`MAX_FORM_FIELDS`] fields
-/// (400), the signature matches (403), `MessageSid` and `From` are present and the sid is
-/// well-formed (400), `Body` is within `max_text_chars` (413), `From` is a phone number (400).
+/// What Twilio posted: a message, or a status callback about one we sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TwilioForm {
+    Message(ParsedSms),
+    /// A delivery receipt; `None` for a status that is none (`queued`, `sending`, …).
+    Status(Option<Receipt>),
+}
+
+/// [`parse_twilio_form`] of a message: a status callback is refused (400 `not_a_message`).
 pub fn parse_twilio_sms(
     body: &[u8],
     content_type: Option<&str>,
     signature: Option<&str>,
     check: &TwilioCheck<'_>,
 ) -> Result<ParsedSms, ApiError> {
+    match parse_twilio_form(body, content_type, signature, check, chrono::Utc::now())? {
+        TwilioForm::Message(sms) => Ok(sms),
+        TwilioForm::Status(_) => Err(ApiError::bad_request(
+            "not_a_message",
+            "a status callback, not a message",
+        )),
+    }
+}
+
+/// Authenticate and validate a Twilio webhook: the pure part of `POST /webhooks/twilio/sms`
+/// (and `/whatsapp`), shared by the webhook and the fuzz target `twilio_webhook`.
+///
+/// In order: the signature header is present (403), the content type is a UTF-8 form (415), the
+/// body is a well-formed form of UTF-8 fields without NUL and at most [`MAX_FORM_FIELDS`] fields
+/// (400), the signature matches (403), `MessageSid` is present and well-formed (400). A form
+/// with a `MessageStatus` other than `received` is a status callback (a receipt at `now`);
+/// else a message: `From` is present (400), `Body` is within `max_text_chars` (413), `From` is
+/// a phone number with the route's prefix (400).
+pub fn parse_twilio_form(
+    body: &[u8],
+    content_type: Option<&str>,
+    signature: Option<&str>,
+    check: &TwilioCheck<'_>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<TwilioForm, ApiError> {
     let signature = signature.ok_or_else(|| {
         ApiError::forbidden("missing_signature", "X-Twilio-Signature is required")
     })?;
@@ -87,6 +116,16 @@ pub fn parse_twilio_sms(
         .or_else(|| field("SmsSid"))
         .unwrap_or_default();
     ingress::check_provider_id("MessageSid", sid)?;
+    if let Some(status) = field("MessageStatus").filter(|s| !matches!(*s, "received" | "receiving"))
+    {
+        return Ok(TwilioForm::Status(receipt(
+            sid,
+            status,
+            field("ErrorCode").unwrap_or_default(),
+            field("ErrorMessage").unwrap_or_default(),
+            now,
+        )));
+    }
     let from = field("From").ok_or_else(|| ApiError::missing_field("From"))?;
     let from = from.strip_prefix(check.address_prefix).ok_or_else(|| {
         ApiError::bad_request(
@@ -107,12 +146,46 @@ pub fn parse_twilio_sms(
     let media_urls = (0..num_media.min(10))
         .filter_map(|i| field(&format!("MediaUrl{i}")).map(str::to_string))
         .collect();
-    Ok(ParsedSms {
+    Ok(TwilioForm::Message(ParsedSms {
         message_sid: sid.to_string(),
         sender,
         recipient: to.to_string(),
         text,
         media_urls,
+    }))
+}
+
+/// A status callback's receipt: Twilio's statuses as far as a person is concerned
+/// (`undelivered` and `failed` alike: not delivered); `None` for the steps before `sent`.
+fn receipt(
+    sid: &str,
+    status: &str,
+    error_code: &str,
+    error_message: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<Receipt> {
+    let status = match status {
+        "sent" => ReceiptStatus::Sent,
+        "delivered" => ReceiptStatus::Delivered,
+        "read" => ReceiptStatus::Read,
+        "undelivered" | "failed" => ReceiptStatus::Failed,
+        _ => return None,
+    };
+    let error = match (error_code.trim(), error_message.trim()) {
+        ("", "") => String::new(),
+        (code, "") => format!("({code})"),
+        ("", message) => message.to_string(),
+        (code, message) => format!("({code}) {message}"),
+    };
+    Some(Receipt {
+        provider_message_id: sid.to_string(),
+        status,
+        error: error
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(500)
+            .collect(),
+        reported_at: now,
     })
 }
 
@@ -186,12 +259,23 @@ impl Webhook for TwilioWebhook {
             default_region: &self.default_region,
             address_prefix: self.route.address_prefix,
         };
-        let sms = parse_twilio_sms(
+        let form = parse_twilio_form(
             request.body,
             request.content_type(),
             request.header("x-twilio-signature"),
             &check,
+            request.now,
         )?;
+        let sms = match form {
+            TwilioForm::Message(sms) => sms,
+            TwilioForm::Status(Some(receipt)) => {
+                return Ok(Incoming::Receipts {
+                    receipts: vec![receipt],
+                    messages: Vec::new(),
+                });
+            }
+            TwilioForm::Status(None) => return Ok(Incoming::Ignored("status")),
+        };
         Ok(Received {
             provider_message_id: sms.message_sid,
             sender: sms.sender,

@@ -77,7 +77,8 @@ pub struct TwilioWhatsAppSender {
 impl TwilioWhatsAppSender {
     pub fn new(config: &Config) -> Self {
         Self {
-            twilio: TwilioSender::new(config.twilio.clone()),
+            twilio: TwilioSender::new(config.twilio.clone())
+                .with_status_callback(&config.gateway.public_url, ROUTE.route),
             settings: settings(config),
         }
     }

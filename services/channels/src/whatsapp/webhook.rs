@@ -4,8 +4,9 @@
 //! `POST`, in order: the adapter is configured (an app secret, else 403 `not_configured`); the
 //! body carries Meta's signature (401 `missing_signature` / `invalid_signature`); only then is
 //! it read (415, 400 `malformed_json`, `missing_field`/`invalid_field`, 413). Every message of
-//! the notification is taken, in order; statuses (sent, delivered, read, failed) and reactions
-//! are acknowledged and counted.
+//! the notification is taken, in order; statuses (sent, delivered, read, failed) are delivery
+//! receipts, kept by the wamid of the message they speak of; reactions are acknowledged and
+//! counted.
 //!
 //! A message is known by a digest of its `wamid` (`wa-<hex>`: wamids are base64 with `.` and
 //! `=`, not header-safe): Meta sends a notification again until it is answered with a 2xx,
@@ -18,7 +19,10 @@ use switchboard_kit::config::Config;
 
 use super::{CHANNEL, MEDIA_SCHEME, PROVIDER, SIGNATURE_HEADER, WhatsAppSettings};
 use crate::ApiError;
-use crate::ingress::{self, Ack, Answer, Incoming, Received, Webhook, WebhookRequest};
+use crate::ingress::{
+    self, Ack, Answer, Incoming, Receipt, ReceiptStatus, Received, Webhook, WebhookRequest,
+};
+use switchboard_kit::receipts::MAX_RECEIPT_ID_CHARS;
 
 pub struct WhatsAppWebhook {
     settings: Result<WhatsAppSettings, String>,
@@ -63,7 +67,37 @@ struct ChangeValue {
     #[serde(default)]
     messages: Vec<Message>,
     #[serde(default)]
-    statuses: Vec<Value>,
+    statuses: Vec<Status>,
+}
+
+/// A status: what became of a message we sent.
+#[derive(Deserialize)]
+struct Status {
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    status: String,
+    /// Unix seconds, as a string.
+    #[serde(default)]
+    timestamp: String,
+    #[serde(default)]
+    errors: Vec<StatusError>,
+}
+
+#[derive(Deserialize)]
+struct StatusError {
+    #[serde(default)]
+    code: i64,
+    #[serde(default)]
+    title: String,
+    #[serde(default)]
+    error_data: Option<ErrorData>,
+}
+
+#[derive(Deserialize)]
+struct ErrorData {
+    #[serde(default)]
+    details: String,
 }
 
 #[derive(Deserialize)]
@@ -155,13 +189,19 @@ pub fn parse_notification(
         return Ok(Incoming::Ignored("other_object"));
     }
     let mut messages = Vec::new();
+    let mut receipts = Vec::new();
     let (mut statuses, mut skipped) = (0usize, 0usize);
     for change in notification.entry.into_iter().flat_map(|e| e.changes) {
         if change.field != "messages" {
             skipped += 1;
             continue;
         }
-        statuses += change.value.statuses.len();
+        for status in change.value.statuses {
+            match read_status(status)? {
+                Some(receipt) => receipts.push(receipt),
+                None => statuses += 1,
+            }
+        }
         let ours = change
             .value
             .metadata
@@ -177,12 +217,62 @@ pub fn parse_notification(
             }
         }
     }
+    if !receipts.is_empty() {
+        return Ok(Incoming::Receipts { receipts, messages });
+    }
     Ok(match (messages.is_empty(), statuses, skipped) {
         (false, _, _) => Incoming::Messages(messages),
         (true, 1.., _) => Incoming::Ignored("status"),
         (true, 0, 1..) => Incoming::Ignored("unsupported_message"),
         (true, 0, 0) => Incoming::Ignored("empty_notification"),
     })
+}
+
+/// One status as a delivery receipt, or `None` for a status this product does not read
+/// (`deleted`, `warning`).
+fn read_status(s: Status) -> Result<Option<Receipt>, ApiError> {
+    let status = match s.status.as_str() {
+        "sent" => ReceiptStatus::Sent,
+        "delivered" => ReceiptStatus::Delivered,
+        "read" => ReceiptStatus::Read,
+        "failed" => ReceiptStatus::Failed,
+        _ => return Ok(None),
+    };
+    if s.id.is_empty()
+        || s.id.chars().count() > MAX_RECEIPT_ID_CHARS
+        || s.id.chars().any(char::is_control)
+    {
+        return Err(invalid("statuses.id", "must be a wamid"));
+    }
+    let reported_at = s
+        .timestamp
+        .parse::<i64>()
+        .ok()
+        .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+        .ok_or_else(|| invalid("statuses.timestamp", "must be unix seconds"))?;
+    let error = s
+        .errors
+        .iter()
+        .map(|e| {
+            let details = e.error_data.as_ref().map_or("", |d| d.details.as_str());
+            let mut why = format!("({}) {}", e.code, e.title);
+            if !details.is_empty() {
+                why.push_str(": ");
+                why.push_str(details);
+            }
+            why.chars()
+                .filter(|c| !c.is_control())
+                .take(500)
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Ok(Some(Receipt {
+        provider_message_id: s.id,
+        status,
+        error,
+        reported_at,
+    }))
 }
 
 /// One message, or `None` for one that is no turn (a reaction, a kind we do not read).
@@ -404,9 +494,48 @@ mod tests {
     }
 
     #[test]
-    fn statuses_and_other_objects_are_acknowledged_with_their_reason() {
+    fn statuses_are_receipts_by_wamid_with_metas_reason() {
         let statuses = notification(
-            r#"{"metadata":{"phone_number_id":"1"},"statuses":[{"id":"wamid.X","status":"delivered"}]}"#,
+            r#"{"metadata":{"phone_number_id":"1"},"statuses":[
+                {"id":"wamid.X=","status":"delivered","timestamp":"1765000000"},
+                {"id":"wamid.Y=","status":"failed","timestamp":"1765000001","errors":[
+                    {"code":131047,"title":"Re-engagement message",
+                     "error_data":{"details":"More than 24 hours have passed"}}]},
+                {"id":"wamid.Z=","status":"deleted","timestamp":"1765000002"}]}"#,
+        );
+        let incoming = parse(&statuses).unwrap();
+        let receipts = incoming.receipts();
+        assert_eq!(receipts.len(), 2, "{incoming:?}");
+        assert_eq!(
+            (receipts[0].provider_message_id.as_str(), receipts[0].status),
+            ("wamid.X=", ReceiptStatus::Delivered)
+        );
+        assert_eq!(receipts[0].reported_at.timestamp(), 1_765_000_000);
+        assert_eq!(receipts[1].status, ReceiptStatus::Failed);
+        assert_eq!(
+            receipts[1].error,
+            "(131047) Re-engagement message: More than 24 hours have passed"
+        );
+        assert!(incoming.messages().is_empty());
+        let bad = |status: &str| {
+            parse(&notification(&format!(r#"{{"statuses":[{status}]}}"#)))
+                .unwrap_err()
+                .code()
+        };
+        assert_eq!(
+            bad(r#"{"id":"","status":"read","timestamp":"1"}"#),
+            "invalid_field"
+        );
+        assert_eq!(
+            bad(r#"{"id":"w","status":"read","timestamp":"soon"}"#),
+            "invalid_field"
+        );
+    }
+
+    #[test]
+    fn statuses_not_read_and_other_objects_are_acknowledged_with_their_reason() {
+        let statuses = notification(
+            r#"{"metadata":{"phone_number_id":"1"},"statuses":[{"id":"wamid.X","status":"warning"}]}"#,
         );
         assert_eq!(parse(&statuses).unwrap(), Incoming::Ignored("status"));
         assert_eq!(
