@@ -37,22 +37,11 @@ impl TestApp {
         if let Some(code) = error_code {
             params.push(("ErrorCode".into(), code.into()));
         }
-        let signature = switchboard_channels::twilio::twilio_signature(token, &url, &params);
-        let body = form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(&params)
-            .finish();
         // The callback names the public URL; this app's gateway is where it points.
         let path = url
             .strip_prefix(self.config.gateway.public_url.trim_end_matches('/'))
             .expect("a callback to this gateway");
-        reqwest::Client::new()
-            .post(format!("{}{path}", self.gateway_url))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("X-Twilio-Signature", signature)
-            .body(body)
-            .send()
-            .await
-            .expect("gateway reachable")
+        self.post_twilio_form(path, &params, token).await
     }
 
     /// [`TestApp::twilio_reports_signed`] with the account's auth token, as Twilio signs.

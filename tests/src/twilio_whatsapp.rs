@@ -40,13 +40,28 @@ impl TestApp {
         params: &[(String, String)],
         token: &str,
     ) -> reqwest::Response {
-        let url = format!("{}{TWILIO_WHATSAPP_ROUTE}", self.config.gateway.public_url);
+        self.post_twilio_form(TWILIO_WHATSAPP_ROUTE, params, token)
+            .await
+    }
+
+    /// Post the form `params` to the gateway's `path` as Twilio does: signed with `token` over
+    /// the public URL Twilio was given.
+    pub async fn post_twilio_form(
+        &self,
+        path: &str,
+        params: &[(String, String)],
+        token: &str,
+    ) -> reqwest::Response {
+        let url = format!(
+            "{}{path}",
+            self.config.gateway.public_url.trim_end_matches('/')
+        );
         let signature = switchboard_channels::twilio::twilio_signature(token, &url, params);
         let body = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(params)
             .finish();
         reqwest::Client::new()
-            .post(format!("{}{TWILIO_WHATSAPP_ROUTE}", self.gateway_url))
+            .post(format!("{}{path}", self.gateway_url))
             .header("content-type", "application/x-www-form-urlencoded")
             .header("X-Twilio-Signature", signature)
             .body(body)
