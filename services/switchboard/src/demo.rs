@@ -23,8 +23,8 @@ use switchboard_channels::textmagic::textmagic_number;
 use switchboard_channels::whatsapp::WhatsAppSettings;
 use switchboard_fakes::{
     CallbackRequest, FakeCallbackReceiver, FakeRunner, FakeSlack, FakeTelegram, FakeTextMagic,
-    FakeTwilio, FakeWhatsApp, Provider, SendObserver, SentSms, SlackPosted, TelegramSent,
-    WhatsAppSent,
+    FakeTwilio, FakeWhatsApp, Provider, SendObserver, SentSms, SlackPosted, SlackUploaded,
+    TelegramSent, WhatsAppSent,
 };
 
 /// The demo Slack workspace's id (what `switchboard send --channel slack` writes from).
@@ -85,6 +85,23 @@ impl OutboxMessage {
             to: m.channel,
             from: "app".into(),
             body: m.text,
+            sent_at: m.created.to_rfc3339(),
+            created: m.created,
+        }
+    }
+
+    /// A file the app shared (Slack's upload flow): the message that shares it.
+    fn of_slack_upload(m: SlackUploaded) -> Self {
+        Self {
+            provider: "slack",
+            sid: m.id,
+            to: m.channel,
+            from: "app".into(),
+            body: if m.comment.is_empty() {
+                format!("[{}]", m.name)
+            } else {
+                format!("{} [{}]", m.comment, m.name)
+            },
             sent_at: m.created.to_rfc3339(),
             created: m.created,
         }
@@ -288,6 +305,12 @@ async fn outbox(State(s): State<DemoState>, Query(q): Query<OutboxQuery>) -> imp
                 .map(OutboxMessage::of_telegram),
         )
         .chain(s.slack.posted().into_iter().map(OutboxMessage::of_slack))
+        .chain(
+            s.slack
+                .uploaded_files()
+                .into_iter()
+                .map(OutboxMessage::of_slack_upload),
+        )
         .chain(
             s.whatsapp
                 .sent()

@@ -25,7 +25,7 @@ pub use collector::{CollectedSpan, FakeCollector};
 pub use model::{ChatCall, FakeAnswer, FakeModel, bag_of_words};
 pub use runner::{FakeRunner, RunObserver, RunnerCall, fenced_texts, person_of};
 pub use serve::{Failures, serve};
-pub use slack::{FakeSlack, SlackPosted};
+pub use slack::{FakeSlack, SlackPosted, SlackUploaded};
 pub use sms::{Platform, Provider, SendObserver, SentMessage, SentSms};
 pub use telegram::{FakeTelegram, TelegramSent};
 pub use textmagic::FakeTextMagic;
