@@ -282,5 +282,10 @@ async fn a_part_telegram_may_have_taken_before_its_deliverer_died_is_never_sent_
         .await
         .unwrap();
     assert!(error.unwrap_or_default().contains("no log"), "says why");
+    // Ended at once: no look-up can ever say, so nothing was retried until given up on.
+    assert!(
+        app.dead_letters("deliver").await.is_empty(),
+        "ended, not given up on"
+    );
     app.shutdown().await;
 }

@@ -390,5 +390,10 @@ async fn a_part_meta_may_have_taken_before_its_deliverer_died_is_never_sent_agai
         .await
         .unwrap();
     assert!(error.unwrap_or_default().contains("no log"), "says why");
+    // Ended at once: no look-up can ever say, so nothing was retried until given up on.
+    assert!(
+        app.dead_letters("deliver").await.is_empty(),
+        "ended, not given up on"
+    );
     app.shutdown().await;
 }

@@ -136,7 +136,9 @@ pub trait Egress: Send + Sync + 'static {
     /// our sender, same text) and were created at or after `since` (less [`LOG_CLOCK_SKEW`]),
     /// oldest first. Asked before sending again a part whose earlier attempt may or may not
     /// have reached the provider; an error means the log could not be read, and then the part
-    /// must not be sent blind. Every channel answers it its own way (a provider's message list,
+    /// must not be sent blind, and the attempt is retried; `Rejected` means the provider keeps
+    /// no log a business can read, so it can never say, and the reply ends failed at once
+    /// (never sent again). Every channel answers it its own way (a provider's message list,
     /// the mailbox table, a receiver that dedupes by delivery id): there is no default, so a new
     /// channel has to decide.
     fn find_sent<'a>(

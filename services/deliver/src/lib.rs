@@ -211,9 +211,10 @@ impl DeliverStage {
     }
 
     /// [`Self::already_sent`] for `part`, the next of `parts_total` (the ones before it went
-    /// out as `own`), counted and logged: the provider's id if the part went out, none if it
-    /// must be sent. A log that cannot be read releases the reply and fails the attempt: the
-    /// part is not sent blind.
+    /// out as `own`), counted and logged. A log that cannot be read now releases the reply and
+    /// fails the attempt: the part is not sent blind. A provider with no log to read at all
+    /// (its `find_sent` answers `Rejected`) can never say: the reply ends now, not after the
+    /// stage's retries.
     async fn look_up(
         &self,
         sender: &dyn Egress,
@@ -222,19 +223,28 @@ impl DeliverStage {
         parts_total: usize,
         own: &[String],
         since: DateTime<Utc>,
-    ) -> Result<Option<String>, StageError> {
+    ) -> Result<LookedUp, StageError> {
         let (reply, index) = (part.reply, part.index);
         let provider = &reply.provider;
         match self.already_sent(sender, reply, part, since, own).await {
             Ok(Some(sid)) => {
                 reconciled(provider, "found");
                 tracing::info!(reply_id = %id, part = index, provider_id = %sid, "the provider's log has the part an earlier attempt sent: not sending it again");
-                Ok(Some(sid))
+                Ok(LookedUp::Sent(sid))
             }
             Ok(None) => {
                 reconciled(provider, "not_found");
                 tracing::info!(reply_id = %id, part = index, "the provider's log does not have the part an earlier attempt may have sent: sending it");
-                Ok(None)
+                Ok(LookedUp::NotSent)
+            }
+            Err(SendError::Rejected(why)) => {
+                reconciled(provider, "unknowable");
+                tracing::warn!(reply_id = %id, part = index, %why, "the provider keeps no log: the part an earlier attempt may have sent is not sent again");
+                Ok(LookedUp::Unknowable(format!(
+                    "part {} of {parts_total} may have reached {provider} before its deliverer \
+                     stopped, and {provider} cannot say: not sent again ({why})",
+                    index + 1
+                )))
             }
             Err(source) => {
                 reconciled(provider, "unreadable");
@@ -420,9 +430,18 @@ impl DeliverStage {
                     }
                 }
                 PartAttempt::Uncertain(since) => {
-                    found = self
+                    match self
                         .look_up(sender, part_at(sent), id, parts.len(), &ids, since)
-                        .await?;
+                        .await?
+                    {
+                        LookedUp::Sent(sid) => found = Some(sid),
+                        LookedUp::NotSent => {}
+                        LookedUp::Unknowable(why) => {
+                            return self
+                                .send_failed(reply, id, ledger, SendError::Rejected(why))
+                                .await;
+                        }
+                    }
                 }
             }
         }
@@ -510,6 +529,17 @@ impl DeliverStage {
             }
         }
     }
+}
+
+/// What the provider's log says of a part an earlier attempt may have sent.
+enum LookedUp {
+    /// It went out: its id.
+    Sent(String),
+    /// It did not: send it.
+    NotSent,
+    /// It can never be known (the provider keeps no log a business can read): the reply ends
+    /// failed with this reason, the part not sent again.
+    Unknowable(String),
 }
 
 impl BatchStage for DeliverStage {

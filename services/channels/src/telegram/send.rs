@@ -261,7 +261,8 @@ impl Egress for TelegramSender {
         _part: OutboundPart<'a>,
         _since: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Vec<String>, SendError>> {
-        futures::future::ready(Err(SendError::Unavailable(
+        // Rejected: no later look-up can say either, so the reply ends now.
+        futures::future::ready(Err(SendError::Rejected(
             "the Bot API keeps no log of a bot's messages: a part that may have reached \
              Telegram is not sent again"
                 .into(),

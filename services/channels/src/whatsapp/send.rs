@@ -276,7 +276,8 @@ impl Egress for WhatsAppSender {
         _part: OutboundPart<'a>,
         _since: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Vec<String>, SendError>> {
-        futures::future::ready(Err(SendError::Unavailable(
+        // Rejected: no later look-up can say either, so the reply ends now.
+        futures::future::ready(Err(SendError::Rejected(
             "the WhatsApp Cloud API keeps no log of sent messages: a part that may have reached \
              Meta is not sent again"
                 .into(),
