@@ -162,6 +162,9 @@ bench-embed:
 	$(CARGO) build --release --workspace --example embed_speed
 	tests/embed_bench/run.sh bench-results/embed-$$(date -u +%Y%m%dT%H%M%SZ) $(EMBED_BENCH_ARGS)
 
+# `make chaos`: 20,000 turns from 2,000 people over seven channels (Twilio, TextMagic, chat, API,
+# Telegram, Slack, WhatsApp) while workers, NATS and Postgres are SIGKILLed and the runner goes
+# down, then every message accounted for (docs/measurements.md, tests/load/src/chaos_check/).
 # `make chaos CLUSTER=3`: the same run on a three-node JetStream cluster (streams at R3), its
 # nodes SIGKILLed one at a time (the work stream's leader twice) instead of the one NATS crash.
 # NATS_SYNC=always: NATS fsyncs every JetStream write (sync_interval: always).

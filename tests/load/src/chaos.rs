@@ -1,10 +1,11 @@
-//! The chaos run: messages from many senders, mixed over Twilio, TextMagic, chat and the API
-//! ([`Mix::CHAOS`]), while worker processes are SIGKILLed on a seeded schedule (and started again right away, as an orchestrator would), and NATS and Postgres are
+//! The chaos run: messages from many senders, mixed over Twilio, TextMagic, chat, the API,
+//! Telegram, Slack and WhatsApp ([`Mix::CHAOS`]), while worker processes are SIGKILLed on a seeded schedule (and started again right away, as an orchestrator would), and NATS and Postgres are
 //! each SIGKILLed once and come back by crash recovery (Postgres with `fsync`,
 //! `synchronous_commit` and `full_page_writes` on, as in production).
 //!
 //! Afterwards the run collects its [`Evidence`] (every accepted message, every runner call,
-//! every SMS, every mailbox entry and every reply the chat and API clients got, the database's
+//! every message the providers' fakes took, every mailbox entry and every reply the chat and
+//! API clients got, the database's
 //! turns, log rows and ledger, every kill and crash, the dead letters),
 //! writes it to `chaos-evidence.json`, and [`judge`] gives the verdict: see
 //! [`super::chaos_check`] for what fails a run.
@@ -21,7 +22,7 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 
 use super::canary::Canaries;
-use super::channels::{self, Channel, LoadClients, Mix};
+use super::channels::{self, Channel, LoadClients, Mix, Providers};
 use super::chaos_check::WaitingRow;
 use super::chaos_check::{
     AcceptedMessage, DeadLetterNote, Evidence, Kill, LedgerRow, MailboxRow, ServerCrash, TurnRow,
@@ -32,9 +33,7 @@ use super::chaos_takeover;
 use super::chaos_wakeups;
 use super::loadgen::{LoadGen, LoadStats, in_groups};
 use super::memory_run::{self, MemoryModel};
-use super::observers::{
-    LoadRunner, LoadTextMagic, LoadTwilio, RunnerOutage, RunnerStats, SendStats,
-};
+use super::observers::{LoadRunner, LoadTwilio, RunnerOutage, RunnerStats, SendStats};
 use super::pipeline::{self, Knobs, Pipeline};
 use super::returning;
 use super::rolling::{self, Latency, Replacement};
@@ -139,9 +138,10 @@ impl ChaosOptions {
             runner_down_for: Duration::from_secs(20),
             runner_503_for: Duration::from_secs(3),
             // Due from 20 s to 36 s: while the runner is down (18-38 s) and across Postgres's
-            // crash (32 s); the first two groups (100 people) are done by 2.5 s.
+            // crash (32 s); the first three groups (150 people, 26 of them private Twilio
+            // people) are done by 3.75 s.
             wakeups_at: Duration::from_secs(10),
-            wakeups_among: 100,
+            wakeups_among: 150,
             wakeups_due: (0..20)
                 .map(|k| Duration::from_millis(10_000 + k * 800))
                 .collect(),
@@ -195,18 +195,17 @@ impl ChaosOptions {
             runner_down_at: Some(Duration::from_secs(4)),
             runner_down_for: Duration::from_secs(10),
             runner_503_for: Duration::from_secs(2),
-            // Due at 9-13 s: while the runner is down (4-14 s) and as Postgres is crashed
-            // (13 s). The first two groups (20 people) are sent by 6.7 s, but their last
-            // messages are often still on their way when the wake-ups fire (NATS crashed at
-            // 6 s, workers killed): each wake-up must come after them.
+            // Due at 9 and 13 s: while the runner is down (4-14 s) and as Postgres is crashed
+            // (13 s). The first two groups (20 people, two of them private Twilio people) are
+            // sent by 6.7 s, but their last messages are often still on their way when the
+            // wake-ups fire (NATS crashed at 6 s, workers killed): each wake-up must come after
+            // them.
             wakeups_at: Duration::from_secs(7),
             wakeups_among: 20,
-            wakeups_due: [2_000, 3_000, 5_000, 6_000]
-                .map(Duration::from_millis)
-                .to_vec(),
+            wakeups_due: [2_000, 6_000].map(Duration::from_millis).to_vec(),
             // While the runner is down and workers are killed, before Postgres crashes (13 s),
             // once the first three groups sent all their messages (10 s): the first two's
-            // Twilio people are the wake-ups' and the returning one.
+            // private Twilio people are the wake-ups', the third's the one taken over.
             takeover_at: Some(Duration::from_secs(10)),
             replicas: vec![
                 ("gateway", 1),
@@ -377,11 +376,17 @@ pub struct ChaosReport {
     pub runner: RunnerStats,
     pub twilio: SendStats,
     pub textmagic: SendStats,
+    #[serde(default)]
+    pub telegram: SendStats,
+    #[serde(default)]
+    pub slack: SendStats,
+    #[serde(default)]
+    pub whatsapp: SendStats,
     pub verdict: Verdict,
     pub events: Vec<Event>,
     /// Workers replaced by SIGTERM (a rolling upgrade), in order.
     pub replacements: Vec<Replacement>,
-    /// Acceptance to the reply's send (SMS), p50 / p99.
+    /// Acceptance to the reply's send (the providers' channels), p50 / p99.
     pub latency: Option<Latency>,
 }
 
@@ -447,7 +452,7 @@ impl ChaosReport {
         }
         if let Some(l) = &self.latency {
             println!(
-                "  overhead, accepted to the reply's send (SMS, {} answered): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                "  overhead, accepted to the reply's send (at a provider, {} answered): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
                 l.answered, l.p50_ms, l.p99_ms, l.max_ms
             );
         }
@@ -480,17 +485,26 @@ impl ChaosReport {
         }
         for (channel, t) in &v.channels {
             println!(
-                "  {:<10} {:>6} accepted, {:>6} answered, {} lost, {} doubled, {} told once the agent was unavailable",
+                "  {:<10} {:>6} accepted, {:>6} answered, {} failed (recorded), {} lost, {} doubled, {} told once the agent was unavailable",
                 format!("{}:", channel.name()),
                 t.accepted,
                 t.answered,
+                t.failed_recorded,
                 t.lost,
                 t.doubled,
                 t.told
             );
         }
+        if !v.failed_recorded.is_empty() {
+            println!(
+                "  failed, recorded (no log to ask whether a part reached the provider before its deliverer died; not sent again):"
+            );
+            for f in &v.failed_recorded {
+                println!("    {}", f.described());
+            }
+        }
         println!(
-            "  SMS (Twilio, TextMagic): {} sends for {} replies; {} sent again ({} explained by a deliverer's kill)",
+            "  providers (Twilio, TextMagic, Telegram, Slack, WhatsApp): {} sends for {} replies; {} sent again ({} explained by a deliverer's kill)",
             v.sends,
             v.distinct_replies_sent,
             v.doubles.len(),
@@ -560,11 +574,11 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     let started = Instant::now();
     let runner = LoadRunner::start(o.runner_delay).await;
     let twilio = LoadTwilio::start(pipeline::ACCOUNT_SID, pipeline::AUTH_TOKEN).await;
-    let textmagic = LoadTextMagic::start("load-textmagic", "load-textmagic-key").await;
+    let providers = Providers::start().await;
     let memory = MemoryModel::start(Canaries::random()).await;
     let mut config =
         pipeline::config_for_run(stack, "chaos", &runner.url, &twilio, &o.knobs).await?;
-    channels::configure(&mut config, &textmagic);
+    channels::configure(&mut config, &providers);
     memory.configure(&mut config);
     config.runtime.stream_replicas = o.cluster;
     let order = pipeline::layout(&o.replicas);
@@ -591,7 +605,7 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         .with_retry_for(Duration::from_secs(90));
     let replies = Replies {
         twilio: &twilio,
-        textmagic: &textmagic,
+        providers: &providers,
         clients: load.clients(),
     };
     let load_task = {
@@ -875,14 +889,18 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     } else {
         Instant::now() + o.drain_timeout
     };
-    let want: Vec<(Channel, String)> = accepted
+    // (channel, message text, provider id) of every message to answer.
+    let want: Vec<(Channel, String, String)> = accepted
         .iter()
-        .map(|a| (a.channel, message_text(a.sender, a.index)))
-        .chain(
-            wakeups
-                .iter()
-                .map(|w| (Channel::Twilio, message_text(w.sender, w.index))),
-        )
+        .map(|a| (a.channel, message_text(a.sender, a.index), a.sid.clone()))
+        .chain(wakeups.iter().map(|w| {
+            let text = message_text(w.sender, w.index);
+            (
+                Channel::Twilio,
+                text,
+                switchboard_kit::wakeups::input_key(w.id),
+            )
+        }))
         .collect();
     let draining = Instant::now();
     let mut told = Duration::ZERO;
@@ -891,7 +909,13 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
             event(format!("{label} exited by itself; restarted"));
         }
         let answered = replies.answered(&pipeline.db).await;
-        let have = want.iter().filter(|w| answered.contains(w)).count();
+        // A reply the ledger recorded failed will not come: no need to wait for it (the
+        // verdict judges whether its channel allows that).
+        let given_up = Replies::given_up(&pipeline.db).await;
+        let have = want
+            .iter()
+            .filter(|(c, t, sid)| answered.contains(&(*c, t.clone())) || given_up.contains(sid))
+            .count();
         bar.set_position(have as u64);
         if have == want.len() {
             break;
@@ -901,9 +925,11 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
             told = draining.elapsed();
             let missing: Vec<String> = want
                 .iter()
-                .filter(|w| !answered.contains(w))
+                .filter(|(c, t, sid)| {
+                    !answered.contains(&(*c, t.clone())) && !given_up.contains(sid)
+                })
                 .take(5)
-                .map(|(c, t)| format!("{t} ({})", c.name()))
+                .map(|(c, t, _)| format!("{t} ({})", c.name()))
                 .collect();
             event(format!(
                 "draining for {:.0} s: {} replies missing, among them {}",
@@ -969,7 +995,10 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
         accepted: evidence.accepted.len() as u64,
         runner: runner.stats(),
         twilio: twilio.stats(),
-        textmagic: textmagic.stats(),
+        textmagic: providers.textmagic.stats(),
+        telegram: providers.telegram.stats(),
+        slack: providers.slack.stats(),
+        whatsapp: providers.whatsapp.stats(),
         verdict: judge(&evidence),
         latency: rolling::latency(&evidence),
         kills: evidence.kills,
@@ -992,23 +1021,37 @@ async fn run_on(stack: &Stack, o: &ChaosOptions) -> anyhow::Result<ChaosReport> 
     Ok(r)
 }
 
-/// Where the replies of a run arrive: the SMS fakes, the chat clients' sockets, the mailbox
-/// (API replies, read back by their callers at the end).
+/// Where the replies of a run arrive: the providers' fakes, the chat clients' sockets, the
+/// mailbox (API replies, read back by their callers at the end).
 struct Replies<'a> {
     twilio: &'a LoadTwilio,
-    textmagic: &'a LoadTextMagic,
+    providers: &'a Providers,
     clients: &'a LoadClients,
 }
 
 impl Replies<'_> {
-    /// Replies that reached a person's phone or socket so far (for the progress bar).
+    /// Replies that reached a person's phone, app or socket so far (for the progress bar).
     fn pushed(&self) -> u64 {
         self.twilio.distinct()
-            + self.textmagic.distinct()
+            + self.providers.distinct()
             + self.clients.chat_replies().len() as u64
     }
 
-    /// The messages answered so far, by channel and text: SMS at the fakes, chat at the
+    /// The provider ids of the messages whose reply the ledger recorded failed (none while
+    /// the database is down).
+    async fn given_up(db: &sqlx::PgPool) -> std::collections::HashSet<String> {
+        sqlx::query_scalar::<_, String>(
+            "SELECT t.provider_message_id FROM switchboard.turns t
+               JOIN switchboard.deliveries d ON d.reply_id = t.reply_id
+              WHERE d.status = 'failed'",
+        )
+        .fetch_all(db)
+        .await
+        .map(|ids| ids.into_iter().collect())
+        .unwrap_or_default()
+    }
+
+    /// The messages answered so far, by channel and text: at the providers' fakes, chat at the
     /// clients, API in the mailbox (its callers read them back once the run is drained).
     async fn answered(&self, db: &sqlx::PgPool) -> std::collections::HashSet<(Channel, String)> {
         // A joined reply answers each message it names.
@@ -1022,13 +1065,8 @@ impl Replies<'_> {
             .twilio
             .sends()
             .into_iter()
-            .flat_map(|s| each(Channel::Twilio, s.text))
-            .chain(
-                self.textmagic
-                    .sends()
-                    .into_iter()
-                    .flat_map(|s| each(Channel::TextMagic, s.text)),
-            )
+            .chain(self.providers.sends())
+            .flat_map(|s| each(s.channel, s.text))
             .chain(
                 self.clients
                     .chat_replies()
@@ -1189,17 +1227,25 @@ async fn collect_evidence(
         at_us: (at_us - offset_us).max(0) as u64,
     })
     .collect();
-    let ledger = sqlx::query_as::<_, (String, String, Vec<String>)>(
-        "SELECT reply_id::text, status, provider_message_ids FROM switchboard.deliveries",
+    // The attempt of unknown outcome, on the harness's clock.
+    type Ledger = (String, String, Vec<String>, Option<String>, Option<i64>);
+    let ledger = sqlx::query_as::<_, Ledger>(
+        "SELECT reply_id::text, status, provider_message_ids, last_error,
+                (extract(epoch FROM attempt_started_at) * 1000000)::bigint
+           FROM switchboard.deliveries",
     )
     .fetch_all(db)
     .await?
     .into_iter()
-    .map(|(reply_id, status, provider_message_ids)| LedgerRow {
-        reply_id,
-        status,
-        provider_message_ids,
-    })
+    .map(
+        |(reply_id, status, provider_message_ids, last_error, attempt)| LedgerRow {
+            reply_id,
+            status,
+            provider_message_ids,
+            last_error,
+            attempt_started_us: attempt.map(|at| (at - offset_us).max(0) as u64),
+        },
+    )
     .collect();
     let (dead_letters, dead_letters_unreadable) =
         match switchboard_kit::dlq::list(&pipeline.js, &pipeline.topology, None, 1_000_000).await {
@@ -1208,6 +1254,14 @@ async fn collect_evidence(
                     .into_iter()
                     .map(|d| DeadLetterNote {
                         seq: d.seq,
+                        reply_id: (d.letter.stage == "deliver")
+                            .then(|| {
+                                <switchboard_kit::proto::Reply as prost::Message>::decode(
+                                    d.letter.payload.as_slice(),
+                                )
+                            })
+                            .and_then(Result::ok)
+                            .map(|reply| reply.id),
                         stage: d.letter.stage,
                         error: d.letter.error,
                     })
@@ -1220,7 +1274,7 @@ async fn collect_evidence(
         never_accepted: load.stats().gave_up,
         accepted,
         runner_calls: runner.calls(),
-        sends: [replies.twilio.sends(), replies.textmagic.sends()].concat(),
+        sends: [replies.twilio.sends(), replies.providers.sends()].concat(),
         mailbox,
         client_replies,
         turns,

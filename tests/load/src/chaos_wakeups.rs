@@ -160,4 +160,15 @@ mod tests {
             assert!(!returners.contains(s));
         }
     }
+
+    #[test]
+    fn the_small_and_the_full_run_find_someone_for_every_wake_up_they_plan() {
+        for o in [
+            crate::chaos::ChaosOptions::small("/tmp".into()),
+            crate::chaos::ChaosOptions::full("/tmp".into()),
+        ] {
+            let n = o.wakeups_due.len();
+            assert_eq!(chosen(&o.mix, o.sessions, o.wakeups_among, n).len(), n);
+        }
+    }
 }

@@ -10,8 +10,8 @@
 //!
 //! - [`stack`]: bring a named stack up and down, restart one server, fresh databases.
 //! - [`procs`]: worker processes (spawn, kill, restart) and `/proc` accounting (CPU, RSS).
-//! - [`observers`]: what the runner and the SMS providers' fakes saw, as order, overlap and
-//!   duplicates checks need it, and when each reply arrived.
+//! - [`observers`]: what the runner and the providers' fakes (SMS and chat platforms) saw, as
+//!   order, overlap and duplicates checks need it, and when each reply arrived.
 //! - [`pipeline`]: the generated configuration and the gateway client (signed SMS).
 //! - [`loadgen`]: senders, open-loop (target rate) and closed-loop (one turn per sender).
 //! - [`floor`]: the same durable publishes, consumes, acks and database writes per turn, no logic.

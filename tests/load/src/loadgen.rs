@@ -1,11 +1,11 @@
 //! The load generator: many senders handing messages to the gateway, each on its channel
-//! ([`LoadClients`]: Twilio, TextMagic, chat, API).
+//! ([`LoadClients`]: Twilio, TextMagic, chat, API, Telegram, Slack, WhatsApp).
 //!
 //! Each sender's messages are posted one after another (the next only once the gateway accepted
 //! the previous one), so a sender's arrival order is well defined and can be checked at the
 //! runner and where the replies arrive. A message the gateway did not accept (error, 5xx,
 //! gateway down) is posted again with the same ids (`MessageSid`, TextMagic id, chat client id,
-//! `Idempotency-Key`), as providers and clients retry.
+//! `Idempotency-Key`, Telegram update, Slack event, wamid), as providers and clients retry.
 //!
 //! - Open loop ([`LoadGen::open_loop`]): messages go out at a target rate whatever happens
 //!   downstream, round-robin over the senders.

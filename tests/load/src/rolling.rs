@@ -23,7 +23,8 @@ pub struct Replacement {
     pub clean: bool,
 }
 
-/// Overhead from acceptance to the reply's send, over the SMS messages of a run.
+/// Overhead from acceptance to the reply's send, over the messages of a run answered at a
+/// provider (SMS, Telegram, Slack, WhatsApp).
 #[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
 pub struct Latency {
     pub answered: usize,
@@ -32,7 +33,8 @@ pub struct Latency {
     pub max_ms: f64,
 }
 
-/// Acceptance to the first send of its reply, for every accepted SMS message that has one.
+/// Acceptance to the first send of its reply, for every accepted message answered at a
+/// provider that has one.
 pub fn latency(e: &Evidence) -> Option<Latency> {
     let mut first_send: HashMap<&str, u64> = HashMap::new();
     for s in &e.sends {

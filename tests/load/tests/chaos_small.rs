@@ -1,17 +1,19 @@
 //! A bounded chaos run inside `make test`: 600 turns across 60 sessions, mixed as the full run
-//! mixes them (24 people on Twilio, 12 each on TextMagic, chat and the API), while worker
-//! processes are SIGKILLed on a seeded schedule (every kind at least twice) and NATS and
-//! Postgres are each SIGKILLed once and come back by crash recovery, on a stack of its own
-//! (`chaos-small`, ports 28222/29432, or the two of `SB_CHAOS_SMALL_PORTS=<nats>,<pg>`;
-//! Postgres durable) so that the crashes do not disturb other tests. A quarter of the people
-//! (on every channel) talk to an agent with `queue_mode = "collect"`, five (one of each channel's
-//! share) to a front desk everyone shares one session with (`scope = "main"`), and the runner is down
-//! for 10 s from the 4th second (2 s answering 503, then refusing connections). `make chaos`
+//! mixes them (16 people on Twilio, 7 or 8 each on TextMagic, chat, the API, Telegram, Slack
+//! and WhatsApp), while worker processes are SIGKILLed on a seeded schedule (every kind at
+//! least twice) and NATS and Postgres are each SIGKILLed once and come back by crash recovery,
+//! on a stack of its own (`chaos-small`, ports 28222/29432, or the two of
+//! `SB_CHAOS_SMALL_PORTS=<nats>,<pg>`; Postgres durable) so that the crashes do not disturb
+//! other tests. A quarter of the SMS, chat and API people talk to an agent with
+//! `queue_mode = "collect"`, five (one of each of their shares) to a front desk everyone
+//! shares one session with (`scope = "main"`), and the runner is down for 10 s from the 4th
+//! second (2 s answering 503, then refusing connections). `make chaos`
 //! is the full run. `SB_CHAOS_SEED` repeats a run's kill schedule.
 //!
 //! The verdict is the full run's (see `switchboard_load::chaos_check`): nothing accepted is
 //! lost on any channel (turn, inbound log row, reply at the provider or in the mailbox and at
-//! the chat or API client, outbound log row), every reply reaches its sender on their channel,
+//! the chat or API client, or on Telegram and WhatsApp recorded failed by the ledger after its
+//! deliverer died mid-send, outbound log row), every reply reaches its sender on their channel,
 //! no two turns of one person overlap, every runner call and every reply comes in the person's
 //! order, no reply is delivered twice, a message joined into a collect call is answered once
 //! by that call's reply (and some were joined), every person whose turn waited on the down
@@ -61,7 +63,7 @@ async fn workers_nats_and_postgres_killed_lose_nothing_and_keep_every_persons_or
             .cloned()
             .unwrap_or_default();
         assert!(
-            tally.accepted >= 100,
+            tally.accepted >= 70,
             "{channel:?} carried its share of the load: {tally:?}"
         );
     }

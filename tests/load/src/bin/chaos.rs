@@ -1,9 +1,9 @@
-//! `make chaos`: 20,000 turns across 2,000 sessions (40% writing by Twilio, 20% each by
-//! TextMagic, chat and the API) while worker processes are SIGKILLed every
-//! 2 s on a seeded schedule (every kind at least twice; restarted at once), and NATS and Postgres
-//! are each SIGKILLed once and come back by crash recovery; a quarter of the people talk to an
-//! agent with `queue_mode = "collect"`, and the runner goes down for 20 s mid-load (503, then
-//! connections refused). Then every accepted message is
+//! `make chaos`: 20,000 turns across 2,000 sessions (25% writing by Twilio, 12.5% each by
+//! TextMagic, chat, the API, Telegram, Slack and WhatsApp) while worker processes are
+//! SIGKILLed every 2 s on a seeded schedule (every kind at least twice; restarted at once), and
+//! NATS and Postgres are each SIGKILLed once and come back by crash recovery; a quarter of the
+//! SMS, chat and API people talk to an agent with `queue_mode = "collect"`, and the runner goes
+//! down for 20 s mid-load (503, then connections refused). Then every accepted message is
 //! accounted for; exits non-zero on any finding (see `switchboard_load::chaos_check`).
 //! Report, evidence and worker logs go to `bench-results/chaos-<timestamp>/`.
 use std::time::Duration;

@@ -1,11 +1,13 @@
 //! Every accepted message answered, once: a turn, one inbound log row, a reply that reached its
-//! far end (the provider, or the chat or API client), one outbound log row.
+//! far end (the provider, or the chat or API client), or on a channel without a log one the
+//! ledger recorded failed as [`no_log`](super::no_log) allows, one outbound log row.
 use super::index::Index;
-use super::{Kind, Verdict, secs};
+use super::{Evidence, Kind, Verdict, no_log, secs};
 
 /// Every accepted message: a turn, one inbound row, a reply that reached its far end (its
-/// own, or the one it was joined into), one outbound row answering it.
-pub(super) fn judge(ix: &Index, v: &mut Verdict) {
+/// own, or the one it was joined into) or failed as its channel promises, one outbound row
+/// answering it.
+pub(super) fn judge(e: &Evidence, ix: &Index, v: &mut Verdict) {
     let Index {
         accepted,
         turn_of,
@@ -24,11 +26,21 @@ pub(super) fn judge(ix: &Index, v: &mut Verdict) {
             None => sent_for.get(&text),
             Some(_) => stored_for.get(&text),
         };
+        let reply_id = turn.and_then(|t| t.reply_id.as_deref()).unwrap_or_default();
+        // Recorded failed whether or not the provider took the part first: its dead letter
+        // is excused either way, and only one the provider never took is not answered.
+        let what = format!("the reply to {text}");
+        let failed = no_log::recorded_failure(e, a.channel, reply_id, what, replies.is_some());
         let lost = match a.channel.mailbox_channel() {
+            None if failed.is_some() => None,
             None => replies.is_none().then(|| {
                 (
                     Kind::ReplyNeverSent,
-                    format!("no {} SMS reply", a.channel.name()),
+                    format!(
+                        "no {} reply at the provider{}",
+                        a.channel.name(),
+                        no_log::ledger_says(e, reply_id)
+                    ),
                 )
             }),
             Some(_) if replies.is_none() => Some((
@@ -47,10 +59,12 @@ pub(super) fn judge(ix: &Index, v: &mut Verdict) {
         };
         let tally = v.channels.entry(a.channel).or_default();
         tally.accepted += 1;
-        match &lost {
-            Some(_) => tally.lost += 1,
-            None => tally.answered += 1,
+        match (&lost, &failed) {
+            (Some(_), _) => tally.lost += 1,
+            (None, Some(f)) if !f.delivered => tally.failed_recorded += 1,
+            (None, _) => tally.answered += 1,
         }
+        v.failed_recorded.extend(failed);
         if let Some(replies) = replies.filter(|r| r.len() > 1) {
             tally.doubled += 1;
             let mut replies = replies.clone();

@@ -1,5 +1,6 @@
-//! Replies delivered once: an SMS sent once (a re-send is a double, explained or not), a chat or
-//! API reply stored as one mailbox entry and handed to its client once.
+//! Replies delivered once: a provider's message (SMS, Telegram, Slack, WhatsApp) sent once (a
+//! re-send is a double, explained or not), a chat or API reply stored as one mailbox entry and
+//! handed to its client once.
 use std::collections::{BTreeMap, HashSet};
 
 use super::index::Index;

@@ -82,6 +82,14 @@ pub struct LedgerRow {
     pub status: String,
     /// The provider's ids of the parts the ledger recorded as sent.
     pub provider_message_ids: Vec<String>,
+    /// Why the last attempt failed (a `failed` reply's reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the attempt at a part whose outcome the ledger never recorded began
+    /// (`attempt_started_at`), on the harness's clock; `None` when every attempt's outcome is
+    /// recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_started_us: Option<u64>,
 }
 
 /// A worker process SIGKILLed by the run.
@@ -129,6 +137,9 @@ pub struct DeadLetterNote {
     pub seq: u64,
     pub stage: String,
     pub error: String,
+    /// The reply a deliverer gave up on (the deliver stage's letters carry a `Reply`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_id: Option<String>,
 }
 
 /// A `waiting` entry of the sessions' journal: the product recorded that a person's turn
@@ -163,7 +174,8 @@ pub struct Evidence {
     pub never_accepted: u64,
     pub accepted: Vec<AcceptedMessage>,
     pub runner_calls: Vec<CallRecord>,
-    /// Every SMS the fake Twilio and TextMagic accepted.
+    /// Every message the providers' fakes accepted (Twilio, TextMagic, Telegram, Slack,
+    /// WhatsApp).
     pub sends: Vec<SendRecord>,
     /// Every chat and API reply stored in the mailbox.
     #[serde(default)]
@@ -205,7 +217,8 @@ pub struct Evidence {
 }
 
 impl Evidence {
-    /// An SMS whose text is the configured `dispatch.runner_down_notice`: a notice, not a reply.
+    /// A provider's message whose text is the configured `dispatch.runner_down_notice`: a
+    /// notice, not a reply.
     pub(super) fn is_notice_sms(&self, s: &SendRecord) -> bool {
         !self.notice_text.is_empty() && s.text == self.notice_text
     }

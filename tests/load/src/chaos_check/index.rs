@@ -27,7 +27,7 @@ pub(super) struct Index<'a> {
     /// Outbound log rows, by each message they answer.
     pub(super) outbound_rows: HashMap<String, usize>,
     /// Where each reply arrived, by its whole text (a reply delivered twice has the same):
-    /// SMS (notices apart), mailbox entries (notices apart).
+    /// the providers' (notices apart), mailbox entries (notices apart).
     pub(super) sends_of: HashMap<&'a str, Vec<&'a SendRecord>>,
     pub(super) stored_of: HashMap<&'a str, Vec<&'a MailboxRow>>,
     /// Replies their clients got (notices apart).

@@ -3,7 +3,9 @@
 //! waited at a dispatcher).
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::{AcceptedMessage, Evidence, Kind, OutageTally, Verdict, WaitingRow, secs, waited};
+use super::{
+    AcceptedMessage, Evidence, Kind, OutageTally, Verdict, WaitingRow, no_log, secs, waited,
+};
 use crate::channels::Channel;
 
 /// A message handed in this little after the runner was back may still have met the outage
@@ -39,6 +41,7 @@ pub(super) fn judge_notices(
     // Notices per sender, by where they came.
     #[derive(Default)]
     struct Told {
+        /// A provider's messages (SMS, Telegram, Slack, WhatsApp).
         sms: Vec<String>,
         frames: Vec<String>,
         listed: Vec<String>,
@@ -52,11 +55,16 @@ pub(super) fn judge_notices(
         }
         match by_address.get(&(s.channel, s.to.clone())) {
             Some(&sender) => told.entry(sender).or_default().sms.push(format!(
-                "{} SMS at {}",
+                "{} message at {}",
                 s.channel.name(),
                 secs(s.at_us)
             )),
-            None => stray.push(format!("a notice SMS to {} at {}", s.to, secs(s.at_us))),
+            None => stray.push(format!(
+                "a notice by {} to {} at {}",
+                s.channel.name(),
+                s.to,
+                secs(s.at_us)
+            )),
         }
     }
     for r in e.client_replies.iter().filter(|r| r.notice) {
@@ -155,6 +163,9 @@ pub(super) fn judge_notices(
 
     let mut people_told = 0u64;
     let mut told_people: HashSet<usize> = HashSet::new();
+    // People whose notice failed as their channel promises ([`no_log`]): neither told nor
+    // left untold.
+    let mut notice_failed: HashSet<usize> = HashSet::new();
     let senders: HashSet<usize> = told.keys().chain(waits.keys()).copied().collect();
     let mut senders: Vec<usize> = senders.into_iter().collect();
     senders.sort_unstable();
@@ -164,9 +175,9 @@ pub(super) fn judge_notices(
         let t = told.remove(&sender).unwrap_or_default();
         let w = waits.get(&sender).cloned().unwrap_or_default();
         let delivered = match channel {
-            Channel::Twilio | Channel::TextMagic => !t.sms.is_empty(),
             Channel::Chat => !t.frames.is_empty(),
             Channel::Api => !t.listed.is_empty(),
+            _ => !t.sms.is_empty(),
         };
         if delivered {
             people_told += 1;
@@ -176,7 +187,11 @@ pub(super) fn judge_notices(
         let distinct = |ids: &[String]| ids.iter().collect::<HashSet<_>>().len();
         let mut twice = Vec::new();
         if t.sms.len() > 1 {
-            twice.push(format!("{} notice SMS ({})", t.sms.len(), t.sms.join(", ")));
+            twice.push(format!(
+                "{} notice messages ({})",
+                t.sms.len(),
+                t.sms.join(", ")
+            ));
         }
         if t.frames.len() > 1 {
             twice.push(format!(
@@ -215,20 +230,29 @@ pub(super) fn judge_notices(
         // Each recorded wait's notice reached them on their channel.
         for wait in &w {
             let got = match channel {
-                Channel::Twilio | Channel::TextMagic => !t.sms.is_empty(),
                 Channel::Chat => t.frames.contains(&wait.notice_id),
                 Channel::Api => t.listed.contains(&wait.notice_id),
+                _ => !t.sms.is_empty(),
             };
-            if !got {
+            let what = format!("{person}'s notice of turn {}", wait.seq);
+            let failed = no_log::recorded_failure(e, channel, &wait.notice_id, what, got);
+            if failed.is_some() && !got {
+                notice_failed.insert(sender);
+            }
+            // Listed with the replies failed so; the tally counts messages, not notices.
+            let untold = failed.is_none() && !got;
+            v.failed_recorded.extend(failed);
+            if untold {
                 v.add(
                     Kind::NoticeNotReceived,
                     format!(
                         "{person} ({}): the wait of turn {} recorded at {} (notice {}) was never \
-                         told on their channel",
+                         told on their channel{}",
                         channel.name(),
                         wait.seq,
                         secs(wait.at_us),
-                        wait.notice_id
+                        wait.notice_id,
+                        no_log::ledger_says(e, &wait.notice_id)
                     ),
                 );
             }
@@ -279,7 +303,8 @@ pub(super) fn judge_notices(
             );
         }
     }
-    waited::judge_not_told(e, &must_tell, &told_people, channel_of, o, v);
+    let told_or_failed: HashSet<usize> = told_people.union(&notice_failed).copied().collect();
+    waited::judge_not_told(e, &must_tell, &told_or_failed, channel_of, o, v);
     let tally = OutageTally {
         down_s: o.back_us.saturating_sub(o.unavailable_us) as f64 / 1e6,
         refused_calls: e.refused_calls.len() as u64,

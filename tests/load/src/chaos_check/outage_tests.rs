@@ -124,7 +124,7 @@ fn a_person_told_twice_fails() {
         ..again
     });
     let f = only_kind(&judge(&e), Kind::ToldTwice);
-    assert!(f.evidence.contains("2 notice SMS"), "{}", f.evidence);
+    assert!(f.evidence.contains("2 notice messages"), "{}", f.evidence);
     // A chat notice frame pushed twice.
     let mut e = outage_run();
     let again = e

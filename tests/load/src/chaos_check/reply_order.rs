@@ -6,7 +6,8 @@ use super::{Evidence, Kind, MailboxRow, Verdict, secs};
 use crate::channels::Channel;
 use crate::parse_answers;
 
-/// Every reply delivered, SMS in the order the providers took them, mailbox entries by
+/// Every reply delivered, providers' messages in the order the providers took them, mailbox
+/// entries by
 /// `seq`: to the sender, on the sender's channel, in the sender's order (re-sends included;
 /// a joined reply in the place of its last message).
 pub(super) fn judge(e: &Evidence, ix: &Index, v: &mut Verdict) {

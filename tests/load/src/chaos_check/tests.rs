@@ -23,83 +23,90 @@ pub(super) fn clean_run() -> Evidence {
         settled: true,
         ..Default::default()
     };
-    let mut t = 1_000_000;
     for (sender, channel) in PEOPLE.into_iter().enumerate() {
-        for index in 0..2u32 {
-            let text = message_text(sender, index);
-            let sid = format!("SM{sender}x{index}");
-            let reply_id = format!("reply-{sender}-{index}");
-            let provider_sid = format!("SMout{sender}x{index}");
-            e.accepted.push(AcceptedMessage {
-                channel,
-                sender,
-                index,
-                sid: sid.clone(),
-                correlation_id: String::new(),
-                accepted_us: t,
-                collect: false,
-            });
-            e.turns.push(TurnRow {
-                provider_message_id: sid.clone(),
-                status: "done".into(),
-                seq: index as i64 + 1,
-                reply_id: Some(reply_id.clone()),
-                joined_into: None,
-                opened_us: Some(t + 500),
-                picked_us: None,
-                picked_by_pid: None,
-            });
-            e.inbound_logged.push(sid.clone());
-            e.runner_calls.push(CallRecord {
-                start_us: t + 1_000,
-                end_us: Some(t + 21_000),
-                person: channel.person(sender),
-                text: text.clone(),
-                seq: Some(index as i64 + 1),
-                idempotency_key: format!("turn-{sender}-{index}"),
-                ..Default::default()
-            });
-            e.outbound_logged.push(format!("echo: {text}"));
-            match channel.mailbox_channel() {
-                None => e.sends.push(SendRecord {
-                    channel,
-                    at_us: t + 30_000,
-                    to: channel.address(sender),
-                    text: text.clone(),
-                    sid: provider_sid.clone(),
-                    sender_pid: Some(DELIVER_PID),
-                }),
-                Some(mailbox) => {
-                    let seq = e.mailbox.len() as i64 + 1;
-                    e.mailbox.push(MailboxRow {
-                        seq,
-                        reply_id: reply_id.clone(),
-                        part: 0,
-                        channel: mailbox.into(),
-                        address: channel.address(sender),
-                        text: text.clone(),
-                        kind: "reply".into(),
-                    });
-                    e.client_replies.push(ClientReply {
-                        channel,
-                        sender,
-                        seq,
-                        reply_id: reply_id.clone(),
-                        text: text.clone(),
-                        at_us: t + 40_000,
-                        ..Default::default()
-                    });
-                }
-            }
-            e.ledger.push(LedgerRow {
-                reply_id,
-                status: "sent".into(),
-                provider_message_ids: vec![provider_sid],
-            });
-            t += 100_000;
-        }
+        add_person(&mut e, sender, channel);
     }
     e
+}
+
+/// Sender `sender` on `channel`: two messages, each answered once, in order, 0.1 s after the
+/// message before (anyone's).
+pub(super) fn add_person(e: &mut Evidence, sender: usize, channel: Channel) {
+    let mut t = 1_000_000 + e.accepted.len() as u64 * 100_000;
+    for index in 0..2u32 {
+        let text = message_text(sender, index);
+        let sid = format!("SM{sender}x{index}");
+        let reply_id = format!("reply-{sender}-{index}");
+        let provider_sid = format!("SMout{sender}x{index}");
+        e.accepted.push(AcceptedMessage {
+            channel,
+            sender,
+            index,
+            sid: sid.clone(),
+            correlation_id: String::new(),
+            accepted_us: t,
+            collect: false,
+        });
+        e.turns.push(TurnRow {
+            provider_message_id: sid.clone(),
+            status: "done".into(),
+            seq: index as i64 + 1,
+            reply_id: Some(reply_id.clone()),
+            joined_into: None,
+            opened_us: Some(t + 500),
+            picked_us: None,
+            picked_by_pid: None,
+        });
+        e.inbound_logged.push(sid.clone());
+        e.runner_calls.push(CallRecord {
+            start_us: t + 1_000,
+            end_us: Some(t + 21_000),
+            person: channel.person(sender),
+            text: text.clone(),
+            seq: Some(index as i64 + 1),
+            idempotency_key: format!("turn-{sender}-{index}"),
+            ..Default::default()
+        });
+        e.outbound_logged.push(format!("echo: {text}"));
+        match channel.mailbox_channel() {
+            None => e.sends.push(SendRecord {
+                channel,
+                at_us: t + 30_000,
+                to: channel.address(sender),
+                text: text.clone(),
+                sid: provider_sid.clone(),
+                sender_pid: Some(DELIVER_PID),
+            }),
+            Some(mailbox) => {
+                let seq = e.mailbox.len() as i64 + 1;
+                e.mailbox.push(MailboxRow {
+                    seq,
+                    reply_id: reply_id.clone(),
+                    part: 0,
+                    channel: mailbox.into(),
+                    address: channel.address(sender),
+                    text: text.clone(),
+                    kind: "reply".into(),
+                });
+                e.client_replies.push(ClientReply {
+                    channel,
+                    sender,
+                    seq,
+                    reply_id: reply_id.clone(),
+                    text: text.clone(),
+                    at_us: t + 40_000,
+                    ..Default::default()
+                });
+            }
+        }
+        e.ledger.push(LedgerRow {
+            reply_id,
+            status: "sent".into(),
+            provider_message_ids: vec![provider_sid],
+            ..Default::default()
+        });
+        t += 100_000;
+    }
 }
 
 pub(super) fn only_kind(v: &Verdict, kind: Kind) -> Finding {
@@ -124,7 +131,7 @@ pub(super) fn kill_dispatcher(kills: &mut Vec<Kill>, at_us: u64) {
 }
 
 /// `pid`, a deliverer, SIGKILLed at `at_us`.
-fn kill_deliverer(kills: &mut Vec<Kill>, at_us: u64, pid: u32) {
+pub(super) fn kill_deliverer(kills: &mut Vec<Kill>, at_us: u64, pid: u32) {
     kills.push(Kill {
         at_us,
         kind: "deliver".into(),
@@ -498,6 +505,7 @@ fn a_dead_letter_fails_with_its_reason() {
         seq: 7,
         stage: "dispatch".into(),
         error: "gave up after 5 deliveries: runner down".into(),
+        ..Default::default()
     }];
     let f = only_kind(&judge(&e), Kind::DeadLetter);
     assert!(f.evidence.contains("#7") && f.evidence.contains("runner down"));

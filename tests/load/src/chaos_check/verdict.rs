@@ -184,18 +184,48 @@ pub struct Double {
 }
 
 /// One channel's messages: how many were accepted, answered (the reply reached its far end:
-/// the provider, or the chat or API client), lost (accepted, never answered), and doubled
-/// (replies delivered more than once, messages answered twice); and how many of its people
-/// were told the agent was unavailable (notices, not answers).
+/// the provider, or the chat or API client), failed and recorded so without reaching it
+/// ([`FailedRecorded`]), lost (accepted, never answered), and doubled (replies delivered more
+/// than once, messages answered twice); and how many of its people were told the agent was
+/// unavailable (notices, not answers).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ChannelTally {
     pub accepted: u64,
     pub answered: u64,
+    /// Replies the ledger recorded failed as the channel promises, which the provider never
+    /// took (not lost: the person was never sent it twice nor silently), with their evidence in
+    /// [`Verdict::failed_recorded`] (which lists those the provider took before, too).
+    #[serde(default)]
+    pub failed_recorded: u64,
     pub lost: u64,
     pub doubled: u64,
     /// People told (once each, or a finding) that the agent was unavailable.
     #[serde(default)]
     pub told: u64,
+}
+
+/// A reply or notice on a channel whose provider keeps no log to read
+/// ([`Channel::keeps_no_log`]), not sent again after its deliverer died mid-send: the ledger
+/// recorded it failed, with its reason ([`no_log`](super::no_log)).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct FailedRecorded {
+    pub channel: Channel,
+    /// What it was: the reply to `s<sender>#<index>`, or a person's notice of a turn.
+    pub what: String,
+    pub reply_id: String,
+    /// The ledger's reason.
+    pub reason: String,
+    /// When the attempt whose outcome was never recorded began.
+    pub attempt_started_us: u64,
+    /// The deliverer SIGKILLed during that attempt.
+    pub killed: Kill,
+    /// The provider took the part before its deliverer died: the person has it, once.
+    #[serde(default)]
+    pub delivered: bool,
+    /// The deliver stage's dead letter of it (left by products before 59b4f76, which gave such
+    /// a reply up only after the stage's retries).
+    #[serde(default)]
+    pub dead_letter: Option<u64>,
 }
 
 /// What the runner's outage did: who waited and who was told.
@@ -227,6 +257,10 @@ pub struct Verdict {
     pub findings: BTreeMap<Kind, Vec<Finding>>,
     /// Every reply sent more than once (explained or not), in the order of the re-sends.
     pub doubles: Vec<Double>,
+    /// Replies and notices failed as a channel without a log promises (taken by the provider
+    /// before their deliverer died, or not), in the order judged.
+    #[serde(default)]
+    pub failed_recorded: Vec<FailedRecorded>,
     /// Runner calls of a turn already called before: allowed, and counted, when under the
     /// first call's `Idempotency-Key`, never beside the earlier call, and after a dispatcher
     /// was killed or a server crashed ([`reruns`](super::reruns)).
