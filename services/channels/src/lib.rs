@@ -169,6 +169,32 @@ pub(crate) fn http_client() -> reqwest::Client {
         .expect("HTTP client")
 }
 
+/// `[providers.<provider>]` of the example configuration (`switchboard.toml`), read as the
+/// adapter's settings after checking it names no key they do not have (a misspelt key would
+/// otherwise be dropped by `#[serde(default)]` without a word).
+#[cfg(test)]
+pub(crate) fn example_settings<T>(provider: &str) -> T
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + Default,
+{
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../switchboard.toml");
+    let file: toml::Table = std::fs::read_to_string(example)
+        .expect("the example configuration")
+        .parse()
+        .expect("it is TOML");
+    let section = file["providers"][provider]
+        .as_table()
+        .unwrap_or_else(|| panic!("[providers.{provider}]"));
+    let known = toml::Table::try_from(T::default()).expect("a table");
+    for key in section.keys() {
+        assert!(
+            known.contains_key(key),
+            "unknown key providers.{provider}.{key}"
+        );
+    }
+    section.clone().try_into().expect("it reads")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,13 +52,13 @@ pub enum WindowShape<'a> {
     Template { name: &'a str, parameter: String },
 }
 
-/// The shape of `part` at `now`: free inside the window; outside it the `template` (named by
-/// the setting `setting` in the reason when it is not set), text only. A part carries at most
+/// The shape of `part` at `now`: free inside the window; outside it the `template` (empty: not
+/// configured, and the setting `setting` is named in the reason), text only. A part carries at most
 /// one file (files are parts of their own: [`AttachmentStyle::PartEach`]). A part that cannot
 /// go is `Rejected` with the reason, never sent for WhatsApp to drop.
 pub fn window_shape<'a>(
     part: &OutboundPart<'a>,
-    template: Option<&'a str>,
+    template: &'a str,
     setting: &str,
     now: DateTime<Utc>,
 ) -> Result<WindowShape<'a>, SendError> {
@@ -78,19 +78,19 @@ pub fn window_shape<'a>(
     let since = part
         .last_inbound
         .map_or("never".to_string(), |t| t.to_rfc3339());
-    let Some(name) = template else {
+    if template.is_empty() {
         return Err(SendError::Rejected(format!(
             "the 24-hour window is closed (the person last wrote: {since}) and {setting} is \
              not set"
         )));
-    };
+    }
     if file.is_some() {
         return Err(SendError::Rejected(format!(
             "a file cannot go outside the 24-hour window (the person last wrote: {since})"
         )));
     }
     Ok(WindowShape::Template {
-        name,
+        name: template,
         parameter: template_parameter(part.text),
     })
 }
@@ -224,11 +224,9 @@ impl Egress for WhatsAppSender {
                 "recipient_type": "individual",
                 "to": to,
             });
-            let template =
-                (!settings.window_template.is_empty()).then_some(settings.window_template.as_str());
             match window_shape(
                 &part,
-                template,
+                &settings.window_template,
                 "providers.whatsapp.window_template",
                 Utc::now(),
             )? {
