@@ -1348,6 +1348,30 @@ impl TestApp {
         }
     }
 
+    /// A deliverer dies having handed `reply`'s first part to a provider that keeps no log
+    /// (Telegram, Meta's WhatsApp) before the ledger recorded it; the deliver stage, started
+    /// here, takes it over. Asserts the reply ends `failed` at once (no dead letter: no retry
+    /// could learn more) and returns the reason it was given.
+    pub async fn a_dead_deliverers_unknowable_part_ends_the_reply(&self, reply: &Reply) -> String {
+        self.deliverer_dies_sending(reply, Duration::from_secs(1), 0, true)
+            .await;
+        self.start_stage("deliver");
+        let (status, _) = self.wait_for_delivery(reply, Duration::from_secs(90)).await;
+        self.settle().await;
+        assert_eq!(status, "failed", "ends failed, with its reason");
+        assert!(
+            self.dead_letters("deliver").await.is_empty(),
+            "ended at once, not given up on after retries"
+        );
+        let error: Option<String> =
+            sqlx::query_scalar("SELECT last_error FROM switchboard.deliveries WHERE reply_id = $1")
+                .bind(reply.id.parse::<uuid::Uuid>().expect("reply id"))
+                .fetch_one(&self.db)
+                .await
+                .expect("the reply's ledger row");
+        error.unwrap_or_default()
+    }
+
     /// Deliver `reply` now, as a live deliverer does, outside the deliver stage's consumer (the
     /// reply stays on the stream for the stage, which then finds it sent).
     pub async fn deliver_directly(&self, reply: &Reply) {

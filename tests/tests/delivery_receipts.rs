@@ -1,11 +1,12 @@
 //! Delivery receipts: what a provider reports after it took a message. A WhatsApp message Meta
 //! took and then could not deliver, and an SMS Twilio reports undelivered, read `failed` with
 //! the provider's reason where the sender asks after them; delivered and read messages say how
-//! far they went; a report sent again is kept once; a forged status callback is refused.
+//! far they went; a report sent again is kept once, and one that comes before the delivery
+//! ledger records the message is read back once it does; a forged status callback is refused.
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchboard_e2e::{TestApp, WHATSAPP_NUMBER_ID, spawn_app};
+use switchboard_e2e::{AppOptions, TestApp, WHATSAPP_NUMBER_ID, spawn_app, spawn_app_with};
 use switchboard_fakes::whatsapp::{DISPLAY_PHONE_NUMBER, status_update, text_message};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -168,5 +169,41 @@ async fn an_sms_twilio_reports_undelivered_reads_failed_and_a_forged_report_is_r
     app.settle().await;
     // A status callback is no message: nothing reached the agent but the person's text.
     assert_eq!(app.runner.calls().len(), 1);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_report_that_comes_before_the_ledger_records_the_message_is_kept_and_read_back() {
+    let app = spawn_app_with(AppOptions::all_but("deliver")).await;
+    assert_eq!(app.send_sms(PHONE, "hi there").await.status(), 200);
+    let first = app.wait_for_reply(&[], WAIT).await;
+    app.settle().await;
+    let key = app.api_key("scheduler", &["outbound:write"]).await;
+    let body = json!({"person_id": format!("phone:{PHONE}"), "agent": "reggie_oc",
+                      "text": "Bring your card."});
+    let resp = app.post_api("outbound", &key, body, None).await;
+    assert_eq!(resp.status(), 202);
+    let cid = resp.json::<Value>().await.unwrap()["correlation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let reply = app.wait_for_reply(&[&first], WAIT).await;
+    // Twilio took the message and its deliverer died before the ledger recorded the sid;
+    // Twilio's report that it was not delivered comes before anyone has.
+    app.deliverer_dies_sending(&reply, Duration::from_secs(1), 0, true)
+        .await;
+    let sid = app.twilio.sent().last().unwrap().sid.clone();
+    let report = app.twilio_reports(&sid, "undelivered", Some("30003")).await;
+    assert_eq!(report.status(), 200, "kept though no delivery lists it yet");
+
+    app.start_stage("deliver");
+    let (status, _) = app.wait_for_delivery(&reply, Duration::from_secs(90)).await;
+    assert_eq!(status, "sent", "found in Twilio's log and recorded");
+    let failed = status_of(&app, &key, &cid, |s| s["status"] == "failed").await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["error"], "twilio: not delivered: (30003)");
+    app.settle().await;
+    let to_her = app.twilio.sent().iter().filter(|m| m.to == PHONE).count();
+    assert_eq!(to_her, 2, "the echo and the message, each once");
     app.shutdown().await;
 }

@@ -357,8 +357,6 @@ async fn outside_the_window_with_no_template_the_message_fails_saying_why_never_
     app.shutdown().await;
 }
 
-const DEAD_LEASE: Duration = Duration::from_secs(1);
-
 #[tokio::test]
 async fn a_part_meta_may_have_taken_before_its_deliverer_died_is_never_sent_again() {
     let app =
@@ -376,24 +374,15 @@ async fn a_part_meta_may_have_taken_before_its_deliverer_died_is_never_sent_agai
     let reply = app.wait_for_reply(&[], WAIT).await;
     // Meta took the part, and the deliverer died before the ledger said so. The Cloud API
     // keeps no log a business can read: the part's outcome cannot be known.
-    app.deliverer_dies_sending(&reply, DEAD_LEASE, 0, true)
+    assert!(app.whatsapp.sent().is_empty());
+    let error = app
+        .a_dead_deliverers_unknowable_part_ends_the_reply(&reply)
         .await;
-    assert_eq!(app.whatsapp.sent().len(), 1);
-
-    app.start_stage("deliver");
-    let (status, _) = app.wait_for_delivery(&reply, Duration::from_secs(90)).await;
-    app.settle().await;
-    assert_eq!(status, "failed", "ends failed, with its reason");
-    assert_eq!(app.whatsapp.sent().len(), 1, "never sent a second time");
-    let error: Option<String> = sqlx::query_scalar("SELECT last_error FROM switchboard.deliveries")
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
-    assert!(error.unwrap_or_default().contains("no log"), "says why");
-    // Ended at once: no look-up can ever say, so nothing was retried until given up on.
-    assert!(
-        app.dead_letters("deliver").await.is_empty(),
-        "ended, not given up on"
+    assert_eq!(
+        app.whatsapp.sent().len(),
+        1,
+        "taken once, never sent a second time"
     );
+    assert!(error.contains("no log"), "says why: {error}");
     app.shutdown().await;
 }
